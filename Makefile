@@ -1,0 +1,38 @@
+# The two commands a newcomer types: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint types unit optimized bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev,postgres]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/tether demo --crash-at effect_sent
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+types: $(STAMP)
+	$(BIN)/mypy -p tether
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+# The runtime may not depend on `assert`: the whole suite runs again with -O.
+optimized: $(STAMP)
+	$(BIN)/python -O -m pytest -q -p no:cacheprovider
+
+test: lint types unit optimized
+
+bench: $(STAMP)
+	$(BIN)/python bench/checkpoint.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

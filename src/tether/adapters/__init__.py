@@ -1,0 +1,27 @@
+"""Adapters: the runtime's hands in the world, and the authority on what they did."""
+
+from tether.adapters._base import Adapter, Capabilities, Fence, Observation, VerifierResult
+from tether.adapters._errors import (
+    JournalCorruptError,
+    NotQueryableError,
+    UnresolvedWriteError,
+    UnsupportedEntryError,
+    WorkspaceConfigError,
+)
+from tether.adapters._sandbox import Sandbox
+from tether.adapters._workspace import FileWorkspace
+
+__all__ = [
+    "Adapter",
+    "Capabilities",
+    "Fence",
+    "FileWorkspace",
+    "JournalCorruptError",
+    "NotQueryableError",
+    "Observation",
+    "Sandbox",
+    "UnresolvedWriteError",
+    "UnsupportedEntryError",
+    "VerifierResult",
+    "WorkspaceConfigError",
+]

@@ -1,0 +1,120 @@
+"""The adapter protocol: how the runtime talks to the world it changes.
+
+An adapter owns one environment instance. It is the authority on what
+happened there: its receipts are the truth, the runtime's ledger a copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from tether.core import EnvironmentState, Intent, Receipt
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What an adapter can promise.
+
+    ``idempotent``: executing the same key twice produces one effect and
+    returns the first receipt. ``queryable``: :meth:`Adapter.lookup` is
+    authoritative for a key. ``conditional_writes``: a write is refused unless
+    the target is in the expected prior state. ``fencing``: the adapter
+    refuses a fencing token lower than the highest it has seen for a run.
+    """
+
+    idempotent: bool
+    queryable: bool
+    conditional_writes: bool
+    fencing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """A fresh look at the environment: its identity and what the agent may see."""
+
+    environment: EnvironmentState
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class VerifierResult:
+    """The outcome of the task's verifier command at one environment state."""
+
+    passed: bool
+    exit_code: int
+    output_digest: str
+    output_tail: str
+    environment: EnvironmentState
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A monotonic token proving the caller holds the run's lease at ``lease_version``."""
+
+    run_id: str
+    lease_version: int
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """The contract every adapter implements."""
+
+    @property
+    def namespace(self) -> str:
+        """Stable name of the kind of environment ("file-workspace")."""
+        ...
+
+    @property
+    def version(self) -> str:
+        """Adapter code version; bound into receipts and checkpoints."""
+        ...
+
+    @property
+    def instance_id(self) -> str:
+        """Identity of this environment instance; a copy elsewhere has another."""
+        ...
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this adapter can promise (see :class:`Capabilities`)."""
+        ...
+
+    def environment(self) -> EnvironmentState:
+        """The current identity, revision and state fingerprint."""
+        ...
+
+    def observe(self) -> Observation:
+        """The current environment plus what an agent may read of it."""
+        ...
+
+    def normalize(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Canonical arguments for a proposed write (e.g. add the expected prior hash).
+
+        Raises :class:`~tether.core.ContractViolationError` for arguments the
+        adapter cannot accept.
+        """
+        ...
+
+    def derive_post_state(self, prestate: EnvironmentState, intent: Intent) -> EnvironmentState:
+        """The exact state that executing ``intent`` on ``prestate`` produces."""
+        ...
+
+    def execute(
+        self, key: str, intent: Intent, prestate: EnvironmentState, fence: Fence | None = None
+    ) -> Receipt:
+        """Perform ``intent`` once under ``key`` and return its receipt.
+
+        Same key and same intent digest returns the first receipt without a
+        second effect (when idempotent); same key and another digest raises
+        :class:`~tether.core.IdempotencyConflictError` carrying the receipt.
+        """
+        ...
+
+    def lookup(self, key: str) -> Receipt | None:
+        """The receipt recorded under ``key``, or ``None`` (when queryable)."""
+        ...
+
+    def verify(self, argv: tuple[str, ...], timeout_s: int) -> VerifierResult:
+        """Run the task's verifier (allowlisted) against the current state."""
+        ...

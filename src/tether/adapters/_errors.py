@@ -1,0 +1,66 @@
+"""Errors the shipped adapters raise beyond the core's adapter family.
+
+They all derive from :class:`~tether.core.AdapterError`, so a caller that
+handles "the adapter refused or failed" handles these too.
+"""
+
+from __future__ import annotations
+
+from tether.core import AdapterError
+
+
+class WorkspaceConfigError(AdapterError):
+    """The workspace was configured in a way that would defeat its guarantees.
+
+    The usual cause: the journal directory lies inside the workspace tree, where
+    a rewind of the tree could erase receipts. Move the journal outside ``root``.
+    """
+
+
+class JournalCorruptError(AdapterError):
+    """A journal row or meta record does not parse; nothing was trusted from it.
+
+    ``field`` is the dotted path of the offending field when one is known.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"journal record {field or 'document'}: {problem}")
+
+
+class UnsupportedEntryError(AdapterError):
+    """The tree holds an entry the workspace refuses to follow (symlink, device, ...).
+
+    Following a symlink could read or write outside the workspace, so the
+    workspace refuses instead. Remove or replace the entry at ``path``.
+    """
+
+    def __init__(self, path: str, kind: str) -> None:
+        self.path = path
+        self.kind = kind
+        super().__init__(f"{path}: refusing {kind}; only regular files and directories are managed")
+
+
+class UnresolvedWriteError(AdapterError):
+    """A write under ``key`` was prepared, and the target now matches neither side.
+
+    The workspace cannot tell whether its write landed and was overwritten or
+    never landed, so it will not guess: it neither replays nor issues a receipt.
+    Put ``target`` back to the before or after content, or send the case to review.
+    """
+
+    def __init__(self, key: str, target: str, before: str | None, after: str, actual: str | None):
+        self.key = key
+        self.target = target
+        self.before = before
+        self.after = after
+        self.actual = actual
+        super().__init__(
+            f"write to {target} is unresolved: expected {before or 'absent'} (before) or "
+            f"{after} (after), found {actual or 'absent'}; resolve it or open a review"
+        )
+
+
+class NotQueryableError(AdapterError):
+    """The adapter cannot look up a write by key; an uncertain outcome needs review."""

@@ -1,0 +1,194 @@
+"""The ``file.write`` contract shared by the on-disk workspace and the in-memory sandbox.
+
+Both adapters must agree byte for byte on normalization, fingerprints and
+receipts, so that a test written against the sandbox says something true
+about the workspace. Keeping one copy of these rules is how they agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tether.adapters._errors import JournalCorruptError
+from tether.core import (
+    AdapterError,
+    ContractViolationError,
+    EnvironmentDriftError,
+    EnvironmentState,
+    Fields,
+    Intent,
+    Receipt,
+    SpecError,
+    canonical_bytes,
+    check_canonical_path,
+    digest,
+    digest_bytes,
+    strict_loads,
+)
+
+FILE_WRITE = "file.write"
+
+_RECEIPT_FIELDS = frozenset(Receipt.__dataclass_fields__)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRequest:
+    """A validated ``file.write`` intent: where, what bytes, and the expected prior hash."""
+
+    target: str
+    data: bytes
+    expected: str | None
+
+    @property
+    def after(self) -> str:
+        """The content hash the target holds once the write has landed."""
+        return digest_bytes(self.data)
+
+
+def check_target(target: str) -> str:
+    """Return ``target`` if it is a canonical relative path, else refuse the proposal."""
+    try:
+        return check_canonical_path(target, "target")
+    except SpecError as exc:
+        raise ContractViolationError("bad_target", exc.problem) from exc
+
+
+def _encode(content: object) -> bytes:
+    if not isinstance(content, str):
+        raise ContractViolationError("bad_args", "args.content must be a string")
+    try:
+        return content.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # Lone surrogates cannot be written as UTF-8 nor canonicalized as JSON.
+        raise ContractViolationError("bad_args", "args.content is not encodable as UTF-8") from exc
+
+
+def normalize_write(
+    kind: str,
+    target: str,
+    args: dict[str, Any],
+    current_hash: Callable[[str], str | None],
+    *,
+    conditional: bool,
+) -> dict[str, Any]:
+    """Canonical ``file.write`` arguments; adds ``expected_sha256`` when writes are conditional.
+
+    ``current_hash`` returns the target's present content hash, or ``None``
+    when it does not exist. It is only called once the target is known sound.
+    """
+    if kind != FILE_WRITE:
+        raise ContractViolationError("bad_kind", f"only {FILE_WRITE!r} is supported, not {kind!r}")
+    check_target(target)
+    if not isinstance(args, dict) or set(args) != {"content"}:
+        raise ContractViolationError("bad_args", 'args must be exactly {"content": <string>}')
+    content = args["content"]
+    _encode(content)
+    if not conditional:
+        return {"content": content}
+    return {"content": content, "expected_sha256": current_hash(target)}
+
+
+def parse_write(intent: Intent, *, conditional: bool) -> WriteRequest:
+    """Validate a normalized intent again at execution time.
+
+    The intent may come back from a checkpoint written by other code, so the
+    adapter re-checks it rather than trusting that ``normalize`` produced it.
+    """
+    if intent.kind != FILE_WRITE:
+        raise ContractViolationError("bad_kind", f"only {FILE_WRITE!r} is supported")
+    target = check_target(intent.target)
+    args = intent.args
+    wanted = {"content", "expected_sha256"} if conditional else {"content"}
+    if not isinstance(args, dict) or set(args) != wanted:
+        raise ContractViolationError(
+            "bad_args", f"normalized args must have exactly {sorted(wanted)}"
+        )
+    data = _encode(args["content"])
+    expected = args.get("expected_sha256")
+    if expected is not None and not isinstance(expected, str):
+        raise ContractViolationError("bad_args", "args.expected_sha256 must be a string or null")
+    return WriteRequest(target=target, data=data, expected=expected)
+
+
+def fingerprint(hashes: Mapping[str, str]) -> str:
+    """The state fingerprint of a tree given as ``{relpath: "sha256:<hex>"}``."""
+    return digest(dict(hashes))
+
+
+def check_instance(prestate: EnvironmentState, namespace: str, instance_id: str) -> None:
+    """Refuse a prestate that names another environment instance than this adapter's."""
+    if prestate.namespace != namespace or prestate.instance_id != instance_id:
+        raise EnvironmentDriftError(
+            f"intent was prepared for {prestate.namespace}/{prestate.instance_id}, "
+            f"this adapter is {namespace}/{instance_id}; re-observe before writing",
+            expected=(prestate.namespace, prestate.instance_id),
+            actual=(namespace, instance_id),
+        )
+
+
+def check_prestate(prestate: EnvironmentState, current: EnvironmentState) -> None:
+    """Refuse to derive a post-state from a prestate the environment is no longer in."""
+    if prestate != current:
+        raise EnvironmentDriftError(
+            "the environment moved since the prestate was observed; observe again",
+            expected=prestate,
+            actual=current,
+        )
+
+
+def _receipt_error(field: str, problem: str) -> Exception:
+    return JournalCorruptError(field, problem)
+
+
+def parse_receipt(data: bytes) -> Receipt:
+    """Parse stored receipt bytes strictly; anything doubtful is :class:`JournalCorruptError`."""
+    return Receipt.parse(Fields(strict_loads(data), "", _receipt_error))
+
+
+def receipt_bytes(receipt: Receipt) -> bytes:
+    """The canonical bytes a receipt is stored as."""
+    return canonical_bytes(receipt.to_json())
+
+
+def make_receipt(
+    *,
+    namespace: str,
+    adapter_version: str,
+    receipt_id: str,
+    key: str,
+    intent_digest: str,
+    request: WriteRequest,
+    committed_at: str,
+    post_state: EnvironmentState,
+) -> Receipt:
+    """Build the receipt for a landed write, round-tripped through its stored form.
+
+    The round trip guarantees the receipt handed out now is field-for-field the
+    one a later ``lookup`` parses back, so replay comparisons never see drift
+    that storage itself introduced.
+    """
+    receipt = Receipt(
+        namespace=namespace,
+        adapter_version=adapter_version,
+        receipt_id=receipt_id,
+        idempotency_key=key,
+        intent_digest=intent_digest,
+        result={"path": request.target, "sha256": request.after, "bytes": len(request.data)},
+        business_object_id=request.target,
+        committed_at=committed_at,
+        post_state=post_state,
+    )
+    return parse_receipt(receipt_bytes(receipt))
+
+
+def tampered(receipt: Receipt, changes: Mapping[str, Any]) -> Receipt:
+    """A copy of ``receipt`` with JSON-level field changes (for drift tests only)."""
+    unknown = sorted(set(changes) - _RECEIPT_FIELDS)
+    if unknown:
+        raise AdapterError(f"receipts have no field {unknown[0]!r}")
+    body = receipt.to_json()
+    for name, value in changes.items():
+        body[name] = value.to_json() if isinstance(value, EnvironmentState) else value
+    return parse_receipt(canonical_bytes(body))

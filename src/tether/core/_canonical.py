@@ -1,0 +1,67 @@
+"""Canonical JSON (RFC 8785) out, strict JSON in.
+
+Everything tether hashes or signs goes through :func:`canonical_bytes`, so two
+processes that hold equal values always produce equal digests. Everything it
+reads goes through :func:`strict_loads`, which refuses what the standard
+library quietly accepts: duplicate keys, NaN and Infinity, invalid UTF-8.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import rfc8785
+
+from tether.core._errors import CanonicalJSONError
+
+JSONValue = Any  # None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]
+
+
+def canonical_bytes(value: JSONValue) -> bytes:
+    """Return the RFC 8785 canonical encoding of ``value``."""
+    try:
+        return bytes(rfc8785.dumps(value))
+    except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
+        raise CanonicalJSONError(f"value is not canonical JSON: {exc}") from exc
+
+
+def digest(value: JSONValue) -> str:
+    """SHA-256 of the canonical encoding, as ``sha256:<hex>``."""
+    return "sha256:" + hashlib.sha256(canonical_bytes(value)).hexdigest()
+
+
+def digest_bytes(data: bytes) -> str:
+    """SHA-256 of raw bytes, as ``sha256:<hex>``."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise CanonicalJSONError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _no_constants(name: str) -> Any:
+    raise CanonicalJSONError(f"{name} is not JSON")
+
+
+def strict_loads(data: bytes | str) -> JSONValue:
+    """Parse JSON strictly; raise :class:`CanonicalJSONError` on anything doubtful."""
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8", errors="strict")
+        except UnicodeDecodeError as exc:
+            raise CanonicalJSONError(f"not UTF-8: {exc}") from exc
+    else:
+        text = data
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    except json.JSONDecodeError as exc:
+        raise CanonicalJSONError(f"not JSON: {exc.msg} at position {exc.pos}") from exc
+    except RecursionError as exc:
+        raise CanonicalJSONError("JSON nested too deeply") from exc

@@ -1,0 +1,332 @@
+"""Value objects: environments, intents, receipts, pending writes, evidence.
+
+Each has ``to_json`` (canonical-ready dicts) and a strict ``parse`` that uses
+:class:`~tether.core._fields.Fields`, so checkpoints, ledgers and receipts
+all refuse unknown or mistyped fields the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from tether.core._canonical import JSONValue, digest
+from tether.core._fields import Fields
+
+_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 in UTC with microseconds; naive datetimes are refused."""
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError("datetimes must be timezone-aware")
+    return moment.astimezone(UTC).strftime(_TIME_FORMAT)
+
+
+def parse_time(f: Fields, key: str) -> datetime:
+    text = f.str(key)
+    try:
+        return datetime.strptime(text, _TIME_FORMAT).replace(tzinfo=UTC)
+    except ValueError:
+        f.fail(f.name(key), f"expected a UTC time like 2026-01-31T12:00:00.000000Z, got {text!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentState:
+    """What an adapter says its environment is: identity, revision, content digest."""
+
+    namespace: str
+    instance_id: str
+    version: int
+    state_fingerprint: str
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "namespace": self.namespace,
+            "instance_id": self.instance_id,
+            "version": self.version,
+            "state_fingerprint": self.state_fingerprint,
+        }
+
+    @classmethod
+    def parse(cls, f: Fields) -> EnvironmentState:
+        env = cls(
+            namespace=f.str("namespace"),
+            instance_id=f.str("instance_id"),
+            version=f.int("version"),
+            state_fingerprint=f.str("state_fingerprint"),
+        )
+        f.done()
+        return env
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """A normalized proposed write. Its digest is the identity retries are bound to."""
+
+    kind: str
+    target: str
+    args: dict[str, Any]
+    risk: str
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {"kind": self.kind, "target": self.target, "args": self.args, "risk": self.risk}
+
+    @property
+    def digest(self) -> str:
+        return digest(self.to_json())
+
+    @classmethod
+    def parse(cls, f: Fields) -> Intent:
+        args = f.raw("args")
+        if not isinstance(args, dict):
+            f.fail(f.name("args"), "expected an object")
+        intent = cls(kind=f.str("kind"), target=f.str("target"), args=args, risk=f.str("risk"))
+        f.done()
+        return intent
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """The adapter's authoritative record of one committed write."""
+
+    namespace: str
+    adapter_version: str
+    receipt_id: str
+    idempotency_key: str
+    intent_digest: str
+    result: dict[str, Any]
+    business_object_id: str
+    committed_at: str
+    post_state: EnvironmentState
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "namespace": self.namespace,
+            "adapter_version": self.adapter_version,
+            "receipt_id": self.receipt_id,
+            "idempotency_key": self.idempotency_key,
+            "intent_digest": self.intent_digest,
+            "result": self.result,
+            "business_object_id": self.business_object_id,
+            "committed_at": self.committed_at,
+            "post_state": self.post_state.to_json(),
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        """Digest of every field: two receipts are the same only if this is equal."""
+        return digest(self.to_json())
+
+    @classmethod
+    def from_json(cls, data: Any, error: Any = None) -> Receipt:
+        """Parse a receipt document strictly (``error`` builds the exception)."""
+        from tether.core._errors import IntegrityError
+
+        def default(field_name: str, problem: str) -> Exception:
+            return IntegrityError(f"receipt {field_name}: {problem}")
+
+        return cls.parse(Fields(data, "", error or default))
+
+    @classmethod
+    def parse(cls, f: Fields) -> Receipt:
+        result = f.raw("result")
+        if not isinstance(result, dict):
+            f.fail(f.name("result"), "expected an object")
+        receipt = cls(
+            namespace=f.str("namespace"),
+            adapter_version=f.str("adapter_version"),
+            receipt_id=f.str("receipt_id"),
+            idempotency_key=f.str("idempotency_key"),
+            intent_digest=f.str("intent_digest"),
+            result=result,
+            business_object_id=f.str("business_object_id"),
+            committed_at=f.str("committed_at"),
+            post_state=EnvironmentState.parse(f.obj("post_state")),
+        )
+        f.done()
+        return receipt
+
+
+@dataclass(frozen=True, slots=True)
+class PendingWrite:
+    """A write whose intent and key are durable and whose effect is not yet settled.
+
+    ``approvals`` holds signed approval evidence (filled in when approvals are
+    wired in); it is a list so that superseded evidence can be sealed, not lost.
+    """
+
+    action_id: str
+    intent: Intent
+    intent_digest: str
+    idempotency_key: str
+    prestate: EnvironmentState
+    expected_post: EnvironmentState
+    generation: int
+    proposed_at: datetime
+    cost: int
+    approvals: tuple[dict[str, Any], ...] = ()
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "action_id": self.action_id,
+            "intent": self.intent.to_json(),
+            "intent_digest": self.intent_digest,
+            "idempotency_key": self.idempotency_key,
+            "prestate": self.prestate.to_json(),
+            "expected_post": self.expected_post.to_json(),
+            "generation": self.generation,
+            "proposed_at": format_time(self.proposed_at),
+            "cost": self.cost,
+            "approvals": list(self.approvals),
+        }
+
+    @classmethod
+    def parse(cls, f: Fields) -> PendingWrite:
+        approvals = f.list("approvals")
+        if not all(isinstance(a, dict) for a in approvals):
+            f.fail(f.name("approvals"), "expected a list of objects")
+        pending = cls(
+            action_id=f.str("action_id"),
+            intent=Intent.parse(f.obj("intent")),
+            intent_digest=f.str("intent_digest"),
+            idempotency_key=f.str("idempotency_key"),
+            prestate=EnvironmentState.parse(f.obj("prestate")),
+            expected_post=EnvironmentState.parse(f.obj("expected_post")),
+            generation=f.int("generation", minimum=1),
+            proposed_at=parse_time(f, "proposed_at"),
+            cost=f.int("cost"),
+            approvals=tuple(approvals),
+        )
+        f.done()
+        return pending
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedWrite:
+    """Summary of the last committed write; the full receipt lives in the ledger."""
+
+    action_id: str
+    idempotency_key: str
+    intent_digest: str
+    receipt_id: str
+    receipt_fingerprint: str
+    result_digest: str
+    post_version: int
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "action_id": self.action_id,
+            "idempotency_key": self.idempotency_key,
+            "intent_digest": self.intent_digest,
+            "receipt_id": self.receipt_id,
+            "receipt_fingerprint": self.receipt_fingerprint,
+            "result_digest": self.result_digest,
+            "post_version": self.post_version,
+        }
+
+    @classmethod
+    def parse(cls, f: Fields) -> CompletedWrite:
+        done = cls(
+            action_id=f.str("action_id"),
+            idempotency_key=f.str("idempotency_key"),
+            intent_digest=f.str("intent_digest"),
+            receipt_id=f.str("receipt_id"),
+            receipt_fingerprint=f.str("receipt_fingerprint"),
+            result_digest=f.str("result_digest"),
+            post_version=f.int("post_version"),
+        )
+        f.done()
+        return done
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    """A verifier run, bound to the environment version and state it judged."""
+
+    env_version: int
+    state_fingerprint: str
+    passed: bool
+    exit_code: int
+    output_digest: str
+    at: datetime
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "env_version": self.env_version,
+            "state_fingerprint": self.state_fingerprint,
+            "passed": self.passed,
+            "exit_code": self.exit_code,
+            "output_digest": self.output_digest,
+            "at": format_time(self.at),
+        }
+
+    @classmethod
+    def parse(cls, f: Fields) -> Verification:
+        verification = cls(
+            env_version=f.int("env_version"),
+            state_fingerprint=f.str("state_fingerprint"),
+            passed=f.bool("passed"),
+            exit_code=f.int("exit_code", minimum=None),
+            output_digest=f.str("output_digest"),
+            at=parse_time(f, "at"),
+        )
+        f.done()
+        return verification
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewCase:
+    """A frozen conflict awaiting a signed human decision; its evidence is kept whole."""
+
+    case_id: str
+    reason: str
+    action_id: str
+    idempotency_key: str
+    intent_digest: str
+    receipt: dict[str, Any] | None
+    receipt_fingerprint: str | None
+    environment: EnvironmentState
+    opened_at: datetime
+    detail: str = ""
+    evidence: tuple[dict[str, Any], ...] = field(default=())
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "case_id": self.case_id,
+            "reason": self.reason,
+            "action_id": self.action_id,
+            "idempotency_key": self.idempotency_key,
+            "intent_digest": self.intent_digest,
+            "receipt": self.receipt,
+            "receipt_fingerprint": self.receipt_fingerprint,
+            "environment": self.environment.to_json(),
+            "opened_at": format_time(self.opened_at),
+            "detail": self.detail,
+            "evidence": list(self.evidence),
+        }
+
+    @classmethod
+    def parse(cls, f: Fields) -> ReviewCase:
+        receipt = f.optional_raw("receipt")
+        if receipt is not None and not isinstance(receipt, dict):
+            f.fail(f.name("receipt"), "expected an object or null")
+        evidence = f.list("evidence")
+        if not all(isinstance(e, dict) for e in evidence):
+            f.fail(f.name("evidence"), "expected a list of objects")
+        case = cls(
+            case_id=f.str("case_id"),
+            reason=f.str("reason"),
+            action_id=f.str("action_id"),
+            idempotency_key=f.str("idempotency_key"),
+            intent_digest=f.str("intent_digest"),
+            receipt=receipt,
+            receipt_fingerprint=f.optional_str("receipt_fingerprint"),
+            environment=EnvironmentState.parse(f.obj("environment")),
+            opened_at=parse_time(f, "opened_at"),
+            detail=f.str("detail", nonempty=False),
+            evidence=tuple(evidence),
+        )
+        f.done()
+        return case

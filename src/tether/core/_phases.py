@@ -1,0 +1,88 @@
+"""Phases, effect statuses and the one table of legal moves for each."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from tether.core._errors import IllegalTransitionError
+
+
+class Phase(StrEnum):
+    """Where a run is. Defined here and nowhere else."""
+
+    RUNNING = "running"
+    PENDING = "pending"
+    NEEDS_REVIEW = "needs_review"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({Phase.COMPLETED, Phase.FAILED, Phase.CANCELLED})
+
+_PHASE_MOVES: dict[Phase, frozenset[Phase]] = {
+    # running -> running is an ordinary step that advances the checkpoint.
+    Phase.RUNNING: frozenset(
+        {Phase.RUNNING, Phase.PENDING, Phase.COMPLETED, Phase.FAILED, Phase.CANCELLED}
+    ),
+    # pending -> pending: the intent is durable and the effect is still unsettled
+    # (e.g. dispatched, or waiting for an approval in a later issue).
+    Phase.PENDING: frozenset(
+        {Phase.PENDING, Phase.RUNNING, Phase.NEEDS_REVIEW, Phase.FAILED, Phase.CANCELLED}
+    ),
+    # Only a trusted, signed decision leaves needs_review (replan or abort).
+    Phase.NEEDS_REVIEW: frozenset({Phase.NEEDS_REVIEW, Phase.RUNNING, Phase.FAILED}),
+    Phase.COMPLETED: frozenset(),
+    Phase.FAILED: frozenset(),
+    Phase.CANCELLED: frozenset(),
+}
+
+
+def check_phase_move(current: Phase, new: Phase) -> None:
+    """Raise :class:`IllegalTransitionError` unless ``current -> new`` is in the table."""
+    if new not in _PHASE_MOVES[current]:
+        raise IllegalTransitionError(f"phase {current} cannot move to {new}")
+
+
+class EffectStatus(StrEnum):
+    """What the effect ledger knows about one external write."""
+
+    INTENDED = "intended"
+    DISPATCHED = "dispatched"
+    COMMITTED = "committed"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    REJECTED = "rejected"
+    COMPENSATED = "compensated"
+
+
+_EFFECT_MOVES: dict[EffectStatus | None, frozenset[EffectStatus]] = {
+    None: frozenset({EffectStatus.INTENDED}),
+    # Re-dispatch after a crash reuses the same key: dispatched -> dispatched.
+    EffectStatus.INTENDED: frozenset(
+        {EffectStatus.DISPATCHED, EffectStatus.COMMITTED, EffectStatus.REJECTED}
+    ),
+    EffectStatus.DISPATCHED: frozenset(
+        {
+            EffectStatus.DISPATCHED,
+            EffectStatus.COMMITTED,
+            EffectStatus.OUTCOME_UNKNOWN,
+            EffectStatus.REJECTED,
+        }
+    ),
+    EffectStatus.OUTCOME_UNKNOWN: frozenset(
+        {EffectStatus.COMMITTED, EffectStatus.REJECTED, EffectStatus.OUTCOME_UNKNOWN}
+    ),
+    EffectStatus.COMMITTED: frozenset({EffectStatus.COMPENSATED}),
+    EffectStatus.REJECTED: frozenset(),
+    EffectStatus.COMPENSATED: frozenset(),
+}
+
+
+def check_effect_move(current: EffectStatus | None, new: EffectStatus) -> None:
+    """Raise :class:`IllegalTransitionError` unless the ledger may record ``new`` next."""
+    if new not in _EFFECT_MOVES[current]:
+        raise IllegalTransitionError(f"effect status {current} cannot move to {new}")

@@ -1,0 +1,252 @@
+"""Task specs and policies, loaded strictly from JSON.
+
+A task spec is the external, versioned description of the work; a policy is
+the versioned rule set it runs under. Both are identified by a fingerprint
+(the digest of their canonical JSON), so a checkpoint can prove which exact
+documents it was made under, and a changed document is noticed even when
+someone forgot to bump its version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from tether.core._canonical import JSONValue, digest, strict_loads
+from tether.core._errors import CanonicalJSONError, SpecError
+from tether.core._fields import Fields
+
+
+class Risk(StrEnum):
+    """Risk class of an action kind, in increasing order."""
+
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return _RISK_ORDER.index(self)
+
+
+_RISK_ORDER = (Risk.LOW, Risk.MEDIUM, Risk.HIGH, Risk.CRITICAL)
+
+
+def check_canonical_path(path: str, field: str, *, allow_dir: bool = False) -> str:
+    """Return ``path`` if it is a canonical relative POSIX path, else raise ``SpecError``.
+
+    Canonical: relative, ``/``-separated, no empty, ``.`` or ``..`` segment, no
+    backslash or NUL. With ``allow_dir`` a single trailing ``/`` marks a
+    directory prefix ("src/").
+    """
+    if not path:
+        raise SpecError(field, "path must not be empty")
+    if "\x00" in path or "\\" in path:
+        raise SpecError(field, f"path {path!r} contains a NUL or backslash")
+    if path.startswith("/"):
+        raise SpecError(field, f"path {path!r} must be relative")
+    body = path[:-1] if allow_dir and path.endswith("/") else path
+    for segment in body.split("/"):
+        if segment in {"", ".", ".."}:
+            raise SpecError(field, f"path {path!r} is not canonical (segment {segment!r})")
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """Limits on proposals, steps, wall time (seconds) and cost (integer units)."""
+
+    proposals: int
+    steps: int
+    wall_time_s: int
+    cost: int
+
+
+@dataclass(frozen=True, slots=True)
+class Verifier:
+    """The command that proves the task done, run by the adapter from its allowlist."""
+
+    argv: tuple[str, ...]
+    timeout_s: int
+
+
+@dataclass(frozen=True, slots=True)
+class InitialEnvironment:
+    """What the environment must look like when a run starts."""
+
+    namespace: str
+    state_fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """The external, versioned description of one task."""
+
+    task_id: str
+    task_version: str
+    allowed_kinds: tuple[str, ...]
+    allowed_paths: tuple[str, ...]
+    permissions: tuple[str, ...]
+    budgets: Budgets
+    initial_environment: InitialEnvironment
+    verifier: Verifier
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "task_id": self.task_id,
+            "task_version": self.task_version,
+            "allowed_kinds": list(self.allowed_kinds),
+            "allowed_paths": list(self.allowed_paths),
+            "permissions": list(self.permissions),
+            "budgets": {
+                "proposals": self.budgets.proposals,
+                "steps": self.budgets.steps,
+                "wall_time_s": self.budgets.wall_time_s,
+                "cost": self.budgets.cost,
+            },
+            "initial_environment": {
+                "namespace": self.initial_environment.namespace,
+                "state_fingerprint": self.initial_environment.state_fingerprint,
+            },
+            "verifier": {"argv": list(self.verifier.argv), "timeout_s": self.verifier.timeout_s},
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        return digest(self.to_json())
+
+    @property
+    def scenario_fingerprint(self) -> str:
+        """Digest of the fixed scenario: initial environment and verifier."""
+        body = self.to_json()
+        return digest(
+            {"initial_environment": body["initial_environment"], "verifier": body["verifier"]}
+        )
+
+    def allows_target(self, target: str) -> bool:
+        for allowed in self.allowed_paths:
+            if allowed.endswith("/") and target.startswith(allowed):
+                return True
+            if target == allowed:
+                return True
+        return False
+
+    @classmethod
+    def from_json(cls, data: bytes | str | dict[str, Any]) -> TaskSpec:
+        """Parse a task spec strictly; raise ``SpecError`` naming the bad field."""
+        f = Fields(_document(data), "", SpecError)
+        budgets = f.obj("budgets")
+        initial = f.obj("initial_environment")
+        verifier = f.obj("verifier")
+        paths = f.str_list("allowed_paths")
+        for index, path in enumerate(paths):
+            check_canonical_path(path, f"allowed_paths[{index}]", allow_dir=True)
+        argv = verifier.str_list("argv", unique=False)
+        if not argv:
+            verifier.fail("verifier.argv", "must name a command")
+        spec = cls(
+            task_id=f.str("task_id"),
+            task_version=f.str("task_version"),
+            allowed_kinds=f.str_list("allowed_kinds"),
+            allowed_paths=paths,
+            permissions=f.str_list("permissions"),
+            budgets=Budgets(
+                proposals=budgets.int("proposals", minimum=1),
+                steps=budgets.int("steps", minimum=1),
+                wall_time_s=budgets.int("wall_time_s", minimum=1),
+                cost=budgets.int("cost", minimum=0),
+            ),
+            initial_environment=InitialEnvironment(
+                namespace=initial.str("namespace"),
+                state_fingerprint=initial.str("state_fingerprint"),
+            ),
+            verifier=Verifier(argv=argv, timeout_s=verifier.int("timeout_s", minimum=1)),
+        )
+        for part in (budgets, initial, verifier, f):
+            part.done()
+        return spec
+
+
+@dataclass(frozen=True, slots=True)
+class KindRule:
+    """What the policy says about one action kind."""
+
+    risk: Risk
+    permission: str
+    needs_approval: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Versioned rules a run executes under."""
+
+    policy_id: str
+    policy_version: str
+    kinds: dict[str, KindRule]
+    max_risk: Risk
+    approval_ttl_s: int
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "policy_id": self.policy_id,
+            "policy_version": self.policy_version,
+            "kinds": {
+                kind: {
+                    "risk": rule.risk.value,
+                    "permission": rule.permission,
+                    "needs_approval": rule.needs_approval,
+                }
+                for kind, rule in sorted(self.kinds.items())
+            },
+            "max_risk": self.max_risk.value,
+            "approval_ttl_s": self.approval_ttl_s,
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        return digest(self.to_json())
+
+    @classmethod
+    def from_json(cls, data: bytes | str | dict[str, Any]) -> Policy:
+        """Parse a policy strictly; raise ``SpecError`` naming the bad field."""
+        f = Fields(_document(data), "", SpecError)
+        kinds_obj = f.obj("kinds")
+        kinds: dict[str, KindRule] = {}
+        raw_kinds = f.raw("kinds")
+        for kind in raw_kinds:
+            rule = kinds_obj.obj(kind)
+            kinds[kind] = KindRule(
+                risk=_risk(rule, "risk"),
+                permission=rule.str("permission"),
+                needs_approval=rule.bool("needs_approval"),
+            )
+            rule.done()
+        policy = cls(
+            policy_id=f.str("policy_id"),
+            policy_version=f.str("policy_version"),
+            kinds=kinds,
+            max_risk=_risk(f, "max_risk"),
+            approval_ttl_s=f.int("approval_ttl_s", minimum=1),
+        )
+        kinds_obj.done()
+        f.done()
+        return policy
+
+
+def _risk(f: Fields, key: str) -> Risk:
+    value = f.str(key)
+    try:
+        return Risk(value)
+    except ValueError:
+        f.fail(f.name(key), f"unknown risk class {value!r}; use one of {[r.value for r in Risk]}")
+
+
+def _document(data: bytes | str | dict[str, Any]) -> Any:
+    if isinstance(data, dict):
+        return data
+    try:
+        return strict_loads(data)
+    except CanonicalJSONError as exc:
+        raise SpecError("document", str(exc)) from exc

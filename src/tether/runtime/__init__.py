@@ -1,0 +1,28 @@
+"""The orchestration: propose, gate, persist, execute, reconcile, advance, recover."""
+
+from tether.runtime._agent import Agent, AgentContext, Decision
+from tether.runtime._checkpointer import Checkpointer, Restored, check_binding, check_environment
+from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
+from tether.runtime._crash import CRASH_POINT_HELP, NO_CRASH, CrashPlan, CrashPoint, SimulatedCrash
+from tether.runtime._runtime import RunSession, Runtime
+
+__all__ = [
+    "CRASH_POINT_HELP",
+    "NO_CRASH",
+    "Agent",
+    "AgentContext",
+    "Checkpointer",
+    "Clock",
+    "CrashPlan",
+    "CrashPoint",
+    "Decision",
+    "IdSource",
+    "RandomIds",
+    "Restored",
+    "RunSession",
+    "Runtime",
+    "SimulatedCrash",
+    "SystemClock",
+    "check_binding",
+    "check_environment",
+]

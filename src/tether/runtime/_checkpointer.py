@@ -1,0 +1,222 @@
+"""Advance and restore checkpoints: the one atomic protocol, and the ordered checks.
+
+Advance: validate (schema, invariants, serializability) -> seal -> commit.
+Co-located stores commit content and mark in one transaction; separate
+stores write content write-once, then compare-and-set the mark. Either way a
+failed validation moves nothing, and a crash leaves the previous generation
+as the recovery point.
+
+Restore checks, failing closed at the first failure: the mark exists; strict
+parse and checksum; key id trusted and not retired; HMAC; schema version;
+task, policy and scenario; generation and digest equal to the mark; the live
+environment; cross-object invariants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tether.adapters import Adapter
+from tether.core import (
+    SCHEMA_VERSION,
+    CheckpointCorruptError,
+    EnvironmentDriftError,
+    MissingHighWaterMarkError,
+    PolicyMismatchError,
+    RunState,
+    ScenarioMismatchError,
+    SchemaVersionError,
+    StaleCheckpointError,
+    TaskMismatchError,
+    TraceEvent,
+    UnknownFieldError,
+    validate_state,
+)
+from tether.core import Binding as CoreBinding
+from tether.crypto import Keyring, envelope_digest, open_envelope, seal
+from tether.runtime._crash import NO_CRASH, CrashPlan, CrashPoint
+from tether.store import Commit, CommitStore, ContentStore, GenerationStore, Mark
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """A verified checkpoint and the mark that vouched for it."""
+
+    state: RunState
+    mark: Mark
+    envelope: bytes
+
+
+class Checkpointer:
+    """Seals and commits run state; verifies and restores it."""
+
+    def __init__(
+        self,
+        content: ContentStore,
+        keyring: Keyring,
+        marks: GenerationStore | None = None,
+        crash: CrashPlan = NO_CRASH,
+    ) -> None:
+        self.content = content
+        self.marks: GenerationStore = marks if marks is not None else _as_marks(content)
+        self.keyring = keyring
+        self.crash = crash
+        # One transaction is possible only when both roles are the same database.
+        self._colocated: CommitStore | None = None
+        if (marks is None or marks is content) and isinstance(content, CommitStore):  # type: ignore[comparison-overlap]
+            self._colocated = content
+
+    @property
+    def colocated(self) -> bool:
+        return self._colocated is not None
+
+    def advance(
+        self,
+        state: RunState,
+        expected_generation: int,
+        events: Sequence[TraceEvent] = (),
+        blobs: Mapping[str, bytes] | None = None,
+        expected_lease_version: int = 0,
+    ) -> str:
+        """Commit ``state`` as generation ``expected_generation + 1``; returns its digest."""
+        if state.generation != expected_generation + 1:
+            raise CheckpointCorruptError(
+                f"state generation {state.generation} does not follow {expected_generation}",
+                run_id=state.run_id,
+            )
+        payload = validate_state(state)  # before anything moves
+        envelope = seal(payload, self.keyring)
+        checkpoint_digest = envelope_digest(envelope)
+        commit = Commit(
+            run_id=state.run_id,
+            generation=state.generation,
+            checkpoint_digest=checkpoint_digest,
+            envelope=envelope,
+            events=tuple(events),
+            blobs=blobs,
+        )
+
+        def inside() -> None:
+            self.crash.hit(CrashPoint.CHECKPOINT_WRITE)
+
+        if self._colocated is not None:
+            self._colocated.commit(commit, expected_generation, expected_lease_version, inside)
+        else:
+            self.content.put_content(commit, inside)
+            self.crash.hit(CrashPoint.CONTENT_BEFORE_MARK)
+            self.marks.cas_mark(
+                state.run_id,
+                expected_generation,
+                state.generation,
+                checkpoint_digest,
+                expected_lease_version,
+            )
+        return checkpoint_digest
+
+    def load(self, run_id: str) -> Restored:
+        """Verify the checkpoint the mark names, without task or environment checks."""
+        mark = self.marks.get_mark(run_id)
+        if mark is None:
+            raise MissingHighWaterMarkError(run_id)
+        envelope = self.content.get_checkpoint(run_id, mark.checkpoint_digest)
+        if envelope is None:
+            raise CheckpointCorruptError(
+                f"run {run_id}: the content store lacks checkpoint {mark.checkpoint_digest} "
+                "that the high-water mark names",
+                run_id=run_id,
+            )
+        payload = open_envelope(envelope, self.keyring, run_id=run_id)
+        version = payload.get("schema_version") if isinstance(payload, dict) else None
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise UnknownFieldError("schema_version", "missing or not an integer", run_id=run_id)
+        if version != SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"checkpoint schema version {version}; this tether reads {SCHEMA_VERSION}",
+                run_id=run_id,
+            )
+        state = RunState.from_json(payload)
+        return Restored(state=state, mark=mark, envelope=envelope)
+
+    def check_generation(self, restored: Restored) -> None:
+        state, mark = restored.state, restored.mark
+        if state.run_id != mark.run_id or state.generation != mark.generation:
+            raise StaleCheckpointError(mark.run_id, mark.generation, state.generation)
+        if envelope_digest(restored.envelope) != mark.checkpoint_digest:
+            # A validly signed checkpoint of the right generation that the mark
+            # did not accept (an orphaned or swapped write) is not the newest.
+            raise StaleCheckpointError(mark.run_id, mark.generation, state.generation)
+
+    def restore(self, run_id: str, binding: CoreBinding, adapter: Adapter) -> Restored:
+        """Every restore check, in order; returns the verified state."""
+        restored = self.load(run_id)
+        state = restored.state
+        check_binding(state, binding)
+        self.check_generation(restored)
+        check_environment(state, adapter)
+        validate_state(state)
+        return restored
+
+
+def check_binding(state: RunState, expected: CoreBinding) -> None:
+    """Refuse a checkpoint made for another task, policy or scenario."""
+    got = state.binding
+    for what, want, have in (
+        ("task id", expected.task_id, got.task_id),
+        ("task version", expected.task_version, got.task_version),
+        ("task fingerprint", expected.task_fingerprint, got.task_fingerprint),
+    ):
+        if want != have:
+            raise TaskMismatchError(what, want, have, run_id=state.run_id)
+    for what, want, have in (
+        ("policy id", expected.policy_id, got.policy_id),
+        ("policy version", expected.policy_version, got.policy_version),
+        ("policy fingerprint", expected.policy_fingerprint, got.policy_fingerprint),
+    ):
+        if want != have:
+            raise PolicyMismatchError(what, want, have, run_id=state.run_id)
+    if expected.scenario_fingerprint != got.scenario_fingerprint:
+        raise ScenarioMismatchError(
+            "scenario", expected.scenario_fingerprint, got.scenario_fingerprint, run_id=state.run_id
+        )
+
+
+def check_environment(state: RunState, adapter: Adapter) -> None:
+    """The live environment must be the checkpointed state or its one pending successor.
+
+    Equal version is not equal state: same version with another fingerprint,
+    the same fingerprint in another instance, and drift of more than the one
+    pending write all fail closed.
+    """
+    live = adapter.environment()
+    recorded = state.environment
+    if live.namespace != recorded.namespace or live.instance_id != recorded.instance_id:
+        raise EnvironmentDriftError(
+            f"run {state.run_id}: checkpoint is for environment instance "
+            f"{recorded.namespace}/{recorded.instance_id}, adapter is "
+            f"{live.namespace}/{live.instance_id}",
+            expected=recorded.to_json(),
+            actual=live.to_json(),
+        )
+    if live == recorded:
+        return
+    pending = state.pending
+    if pending is not None and live == pending.expected_post:
+        return
+    if live.version == recorded.version:
+        problem = "same version, different state (changed outside the runtime)"
+    elif pending is not None and live.version == pending.expected_post.version:
+        problem = "the pending write's version, but not the state it produces"
+    else:
+        problem = f"version moved {recorded.version} -> {live.version}, not provable from the pending write"
+    raise EnvironmentDriftError(
+        f"run {state.run_id}: environment drifted: {problem}",
+        expected=recorded.to_json(),
+        actual=live.to_json(),
+    )
+
+
+def _as_marks(content: ContentStore) -> GenerationStore:
+    if isinstance(content, GenerationStore):
+        return content
+    raise MissingHighWaterMarkError("(any)")
