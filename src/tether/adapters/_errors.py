@@ -50,7 +50,9 @@ class UnresolvedWriteError(AdapterError):
     Put ``target`` back to the before or after content, or send the case to review.
     """
 
-    def __init__(self, key: str, target: str, before: str | None, after: str, actual: str | None):
+    def __init__(
+        self, key: str, target: str, before: str | None, after: str, actual: str | None
+    ) -> None:
         self.key = key
         self.target = target
         self.before = before

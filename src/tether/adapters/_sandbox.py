@@ -222,6 +222,7 @@ class Sandbox:
                 if existing.intent_digest == intent_digest:
                     return existing
                 raise IdempotencyConflictError(key, intent_digest, existing)
+            self._hash_of(request.target)  # shape rules hold even for unconditional writes
             self._check_precondition(request)
             self._files[request.target] = intent.args["content"]
             self._version += 1

@@ -223,8 +223,9 @@ class FileWorkspace:
         check_instance(prestate, self._namespace, self._instance_id)
         intent_digest = intent.digest
         with self._exclusive() as journal:
-            for row in journal.prepared(key):
-                actual = self._hash_or_none(request.target)
+            unresolved = journal.prepared(key)  # recovery just ran: what is left is unresolved
+            if unresolved:
+                row, actual = unresolved[0], self._hash_or_none(request.target)
                 raise UnresolvedWriteError(key, row.target, row.before, row.after, actual)
             existing = journal.receipt(key)
             if existing is not None:

@@ -73,8 +73,15 @@ _EFFECT_MOVES: dict[EffectStatus | None, frozenset[EffectStatus]] = {
             EffectStatus.REJECTED,
         }
     ),
+    # A retry with the same key after an uncertain outcome (queryable or
+    # idempotent adapters only; the runtime freezes the others) is re-dispatched.
     EffectStatus.OUTCOME_UNKNOWN: frozenset(
-        {EffectStatus.COMMITTED, EffectStatus.REJECTED, EffectStatus.OUTCOME_UNKNOWN}
+        {
+            EffectStatus.DISPATCHED,
+            EffectStatus.COMMITTED,
+            EffectStatus.REJECTED,
+            EffectStatus.OUTCOME_UNKNOWN,
+        }
     ),
     EffectStatus.COMMITTED: frozenset({EffectStatus.COMPENSATED}),
     EffectStatus.REJECTED: frozenset(),

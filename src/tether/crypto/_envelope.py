@@ -3,8 +3,9 @@
 Two layers, as in a converter/codec split: the core turns run state into
 canonical bytes; this module wraps those bytes in an envelope carrying
 
-- ``checksum``: plain SHA-256 of the payload, which catches accidental
-  corruption (and only that: anyone can recompute it);
+- ``checksum``: plain SHA-256 over the key id, check value, MAC and payload,
+  which catches accidental corruption anywhere in the envelope (and only
+  that: anyone can recompute it);
 - ``key_id`` and ``kcv``: which key signed, and a one-way check value that
   tells a wrong key with the right id from a forged payload;
 - ``mac``: HMAC-SHA256 over a domain label, the key id and the payload,
@@ -41,7 +42,7 @@ def seal(payload: bytes, keyring: Keyring) -> bytes:
     """Wrap canonical ``payload`` bytes in a signed envelope (canonical JSON itself)."""
     key = keyring.active
     mac = key.mac(_DOMAIN, key.key_id.encode("utf-8"), payload).hex()
-    checksum = "sha256:" + hashlib.sha256(payload).hexdigest()
+    checksum = _checksum(key.key_id, key.check_value, mac, payload)
     # Keys in RFC 8785 order; the payload is already canonical, so splicing its
     # bytes in keeps the envelope canonical without encoding the payload twice.
     head = canonical_bytes(
@@ -91,7 +92,7 @@ def open_envelope(blob: bytes, keyring: Keyring, *, run_id: str | None = None) -
         raise CheckpointCorruptError(
             f"payload is not canonical JSON: {exc}", run_id=run_id
         ) from exc
-    checksum = "sha256:" + hashlib.sha256(payload).hexdigest()
+    checksum = _checksum(doc["key_id"], doc["kcv"], doc["mac"], payload)
     if not hmac.compare_digest(checksum, doc["checksum"]):
         raise CheckpointCorruptError("checkpoint checksum does not match: corrupted", run_id=run_id)
 
@@ -109,6 +110,19 @@ def open_envelope(blob: bytes, keyring: Keyring, *, run_id: str | None = None) -
             "checkpoint signature does not verify: the payload was altered", run_id=run_id
         )
     return doc["payload"]
+
+
+def _checksum(key_id: str, kcv: str, mac: str, payload: bytes) -> str:
+    h = hashlib.sha256()
+    for part in (
+        key_id.encode("utf-8"),
+        kcv.encode("ascii", "replace"),
+        mac.encode("ascii", "replace"),
+        payload,
+    ):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return "sha256:" + h.hexdigest()
 
 
 def envelope_digest(blob: bytes) -> str:
