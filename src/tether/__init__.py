@@ -4,7 +4,15 @@ Known effects are not repeated, unknown effects are not silently replayed,
 and unreconcilable cases enter an explicit human gate.
 """
 
-from tether.adapters import Adapter, Capabilities, Fence, Observation, VerifierResult
+from tether.adapters import (
+    Adapter,
+    Capabilities,
+    Fence,
+    FileWorkspace,
+    Observation,
+    Sandbox,
+    VerifierResult,
+)
 from tether.core import (
     EffectStatus,
     EnvironmentState,
@@ -43,6 +51,7 @@ __all__ = [
     "EffectStatus",
     "EnvironmentState",
     "Fence",
+    "FileWorkspace",
     "Intent",
     "Keyring",
     "Observation",
@@ -54,6 +63,7 @@ __all__ = [
     "RunState",
     "Runtime",
     "SQLiteStore",
+    "Sandbox",
     "SimulatedCrash",
     "TaskSpec",
     "TetherError",

@@ -8,6 +8,7 @@ mark, is written once here.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -184,6 +185,10 @@ class SQLBase:
     # -- content -------------------------------------------------------------
 
     def _put_content(self, commit: Commit) -> None:
+        if "sha256:" + hashlib.sha256(commit.envelope).hexdigest() != commit.checkpoint_digest:
+            raise WriteOnceError(
+                f"run {commit.run_id}: checkpoint digest does not address its envelope"
+            )
         self._run(
             self._insert_ignore(
                 "tether_checkpoints", ("run_id", "checkpoint_digest", "generation", "envelope")

@@ -1,0 +1,174 @@
+"""The `tether` command, run as a real process the way a person types it."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tether.cli import EXIT_INTEGRITY, build_parser
+from tether.runtime import CrashPoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tether(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "tether.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"tether {args} exited {result.returncode}: {result.stderr}")
+    return result
+
+
+def demo(tmp_path: Path, *args: str) -> dict[str, object]:
+    out = tether(
+        "demo",
+        "--json",
+        "--db",
+        str(tmp_path / "t.sqlite"),
+        "--workspace",
+        str(tmp_path / "ws"),
+        *args,
+    )
+    return json.loads(out.stdout)
+
+
+def test_list_crash_points_prints_one_name_a_line() -> None:
+    """--list-crash-points prints exactly the crash point names."""
+    assert tether("demo", "--list-crash-points").stdout.split() == [p.value for p in CrashPoint]
+
+
+def test_demo_json_reports_a_completed_run_with_one_workspace_write(tmp_path: Path) -> None:
+    """The demo repairs the file, completes and reports the workspace's own write count."""
+    report = demo(tmp_path)
+    assert report["phase"] == "completed"
+    assert report["workspace_writes"] == 1
+    assert report["repaired"] is True
+    for key in ("run_id", "phase", "generation", "workspace_writes", "trace_events"):
+        assert key in report
+    assert (tmp_path / "ws" / "calc.py").read_text().endswith("a + b\n")
+
+
+def test_demo_crash_in_the_uncertain_window_recovers_in_a_new_process(tmp_path: Path) -> None:
+    """SIGKILL after the effect, before its receipt: recovery finishes with one write."""
+    report = demo(tmp_path, "--crash-at", "effect_sent")
+    assert report["phase"] == "completed"
+    assert report["workspace_writes"] == 1
+    assert report["epoch"] == 2
+    assert report["crash"] == {"point": "effect_sent", "hit": 1, "signal": "SIGKILL"}
+
+
+def test_demo_readable_summary_names_the_next_command(tmp_path: Path) -> None:
+    """Without --json the demo prints a short summary that ends with how to inspect the run."""
+    out = tether("demo", "--db", str(tmp_path / "t.sqlite"), "--workspace", str(tmp_path / "w"))
+    assert "is completed" in out.stdout
+    assert "1 received by the workspace" in out.stdout
+    assert "tether inspect demo-run" in out.stdout
+
+
+def test_inspect_and_verify_a_sound_run(tmp_path: Path) -> None:
+    """inspect shows the run and verify exits 0 for an untouched store."""
+    report = demo(tmp_path)
+    common = ["demo-run", "--db", str(report["db"]), "--keyring", str(report["keyring"])]
+    shown = json.loads(tether("inspect", *common, "--json").stdout)
+    assert shown["state"]["phase"] == "completed"
+    assert [row["status"] for row in shown["ledger"]] == ["intended", "dispatched", "committed"]
+    assert "completed" in tether("inspect", *common).stdout
+    verified = json.loads(tether("verify", *common, "--json").stdout)
+    assert verified["sound"] is True and verified["trace_events"] == report["trace_events"]
+
+
+def test_verify_exits_with_the_integrity_code_for_a_tampered_store(tmp_path: Path) -> None:
+    """A flipped byte in the newest checkpoint makes verify exit 3 and name the failure."""
+    report = demo(tmp_path)
+    with sqlite3.connect(str(report["db"])) as conn:
+        (envelope,) = conn.execute(
+            "SELECT c.envelope FROM tether_checkpoints c JOIN tether_marks m "
+            "ON c.checkpoint_digest = m.checkpoint_digest"
+        ).fetchone()
+        broken = bytearray(envelope)
+        broken[len(broken) // 2] ^= 0x01
+        conn.execute(
+            "UPDATE tether_checkpoints SET envelope = ? WHERE envelope = ?",
+            (bytes(broken), envelope),
+        )
+    result = tether(
+        "verify",
+        "demo-run",
+        "--db",
+        str(report["db"]),
+        "--keyring",
+        str(report["keyring"]),
+        check=False,
+    )
+    assert result.returncode == EXIT_INTEGRITY
+    assert "CheckpointCorruptError" in result.stderr
+    assert result.stdout == ""
+
+
+def test_verify_with_a_missing_mark_exits_with_the_integrity_code(tmp_path: Path) -> None:
+    """A deleted high-water mark is an integrity failure, exit 3."""
+    report = demo(tmp_path)
+    with sqlite3.connect(str(report["db"])) as conn:
+        conn.execute("DELETE FROM tether_marks")
+    result = tether(
+        "verify",
+        "demo-run",
+        "--db",
+        str(report["db"]),
+        "--keyring",
+        str(report["keyring"]),
+        check=False,
+    )
+    assert result.returncode == EXIT_INTEGRITY
+    assert "MissingHighWaterMarkError" in result.stderr
+
+
+def test_cli_output_never_contains_the_key(tmp_path: Path) -> None:
+    """No command prints the keyring's secret."""
+    report = demo(tmp_path)
+    secret = json.loads(Path(str(report["keyring"])).read_text())["keys"][0]["secret"]
+    common = ["demo-run", "--db", str(report["db"]), "--keyring", str(report["keyring"])]
+    outputs = [
+        tether("inspect", *common).stdout,
+        tether("inspect", *common, "--json").stdout,
+        tether("verify", *common).stdout,
+        json.dumps(report),
+    ]
+    assert all(secret not in text for text in outputs)
+    assert Path(str(report["keyring"])).stat().st_mode & 0o777 == 0o600
+
+
+def test_every_command_has_help_and_appears_in_the_readme() -> None:
+    """Each public subcommand has help text and is documented in the README."""
+    readme = (ROOT / "README.md").read_text()
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    public = [c for c in sub.choices if not c.startswith("_")]
+    assert public
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    for name in public:
+        assert helps.get(name), f"{name} has no help"
+        assert re.search(rf"tether {name}\b", readme), f"README does not mention tether {name}"
+
+
+@pytest.mark.parametrize("args", [["inspect", "nope", "--db", "{db}", "--keyring", "{kr}"]])
+def test_unknown_run_is_a_clear_error(tmp_path: Path, args: list[str]) -> None:
+    """Inspecting a run the store does not know fails with a one-line error, not a traceback."""
+    report = demo(tmp_path)
+    filled = [a.format(db=report["db"], kr=report["keyring"]) for a in args]
+    result = tether(*filled, check=False)
+    assert result.returncode in {1, EXIT_INTEGRITY}
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("tether: error:")

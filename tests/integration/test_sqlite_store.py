@@ -1,0 +1,144 @@
+"""SQLiteStore on a real file: pragmas, migrations, compare-and-set, write-once, errors."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ScriptedAgent, World, finish, write
+from tether.core import (
+    GenerationConflictError,
+    MigrationError,
+    StoreError,
+    StoreUnavailableError,
+    WriteOnceError,
+)
+from tether.runtime import CrashPlan, CrashPoint, SimulatedCrash
+from tether.store import Commit, SQLiteStore
+
+
+def commit(run_id: str, generation: int, body: bytes = b"{}") -> Commit:
+    envelope = body + str(generation).encode()
+    return Commit(run_id, generation, "sha256:" + hashlib.sha256(envelope).hexdigest(), envelope)
+
+
+def test_opened_for_safe_concurrency(tmp_path: Path) -> None:
+    """WAL, synchronous FULL, foreign keys and a busy timeout are set on open."""
+    with SQLiteStore(tmp_path / "s.sqlite") as store:
+        pragma = lambda name: store._conn.execute(f"PRAGMA {name}").fetchone()[0]  # noqa: E731
+        assert pragma("journal_mode") == "wal"
+        assert pragma("synchronous") == 2
+        assert pragma("foreign_keys") == 1
+        assert pragma("busy_timeout") == 30_000
+
+
+def test_migrations_are_numbered_recorded_and_idempotent(tmp_path: Path) -> None:
+    """Opening twice applies migration 1 once and records it."""
+    SQLiteStore(tmp_path / "s.sqlite").close()
+    with SQLiteStore(tmp_path / "s.sqlite") as store:
+        assert store.schema_version() == 1
+    rows = (
+        sqlite3.connect(tmp_path / "s.sqlite")
+        .execute("SELECT version FROM tether_migrations")
+        .fetchall()
+    )
+    assert rows == [(1,)]
+
+
+def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    """A database migrated by a newer tether is refused with MigrationError."""
+    SQLiteStore(tmp_path / "s.sqlite").close()
+    with sqlite3.connect(tmp_path / "s.sqlite") as conn:
+        conn.execute("INSERT INTO tether_migrations VALUES (99, 'later')")
+    with pytest.raises(MigrationError, match="newer"):
+        SQLiteStore(tmp_path / "s.sqlite")
+
+
+def test_the_mark_moves_only_by_compare_and_set(tmp_path: Path) -> None:
+    """Creating twice, skipping a generation or a stale expectation all lose with a typed error."""
+    with SQLiteStore(tmp_path / "s.sqlite") as store:
+        store.commit(commit("r", 1), 0)
+        with pytest.raises(GenerationConflictError):
+            store.commit(commit("r", 1, b"x"), 0)
+        with pytest.raises(GenerationConflictError):
+            store.commit(commit("r", 3), 2)
+        store.commit(commit("r", 2), 1)
+        with pytest.raises(GenerationConflictError) as caught:
+            store.commit(commit("r", 2, b"late"), 1)
+        assert (caught.value.expected, caught.value.actual) == (1, 2)
+        mark = store.get_mark("r")
+        assert mark is not None and mark.generation == 2
+
+
+def test_a_losing_commit_writes_no_content(tmp_path: Path) -> None:
+    """The CAS is checked before content is written, so a loser leaves nothing behind."""
+    with SQLiteStore(tmp_path / "s.sqlite") as store:
+        store.commit(commit("r", 1), 0)
+        loser = commit("r", 1, b"loser")
+        with pytest.raises(GenerationConflictError):
+            store.commit(loser, 0)
+        assert store.get_checkpoint("r", loser.checkpoint_digest) is None
+
+
+def test_content_is_write_once_and_addressed_by_digest(tmp_path: Path) -> None:
+    """A digest that does not address its bytes is refused."""
+    with SQLiteStore(tmp_path / "s.sqlite") as store:
+        good = commit("r", 1)
+        with pytest.raises(WriteOnceError):
+            store.commit(Commit("r", 1, good.checkpoint_digest, b"other bytes"), 0)
+        assert store.get_mark("r") is None
+
+
+def test_a_torn_transaction_is_invisible(world: World) -> None:
+    """A crash inside a checkpoint transaction leaves the previous generation and no new rows."""
+    agent = ScriptedAgent([write("notes.txt", "x"), finish])
+    rt = world.runtime(agent, crash=CrashPlan(CrashPoint.CHECKPOINT_WRITE, nth=2))
+    with pytest.raises(SimulatedCrash):
+        rt.start("r1").run()
+    store = world.store()
+    mark = store.get_mark("r1")
+    assert mark is not None and mark.generation == 1
+    assert store.newest_generation("r1") == 1
+    assert world.runtime(agent).recover("r1").run().phase.value == "completed"
+    assert world.sandbox.write_count() == 1
+
+
+def test_separate_mark_store_crash_between_content_and_mark(world: World, tmp_path: Path) -> None:
+    """With the mark in its own file, a crash after content leaves the previous generation."""
+    agent = ScriptedAgent([write("notes.txt", "x"), finish])
+    marks_path = tmp_path / "marks.sqlite"
+    rt = world.runtime(
+        agent, marks=SQLiteStore(marks_path), crash=CrashPlan(CrashPoint.CONTENT_BEFORE_MARK, nth=2)
+    )
+    assert not rt.checkpointer.colocated
+    with pytest.raises(SimulatedCrash):
+        rt.start("r1").run()
+    with SQLiteStore(marks_path) as marks:
+        mark = marks.get_mark("r1")
+        assert mark is not None and mark.generation == 1
+    assert world.store().newest_generation("r1") == 2  # orphaned, unreachable content
+    assert world.store().get_mark("r1") is None  # the content file holds no mark at all
+    session = world.runtime(agent, marks=SQLiteStore(marks_path)).recover("r1")
+    assert session.run().phase.value == "completed"
+    assert world.sandbox.write_count() == 1
+
+
+def test_driver_errors_are_translated(tmp_path: Path) -> None:
+    """A directory or a garbage file as the database raises StoreError subclasses, not sqlite3."""
+    with pytest.raises(StoreUnavailableError):
+        SQLiteStore(tmp_path)
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError) as caught:
+        SQLiteStore(garbage)
+    assert not isinstance(caught.value, sqlite3.Error)
+    assert isinstance(caught.value.__cause__, sqlite3.Error)
+
+
+def test_a_bad_synchronous_mode_is_refused(tmp_path: Path) -> None:
+    """Only SQLite's real synchronous modes are accepted."""
+    with pytest.raises(StoreError, match="synchronous"):
+        SQLiteStore(tmp_path / "s.sqlite", synchronous="sometimes")

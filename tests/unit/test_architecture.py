@@ -1,0 +1,112 @@
+"""The layering and the public surface are what DESIGN.md and STYLE.md say they are."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import tether
+
+SRC = Path(tether.__file__).parent
+FORBIDDEN_IN_CORE = {
+    "sqlite3",
+    "psycopg",
+    "httpx",
+    "os",
+    "time",
+    "random",
+    "secrets",
+    "subprocess",
+    "socket",
+    "smtplib",
+    "pathlib",
+}
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_core_is_pure() -> None:
+    """core/ imports no I/O, clock or randomness module, and nothing of tether outside core."""
+    for path in (SRC / "core").glob("*.py"):
+        for name in imports_of(path):
+            top = name.split(".")[0]
+            assert top not in FORBIDDEN_IN_CORE, f"{path.name} imports {name}"
+            if top == "tether":
+                assert name.startswith("tether.core"), f"{path.name} imports {name}"
+        assert ".now(" not in path.read_text(), f"{path.name} reads the clock"
+
+
+def test_arrows_point_down_only() -> None:
+    """Nothing imports cli; store and adapters import only core of tether."""
+    for path in SRC.rglob("*.py"):
+        layer = path.relative_to(SRC).parts[0]
+        for name in imports_of(path):
+            if not name.startswith("tether."):
+                continue
+            target = name.split(".")[1]
+            if layer != "cli":
+                assert target != "cli", f"{path} imports the CLI"
+            if layer in {"store", "adapters", "crypto"}:
+                assert target in {"core", layer}, f"{path} imports {name}"
+
+
+def test_no_assert_in_src() -> None:
+    """Runtime checks never use assert, so python -O behaves the same."""
+    for path in SRC.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        assert not any(isinstance(node, ast.Assert) for node in ast.walk(tree)), path
+
+
+def test_modules_stay_readable_in_one_sitting() -> None:
+    """No module grows past 800 lines."""
+    for path in SRC.rglob("*.py"):
+        assert len(path.read_text().splitlines()) < 800, path
+
+
+def test_public_api_is_pinned() -> None:
+    """The names tether exports are exactly these; a change here is a deliberate API change."""
+    assert sorted(tether.__all__) == sorted(
+        [
+            "Adapter",
+            "Agent",
+            "AgentContext",
+            "Capabilities",
+            "CrashPlan",
+            "CrashPoint",
+            "Decision",
+            "EffectStatus",
+            "EnvironmentState",
+            "Fence",
+            "FileWorkspace",
+            "Intent",
+            "Keyring",
+            "Observation",
+            "Phase",
+            "Policy",
+            "Proposal",
+            "Receipt",
+            "RunSession",
+            "RunState",
+            "Runtime",
+            "SQLiteStore",
+            "Sandbox",
+            "SimulatedCrash",
+            "TaskSpec",
+            "TetherError",
+            "VerifierResult",
+            "__version__",
+        ]
+    )
+    for name in tether.__all__:
+        assert getattr(tether, name) is not None
+        if name != "__version__":
+            assert getattr(tether, name).__doc__, f"{name} has no docstring"

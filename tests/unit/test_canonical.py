@@ -1,0 +1,46 @@
+"""Canonical JSON out, strict JSON in: equal values always give equal digests."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tether.core import CanonicalJSONError, canonical_bytes, digest, strict_loads
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(json_values)
+def test_canonical_bytes_survive_a_strict_round_trip(value: object) -> None:
+    """Parsing canonical bytes strictly and encoding again gives the same bytes."""
+    data = canonical_bytes(value)
+    assert canonical_bytes(strict_loads(data)) == data
+
+
+@given(st.dictionaries(st.text(max_size=6), st.integers(-1000, 1000), min_size=2, max_size=6))
+def test_key_order_does_not_change_the_digest(value: dict[str, int]) -> None:
+    """Two dicts with the same items in another order have the same digest."""
+    reordered = dict(reversed(list(value.items())))
+    assert digest(value) == digest(reordered)
+
+
+@pytest.mark.parametrize(
+    "text", ['{"a": 1, "a": 2}', '{"a": NaN}', "[Infinity]", '{"a": 1', "\ufeff{}"]
+)
+def test_doubtful_json_is_refused(text: str) -> None:
+    """Duplicate keys, NaN, Infinity, truncation and a BOM are refused."""
+    with pytest.raises(CanonicalJSONError):
+        strict_loads(text)
+
+
+def test_integers_beyond_the_json_safe_range_are_refused() -> None:
+    """An integer that a JSON reader may round is refused, not silently changed."""
+    with pytest.raises(CanonicalJSONError):
+        canonical_bytes({"n": 2**53})

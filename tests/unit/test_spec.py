@@ -1,0 +1,118 @@
+"""Task specs and policies load strictly and name the field that is wrong."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.conftest import make_policy, make_task
+from tether.core import Policy, SpecError, TaskSpec
+
+FP = "sha256:" + "a" * 64
+
+
+def task_doc(**changes: Any) -> dict[str, Any]:
+    doc = make_task(FP).to_json()
+    doc.update(changes)
+    return doc
+
+
+def test_a_valid_task_round_trips_through_json() -> None:
+    """A task spec written by to_json loads back equal, with the same fingerprint."""
+    task = make_task(FP)
+    again = TaskSpec.from_json(json.dumps(task.to_json()))
+    assert again == task and again.fingerprint == task.fingerprint
+
+
+def test_duplicate_keys_are_refused() -> None:
+    """A document with a key twice is refused rather than silently keeping one."""
+    text = json.dumps(task_doc())[:-1] + ', "task_id": "other"}'
+    with pytest.raises(SpecError, match="duplicate key 'task_id'"):
+        TaskSpec.from_json(text)
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_are_refused(constant: str) -> None:
+    """NaN and Infinity are not JSON and are refused."""
+    text = json.dumps(task_doc()).replace('"cost": 100', f'"cost": {constant}')
+    with pytest.raises(SpecError, match="not JSON"):
+        TaskSpec.from_json(text)
+
+
+@pytest.mark.parametrize("value", [True, 1.5, "3", None])
+def test_a_non_integer_budget_is_refused_naming_the_field(value: object) -> None:
+    """A boolean, float, string or null where an integer belongs names budgets.steps."""
+    doc = task_doc()
+    doc["budgets"]["steps"] = value
+    with pytest.raises(SpecError) as caught:
+        TaskSpec.from_json(doc)
+    assert caught.value.field == "budgets.steps"
+
+
+def test_unknown_fields_are_refused_naming_the_field() -> None:
+    """An extra field, top level or nested, is named in the error."""
+    with pytest.raises(SpecError) as caught:
+        TaskSpec.from_json(task_doc(colour="blue"))
+    assert caught.value.field == "colour"
+    doc = task_doc()
+    doc["verifier"]["shell"] = True
+    with pytest.raises(SpecError) as caught:
+        TaskSpec.from_json(doc)
+    assert caught.value.field == "verifier.shell"
+
+
+def test_a_missing_field_is_named() -> None:
+    """A missing required field is named."""
+    doc = task_doc()
+    del doc["budgets"]["cost"]
+    with pytest.raises(SpecError) as caught:
+        TaskSpec.from_json(doc)
+    assert (caught.value.field, caught.value.problem) == ("budgets.cost", "missing")
+
+
+@pytest.mark.parametrize(
+    "path", ["../etc/passwd", "a/../b", "./a", "a//b", "/abs", "a\\b", "", "a/./b", "a\x00b"]
+)
+def test_traversal_and_non_canonical_paths_are_refused(path: str) -> None:
+    """Allowed paths must be canonical, relative and free of traversal."""
+    with pytest.raises(SpecError) as caught:
+        TaskSpec.from_json(task_doc(allowed_paths=[path]))
+    assert caught.value.field == "allowed_paths[0]"
+
+
+def test_directory_prefixes_allow_only_what_is_under_them() -> None:
+    """ "src/" allows src/a.py but not src2/a.py or src itself."""
+    task = TaskSpec.from_json(task_doc(allowed_paths=["src/"]))
+    assert task.allows_target("src/a.py")
+    assert not task.allows_target("src2/a.py")
+    assert not task.allows_target("src")
+
+
+def test_fingerprint_changes_with_any_content() -> None:
+    """Editing a task without bumping its version still changes its fingerprint."""
+    assert make_task(FP).fingerprint != make_task(FP, budgets={"steps": 21}).fingerprint
+    assert (
+        make_task(FP).scenario_fingerprint != make_task("sha256:" + "b" * 64).scenario_fingerprint
+    )
+
+
+def test_policy_refuses_unknown_risk_and_bad_types() -> None:
+    """A policy with an unknown risk class, or a bool for its TTL, names the field."""
+    doc = make_policy().to_json()
+    doc["kinds"]["file.write"]["risk"] = "spicy"
+    with pytest.raises(SpecError) as caught:
+        Policy.from_json(doc)
+    assert caught.value.field == "kinds.file.write.risk"
+    doc = make_policy().to_json()
+    doc["approval_ttl_s"] = True
+    with pytest.raises(SpecError) as caught:
+        Policy.from_json(doc)
+    assert caught.value.field == "approval_ttl_s"
+
+
+def test_invalid_utf8_is_refused() -> None:
+    """Bytes that are not UTF-8 are refused as a document error."""
+    with pytest.raises(SpecError, match="not UTF-8"):
+        TaskSpec.from_json(b'{"task_id": "\xff"}')
