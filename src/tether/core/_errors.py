@@ -247,6 +247,56 @@ class VerificationRequiredError(PolicyError):
     """Completion needs a passing verifier event at the final environment version."""
 
 
+# --- evidence: approvals and reviewer decisions --------------------------
+
+
+class EvidenceError(PolicyError):
+    """Signed evidence (an approval or a reviewer decision) was refused; nothing changed."""
+
+
+class UnknownSignerError(EvidenceError):
+    """The signer is not a trusted root for this role."""
+
+    def __init__(self, signer_id: str, role: str) -> None:
+        self.signer_id = signer_id
+        self.role = role
+        super().__init__(f"{signer_id!r} is not a trusted {role}")
+
+
+class EvidenceSignatureError(EvidenceError):
+    """The evidence is malformed or its signature does not verify: tampered."""
+
+
+class EvidenceBindingError(EvidenceError):
+    """The evidence is bound to another run, task, policy, action, key, intent or state."""
+
+    def __init__(self, field: str, expected: Any, actual: Any) -> None:
+        self.field = field
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"evidence field {field}: bound to {actual!r}, the run needs {expected!r}")
+
+
+class ApprovalExpiredError(EvidenceError):
+    """The approval's expiry has passed on the runtime's clock; a fresh one is needed."""
+
+
+class NonceReusedError(EvidenceError):
+    """The evidence's one-time nonce was consumed before."""
+
+
+class ApprovalRequiredError(PolicyError):
+    """The pending write needs a valid approval before it may execute."""
+
+
+class ReviewDriftError(EvidenceError):
+    """The environment or the adapter's receipt changed since the decision was signed."""
+
+
+class TrustRootsRequiredError(IntegrityError):
+    """The checkpoint carries signed evidence but no trust roots were given to check it."""
+
+
 # --- adapter -------------------------------------------------------------
 
 
@@ -283,3 +333,75 @@ class AdapterUnavailableError(AdapterError):
 
 class VerifierRefusedError(AdapterError):
     """The verifier command is not on the adapter's allowlist."""
+
+
+# --- leases: the typed cases ---------------------------------------------
+#
+# Each subclass sets the attributes of ``LeaseError`` (run_id, expected,
+# actual) so code that catches the family keeps working, and adds what the
+# case itself knows. Times are the store's clock, never the caller's.
+
+
+class LeaseLostError(LeaseError):
+    """The caller's lease version is no longer current: another worker took the run over,
+    or the lease was released. Stop working on the run; do not retry with the old version.
+
+    ``expected`` is the caller's version, ``actual`` the store's (``None`` when the
+    run has no mark), ``owner`` the current holder, if any.
+    """
+
+    def __init__(
+        self, run_id: str, expected: int, actual: int | None, owner: str | None = None
+    ) -> None:
+        self.run_id = run_id
+        self.expected = expected
+        self.actual = actual
+        self.owner = owner
+        if actual == expected:
+            why = "was released"
+        else:
+            holder = f" held by {owner!r}" if owner is not None else ""
+            why = f"was superseded by version {actual}{holder}"
+        TetherError.__init__(
+            self, f"run {run_id}: lease version {expected} {why}; stop working on this run"
+        )
+
+
+class LeaseExpiredError(LeaseError):
+    """The caller still holds the current lease version, but it expired by the store's clock.
+
+    Nobody has taken the run over yet: renew the lease before acting again.
+    ``expected`` and ``actual`` are both the lease version.
+    """
+
+    def __init__(self, run_id: str, lease_version: int, expires_at: datetime) -> None:
+        self.run_id = run_id
+        self.expected = lease_version
+        self.actual = lease_version
+        self.expires_at = expires_at
+        TetherError.__init__(
+            self,
+            f"run {run_id}: lease version {lease_version} expired at {expires_at.isoformat()} "
+            "(store clock); renew it before acting",
+        )
+
+
+class LeaseHeldError(LeaseError):
+    """Another worker holds a live lease on the run; try another run or wait for expiry.
+
+    ``owner``, ``lease_version`` and ``expires_at`` describe the holder's lease;
+    ``expected`` and ``actual`` are both its version.
+    """
+
+    def __init__(self, run_id: str, owner: str, lease_version: int, expires_at: datetime) -> None:
+        self.run_id = run_id
+        self.expected = lease_version
+        self.actual = lease_version
+        self.owner = owner
+        self.lease_version = lease_version
+        self.expires_at = expires_at
+        TetherError.__init__(
+            self,
+            f"run {run_id}: lease version {lease_version} is held by {owner!r} until "
+            f"{expires_at.isoformat()} (store clock); try another run or wait",
+        )

@@ -10,15 +10,21 @@ from tether.crypto._keyring import (
     KeyringError,
     KeyStatus,
 )
+from tether.crypto._signing import Alg, Role, Signer, TrustError, TrustRoots
 
 __all__ = [
     "ENV_KEYRING",
     "ENV_KEYRING_FILE",
     "MIN_KEY_BYTES",
+    "Alg",
     "Key",
     "KeyStatus",
     "Keyring",
     "KeyringError",
+    "Role",
+    "Signer",
+    "TrustError",
+    "TrustRoots",
     "envelope_digest",
     "open_envelope",
     "seal",

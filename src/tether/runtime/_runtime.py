@@ -26,6 +26,8 @@ from tether.adapters import Adapter
 from tether.core import (
     GENESIS_HASH,
     AdapterUnavailableError,
+    ApprovalExpiredError,
+    ApprovalRequiredError,
     Binding,
     CheckpointCorruptError,
     CompletedWrite,
@@ -56,7 +58,9 @@ from tether.core import (
     seal_event,
 )
 from tether.core import Rejection as GateRejection
-from tether.crypto import Keyring
+from tether.core._evidence import parse_utc
+from tether.crypto import Keyring, TrustRoots
+from tether.runtime import _humans
 from tether.runtime._agent import Agent, AgentContext, Decision
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
@@ -83,6 +87,7 @@ class Runtime:
         ids: IdSource | None = None,
         crash: CrashPlan = NO_CRASH,
         worker: str = "local",
+        trust: TrustRoots | None = None,
     ) -> None:
         self.store = store
         self.adapter = adapter
@@ -93,6 +98,7 @@ class Runtime:
         self.ids: IdSource = ids if ids is not None else RandomIds()
         self.crash = crash
         self.worker = worker
+        self.trust = trust
         self.checkpointer = Checkpointer(store, keyring, marks=marks, crash=crash)
         self.binding = Binding.of(task, policy)
 
@@ -176,6 +182,7 @@ class Runtime:
                 run_id=run_id,
             )
         context = AgentContext.decode(state.agent_context_digest, body)
+        _humans.check_restorable(self, state)
         session = RunSession(self, state, context)
         if state.phase.terminal or state.phase is Phase.NEEDS_REVIEW:
             return session  # nothing may change; an operator can still read everything
@@ -248,14 +255,33 @@ class RunSession:
     # -- driving -------------------------------------------------------------
 
     def run(self, max_steps: int | None = None) -> RunState:
-        """Step until the run is terminal or frozen (or ``max_steps`` steps)."""
+        """Step until the run is terminal, frozen, or waits for an approval (or ``max_steps``)."""
         taken = 0
         while not self.state.phase.terminal and self.state.phase is not Phase.NEEDS_REVIEW:
             if max_steps is not None and taken >= max_steps:
                 break
-            self.step()
+            try:
+                self.step()
+            except (ApprovalRequiredError, ApprovalExpiredError):
+                break  # a person has to act; the run waits, durable, in pending
             taken += 1
         return self.state
+
+    def approve(self, document: Any) -> RunState:
+        """Record a signed approval for the pending write (see ``tether.crypto.Signer``)."""
+        return _humans.approve(self, document)
+
+    def review(self, document: Any) -> RunState:
+        """Apply a signed reviewer decision (replan or abort) to the open review case."""
+        return _humans.review(self, document)
+
+    @property
+    def awaiting_approval(self) -> bool:
+        """Whether the pending write needs an approval it does not have (or whose time ran out)."""
+        if not _humans.needs_approval(self.rt, self.state):
+            return False
+        body = _humans.active_approval(self.state)
+        return body is None or self.rt.clock.now() >= parse_utc(body, "expires_at")
 
     def step(self) -> RunState:
         """Advance the run by one decision (or settle its pending write)."""
@@ -375,6 +401,14 @@ class RunSession:
                 "expected_post": expected_post.to_json(),
             },
         )
+        if _humans.needs_approval(rt, state):
+            # It waits, durable, for a person; nothing leaves the process.
+            requested: Event = (
+                "approval_requested",
+                {"action_id": pending.action_id, "idempotency_key": key},
+            )
+            self.commit(state, [*events, accepted, requested], context=decision.context)
+            return
         self.commit(state, [*events, accepted], context=decision.context)
         rt.crash.hit(CrashPoint.INTENT_PERSISTED)
         self._settle()
@@ -433,6 +467,7 @@ class RunSession:
     def _dispatch(self, entries: list[LedgerEntry], cached: dict[str, Any] | None) -> None:
         rt = self.rt
         pending = self._pending()
+        _humans.require_approval(self)
         if cached is None:
             # A committed entry already says what happened; an idempotent
             # re-execute only fetches the adapter's receipt to compare.
@@ -495,6 +530,11 @@ class RunSession:
                 "the receipt is not for the post-state this intent produces",
             )
             return
+        if _humans.needs_approval(self.rt, self.state):
+            outside = _humans.committed_within_approval(self.state, receipt)
+            if outside is not None:
+                self._freeze("approval_boundary", receipt, outside, cached=cached)
+                return
         if cached is None:
             self._ledger(EffectStatus.COMMITTED, receipt=receipt.to_json())
             self.rt.crash.hit(CrashPoint.RECEIPT_PERSISTED)
