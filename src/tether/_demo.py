@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tether.adapters import FileWorkspace, Observation
 from tether.core import Policy, Proposal, TaskSpec
-from tether.crypto import Keyring
+from tether.crypto import Keyring, Signer, TrustRoots
 from tether.runtime import AgentContext, CrashPlan, Decision, Runtime
 from tether.store import SQLiteStore
 
@@ -30,15 +30,24 @@ TEST = (
 VERIFIER = ("python", "-m", "unittest", "-q", "test_calc")
 RUN_ID = "demo-run"
 
-POLICY = {
-    "policy_id": "demo",
-    "policy_version": "1",
-    "kinds": {
-        "file.write": {"risk": "low", "permission": "workspace.write", "needs_approval": False}
-    },
-    "max_risk": "medium",
-    "approval_ttl_s": 900,
-}
+SCENARIOS = ("repair", "approval", "conflict")
+
+
+def policy_doc(scenario: str) -> dict[str, object]:
+    """The demo policy; the approval scenario makes every file write need a person's approval."""
+    return {
+        "policy_id": "demo",
+        "policy_version": "1",
+        "kinds": {
+            "file.write": {
+                "risk": "low",
+                "permission": "workspace.write",
+                "needs_approval": scenario == "approval",
+            }
+        },
+        "max_risk": "medium",
+        "approval_ttl_s": 900,
+    }
 
 
 class RepairAgent:
@@ -79,6 +88,19 @@ class DemoPaths:
     policy: Path
     marks: Path | None = None
 
+    @property
+    def home(self) -> Path:
+        return self.db.parent
+
+    @property
+    def trust(self) -> Path:
+        """Trust roots (public halves only) of the demo's approver and reviewer."""
+        return self.home / "demo-trust.json"
+
+    def signer_key(self, role: str) -> Path:
+        """The private key file of the demo's approver or reviewer (mode 0600)."""
+        return self.home / f"demo-{role}.key"
+
     @classmethod
     def under(
         cls,
@@ -101,8 +123,8 @@ class DemoPaths:
         )
 
 
-def prepare(paths: DemoPaths) -> None:
-    """Seed the workspace, the keyring (mode 0600) and the task and policy files."""
+def prepare(paths: DemoPaths, scenario: str = "repair") -> None:
+    """Seed the workspace, keys (mode 0600), trust roots, and the task and policy files."""
     paths.workspace.mkdir(parents=True, exist_ok=True)
     paths.db.parent.mkdir(parents=True, exist_ok=True)
     (paths.workspace / "calc.py").write_text(BUGGY)
@@ -123,7 +145,13 @@ def prepare(paths: DemoPaths) -> None:
     }
     TaskSpec.from_json(_json(task))  # the demo's own task must pass the strict loader
     paths.task.write_text(_json(task))
-    paths.policy.write_text(_json(POLICY))
+    paths.policy.write_text(_json(policy_doc(scenario)))
+    if not paths.trust.exists():
+        approver = Signer.generate("demo-approver", "approver")
+        reviewer = Signer.generate("demo-reviewer", "reviewer")
+        approver.write_file(paths.signer_key("approver"))
+        reviewer.write_file(paths.signer_key("reviewer"))
+        paths.trust.write_text(_json({"signers": [approver.trust_root(), reviewer.trust_root()]}))
 
 
 def keyring(paths: DemoPaths) -> Keyring:
@@ -150,6 +178,7 @@ def runtime(paths: DemoPaths, ws: FileWorkspace, crash: CrashPlan | None = None)
         agent=RepairAgent(),
         crash=crash or CrashPlan(),
         worker=f"pid-{os.getpid()}",
+        trust=TrustRoots.from_file(paths.trust) if paths.trust.exists() else None,
     )
 
 

@@ -137,7 +137,7 @@ def test_workspace_satisfies_the_adapter_protocol(ws: FileWorkspace) -> None:
         True,
         True,
         True,
-        False,
+        True,
     )
     assert ws.version == "1"
 
@@ -490,3 +490,38 @@ def test_two_processes_racing_one_key_write_once(dirs: tuple[Path, Path], tmp_pa
         assert stored.to_json() == outputs[0]
     assert (root / "race.txt").read_text() == "winner"
     assert sorted(os.listdir(root)) == ["a.txt", "race.txt"]
+
+
+def test_a_superseded_fencing_token_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    """After lease version 2 wrote, a write presenting version 1 is refused before any change."""
+    from tether.adapters import Fence, FenceRejectedError
+    from tether.core import Intent
+
+    root = tmp_path / "tree"
+    root.mkdir()
+    (root / "a.txt").write_text("0")
+    with FileWorkspace(root, tmp_path / "journal") as ws:
+
+        def intent(content: str) -> Intent:
+            args = ws.normalize("file.write", "a.txt", {"content": content})
+            return Intent("file.write", "a.txt", args, "low")
+
+        ws.execute("k-new", intent("new"), ws.environment(), Fence("run-1", 2))
+        before = ws.environment()
+        with pytest.raises(FenceRejectedError) as caught:
+            ws.execute("k-old", intent("old"), before, Fence("run-1", 1))
+        assert (caught.value.presented, caught.value.highest) == (1, 2)
+        assert ws.environment() == before and ws.write_count() == 1
+        assert ws.lookup("k-old") is None
+        # Other runs have their own token; an equal token is the same holder.
+        ws.execute("k-other", intent("other"), before, Fence("run-2", 1))
+        ws.execute("k-same", intent("same"), ws.environment(), Fence("run-1", 2))
+    with FileWorkspace(root, tmp_path / "journal") as again:  # the token is durable
+        args = again.normalize("file.write", "a.txt", {"content": "late"})
+        with pytest.raises(FenceRejectedError):
+            again.execute(
+                "k-late",
+                Intent("file.write", "a.txt", args, "low"),
+                again.environment(),
+                Fence("run-1", 1),
+            )

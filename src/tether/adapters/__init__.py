@@ -2,6 +2,7 @@
 
 from tether.adapters._base import Adapter, Capabilities, Fence, Observation, VerifierResult
 from tether.adapters._errors import (
+    FenceRejectedError,
     JournalCorruptError,
     NotQueryableError,
     UnresolvedWriteError,
@@ -15,6 +16,7 @@ __all__ = [
     "Adapter",
     "Capabilities",
     "Fence",
+    "FenceRejectedError",
     "FileWorkspace",
     "JournalCorruptError",
     "NotQueryableError",

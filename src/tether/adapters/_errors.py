@@ -66,3 +66,20 @@ class UnresolvedWriteError(AdapterError):
 
 class NotQueryableError(AdapterError):
     """The adapter cannot look up a write by key; an uncertain outcome needs review."""
+
+
+class FenceRejectedError(AdapterError):
+    """A write presented a fencing token lower than one this adapter has already seen.
+
+    A newer lease holder has acted on the run; the caller's lease was taken over
+    and its write is refused. Stop working on the run.
+    """
+
+    def __init__(self, run_id: str, presented: int, highest: int) -> None:
+        self.run_id = run_id
+        self.presented = presented
+        self.highest = highest
+        super().__init__(
+            f"run {run_id}: fencing token {presented} is older than {highest}; "
+            "the lease was taken over, stop working on this run"
+        )

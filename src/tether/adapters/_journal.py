@@ -32,7 +32,7 @@ from tether.core import (
     strict_loads,
 )
 
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
 _SCHEMA = (
     # One row: the instance identity and the two counters. The CHECK keeps it one row.
     "CREATE TABLE meta (id INTEGER PRIMARY KEY CHECK (id = 1), instance_id TEXT NOT NULL,"
@@ -42,6 +42,8 @@ _SCHEMA = (
     " target TEXT NOT NULL, before_sha256 TEXT, after_sha256 TEXT NOT NULL,"
     " temp_name TEXT NOT NULL, intent BLOB NOT NULL)",
 )
+# Version 2: the highest fencing token (lease version) seen per run.
+_FENCES = "CREATE TABLE fences (run_id TEXT PRIMARY KEY, lease_version INTEGER NOT NULL)"
 _PREPARED_COLUMNS = (
     "idempotency_key, intent_digest, target, before_sha256, after_sha256, temp_name, intent"
 )
@@ -126,6 +128,10 @@ class Journal:
                     "INSERT INTO meta (id, instance_id, version, writes) VALUES (1, ?, 0, 0)",
                     (secrets.token_hex(16),),
                 )
+                conn.execute(_FENCES)
+                conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+            elif found == 1:
+                conn.execute(_FENCES)
                 conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
             elif found != _SCHEMA_VERSION:
                 raise WorkspaceConfigError(
@@ -188,6 +194,21 @@ class Journal:
             raise JournalCorruptError("meta", "the journal has no meta record")
         instance_id, version, writes = rows[0]
         return str(instance_id), int(version), int(writes)
+
+    def fence(self, run_id: str) -> int:
+        """The highest lease version a write for ``run_id`` has presented (0: none)."""
+        rows = self._rows("SELECT lease_version FROM fences WHERE run_id = ?", (run_id,))
+        return int(rows[0][0]) if rows else 0
+
+    def raise_fence(self, run_id: str, lease_version: int) -> None:
+        """Record ``lease_version`` as the run's highest token (callers hold the lock)."""
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO fences (run_id, lease_version) VALUES (?, ?) ON CONFLICT (run_id) "
+                "DO UPDATE SET lease_version = excluded.lease_version "
+                "WHERE excluded.lease_version > fences.lease_version",
+                (run_id, lease_version),
+            )
 
     def receipt(self, key: str) -> Receipt | None:
         """The stored receipt under ``key``, parsed strictly."""

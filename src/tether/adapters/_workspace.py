@@ -35,6 +35,7 @@ from typing import Any
 
 from tether.adapters._base import Capabilities, Fence, Observation, VerifierResult
 from tether.adapters._errors import (
+    FenceRejectedError,
     UnresolvedWriteError,
     UnsupportedEntryError,
     WorkspaceConfigError,
@@ -156,8 +157,8 @@ class FileWorkspace:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Idempotent, queryable and conditional; no fencing (the lock serializes writers)."""
-        return Capabilities(idempotent=True, queryable=True, conditional_writes=True, fencing=False)
+        """Idempotent, queryable, conditional, and fencing: it refuses superseded lease versions."""
+        return Capabilities(idempotent=True, queryable=True, conditional_writes=True, fencing=True)
 
     @property
     def root(self) -> Path:
@@ -214,8 +215,11 @@ class FileWorkspace:
         """Write ``intent`` once under ``key`` and return its receipt.
 
         A replay with the same key and intent returns the stored receipt and
-        writes nothing. ``fence`` is accepted and ignored: this adapter does
-        not fence (its lock already admits one writer at a time).
+        writes nothing. With a ``fence`` the workspace keeps the highest lease
+        version it has seen per run and refuses a lower one
+        (:class:`FenceRejectedError`) before anything else, so a worker whose
+        lease was taken over cannot write even if it still believes it owns
+        the run.
         """
         if not key:
             raise ContractViolationError("bad_key", "the idempotency key must not be empty")
@@ -223,6 +227,11 @@ class FileWorkspace:
         check_instance(prestate, self._namespace, self._instance_id)
         intent_digest = intent.digest
         with self._exclusive() as journal:
+            if fence is not None:
+                highest = journal.fence(fence.run_id)
+                if fence.lease_version < highest:
+                    raise FenceRejectedError(fence.run_id, fence.lease_version, highest)
+                journal.raise_fence(fence.run_id, fence.lease_version)
             unresolved = journal.prepared(key)  # recovery just ran: what is left is unresolved
             if unresolved:
                 row, actual = unresolved[0], self._hash_or_none(request.target)

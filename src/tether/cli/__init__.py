@@ -8,21 +8,15 @@ failure: the checkpoint is not sound.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import signal
-import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from tether import _demo
-from tether.core import GENESIS_HASH, IntegrityError, TetherError, chain_hash, validate_state
-from tether.crypto import Keyring
-from tether.runtime import Checkpointer, CrashPlan, CrashPoint
-from tether.store import SQLiteStore
+from tether.cli._demo_cmd import cmd_demo, cmd_demo_child
+from tether.cli._inspect import cmd_inspect, cmd_verify
+from tether.cli._sign import cmd_approve, cmd_keys_new, cmd_review
+from tether.core import IntegrityError, TetherError
+from tether.runtime import CrashPoint
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -41,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except IntegrityError as exc:
         _error(f"integrity: {type(exc).__name__}: {exc}")
-        return EXIT_INTEGRITY if args.command == "verify" else EXIT_ERROR
+        return EXIT_INTEGRITY if args.command in {"verify", "inspect"} else EXIT_ERROR
     except TetherError as exc:
         _error(f"{type(exc).__name__}: {exc}")
         return EXIT_ERROR
@@ -85,10 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--workspace", type=Path, help="workspace directory (default: temp dir)")
     demo.add_argument("--json", action="store_true", help="print one JSON object")
+    demo.add_argument(
+        "--scenario",
+        choices=["repair", "approval", "conflict"],
+        default="repair",
+        help="approval: an approval expires while the run is down and a person refreshes it; "
+        "conflict: same key, different intent, resolved by a signed replan",
+    )
     demo.set_defaults(func=cmd_demo)
 
     child = sub.add_parser("_demo-child", help=argparse.SUPPRESS)
-    child.add_argument("stage", choices=["start", "recover"])
+    child.add_argument("stage", choices=["start", "recover", "take-evidence"])
     child.add_argument("--db", type=Path, required=True)
     child.add_argument("--marks", type=Path)
     child.add_argument("--workspace", type=Path, required=True)
@@ -115,250 +116,69 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--json", action="store_true", help="print one JSON object")
         p.set_defaults(func=func)
+    keys = sub.add_parser(
+        "keys",
+        help="make signing keys for approvers and reviewers",
+        description="Make signing keys for the people who approve writes or decide reviews.",
+    )
+    keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    new = keys_sub.add_parser(
+        "new",
+        help="write an Ed25519 key pair: NAME.key (0600) and NAME.trust.json (public)",
+        description="Write an Ed25519 key pair. The private key file is mode 0600 and stays "
+        "with the person; only NAME.trust.json (the public half) is given to the runtime.",
+    )
+    new.add_argument(
+        "--role", choices=["approver", "reviewer"], required=True, help="what the key may sign"
+    )
+    new.add_argument("--id", required=True, help="the signer's id, e.g. alice")
+    new.add_argument("--out", default=".", help="directory for the two files (default: .)")
+    new.set_defaults(func=cmd_keys_new)
+
+    approve = sub.add_parser(
+        "approve",
+        help="sign an approval for a run's pending write",
+        description="Show the fields an approval binds, ask, sign with --key and leave the "
+        "signed approval in the store's inbox for the run's next step.",
+    )
+    approve.add_argument("run_id", metavar="RUN")
+    approve.add_argument("action", metavar="ACTION", help="the pending action id")
+    approve.add_argument("--key", type=Path, required=True, help="the approver's private key file")
+    approve.add_argument("--db", type=Path, required=True, help="SQLite store file")
+    approve.add_argument(
+        "--ttl",
+        type=int,
+        default=900,
+        help="seconds the approval lives (the policy may allow less)",
+    )
+    approve.add_argument(
+        "--keyring", type=Path, help="verify the checkpoint before showing it (optional)"
+    )
+    approve.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
+    approve.set_defaults(func=cmd_approve)
+
+    review = sub.add_parser(
+        "review",
+        help="sign a decision (replan or abort) for an open review case",
+        description="Show the case, ask, sign the decision with --key and leave it in the "
+        "store's inbox; the runtime rereads the adapter's receipt before applying it.",
+    )
+    review.add_argument("run_id", metavar="RUN")
+    review.add_argument("case", metavar="CASE", help="the review case id")
+    review.add_argument(
+        "--decision",
+        choices=["replan", "abort"],
+        required=True,
+        help="replan: quarantine the key and plan anew; abort: fail the run",
+    )
+    review.add_argument("--key", type=Path, required=True, help="the reviewer's private key file")
+    review.add_argument("--db", type=Path, required=True, help="SQLite store file")
+    review.add_argument(
+        "--keyring", type=Path, help="verify the checkpoint before showing it (optional)"
+    )
+    review.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
+    review.set_defaults(func=cmd_review)
     return parser
-
-
-# -- demo ----------------------------------------------------------------------
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    if args.list_crash_points:
-        for point in CrashPoint:
-            print(point.value)
-        return 0
-    base = Path(tempfile.mkdtemp(prefix="tether-demo-"))
-    marks = args.marks
-    if args.crash_at == CrashPoint.CONTENT_BEFORE_MARK and marks is None:
-        # That window exists only when the mark lives in its own database.
-        db = args.db if args.db is not None else base / "tether.sqlite"
-        marks = db.with_name(db.stem + ".marks.sqlite")
-    paths = _demo.DemoPaths.under(base, args.db, args.workspace, marks)
-    if paths.db.exists():
-        raise TetherError(f"{paths.db} already exists; give the demo a fresh --db")
-    _demo.prepare(paths)
-    crashed: dict[str, Any] | None = None
-    if args.crash_at is None:
-        with _demo.workspace(paths) as ws:
-            _demo.runtime(paths, ws).start(_demo.RUN_ID).run()
-    else:
-        first = _child(paths, "start", args.crash_at, args.crash_hit)
-        if first.returncode != -signal.SIGKILL:
-            raise TetherError(
-                f"the run did not reach crash point {args.crash_at} (hit {args.crash_hit}); "
-                f"exit {first.returncode}: {first.stderr.strip()[-400:]}"
-            )
-        second = _child(paths, "recover", None, 1)
-        if second.returncode != 0:
-            raise TetherError(
-                f"recovery failed (exit {second.returncode}): {second.stderr.strip()}"
-            )
-        crashed = {"point": args.crash_at, "hit": args.crash_hit, "signal": "SIGKILL"}
-    summary = _summary(paths, crashed)
-    if args.json:
-        print(json.dumps(summary, sort_keys=True))
-    else:
-        _print_demo(summary)
-    return 0
-
-
-def _child(
-    paths: _demo.DemoPaths, stage: str, crash_at: str | None, hit: int
-) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "tether.cli",
-        "_demo-child",
-        stage,
-        "--db",
-        str(paths.db),
-        "--workspace",
-        str(paths.workspace),
-    ]
-    if paths.marks is not None:
-        cmd += ["--marks", str(paths.marks)]
-    if crash_at is not None:
-        cmd += ["--crash-at", crash_at, "--crash-hit", str(hit)]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
-    )
-
-
-def cmd_demo_child(args: argparse.Namespace) -> int:
-    paths = _demo.DemoPaths.under(args.db.parent, args.db, args.workspace, args.marks)
-    crash = CrashPlan()
-    if args.crash_at is not None:
-        crash = CrashPlan(CrashPoint(args.crash_at), nth=args.crash_hit, mode="kill")
-    with _demo.workspace(paths) as ws:
-        rt = _demo.runtime(paths, ws, crash)
-        if args.stage == "start":
-            session = rt.start(_demo.RUN_ID)
-        else:
-            session = rt.start_or_recover(_demo.RUN_ID)
-        session.run()
-    return 0
-
-
-def _summary(paths: _demo.DemoPaths, crashed: dict[str, Any] | None) -> dict[str, Any]:
-    with _demo.workspace(paths) as ws:
-        writes = ws.write_count()
-        content = (ws.root / "calc.py").read_text()
-    store = SQLiteStore(paths.db)
-    marks = SQLiteStore(paths.marks) if paths.marks is not None else None
-    try:
-        restored = Checkpointer(store, _demo.keyring(paths), marks=marks).load(_demo.RUN_ID)
-        state = restored.state
-        return {
-            "run_id": state.run_id,
-            "phase": state.phase.value,
-            "stop_reason": state.stop_reason,
-            "generation": state.generation,
-            "epoch": state.epoch,
-            "workspace_writes": writes,
-            "writes_committed": state.writes_committed,
-            "trace_events": state.trace_length,
-            "repaired": content == _demo.FIXED,
-            "crash": crashed,
-            "db": str(paths.db),
-            "marks": None if paths.marks is None else str(paths.marks),
-            "workspace": str(paths.workspace),
-            "keyring": None if os.environ.get("TETHER_KEYRING_FILE") else str(paths.keyring),
-        }
-    finally:
-        store.close()
-        if marks is not None:
-            marks.close()
-
-
-def _print_demo(s: dict[str, Any]) -> None:
-    print(f"tether demo: run {s['run_id']} is {s['phase']} ({s['stop_reason']})")
-    if s["crash"]:
-        print(
-            f"  crash      SIGKILL at {s['crash']['point']}, recovered in a new process "
-            f"(epoch {s['epoch']})"
-        )
-    print(
-        f"  workspace  {s['workspace']}: calc.py {'repaired' if s['repaired'] else 'NOT repaired'}"
-    )
-    print(
-        f"  writes     {s['workspace_writes']} received by the workspace (counted by it), "
-        f"{s['writes_committed']} committed by the run"
-    )
-    print(f"  checkpoint generation {s['generation']}, {s['trace_events']} trace events")
-    keyring = f" --keyring {s['keyring']}" if s["keyring"] else ""
-    marks = f" --marks {s['marks']}" if s["marks"] else ""
-    print(f"  next       tether inspect {s['run_id']} --db {s['db']}{marks}{keyring}")
-
-
-# -- inspect and verify -----------------------------------------------------------
-
-
-def _open(args: argparse.Namespace) -> tuple[SQLiteStore, SQLiteStore | None, Checkpointer]:
-    keyring = Keyring.from_file(args.keyring) if args.keyring else Keyring.from_environ()
-    store = SQLiteStore(args.db)
-    marks = SQLiteStore(args.marks) if args.marks else None
-    return store, marks, Checkpointer(store, keyring, marks=marks)
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-    store, _, checkpointer = _open(args)
-    restored = checkpointer.load(args.run_id)
-    state = restored.state
-    ledger = [
-        {
-            "key": e.idempotency_key,
-            "seq": e.seq,
-            "status": e.status.value,
-            "action_id": e.action_id,
-            "intent_digest": e.intent_digest,
-            "receipt_id": None if e.receipt is None else e.receipt.get("receipt_id"),
-        }
-        for e in store.ledger(state.run_id)
-    ]
-    trace = [
-        {"seq": e.seq, "kind": e.kind, "at": e.body()["at"]}
-        for e in store.trace(state.run_id, state.trace_head)
-    ]
-    report = {
-        "mark": {
-            "generation": restored.mark.generation,
-            "checkpoint_digest": restored.mark.checkpoint_digest,
-        },
-        "state": state.to_json(),
-        "ledger": ledger,
-        "trace": trace,
-    }
-    if args.json:
-        print(json.dumps(report, sort_keys=True))
-        return 0
-    print(
-        f"run {state.run_id}: {state.phase}"
-        + (f" ({state.stop_reason})" if state.stop_reason else "")
-    )
-    print(
-        f"  task {state.binding.task_id} v{state.binding.task_version}, "
-        f"policy {state.binding.policy_id} v{state.binding.policy_version}"
-    )
-    print(
-        f"  generation {state.generation} (mark {restored.mark.generation}), epoch {state.epoch}, "
-        f"worker {state.worker}"
-    )
-    env = state.environment
-    print(f"  environment {env.namespace}/{env.instance_id} v{env.version} {env.state_fingerprint}")
-    print(
-        f"  spent proposals={state.spent.proposals} steps={state.spent.steps} "
-        f"cost={state.spent.cost}; writes committed {state.writes_committed}"
-    )
-    if state.pending is not None:
-        p = state.pending
-        print(
-            f"  pending {p.action_id}: {p.intent.kind} {p.intent.target} key={p.idempotency_key} "
-            f"intent={p.intent_digest}"
-        )
-    for case in state.review_cases:
-        print(f"  review case {case.case_id}: {case.reason}: {case.detail}")
-    print(f"  ledger ({len(ledger)} entries)")
-    for row in ledger:
-        print(f"    {row['key']} #{row['seq']} {row['status']} {row['action_id']}")
-    print(f"  trace ({len(trace)} events)")
-    for row in trace:
-        print(f"    {row['seq']:>4} {row['at']} {row['kind']}")
-    return 0
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    store, _, checkpointer = _open(args)
-    restored = checkpointer.load(args.run_id)
-    checkpointer.check_generation(restored)
-    state = restored.state
-    validate_state(state)
-    events = store.trace(state.run_id, state.trace_head)
-    head = GENESIS_HASH
-    for index, event in enumerate(events, start=1):
-        if (
-            event.seq != index
-            or event.prev_hash != head
-            or chain_hash(head, event.body()) != event.hash
-        ):
-            raise IntegrityError(f"trace breaks at event {index}", run_id=state.run_id)
-        head = event.hash
-    if head != state.trace_head or len(events) != state.trace_length:
-        raise IntegrityError("the trace does not end at the checkpoint's head", run_id=state.run_id)
-    result = {
-        "run_id": state.run_id,
-        "sound": True,
-        "generation": state.generation,
-        "key_id": json.loads(restored.envelope)["key_id"],
-        "trace_events": len(events),
-    }
-    if args.json:
-        print(json.dumps(result, sort_keys=True))
-    else:
-        print(
-            f"run {state.run_id}: sound at generation {state.generation} "
-            f"(signed by key id {result['key_id']}, {len(events)} trace events chained)"
-        )
-    return 0
 
 
 def _error(message: str) -> None:

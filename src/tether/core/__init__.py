@@ -27,6 +27,9 @@ from tether.core._errors import (
     IntegrityError,
     InvariantError,
     LeaseError,
+    LeaseExpiredError,
+    LeaseHeldError,
+    LeaseLostError,
     MigrationError,
     MissingHighWaterMarkError,
     NonceReusedError,
@@ -122,6 +125,9 @@ __all__ = [
     "JSONValue",
     "KindRule",
     "LeaseError",
+    "LeaseExpiredError",
+    "LeaseHeldError",
+    "LeaseLostError",
     "MigrationError",
     "MissingHighWaterMarkError",
     "NonceReusedError",
@@ -189,4 +195,10 @@ from tether.core._evidence import (  # noqa: E402
     new_decision,
 )
 
-__all__ += ["ReviewDecision", "approval_request", "decision_request", "new_approval", "new_decision"]
+__all__ += [
+    "ReviewDecision",
+    "approval_request",
+    "decision_request",
+    "new_approval",
+    "new_decision",
+]

@@ -6,6 +6,7 @@ message ever contains key material: errors name key *ids*, never secrets.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 

@@ -126,6 +126,8 @@ class RunState:
     consumed_nonces: tuple[str, ...]
     trace_head: str
     trace_length: int
+    # Signed evidence arrives in the store's inbox; this is the last entry read.
+    inbox_cursor: int = 0
 
     def evolve(self, **changes: Any) -> RunState:
         """A copy with ``changes`` applied (the state itself is immutable)."""
@@ -158,6 +160,7 @@ class RunState:
             "consumed_nonces": list(self.consumed_nonces),
             "trace_head": self.trace_head,
             "trace_length": self.trace_length,
+            "inbox_cursor": self.inbox_cursor,
         }
 
     @classmethod
@@ -198,6 +201,7 @@ class RunState:
             consumed_nonces=f.str_list("consumed_nonces"),
             trace_head=f.str("trace_head"),
             trace_length=f.int("trace_length"),
+            inbox_cursor=f.int("inbox_cursor"),
         )
         f.done()
         return state

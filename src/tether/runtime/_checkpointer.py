@@ -95,6 +95,7 @@ class Checkpointer:
             envelope=envelope,
             events=tuple(events),
             blobs=blobs,
+            phase=state.phase.value,
         )
 
         def inside() -> None:
@@ -111,6 +112,7 @@ class Checkpointer:
                 state.generation,
                 checkpoint_digest,
                 expected_lease_version,
+                phase=state.phase.value,
             )
         return checkpoint_digest
 

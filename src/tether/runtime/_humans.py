@@ -97,7 +97,41 @@ def committed_within_approval(state: RunState, receipt: Receipt) -> str | None:
     return None
 
 
-def approve(session: RunSession, document: Any) -> RunState:
+def consume_inbox(session: RunSession) -> None:
+    """Apply the signed evidence people left in the store's inbox since the last read.
+
+    Each entry is read once: accepted or refused, the cursor moves past it in
+    the same checkpoint that records the outcome, so a refused document is
+    traced once and never retried.
+    """
+    state = session.state
+    if state.phase.terminal:
+        return
+    for item in session.rt.store.evidence(state.run_id, after=state.inbox_cursor):
+        try:
+            if item.kind == "approval":
+                approve(session, item.document, cursor=item.seq)
+            else:
+                review(session, item.document, cursor=item.seq)
+        except (EvidenceError, PolicyError) as exc:
+            if session.state.inbox_cursor < item.seq:  # review() traces its own refusals
+                session.commit(
+                    session.state.evolve(inbox_cursor=item.seq),
+                    [
+                        (
+                            "evidence_refused",
+                            {
+                                "seq": item.seq,
+                                "kind": item.kind,
+                                "error": type(exc).__name__,
+                                "message": str(exc),
+                            },
+                        )
+                    ],
+                )
+
+
+def approve(session: RunSession, document: Any, *, cursor: int | None = None) -> RunState:
     """Verify and record a signed approval for the pending write."""
     rt, state = session.rt, session.state
     _refuse_unless(state, Phase.PENDING, "approve")
@@ -133,15 +167,18 @@ def approve(session: RunSession, document: Any) -> RunState:
         state.evolve(
             pending=replace(pending, approvals=(document,)),
             consumed_nonces=(*state.consumed_nonces, body["nonce"]),
+            inbox_cursor=state.inbox_cursor if cursor is None else cursor,
         ),
         events,
     )
     return session.state
 
 
-def review(session: RunSession, document: Any) -> RunState:
+def review(session: RunSession, document: Any, *, cursor: int | None = None) -> RunState:
     """Verify a signed reviewer decision and apply it; any doubt leaves the case frozen."""
     rt, state = session.rt, session.state
+    if cursor is not None:
+        state = state.evolve(inbox_cursor=cursor)
     _refuse_unless(state, Phase.NEEDS_REVIEW, "review")
     try:
         body = _trust(rt).verify(document, Role.REVIEWER)

@@ -20,9 +20,10 @@ for review when the truth cannot be known.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from tether.adapters import Adapter
+from tether.adapters import Adapter, Fence
 from tether.core import (
     GENESIS_HASH,
     AdapterUnavailableError,
@@ -65,7 +66,7 @@ from tether.runtime._agent import Agent, AgentContext, Decision
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
 from tether.runtime._crash import NO_CRASH, CrashPlan, CrashPoint
-from tether.store import ContentStore, GenerationStore, LedgerEntry
+from tether.store import ContentStore, GenerationStore, Lease, LedgerEntry
 
 Event = tuple[str, dict[str, Any]]
 
@@ -88,6 +89,7 @@ class Runtime:
         crash: CrashPlan = NO_CRASH,
         worker: str = "local",
         trust: TrustRoots | None = None,
+        lease_ttl_s: float | None = None,
     ) -> None:
         self.store = store
         self.adapter = adapter
@@ -99,6 +101,9 @@ class Runtime:
         self.crash = crash
         self.worker = worker
         self.trust = trust
+        # None: one process owns its runs (no lease). A number: every start and
+        # recovery takes the run's lease for that long and renews it as it works.
+        self.lease_ttl_s = lease_ttl_s
         self.checkpointer = Checkpointer(store, keyring, marks=marks, crash=crash)
         self.binding = Binding.of(task, policy)
 
@@ -154,6 +159,10 @@ class Runtime:
             [("run_started", {"task": self.binding.to_json(), "environment": env.to_json()})],
             blobs={context_digest: body},
         )
+        if self.lease_ttl_s is not None:
+            session.hold(
+                self.checkpointer.marks.acquire_lease(run_id, self.worker, self.lease_ttl_s)
+            )
         return session
 
     def start_or_recover(self, run_id: str, context: AgentContext | None = None) -> RunSession:
@@ -171,8 +180,15 @@ class Runtime:
             return self.start(run_id, context)
         return self.recover(run_id)
 
-    def recover(self, run_id: str) -> RunSession:
-        """Restore the newest checkpoint (every check, failing closed) and open a new epoch."""
+    def recover(self, run_id: str, lease: Lease | None = None) -> RunSession:
+        """Restore the newest checkpoint (every check, failing closed) and open a new epoch.
+
+        With leases on, the run's lease is taken first (or ``lease``, one the
+        caller already claimed, is used), so two recovering workers never both
+        advance the run: the loser gets :class:`~tether.core.LeaseHeldError`.
+        """
+        if lease is None and self.lease_ttl_s is not None:
+            lease = self.checkpointer.marks.acquire_lease(run_id, self.worker, self.lease_ttl_s)
         restored = self.checkpointer.restore(run_id, self.binding, self.adapter)
         state = restored.state
         body = self.store.get_blob(state.agent_context_digest)
@@ -184,6 +200,8 @@ class Runtime:
         context = AgentContext.decode(state.agent_context_digest, body)
         _humans.check_restorable(self, state)
         session = RunSession(self, state, context)
+        if lease is not None:
+            session.hold(lease)
         if state.phase.terminal or state.phase is Phase.NEEDS_REVIEW:
             return session  # nothing may change; an operator can still read everything
         session.commit(
@@ -210,6 +228,39 @@ class RunSession:
         self.rt = runtime
         self.state = state
         self.context = context
+        self.lease: Lease | None = None
+        self._renewed = 0.0
+
+    # -- the lease -------------------------------------------------------------
+
+    def hold(self, lease: Lease) -> None:
+        """Work under ``lease``: its version fences every commit and adapter call."""
+        self.lease = lease
+        self._renewed = time.monotonic()
+
+    def release(self) -> None:
+        """Give the lease up (a clean shutdown), so another worker may take the run at once."""
+        if self.lease is not None:
+            self.rt.checkpointer.marks.release_lease(
+                self.run_id, self.lease.owner, self.lease.lease_version
+            )
+            self.lease = None
+
+    def _guard(self) -> Fence | None:
+        """Before every effect: renew if a third of the ttl has passed, then check the lease.
+
+        Returns the fencing token for adapters that can check it.
+        """
+        lease, ttl = self.lease, self.rt.lease_ttl_s
+        if lease is None:
+            return None
+        marks = self.rt.checkpointer.marks
+        if ttl is not None and time.monotonic() - self._renewed > ttl / 3:
+            self.hold(marks.renew_lease(self.run_id, lease.owner, lease.lease_version, ttl))
+        marks.check_lease(self.run_id, lease.lease_version)
+        if not self.rt.adapter.capabilities.fencing:
+            return None
+        return Fence(self.run_id, lease.lease_version)
 
     @property
     def run_id(self) -> str:
@@ -247,7 +298,13 @@ class RunSession:
             trace_length=length,
             updated_at=max(now, state.started_at),
         )
-        self.rt.checkpointer.advance(new, self.state.generation, sealed, blobs or None)
+        self.rt.checkpointer.advance(
+            new,
+            self.state.generation,
+            sealed,
+            blobs or None,
+            expected_lease_version=0 if self.lease is None else self.lease.lease_version,
+        )
         self.state = new
         if context is not None:
             self.context = context
@@ -257,6 +314,7 @@ class RunSession:
     def run(self, max_steps: int | None = None) -> RunState:
         """Step until the run is terminal, frozen, or waits for an approval (or ``max_steps``)."""
         taken = 0
+        _humans.consume_inbox(self)
         while not self.state.phase.terminal and self.state.phase is not Phase.NEEDS_REVIEW:
             if max_steps is not None and taken >= max_steps:
                 break
@@ -265,6 +323,11 @@ class RunSession:
             except (ApprovalRequiredError, ApprovalExpiredError):
                 break  # a person has to act; the run waits, durable, in pending
             taken += 1
+        return self.state
+
+    def consume_inbox(self) -> RunState:
+        """Apply signed evidence waiting in the store's inbox (also done by every step)."""
+        _humans.consume_inbox(self)
         return self.state
 
     def approve(self, document: Any) -> RunState:
@@ -285,6 +348,7 @@ class RunSession:
 
     def step(self) -> RunState:
         """Advance the run by one decision (or settle its pending write)."""
+        _humans.consume_inbox(self)
         self._refuse_if_stopped()
         if self.state.phase is Phase.PENDING:
             self._settle()
@@ -426,6 +490,7 @@ class RunSession:
         )
         caps = rt.adapter.capabilities
         if caps.queryable:
+            self._guard()
             receipt = rt.adapter.lookup(pending.idempotency_key)
             if receipt is not None:
                 self._reconcile(receipt, cached)
@@ -468,6 +533,7 @@ class RunSession:
         rt = self.rt
         pending = self._pending()
         _humans.require_approval(self)
+        fence = self._guard()  # a worker whose lease moved on records nothing more
         if cached is None:
             # A committed entry already says what happened; an idempotent
             # re-execute only fetches the adapter's receipt to compare.
@@ -476,7 +542,9 @@ class RunSession:
                 statuses.insert(0, EffectStatus.INTENDED)
             self._ledger(*statuses, receipt=None)
         try:
-            receipt = rt.adapter.execute(pending.idempotency_key, pending.intent, pending.prestate)
+            receipt = rt.adapter.execute(
+                pending.idempotency_key, pending.intent, pending.prestate, fence
+            )
         except IdempotencyConflictError as exc:
             self._freeze(
                 "key_conflict",

@@ -5,6 +5,13 @@ checkpoints (addressed by digest), trace events, effect-ledger entries and
 content-addressed blobs. ``GenerationStore`` keeps the one mutable thing, the
 high-water mark per run, and moves it only by compare-and-set.
 
+The generation store also keeps each run's lease: who may advance it now
+(``lease_owner``), until when (``lease_expires_at``, judged by the STORE's
+clock so workers with skewed clocks agree), and the fencing token
+(``lease_version``), which every new owner increments. Lease version 0 means
+"never leased": single-process use commits with ``expected_lease_version=0``
+and never touches leases.
+
 They may be one database (``CommitStore.commit`` moves both in one
 transaction) or two (content first, then CAS the mark). Because checkpoints
 are addressed by digest and the mark names the digest it accepted, content
@@ -32,6 +39,24 @@ class Mark:
     lease_version: int
     lease_owner: str | None
     lease_expires_at: datetime | None
+    phase: str = "running"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A worker's claim on a run: ``lease_version`` is the fencing token to pass on.
+
+    ``expires_at`` is by the store's clock; renew well before it (a third of
+    the ttl is a good cadence). ``state_version`` and ``generation`` are the
+    mark's at the moment the lease was granted.
+    """
+
+    run_id: str
+    owner: str
+    lease_version: int
+    expires_at: datetime
+    state_version: int
+    generation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +75,20 @@ class LedgerEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class Evidence:
+    """A signed document left in a run's inbox: an approval or a reviewer decision."""
+
+    run_id: str
+    seq: int
+    kind: str
+    document: dict[str, Any]
+    received_at: datetime
+
+
+EVIDENCE_KINDS = frozenset({"approval", "review_decision"})
+
+
+@dataclass(frozen=True, slots=True)
 class Commit:
     """Everything one checkpoint advance writes."""
 
@@ -59,6 +98,7 @@ class Commit:
     envelope: bytes
     events: Sequence[TraceEvent] = ()
     blobs: Mapping[str, bytes] | None = None
+    phase: str = "running"
 
 
 BeforeCommit = Callable[[], None]
@@ -104,6 +144,14 @@ class ContentStore(Protocol):
         """Content-addressed bytes, or ``None``."""
         ...
 
+    def put_evidence(self, run_id: str, kind: str, document: dict[str, Any]) -> int:
+        """Append signed evidence to the run's inbox; returns its sequence number (from 1)."""
+        ...
+
+    def evidence(self, run_id: str, after: int = 0) -> list[Evidence]:
+        """Inbox entries of the run with a sequence number above ``after``, oldest first."""
+        ...
+
 
 @runtime_checkable
 class GenerationStore(Protocol):
@@ -120,16 +168,74 @@ class GenerationStore(Protocol):
         new_generation: int,
         checkpoint_digest: str,
         expected_lease_version: int = 0,
+        *,
+        phase: str = "running",
     ) -> None:
-        """Move the mark from ``expected_generation`` (0: create) or raise.
+        """Move the mark from ``expected_generation`` (0: create) and record ``phase``, or raise.
 
         Raises :class:`~tether.core.GenerationConflictError` when the mark is
-        elsewhere, :class:`~tether.core.LeaseError` when the lease moved.
+        elsewhere, :class:`~tether.core.LeaseLostError` when the lease version
+        is not the current one (taken over, or released). A lease that expired
+        but that nobody took over still commits: the version check is what
+        fences, and nobody else can have advanced the run.
         """
         ...
 
     def runs(self) -> list[Mark]:
         """Every run's mark."""
+        ...
+
+    def acquire_lease(self, run_id: str, worker: str, ttl_s: float) -> Lease:
+        """Take the run's lease for ``ttl_s`` seconds of the store's clock.
+
+        Succeeds when the run is unowned, its lease expired, or ``worker``
+        already holds it. A NEW owner increments ``lease_version``; the same
+        owner re-acquiring only extends. Raises
+        :class:`~tether.core.LeaseHeldError` when another worker holds a live
+        lease, :class:`~tether.core.RunNotFoundError` for an unknown run.
+        """
+        ...
+
+    def renew_lease(self, run_id: str, worker: str, lease_version: int, ttl_s: float) -> Lease:
+        """Extend the lease to ``ttl_s`` from now if ``worker`` still holds ``lease_version``.
+
+        An expired lease renews as long as nobody took it over. Otherwise
+        raises :class:`~tether.core.LeaseLostError`.
+        """
+        ...
+
+    def release_lease(self, run_id: str, worker: str, lease_version: int) -> None:
+        """Give the lease up so another worker may claim the run at once.
+
+        Releasing an already released lease of the same version is a no-op;
+        releasing a lease that another worker has taken over raises
+        :class:`~tether.core.LeaseLostError`, because the caller's last
+        actions may have been superseded.
+        """
+        ...
+
+    def check_lease(self, run_id: str, lease_version: int) -> None:
+        """Refuse to act on a lease that is no longer current or live (call before every effect).
+
+        Raises :class:`~tether.core.LeaseLostError` when the version moved or
+        the lease was released, :class:`~tether.core.LeaseExpiredError` when it
+        expired by the store's clock. Version 0 passes only while the run has
+        never been leased.
+        """
+        ...
+
+    def claim_expired(
+        self,
+        worker: str,
+        ttl_s: float,
+        limit: int = 1,
+        phases: Sequence[str] = ("running", "pending"),
+    ) -> list[Lease]:
+        """Atomically take up to ``limit`` runs in ``phases`` whose lease is unowned or expired.
+
+        Each claim increments the run's lease version. Concurrent claimers never
+        get the same run.
+        """
         ...
 
 
@@ -144,5 +250,10 @@ class CommitStore(ContentStore, GenerationStore, Protocol):
         expected_lease_version: int = 0,
         before_commit: BeforeCommit | None = None,
     ) -> None:
-        """Write content and CAS the mark in ONE transaction."""
+        """Write content and CAS the mark (recording ``commit.phase``) in ONE transaction.
+
+        The CAS is on (generation, lease version), with the errors of
+        :meth:`GenerationStore.cas_mark`; if ``before_commit`` raises, nothing
+        lands.
+        """
         ...

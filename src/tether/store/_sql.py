@@ -1,27 +1,35 @@
 """The SQL shared by every relational store; dialects override a few hooks.
 
-A dialect supplies: how to open a write transaction, how to spell
-insert-if-absent, the blob column type, the clock, and how to translate its
-driver's errors. Everything else, including every statement that moves a
-mark, is written once here.
+A dialect supplies: how to check a connection out, how to open a write
+transaction, how to spell insert-if-absent, the blob column type, the
+store-clock expression, how to lock rows, and how to classify and translate
+its driver's errors. Everything else, including every statement that moves a
+mark or a lease, is written once here.
+
+Connections, units of work, retries and error translation live one layer
+down, in :class:`~tether.store._engine.SQLEngine`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from datetime import UTC, datetime
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tether.core import (
     EffectStatus,
     GenerationConflictError,
     IllegalTransitionError,
-    LeaseError,
+    LeaseExpiredError,
+    LeaseHeldError,
+    LeaseLostError,
     MigrationError,
+    Phase,
+    RunNotFoundError,
     StoreError,
+    StoreUnavailableError,
     TraceEvent,
     WriteOnceError,
     canonical_bytes,
@@ -29,158 +37,115 @@ from tether.core import (
     format_time,
     strict_loads,
 )
-from tether.store._protocols import BeforeCommit, Commit, LedgerEntry, Mark
+from tether.store._engine import SQLEngine
+from tether.store._protocols import (
+    EVIDENCE_KINDS,
+    BeforeCommit,
+    Commit,
+    Evidence,
+    Lease,
+    LedgerEntry,
+    Mark,
+)
+from tether.store._schema import migrations
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
+_MARK_COLUMNS = (
+    "run_id, generation, checkpoint_digest, state_version, lease_version, lease_owner, "
+    "lease_expires_at, phase"
+)
 
 
-def migrations(blob: str) -> list[tuple[int, list[str]]]:
-    """Numbered schema migrations; ``blob`` is the dialect's byte-string type."""
-    return [
-        (
-            1,
-            [
-                """CREATE TABLE tether_marks (
-                    run_id TEXT PRIMARY KEY,
-                    generation BIGINT NOT NULL CHECK (generation >= 1),
-                    checkpoint_digest TEXT NOT NULL,
-                    state_version BIGINT NOT NULL,
-                    lease_version BIGINT NOT NULL DEFAULT 0,
-                    lease_owner TEXT,
-                    lease_expires_at TEXT,
-                    updated_at TEXT NOT NULL
-                )""",
-                f"""CREATE TABLE tether_checkpoints (
-                    run_id TEXT NOT NULL,
-                    checkpoint_digest TEXT NOT NULL,
-                    generation BIGINT NOT NULL,
-                    envelope {blob} NOT NULL,
-                    PRIMARY KEY (run_id, checkpoint_digest)
-                )""",
-                """CREATE TABLE tether_trace (
-                    run_id TEXT NOT NULL,
-                    hash TEXT NOT NULL,
-                    prev_hash TEXT NOT NULL,
-                    seq BIGINT NOT NULL,
-                    kind TEXT NOT NULL,
-                    at TEXT NOT NULL,
-                    data TEXT NOT NULL,
-                    PRIMARY KEY (run_id, hash)
-                )""",
-                """CREATE TABLE tether_ledger (
-                    run_id TEXT NOT NULL,
-                    idempotency_key TEXT NOT NULL,
-                    seq BIGINT NOT NULL,
-                    status TEXT NOT NULL,
-                    action_id TEXT NOT NULL,
-                    intent_digest TEXT NOT NULL,
-                    receipt TEXT,
-                    epoch BIGINT NOT NULL,
-                    at TEXT NOT NULL,
-                    PRIMARY KEY (run_id, idempotency_key, seq)
-                )""",
-                # One intended entry per action id: a reused action id is refused
-                # by the database itself, not only by the gate.
-                """CREATE UNIQUE INDEX tether_ledger_action
-                    ON tether_ledger (run_id, action_id) WHERE status = 'intended'""",
-                f"""CREATE TABLE tether_blobs (
-                    digest TEXT PRIMARY KEY,
-                    body {blob} NOT NULL
-                )""",
-            ],
-        ),
-    ]
+def _from_micros(micros: Any) -> datetime:
+    return _EPOCH + timedelta(microseconds=int(micros))
 
 
-class SQLBase:
-    """Store logic over a DB-API connection; subclasses provide the dialect."""
+def _parse_time(text: Any) -> datetime:
+    return datetime.strptime(str(text), _TIME).replace(tzinfo=UTC)
 
-    blob_type = "BLOB"
-    placeholder = "?"
 
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
+def _ttl_micros(ttl_s: float) -> int:
+    if isinstance(ttl_s, bool) or not math.isfinite(ttl_s) or ttl_s <= 0:
+        raise StoreError(f"a lease ttl must be a positive number of seconds, not {ttl_s!r}")
+    return max(1, round(ttl_s * 1_000_000))
 
-    # -- dialect hooks -------------------------------------------------------
 
-    def _execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        raise NotImplementedError
+def _phase(phase: str) -> str:
+    try:
+        return Phase(phase).value
+    except ValueError:
+        raise StoreError(
+            f"unknown phase {phase!r}; expected one of {[p.value for p in Phase]}"
+        ) from None
 
-    @contextmanager
-    def _write(self) -> Iterator[None]:
-        """A write transaction that serializes with every other writer."""
-        raise NotImplementedError
-        yield  # pragma: no cover
 
-    def _insert_ignore(self, table: str, columns: Sequence[str]) -> str:
-        raise NotImplementedError
+def _mark(row: Sequence[Any]) -> Mark:
+    run_id, generation, digest, state_version, lease_version, owner, expires, phase = row
+    return Mark(
+        run_id=str(run_id),
+        generation=int(generation),
+        checkpoint_digest=str(digest),
+        state_version=int(state_version),
+        lease_version=int(lease_version),
+        lease_owner=None if owner is None else str(owner),
+        lease_expires_at=None if expires is None else _from_micros(expires),
+        phase=str(phase),
+    )
 
-    def _translate(self, exc: Exception) -> StoreError | None:
-        """The typed error for a driver exception, or ``None`` if it is not a driver error."""
-        raise NotImplementedError
 
-    def _now(self) -> datetime:
-        return datetime.now(UTC)
+def _lease(mark: Mark) -> Lease:
+    if mark.lease_owner is None or mark.lease_expires_at is None:
+        # Only reachable if a statement that grants a lease left it unowned.
+        raise StoreError(f"run {mark.run_id}: the store granted a lease it does not record")
+    return Lease(
+        run_id=mark.run_id,
+        owner=mark.lease_owner,
+        lease_version=mark.lease_version,
+        expires_at=mark.lease_expires_at,
+        state_version=mark.state_version,
+        generation=mark.generation,
+    )
 
-    # -- helpers -------------------------------------------------------------
 
-    def _q(self, sql: str) -> str:
-        return sql if self.placeholder == "?" else sql.replace("?", self.placeholder)
-
-    def _all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return list(self._execute(self._q(sql), params).fetchall())
-
-    def _one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
-        row = self._execute(self._q(sql), params).fetchone()
-        return None if row is None else tuple(row)
-
-    def _run(self, sql: str, params: Sequence[Any] = ()) -> int:
-        return int(self._execute(self._q(sql), params).rowcount)
-
-    @contextmanager
-    def _guard(self) -> Iterator[None]:
-        """Translate driver errors at the boundary; typed errors pass through."""
-        with self._lock:
-            try:
-                yield
-            except StoreError:
-                raise
-            except Exception as exc:
-                typed = self._translate(exc)
-                if typed is None:
-                    raise
-                raise typed from exc
+class SQLBase(SQLEngine):
+    """Every store statement, written once; subclasses provide the dialect hooks."""
 
     # -- migrations ----------------------------------------------------------
 
     def migrate(self) -> int:
         """Apply every missing migration; returns the schema version now in force."""
+        return self._write(self._migrate)
+
+    def _migrate(self) -> int:
         steps = migrations(self.blob_type)
-        with self._guard(), self._write():
-            self._execute(
-                "CREATE TABLE IF NOT EXISTS tether_migrations "
-                "(version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
+        self._lock_migrations()
+        self._execute(
+            "CREATE TABLE IF NOT EXISTS tether_migrations "
+            "(version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
+        )
+        applied = {int(r[0]) for r in self._all("SELECT version FROM tether_migrations")}
+        newest = max(version for version, _ in steps)
+        if applied and max(applied) > newest:
+            raise MigrationError(
+                f"database schema version {max(applied)} is newer than this tether "
+                f"({newest}); upgrade tether"
             )
-            applied = {int(r[0]) for r in self._all("SELECT version FROM tether_migrations")}
-            newest = max(version for version, _ in steps)
-            if applied and max(applied) > newest:
-                raise MigrationError(
-                    f"database schema version {max(applied)} is newer than this tether "
-                    f"({newest}); upgrade tether"
-                )
-            for version, statements in steps:
-                if version in applied:
-                    continue
-                for statement in statements:
-                    self._execute(statement)
-                self._run(
-                    "INSERT INTO tether_migrations (version, applied_at) VALUES (?, ?)",
-                    (version, format_time(self._now())),
-                )
-            return newest
+        for version, statements in steps:
+            if version in applied:
+                continue
+            for statement in statements:
+                self._execute(statement)
+            self._run(
+                "INSERT INTO tether_migrations (version, applied_at) VALUES (?, ?)",
+                (version, format_time(self._now())),
+            )
+        return newest
 
     def schema_version(self) -> int:
-        with self._guard():
-            row = self._one("SELECT MAX(version) FROM tether_migrations")
-            return 0 if row is None or row[0] is None else int(row[0])
+        """The newest migration recorded in the database (0: none)."""
+        row = self._read(lambda: self._one("SELECT MAX(version) FROM tether_migrations"))
+        return 0 if row is None or row[0] is None else int(row[0])
 
     # -- content -------------------------------------------------------------
 
@@ -225,36 +190,45 @@ class SQLBase:
                 raise WriteOnceError(f"trace event {event.hash} exists with other content")
 
     def put_content(self, commit: Commit, before_commit: BeforeCommit | None = None) -> None:
-        """Write a commit's content (checkpoint, events, ledger, blobs) write-once."""
-        with self._guard(), self._write():
+        """Write a commit's content (checkpoint, events, blobs) write-once."""
+
+        def body() -> None:
             self._put_content(commit)
             if before_commit is not None:
                 before_commit()
 
+        self._write(body)
+
     def get_checkpoint(self, run_id: str, checkpoint_digest: str) -> bytes | None:
-        with self._guard():
-            row = self._one(
+        """The sealed envelope stored under ``checkpoint_digest``, or ``None``."""
+        row = self._read(
+            lambda: self._one(
                 "SELECT envelope FROM tether_checkpoints WHERE run_id = ? AND checkpoint_digest = ?",
                 (run_id, checkpoint_digest),
             )
-            return None if row is None else bytes(row[0])
+        )
+        return None if row is None else bytes(row[0])
 
     def newest_generation(self, run_id: str) -> int | None:
-        with self._guard():
-            row = self._one(
+        """The highest generation of any content written for the run (landed or not)."""
+        row = self._read(
+            lambda: self._one(
                 "SELECT MAX(generation) FROM tether_checkpoints WHERE run_id = ?", (run_id,)
             )
-            return None if row is None or row[0] is None else int(row[0])
+        )
+        return None if row is None or row[0] is None else int(row[0])
 
     def get_blob(self, blob_digest: str) -> bytes | None:
-        with self._guard():
-            row = self._one("SELECT body FROM tether_blobs WHERE digest = ?", (blob_digest,))
-            return None if row is None else bytes(row[0])
+        """Content-addressed bytes, or ``None``."""
+        row = self._read(
+            lambda: self._one("SELECT body FROM tether_blobs WHERE digest = ?", (blob_digest,))
+        )
+        return None if row is None else bytes(row[0])
 
     def trace(self, run_id: str, head: str, limit: int | None = None) -> list[TraceEvent]:
         """Walk the chain back from ``head``: events an orphaned attempt wrote are not on it."""
-        with self._guard():
-            rows = self._all(
+        rows = self._read(
+            lambda: self._all(
                 """WITH RECURSIVE chain(hash, prev_hash, seq, kind, at, data, depth) AS (
                        SELECT hash, prev_hash, seq, kind, at, data, 1 FROM tether_trace
                         WHERE run_id = ? AND hash = ?
@@ -267,20 +241,54 @@ class SQLBase:
                    SELECT hash, prev_hash, seq, kind, at, data FROM chain ORDER BY seq""",
                 (run_id, head, run_id, -1 if limit is None else limit, limit or 0),
             )
-        events = []
-        for hash_, prev, seq, kind, at, data in rows:
-            events.append(
-                TraceEvent(
-                    run_id=run_id,
-                    seq=int(seq),
-                    kind=str(kind),
-                    at=datetime.strptime(str(at), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC),
-                    data=strict_loads(str(data)),
-                    prev_hash=str(prev),
-                    hash=str(hash_),
-                )
+        )
+        return [
+            TraceEvent(
+                run_id=run_id,
+                seq=int(seq),
+                kind=str(kind),
+                at=_parse_time(at),
+                data=strict_loads(str(data)),
+                prev_hash=str(prev),
+                hash=str(hash_),
             )
-        return events
+            for hash_, prev, seq, kind, at, data in rows
+        ]
+
+    # -- inbox ---------------------------------------------------------------
+
+    def put_evidence(self, run_id: str, kind: str, document: dict[str, Any]) -> int:
+        """Append signed evidence for a run; the signer's tool writes nothing else."""
+        if kind not in EVIDENCE_KINDS:
+            raise StoreError(f"evidence kind must be one of {sorted(EVIDENCE_KINDS)}, not {kind!r}")
+        text = canonical_bytes(document).decode("utf-8")
+
+        def body() -> int:
+            self._lock_run(run_id)
+            row = self._one("SELECT MAX(seq) FROM tether_inbox WHERE run_id = ?", (run_id,))
+            seq = 1 if row is None or row[0] is None else int(row[0]) + 1
+            self._run(
+                "INSERT INTO tether_inbox (run_id, seq, kind, document, received_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (run_id, seq, kind, text, format_time(datetime.now(UTC))),
+            )
+            return seq
+
+        return self._write(body)
+
+    def evidence(self, run_id: str, after: int = 0) -> list[Evidence]:
+        """Inbox entries above ``after``, oldest first."""
+        rows = self._read(
+            lambda: self._all(
+                "SELECT seq, kind, document, received_at FROM tether_inbox "
+                "WHERE run_id = ? AND seq > ? ORDER BY seq",
+                (run_id, after),
+            )
+        )
+        return [
+            Evidence(run_id, int(seq), str(kind), strict_loads(str(doc)), _parse_time(at))
+            for seq, kind, doc, at in rows
+        ]
 
     # -- ledger --------------------------------------------------------------
 
@@ -329,10 +337,19 @@ class SQLBase:
         )
 
     def append_ledger(self, *entries: LedgerEntry) -> list[LedgerEntry]:
-        with self._guard(), self._write():
+        """Append effect statuses in one transaction; returns them with sequence numbers."""
+
+        def body() -> list[LedgerEntry]:
+            # Read-last-then-append must not interleave with another appender of
+            # the same run; sorted so two multi-run appends cannot deadlock.
+            for run_id in sorted({entry.run_id for entry in entries}):
+                self._lock_run(run_id)
             return [self._append_ledger(entry) for entry in entries]
 
+        return self._write(body)
+
     def ledger(self, run_id: str, idempotency_key: str | None = None) -> list[LedgerEntry]:
+        """Ledger entries of a run (or of one key), oldest first."""
         sql = (
             "SELECT idempotency_key, seq, status, action_id, intent_digest, receipt, epoch, at "
             "FROM tether_ledger WHERE run_id = ?"
@@ -341,8 +358,7 @@ class SQLBase:
         if idempotency_key is not None:
             sql += " AND idempotency_key = ?"
             params.append(idempotency_key)
-        with self._guard():
-            rows = self._all(sql + " ORDER BY at, idempotency_key, seq", params)
+        rows = self._read(lambda: self._all(sql + " ORDER BY at, idempotency_key, seq", params))
         return [
             LedgerEntry(
                 run_id=run_id,
@@ -353,50 +369,37 @@ class SQLBase:
                 intent_digest=str(intent_digest),
                 receipt=None if receipt is None else strict_loads(str(receipt)),
                 epoch=int(epoch),
-                at=datetime.strptime(str(at), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC),
+                at=_parse_time(at),
             )
             for key, seq, status, action_id, intent_digest, receipt, epoch, at in rows
         ]
 
     def action_seen(self, run_id: str, action_id: str) -> bool:
-        with self._guard():
-            row = self._one(
+        """Whether an intent with this action id was ever recorded for the run."""
+        row = self._read(
+            lambda: self._one(
                 "SELECT 1 FROM tether_ledger WHERE run_id = ? AND action_id = ? LIMIT 1",
                 (run_id, action_id),
             )
-            return row is not None
+        )
+        return row is not None
 
     # -- the mark ------------------------------------------------------------
 
     def _mark_row(self, run_id: str) -> Mark | None:
-        row = self._one(
-            "SELECT generation, checkpoint_digest, state_version, lease_version, lease_owner, "
-            "lease_expires_at FROM tether_marks WHERE run_id = ?",
-            (run_id,),
-        )
-        if row is None:
-            return None
-        expires = None
-        if row[5] is not None:
-            expires = datetime.strptime(str(row[5]), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-        return Mark(
-            run_id=run_id,
-            generation=int(row[0]),
-            checkpoint_digest=str(row[1]),
-            state_version=int(row[2]),
-            lease_version=int(row[3]),
-            lease_owner=None if row[4] is None else str(row[4]),
-            lease_expires_at=expires,
-        )
+        row = self._one(f"SELECT {_MARK_COLUMNS} FROM tether_marks WHERE run_id = ?", (run_id,))
+        return None if row is None else _mark(row)
 
     def get_mark(self, run_id: str) -> Mark | None:
-        with self._guard():
-            return self._mark_row(run_id)
+        """The run's mark, or ``None`` when the store has never seen the run."""
+        return self._read(lambda: self._mark_row(run_id))
 
     def runs(self) -> list[Mark]:
-        with self._guard():
-            ids = [str(r[0]) for r in self._all("SELECT run_id FROM tether_marks ORDER BY run_id")]
-            return [m for m in (self._mark_row(i) for i in ids) if m is not None]
+        """Every run's mark, by run id."""
+        rows = self._read(
+            lambda: self._all(f"SELECT {_MARK_COLUMNS} FROM tether_marks ORDER BY run_id")
+        )
+        return [_mark(row) for row in rows]
 
     def _cas_mark(
         self,
@@ -405,42 +408,67 @@ class SQLBase:
         new_generation: int,
         checkpoint_digest: str,
         expected_lease_version: int,
+        phase: str,
     ) -> None:
+        phase = _phase(phase)
         if new_generation != expected_generation + 1:
             raise GenerationConflictError(run_id, expected_generation, new_generation - 1)
         now = format_time(self._now())
         if expected_generation == 0:
-            inserted = self._run(
-                self._insert_ignore(
-                    "tether_marks",
-                    ("run_id", "generation", "checkpoint_digest", "state_version", "updated_at"),
-                ),
-                (run_id, new_generation, checkpoint_digest, new_generation, now),
-            )
-            if inserted == 1:
-                return
-        else:
-            moved = self._run(
-                "UPDATE tether_marks SET generation = ?, checkpoint_digest = ?, "
-                "state_version = state_version + 1, updated_at = ? "
-                "WHERE run_id = ? AND generation = ? AND lease_version = ?",
-                (
-                    new_generation,
-                    checkpoint_digest,
-                    now,
-                    run_id,
-                    expected_generation,
-                    expected_lease_version,
-                ),
-            )
-            if moved == 1:
-                return
-        current = self._mark_row(run_id)
-        if current is not None and current.generation == expected_generation:
-            raise LeaseError(run_id, expected_lease_version, current.lease_version)
-        raise GenerationConflictError(
-            run_id, expected_generation, None if current is None else current.generation
+            if expected_lease_version == 0:
+                inserted = self._run(
+                    self._insert_ignore(
+                        "tether_marks",
+                        (
+                            "run_id",
+                            "generation",
+                            "checkpoint_digest",
+                            "state_version",
+                            "phase",
+                            "updated_at",
+                        ),
+                    ),
+                    (run_id, new_generation, checkpoint_digest, new_generation, phase, now),
+                )
+                if inserted == 1:
+                    return
+            current = self._mark_row(run_id)
+            if current is None:
+                # Nobody can hold a lease on a run that does not exist yet.
+                raise LeaseLostError(run_id, expected_lease_version, None)
+            raise GenerationConflictError(run_id, expected_generation, current.generation)
+        # Version 0 means "never leased"; a positive version must still be held
+        # (released leases do not commit). On PostgreSQL this UPDATE takes the row
+        # lock, and a waiting writer re-checks the WHERE against the winner's row.
+        moved = self._run(
+            "UPDATE tether_marks SET generation = ?, checkpoint_digest = ?, "
+            "state_version = state_version + 1, phase = ?, updated_at = ? "
+            "WHERE run_id = ? AND generation = ? AND lease_version = ? "
+            "AND (lease_version = 0 OR lease_owner IS NOT NULL)",
+            (
+                new_generation,
+                checkpoint_digest,
+                phase,
+                now,
+                run_id,
+                expected_generation,
+                expected_lease_version,
+            ),
         )
+        if moved == 1:
+            return
+        current = self._mark_row(run_id)
+        if current is None:
+            raise GenerationConflictError(run_id, expected_generation, None)
+        # A lost lease is reported first even if the generation moved too: the
+        # caller must stop, not reload and retry.
+        if current.lease_version != expected_lease_version or (
+            current.lease_version != 0 and current.lease_owner is None
+        ):
+            raise LeaseLostError(
+                run_id, expected_lease_version, current.lease_version, current.lease_owner
+            )
+        raise GenerationConflictError(run_id, expected_generation, current.generation)
 
     def cas_mark(
         self,
@@ -449,15 +477,20 @@ class SQLBase:
         new_generation: int,
         checkpoint_digest: str,
         expected_lease_version: int = 0,
+        *,
+        phase: str = "running",
     ) -> None:
-        with self._guard(), self._write():
-            self._cas_mark(
+        """Move the mark from ``expected_generation`` (0: create) and record ``phase``, or raise."""
+        self._write(
+            lambda: self._cas_mark(
                 run_id,
                 expected_generation,
                 new_generation,
                 checkpoint_digest,
                 expected_lease_version,
+                phase,
             )
+        )
 
     def commit(
         self,
@@ -467,7 +500,8 @@ class SQLBase:
         before_commit: BeforeCommit | None = None,
     ) -> None:
         """Content and mark in ONE transaction: both land or neither does."""
-        with self._guard(), self._write():
+
+        def body() -> None:
             # The CAS goes first so a losing writer fails before writing content.
             self._cas_mark(
                 commit.run_id,
@@ -475,7 +509,142 @@ class SQLBase:
                 commit.generation,
                 commit.checkpoint_digest,
                 expected_lease_version,
+                commit.phase,
             )
             self._put_content(commit)
             if before_commit is not None:
                 before_commit()
+
+        self._write(body)
+
+    # -- leases --------------------------------------------------------------
+    #
+    # Each grant is ONE conditional UPDATE judged by the store's clock: atomic
+    # on its own under READ COMMITTED (row lock, re-check of the WHERE) and
+    # inside BEGIN IMMEDIATE on SQLite. RETURNING hands back the new lease.
+
+    def _lease_or_why(self, rows: list[tuple[Any, ...]], run_id: str, lease_version: int) -> Lease:
+        if rows:
+            return _lease(_mark(rows[0]))
+        current = self._mark_row(run_id)
+        if current is None:
+            raise RunNotFoundError(run_id)
+        raise LeaseLostError(run_id, lease_version, current.lease_version, current.lease_owner)
+
+    def acquire_lease(self, run_id: str, worker: str, ttl_s: float) -> Lease:
+        """Take the run's lease; a new owner increments the fencing token (see the protocol)."""
+        ttl = _ttl_micros(ttl_s)
+        clock = self.clock_sql
+
+        def body() -> Lease:
+            # Under READ COMMITTED the holder may release between the refused
+            # UPDATE and the read that explains it: then simply try again.
+            for _ in range(3):
+                rows = self._all(
+                    "UPDATE tether_marks SET lease_version = CASE WHEN lease_owner = ? "
+                    "THEN lease_version ELSE lease_version + 1 END, "
+                    f"lease_owner = ?, lease_expires_at = {clock} + ? "
+                    "WHERE run_id = ? AND (lease_owner IS NULL OR lease_owner = ? "
+                    f"OR lease_expires_at <= {clock}) RETURNING {_MARK_COLUMNS}",
+                    (worker, worker, ttl, run_id, worker),
+                )
+                if rows:
+                    return _lease(_mark(rows[0]))
+                current = self._mark_row(run_id)
+                if current is None:
+                    raise RunNotFoundError(run_id)
+                if current.lease_owner is not None and current.lease_expires_at is not None:
+                    raise LeaseHeldError(
+                        run_id, current.lease_owner, current.lease_version, current.lease_expires_at
+                    )
+            raise StoreUnavailableError(f"run {run_id}: the lease kept changing hands; retry")
+
+        return self._write(body)
+
+    def renew_lease(self, run_id: str, worker: str, lease_version: int, ttl_s: float) -> Lease:
+        """Extend a lease ``worker`` still holds at ``lease_version`` (even if it expired)."""
+        ttl = _ttl_micros(ttl_s)
+
+        def body() -> Lease:
+            rows = self._all(
+                f"UPDATE tether_marks SET lease_expires_at = {self.clock_sql} + ? "
+                "WHERE run_id = ? AND lease_owner = ? AND lease_version = ? "
+                f"RETURNING {_MARK_COLUMNS}",
+                (ttl, run_id, worker, lease_version),
+            )
+            return self._lease_or_why(rows, run_id, lease_version)
+
+        return self._write(body)
+
+    def release_lease(self, run_id: str, worker: str, lease_version: int) -> None:
+        """Give the lease up; a repeated release is a no-op, a lost lease raises LeaseLostError."""
+
+        def body() -> None:
+            moved = self._run(
+                "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL "
+                "WHERE run_id = ? AND lease_owner = ? AND lease_version = ?",
+                (run_id, worker, lease_version),
+            )
+            if moved == 1:
+                return
+            current = self._mark_row(run_id)
+            if current is None:
+                raise RunNotFoundError(run_id)
+            if current.lease_version == lease_version and current.lease_owner is None:
+                return  # already released at this version
+            raise LeaseLostError(run_id, lease_version, current.lease_version, current.lease_owner)
+
+        self._write(body)
+
+    def check_lease(self, run_id: str, lease_version: int) -> None:
+        """Raise unless ``lease_version`` is current and live by the store's clock."""
+        row = self._read(
+            lambda: self._one(
+                f"SELECT lease_version, lease_owner, lease_expires_at, {self.clock_sql} "
+                "FROM tether_marks WHERE run_id = ?",
+                (run_id,),
+            )
+        )
+        if row is None:
+            raise RunNotFoundError(run_id)
+        version, owner, expires, now = int(row[0]), row[1], row[2], int(row[3])
+        if version != lease_version:
+            raise LeaseLostError(
+                run_id, lease_version, version, None if owner is None else str(owner)
+            )
+        if version == 0:
+            return  # never leased: single-process use
+        if owner is None or expires is None:
+            raise LeaseLostError(run_id, lease_version, version)
+        if int(expires) <= now:
+            raise LeaseExpiredError(run_id, version, _from_micros(expires))
+
+    def claim_expired(
+        self,
+        worker: str,
+        ttl_s: float,
+        limit: int = 1,
+        phases: Sequence[str] = ("running", "pending"),
+    ) -> list[Lease]:
+        """Take up to ``limit`` unowned or expired runs in ``phases``; each gets a new version."""
+        ttl = _ttl_micros(ttl_s)
+        wanted = sorted({_phase(p) for p in phases})
+        if limit < 1 or not wanted:
+            return []
+        clock = self.clock_sql
+        free = f"(lease_owner IS NULL OR lease_expires_at <= {clock})"
+
+        def body() -> list[Lease]:
+            # The scan locks what it picks and skips rows other claimers (or
+            # committers) hold, so concurrent claimers never take the same run.
+            rows = self._all(
+                f"UPDATE tether_marks SET lease_owner = ?, lease_version = lease_version + 1, "
+                f"lease_expires_at = {clock} + ? WHERE {free} AND run_id IN ("
+                f"SELECT run_id FROM tether_marks WHERE phase IN ({', '.join('?' for _ in wanted)}) "
+                f"AND {free} ORDER BY COALESCE(lease_expires_at, 0), run_id LIMIT ?"
+                f"{self.skip_locked}) RETURNING {_MARK_COLUMNS}",
+                (worker, ttl, *wanted, limit),
+            )
+            return sorted((_lease(_mark(row)) for row in rows), key=lambda lease: lease.run_id)
+
+        return self._write(body)

@@ -4,12 +4,19 @@ Opened for safe concurrency between processes: WAL journal, ``synchronous``
 FULL unless the caller asks otherwise, ``BEGIN IMMEDIATE`` on every write
 path (so two writers serialize instead of failing at commit), a busy
 timeout, and foreign keys on.
+
+``BEGIN IMMEDIATE`` takes the database's one write lock up front, so every
+write transaction (a CAS, a lease grant, a claim scan followed by its
+updates) runs alone: no row locks or retries are needed. The store clock is
+SQLite's own ``julianday('now')``; processes on one machine share it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +31,9 @@ _SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
 class SQLiteStore(SQLBase):
     """Checkpoint content and the generation mark in one SQLite file (or either alone)."""
 
+    # Integer microseconds since the epoch; julianday('now') is stable within a statement.
+    clock_sql = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -32,6 +42,8 @@ class SQLiteStore(SQLBase):
         busy_timeout_ms: int = 30_000,
     ) -> None:
         super().__init__()
+        # One connection per store object, shared by its threads one unit of work at a time.
+        self._lock = threading.RLock()
         mode = synchronous.upper()
         if mode not in _SYNCHRONOUS:
             raise StoreError(
@@ -53,36 +65,43 @@ class SQLiteStore(SQLBase):
             raise StoreUnavailableError(
                 f"cannot open SQLite store {str(self.path)!r}: {exc}"
             ) from exc
-        self.migrate()
+        try:
+            self.migrate()
+        except BaseException:
+            self._conn.close()
+            raise
 
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"
 
     def close(self) -> None:
+        """Close the connection (idempotent); later calls raise StoreError."""
         with self._lock:
             self._conn.close()
 
     def __enter__(self) -> SQLiteStore:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- dialect hooks -------------------------------------------------------
 
-    def _execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        return self._conn.execute(sql, tuple(params))
+    @contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            yield self._conn
 
     @contextmanager
-    def _write(self) -> Iterator[None]:
-        self._conn.execute("BEGIN IMMEDIATE")
+    def _transaction(self, conn: Any) -> Iterator[None]:
+        conn.execute("BEGIN IMMEDIATE")
         try:
             yield
+            conn.execute("COMMIT")
         except BaseException:
-            if self._conn.in_transaction:
-                self._conn.rollback()
+            # Also after a failed COMMIT: never leave the shared connection mid-transaction.
+            if conn.in_transaction:
+                # The original error says more than a failed rollback would.
+                with contextlib.suppress(sqlite3.Error):
+                    conn.rollback()
             raise
-        self._conn.execute("COMMIT")
 
     def _insert_ignore(self, table: str, columns: Sequence[str]) -> str:
         marks = ", ".join("?" for _ in columns)

@@ -1,0 +1,137 @@
+"""`tether inspect` and `tether verify`: read a run back and check it is sound."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+
+from tether.core import GENESIS_HASH, IntegrityError, chain_hash, format_time, validate_state
+from tether.crypto import Keyring
+from tether.runtime import Checkpointer
+from tether.store import SQLiteStore
+
+
+def _open(args: argparse.Namespace) -> tuple[SQLiteStore, SQLiteStore | None, Checkpointer]:
+    keyring = Keyring.from_file(args.keyring) if args.keyring else Keyring.from_environ()
+    store = SQLiteStore(args.db)
+    marks = SQLiteStore(args.marks) if args.marks else None
+    return store, marks, Checkpointer(store, keyring, marks=marks)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    store, _, checkpointer = _open(args)
+    restored = checkpointer.load(args.run_id)
+    state = restored.state
+    ledger = [
+        {
+            "key": e.idempotency_key,
+            "seq": e.seq,
+            "status": e.status.value,
+            "action_id": e.action_id,
+            "intent_digest": e.intent_digest,
+            "receipt_id": None if e.receipt is None else e.receipt.get("receipt_id"),
+        }
+        for e in store.ledger(state.run_id)
+    ]
+    trace = [
+        {"seq": e.seq, "kind": e.kind, "at": e.body()["at"]}
+        for e in store.trace(state.run_id, state.trace_head)
+    ]
+    report = {
+        "mark": {
+            "generation": restored.mark.generation,
+            "checkpoint_digest": restored.mark.checkpoint_digest,
+        },
+        "state": state.to_json(),
+        "ledger": ledger,
+        "trace": trace,
+    }
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+        return 0
+    print(
+        f"run {state.run_id}: {state.phase}"
+        + (f" ({state.stop_reason})" if state.stop_reason else "")
+    )
+    print(
+        f"  task {state.binding.task_id} v{state.binding.task_version}, "
+        f"policy {state.binding.policy_id} v{state.binding.policy_version}"
+    )
+    print(
+        f"  generation {state.generation} (mark {restored.mark.generation}), epoch {state.epoch}, "
+        f"worker {state.worker}"
+    )
+    env = state.environment
+    print(f"  environment {env.namespace}/{env.instance_id} v{env.version} {env.state_fingerprint}")
+    print(
+        f"  spent proposals={state.spent.proposals} steps={state.spent.steps} "
+        f"cost={state.spent.cost}; writes committed {state.writes_committed}"
+    )
+    if state.pending is not None:
+        p = state.pending
+        print(
+            f"  pending {p.action_id}: {p.intent.kind} {p.intent.target} key={p.idempotency_key} "
+            f"intent={p.intent_digest}"
+        )
+        if not p.approvals:
+            print("    approval evidence: none")
+        now = format_time(datetime.now(UTC))
+        for document in p.approvals:
+            body = document.get("body", {})
+            status = "EXPIRED" if now >= str(body.get("expires_at")) else "valid"
+            print(
+                f"    approval by {document.get('signer')} ({document.get('alg')}), "
+                f"expires {body.get('expires_at')} [{status}], nonce {body.get('nonce')}"
+            )
+    for case in state.review_cases:
+        print(f"  review case {case.case_id}: {case.reason}: {case.detail}")
+        print(f"    action {case.action_id} key {case.idempotency_key} intent {case.intent_digest}")
+        if case.receipt is not None:
+            print(
+                f"    conflicting receipt {case.receipt.get('receipt_id')} for intent "
+                f"{case.receipt.get('intent_digest')} fingerprint {case.receipt_fingerprint}"
+            )
+        print(f"    environment v{case.environment.version} {case.environment.state_fingerprint}")
+    print(f"  ledger ({len(ledger)} entries)")
+    for row in ledger:
+        print(f"    {row['key']} #{row['seq']} {row['status']} {row['action_id']}")
+    print(f"  trace ({len(trace)} events)")
+    for row in trace:
+        print(f"    {row['seq']:>4} {row['at']} {row['kind']}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    store, _, checkpointer = _open(args)
+    restored = checkpointer.load(args.run_id)
+    checkpointer.check_generation(restored)
+    state = restored.state
+    validate_state(state)
+    events = store.trace(state.run_id, state.trace_head)
+    head = GENESIS_HASH
+    for index, event in enumerate(events, start=1):
+        if (
+            event.seq != index
+            or event.prev_hash != head
+            or chain_hash(head, event.body()) != event.hash
+        ):
+            raise IntegrityError(f"trace breaks at event {index}", run_id=state.run_id)
+        head = event.hash
+    if head != state.trace_head or len(events) != state.trace_length:
+        raise IntegrityError("the trace does not end at the checkpoint's head", run_id=state.run_id)
+    result = {
+        "run_id": state.run_id,
+        "sound": True,
+        "generation": state.generation,
+        "key_id": json.loads(restored.envelope)["key_id"],
+        "trace_events": len(events),
+    }
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(
+            f"run {state.run_id}: sound at generation {state.generation} "
+            f"(signed by key id {result['key_id']}, {len(events)} trace events chained)"
+        )
+    return 0

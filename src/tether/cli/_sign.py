@@ -1,0 +1,144 @@
+"""`tether keys new`, `tether approve`, `tether review`: the tools of the people who sign.
+
+The signer's tool never holds the runtime's checkpoint key and never changes
+run state: it reads the bound fields, shows them, asks, signs with the
+person's own key and leaves the signed document in the store's inbox. The
+runtime verifies it against its trust roots at its next step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from tether.core import (
+    Phase,
+    PolicyError,
+    RunState,
+    TetherError,
+    approval_request,
+    new_approval,
+    new_decision,
+)
+from tether.crypto import Keyring, Signer
+from tether.runtime import Checkpointer
+from tether.store import SQLiteStore
+
+DEFAULT_TTL_S = 900
+
+
+def cmd_keys_new(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    signer = Signer.generate(args.id, args.role)
+    private = out / f"{args.id}.key"
+    public = out / f"{args.id}.trust.json"
+    if private.exists() or public.exists():
+        raise TetherError(f"{private} or {public} already exists; choose another --id or --out")
+    signer.write_file(private)
+    public.write_text(json.dumps({"signers": [signer.trust_root()]}, indent=2) + "\n")
+    print(f"{args.role} {args.id}: private key {private} (mode 0600; keep it with the person)")
+    print(f"  trust root {public} (public half only: give this to the runtime)")
+    return 0
+
+
+def load_state(db: Path, run_id: str, keyring_path: Path | None) -> tuple[RunState, bool]:
+    """The run's newest checkpoint; verified when a keyring is given, else read as shown."""
+    store = SQLiteStore(db)
+    try:
+        if keyring_path is not None:
+            return Checkpointer(store, Keyring.from_file(keyring_path)).load(run_id).state, True
+        mark = store.get_mark(run_id)
+        envelope = None if mark is None else store.get_checkpoint(run_id, mark.checkpoint_digest)
+        if envelope is None:
+            raise TetherError(f"no checkpoint for run {run_id!r} in {db}")
+        # Unverified display only: the runtime re-checks every bound field against
+        # its own verified state, so a doctored checkpoint yields a refused approval.
+        payload = json.loads(envelope)["payload"]
+        return RunState.from_json(payload), False
+    finally:
+        store.close()
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    signer = Signer.from_file(args.key)
+    state, verified = load_state(args.db, args.run_id, args.keyring)
+    pending = state.pending
+    if state.phase is not Phase.PENDING or pending is None:
+        raise PolicyError(f"run {args.run_id} is {state.phase}; it has no pending write to approve")
+    if pending.action_id != args.action:
+        raise PolicyError(
+            f"run {args.run_id}'s pending action is {pending.action_id!r}, not {args.action!r}"
+        )
+    now = datetime.now(UTC)
+    body = new_approval(
+        state,
+        signer.signer_id,
+        issued_at=now,
+        expires_at=now + timedelta(seconds=args.ttl),
+        nonce=secrets.token_hex(16),
+    )
+    shown = {
+        **approval_request(state),
+        "kind_of_write": pending.intent.kind,
+        "target": pending.intent.target,
+        "expires_at": body["expires_at"],
+    }
+    if not _confirm(f"Approve this write as {signer.signer_id}?", shown, verified, args.yes):
+        print("not approved")
+        return 1
+    seq = deliver(args.db, args.run_id, "approval", signer.sign(body))
+    print(f"approval recorded (inbox #{seq}); run {args.run_id} picks it up on its next step")
+    return 0
+
+
+def cmd_review(args: argparse.Namespace) -> int:
+    signer = Signer.from_file(args.key)
+    state, verified = load_state(args.db, args.run_id, args.keyring)
+    case = next((c for c in state.review_cases if c.case_id == args.case), None)
+    if state.phase is not Phase.NEEDS_REVIEW or case is None:
+        raise PolicyError(f"run {args.run_id} has no open review case {args.case!r}")
+    body = new_decision(
+        state,
+        case,
+        signer.signer_id,
+        args.decision,
+        issued_at=datetime.now(UTC),
+        nonce=secrets.token_hex(16),
+    )
+    shown = {**body, "reason": case.reason, "detail": case.detail}
+    shown.pop("nonce")
+    if not _confirm(
+        f"Sign decision {args.decision!r} as {signer.signer_id}?", shown, verified, args.yes
+    ):
+        print("no decision recorded")
+        return 1
+    seq = deliver(args.db, args.run_id, "review_decision", signer.sign(body))
+    print(f"decision recorded (inbox #{seq}); run {args.run_id} applies it on its next step")
+    return 0
+
+
+def _confirm(question: str, fields: dict[str, Any], verified: bool, yes: bool) -> bool:
+    width = max(len(k) for k in fields)
+    for key, value in fields.items():
+        print(f"  {key:<{width}}  {value}")
+    if not verified:
+        print("  (checkpoint signature not checked: no --keyring given; the runtime checks it)")
+    if yes:
+        return True
+    print(f"{question} [y/N] ", end="", flush=True)
+    answer = sys.stdin.readline()
+    return answer.strip().lower() in {"y", "yes"}
+
+
+def deliver(db: Path, run_id: str, kind: str, document: dict[str, Any]) -> int:
+    store = SQLiteStore(db)
+    try:
+        return store.put_evidence(run_id, kind, document)
+    finally:
+        store.close()

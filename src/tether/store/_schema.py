@@ -1,0 +1,89 @@
+"""The numbered schema migrations every SQL store applies, in one place.
+
+Each dialect supplies only its byte-string column type. A migration is a
+list of statements applied in one transaction and recorded in
+``tether_migrations``; a database that records a version newer than the last
+one here is refused rather than written to.
+"""
+
+from __future__ import annotations
+
+
+def migrations(blob: str) -> list[tuple[int, list[str]]]:
+    """Numbered schema migrations; ``blob`` is the dialect's byte-string type."""
+    return [
+        (
+            1,
+            [
+                # lease_expires_at is microseconds since the epoch by the STORE's
+                # clock: expiry is judged where the lease lives, so workers whose
+                # clocks disagree still agree on who holds a run.
+                """CREATE TABLE tether_marks (
+                    run_id TEXT PRIMARY KEY,
+                    generation BIGINT NOT NULL CHECK (generation >= 1),
+                    checkpoint_digest TEXT NOT NULL,
+                    state_version BIGINT NOT NULL,
+                    lease_version BIGINT NOT NULL DEFAULT 0,
+                    lease_owner TEXT,
+                    lease_expires_at BIGINT,
+                    phase TEXT NOT NULL DEFAULT 'running',
+                    updated_at TEXT NOT NULL
+                )""",
+                # What claim_expired scans: runs in a phase, oldest expiry first.
+                """CREATE INDEX tether_marks_claim ON tether_marks (phase, lease_expires_at)""",
+                f"""CREATE TABLE tether_checkpoints (
+                    run_id TEXT NOT NULL,
+                    checkpoint_digest TEXT NOT NULL,
+                    generation BIGINT NOT NULL,
+                    envelope {blob} NOT NULL,
+                    PRIMARY KEY (run_id, checkpoint_digest)
+                )""",
+                """CREATE TABLE tether_trace (
+                    run_id TEXT NOT NULL,
+                    hash TEXT NOT NULL,
+                    prev_hash TEXT NOT NULL,
+                    seq BIGINT NOT NULL,
+                    kind TEXT NOT NULL,
+                    at TEXT NOT NULL,
+                    data TEXT NOT NULL,
+                    PRIMARY KEY (run_id, hash)
+                )""",
+                """CREATE TABLE tether_ledger (
+                    run_id TEXT NOT NULL,
+                    idempotency_key TEXT NOT NULL,
+                    seq BIGINT NOT NULL,
+                    status TEXT NOT NULL,
+                    action_id TEXT NOT NULL,
+                    intent_digest TEXT NOT NULL,
+                    receipt TEXT,
+                    epoch BIGINT NOT NULL,
+                    at TEXT NOT NULL,
+                    PRIMARY KEY (run_id, idempotency_key, seq)
+                )""",
+                # One intended entry per action id: a reused action id is refused
+                # by the database itself, not only by the gate.
+                """CREATE UNIQUE INDEX tether_ledger_action
+                    ON tether_ledger (run_id, action_id) WHERE status = 'intended'""",
+                f"""CREATE TABLE tether_blobs (
+                    digest TEXT PRIMARY KEY,
+                    body {blob} NOT NULL
+                )""",
+            ],
+        ),
+        (
+            2,
+            [
+                # Signed evidence (approvals, reviewer decisions) that people leave
+                # for a run. Appended, never changed; the run's checkpoint records
+                # how far it has read, so each entry is applied or refused once.
+                """CREATE TABLE tether_inbox (
+                    run_id TEXT NOT NULL,
+                    seq BIGINT NOT NULL,
+                    kind TEXT NOT NULL,
+                    document TEXT NOT NULL,
+                    received_at TEXT NOT NULL,
+                    PRIMARY KEY (run_id, seq)
+                )""",
+            ],
+        ),
+    ]

@@ -1,0 +1,202 @@
+"""The signers' tools and the two human-in-the-loop demos, as real processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.e2e.test_cli import demo, tether
+
+
+def test_keys_new_writes_a_0600_private_key_and_a_public_trust_root(tmp_path: Path) -> None:
+    """The private half is mode 0600; the trust file holds only the public key."""
+    out = tether("keys", "new", "--role", "approver", "--id", "alice", "--out", str(tmp_path))
+    private, public = tmp_path / "alice.key", tmp_path / "alice.trust.json"
+    assert private.stat().st_mode & 0o777 == 0o600
+    (root,) = json.loads(public.read_text())["signers"]
+    assert set(root) == {"id", "role", "alg", "public_key"}
+    assert json.loads(private.read_text())["private_key"] not in out.stdout
+
+
+def test_approval_demo_refreshes_an_expired_approval_across_restarts(tmp_path: Path) -> None:
+    """An approval that expired while the run was down is readable but frozen until refreshed."""
+    report = demo(tmp_path, "--scenario", "approval")
+    assert report["phase"] == "completed"
+    assert report["workspace_writes"] == 1
+    assert any("frozen" in line for line in report["story"])
+    db, keyring = str(report["db"]), str(report["keyring"])
+    kinds = [
+        e["kind"]
+        for e in json.loads(
+            tether("inspect", "demo-run", "--db", db, "--keyring", keyring, "--json").stdout
+        )["trace"]
+    ]
+    assert kinds.count("approval_recorded") == 2
+    assert "approval_superseded" in kinds
+
+
+def test_conflict_demo_resolves_by_a_signed_replan_across_restarts(tmp_path: Path) -> None:
+    """Same key, different intent freezes the run; a signed replan quarantines the key."""
+    report = demo(tmp_path, "--scenario", "conflict")
+    assert report["phase"] == "completed"
+    assert report["workspace_writes"] == 1
+    shown = json.loads(
+        tether(
+            "inspect",
+            "demo-run",
+            "--db",
+            str(report["db"]),
+            "--keyring",
+            str(report["keyring"]),
+            "--json",
+        ).stdout
+    )
+    assert shown["state"]["quarantined_keys"]
+    kinds = [e["kind"] for e in shown["trace"]]
+    assert "needs_review" in kinds and "review_sealed" in kinds
+
+
+def _frozen_pending(tmp_path: Path) -> dict[str, object]:
+    """A demo run left pending for approval: the approval scenario's first stage by hand."""
+    from tether import _demo
+
+    paths = _demo.DemoPaths.under(tmp_path)
+    _demo.prepare(paths, "approval")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether.cli",
+            "_demo-child",
+            "start",
+            "--db",
+            str(paths.db),
+            "--workspace",
+            str(paths.workspace),
+        ],
+        check=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    return {
+        "db": str(paths.db),
+        "keyring": str(paths.keyring),
+        "key": str(paths.signer_key("approver")),
+        "paths": paths,
+    }
+
+
+def test_approve_asks_and_a_no_records_nothing(tmp_path: Path) -> None:
+    """Without --yes, approve shows the bound fields and records nothing unless told yes."""
+    run = _frozen_pending(tmp_path)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether.cli",
+            "approve",
+            "demo-run",
+            "fix-calc",
+            "--db",
+            run["db"],
+            "--key",
+            run["key"],
+            "--keyring",
+            run["keyring"],
+        ],
+        input="n\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    for field in ("idempotency_key", "intent_digest", "state_fingerprint", "expires_at"):
+        assert field in result.stdout
+    assert "not approved" in result.stdout
+
+
+def test_approve_with_yes_lets_the_next_recovery_write_once(tmp_path: Path) -> None:
+    """A scripted approval lands in the inbox and the recovered run completes with one write."""
+    run = _frozen_pending(tmp_path)
+    tether(
+        "approve", "demo-run", "fix-calc", "--db", str(run["db"]), "--key", str(run["key"]), "--yes"
+    )
+    paths = run["paths"]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether.cli",
+            "_demo-child",
+            "recover",
+            "--db",
+            str(paths.db),
+            "--workspace",
+            str(paths.workspace),
+        ],
+        check=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    shown = json.loads(
+        tether(
+            "inspect",
+            "demo-run",
+            "--db",
+            str(run["db"]),
+            "--keyring",
+            str(run["keyring"]),
+            "--json",
+        ).stdout
+    )
+    assert shown["state"]["phase"] == "completed"
+    text = tether("inspect", "demo-run", "--db", str(run["db"]), "--keyring", str(run["keyring"]))
+    assert "run demo-run: completed" in text.stdout
+
+
+def test_approve_refuses_a_wrong_action_id(tmp_path: Path) -> None:
+    """Approving an action that is not the pending one is a clear error."""
+    run = _frozen_pending(tmp_path)
+    result = tether(
+        "approve",
+        "demo-run",
+        "not-this",
+        "--db",
+        str(run["db"]),
+        "--key",
+        str(run["key"]),
+        "--yes",
+        check=False,
+    )
+    assert result.returncode == 1 and "pending action is 'fix-calc'" in result.stderr
+
+
+def test_inspect_shows_pending_approval_evidence_with_its_expiry(tmp_path: Path) -> None:
+    """inspect lists the pending write and its approval with expiry and validity."""
+    run = _frozen_pending(tmp_path)
+    tether(
+        "approve", "demo-run", "fix-calc", "--db", str(run["db"]), "--key", str(run["key"]), "--yes"
+    )
+    paths = run["paths"]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether.cli",
+            "_demo-child",
+            "take-evidence",
+            "--db",
+            str(paths.db),
+            "--workspace",
+            str(paths.workspace),
+        ],
+        check=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    text = tether("inspect", "demo-run", "--db", str(run["db"]), "--keyring", str(run["keyring"]))
+    assert "pending fix-calc" in text.stdout
+    assert "approval by demo-approver" in text.stdout and "[valid]" in text.stdout
