@@ -8,14 +8,14 @@ journal outside the tree, and a verifier that runs ``python -m unittest``.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tether.adapters import FileWorkspace, Observation
-from tether.core import Policy, Proposal, TaskSpec
+from tether.core import Policy, Proposal, TaskSpec, TetherError
 from tether.crypto import Keyring, Signer, TrustRoots
 from tether.runtime import AgentContext, CrashPlan, Decision, Runtime
-from tether.store import SQLiteStore
+from tether.store import SQLBase, SQLiteStore, open_store
 
 BUGGY = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
@@ -87,6 +87,7 @@ class DemoPaths:
     task: Path
     policy: Path
     marks: Path | None = None
+    store_url: str | None = None
 
     @property
     def home(self) -> Path:
@@ -164,9 +165,21 @@ def workspace(paths: DemoPaths) -> FileWorkspace:
     return FileWorkspace(paths.workspace, paths.journal, verifier_allowlist=[VERIFIER])
 
 
-def runtime(paths: DemoPaths, ws: FileWorkspace, crash: CrashPlan | None = None) -> Runtime:
+def open_demo_store(paths: DemoPaths) -> SQLBase:
+    """The demo's store: ``paths.store_url`` (e.g. PostgreSQL) or the SQLite file."""
+    return open_store(paths.store_url) if paths.store_url else SQLiteStore(paths.db)
+
+
+def runtime(
+    paths: DemoPaths,
+    ws: FileWorkspace,
+    crash: CrashPlan | None = None,
+    *,
+    store: SQLBase | None = None,
+    lease_ttl_s: float | None = None,
+) -> Runtime:
     """A runtime over the demo's files; ``paths.marks`` puts the mark in its own database."""
-    store = SQLiteStore(paths.db)
+    store = store if store is not None else open_demo_store(paths)
     marks = SQLiteStore(paths.marks) if paths.marks is not None else None
     return Runtime(
         store=store,
@@ -179,7 +192,41 @@ def runtime(paths: DemoPaths, ws: FileWorkspace, crash: CrashPlan | None = None)
         crash=crash or CrashPlan(),
         worker=f"pid-{os.getpid()}",
         trust=TrustRoots.from_file(paths.trust) if paths.trust.exists() else None,
+        lease_ttl_s=lease_ttl_s,
     )
+
+
+def run_workspace(paths: DemoPaths, run_id: str) -> DemoPaths:
+    """Paths whose workspace is ``home/runs/RUN`` (one per run, for many workers)."""
+    runs = paths.home / "runs"
+    return replace(paths, workspace=runs / run_id, journal=runs / f"{run_id}.journal")
+
+
+def seed_run(paths: DemoPaths, run_id: str) -> DemoPaths:
+    """A fresh workspace for ``run_id`` with the buggy file, under ``home/runs``."""
+    mine = run_workspace(paths, run_id)
+    mine.workspace.mkdir(parents=True, exist_ok=True)
+    (mine.workspace / "calc.py").write_text(BUGGY)
+    (mine.workspace / "test_calc.py").write_text(TEST)
+    return mine
+
+
+def worker_factory(store: SQLBase, run_id: str, worker: str) -> Runtime:
+    """``tether worker --app tether._demo:worker_factory`` with ``TETHER_DEMO_HOME`` set.
+
+    Runs seeded with :func:`seed_run` get their own workspace; the demo run uses
+    the demo's workspace.
+    """
+    home = os.environ.get("TETHER_DEMO_HOME")
+    if not home:
+        raise TetherError("set TETHER_DEMO_HOME to the demo's directory")
+    paths = DemoPaths.under(Path(home))
+    mine = run_workspace(paths, run_id)
+    if mine.workspace.exists():
+        paths = mine
+    rt = runtime(paths, workspace(paths), store=store)
+    rt.worker = worker
+    return rt
 
 
 def _json(value: object) -> str:

@@ -7,6 +7,7 @@ happened there: its receipts are the truth, the runtime's ledger a copy.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from tether.core import EnvironmentState, Intent, Receipt
@@ -50,10 +51,16 @@ class VerifierResult:
 
 @dataclass(frozen=True, slots=True)
 class Fence:
-    """A monotonic token proving the caller holds the run's lease at ``lease_version``."""
+    """A monotonic token proving the caller holds the run's lease at ``lease_version``.
+
+    ``expires_at`` is when the lease runs out by the store's clock; an adapter
+    that checks it by its own clock refuses a token that has expired (a skewed
+    adapter clock makes that check stricter or looser, never the version check).
+    """
 
     run_id: str
     lease_version: int
+    expires_at: datetime | None = None
 
 
 @runtime_checkable

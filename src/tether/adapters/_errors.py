@@ -69,17 +69,18 @@ class NotQueryableError(AdapterError):
 
 
 class FenceRejectedError(AdapterError):
-    """A write presented a fencing token lower than one this adapter has already seen.
+    """A write presented an expired fencing token, or one lower than the adapter has seen.
 
     A newer lease holder has acted on the run; the caller's lease was taken over
     and its write is refused. Stop working on the run.
     """
 
-    def __init__(self, run_id: str, presented: int, highest: int) -> None:
+    def __init__(self, run_id: str, presented: int, highest: int | None) -> None:
         self.run_id = run_id
         self.presented = presented
         self.highest = highest
+        why = "has expired" if highest is None else f"is older than {highest}"
         super().__init__(
-            f"run {run_id}: fencing token {presented} is older than {highest}; "
-            "the lease was taken over, stop working on this run"
+            f"run {run_id}: fencing token {presented} {why}; "
+            "the lease is no longer yours, stop working on this run"
         )

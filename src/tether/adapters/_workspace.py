@@ -228,6 +228,8 @@ class FileWorkspace:
         intent_digest = intent.digest
         with self._exclusive() as journal:
             if fence is not None:
+                if fence.expires_at is not None and datetime.now(UTC) >= fence.expires_at:
+                    raise FenceRejectedError(fence.run_id, fence.lease_version, None)
                 highest = journal.fence(fence.run_id)
                 if fence.lease_version < highest:
                     raise FenceRejectedError(fence.run_id, fence.lease_version, highest)

@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     child.add_argument("stage", choices=["start", "recover", "take-evidence"])
     child.add_argument("--db", type=Path, required=True)
     child.add_argument("--marks", type=Path)
+    child.add_argument("--store", help="store URL instead of the SQLite file (e.g. PostgreSQL)")
+    child.add_argument("--lease-ttl", type=float, help="take the run's lease for this long")
     child.add_argument("--workspace", type=Path, required=True)
     child.add_argument("--crash-at", choices=[p.value for p in CrashPoint])
     child.add_argument("--crash-hit", type=int, default=1)
@@ -178,7 +180,59 @@ def build_parser() -> argparse.ArgumentParser:
     )
     review.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
     review.set_defaults(func=cmd_review)
+    worker = sub.add_parser(
+        "worker",
+        help="run a recovery worker that claims runs whose lease expired",
+        description="Claim runs whose lease has expired (PostgreSQL: FOR UPDATE SKIP LOCKED), "
+        "admit and resume them, renew the lease while working, and on SIGTERM finish the "
+        "current step and release the lease. --app names factory(store, run_id, worker) -> "
+        "Runtime.",
+    )
+    worker.add_argument("--store", required=True, help="sqlite:///path.sqlite or postgresql://...")
+    worker.add_argument("--app", required=True, help="module:factory building a Runtime per run")
+    worker.add_argument("--id", help="this worker's id (default: host-pid-random)")
+    worker.add_argument("--lease-ttl", type=float, default=15.0, help="lease seconds (default 15)")
+    worker.add_argument("--poll", type=float, default=0.5, help="seconds between claims when idle")
+    worker.add_argument("--max-runs", type=int, help="stop after claiming this many runs")
+    worker.add_argument(
+        "--idle-exit", action="store_true", help="exit when no run is waiting to be claimed"
+    )
+    worker.set_defaults(func=cmd_worker)
     return parser
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import json
+    import logging
+    import os
+    import secrets
+    import socket
+
+    from tether.runtime import Worker, install_signal_handlers, load_factory
+    from tether.store import open_store
+
+    logging.basicConfig(level=logging.INFO, format="tether worker: %(message)s")
+    factory = load_factory(args.app)
+    worker_id = args.id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    with open_store(args.store) as store:
+        worker = Worker(store, factory, worker_id, lease_ttl_s=args.lease_ttl, poll_s=args.poll)
+        install_signal_handlers(worker)
+        stats = worker.serve(max_runs=args.max_runs, idle_exit=args.idle_exit)
+    print(
+        json.dumps(
+            {
+                "worker": worker_id,
+                "claimed": stats.claimed,
+                "completed": stats.completed,
+                "waiting": stats.waiting,
+                "lost": stats.lost,
+                "errors": stats.errors,
+                "runs": stats.runs,
+            },
+            sort_keys=True,
+        )
+    )
+    return 0
 
 
 def _error(message: str) -> None:

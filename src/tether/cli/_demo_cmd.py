@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -189,11 +190,12 @@ def _child(
 
 def cmd_demo_child(args: argparse.Namespace) -> int:
     paths = _demo.DemoPaths.under(args.db.parent, args.db, args.workspace, args.marks)
+    paths = replace(paths, store_url=args.store)
     crash = CrashPlan()
     if args.crash_at is not None:
         crash = CrashPlan(CrashPoint(args.crash_at), nth=args.crash_hit, mode="kill")
     with _demo.workspace(paths) as ws:
-        rt = _demo.runtime(paths, ws, crash)
+        rt = _demo.runtime(paths, ws, crash, lease_ttl_s=args.lease_ttl)
         if args.stage == "start":
             session = rt.start(_demo.RUN_ID)
         elif args.stage == "take-evidence":

@@ -5,12 +5,21 @@ from tether.runtime._checkpointer import Checkpointer, Restored, check_binding, 
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
 from tether.runtime._crash import CRASH_POINT_HELP, NO_CRASH, CrashPlan, CrashPoint, SimulatedCrash
 from tether.runtime._runtime import RunSession, Runtime
+from tether.runtime._worker import (
+    AppLoadError,
+    RuntimeFactory,
+    Worker,
+    WorkerStats,
+    install_signal_handlers,
+    load_factory,
+)
 
 __all__ = [
     "CRASH_POINT_HELP",
     "NO_CRASH",
     "Agent",
     "AgentContext",
+    "AppLoadError",
     "Checkpointer",
     "Clock",
     "CrashPlan",
@@ -21,8 +30,13 @@ __all__ = [
     "Restored",
     "RunSession",
     "Runtime",
+    "RuntimeFactory",
     "SimulatedCrash",
     "SystemClock",
+    "Worker",
+    "WorkerStats",
     "check_binding",
     "check_environment",
+    "install_signal_handlers",
+    "load_factory",
 ]

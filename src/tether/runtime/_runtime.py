@@ -256,11 +256,12 @@ class RunSession:
             return None
         marks = self.rt.checkpointer.marks
         if ttl is not None and time.monotonic() - self._renewed > ttl / 3:
-            self.hold(marks.renew_lease(self.run_id, lease.owner, lease.lease_version, ttl))
+            lease = marks.renew_lease(self.run_id, lease.owner, lease.lease_version, ttl)
+            self.hold(lease)
         marks.check_lease(self.run_id, lease.lease_version)
         if not self.rt.adapter.capabilities.fencing:
             return None
-        return Fence(self.run_id, lease.lease_version)
+        return Fence(self.run_id, lease.lease_version, lease.expires_at)
 
     @property
     def run_id(self) -> str:
@@ -350,6 +351,7 @@ class RunSession:
         """Advance the run by one decision (or settle its pending write)."""
         _humans.consume_inbox(self)
         self._refuse_if_stopped()
+        self._guard()  # renews a held lease when due, and stops a worker that lost it
         if self.state.phase is Phase.PENDING:
             self._settle()
             return self.state
