@@ -315,7 +315,8 @@ class RunSession:
     def run(self, max_steps: int | None = None) -> RunState:
         """Step until the run is terminal, frozen, or waits for an approval (or ``max_steps``)."""
         taken = 0
-        _humans.consume_inbox(self)
+        if self.state.phase is Phase.NEEDS_REVIEW:
+            _humans.consume_inbox(self)  # a decision may open it; step() reads the inbox otherwise
         while not self.state.phase.terminal and self.state.phase is not Phase.NEEDS_REVIEW:
             if max_steps is not None and taken >= max_steps:
                 break

@@ -1,0 +1,302 @@
+"""Checkpoint throughput of N recovery workers against one PostgreSQL database.
+
+For N = 1, 2, 4, 8 worker processes, this seeds independent runs in a fresh
+schema and lets real `Worker` processes (the same code `tether worker` runs)
+claim and drive them to completion under leases. Each step is one signed
+checkpoint commit (generation CAS + lease-version check + trace event); every
+tenth step also writes a file through a `FileWorkspace` (one per run), so the
+duplicate-effect count is measured on real effects: for each run, writes the
+workspace received minus effects the ledger committed. It must be 0.
+
+The baseline is measured side by side in the same run: N processes, each
+committing single-row UPDATEs of a row of the same size as an envelope, on
+the same server. The ratio is tether commits/s over bare commits/s at each N
+(target >= 0.5 at N = 8).
+
+    .venv/bin/python bench/workers.py [--steps 60] [--runs-per-worker 2] [--dsn DSN]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DSN = os.environ.get("TETHER_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+VERIFIER = ("python", "-c", "pass")
+
+
+def schema_url(dsn: str, schema: str) -> str:
+    joiner = "&" if "?" in dsn else "?"
+    return f"{dsn}{joiner}options=-csearch_path%3D{schema}"
+
+
+class BenchAgent:
+    """Idle steps with a file write every tenth step, then finish; deterministic from context."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def decide(self, context: Any, observation: Any) -> Any:
+        from tether import AgentContext, Decision, Proposal
+
+        cursor = context.plan_cursor
+        nxt = AgentContext(context.messages, context.memory, cursor + 1)
+        if cursor >= self.steps:
+            return Decision(nxt, finished=True)
+        if cursor % 10 == 0:
+            proposal = Proposal(
+                action_id=f"w{cursor}",
+                kind="file.write",
+                target="notes.txt",
+                args={"content": f"step {cursor}\n"},
+                based_on_version=observation.environment.version,
+            )
+            return Decision(nxt, proposal)
+        return Decision(nxt)
+
+
+def task_and_policy(fingerprint: str, steps: int) -> tuple[Any, Any]:
+    from tether import Policy, TaskSpec
+
+    task = TaskSpec.from_json(
+        {
+            "task_id": "bench",
+            "task_version": "1",
+            "allowed_kinds": ["file.write"],
+            "allowed_paths": ["notes.txt"],
+            "permissions": ["workspace.write"],
+            "budgets": {"proposals": steps + 5, "steps": steps + 5, "wall_time_s": 3600, "cost": 0},
+            "initial_environment": {
+                "namespace": "file-workspace",
+                "state_fingerprint": fingerprint,
+            },
+            "verifier": {"argv": list(VERIFIER), "timeout_s": 60},
+        }
+    )
+    policy = Policy.from_json(
+        {
+            "policy_id": "bench",
+            "policy_version": "1",
+            "kinds": {
+                "file.write": {
+                    "risk": "low",
+                    "permission": "workspace.write",
+                    "needs_approval": False,
+                }
+            },
+            "max_risk": "low",
+            "approval_ttl_s": 60,
+        }
+    )
+    return task, policy
+
+
+def workspace(home: Path, run_id: str) -> Any:
+    from tether import FileWorkspace
+
+    return FileWorkspace(
+        home / "runs" / run_id, home / "runs" / f"{run_id}.journal", verifier_allowlist=[VERIFIER]
+    )
+
+
+def make_runtime(store: Any, home: Path, run_id: str, worker: str, steps: int) -> Any:
+    from tether import Keyring, Runtime
+
+    ws = workspace(home, run_id)
+    task, policy = task_and_policy((home / "fingerprint").read_text(), steps)
+    return Runtime(
+        store=store,
+        keyring=Keyring.from_file(home / "keyring.json"),
+        adapter=ws,
+        task=task,
+        policy=policy,
+        agent=BenchAgent(steps),
+        worker=worker,
+    )
+
+
+def seed(url: str, home: Path, runs: int, steps: int) -> None:
+    from tether import Keyring
+    from tether.store import open_store
+
+    Keyring.generate("bench").write_file(home / "keyring.json")
+    for index in range(runs):
+        run_id = f"run-{index:03d}"
+        (home / "runs" / run_id).mkdir(parents=True)
+        (home / "runs" / run_id / "notes.txt").write_text("start\n")
+        if index == 0:
+            with workspace(home, run_id) as ws:
+                (home / "fingerprint").write_text(ws.environment().state_fingerprint)
+    with open_store(url) as store:
+        for index in range(runs):
+            run_id = f"run-{index:03d}"
+            make_runtime(store, home, run_id, "seeder", steps).start(run_id)  # genesis only
+
+
+def worker_main(url: str, home: str, worker_id: str, steps: int, ready: Any, go: Any) -> None:
+    from tether.runtime import Worker
+    from tether.store import open_store
+
+    with open_store(url) as store:
+
+        def factory(store: Any, run_id: str, worker: str) -> Any:
+            return make_runtime(store, Path(home), run_id, worker, steps)
+
+        worker = Worker(store, factory, worker_id, lease_ttl_s=30, poll_s=0.05)
+        ready.wait()
+        go.wait()
+        worker.serve(idle_exit=True)
+
+
+def bare_main(dsn: str, row: int, size: int, seconds: float, go: Any, out: Any) -> None:
+    import psycopg
+
+    body = os.urandom(size)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        go.wait()
+        deadline = time.perf_counter() + seconds
+        count = 0
+        while time.perf_counter() < deadline:
+            conn.execute("UPDATE bench_bare SET v = v + 1, body = %s WHERE id = %s", (body, row))
+            count += 1
+        out.put(count)
+
+
+def measure_tether(dsn: str, n: int, runs_per_worker: int, steps: int) -> dict[str, float]:
+    import psycopg
+
+    from tether.store import open_store
+
+    schema = f"tether_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+    url = schema_url(dsn, schema)
+    home = Path(tempfile.mkdtemp(prefix=f"tether-bench-n{n}-"))
+    runs = n * runs_per_worker
+    try:
+        seed(url, home, runs, steps)
+        with open_store(url) as store:
+            before = sum(m.generation for m in store.runs())
+            size = len(
+                store.get_checkpoint(store.runs()[0].run_id, store.runs()[0].checkpoint_digest)
+                or b""
+            )
+        ctx = mp.get_context("spawn")
+        barrier_ready = ctx.Barrier(n + 1)
+        go = ctx.Event()
+        procs = [
+            ctx.Process(
+                target=worker_main, args=(url, str(home), f"w{i}", steps, barrier_ready, go)
+            )
+            for i in range(n)
+        ]
+        for proc in procs:
+            proc.start()
+        barrier_ready.wait()
+        started = time.perf_counter()
+        go.set()
+        for proc in procs:
+            proc.join()
+        elapsed = time.perf_counter() - started
+        duplicates = 0
+        with open_store(url) as store:
+            marks = store.runs()
+            after = sum(m.generation for m in marks)
+            completed = sum(m.phase == "completed" for m in marks)
+            for mark in marks:
+                committed = sum(e.status.value == "committed" for e in store.ledger(mark.run_id))
+                with workspace(home, mark.run_id) as ws:
+                    duplicates += ws.write_count() - committed
+        return {
+            "commits": after - before,
+            "seconds": elapsed,
+            "rate": (after - before) / elapsed,
+            "completed": completed,
+            "runs": runs,
+            "duplicates": duplicates,
+            "size": size,
+        }
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def measure_bare(dsn: str, n: int, size: int, seconds: float) -> float:
+    import psycopg
+
+    schema = f"tether_bare_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+    url = schema_url(dsn, schema)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE bench_bare (id INT PRIMARY KEY, v BIGINT, body BYTEA)")
+            for row in range(n):
+                conn.execute("INSERT INTO bench_bare VALUES (%s, 0, %s)", (row, b""))
+        ctx = mp.get_context("spawn")
+        go, out = ctx.Event(), ctx.Queue()
+        procs = [
+            ctx.Process(target=bare_main, args=(url, i, size, seconds, go, out)) for i in range(n)
+        ]
+        for proc in procs:
+            proc.start()
+        time.sleep(0.5)
+        go.set()
+        total = sum(out.get() for _ in procs)
+        for proc in procs:
+            proc.join()
+        return total / seconds
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default=DEFAULT_DSN)
+    parser.add_argument("--steps", type=int, default=60, help="agent steps per run")
+    parser.add_argument("--runs-per-worker", type=int, default=2)
+    parser.add_argument("--workers", default="1,2,4,8")
+    args = parser.parse_args(argv)
+    import psycopg
+
+    with psycopg.connect(args.dsn) as conn:
+        server = conn.execute("SHOW server_version").fetchone()
+        sync = conn.execute("SHOW synchronous_commit").fetchone()
+    print(
+        f"tether bench/workers.py: {os.cpu_count()} cores, PostgreSQL {server[0] if server else '?'}"
+        f" (synchronous_commit={sync[0] if sync else '?'}), Python {sys.version.split()[0]}"
+    )
+    print(
+        f"{'N':>2} {'runs':>5} {'commits':>8} {'tether/s':>9} {'bare/s':>8} {'ratio':>6} "
+        f"{'completed':>9} {'dup':>4}"
+    )
+    verdict = ""
+    for n in (int(x) for x in args.workers.split(",")):
+        tether = measure_tether(args.dsn, n, args.runs_per_worker, args.steps)
+        bare = measure_bare(args.dsn, n, int(tether["size"]), max(2.0, min(tether["seconds"], 8.0)))
+        ratio = tether["rate"] / bare
+        print(
+            f"{n:>2} {tether['runs']:>5} {tether['commits']:>8.0f} {tether['rate']:>9.1f} "
+            f"{bare:>8.1f} {ratio:>6.2f} {tether['completed']:>5.0f}/{tether['runs']:<3.0f} "
+            f"{tether['duplicates']:>4.0f}"
+        )
+        if n == 8:
+            verdict = (
+                f"target ratio >= 0.5 at N=8: {'PASS' if ratio >= 0.5 else 'FAIL'} "
+                f"({ratio:.2f}); duplicate effects: {tether['duplicates']:.0f} (must be 0)"
+            )
+    if verdict:
+        print(verdict)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
