@@ -44,3 +44,38 @@ def test_integers_beyond_the_json_safe_range_are_refused() -> None:
     """An integer that a JSON reader may round is refused, not silently changed."""
     with pytest.raises(CanonicalJSONError):
         canonical_bytes({"n": 2**53})
+
+
+any_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**60), 2**60)
+    | st.text()
+    | st.floats(allow_nan=False, allow_infinity=False),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(any_json)
+def test_the_fast_path_agrees_with_the_reference_encoder(value: object) -> None:
+    """Whatever the value, canonical_bytes equals rfc8785's output or both refuse it."""
+    import rfc8785
+
+    try:
+        expected = bytes(rfc8785.dumps(value))
+    except Exception:
+        with pytest.raises(CanonicalJSONError):
+            canonical_bytes(value)
+        return
+    assert canonical_bytes(value) == expected
+
+
+def test_control_characters_and_key_order_match_rfc8785_on_the_fast_path() -> None:
+    """Escapes of control characters and the order of ASCII keys are the reference's."""
+    import rfc8785
+
+    value = {"b": 'tab\tnl\nbell\x07quote"back\\', "a": [1, -2, True, None], "A": {}}
+    assert canonical_bytes(value) == bytes(rfc8785.dumps(value))

@@ -19,8 +19,35 @@ from tether.core._errors import CanonicalJSONError
 JSONValue = Any  # None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]
 
 
+_SAFE_INT = 2**53 - 1
+
+
+def _plain(value: Any) -> bool:
+    """True when the standard encoder's output is exactly RFC 8785's for ``value``.
+
+    That holds for ASCII strings and keys (sorting by code point equals
+    sorting by UTF-16 unit, and both escape control characters alike),
+    integers in the safe range, booleans, null, lists and objects. Floats and
+    non-ASCII text go to the reference encoder.
+    """
+    if value is None or isinstance(value, bool):
+        return True
+    if isinstance(value, int):
+        return -_SAFE_INT <= value <= _SAFE_INT
+    if isinstance(value, str):
+        return value.isascii()
+    if isinstance(value, list | tuple):
+        return all(_plain(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and k.isascii() and _plain(v) for k, v in value.items())
+    return False
+
+
 def canonical_bytes(value: JSONValue) -> bytes:
     """Return the RFC 8785 canonical encoding of ``value``."""
+    if _plain(value):
+        # The reference encoder is pure Python; this path is what every step uses.
+        return json.dumps(value, sort_keys=True, separators=(",", ":")).encode("ascii")
     try:
         return bytes(rfc8785.dumps(value))
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:

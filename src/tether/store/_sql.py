@@ -376,9 +376,12 @@ class SQLBase(SQLEngine):
 
     def action_seen(self, run_id: str, action_id: str) -> bool:
         """Whether an intent with this action id was ever recorded for the run."""
+        # Every key's first entry is `intended`, so this is exact, and it matches
+        # the partial unique index: one probe, not a scan of the run's ledger.
         row = self._read(
             lambda: self._one(
-                "SELECT 1 FROM tether_ledger WHERE run_id = ? AND action_id = ? LIMIT 1",
+                "SELECT 1 FROM tether_ledger "
+                "WHERE run_id = ? AND action_id = ? AND status = 'intended' LIMIT 1",
                 (run_id, action_id),
             )
         )
