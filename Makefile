@@ -33,6 +33,7 @@ test: lint types unit optimized
 
 bench: $(STAMP)
 	$(BIN)/python bench/checkpoint.py
+	$(BIN)/python bench/workers.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -436,3 +436,33 @@ def test_checkpoint_size_does_not_grow_with_the_trace(world: World) -> None:
     assert session.state.trace_length == 16
     # Only the digits of counters may change, never the history.
     assert max(sizes) - min(sizes) <= 8
+
+
+def test_a_lost_receipt_after_the_effect_freezes_instead_of_rejecting(world: World) -> None:
+    """If the adapter lost the receipt of a sent write, the retry's failed precondition means review."""
+    agent = ScriptedAgent([write("notes.txt", "x"), finish])
+    session = crash_then_recover(world, agent, CrashPoint.EFFECT_SENT)
+    pending = session.state.pending
+    assert pending is not None
+    assert world.sandbox.delete_receipt(pending.idempotency_key)
+    session.step()
+    assert session.state.phase is Phase.NEEDS_REVIEW
+    assert session.state.review_cases[0].reason == "outcome_unknown"
+    assert world.sandbox.write_count() == 1
+
+
+def test_a_first_attempt_with_a_changed_target_is_rejected_and_the_run_goes_on(
+    world: World,
+) -> None:
+    """A write never sent before whose precondition fails is rejected; nothing happened."""
+    agent = ScriptedAgent([write("notes.txt", "x"), finish])
+    rt = world.runtime(agent, crash=CrashPlan(CrashPoint.INTENT_PERSISTED))
+    with pytest.raises(SimulatedCrash):
+        rt.start("r1").run()
+    world.sandbox.bypass_write("notes.txt", "draft\n")  # same content: the state is unchanged
+    session = world.runtime(agent).recover("r1")
+    world.sandbox.bypass_write("notes.txt", "changed")
+    session.step()
+    assert session.state.phase is Phase.RUNNING
+    assert session.trace()[-1].kind == "effect_rejected"
+    assert world.sandbox.write_count() == 0

@@ -556,6 +556,20 @@ class RunSession:
             )
             return
         except PreconditionFailedError as exc:
+            if entries and entries[-1].status in {
+                EffectStatus.DISPATCHED,
+                EffectStatus.OUTCOME_UNKNOWN,
+            }:
+                # A retry of a write that was already sent finds its target changed,
+                # and the adapter has no receipt: the first attempt may have landed.
+                self._ledger(EffectStatus.OUTCOME_UNKNOWN, receipt=None)
+                self._freeze(
+                    "outcome_unknown",
+                    None,
+                    f"a retried write found its precondition failed ({exc}) and the adapter "
+                    "holds no receipt; the first attempt may have landed",
+                )
+                return
             self._ledger(EffectStatus.REJECTED, receipt=None)
             self.commit(
                 self.state.evolve(phase=Phase.RUNNING, pending=None),
