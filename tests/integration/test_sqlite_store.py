@@ -142,3 +142,32 @@ def test_a_bad_synchronous_mode_is_refused(tmp_path: Path) -> None:
     """Only SQLite's real synchronous modes are accepted."""
     with pytest.raises(StoreError, match="synchronous"):
         SQLiteStore(tmp_path / "s.sqlite", synchronous="sometimes")
+
+
+def test_mark_in_postgresql_content_in_sqlite_survives_a_crash_between_them(
+    world: World, tmp_path: Path
+) -> None:
+    """The high-water mark in PostgreSQL, content in SQLite: a crash after content keeps the old mark."""
+    from tests.conformance._pg import fresh_schema, pg_dsn, url_in_schema
+    from tether.store import open_store
+
+    agent = ScriptedAgent([write("notes.txt", "x"), finish])
+    dsn = pg_dsn()
+    with fresh_schema(dsn) as schema:
+        url = url_in_schema(dsn, schema)
+        with open_store(url) as marks:
+            rt = world.runtime(
+                agent, marks=marks, crash=CrashPlan(CrashPoint.CONTENT_BEFORE_MARK, nth=2)
+            )
+            assert not rt.checkpointer.colocated
+            with pytest.raises(SimulatedCrash):
+                rt.start("r1").run()
+            mark = marks.get_mark("r1")
+            assert mark is not None and mark.generation == 1
+        assert world.store().newest_generation("r1") == 2
+        with open_store(url) as marks:
+            session = world.runtime(agent, marks=marks).recover("r1")
+            assert session.run().phase.value == "completed"
+            final = marks.get_mark("r1")
+            assert final is not None and final.generation == session.state.generation
+    assert world.sandbox.write_count() == 1

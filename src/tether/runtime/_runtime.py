@@ -26,22 +26,18 @@ from typing import Any
 from tether.adapters import Adapter, Fence
 from tether.core import (
     GENESIS_HASH,
-    AdapterUnavailableError,
     ApprovalExpiredError,
     ApprovalRequiredError,
     Binding,
     CheckpointCorruptError,
-    CompletedWrite,
     ContractViolationError,
     EffectStatus,
     EnvironmentDriftError,
-    IdempotencyConflictError,
     Intent,
     MissingHighWaterMarkError,
     PendingWrite,
     Phase,
     Policy,
-    PreconditionFailedError,
     Proposal,
     Receipt,
     ReviewCase,
@@ -61,7 +57,7 @@ from tether.core import (
 from tether.core import Rejection as GateRejection
 from tether.core._evidence import parse_utc
 from tether.crypto import Keyring, TrustRoots
-from tether.runtime import _humans
+from tether.runtime import _humans, _settle
 from tether.runtime._agent import Agent, AgentContext, Decision
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
@@ -354,7 +350,7 @@ class RunSession:
         self._refuse_if_stopped()
         self._guard()  # renews a held lease when due, and stops a worker that lost it
         if self.state.phase is Phase.PENDING:
-            self._settle()
+            _settle.settle(self)
             return self.state
         state = self.state
         exhausted = self._exhausted()
@@ -478,192 +474,13 @@ class RunSession:
             return
         self.commit(state, [*events, accepted], context=decision.context)
         rt.crash.hit(CrashPoint.INTENT_PERSISTED)
-        self._settle()
-
-    # -- settling a pending write ----------------------------------------------
-
-    def _settle(self) -> None:
-        """Bring the pending write to a known outcome, asking the adapter first."""
-        rt = self.rt
-        pending = self._pending()
-        entries = rt.store.ledger(self.run_id, pending.idempotency_key)
-        latest = entries[-1] if entries else None
-        cached = next(
-            (e.receipt for e in reversed(entries) if e.status is EffectStatus.COMMITTED), None
-        )
-        caps = rt.adapter.capabilities
-        if caps.queryable:
-            self._guard()
-            receipt = rt.adapter.lookup(pending.idempotency_key)
-            if receipt is not None:
-                self._reconcile(receipt, cached)
-                return
-            if cached is not None:
-                self._freeze(
-                    "receipt_missing",
-                    None,
-                    "the ledger holds a committed receipt the adapter no longer has; "
-                    "replay refused",
-                    cached=cached,
-                )
-                return
-            # The adapter is the authority and has no receipt: the write did not commit.
-        elif cached is not None:
-            if not caps.idempotent:
-                # Nothing can confirm it again; the receipt came from the adapter.
-                self._advance(Receipt.from_json(cached), "reconciled_unverifiable")
-                return
-        elif (
-            latest is not None
-            and latest.status
-            in {
-                EffectStatus.DISPATCHED,
-                EffectStatus.OUTCOME_UNKNOWN,
-            }
-            and not caps.idempotent
-        ):
-            self._ledger(EffectStatus.OUTCOME_UNKNOWN, receipt=None)
-            self._freeze(
-                "outcome_unknown",
-                None,
-                "a write that cannot be queried or deduplicated was dispatched and its "
-                "outcome is unknown; a person must decide",
-            )
-            return
-        self._dispatch(entries, cached)
-
-    def _dispatch(self, entries: list[LedgerEntry], cached: dict[str, Any] | None) -> None:
-        rt = self.rt
-        pending = self._pending()
-        _humans.require_approval(self)
-        fence = self._guard()  # a worker whose lease moved on records nothing more
-        if cached is None:
-            # A committed entry already says what happened; an idempotent
-            # re-execute only fetches the adapter's receipt to compare.
-            statuses = [EffectStatus.DISPATCHED]
-            if not entries:
-                statuses.insert(0, EffectStatus.INTENDED)
-            self._ledger(*statuses, receipt=None)
-        try:
-            receipt = rt.adapter.execute(
-                pending.idempotency_key, pending.intent, pending.prestate, fence
-            )
-        except IdempotencyConflictError as exc:
-            self._freeze(
-                "key_conflict",
-                exc.receipt,
-                "the adapter holds a receipt for this key with a different intent digest",
-            )
-            return
-        except PreconditionFailedError as exc:
-            if entries and entries[-1].status in {
-                EffectStatus.DISPATCHED,
-                EffectStatus.OUTCOME_UNKNOWN,
-            }:
-                # A retry of a write that was already sent finds its target changed,
-                # and the adapter has no receipt: the first attempt may have landed.
-                self._ledger(EffectStatus.OUTCOME_UNKNOWN, receipt=None)
-                self._freeze(
-                    "outcome_unknown",
-                    None,
-                    f"a retried write found its precondition failed ({exc}) and the adapter "
-                    "holds no receipt; the first attempt may have landed",
-                )
-                return
-            self._ledger(EffectStatus.REJECTED, receipt=None)
-            self.commit(
-                self.state.evolve(phase=Phase.RUNNING, pending=None),
-                [("effect_rejected", {"action_id": pending.action_id, "reason": str(exc)})],
-            )
-            return
-        except AdapterUnavailableError:
-            self._ledger(EffectStatus.OUTCOME_UNKNOWN, receipt=None)
-            raise
-        rt.crash.hit(CrashPoint.EFFECT_SENT)
-        self._reconcile(receipt, cached, fresh=True)
-
-    def _reconcile(
-        self, receipt: Receipt, cached: dict[str, Any] | None, *, fresh: bool = False
-    ) -> None:
-        """Accept the adapter's receipt only if it is bound to exactly this intent."""
-        pending = self._pending()
-        if (
-            receipt.idempotency_key != pending.idempotency_key
-            or receipt.intent_digest != pending.intent_digest
-        ):
-            self._freeze(
-                "key_conflict",
-                receipt,
-                "same idempotency key, different intent digest",
-            )
-            return
-        if cached is not None and cached != receipt.to_json():
-            self._freeze(
-                "receipt_drift",
-                receipt,
-                "the adapter's receipt differs from the ledger's copy; replay refused",
-                cached=cached,
-            )
-            return
-        if (
-            receipt.namespace != self.rt.adapter.namespace
-            or receipt.post_state != pending.expected_post
-        ):
-            self._freeze(
-                "receipt_mismatch",
-                receipt,
-                "the receipt is not for the post-state this intent produces",
-            )
-            return
-        if _humans.needs_approval(self.rt, self.state):
-            outside = _humans.committed_within_approval(self.state, receipt)
-            if outside is not None:
-                self._freeze("approval_boundary", receipt, outside, cached=cached)
-                return
-        if cached is None:
-            self._ledger(EffectStatus.COMMITTED, receipt=receipt.to_json())
-            self.rt.crash.hit(CrashPoint.RECEIPT_PERSISTED)
-        self._advance(receipt, "effect_committed" if fresh else "effect_reconciled")
-
-    def _advance(self, receipt: Receipt, kind: str) -> None:
-        """The deterministic state transition a committed receipt implies."""
-        pending = self._pending()
-        state = self.state.evolve(
-            phase=Phase.RUNNING,
-            pending=None,
-            environment=receipt.post_state,
-            last_write=CompletedWrite(
-                action_id=pending.action_id,
-                idempotency_key=pending.idempotency_key,
-                intent_digest=pending.intent_digest,
-                receipt_id=receipt.receipt_id,
-                receipt_fingerprint=receipt.fingerprint,
-                result_digest=digest(receipt.result),
-                post_version=receipt.post_state.version,
-            ),
-            writes_committed=self.state.writes_committed + 1,
-            verification=None,  # any write invalidates earlier verifier evidence
-        )
-        self.commit(
-            state,
-            [
-                (
-                    kind,
-                    {
-                        "action_id": pending.action_id,
-                        "idempotency_key": pending.idempotency_key,
-                        "receipt_id": receipt.receipt_id,
-                        "receipt_fingerprint": receipt.fingerprint,
-                        "post_state": receipt.post_state.to_json(),
-                    },
-                )
-            ],
-        )
+        _settle.settle(self)
 
     # -- finishing, failing, freezing -------------------------------------------
 
     def _finish(self, base: RunState, decision: Decision, events: list[Event]) -> None:
         rt = self.rt
+        self._guard()
         result = rt.adapter.verify(rt.task.verifier.argv, rt.task.verifier.timeout_s)
         verification = Verification(
             env_version=result.environment.version,
