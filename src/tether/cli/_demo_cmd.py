@@ -29,7 +29,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         for point in CrashPoint:
             print(point.value)
         return 0
-    base = Path(tempfile.mkdtemp(prefix="tether-demo-"))
+    # The demo keeps its files for `tether inspect`; a temp dir only when asked for none.
+    if args.db is not None and args.workspace is not None:
+        base = args.db.parent
+    else:
+        base = Path(tempfile.mkdtemp(prefix="tether-demo-"))
     marks = args.marks
     if args.crash_at == CrashPoint.CONTENT_BEFORE_MARK and marks is None:
         # That window exists only when the mark lives in its own database.
