@@ -172,3 +172,69 @@ def test_unknown_run_is_a_clear_error(tmp_path: Path, args: list[str]) -> None:
     assert result.returncode in {1, EXIT_INTEGRITY}
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith("tether: error:")
+
+
+def test_inspect_verify_and_approve_work_against_postgresql(tmp_path: Path) -> None:
+    """With --store a PostgreSQL URL, the read and sign commands work as with --db."""
+    from dataclasses import replace
+
+    from tests.conformance._pg import fresh_schema, pg_dsn, url_in_schema
+    from tether import _demo
+
+    dsn = pg_dsn()
+    with fresh_schema(dsn) as schema:
+        url = url_in_schema(dsn, schema)
+        paths = replace(_demo.DemoPaths.under(tmp_path), store_url=url)
+        _demo.prepare(paths, "approval")
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tether.cli",
+                "_demo-child",
+                "start",
+                "--db",
+                str(paths.db),
+                "--workspace",
+                str(paths.workspace),
+                "--store",
+                url,
+            ],
+            check=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+        common = ["demo-run", "--store", url, "--keyring", str(paths.keyring)]
+        assert json.loads(tether("verify", *common, "--json").stdout)["sound"] is True
+        assert "pending fix-calc" in tether("inspect", *common).stdout
+        out = tether(
+            "approve",
+            "demo-run",
+            "fix-calc",
+            "--store",
+            url,
+            "--key",
+            str(paths.signer_key("approver")),
+            "--yes",
+        )
+        assert "approval recorded (inbox #1)" in out.stdout
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tether.cli",
+                "_demo-child",
+                "recover",
+                "--db",
+                str(paths.db),
+                "--workspace",
+                str(paths.workspace),
+                "--store",
+                url,
+            ],
+            check=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+        shown = json.loads(tether("inspect", *common, "--json").stdout)
+        assert shown["state"]["phase"] == "completed"

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import ScriptedAgent, World, finish, make_policy, write
+from tether.adapters import Sandbox
 from tether.core import (
+    AdapterUnavailableError,
     ApprovalExpiredError,
     ApprovalRequiredError,
     EvidenceBindingError,
@@ -292,7 +294,7 @@ def test_same_key_same_intent_replay_still_needs_a_live_approval(guarded: World)
     session = pending_session(guarded)
     session.approve(approval(guarded, session.state, ttl=60))
     guarded.sandbox.fail_next(after_commit=False)
-    with pytest.raises(Exception, match="not attempted"):
+    with pytest.raises(AdapterUnavailableError, match="not attempted"):
         session.step()
     guarded.clock.advance(61)
     with pytest.raises(ApprovalExpiredError):
@@ -469,8 +471,54 @@ def test_a_trusted_abort_fails_the_run_and_keeps_all_evidence(world: World) -> N
 
 
 def test_open_cases_and_nonces_survive_checkpoint_and_restore(world: World) -> None:
-    """The open case and consumed approval nonces are in the checkpoint and come back whole."""
+    """The open case and a refused decision's state come back whole; consumed nonces too."""
     session = conflicted(world)
+    refused(
+        world,
+        session,
+        decision(world, session, signer=Signer.generate("x", "reviewer")),
+        UnknownSignerError,
+    )
     restored = runtime(world).recover("r1")
     assert restored.state.review_cases == session.state.review_cases
     assert restored.state.phase is Phase.NEEDS_REVIEW
+    assert restored.state.consumed_nonces == session.state.consumed_nonces == ()
+    document = decision(world, restored, "abort")
+    restored.review(document)
+    again = runtime(world).recover("r1")
+    assert again.state.consumed_nonces == (document["body"]["nonce"],)
+    with pytest.raises(RunFrozenError):
+        again.review(document)  # the run is over; the nonce is spent either way
+
+
+def test_an_approval_issued_in_the_future_is_refused(guarded: World) -> None:
+    """An approval whose issue time is ahead of the runtime's clock cannot stretch its lifetime."""
+    session = pending_session(guarded)
+    later = guarded.clock.now() + timedelta(days=365)
+    body = new_approval(
+        session.state,
+        ALICE.signer_id,
+        issued_at=later,
+        expires_at=later + timedelta(seconds=300),
+        nonce=secrets.token_hex(16),
+    )
+    with pytest.raises(EvidenceBindingError) as caught:
+        session.approve(ALICE.sign(body))
+    assert caught.value.field == "issued_at"
+
+
+def test_an_idempotent_unqueryable_adapter_finishes_an_approved_write_after_a_crash(
+    guarded: World,
+) -> None:
+    """After the effect, the retry with the same key dedups; the approval still covers it."""
+    guarded.sandbox = Sandbox(
+        {"notes.txt": "draft\n"}, instance_id="sbx-1", queryable=False, clock=guarded.clock.now
+    )
+    session = pending_session(guarded)
+    session.approve(approval(guarded, session.state))
+    session.rt.crash = session.rt.checkpointer.crash = CrashPlan(CrashPoint.EFFECT_SENT)
+    with pytest.raises(SimulatedCrash):
+        session.step()
+    recovered = runtime(guarded).recover("r1")
+    assert recovered.run().phase is Phase.COMPLETED
+    assert guarded.sandbox.write_count() == 1

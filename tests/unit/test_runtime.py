@@ -9,6 +9,7 @@ import pytest
 from tests.conftest import ScriptedAgent, World, finish, make_task, write
 from tether.adapters import Sandbox
 from tether.core import (
+    AdapterUnavailableError,
     EffectStatus,
     EnvironmentDriftError,
     InvariantError,
@@ -71,7 +72,7 @@ def test_lost_reply_is_resolved_by_lookup_with_the_same_key(world: World) -> Non
     agent = ScriptedAgent([write("notes.txt", "x"), finish])
     session = world.runtime(agent).start("r1")
     world.sandbox.fail_next(after_commit=True)
-    with pytest.raises(Exception, match="reply lost"):
+    with pytest.raises(AdapterUnavailableError, match="reply lost"):
         session.step()
     assert session.state.phase is Phase.PENDING
     pending = session.state.pending
@@ -89,7 +90,7 @@ def test_unattempted_write_is_executed_once_on_retry(world: World) -> None:
     """A write that failed before reaching the adapter runs once on the next step."""
     session = world.runtime(ScriptedAgent([write("notes.txt", "x"), finish])).start("r1")
     world.sandbox.fail_next(after_commit=False)
-    with pytest.raises(Exception, match="not attempted"):
+    with pytest.raises(AdapterUnavailableError, match="not attempted"):
         session.step()
     session.run()
     assert session.state.phase is Phase.COMPLETED
@@ -466,3 +467,68 @@ def test_a_first_attempt_with_a_changed_target_is_rejected_and_the_run_goes_on(
     assert session.state.phase is Phase.RUNNING
     assert session.trace()[-1].kind == "effect_rejected"
     assert world.sandbox.write_count() == 0
+
+
+def test_a_frozen_case_restores_where_it_was_opened_and_a_decision_applies(world: World) -> None:
+    """A case whose receipt shows an unexpected post-state restores in a new runtime, frozen."""
+    world.sandbox = Sandbox({"notes.txt": "draft\n"}, instance_id="sbx-1", clock=world.clock.now)
+    agent = ScriptedAgent([write("notes.txt", "x"), finish])
+    session = crash_then_recover(world, agent, CrashPoint.EFFECT_SENT)
+    pending = session.state.pending
+    assert pending is not None
+    forged_post = {**pending.expected_post.to_json(), "version": 7}
+    world.sandbox.tamper_receipt(pending.idempotency_key, post_state=forged_post)
+    session.step()
+    assert session.state.phase is Phase.NEEDS_REVIEW
+    assert session.state.review_cases[0].reason == "receipt_mismatch"
+    committed = [e for e in world.store().ledger("r1") if e.status is EffectStatus.COMMITTED]
+    assert len(committed) == 1  # the effect happened; the ledger says so before any decision
+    again = world.runtime(agent).recover("r1")  # restorable, so a decision can be applied
+    assert again.state.phase is Phase.NEEDS_REVIEW
+
+
+def test_a_rejection_recorded_before_a_crash_is_replayed_without_the_adapter(world: World) -> None:
+    """A precondition refusal in the ledger is replayed on recovery, not retried."""
+    agent = ScriptedAgent([write("notes.txt", "x"), finish])
+    rt = world.runtime(agent, crash=CrashPlan(CrashPoint.CHECKPOINT_WRITE, nth=3))
+    session = rt.start("r1")
+    # Make the adapter refuse: the target changes after the intent is persisted.
+    original = world.sandbox.execute
+
+    def refuse_once(key, intent, prestate, fence=None):
+        world.sandbox.bypass_write("notes.txt", "moved")
+        world.sandbox.execute = original  # type: ignore[method-assign]
+        return original(key, intent, prestate, fence)
+
+    world.sandbox.execute = refuse_once  # type: ignore[method-assign]
+    with pytest.raises(SimulatedCrash):
+        session.run()
+    statuses = [e.status for e in world.store().ledger("r1")]
+    assert statuses[-1] is EffectStatus.REJECTED
+    world.sandbox.bypass_write("notes.txt", "draft\n")  # back to the checkpointed state
+    recovered = world.runtime(agent).recover("r1")
+    recovered.step()
+    assert recovered.state.phase is Phase.RUNNING
+    assert recovered.trace()[-1].kind == "effect_rejected"
+    assert world.sandbox.write_count() == 0
+
+
+def test_an_unverifiable_receipt_must_match_the_live_state(world: World) -> None:
+    """On an adapter that cannot confirm receipts, a ledger receipt that the world contradicts freezes."""
+    world.sandbox = Sandbox(
+        {"notes.txt": "draft\n"},
+        instance_id="sbx-1",
+        idempotent=False,
+        queryable=False,
+        clock=world.clock.now,
+    )
+    agent = ScriptedAgent([write("notes.txt", "x"), finish])
+    rt = world.runtime(agent, crash=CrashPlan(CrashPoint.RECEIPT_PERSISTED))
+    with pytest.raises(SimulatedCrash):
+        rt.start("r1").run()
+    session = world.runtime(agent).recover("r1")
+    world.sandbox.bypass_write("notes.txt", "x")  # same content...
+    world.sandbox.bypass_write("extra.txt", "and something else")  # ...but the state moved
+    session.step()
+    assert session.state.phase is Phase.NEEDS_REVIEW
+    assert session.state.review_cases[0].reason == "receipt_unverifiable"

@@ -109,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=helptext, description=helptext)
         p.add_argument("run_id", metavar="RUN")
-        p.add_argument("--db", type=Path, required=True, help="SQLite store file")
+        where = p.add_mutually_exclusive_group(required=True)
+        where.add_argument("--db", type=Path, help="SQLite store file")
+        where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
         p.add_argument("--marks", type=Path, help="separate SQLite file holding the mark")
         p.add_argument(
             "--keyring",
@@ -146,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     approve.add_argument("run_id", metavar="RUN")
     approve.add_argument("action", metavar="ACTION", help="the pending action id")
     approve.add_argument("--key", type=Path, required=True, help="the approver's private key file")
-    approve.add_argument("--db", type=Path, required=True, help="SQLite store file")
+    where = approve.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", type=Path, help="SQLite store file")
+    where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
     approve.add_argument(
         "--ttl",
         type=int,
@@ -174,7 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="replan: quarantine the key and plan anew; abort: fail the run",
     )
     review.add_argument("--key", type=Path, required=True, help="the reviewer's private key file")
-    review.add_argument("--db", type=Path, required=True, help="SQLite store file")
+    where = review.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", type=Path, help="SQLite store file")
+    where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
     review.add_argument(
         "--keyring", type=Path, help="verify the checkpoint before showing it (optional)"
     )

@@ -9,12 +9,12 @@ from datetime import UTC, datetime
 from tether.core import GENESIS_HASH, IntegrityError, chain_hash, format_time, validate_state
 from tether.crypto import Keyring
 from tether.runtime import Checkpointer
-from tether.store import SQLiteStore
+from tether.store import SQLBase, SQLiteStore, open_store
 
 
-def _open(args: argparse.Namespace) -> tuple[SQLiteStore, SQLiteStore | None, Checkpointer]:
+def _open(args: argparse.Namespace) -> tuple[SQLBase, SQLiteStore | None, Checkpointer]:
     keyring = Keyring.from_file(args.keyring) if args.keyring else Keyring.from_environ()
-    store = SQLiteStore(args.db)
+    store = _store(args)
     marks = SQLiteStore(args.marks) if args.marks else None
     return store, marks, Checkpointer(store, keyring, marks=marks)
 
@@ -135,3 +135,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"(signed by key id {result['key_id']}, {len(events)} trace events chained)"
         )
     return 0
+
+
+def _store(args: argparse.Namespace) -> SQLBase:
+    if args.store:
+        return open_store(args.store)
+    return SQLiteStore(args.db)

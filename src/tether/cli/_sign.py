@@ -24,10 +24,11 @@ from tether.core import (
     approval_request,
     new_approval,
     new_decision,
+    validate_state,
 )
 from tether.crypto import Keyring, Signer
 from tether.runtime import Checkpointer
-from tether.store import SQLiteStore
+from tether.store import SQLBase, SQLiteStore, open_store
 
 DEFAULT_TTL_S = 900
 
@@ -47,9 +48,13 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_state(db: Path, run_id: str, keyring_path: Path | None) -> tuple[RunState, bool]:
+def _store(where: Path | str) -> SQLBase:
+    return open_store(where) if isinstance(where, str) else SQLiteStore(where)
+
+
+def load_state(db: Path | str, run_id: str, keyring_path: Path | None) -> tuple[RunState, bool]:
     """The run's newest checkpoint; verified when a keyring is given, else read as shown."""
-    store = SQLiteStore(db)
+    store = _store(db)
     try:
         if keyring_path is not None:
             return Checkpointer(store, Keyring.from_file(keyring_path)).load(run_id).state, True
@@ -60,14 +65,18 @@ def load_state(db: Path, run_id: str, keyring_path: Path | None) -> tuple[RunSta
         # Unverified display only: the runtime re-checks every bound field against
         # its own verified state, so a doctored checkpoint yields a refused approval.
         payload = json.loads(envelope)["payload"]
-        return RunState.from_json(payload), False
+        state = RunState.from_json(payload)
+        # What is shown must at least be what is signed: the invariants tie the
+        # displayed intent to its digest, which the approval binds.
+        validate_state(state)
+        return state, False
     finally:
         store.close()
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
     signer = Signer.from_file(args.key)
-    state, verified = load_state(args.db, args.run_id, args.keyring)
+    state, verified = load_state(args.store or args.db, args.run_id, args.keyring)
     pending = state.pending
     if state.phase is not Phase.PENDING or pending is None:
         raise PolicyError(f"run {args.run_id} is {state.phase}; it has no pending write to approve")
@@ -83,23 +92,25 @@ def cmd_approve(args: argparse.Namespace) -> int:
         expires_at=now + timedelta(seconds=args.ttl),
         nonce=secrets.token_hex(16),
     )
+    args_text = json.dumps(pending.intent.args, sort_keys=True)
     shown = {
         **approval_request(state),
         "kind_of_write": pending.intent.kind,
         "target": pending.intent.target,
+        "arguments": args_text if len(args_text) <= 400 else args_text[:400] + " ...",
         "expires_at": body["expires_at"],
     }
     if not _confirm(f"Approve this write as {signer.signer_id}?", shown, verified, args.yes):
         print("not approved")
         return 1
-    seq = deliver(args.db, args.run_id, "approval", signer.sign(body))
+    seq = deliver(args.store or args.db, args.run_id, "approval", signer.sign(body))
     print(f"approval recorded (inbox #{seq}); run {args.run_id} picks it up on its next step")
     return 0
 
 
 def cmd_review(args: argparse.Namespace) -> int:
     signer = Signer.from_file(args.key)
-    state, verified = load_state(args.db, args.run_id, args.keyring)
+    state, verified = load_state(args.store or args.db, args.run_id, args.keyring)
     case = next((c for c in state.review_cases if c.case_id == args.case), None)
     if state.phase is not Phase.NEEDS_REVIEW or case is None:
         raise PolicyError(f"run {args.run_id} has no open review case {args.case!r}")
@@ -118,7 +129,7 @@ def cmd_review(args: argparse.Namespace) -> int:
     ):
         print("no decision recorded")
         return 1
-    seq = deliver(args.db, args.run_id, "review_decision", signer.sign(body))
+    seq = deliver(args.store or args.db, args.run_id, "review_decision", signer.sign(body))
     print(f"decision recorded (inbox #{seq}); run {args.run_id} applies it on its next step")
     return 0
 
@@ -136,8 +147,8 @@ def _confirm(question: str, fields: dict[str, Any], verified: bool, yes: bool) -
     return answer.strip().lower() in {"y", "yes"}
 
 
-def deliver(db: Path, run_id: str, kind: str, document: dict[str, Any]) -> int:
-    store = SQLiteStore(db)
+def deliver(db: Path | str, run_id: str, kind: str, document: dict[str, Any]) -> int:
+    store = _store(db)
     try:
         return store.put_evidence(run_id, kind, document)
     finally:

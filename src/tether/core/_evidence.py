@@ -33,6 +33,10 @@ DECISION_FIELDS = (
 )  # fmt: skip
 
 
+# How far a signer's clock may run ahead of the runtime's.
+CLOCK_SKEW = timedelta(seconds=60)
+
+
 class ReviewDecision(StrEnum):
     """The two ways out of needs_review."""
 
@@ -115,6 +119,14 @@ def check_approval(
         raise EvidenceBindingError(
             "expires_at", f"at most {ttl_s}s after issued_at", body["expires_at"]
         )
+    # Judged on the runtime's clock when recorded: an approval "issued" in the
+    # future would otherwise outlive the policy's lifetime by any amount.
+    if issued > now + CLOCK_SKEW:
+        raise EvidenceBindingError(
+            "issued_at", f"not after {format_time(now + CLOCK_SKEW)}", body["issued_at"]
+        )
+    if expires > now + timedelta(seconds=ttl_s) + CLOCK_SKEW:
+        raise EvidenceBindingError("expires_at", f"at most {ttl_s}s from now", body["expires_at"])
     check_unexpired(body, now)
     check_nonce(body, consumed)
 

@@ -23,6 +23,7 @@ from tether.core import (
     CheckpointCorruptError,
     EnvironmentDriftError,
     MissingHighWaterMarkError,
+    Phase,
     PolicyMismatchError,
     RunState,
     ScenarioMismatchError,
@@ -204,6 +205,10 @@ def check_environment(state: RunState, adapter: Adapter) -> None:
         return
     pending = state.pending
     if pending is not None and live == pending.expected_post:
+        return
+    if state.phase is Phase.NEEDS_REVIEW and any(c.environment == live for c in state.review_cases):
+        # A frozen case recorded the environment it was opened in; restoring
+        # there lets a signed decision be applied (which re-checks drift itself).
         return
     if live.version == recorded.version:
         problem = "same version, different state (changed outside the runtime)"

@@ -71,10 +71,13 @@ def require_approval(session: RunSession) -> None:
         )
     check_unexpired(body, rt.clock.now())
     live = rt.adapter.environment()
-    if (
-        live.state_fingerprint != body["state_fingerprint"]
-        or live.instance_id != body["environment_instance_id"]
-    ):
+    allowed = {body["state_fingerprint"]}
+    pending = state.pending
+    if pending is not None and rt.adapter.capabilities.idempotent:
+        # An idempotent adapter that already applied the write (a crash after
+        # the effect) dedups the retry by key: its post-state is not a change.
+        allowed.add(pending.expected_post.state_fingerprint)
+    if live.state_fingerprint not in allowed or live.instance_id != body["environment_instance_id"]:
         raise ApprovalExpiredError(
             f"run {state.run_id}: the environment changed since the approval was signed; "
             "a fresh approval is needed"

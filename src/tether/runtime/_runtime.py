@@ -20,6 +20,9 @@ for review when the truth cannot be known.
 
 from __future__ import annotations
 
+import os
+import secrets
+import socket
 import time
 from typing import Any
 
@@ -83,7 +86,7 @@ class Runtime:
         clock: Clock | None = None,
         ids: IdSource | None = None,
         crash: CrashPlan = NO_CRASH,
-        worker: str = "local",
+        worker: str | None = None,
         trust: TrustRoots | None = None,
         lease_ttl_s: float | None = None,
     ) -> None:
@@ -95,7 +98,8 @@ class Runtime:
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.ids: IdSource = ids if ids is not None else RandomIds()
         self.crash = crash
-        self.worker = worker
+        # Unique per process by default: two processes never share a worker id.
+        self.worker = worker or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.trust = trust
         # None: one process owns its runs (no lease). A number: every start and
         # recovery takes the run's lease for that long and renews it as it works.

@@ -37,6 +37,13 @@ def settle(session: RunSession) -> None:
         (e.receipt for e in reversed(entries) if e.status is EffectStatus.COMMITTED), None
     )
     caps = rt.adapter.capabilities
+    if latest is not None and latest.status is EffectStatus.REJECTED:
+        # The adapter refused it before the crash: replay that transition, no call.
+        session.commit(
+            session.state.evolve(phase=Phase.RUNNING, pending=None),
+            [("effect_rejected", {"action_id": pending.action_id, "reason": "recorded"})],
+        )
+        return
     if caps.queryable:
         session._guard()
         receipt = rt.adapter.lookup(pending.idempotency_key)
@@ -54,8 +61,25 @@ def settle(session: RunSession) -> None:
         # The adapter is the authority and has no receipt: the write did not commit.
     elif cached is not None:
         if not caps.idempotent:
-            # Nothing can confirm it again; the receipt came from the adapter.
-            advance(session, Receipt.from_json(cached), "reconciled_unverifiable")
+            # Nothing can confirm the receipt again; accept it only if the live
+            # state is exactly what it says and what the intent produces.
+            receipt = Receipt.from_json(cached)
+            live = rt.adapter.environment()
+            if not (live == receipt.post_state == pending.expected_post):
+                session._freeze(
+                    "receipt_unverifiable",
+                    receipt,
+                    "the ledger's receipt cannot be confirmed by the adapter and the live "
+                    "environment is not the state it records",
+                    cached=cached,
+                )
+                return
+            if _humans.needs_approval(rt, session.state):
+                outside = _humans.committed_within_approval(session.state, receipt)
+                if outside is not None:
+                    session._freeze("approval_boundary", receipt, outside, cached=cached)
+                    return
+            advance(session, receipt, "reconciled_unverifiable")
             return
     elif (
         latest is not None
@@ -82,7 +106,10 @@ def dispatch(
 ) -> None:
     rt = session.rt
     pending = session._pending()
-    _humans.require_approval(session)
+    if cached is None:
+        # With a committed receipt on record, an idempotent re-execute only
+        # fetches that receipt: no new effect, so no approval is needed for it.
+        _humans.require_approval(session)
     fence = session._guard()  # a worker whose lease moved on records nothing more
     if cached is None:
         # A committed entry already says what happened; an idempotent
@@ -145,6 +172,18 @@ def reconcile(
             "same idempotency key, different intent digest",
         )
         return
+    if cached is None and (
+        receipt.namespace != session.rt.adapter.namespace
+        or receipt.post_state != pending.expected_post
+        or (
+            _humans.needs_approval(session.rt, session.state)
+            and _humans.committed_within_approval(session.state, receipt) is not None
+        )
+    ):
+        # The adapter committed this exact intent under our key: whatever a
+        # person decides next, the ledger must say the effect happened.
+        session._ledger(EffectStatus.COMMITTED, receipt=receipt.to_json())
+        cached = receipt.to_json()
     if cached is not None and cached != receipt.to_json():
         session._freeze(
             "receipt_drift",

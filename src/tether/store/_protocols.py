@@ -189,8 +189,9 @@ class GenerationStore(Protocol):
         """Take the run's lease for ``ttl_s`` seconds of the store's clock.
 
         Succeeds when the run is unowned, its lease expired, or ``worker``
-        already holds it. A NEW owner increments ``lease_version``; the same
-        owner re-acquiring only extends. Raises
+        already holds it. Every acquire increments ``lease_version``, even by
+        the same worker id, so a restarted worker fences out its own hung
+        predecessor; only :meth:`renew_lease` extends a lease. Raises
         :class:`~tether.core.LeaseHeldError` when another worker holds a live
         lease, :class:`~tether.core.RunNotFoundError` for an unknown run.
         """

@@ -535,7 +535,7 @@ class SQLBase(SQLEngine):
         raise LeaseLostError(run_id, lease_version, current.lease_version, current.lease_owner)
 
     def acquire_lease(self, run_id: str, worker: str, ttl_s: float) -> Lease:
-        """Take the run's lease; a new owner increments the fencing token (see the protocol)."""
+        """Take the run's lease; every acquire increments the fencing token (see the protocol)."""
         ttl = _ttl_micros(ttl_s)
         clock = self.clock_sql
 
@@ -544,12 +544,14 @@ class SQLBase(SQLEngine):
             # UPDATE and the read that explains it: then simply try again.
             for _ in range(3):
                 rows = self._all(
-                    "UPDATE tether_marks SET lease_version = CASE WHEN lease_owner = ? "
-                    "THEN lease_version ELSE lease_version + 1 END, "
+                    # Every acquire is a new holder and a new fencing token, even
+                    # for the same worker id: a restarted worker must fence out
+                    # its own hung predecessor. Only renew_lease extends.
+                    "UPDATE tether_marks SET lease_version = lease_version + 1, "
                     f"lease_owner = ?, lease_expires_at = {clock} + ? "
                     "WHERE run_id = ? AND (lease_owner IS NULL OR lease_owner = ? "
                     f"OR lease_expires_at <= {clock}) RETURNING {_MARK_COLUMNS}",
-                    (worker, worker, ttl, run_id, worker),
+                    (worker, ttl, run_id, worker),
                 )
                 if rows:
                     return _lease(_mark(rows[0]))

@@ -47,16 +47,18 @@ def _unchanged(store: Any, run_id: str, generation: int, digest: str) -> None:
 
 
 def test_acquire_gives_a_new_owner_a_new_version(tether_store: Any) -> None:
-    """A first acquire sets version 1; the same owner re-acquiring extends without incrementing."""
+    """A first acquire sets version 1; re-acquiring, even by the same owner, is a new token."""
     seeded(tether_store)
     lease = tether_store.acquire_lease("r", "w1", LONG)
     expect_eq((lease.run_id, lease.owner, lease.lease_version), ("r", "w1", 1), "first lease")
     expect_eq((lease.generation, lease.state_version), (1, 1), "lease carries the mark")
     again = tether_store.acquire_lease("r", "w1", LONG * 2)
-    expect_eq(again.lease_version, 1, "re-acquire by the same owner")
+    expect_eq(again.lease_version, 2, "re-acquire by the same owner fences the old session")
     expect(again.expires_at > lease.expires_at, "re-acquire extends the expiry")
+    with pytest.raises(LeaseLostError):
+        tether_store.check_lease("r", 1)
     mark = tether_store.get_mark("r")
-    expect_eq((mark.lease_owner, mark.lease_version), ("w1", 1), "mark after acquire")
+    expect_eq((mark.lease_owner, mark.lease_version), ("w1", 2), "mark after acquire")
     expect_eq(mark.lease_expires_at, again.expires_at, "mark's expiry")
 
 
