@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tether import _demo
 from tether.cli import EXIT_INTEGRITY, build_parser
 from tether.runtime import CrashPoint
 
@@ -29,6 +30,24 @@ def tether(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and result.returncode != 0:
         raise AssertionError(f"tether {args} exited {result.returncode}: {result.stderr}")
     return result
+
+
+def demo_child(paths: _demo.DemoPaths, stage: str, store_url: str | None = None) -> None:
+    """One stage of the demo run in its own process (``tether _demo-child STAGE``)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "tether.cli",
+        "_demo-child",
+        stage,
+        "--db",
+        str(paths.db),
+        "--workspace",
+        str(paths.workspace),
+    ]
+    if store_url is not None:
+        cmd += ["--store", store_url]
+    subprocess.run(cmd, check=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
 def demo(tmp_path: Path, *args: str) -> dict[str, object]:
@@ -186,24 +205,7 @@ def test_inspect_verify_and_approve_work_against_postgresql(tmp_path: Path) -> N
         url = url_in_schema(dsn, schema)
         paths = replace(_demo.DemoPaths.under(tmp_path), store_url=url)
         _demo.prepare(paths, "approval")
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tether.cli",
-                "_demo-child",
-                "start",
-                "--db",
-                str(paths.db),
-                "--workspace",
-                str(paths.workspace),
-                "--store",
-                url,
-            ],
-            check=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-        )
+        demo_child(paths, "start", url)
         common = ["demo-run", "--store", url, "--keyring", str(paths.keyring)]
         assert json.loads(tether("verify", *common, "--json").stdout)["sound"] is True
         assert "pending fix-calc" in tether("inspect", *common).stdout
@@ -218,23 +220,6 @@ def test_inspect_verify_and_approve_work_against_postgresql(tmp_path: Path) -> N
             "--yes",
         )
         assert "approval recorded (inbox #1)" in out.stdout
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tether.cli",
-                "_demo-child",
-                "recover",
-                "--db",
-                str(paths.db),
-                "--workspace",
-                str(paths.workspace),
-                "--store",
-                url,
-            ],
-            check=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-        )
+        demo_child(paths, "recover", url)
         shown = json.loads(tether("inspect", *common, "--json").stdout)
         assert shown["state"]["phase"] == "completed"

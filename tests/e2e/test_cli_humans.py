@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e.test_cli import demo, tether
+from tests.e2e.test_cli import demo, demo_child, tether
 
 
 def test_keys_new_writes_a_0600_private_key_and_a_public_trust_root(tmp_path: Path) -> None:
@@ -64,22 +64,7 @@ def _frozen_pending(tmp_path: Path) -> dict[str, object]:
 
     paths = _demo.DemoPaths.under(tmp_path)
     _demo.prepare(paths, "approval")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tether.cli",
-            "_demo-child",
-            "start",
-            "--db",
-            str(paths.db),
-            "--workspace",
-            str(paths.workspace),
-        ],
-        check=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    demo_child(paths, "start")
     return {
         "db": str(paths.db),
         "keyring": str(paths.keyring),
@@ -125,22 +110,7 @@ def test_approve_with_yes_lets_the_next_recovery_write_once(tmp_path: Path) -> N
         "approve", "demo-run", "fix-calc", "--db", str(run["db"]), "--key", str(run["key"]), "--yes"
     )
     paths = run["paths"]
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tether.cli",
-            "_demo-child",
-            "recover",
-            "--db",
-            str(paths.db),
-            "--workspace",
-            str(paths.workspace),
-        ],
-        check=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    demo_child(paths, "recover")
     shown = json.loads(
         tether(
             "inspect",
@@ -181,22 +151,7 @@ def test_inspect_shows_pending_approval_evidence_with_its_expiry(tmp_path: Path)
         "approve", "demo-run", "fix-calc", "--db", str(run["db"]), "--key", str(run["key"]), "--yes"
     )
     paths = run["paths"]
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tether.cli",
-            "_demo-child",
-            "take-evidence",
-            "--db",
-            str(paths.db),
-            "--workspace",
-            str(paths.workspace),
-        ],
-        check=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    demo_child(paths, "take-evidence")
     text = tether("inspect", "demo-run", "--db", str(run["db"]), "--keyring", str(run["keyring"]))
     assert "pending fix-calc" in text.stdout
     assert "approval by demo-approver" in text.stdout and "[valid]" in text.stdout

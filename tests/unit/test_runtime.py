@@ -30,6 +30,17 @@ def crash_then_recover(world: World, agent: ScriptedAgent, point: CrashPoint, nt
     return world.runtime(agent).recover("r1")
 
 
+def blind(world: World) -> None:
+    """Swap in an adapter that can neither deduplicate nor be queried (an SMTP-like one)."""
+    world.sandbox = Sandbox(
+        {"notes.txt": "draft\n"},
+        instance_id="sbx-1",
+        idempotent=False,
+        queryable=False,
+        clock=world.clock.now,
+    )
+
+
 def test_happy_path_writes_once_and_completes_with_verifier_at_final_version(world: World) -> None:
     """A write then finish ends completed, with one write and verifier evidence at the final version."""
     session = world.runtime(ScriptedAgent([write("notes.txt", "done\n"), finish])).start("r1")
@@ -195,13 +206,7 @@ def test_drifted_adapter_receipt_refuses_replay(
 
 def test_uncertain_send_on_a_non_idempotent_unqueryable_adapter_freezes(world: World) -> None:
     """An adapter that can neither deduplicate nor be queried freezes an uncertain send."""
-    world.sandbox = Sandbox(
-        {"notes.txt": "draft\n"},
-        instance_id="sbx-1",
-        idempotent=False,
-        queryable=False,
-        clock=world.clock.now,
-    )
+    blind(world)
     agent = ScriptedAgent([write("notes.txt", "x"), finish])
     session = crash_then_recover(world, agent, CrashPoint.EFFECT_SENT)
     session.step()
@@ -214,13 +219,7 @@ def test_uncertain_send_on_a_non_idempotent_unqueryable_adapter_freezes(world: W
 
 def test_undispatched_write_on_a_non_idempotent_adapter_runs_once(world: World) -> None:
     """Before dispatch, even a non-idempotent, unqueryable adapter is safe to call once."""
-    world.sandbox = Sandbox(
-        {"notes.txt": "draft\n"},
-        instance_id="sbx-1",
-        idempotent=False,
-        queryable=False,
-        clock=world.clock.now,
-    )
+    blind(world)
     agent = ScriptedAgent([write("notes.txt", "x"), finish])
     session = crash_then_recover(world, agent, CrashPoint.INTENT_PERSISTED)
     assert session.run().phase is Phase.COMPLETED
@@ -231,13 +230,7 @@ def test_receipt_persisted_on_an_unqueryable_adapter_replays_the_transition_only
     world: World,
 ) -> None:
     """With the receipt in the ledger, recovery advances the state without calling the adapter."""
-    world.sandbox = Sandbox(
-        {"notes.txt": "draft\n"},
-        instance_id="sbx-1",
-        idempotent=False,
-        queryable=False,
-        clock=world.clock.now,
-    )
+    blind(world)
     agent = ScriptedAgent([write("notes.txt", "x"), finish])
     session = crash_then_recover(world, agent, CrashPoint.RECEIPT_PERSISTED)
     assert session.run().phase is Phase.COMPLETED
@@ -471,7 +464,6 @@ def test_a_first_attempt_with_a_changed_target_is_rejected_and_the_run_goes_on(
 
 def test_a_frozen_case_restores_where_it_was_opened_and_a_decision_applies(world: World) -> None:
     """A case whose receipt shows an unexpected post-state restores in a new runtime, frozen."""
-    world.sandbox = Sandbox({"notes.txt": "draft\n"}, instance_id="sbx-1", clock=world.clock.now)
     agent = ScriptedAgent([write("notes.txt", "x"), finish])
     session = crash_then_recover(world, agent, CrashPoint.EFFECT_SENT)
     pending = session.state.pending
@@ -515,13 +507,7 @@ def test_a_rejection_recorded_before_a_crash_is_replayed_without_the_adapter(wor
 
 def test_an_unverifiable_receipt_must_match_the_live_state(world: World) -> None:
     """On an adapter that cannot confirm receipts, a ledger receipt that the world contradicts freezes."""
-    world.sandbox = Sandbox(
-        {"notes.txt": "draft\n"},
-        instance_id="sbx-1",
-        idempotent=False,
-        queryable=False,
-        clock=world.clock.now,
-    )
+    blind(world)
     agent = ScriptedAgent([write("notes.txt", "x"), finish])
     rt = world.runtime(agent, crash=CrashPlan(CrashPoint.RECEIPT_PERSISTED))
     with pytest.raises(SimulatedCrash):

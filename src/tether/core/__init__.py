@@ -71,6 +71,7 @@ from tether.core._model import (
     Verification,
     format_time,
     parse_time,
+    parse_time_text,
 )
 from tether.core._phases import EffectStatus, Phase, check_effect_move, check_phase_move
 from tether.core._spec import (
@@ -178,6 +179,7 @@ __all__ = [
     "digest_bytes",
     "format_time",
     "parse_time",
+    "parse_time_text",
     "seal_event",
     "strict_loads",
     "validate_state",

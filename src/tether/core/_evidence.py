@@ -7,7 +7,7 @@ mismatch names its field, so an operator sees exactly which binding broke.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -17,7 +17,7 @@ from tether.core._errors import (
     EvidenceSignatureError,
     NonceReusedError,
 )
-from tether.core._model import ReviewCase, format_time
+from tether.core._model import ReviewCase, format_time, parse_time_text
 from tether.core._state import RunState
 
 APPROVAL_FIELDS = (
@@ -173,7 +173,7 @@ def parse_utc(body: dict[str, Any], name: str) -> datetime:
     """A ``...Z`` timestamp field of an evidence body."""
     text = body.get(name)
     try:
-        return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+        return parse_time_text(text)
     except ValueError as exc:
         raise EvidenceSignatureError(f"evidence field {name} is not a UTC time: {text!r}") from exc
 

@@ -76,12 +76,6 @@ class Fields:
             self.fail(self.name(key), f"must be >= {minimum}, got {value}")
         return value
 
-    def optional_int(self, key: _Str, *, minimum: _Int | None = 0) -> _Int | None:
-        if self._obj.get(key) is None:
-            self._seen.add(key)
-            return None
-        return self.int(key, minimum=minimum)
-
     def bool(self, key: _Str) -> _Bool:
         value = self.raw(key)
         if not isinstance(value, bool):

@@ -24,10 +24,15 @@ def format_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime(_TIME_FORMAT)
 
 
+def parse_time_text(text: object) -> datetime:
+    """The inverse of :func:`format_time`; raises ``ValueError`` for anything else."""
+    return datetime.strptime(str(text), _TIME_FORMAT).replace(tzinfo=UTC)
+
+
 def parse_time(f: Fields, key: str) -> datetime:
     text = f.str(key)
     try:
-        return datetime.strptime(text, _TIME_FORMAT).replace(tzinfo=UTC)
+        return parse_time_text(text)
     except ValueError:
         f.fail(f.name(key), f"expected a UTC time like 2026-01-31T12:00:00.000000Z, got {text!r}")
 

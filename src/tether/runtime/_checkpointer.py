@@ -29,6 +29,7 @@ from tether.core import (
     ScenarioMismatchError,
     SchemaVersionError,
     StaleCheckpointError,
+    StoreError,
     TaskMismatchError,
     TraceEvent,
     UnknownFieldError,
@@ -226,4 +227,6 @@ def check_environment(state: RunState, adapter: Adapter) -> None:
 def _as_marks(content: ContentStore) -> GenerationStore:
     if isinstance(content, GenerationStore):
         return content
-    raise MissingHighWaterMarkError("(any)")
+    raise StoreError(
+        f"{content!r} keeps no high-water marks; pass marks= a GenerationStore to checkpoint"
+    )

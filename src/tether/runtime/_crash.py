@@ -24,16 +24,6 @@ class CrashPoint(StrEnum):
     CONTENT_BEFORE_MARK = "content_before_mark"
 
 
-CRASH_POINT_HELP = {
-    CrashPoint.BEFORE_PROPOSAL: "the last checkpoint is whole; nothing proposed yet",
-    CrashPoint.INTENT_PERSISTED: "intent and key are durable; the effect was not sent",
-    CrashPoint.EFFECT_SENT: "the adapter committed the effect; its receipt is not persisted",
-    CrashPoint.RECEIPT_PERSISTED: "the receipt is in the ledger; the state has not advanced",
-    CrashPoint.CHECKPOINT_WRITE: "inside a checkpoint transaction, before it commits",
-    CrashPoint.CONTENT_BEFORE_MARK: "separate stores: content written, high-water mark not moved",
-}
-
-
 class SimulatedCrash(BaseException):
     """Raised at an armed crash point in ``raise`` mode."""
 

@@ -9,7 +9,6 @@ refusal is traced.
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from tether.core import (
@@ -25,6 +24,7 @@ from tether.core import (
     RunState,
     TrustRootsRequiredError,
     digest,
+    parse_time_text,
 )
 from tether.core._evidence import (
     ReviewDecision,
@@ -90,9 +90,7 @@ def committed_within_approval(state: RunState, receipt: Receipt) -> str | None:
     if body is None:
         return "the write committed without an approval on record"
     try:
-        committed = datetime.strptime(receipt.committed_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
-            tzinfo=UTC
-        )
+        committed = parse_time_text(receipt.committed_at)
     except ValueError:
         return "the receipt has no commit time to compare with the approval's expiry"
     if committed >= parse_utc(body, "expires_at"):

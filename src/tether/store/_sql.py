@@ -35,6 +35,7 @@ from tether.core import (
     canonical_bytes,
     check_effect_move,
     format_time,
+    parse_time_text,
     strict_loads,
 )
 from tether.store._engine import SQLEngine
@@ -50,7 +51,6 @@ from tether.store._protocols import (
 from tether.store._schema import migrations
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 _MARK_COLUMNS = (
     "run_id, generation, checkpoint_digest, state_version, lease_version, lease_owner, "
     "lease_expires_at, phase"
@@ -62,7 +62,7 @@ def _from_micros(micros: Any) -> datetime:
 
 
 def _parse_time(text: Any) -> datetime:
-    return datetime.strptime(str(text), _TIME).replace(tzinfo=UTC)
+    return parse_time_text(text)
 
 
 def _ttl_micros(ttl_s: float) -> int:
