@@ -17,6 +17,9 @@ from tether.core import (
     EffectStatus,
     EnvironmentState,
     Intent,
+    LedgerEntry,
+    Outcome,
+    OutcomeKind,
     Phase,
     Policy,
     Proposal,
@@ -25,18 +28,16 @@ from tether.core import (
     TaskSpec,
     TetherError,
 )
-from tether.crypto import Keyring
+from tether.crypto import Keyring, Signer, TrustRoots
 from tether.runtime import (
     Agent,
     AgentContext,
-    CrashPlan,
-    CrashPoint,
     Decision,
     RunSession,
     Runtime,
-    SimulatedCrash,
+    Worker,
 )
-from tether.store import SQLiteStore
+from tether.store import PostgresStore, SQLiteStore, open_store
 
 __version__ = "0.1.0"
 
@@ -45,8 +46,6 @@ __all__ = [
     "Agent",
     "AgentContext",
     "Capabilities",
-    "CrashPlan",
-    "CrashPoint",
     "Decision",
     "EffectStatus",
     "EnvironmentState",
@@ -54,9 +53,13 @@ __all__ = [
     "FileWorkspace",
     "Intent",
     "Keyring",
+    "LedgerEntry",
     "Observation",
+    "Outcome",
+    "OutcomeKind",
     "Phase",
     "Policy",
+    "PostgresStore",
     "Proposal",
     "Receipt",
     "RunSession",
@@ -64,9 +67,12 @@ __all__ = [
     "Runtime",
     "SQLiteStore",
     "Sandbox",
-    "SimulatedCrash",
+    "Signer",
     "TaskSpec",
     "TetherError",
+    "TrustRoots",
     "VerifierResult",
+    "Worker",
     "__version__",
+    "open_store",
 ]

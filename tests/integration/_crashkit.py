@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tether import _demo
-from tether.core import GENESIS_HASH, EffectStatus, Phase, RunState, TraceEvent, chain_hash
+from tether.core import (
+    GENESIS_HASH,
+    EffectStatus,
+    Phase,
+    RunState,
+    TraceEvent,
+    chain_hash,
+    verify_ledger,
+)
 from tether.runtime import Checkpointer, CrashPlan, CrashPoint, Runtime, SimulatedCrash
 from tether.store import LedgerEntry, SQLBase, SQLiteStore
 
@@ -252,7 +260,16 @@ def outcome(paths: _demo.DemoPaths) -> Outcome:
         raise AssertionError("no high-water mark after recovery")
     with stores(paths) as (content, marks):
         mark = marks.get_mark(RUN_ID)
-        committed = [e for e in content.ledger(RUN_ID) if e.status is EffectStatus.COMMITTED]
+        # Only rows on the signed chain count: an orphaned commit's rows do not.
+        chain, _ = verify_ledger(
+            RUN_ID,
+            content.ledger(RUN_ID),
+            state.ledger_head,
+            state.ledger_length,
+            GENESIS_HASH,
+            orphans_possible=True,
+        )
+        committed = [e for e in chain if e.status is EffectStatus.COMMITTED]
         trace = content.trace(RUN_ID, state.trace_head)
     with _demo.workspace(paths) as ws:
         writes = ws.write_count()

@@ -60,29 +60,44 @@ TRIALS = int(os.environ.get("TETHER_CRASH_TRIALS", "20"))
 # Independent trials share no files, so children can run side by side.
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 
-# (mark generation, phase it names, writes committed, ledger, workspace writes)
+# (mark generation, phase it names, writes committed, ledger, workspace writes).
+# The ledger lands only inside a checkpoint's commit: the pending checkpoint
+# carries intended + dispatched, the advance carries committed.
 NOTHING = (None, None, None, (), 0)
 GENESIS = (1, Phase.RUNNING, 0, (), 0)
-PENDING_UNSENT = (2, Phase.PENDING, 0, (), 0)
+PENDING_UNSENT = (2, Phase.PENDING, 0, DISPATCHED, 0)
 PENDING_SENT = (2, Phase.PENDING, 0, DISPATCHED, 1)
-PENDING_RECEIPTED = (2, Phase.PENDING, 0, COMMITTED, 1)
 ADVANCED = (3, Phase.RUNNING, 1, COMMITTED, 1)
 
 # What is durable when the process dies at the hit-th pass through a point.
+# `receipt_persisted` is inside the advancing commit now: co-located, that
+# transaction dies with the process; apart, its content (receipt included)
+# is written and the mark has not moved (see ORPHANED).
 DURABLE_AT = {
     (P.BEFORE_PROPOSAL, 1): GENESIS,
     (P.BEFORE_PROPOSAL, 2): ADVANCED,
     (P.INTENT_PERSISTED, 1): PENDING_UNSENT,
     (P.EFFECT_SENT, 1): PENDING_SENT,
-    (P.RECEIPT_PERSISTED, 1): PENDING_RECEIPTED,
+    (P.RECEIPT_PERSISTED, 1): PENDING_SENT,
     (P.CHECKPOINT_WRITE, 1): NOTHING,
     (P.CHECKPOINT_WRITE, 2): GENESIS,
-    (P.CHECKPOINT_WRITE, 3): PENDING_RECEIPTED,
+    (P.CHECKPOINT_WRITE, 3): PENDING_SENT,
     (P.CHECKPOINT_WRITE, 4): ADVANCED,
     (P.CONTENT_BEFORE_MARK, 1): NOTHING,
     (P.CONTENT_BEFORE_MARK, 2): GENESIS,
-    (P.CONTENT_BEFORE_MARK, 3): PENDING_RECEIPTED,
+    (P.CONTENT_BEFORE_MARK, 3): PENDING_SENT,
     (P.CONTENT_BEFORE_MARK, 4): ADVANCED,
+}
+
+# With the mark apart, the commit that died wrote its content (ledger rows
+# included) before the mark: the store then holds the rows of the NEXT
+# window, which no signed head reaches.
+ORPHANED = {
+    (P.RECEIPT_PERSISTED, 1): COMMITTED,
+    (P.CONTENT_BEFORE_MARK, 1): (),
+    (P.CONTENT_BEFORE_MARK, 2): DISPATCHED,
+    (P.CONTENT_BEFORE_MARK, 3): COMMITTED,
+    (P.CONTENT_BEFORE_MARK, 4): COMMITTED,
 }
 
 
@@ -102,8 +117,10 @@ class Case:
     def window(self) -> Window:
         mark, phase, writes, ledger, workspace_writes = DURABLE_AT[self.point, self.hit]
         newest = mark
-        if self.point is P.CONTENT_BEFORE_MARK:
+        orphaned = self.placement == "separate" and (self.point, self.hit) in ORPHANED
+        if orphaned:
             newest = (mark or 0) + 1  # the content landed, the mark did not move
+            ledger = ORPHANED[self.point, self.hit]
         return Window(mark, newest, phase, writes, ledger, workspace_writes)
 
 
@@ -280,7 +297,7 @@ def test_demo_passes_each_point_as_the_matrix_assumes(placement: Placement, tmp_
         with _demo.workspace(paths) as ws:
             rt = _demo.runtime(paths, ws, plan)
             try:
-                state = rt.start(RUN_ID).run()
+                state = rt.start(RUN_ID).run().state
             finally:
                 close_stores(rt)
             assert (state.phase, state.generation, ws.write_count()) == (Phase.COMPLETED, 4, 1)
@@ -332,7 +349,9 @@ def test_content_without_mark_recovers_from_the_previous_generation(
             mark = marks.get_mark(RUN_ID)
         with SQLiteStore(paths.db) as content:
             newest = content.newest_generation(RUN_ID)
-            assert content.ledger(RUN_ID) == []  # the orphaned intent never reached the ledger
+            # The orphaned commit's rows exist, but no signed head reaches them.
+            orphans = tuple(e.status for e in content.ledger(RUN_ID))
+            assert orphans == DISPATCHED
         assert mark is not None
         assert mark.generation == 1
         assert newest is not None
@@ -340,6 +359,7 @@ def test_content_without_mark_recovers_from_the_previous_generation(
         before = snapshot(paths)
         assert before.state is not None
         assert (before.state.generation, before.state.phase) == (1, Phase.RUNNING)
+        assert before.state.ledger_length == 0
         come_back(paths, mode)
         check_recovered(paths, before)
         recovered = [e for e in outcome(paths).trace if e.kind == "recovered"]
@@ -375,17 +395,19 @@ def test_effect_sent_receipt_not_persisted_is_reconciled_from_the_adapter(
 def test_receipt_persisted_state_not_advanced_replays_the_transition_only(
     mode: Mode, placement: Placement, tmp_path: Path
 ) -> None:
-    """After a death between the ledger's committed receipt and the advance, the checkpoint is still pending and recovery advances it without a second write."""
+    """A death inside the commit that records the receipt and advances leaves the signed state pending; recovery asks the adapter and advances without a second write."""
     for index in range(REPEATS[mode]):
         paths = seed(tmp_path / f"run{index}", placement)
         die(paths, P.RECEIPT_PERSISTED, 1, mode)
         before = snapshot(paths)
         assert before.state is not None
         assert before.state.phase is Phase.PENDING
+        assert before.state.ledger_length == 2  # intended + dispatched are all that is signed
         committed = [e for e in before.ledger if e.status is EffectStatus.COMMITTED]
-        assert len(committed) == 1
-        assert committed[0].receipt == before.adapter_receipt
+        # Co-located, the transaction died whole; apart, its content is an orphan.
+        assert len(committed) == (1 if placement == "separate" else 0)
+        assert before.adapter_receipt is not None
         come_back(paths, mode)
         check_recovered(paths, before)
         (entry,) = outcome(paths).committed
-        assert entry.receipt == committed[0].receipt
+        assert entry.receipt == before.adapter_receipt

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import ScriptedAgent, World, finish, make_policy, make_task, write
 from tether.core import (
+    SCHEMA_VERSION,
     CheckpointCorruptError,
     IntegrityError,
     InvariantError,
@@ -163,10 +164,10 @@ def test_unknown_fields_in_a_validly_signed_payload_are_refused(ran: World) -> N
 
 
 def test_another_schema_version_is_refused(ran: World) -> None:
-    """A validly signed payload of schema version 2 raises SchemaVersionError."""
+    """A validly signed payload of a newer schema version raises SchemaVersionError."""
     _, original = newest_row(ran)
     payload = json.loads(original)["payload"]
-    payload["schema_version"] = 2
+    payload["schema_version"] = SCHEMA_VERSION + 1
     put_back(ran, seal(canonical_bytes(payload), ran.keyring))
     with pytest.raises(SchemaVersionError):
         recover(ran)

@@ -201,21 +201,22 @@ def test_two_workers_reconcile_the_same_committed_receipt(tmp_path: Path, store_
     first = child(paths, "start", "--crash-at", "effect_sent")
     first.communicate(timeout=60)
     assert first.returncode == -signal.SIGKILL
-    # Worker A reconciles the receipt into the ledger, then dies before advancing.
+    # Worker A reconciles the receipt, then dies inside the commit that would
+    # record it and advance: that transaction dies whole.
     second = child(paths, "recover", "--lease-ttl", str(TTL), "--crash-at", "receipt_persisted")
     second.communicate(timeout=60)
     assert second.returncode == -signal.SIGKILL
     _, ledger_a, _ = final(paths)
-    (committed_a,) = [e for e in ledger_a if e.status is EffectStatus.COMMITTED]
+    assert [e for e in ledger_a if e.status is EffectStatus.COMMITTED] == []
     time.sleep(TTL + 0.3)
     stats = worker(paths, "b")  # worker B reconciles the same receipt and finishes
     assert stats["completed"] == 1, stats
     state, ledger, writes = final(paths)
     assert writes == 1
-    assert [e for e in ledger if e.status is EffectStatus.COMMITTED] == [committed_a]
+    (committed,) = [e for e in ledger if e.status is EffectStatus.COMMITTED]
     with FileWorkspace(paths.workspace, paths.journal) as ws:
-        adapter_receipt = ws.lookup(committed_a.idempotency_key)
-    assert adapter_receipt is not None and adapter_receipt.to_json() == committed_a.receipt
+        adapter_receipt = ws.lookup(committed.idempotency_key)
+    assert adapter_receipt is not None and adapter_receipt.to_json() == committed.receipt
     assert state.last_write is not None
     assert state.last_write.receipt_fingerprint == adapter_receipt.fingerprint
     assert state.phase is Phase.COMPLETED

@@ -204,6 +204,20 @@ def test_non_queryable_sandbox_refuses_lookup() -> None:
     assert isinstance(NotQueryableError("x"), AdapterError)
 
 
+def test_capabilities_say_when_a_sandbox_is_blind() -> None:
+    """Capabilities live in core; only a sandbox that can neither dedup nor be queried is blind."""
+    import tether.adapters
+    import tether.core
+
+    assert tether.adapters.Capabilities is tether.core.Capabilities
+    assert make_sandbox().capabilities.absent_is_final is True  # the default
+    assert make_sandbox().capabilities.blind is False
+    assert make_sandbox(idempotent=False).capabilities.blind is False
+    assert make_sandbox(queryable=False).capabilities.blind is False
+    blind = make_sandbox(idempotent=False, queryable=False).capabilities
+    assert (blind.idempotent, blind.queryable, blind.blind) == (False, False, True)
+
+
 def test_fault_before_commit_writes_nothing() -> None:
     """fail_next(after_commit=False) raises without writing, and a retry then succeeds once."""
     sandbox = make_sandbox()

@@ -1,6 +1,6 @@
 """Adapters: the runtime's hands in the world, and the authority on what they did."""
 
-from tether.adapters._base import Adapter, Capabilities, Fence, Observation, VerifierResult
+from tether.adapters._base import Adapter, Fence, Observation, VerifierResult
 from tether.adapters._errors import (
     FenceRejectedError,
     JournalCorruptError,
@@ -11,6 +11,7 @@ from tether.adapters._errors import (
 )
 from tether.adapters._sandbox import Sandbox
 from tether.adapters._workspace import FileWorkspace
+from tether.core import Capabilities
 
 __all__ = [
     "Adapter",

@@ -10,24 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from tether.core import EnvironmentState, Intent, Receipt
-
-
-@dataclass(frozen=True, slots=True)
-class Capabilities:
-    """What an adapter can promise.
-
-    ``idempotent``: executing the same key twice produces one effect and
-    returns the first receipt. ``queryable``: :meth:`Adapter.lookup` is
-    authoritative for a key. ``conditional_writes``: a write is refused unless
-    the target is in the expected prior state. ``fencing``: the adapter
-    refuses a fencing token lower than the highest it has seen for a run.
-    """
-
-    idempotent: bool
-    queryable: bool
-    conditional_writes: bool
-    fencing: bool = False
+from tether.core import Capabilities, EnvironmentState, Intent, Receipt
 
 
 @dataclass(frozen=True, slots=True)

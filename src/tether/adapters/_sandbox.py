@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from tether.adapters._base import Capabilities, Fence, Observation, VerifierResult
+from tether.adapters._base import Fence, Observation, VerifierResult
 from tether.adapters._errors import NotQueryableError, UnsupportedEntryError
 from tether.adapters._filewrite import (
     WriteRequest,
@@ -32,6 +32,7 @@ from tether.adapters._filewrite import (
 from tether.core import (
     AdapterError,
     AdapterUnavailableError,
+    Capabilities,
     ContractViolationError,
     EnvironmentState,
     IdempotencyConflictError,

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tether.adapters._base import Capabilities, Fence, Observation, VerifierResult
+from tether.adapters._base import Fence, Observation, VerifierResult
 from tether.adapters._errors import (
     FenceRejectedError,
     UnresolvedWriteError,
@@ -56,6 +56,7 @@ from tether.adapters._tree import Tree
 from tether.core import (
     AdapterError,
     AdapterUnavailableError,
+    Capabilities,
     ContractViolationError,
     EnvironmentState,
     IdempotencyConflictError,

@@ -178,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="replan: quarantine the key and plan anew; abort: fail the run",
     )
     review.add_argument("--key", type=Path, required=True, help="the reviewer's private key file")
+    review.add_argument(
+        "--ttl",
+        type=int,
+        default=900,
+        help="seconds the decision stays valid (the policy may allow less)",
+    )
     where = review.add_mutually_exclusive_group(required=True)
     where.add_argument("--db", type=Path, help="SQLite store file")
     where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")

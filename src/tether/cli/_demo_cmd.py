@@ -151,12 +151,14 @@ def _conflict_story(paths: _demo.DemoPaths, story: list[str]) -> None:
         raise TetherError(f"the conflict demo expected needs_review, got {state.phase}")
     story.append(f"process 2: same key, different intent: {state.phase}, case {case.case_id}")
     signer = Signer.from_file(paths.signer_key("reviewer"))
+    now = datetime.now(UTC)
     body = new_decision(
         state,
         case,
         signer.signer_id,
         "replan",
-        issued_at=datetime.now(UTC),
+        issued_at=now,
+        expires_at=now + timedelta(seconds=300),
         nonce=secrets.token_hex(16),
     )
     _sign.deliver(paths.db, _demo.RUN_ID, "review_decision", signer.sign(body))

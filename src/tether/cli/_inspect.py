@@ -32,7 +32,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             "intent_digest": e.intent_digest,
             "receipt_id": None if e.receipt is None else e.receipt.get("receipt_id"),
         }
-        for e in store.ledger(state.run_id)
+        for e in checkpointer.verified_ledger(state)
     ]
     trace = [
         {"seq": e.seq, "kind": e.kind, "at": e.body()["at"]}
@@ -120,19 +120,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
         head = event.hash
     if head != state.trace_head or len(events) != state.trace_length:
         raise IntegrityError("the trace does not end at the checkpoint's head", run_id=state.run_id)
+    ledger = checkpointer.verified_ledger(state)
     result = {
         "run_id": state.run_id,
         "sound": True,
         "generation": state.generation,
         "key_id": json.loads(restored.envelope)["key_id"],
         "trace_events": len(events),
+        "ledger_entries": len(ledger),
     }
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
         print(
             f"run {state.run_id}: sound at generation {state.generation} "
-            f"(signed by key id {result['key_id']}, {len(events)} trace events chained)"
+            f"(signed by key id {result['key_id']}, {len(events)} trace events and {len(ledger)} ledger entries chained)"
         )
     return 0
 

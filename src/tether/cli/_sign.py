@@ -114,12 +114,14 @@ def cmd_review(args: argparse.Namespace) -> int:
     case = next((c for c in state.review_cases if c.case_id == args.case), None)
     if state.phase is not Phase.NEEDS_REVIEW or case is None:
         raise PolicyError(f"run {args.run_id} has no open review case {args.case!r}")
+    now = datetime.now(UTC)
     body = new_decision(
         state,
         case,
         signer.signer_id,
         args.decision,
-        issued_at=datetime.now(UTC),
+        issued_at=now,
+        expires_at=now + timedelta(seconds=args.ttl),
         nonce=secrets.token_hex(16),
     )
     shown = {**body, "reason": case.reason, "detail": case.detail}

@@ -30,6 +30,7 @@ from tether.core._errors import (
     LeaseExpiredError,
     LeaseHeldError,
     LeaseLostError,
+    LedgerIntegrityError,
     MigrationError,
     MissingHighWaterMarkError,
     NonceReusedError,
@@ -62,6 +63,7 @@ from tether.core._errors import (
 )
 from tether.core._fields import Fields
 from tether.core._model import (
+    Capabilities,
     CompletedWrite,
     EnvironmentState,
     Intent,
@@ -106,6 +108,7 @@ __all__ = [
     "BudgetExhaustedError",
     "Budgets",
     "CanonicalJSONError",
+    "Capabilities",
     "CheckpointCorruptError",
     "CompletedWrite",
     "ContractViolationError",
@@ -129,6 +132,7 @@ __all__ = [
     "LeaseExpiredError",
     "LeaseHeldError",
     "LeaseLostError",
+    "LedgerIntegrityError",
     "MigrationError",
     "MissingHighWaterMarkError",
     "NonceReusedError",
@@ -203,4 +207,60 @@ __all__ += [
     "decision_request",
     "new_approval",
     "new_decision",
+]
+
+from tether.core import _settle as settle_rules  # noqa: E402
+from tether.core._evidence import (  # noqa: E402
+    active_approval,
+    approval_problem,
+    check_approval,
+    check_decision,
+    committed_within_approval,
+)
+from tether.core._ledger import (  # noqa: E402
+    LedgerEntry,
+    orphans_of,
+    seal_entry,
+    stray_error,
+    verify_ledger,
+)
+from tether.core._transition import (  # noqa: E402
+    Call,
+    Execute,
+    ExecuteAnswer,
+    ExecuteStatus,
+    Facts,
+    LedgerNote,
+    Lookup,
+    LookupAnswer,
+    LookupStatus,
+    Outcome,
+    OutcomeKind,
+    Transition,
+)
+
+__all__ += [
+    "Call",
+    "Execute",
+    "ExecuteAnswer",
+    "ExecuteStatus",
+    "Facts",
+    "LedgerEntry",
+    "LedgerNote",
+    "Lookup",
+    "LookupAnswer",
+    "LookupStatus",
+    "Outcome",
+    "OutcomeKind",
+    "Transition",
+    "active_approval",
+    "approval_problem",
+    "check_approval",
+    "check_decision",
+    "committed_within_approval",
+    "orphans_of",
+    "seal_entry",
+    "settle_rules",
+    "stray_error",
+    "verify_ledger",
 ]

@@ -147,6 +147,10 @@ class EnvironmentDriftError(IntegrityError):
         super().__init__(message)
 
 
+class LedgerIntegrityError(IntegrityError):
+    """The effect ledger does not chain to the head the signed checkpoint pins."""
+
+
 class InvariantError(IntegrityError):
     """Run state violates a cross-object invariant; it is never committed or loaded."""
 

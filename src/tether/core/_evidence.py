@@ -17,19 +17,26 @@ from tether.core._errors import (
     EvidenceSignatureError,
     NonceReusedError,
 )
-from tether.core._model import ReviewCase, format_time, parse_time_text
+from tether.core._model import (
+    EnvironmentState,
+    Receipt,
+    ReviewCase,
+    format_time,
+    parse_time_text,
+)
 from tether.core._state import RunState
 
 APPROVAL_FIELDS = (
     "kind", "approver_id", "task_id", "run_id", "policy_version", "action_id",
     "idempotency_key", "intent_digest", "environment_version", "environment_instance_id",
-    "state_fingerprint", "generation", "issued_at", "expires_at", "nonce",
+    "state_fingerprint", "issued_at", "expires_at", "nonce",
 )  # fmt: skip
 
 DECISION_FIELDS = (
     "kind", "reviewer_id", "task_id", "run_id", "policy_version", "case_id", "action_id",
     "idempotency_key", "pending_intent_digest", "receipt_intent_digest", "receipt_fingerprint",
-    "environment_version", "decision", "issued_at", "nonce",
+    "environment_version", "environment_instance_id", "state_fingerprint", "decision",
+    "issued_at", "expires_at", "nonce",
 )  # fmt: skip
 
 
@@ -45,11 +52,16 @@ class ReviewDecision(StrEnum):
 
 
 def approval_request(state: RunState) -> dict[str, Any]:
-    """The fields an approval of the run's pending write must carry, as the run sees them now."""
+    """The fields an approval of the run's pending write must carry.
+
+    They bind the pending write itself (its action, key, intent and the
+    environment it was proposed against), never the checkpoint generation:
+    a restore or a re-checkpoint leaves a valid approval valid.
+    """
     pending = state.pending
     if pending is None:
         raise EvidenceBindingError("action_id", "a pending write", None)
-    env = state.environment
+    env = pending.prestate
     return {
         "kind": "approval",
         "task_id": state.binding.task_id,
@@ -61,7 +73,6 @@ def approval_request(state: RunState) -> dict[str, Any]:
         "environment_version": env.version,
         "environment_instance_id": env.instance_id,
         "state_fingerprint": env.state_fingerprint,
-        "generation": pending.generation,
     }
 
 
@@ -80,6 +91,8 @@ def decision_request(state: RunState, case: ReviewCase) -> dict[str, Any]:
         "receipt_intent_digest": receipt_digest,
         "receipt_fingerprint": case.receipt_fingerprint,
         "environment_version": case.environment.version,
+        "environment_instance_id": case.environment.instance_id,
+        "state_fingerprint": case.environment.state_fingerprint,
     }
 
 
@@ -114,12 +127,18 @@ def check_approval(
     if body["approver_id"] != signer_id:
         raise EvidenceBindingError("approver_id", signer_id, body["approver_id"])
     _check_bound(body, approval_request(state))
+    check_lifetime(body, now=now, ttl_s=ttl_s)
+    check_nonce(body, consumed)
+
+
+def check_lifetime(body: dict[str, Any], *, now: datetime, ttl_s: int) -> None:
+    """Issued no later than now (plus skew), alive now, and no longer-lived than the policy allows."""
     issued, expires = parse_utc(body, "issued_at"), parse_utc(body, "expires_at")
     if expires - issued > timedelta(seconds=ttl_s):
         raise EvidenceBindingError(
             "expires_at", f"at most {ttl_s}s after issued_at", body["expires_at"]
         )
-    # Judged on the runtime's clock when recorded: an approval "issued" in the
+    # Judged on the runtime's clock when recorded: evidence "issued" in the
     # future would otherwise outlive the policy's lifetime by any amount.
     if issued > now + CLOCK_SKEW:
         raise EvidenceBindingError(
@@ -128,7 +147,6 @@ def check_approval(
     if expires > now + timedelta(seconds=ttl_s) + CLOCK_SKEW:
         raise EvidenceBindingError("expires_at", f"at most {ttl_s}s from now", body["expires_at"])
     check_unexpired(body, now)
-    check_nonce(body, consumed)
 
 
 def check_unexpired(body: dict[str, Any], now: datetime) -> None:
@@ -154,15 +172,20 @@ def check_decision(
     state: RunState,
     case: ReviewCase,
     *,
-    consumed: tuple[str, ...] | frozenset[str],
+    now: datetime,
+    ttl_s: int,
 ) -> ReviewDecision:
-    """Refuse a decision that is malformed, mis-bound or replayed; return the decision."""
+    """Refuse a decision that is malformed, mis-bound, expired or too long-lived.
+
+    A decision closes its case, and a case id is never reused, so a replayed
+    decision finds no case: its nonce needs no record once the case is closed.
+    """
     _check_shape(body, DECISION_FIELDS)
     if body["reviewer_id"] != signer_id:
         raise EvidenceBindingError("reviewer_id", signer_id, body["reviewer_id"])
     _check_bound(body, decision_request(state, case))
-    parse_utc(body, "issued_at")
-    check_nonce(body, consumed)
+    check_lifetime(body, now=now, ttl_s=ttl_s)
+    check_nonce(body, ())
     try:
         return ReviewDecision(body["decision"])
     except ValueError as exc:
@@ -198,6 +221,7 @@ def new_decision(
     decision: ReviewDecision | str,
     *,
     issued_at: datetime,
+    expires_at: datetime,
     nonce: str,
 ) -> dict[str, Any]:
     """The body a reviewer signs to decide ``case``."""
@@ -206,5 +230,67 @@ def new_decision(
         "reviewer_id": reviewer_id,
         "decision": ReviewDecision(decision).value,
         "issued_at": format_time(issued_at),
+        "expires_at": format_time(expires_at),
         "nonce": nonce,
     }
+
+
+def approval_problem(
+    state: RunState, *, needs: bool, now: datetime, live: EnvironmentState, idempotent: bool
+) -> tuple[str, str] | None:
+    """Why the pending write may not be sent now for want of approval, or ``None``.
+
+    Checked right before every send: an approval in force, unexpired on the
+    runtime's clock, for the environment as it is now. An idempotent adapter
+    that already applied the write dedups the retry by key, so its post-state
+    is not a change.
+    """
+    pending = state.pending
+    if not needs or pending is None:
+        return None
+    body = active_approval(state)
+    if body is None:
+        return (
+            "approval_required",
+            f"run {state.run_id}: the pending write needs an approval; sign one with "
+            f"`tether approve {state.run_id} {pending.action_id}`",
+        )
+    if now >= parse_utc(body, "expires_at"):
+        return (
+            "approval_expired",
+            f"approval {body.get('nonce')!r} expired at {body['expires_at']}; a fresh "
+            "approval is needed",
+        )
+    allowed = {body["state_fingerprint"]}
+    if idempotent:
+        allowed.add(pending.expected_post.state_fingerprint)
+    if live.state_fingerprint not in allowed or live.instance_id != body["environment_instance_id"]:
+        return (
+            "approval_stale",
+            f"run {state.run_id}: the environment changed since the approval was signed; "
+            "a fresh approval is needed",
+        )
+    return None
+
+
+def active_approval(state: RunState) -> dict[str, Any] | None:
+    """The body of the approval currently in force for the pending write, if any."""
+    pending = state.pending
+    if pending is None or not pending.approvals:
+        return None
+    body = pending.approvals[-1].get("body")
+    return body if isinstance(body, dict) else None
+
+
+def committed_within_approval(state: RunState, receipt: Receipt) -> str | None:
+    """Why a committed receipt cannot be reconciled under the approval, or None if it can."""
+    body = active_approval(state)
+    if body is None:
+        return "the write committed without an approval on record"
+    try:
+        committed = parse_time_text(receipt.committed_at)
+    except ValueError:
+        return "the receipt has no commit time to compare with the approval's expiry"
+    if committed >= parse_utc(body, "expires_at"):
+        return "the write committed after its approval expired"
+    return None

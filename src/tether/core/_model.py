@@ -13,6 +13,7 @@ from typing import Any
 
 from tether.core._canonical import JSONValue, digest
 from tether.core._fields import Fields
+from tether.core._phases import EffectStatus
 
 _TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
@@ -35,6 +36,31 @@ def parse_time(f: Fields, key: str) -> datetime:
         return parse_time_text(text)
     except ValueError:
         f.fail(f.name(key), f"expected a UTC time like 2026-01-31T12:00:00.000000Z, got {text!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What an adapter can promise.
+
+    ``idempotent``: executing the same key twice produces one effect and
+    returns the first receipt. ``queryable``: :meth:`Adapter.lookup` is
+    authoritative for a key. ``conditional_writes``: a write is refused unless
+    the target is in the expected prior state. ``fencing``: the adapter
+    refuses a fencing token lower than the highest it has seen for a run.
+    """
+
+    idempotent: bool
+    queryable: bool
+    conditional_writes: bool
+    fencing: bool = False
+    #: With ``queryable``: a look-up that finds nothing proves the write never
+    #: landed and never will (no eventual consistency, no request still in flight).
+    absent_is_final: bool = True
+
+    @property
+    def blind(self) -> bool:
+        """Neither idempotent nor queryable: a sent write can never be confirmed again."""
+        return not (self.idempotent or self.queryable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +184,13 @@ class Receipt:
 class PendingWrite:
     """A write whose intent and key are durable and whose effect is not yet settled.
 
-    ``approvals`` holds signed approval evidence (filled in when approvals are
-    wired in); it is a list so that superseded evidence can be sealed, not lost.
+    ``status`` is the effect's ledger status as the signed state knows it:
+    ``intended`` (nothing was sent: the write may go only after a commit that
+    says ``dispatched``), ``dispatched`` (it may have been sent), and, once
+    frozen for review, ``committed`` or ``outcome_unknown``. ``approvals``
+    holds the approval in force; ``nonces`` every approval nonce consumed for
+    this write, superseded ones included, so a replayed approval is refused
+    for as long as the write is pending and the state stays flat as runs grow.
     """
 
     action_id: str
@@ -171,7 +202,9 @@ class PendingWrite:
     generation: int
     proposed_at: datetime
     cost: int
+    status: EffectStatus = EffectStatus.INTENDED
     approvals: tuple[dict[str, Any], ...] = ()
+    nonces: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, JSONValue]:
         return {
@@ -184,7 +217,9 @@ class PendingWrite:
             "generation": self.generation,
             "proposed_at": format_time(self.proposed_at),
             "cost": self.cost,
+            "status": self.status.value,
             "approvals": list(self.approvals),
+            "nonces": list(self.nonces),
         }
 
     @classmethod
@@ -192,6 +227,11 @@ class PendingWrite:
         approvals = f.list("approvals")
         if not all(isinstance(a, dict) for a in approvals):
             f.fail(f.name("approvals"), "expected a list of objects")
+        status_text = f.str("status")
+        try:
+            status = EffectStatus(status_text)
+        except ValueError:
+            f.fail(f.name("status"), f"unknown effect status {status_text!r}")
         pending = cls(
             action_id=f.str("action_id"),
             intent=Intent.parse(f.obj("intent")),
@@ -202,7 +242,9 @@ class PendingWrite:
             generation=f.int("generation", minimum=1),
             proposed_at=parse_time(f, "proposed_at"),
             cost=f.int("cost"),
+            status=status,
             approvals=tuple(approvals),
+            nonces=f.str_list("nonces"),
         )
         f.done()
         return pending

@@ -23,11 +23,13 @@ from tether.core._model import (
     format_time,
     parse_time,
 )
-from tether.core._phases import Phase
+from tether.core._phases import EffectStatus, Phase
 from tether.core._spec import Policy, TaskSpec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 GENESIS_HASH = "sha256:" + "0" * 64
+# A write still in flight; committed or unknown outcomes only exist frozen for review.
+_LIVE_STATUSES = frozenset({EffectStatus.INTENDED, EffectStatus.DISPATCHED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +125,11 @@ class RunState:
     verification: Verification | None
     review_cases: tuple[ReviewCase, ...]
     quarantined_keys: tuple[str, ...]
-    consumed_nonces: tuple[str, ...]
     trace_head: str
     trace_length: int
+    # The effect ledger's chain: restore refuses a ledger that does not end here.
+    ledger_head: str
+    ledger_length: int
     # Signed evidence arrives in the store's inbox; this is the last entry read.
     inbox_cursor: int = 0
 
@@ -157,9 +161,10 @@ class RunState:
             "verification": None if self.verification is None else self.verification.to_json(),
             "review_cases": [case.to_json() for case in self.review_cases],
             "quarantined_keys": list(self.quarantined_keys),
-            "consumed_nonces": list(self.consumed_nonces),
             "trace_head": self.trace_head,
             "trace_length": self.trace_length,
+            "ledger_head": self.ledger_head,
+            "ledger_length": self.ledger_length,
             "inbox_cursor": self.inbox_cursor,
         }
 
@@ -198,9 +203,10 @@ class RunState:
             verification=None if verification is None else Verification.parse(verification),
             review_cases=tuple(ReviewCase.parse(c) for c in f.items("review_cases")),
             quarantined_keys=f.str_list("quarantined_keys"),
-            consumed_nonces=f.str_list("consumed_nonces"),
             trace_head=f.str("trace_head"),
             trace_length=f.int("trace_length"),
+            ledger_head=f.str("ledger_head"),
+            ledger_length=f.int("ledger_length"),
             inbox_cursor=f.int("inbox_cursor"),
         )
         f.done()
@@ -258,8 +264,13 @@ def validate_state(state: RunState) -> bytes:
         raise breach("empty trace with a non-genesis head")
     if state.updated_at < state.started_at:
         raise breach("updated before it started")
-    if len(set(state.consumed_nonces)) != len(state.consumed_nonces):
-        raise breach("a nonce is recorded as consumed twice")
+    if state.ledger_length == 0 and state.ledger_head != GENESIS_HASH:
+        raise breach("empty effect ledger with a non-genesis head")
+    if pending is not None:
+        if len(set(pending.nonces)) != len(pending.nonces):
+            raise breach("a nonce is recorded as consumed twice")
+        if phase is Phase.PENDING and pending.status not in _LIVE_STATUSES:
+            raise breach(f"pending write in status {pending.status}")
     try:
         return canonical_bytes(state.to_json())
     except CanonicalJSONError as exc:

@@ -15,13 +15,17 @@ environment; cross-object invariants.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tether.adapters import Adapter
 from tether.core import (
+    GENESIS_HASH,
     SCHEMA_VERSION,
     CheckpointCorruptError,
+    EffectStatus,
     EnvironmentDriftError,
+    LedgerEntry,
+    LedgerIntegrityError,
     MissingHighWaterMarkError,
     Phase,
     PolicyMismatchError,
@@ -31,9 +35,13 @@ from tether.core import (
     StaleCheckpointError,
     StoreError,
     TaskMismatchError,
+    TetherError,
     TraceEvent,
     UnknownFieldError,
+    orphans_of,
+    stray_error,
     validate_state,
+    verify_ledger,
 )
 from tether.core import Binding as CoreBinding
 from tether.crypto import Keyring, envelope_digest, open_envelope, seal
@@ -48,6 +56,8 @@ class Restored:
     state: RunState
     mark: Mark
     envelope: bytes
+    #: The effect ledger, verified against the state's signed head (restore only).
+    ledger: tuple[LedgerEntry, ...] = ()
 
 
 class Checkpointer:
@@ -80,6 +90,7 @@ class Checkpointer:
         events: Sequence[TraceEvent] = (),
         blobs: Mapping[str, bytes] | None = None,
         expected_lease_version: int = 0,
+        ledger: Sequence[LedgerEntry] = (),
     ) -> str:
         """Commit ``state`` as generation ``expected_generation + 1``; returns its digest."""
         if state.generation != expected_generation + 1:
@@ -98,15 +109,24 @@ class Checkpointer:
             events=tuple(events),
             blobs=blobs,
             phase=state.phase.value,
+            ledger=tuple(ledger),
         )
+        # "Receipt persisted, state not advanced": the receipt and the advance
+        # are one commit now, so that window is inside it (co-located: the
+        # transaction; apart: content written, mark not yet moved).
+        receipt = any(e.status is EffectStatus.COMMITTED for e in ledger)
 
         def inside() -> None:
             self.crash.hit(CrashPoint.CHECKPOINT_WRITE)
+            if receipt and self._colocated is not None:
+                self.crash.hit(CrashPoint.RECEIPT_PERSISTED)
 
         if self._colocated is not None:
             self._colocated.commit(commit, expected_generation, expected_lease_version, inside)
         else:
             self.content.put_content(commit, inside)
+            if receipt:
+                self.crash.hit(CrashPoint.RECEIPT_PERSISTED)
             self.crash.hit(CrashPoint.CONTENT_BEFORE_MARK)
             self.marks.cas_mark(
                 state.run_id,
@@ -142,6 +162,26 @@ class Checkpointer:
         state = RunState.from_json(payload)
         return Restored(state=state, mark=mark, envelope=envelope)
 
+    def _prove_orphans(self, state: RunState, strays: list[LedgerEntry]) -> None:
+        """Every stray row must belong to a checkpoint signed by us whose mark never moved.
+
+        Only such a commit (content written, then a crash before the mark) leaves
+        rows off the signed chain; a row no signed checkpoint reaches is forged.
+        """
+        heads: list[str] = []
+        for envelope in self.content.envelopes(state.run_id):
+            try:
+                payload = open_envelope(envelope, self.keyring, run_id=state.run_id)
+                head = payload.get("ledger_head") if isinstance(payload, dict) else None
+            except TetherError:
+                continue  # an unsigned or damaged envelope vouches for nothing
+            if isinstance(head, str):
+                heads.append(head)
+        reached = orphans_of(strays, heads, GENESIS_HASH)
+        for stray in strays:
+            if stray.hash not in reached:
+                raise stray_error(state.run_id, stray)
+
     def check_generation(self, restored: Restored) -> None:
         state, mark = restored.state, restored.mark
         if state.run_id != mark.run_id or state.generation != mark.generation:
@@ -159,7 +199,37 @@ class Checkpointer:
         self.check_generation(restored)
         check_environment(state, adapter)
         validate_state(state)
-        return restored
+        return replace(restored, ledger=tuple(self.verified_ledger(state)))
+
+    def verified_ledger(self, state: RunState) -> list[LedgerEntry]:
+        """The run's effect ledger, chained to the head ``state`` signed, or fail closed.
+
+        With content and mark apart, a crash between the two leaves the rows
+        of a commit that never landed: those may lie beyond the signed length.
+        """
+        chain, strays = verify_ledger(
+            state.run_id,
+            self.content.ledger(state.run_id),
+            state.ledger_head,
+            state.ledger_length,
+            GENESIS_HASH,
+            orphans_possible=not self.colocated,
+        )
+        if strays:
+            self._prove_orphans(state, strays)
+        pending = state.pending
+        if pending is not None:
+            last = next(
+                (e for e in reversed(chain) if e.idempotency_key == pending.idempotency_key), None
+            )
+            if last is None or last.status is not pending.status:
+                raise LedgerIntegrityError(
+                    f"run {state.run_id}: the ledger's last status for the pending write is "
+                    f"{None if last is None else last.status.value}, the checkpoint says "
+                    f"{pending.status.value}",
+                    run_id=state.run_id,
+                )
+        return chain
 
 
 def check_binding(state: RunState, expected: CoreBinding) -> None:

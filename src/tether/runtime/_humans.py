@@ -8,30 +8,23 @@ refusal is traced.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tether.core import (
-    ApprovalExpiredError,
-    ApprovalRequiredError,
     CanonicalJSONError,
     EvidenceError,
     Phase,
     PolicyError,
-    Receipt,
+    ReviewDecision,
     ReviewDriftError,
     RunFrozenError,
     RunState,
     TrustRootsRequiredError,
-    digest,
-    parse_time_text,
-)
-from tether.core._evidence import (
-    ReviewDecision,
     check_approval,
     check_decision,
-    check_unexpired,
-    parse_utc,
+    digest,
 )
 from tether.crypto import Role, TrustRoots
 
@@ -39,63 +32,16 @@ if TYPE_CHECKING:
     from tether.runtime._runtime import RunSession, Runtime
 
 
-def needs_approval(rt: Runtime, state: RunState) -> bool:
-    """Whether the policy requires an approval before the pending write executes."""
-    pending = state.pending
-    if pending is None:
-        return False
-    rule = rt.policy.kinds.get(pending.intent.kind)
+def kind_needs_approval(rt: Runtime, kind: str) -> bool:
+    """Whether the policy requires an approval before an action of ``kind`` is carried out."""
+    rule = rt.policy.kinds.get(kind)
     return rule is not None and rule.needs_approval
 
 
-def active_approval(state: RunState) -> dict[str, Any] | None:
-    """The body of the approval currently in force for the pending write, if any."""
+def needs_approval(rt: Runtime, state: RunState) -> bool:
+    """Whether the policy requires an approval before the pending write executes."""
     pending = state.pending
-    if pending is None or not pending.approvals:
-        return None
-    body = pending.approvals[-1]["body"]
-    return body if isinstance(body, dict) else None
-
-
-def require_approval(session: RunSession) -> None:
-    """Before an execution: a live approval bound to the current environment, or raise."""
-    rt, state = session.rt, session.state
-    if not needs_approval(rt, state):
-        return
-    body = active_approval(state)
-    if body is None:
-        raise ApprovalRequiredError(
-            f"run {state.run_id}: pending write needs an approval; sign one with "
-            f"`tether approve {state.run_id} <action>`",
-            run_id=state.run_id,
-        )
-    check_unexpired(body, rt.clock.now())
-    live = rt.adapter.environment()
-    allowed = {body["state_fingerprint"]}
-    pending = state.pending
-    if pending is not None and rt.adapter.capabilities.idempotent:
-        # An idempotent adapter that already applied the write (a crash after
-        # the effect) dedups the retry by key: its post-state is not a change.
-        allowed.add(pending.expected_post.state_fingerprint)
-    if live.state_fingerprint not in allowed or live.instance_id != body["environment_instance_id"]:
-        raise ApprovalExpiredError(
-            f"run {state.run_id}: the environment changed since the approval was signed; "
-            "a fresh approval is needed"
-        )
-
-
-def committed_within_approval(state: RunState, receipt: Receipt) -> str | None:
-    """Why a committed receipt cannot be reconciled under the approval, or None if it can."""
-    body = active_approval(state)
-    if body is None:
-        return "the write committed without an approval on record"
-    try:
-        committed = parse_time_text(receipt.committed_at)
-    except ValueError:
-        return "the receipt has no commit time to compare with the approval's expiry"
-    if committed >= parse_utc(body, "expires_at"):
-        return "the write committed after its approval expired"
-    return None
+    return pending is not None and kind_needs_approval(rt, pending.intent.kind)
 
 
 def consume_inbox(session: RunSession) -> None:
@@ -103,53 +49,63 @@ def consume_inbox(session: RunSession) -> None:
 
     Each entry is read once: accepted or refused, the cursor moves past it in
     the same checkpoint that records the outcome, so a refused document is
-    traced once and never retried.
+    traced once and never retried. A runtime given no trust roots reads
+    nothing: evidence is never consumed unread.
     """
     state = session.state
-    if state.phase.terminal:
+    if state.phase.terminal or session.rt.trust is None:
         return
     for item in session.rt.store.evidence(state.run_id, after=state.inbox_cursor):
-        try:
+        with contextlib.suppress(EvidenceError, PolicyError):  # traced by approve/review
             if item.kind == "approval":
                 approve(session, item.document, cursor=item.seq)
             else:
                 review(session, item.document, cursor=item.seq)
-        except (EvidenceError, PolicyError) as exc:
-            if session.state.inbox_cursor < item.seq:  # review() traces its own refusals
-                session.commit(
-                    session.state.evolve(inbox_cursor=item.seq),
-                    [
-                        (
-                            "evidence_refused",
-                            {
-                                "seq": item.seq,
-                                "kind": item.kind,
-                                "error": type(exc).__name__,
-                                "message": str(exc),
-                            },
-                        )
-                    ],
-                )
+
+
+def _refuse(
+    session: RunSession, kind: str, document: Any, exc: Exception, cursor: int | None
+) -> None:
+    """Trace a refused document the same way whichever path it came by (then the caller raises)."""
+    state = session.state
+    if state.phase.terminal:
+        return  # nothing may be committed to a finished run; the caller still raises
+    data: dict[str, Any] = {
+        "kind": kind,
+        "error": type(exc).__name__,
+        "message": str(exc),
+        "evidence_digest": _safe_digest(document),
+    }
+    if cursor is not None:
+        data["seq"] = cursor
+    session.commit(
+        state.evolve(inbox_cursor=max(state.inbox_cursor, cursor or 0)),
+        [("evidence_refused", data)],
+    )
 
 
 def approve(session: RunSession, document: Any, *, cursor: int | None = None) -> RunState:
-    """Verify and record a signed approval for the pending write."""
+    """Verify and record a signed approval for the pending write; a refusal is traced, then raised."""
     rt, state = session.rt, session.state
-    _refuse_unless(state, Phase.PENDING, "approve")
-    if not needs_approval(rt, state):
-        raise PolicyError(f"run {state.run_id}: the pending write needs no approval")
-    body = _trust(rt).verify(document, Role.APPROVER)
-    check_approval(
-        body,
-        document["signer"],
-        state,
-        now=rt.clock.now(),
-        ttl_s=rt.policy.approval_ttl_s,
-        consumed=frozenset(state.consumed_nonces),
-    )
-    pending = state.pending
-    if pending is None:  # checked by _refuse_unless; keeps the type checker honest
-        raise ApprovalRequiredError("no pending write", run_id=state.run_id)
+    try:
+        _refuse_unless(state, Phase.PENDING, "approve")
+        if not needs_approval(rt, state):
+            raise PolicyError(f"run {state.run_id}: the pending write needs no approval")
+        pending = state.pending
+        if pending is None:  # checked by _refuse_unless; keeps the type checker honest
+            raise PolicyError("no pending write", run_id=state.run_id)
+        body = _trust(rt).verify(document, Role.APPROVER)
+        check_approval(
+            body,
+            document["signer"],
+            state,
+            now=rt.clock.now(),
+            ttl_s=rt.policy.approval_ttl_s,
+            consumed=frozenset(pending.nonces),
+        )
+    except (EvidenceError, PolicyError) as exc:
+        _refuse(session, "approval", document, exc, cursor)
+        raise
     events: list[tuple[str, dict[str, Any]]] = [
         ("approval_superseded", {"evidence": old}) for old in pending.approvals
     ]
@@ -166,8 +122,9 @@ def approve(session: RunSession, document: Any, *, cursor: int | None = None) ->
     )
     session.commit(
         state.evolve(
-            pending=replace(pending, approvals=(document,)),
-            consumed_nonces=(*state.consumed_nonces, body["nonce"]),
+            pending=replace(
+                pending, approvals=(document,), nonces=(*pending.nonces, body["nonce"])
+            ),
             inbox_cursor=state.inbox_cursor if cursor is None else cursor,
         ),
         events,
@@ -178,47 +135,44 @@ def approve(session: RunSession, document: Any, *, cursor: int | None = None) ->
 def review(session: RunSession, document: Any, *, cursor: int | None = None) -> RunState:
     """Verify a signed reviewer decision and apply it; any doubt leaves the case frozen."""
     rt, state = session.rt, session.state
-    if cursor is not None:
-        state = state.evolve(inbox_cursor=cursor)
-    _refuse_unless(state, Phase.NEEDS_REVIEW, "review")
     try:
+        _refuse_unless(state, Phase.NEEDS_REVIEW, "review")
         body = _trust(rt).verify(document, Role.REVIEWER)
         case = next((c for c in state.review_cases if c.case_id == body.get("case_id")), None)
         if case is None:
             raise ReviewDriftError(f"no open review case {body.get('case_id')!r}")
         decision = check_decision(
-            body, document["signer"], state, case, consumed=frozenset(state.consumed_nonces)
+            body,
+            document["signer"],
+            state,
+            case,
+            now=rt.clock.now(),
+            ttl_s=rt.policy.approval_ttl_s,
         )
         _reread(rt, case, body)
-    except EvidenceError as exc:
-        session.commit(
-            state,
-            [
-                (
-                    "review_decision_refused",
-                    {
-                        "error": type(exc).__name__,
-                        "message": str(exc),
-                        "evidence_digest": _safe_digest(document),
-                    },
-                )
-            ],
-        )
+    except (EvidenceError, PolicyError) as exc:
+        _refuse(session, "review_decision", document, exc, cursor)
         raise
+    if cursor is not None:
+        state = state.evolve(inbox_cursor=cursor)
     sealed = {
         "case": case.to_json(),
         "pending": None if state.pending is None else state.pending.to_json(),
         "decision": document,
     }
-    consumed = (*state.consumed_nonces, body["nonce"])
+    remaining = tuple(c for c in state.review_cases if c.case_id != case.case_id)
+    # Either way the run continues (or ends) in the environment the decision
+    # was made in, which _reread just confirmed is the live one.
     if decision is ReviewDecision.REPLAN:
         session.commit(
             state.evolve(
                 phase=Phase.RUNNING,
                 pending=None,
-                review_cases=tuple(c for c in state.review_cases if c.case_id != case.case_id),
+                environment=case.environment,
+                observed_version=min(state.observed_version, case.environment.version),
+                review_cases=remaining,
                 quarantined_keys=(*state.quarantined_keys, case.idempotency_key),
-                consumed_nonces=consumed,
+                verification=None,
             ),
             [
                 ("review_sealed", sealed),
@@ -228,7 +182,13 @@ def review(session: RunSession, document: Any, *, cursor: int | None = None) -> 
     else:
         session.commit(
             state.evolve(
-                phase=Phase.FAILED, stop_reason="aborted_by_review", consumed_nonces=consumed
+                phase=Phase.FAILED,
+                stop_reason="aborted_by_review",
+                pending=None,
+                environment=case.environment,
+                observed_version=min(state.observed_version, case.environment.version),
+                review_cases=remaining,
+                verification=None,
             ),
             [("review_sealed", sealed), ("failed", {"reason": "aborted_by_review"})],
         )

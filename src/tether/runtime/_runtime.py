@@ -4,18 +4,20 @@ A :class:`Runtime` is configuration (stores, keys, adapter, task, policy,
 agent, clock). :meth:`Runtime.start` and :meth:`Runtime.recover` return a
 :class:`RunSession`, one epoch of one run, which advances it step by step.
 
-The order of a write, and why:
+The order of a write, and why (two durable commits where the adapter is
+queryable or idempotent):
 
-1. the intent and its freshly minted key are checkpointed (phase pending)
-   before anything leaves the process;
-2. the ledger records ``intended`` and ``dispatched``;
-3. the adapter executes with that key and returns its receipt;
-4. the ledger records ``committed`` with the receipt;
-5. the state advances (checkpoint, phase running).
+1. ONE commit: the checkpoint (phase pending) with the intent, its freshly
+   minted key and the ledger's ``intended`` + ``dispatched``, before anything
+   leaves the process (a blind adapter, or a write that waits for approval,
+   commits ``intended`` here and ``dispatched`` alone right before the call);
+2. the adapter executes with that key and returns its receipt;
+3. ONE commit: the ledger's ``committed`` with the receipt and the advanced
+   state (phase running).
 
-Recovery from any point between 1 and 5 goes through :meth:`RunSession.step`,
-which asks the adapter (the authority) before it acts, and freezes the run
-for review when the truth cannot be known.
+The session holds no rule of its own: every decision is a pure function in
+``tether.core`` that returns a :class:`~tether.core.Transition`; the session
+commits it, makes the one adapter call it names, and hands the answer on.
 """
 
 from __future__ import annotations
@@ -26,46 +28,59 @@ import socket
 import time
 from typing import Any
 
-from tether.adapters import Adapter, Fence
+from tether.adapters import Adapter, Fence, UnresolvedWriteError
 from tether.core import (
     GENESIS_HASH,
-    ApprovalExpiredError,
-    ApprovalRequiredError,
+    AdapterUnavailableError,
     Binding,
     CheckpointCorruptError,
     ContractViolationError,
     EffectStatus,
     EnvironmentDriftError,
+    Execute,
+    ExecuteAnswer,
+    ExecuteStatus,
+    Facts,
+    IdempotencyConflictError,
     Intent,
+    LedgerEntry,
+    LedgerNote,
+    Lookup,
+    LookupAnswer,
+    LookupStatus,
     MissingHighWaterMarkError,
+    Outcome,
+    OutcomeKind,
     PendingWrite,
     Phase,
     Policy,
+    PreconditionFailedError,
     Proposal,
-    Receipt,
-    ReviewCase,
     RunFrozenError,
     RunState,
     RunTerminalError,
     Spent,
     TaskSpec,
     TraceEvent,
+    Transition,
     Verification,
+    approval_problem,
+    check_effect_move,
     check_phase_move,
-    digest,
     gate,
     risk_of,
+    seal_entry,
     seal_event,
+    settle_rules,
 )
 from tether.core import Rejection as GateRejection
-from tether.core._evidence import parse_utc
 from tether.crypto import Keyring, TrustRoots
-from tether.runtime import _humans, _settle
+from tether.runtime import _humans
 from tether.runtime._agent import Agent, AgentContext, Decision
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
 from tether.runtime._crash import NO_CRASH, CrashPlan, CrashPoint
-from tether.store import ContentStore, GenerationStore, Lease, LedgerEntry
+from tether.store import ContentStore, GenerationStore, Lease
 
 Event = tuple[str, dict[str, Any]]
 
@@ -149,9 +164,10 @@ class Runtime:
             verification=None,
             review_cases=(),
             quarantined_keys=(),
-            consumed_nonces=(),
             trace_head=GENESIS_HASH,
             trace_length=0,
+            ledger_head=GENESIS_HASH,
+            ledger_length=0,
         )
         session = RunSession(self, genesis, context)
         session.commit(
@@ -200,6 +216,9 @@ class Runtime:
         context = AgentContext.decode(state.agent_context_digest, body)
         _humans.check_restorable(self, state)
         session = RunSession(self, state, context)
+        session.actions.update(
+            e.action_id for e in restored.ledger if e.status is EffectStatus.INTENDED
+        )
         if lease is not None:
             session.hold(lease)
         if state.phase.terminal or state.phase is Phase.NEEDS_REVIEW:
@@ -230,6 +249,10 @@ class RunSession:
         self.context = context
         self.lease: Lease | None = None
         self._renewed = 0.0
+        # Action ids of every write the verified ledger records (a pending one
+        # that never dispatched included): the gate's "used before", read from
+        # signed history, never from rows a store could hold unverified.
+        self.actions: set[str] = set()
 
     # -- the lease -------------------------------------------------------------
 
@@ -246,7 +269,7 @@ class RunSession:
             )
             self.lease = None
 
-    def _guard(self) -> Fence | None:
+    def guard(self) -> Fence | None:
         """Before every effect: renew if a third of the ttl has passed, then check the lease.
 
         Returns the fencing token for adapters that can check it.
@@ -276,8 +299,15 @@ class RunSession:
         *,
         context: AgentContext | None = None,
         blobs: dict[str, bytes] | None = None,
+        ledger: tuple[LedgerNote, ...] = (),
+        effect: PendingWrite | None = None,
     ) -> None:
-        """Append ``events`` to the trace and checkpoint ``state`` as the next generation."""
+        """Checkpoint ``state`` as the next generation, with its trace events and ledger entries.
+
+        ``ledger`` notes belong to ``effect`` (the write they record); they are
+        sealed into the run's ledger chain, whose new head the checkpoint pins,
+        and land in the same fenced transaction or not at all.
+        """
         if self.state.generation:
             check_phase_move(self.state.phase, state.phase)
         now = self.rt.clock.now()
@@ -287,6 +317,29 @@ class RunSession:
             event = seal_event(state.run_id, length + 1, kind, now, data, head)
             sealed.append(event)
             head, length = event.hash, length + 1
+        entries: list[LedgerEntry] = []
+        ledger_head, ledger_length = self.state.ledger_head, self.state.ledger_length
+        if ledger:
+            if effect is None:
+                raise CheckpointCorruptError("ledger notes without the effect they record")
+            status = self._ledger_status(effect)
+            for note in ledger:
+                check_effect_move(status, note.status)
+                status = note.status
+                entry = seal_entry(
+                    state.run_id,
+                    ledger_length + 1,
+                    ledger_head,
+                    idempotency_key=effect.idempotency_key,
+                    status=note.status,
+                    action_id=effect.action_id,
+                    intent_digest=effect.intent_digest,
+                    receipt=note.receipt,
+                    epoch=state.epoch,
+                    at=now,
+                )
+                entries.append(entry)
+                ledger_head, ledger_length = entry.hash, ledger_length + 1
         blobs = dict(blobs or {})
         if context is not None:
             context_digest, body = context.encode()
@@ -297,6 +350,8 @@ class RunSession:
             generation=self.state.generation + 1,
             trace_head=head,
             trace_length=length,
+            ledger_head=ledger_head,
+            ledger_length=ledger_length,
             updated_at=max(now, state.started_at),
         )
         self.rt.checkpointer.advance(
@@ -305,27 +360,129 @@ class RunSession:
             sealed,
             blobs or None,
             expected_lease_version=0 if self.lease is None else self.lease.lease_version,
+            ledger=entries,
         )
         self.state = new
+        if effect is not None and any(n.status is EffectStatus.INTENDED for n in ledger):
+            self.actions.add(effect.action_id)
         if context is not None:
             self.context = context
 
+    def _ledger_status(self, effect: PendingWrite) -> EffectStatus | None:
+        """The ledger's last status for ``effect`` as the signed state knows it."""
+        current = self.state.pending
+        if current is not None and current.idempotency_key == effect.idempotency_key:
+            return current.status
+        return None  # a write becoming pending: its first entry is `intended`
+
+    # -- applying transitions --------------------------------------------------
+
+    def apply(self, transition: Transition) -> Outcome:
+        """Commit a transition, make the adapter call it names, and feed the answer on."""
+        while True:
+            effect = self.state.pending
+            if transition.state is not None:
+                self.commit(
+                    transition.state,
+                    list(transition.events),
+                    ledger=transition.ledger,
+                    effect=effect,
+                )
+            call = transition.call
+            if call is None:
+                last = transition.events[-1][0] if transition.events else None
+                return Outcome(
+                    transition.outcome,
+                    self.state,
+                    transition.reason,
+                    transition.message,
+                    last if transition.state is not None else None,
+                )
+            if isinstance(call, Lookup):
+                answer = self._lookup(call)
+                transition = self._decide(
+                    lambda facts, a=answer: settle_rules.after_lookup(self.state, facts, a)
+                )
+            else:
+                result = self._execute(call)
+                if result.status is ExecuteStatus.COMMITTED:
+                    self.rt.crash.hit(CrashPoint.EFFECT_SENT)
+                transition = self._decide(
+                    lambda facts, c=call, r=result: settle_rules.after_execute(
+                        self.state, facts, c, r
+                    )
+                )
+
+    def facts(self, *, live: bool = False) -> Facts:
+        """What a pure step may need now; the environment is read only where it matters."""
+        rt = self.rt
+        needs = _humans.needs_approval(rt, self.state)
+        env = rt.adapter.environment() if (live or needs) else self.state.environment
+        return Facts(
+            now=rt.clock.now(),
+            live=env,
+            needs_approval=needs,
+            case_id=rt.ids.new_id("case"),
+            capabilities=rt.adapter.capabilities,
+            namespace=rt.adapter.namespace,
+        )
+
+    def _decide(self, rule: Any) -> Transition:
+        """Evaluate a pure rule; a freeze is re-evaluated with the live environment read."""
+        facts = self.facts()
+        transition: Transition = rule(facts)
+        if transition.outcome is OutcomeKind.FROZEN and facts.live is self.state.environment:
+            transition = rule(self.facts(live=True))
+        return transition
+
+    def _lookup(self, call: Lookup) -> LookupAnswer:
+        self.guard()
+        try:
+            receipt = self.rt.adapter.lookup(call.key)
+        except UnresolvedWriteError as exc:
+            return LookupAnswer(LookupStatus.IN_PROGRESS, detail=str(exc))
+        except AdapterUnavailableError as exc:
+            return LookupAnswer(LookupStatus.UNAVAILABLE, detail=str(exc))
+        if receipt is None:
+            return LookupAnswer(LookupStatus.ABSENT)
+        return LookupAnswer(LookupStatus.COMMITTED, receipt)
+
+    def _execute(self, call: Execute) -> ExecuteAnswer:
+        fence = self.guard()  # a worker whose lease moved on sends nothing
+        try:
+            receipt = self.rt.adapter.execute(call.key, call.intent, call.prestate, fence)
+        except IdempotencyConflictError as exc:
+            return ExecuteAnswer(ExecuteStatus.CONFLICT, exc.receipt, str(exc))
+        except PreconditionFailedError as exc:
+            return ExecuteAnswer(ExecuteStatus.PRECONDITION_FAILED, detail=str(exc))
+        except UnresolvedWriteError as exc:
+            return ExecuteAnswer(ExecuteStatus.IN_PROGRESS, detail=str(exc))
+        except AdapterUnavailableError as exc:
+            return ExecuteAnswer(ExecuteStatus.UNAVAILABLE, detail=str(exc))
+        return ExecuteAnswer(ExecuteStatus.COMMITTED, receipt)
+
     # -- driving -------------------------------------------------------------
 
-    def run(self, max_steps: int | None = None) -> RunState:
-        """Step until the run is terminal, frozen, or waits for an approval (or ``max_steps``)."""
+    def run(self, max_steps: int | None = None) -> Outcome:
+        """Step until the run is terminal, frozen, or waits (or ``max_steps``); the last outcome."""
         taken = 0
+        outcome = Outcome(OutcomeKind.WAITED, self.state)
         if self.state.phase is Phase.NEEDS_REVIEW:
             _humans.consume_inbox(self)  # a decision may open it; step() reads the inbox otherwise
+            outcome = Outcome(
+                OutcomeKind.FROZEN
+                if self.state.phase is Phase.NEEDS_REVIEW
+                else OutcomeKind.RECORDED,
+                self.state,
+            )
         while not self.state.phase.terminal and self.state.phase is not Phase.NEEDS_REVIEW:
             if max_steps is not None and taken >= max_steps:
                 break
-            try:
-                self.step()
-            except (ApprovalRequiredError, ApprovalExpiredError):
-                break  # a person has to act; the run waits, durable, in pending
+            outcome = self.step()
             taken += 1
-        return self.state
+            if outcome.kind in _WAITS:
+                break  # a person, or the adapter, has to act first; the run waits, durable
+        return outcome
 
     def consume_inbox(self) -> RunState:
         """Apply signed evidence waiting in the store's inbox (also done by every step)."""
@@ -345,22 +502,26 @@ class RunSession:
         """Whether the pending write needs an approval it does not have (or whose time ran out)."""
         if not _humans.needs_approval(self.rt, self.state):
             return False
-        body = _humans.active_approval(self.state)
-        return body is None or self.rt.clock.now() >= parse_utc(body, "expires_at")
+        problem = approval_problem(
+            self.state,
+            needs=True,
+            now=self.rt.clock.now(),
+            live=self.state.environment,
+            idempotent=False,
+        )
+        return problem is not None and problem[0] != "approval_stale"
 
-    def step(self) -> RunState:
-        """Advance the run by one decision (or settle its pending write)."""
+    def step(self) -> Outcome:
+        """Advance the run by one decision (or settle its pending write); the typed outcome."""
         _humans.consume_inbox(self)
         self._refuse_if_stopped()
-        self._guard()  # renews a held lease when due, and stops a worker that lost it
+        self.guard()  # renews a held lease when due, and stops a worker that lost it
         if self.state.phase is Phase.PENDING:
-            _settle.settle(self)
-            return self.state
+            return self._decide_and_apply(settle_rules.settle)
         state = self.state
         exhausted = self._exhausted()
         if exhausted is not None:
-            self._fail(f"budget_exhausted:{exhausted}")
-            return self.state
+            return self._fail(f"budget_exhausted:{exhausted}")
         observation = self.rt.adapter.observe()
         env = observation.environment
         events: list[Event] = []
@@ -389,18 +550,20 @@ class RunSession:
             else None,
         )
         if decision.finished:
-            self._finish(base, decision, events)
-        elif decision.proposal is None:
+            return self._finish(base, decision, events)
+        if decision.proposal is None:
             self.commit(base, [*events, ("agent_waited", {})], context=decision.context)
-        else:
-            self._propose(base, decision, decision.proposal, events)
-        return self.state
+            return Outcome(OutcomeKind.WAITED, self.state, event="agent_waited")
+        return self._propose(base, decision, decision.proposal, events)
+
+    def _decide_and_apply(self, rule: Any) -> Outcome:
+        return self.apply(self._decide(lambda facts: rule(self.state, facts)))
 
     # -- proposing -----------------------------------------------------------
 
     def _propose(
         self, base: RunState, decision: Decision, proposal: Proposal, events: list[Event]
-    ) -> None:
+    ) -> Outcome:
         rt = self.rt
         spent = _spent(base.spent, proposals=1)
         rejection = gate(
@@ -410,7 +573,7 @@ class RunSession:
             phase=base.phase,
             environment=base.environment,
             now=rt.clock.now(),
-            action_seen=rt.store.action_seen(base.run_id, proposal.action_id),
+            action_seen=proposal.action_id in self.actions,
             cost_spent=base.spent.cost,
         )
         args: dict[str, Any] = {}
@@ -432,7 +595,13 @@ class RunSession:
             if spent.proposals >= rt.task.budgets.proposals:
                 state = state.evolve(phase=Phase.FAILED, stop_reason="budget_exhausted:proposals")
             self.commit(state, [*events, rejected], context=decision.context)
-            return
+            return Outcome(
+                OutcomeKind.FAILED if state.phase is Phase.FAILED else OutcomeKind.REJECTED,
+                self.state,
+                rejection.reason,
+                rejection.message,
+                "proposal_rejected",
+            )
         intent = Intent(
             kind=proposal.kind,
             target=proposal.target,
@@ -441,6 +610,12 @@ class RunSession:
         )
         key = rt.ids.new_id("idem")
         expected_post = rt.adapter.derive_post_state(base.environment, intent)
+        caps = rt.adapter.capabilities
+        needs = _humans.kind_needs_approval(rt, proposal.kind)
+        # Sent at once on an adapter that can be asked or dedups: `dispatched`
+        # lands with the intent. Otherwise (a blind adapter, or a person must
+        # sign first) `dispatched` gets its own commit right before the call.
+        at_once = not needs and not caps.blind
         pending = PendingWrite(
             action_id=proposal.action_id,
             intent=intent,
@@ -451,6 +626,7 @@ class RunSession:
             generation=base.generation + 1,
             proposed_at=rt.clock.now(),
             cost=proposal.cost,
+            status=EffectStatus.DISPATCHED if at_once else EffectStatus.INTENDED,
         )
         state = base.evolve(
             phase=Phase.PENDING,
@@ -468,23 +644,40 @@ class RunSession:
                 "expected_post": expected_post.to_json(),
             },
         )
-        if _humans.needs_approval(rt, state):
+        notes: tuple[LedgerNote, ...] = (LedgerNote(EffectStatus.INTENDED),)
+        if at_once:
+            notes = (*notes, LedgerNote(EffectStatus.DISPATCHED))
+        if needs:
             # It waits, durable, for a person; nothing leaves the process.
             requested: Event = (
                 "approval_requested",
                 {"action_id": pending.action_id, "idempotency_key": key},
             )
-            self.commit(state, [*events, accepted, requested], context=decision.context)
-            return
-        self.commit(state, [*events, accepted], context=decision.context)
+            self.commit(
+                state,
+                [*events, accepted, requested],
+                context=decision.context,
+                ledger=notes,
+                effect=pending,
+            )
+            return Outcome(
+                OutcomeKind.WAITING_FOR_APPROVAL,
+                self.state,
+                "approval_required",
+                f"the write needs an approval: `tether approve {self.run_id} {pending.action_id}`",
+                "approval_requested",
+            )
+        self.commit(
+            state, [*events, accepted], context=decision.context, ledger=notes, effect=pending
+        )
         rt.crash.hit(CrashPoint.INTENT_PERSISTED)
-        _settle.settle(self)
+        return self._decide_and_apply(settle_rules.dispatch)
 
-    # -- finishing, failing, freezing -------------------------------------------
+    # -- finishing, failing ------------------------------------------------------
 
-    def _finish(self, base: RunState, decision: Decision, events: list[Event]) -> None:
+    def _finish(self, base: RunState, decision: Decision, events: list[Event]) -> Outcome:
         rt = self.rt
-        self._guard()
+        self.guard()
         result = rt.adapter.verify(rt.task.verifier.argv, rt.task.verifier.timeout_s)
         verification = Verification(
             env_version=result.environment.version,
@@ -511,51 +704,23 @@ class RunSession:
                 [*events, verified, ("completed", {"summary": decision.summary})],
                 context=decision.context,
             )
-        else:
-            self.commit(state, [*events, verified], context=decision.context)
+            return Outcome(OutcomeKind.FINISHED, self.state, "verified", event="completed")
+        self.commit(state, [*events, verified], context=decision.context)
+        reason = "verifier_failed" if judged_here else "verifier_judged_other_state"
+        return Outcome(
+            OutcomeKind.VERIFIER_FAILED,
+            self.state,
+            reason,
+            result.output_tail[-500:],
+            "verifier_ran",
+        )
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str) -> Outcome:
         self.commit(
             self.state.evolve(phase=Phase.FAILED, stop_reason=reason),
             [("failed", {"reason": reason})],
         )
-
-    def _freeze(
-        self,
-        reason: str,
-        receipt: Receipt | None,
-        detail: str,
-        *,
-        cached: dict[str, Any] | None = None,
-    ) -> None:
-        """Enter needs_review, keeping the pending intent and every piece of evidence."""
-        rt = self.rt
-        pending = self._pending()
-        environment = rt.adapter.environment()
-        evidence: tuple[dict[str, Any], ...] = ()
-        if cached is not None:
-            evidence = (
-                {"kind": "ledger_receipt", "receipt": cached, "fingerprint": digest(cached)},
-            )
-        case = ReviewCase(
-            case_id=rt.ids.new_id("case"),
-            reason=reason,
-            action_id=pending.action_id,
-            idempotency_key=pending.idempotency_key,
-            intent_digest=pending.intent_digest,
-            receipt=None if receipt is None else receipt.to_json(),
-            receipt_fingerprint=None if receipt is None else receipt.fingerprint,
-            environment=environment,
-            opened_at=rt.clock.now(),
-            detail=detail,
-            evidence=evidence,
-        )
-        self.commit(
-            self.state.evolve(
-                phase=Phase.NEEDS_REVIEW, review_cases=(*self.state.review_cases, case)
-            ),
-            [("needs_review", case.to_json())],
-        )
+        return Outcome(OutcomeKind.FAILED, self.state, reason, event="failed")
 
     # -- helpers ---------------------------------------------------------------
 
@@ -568,12 +733,6 @@ class RunSession:
                 f"run {self.run_id} is frozen for review; only a signed decision opens it",
                 run_id=self.run_id,
             )
-
-    def _pending(self) -> PendingWrite:
-        pending = self.state.pending
-        if pending is None:
-            raise RunFrozenError(f"run {self.run_id} has no pending write", run_id=self.run_id)
-        return pending
 
     def _exhausted(self) -> str | None:
         budgets, spent = self.rt.task.budgets, self.state.spent
@@ -588,29 +747,15 @@ class RunSession:
             return "wall_time"
         return None
 
-    def _ledger(self, *statuses: EffectStatus, receipt: dict[str, Any] | None) -> None:
-        pending = self._pending()
-        now = self.rt.clock.now()
-        self.rt.store.append_ledger(
-            *(
-                LedgerEntry(
-                    run_id=self.run_id,
-                    idempotency_key=pending.idempotency_key,
-                    seq=0,
-                    status=status,
-                    action_id=pending.action_id,
-                    intent_digest=pending.intent_digest,
-                    receipt=receipt,
-                    epoch=self.state.epoch,
-                    at=now,
-                )
-                for status in statuses
-            )
-        )
-
     def trace(self, limit: int | None = None) -> list[TraceEvent]:
         """The run's trace up to the current head."""
         return self.rt.store.trace(self.run_id, self.state.trace_head, limit)
+
+
+# A person or the adapter must act before another step can change anything.
+_WAITS = frozenset(
+    {OutcomeKind.WAITING_FOR_APPROVAL, OutcomeKind.IN_FLIGHT, OutcomeKind.RETRY_LATER}
+)
 
 
 def _spent(spent: Spent, *, proposals: int = 0, steps: int = 0, cost: int = 0) -> Spent:

@@ -5,6 +5,7 @@ Open one from a URL with :func:`open_store` (or ``Store.from_url``):
 ``postgresql://...`` (the ``[postgres]`` extra).
 """
 
+from tether.core import LedgerEntry
 from tether.store._postgres import PostgresStore
 from tether.store._protocols import (
     BeforeCommit,
@@ -14,7 +15,6 @@ from tether.store._protocols import (
     Evidence,
     GenerationStore,
     Lease,
-    LedgerEntry,
     Mark,
 )
 from tether.store._sql import SQLBase

@@ -1,7 +1,8 @@
 """The two store protocols and the records they move.
 
 ``ContentStore`` keeps what is written once and never changed: sealed
-checkpoints (addressed by digest), trace events, effect-ledger entries and
+checkpoints (addressed by digest), trace events, effect-ledger entries
+(hash-chained, written only inside a checkpoint's commit) and
 content-addressed blobs. ``GenerationStore`` keeps the one mutable thing, the
 high-water mark per run, and moves it only by compare-and-set.
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from tether.core import EffectStatus, TraceEvent
+from tether.core import LedgerEntry, TraceEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,21 +61,6 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True)
-class LedgerEntry:
-    """One status of one external effect. Entries are appended, never changed."""
-
-    run_id: str
-    idempotency_key: str
-    seq: int
-    status: EffectStatus
-    action_id: str
-    intent_digest: str
-    receipt: dict[str, Any] | None
-    epoch: int
-    at: datetime
-
-
-@dataclass(frozen=True, slots=True)
 class Evidence:
     """A signed document left in a run's inbox: an approval or a reviewer decision."""
 
@@ -99,6 +85,9 @@ class Commit:
     events: Sequence[TraceEvent] = ()
     blobs: Mapping[str, bytes] | None = None
     phase: str = "running"
+    #: Effect-ledger entries, sealed into the run's chain; they land with the
+    #: checkpoint or not at all, under the same compare-and-set.
+    ledger: Sequence[LedgerEntry] = ()
 
 
 BeforeCommit = Callable[[], None]
@@ -116,20 +105,20 @@ class ContentStore(Protocol):
         """The sealed envelope stored under ``checkpoint_digest``, or ``None``."""
         ...
 
+    def envelopes(self, run_id: str) -> list[bytes]:
+        """Every sealed envelope stored for the run, landed or not (rarely needed: orphan proofs)."""
+        ...
+
     def newest_generation(self, run_id: str) -> int | None:
         """The highest generation of any content written for the run (landed or not)."""
         ...
 
-    def append_ledger(self, *entries: LedgerEntry) -> list[LedgerEntry]:
-        """Append effect statuses in one transaction; returns them with sequence numbers.
+    def ledger(self, run_id: str) -> list[LedgerEntry]:
+        """Every effect-ledger row the store holds for the run, by sequence number.
 
-        The ledger is written only about writes whose pending checkpoint has
-        landed, so content orphaned by a crash never leaves ledger entries.
+        Unverified: rows are trusted only after
+        :func:`tether.core.verify_ledger` chained them to a signed head.
         """
-        ...
-
-    def ledger(self, run_id: str, idempotency_key: str | None = None) -> list[LedgerEntry]:
-        """Ledger entries of a run (or of one key), oldest first."""
         ...
 
     def action_seen(self, run_id: str, action_id: str) -> bool:

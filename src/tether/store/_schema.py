@@ -86,4 +86,32 @@ def migrations(blob: str) -> list[tuple[int, list[str]]]:
                 )""",
             ],
         ),
+        (
+            3,
+            [
+                # The effect ledger becomes one hash chain per run, written only in
+                # the fenced commit of the checkpoint that pins its head. Rows are
+                # addressed by hash like trace events, so a commit that never landed
+                # (content and mark apart) leaves rows that no signed head reaches.
+                # Schema-1 checkpoints cannot be restored by this tether anyway.
+                "DROP TABLE tether_ledger",
+                """CREATE TABLE tether_ledger (
+                    run_id TEXT NOT NULL,
+                    hash TEXT NOT NULL,
+                    prev_hash TEXT NOT NULL,
+                    seq BIGINT NOT NULL,
+                    idempotency_key TEXT NOT NULL,
+                    status TEXT NOT NULL,
+                    action_id TEXT NOT NULL,
+                    intent_digest TEXT NOT NULL,
+                    receipt TEXT,
+                    epoch BIGINT NOT NULL,
+                    at TEXT NOT NULL,
+                    PRIMARY KEY (run_id, hash)
+                )""",
+                """CREATE INDEX tether_ledger_seq ON tether_ledger (run_id, seq)""",
+                """CREATE INDEX tether_ledger_action
+                    ON tether_ledger (run_id, action_id) WHERE status = 'intended'""",
+            ],
+        ),
     ]

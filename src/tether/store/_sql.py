@@ -19,12 +19,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tether.core import (
+    CanonicalJSONError,
     EffectStatus,
     GenerationConflictError,
-    IllegalTransitionError,
     LeaseExpiredError,
     LeaseHeldError,
     LeaseLostError,
+    LedgerEntry,
+    LedgerIntegrityError,
     MigrationError,
     Phase,
     RunNotFoundError,
@@ -33,7 +35,6 @@ from tether.core import (
     TraceEvent,
     WriteOnceError,
     canonical_bytes,
-    check_effect_move,
     format_time,
     parse_time_text,
     strict_loads,
@@ -45,7 +46,6 @@ from tether.store._protocols import (
     Commit,
     Evidence,
     Lease,
-    LedgerEntry,
     Mark,
 )
 from tether.store._schema import migrations
@@ -91,6 +91,41 @@ def _mark(row: Sequence[Any]) -> Mark:
         lease_owner=None if owner is None else str(owner),
         lease_expires_at=None if expires is None else _from_micros(expires),
         phase=str(phase),
+    )
+
+
+def _ledger_row(run_id: str, row: Sequence[Any]) -> LedgerEntry:
+    hash_, prev, seq, key, status, action_id, intent_digest, receipt, epoch, at = row
+    try:
+        effect = EffectStatus(str(status))
+        moment = _parse_time(at)
+    except ValueError as exc:
+        raise LedgerIntegrityError(
+            f"run {run_id}: ledger row {hash_} is malformed: {exc}", run_id=run_id
+        ) from exc
+    try:
+        body = None if receipt is None else strict_loads(str(receipt))
+    except CanonicalJSONError as exc:
+        raise LedgerIntegrityError(
+            f"run {run_id}: ledger row {hash_} has a receipt that is not JSON: {exc}",
+            run_id=run_id,
+        ) from exc
+    if body is not None and not isinstance(body, dict):
+        raise LedgerIntegrityError(
+            f"run {run_id}: ledger row {hash_} has a receipt that is not an object", run_id=run_id
+        )
+    return LedgerEntry(
+        run_id=run_id,
+        idempotency_key=str(key),
+        seq=int(seq),
+        status=effect,
+        action_id=str(action_id),
+        intent_digest=str(intent_digest),
+        receipt=body,
+        epoch=int(epoch),
+        at=moment,
+        prev_hash=str(prev),
+        hash=str(hash_),
     )
 
 
@@ -162,6 +197,10 @@ class SQLBase(SQLEngine):
         )
         for event in commit.events:
             self._put_event(event)
+        for entry in commit.ledger:
+            if entry.run_id != commit.run_id:
+                raise WriteOnceError(f"run {commit.run_id}: a commit carries another run's ledger")
+            self._put_ledger(entry)
         for blob_digest, body in (commit.blobs or {}).items():
             self._run(self._insert_ignore("tether_blobs", ("digest", "body")), (blob_digest, body))
 
@@ -208,6 +247,17 @@ class SQLBase(SQLEngine):
             )
         )
         return None if row is None else bytes(row[0])
+
+    def envelopes(self, run_id: str) -> list[bytes]:
+        """Every sealed envelope of the run, landed or not, by generation."""
+        rows = self._read(
+            lambda: self._all(
+                "SELECT envelope FROM tether_checkpoints WHERE run_id = ? "
+                "ORDER BY generation, checkpoint_digest",
+                (run_id,),
+            )
+        )
+        return [bytes(row[0]) for row in rows]
 
     def newest_generation(self, run_id: str) -> int | None:
         """The highest generation of any content written for the run (landed or not)."""
@@ -292,92 +342,63 @@ class SQLBase(SQLEngine):
 
     # -- ledger --------------------------------------------------------------
 
-    def _append_ledger(self, entry: LedgerEntry) -> LedgerEntry:
-        row = self._one(
-            "SELECT seq, status, intent_digest FROM tether_ledger "
-            "WHERE run_id = ? AND idempotency_key = ? ORDER BY seq DESC LIMIT 1",
-            (entry.run_id, entry.idempotency_key),
-        )
-        current = None if row is None else EffectStatus(str(row[1]))
-        if row is not None and str(row[2]) != entry.intent_digest:
-            raise WriteOnceError(
-                f"ledger key {entry.idempotency_key} is bound to intent {row[2]}, "
-                f"not {entry.intent_digest}"
-            )
-        try:
-            check_effect_move(current, entry.status)
-        except IllegalTransitionError as exc:
-            raise WriteOnceError(f"ledger for key {entry.idempotency_key}: {exc}") from exc
-        seq = 1 if row is None else int(row[0]) + 1
-        self._run(
-            "INSERT INTO tether_ledger (run_id, idempotency_key, seq, status, action_id, "
-            "intent_digest, receipt, epoch, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    def _put_ledger(self, entry: LedgerEntry) -> None:
+        receipt = None if entry.receipt is None else canonical_bytes(entry.receipt).decode("utf-8")
+        inserted = self._run(
+            self._insert_ignore(
+                "tether_ledger",
+                (
+                    "run_id",
+                    "hash",
+                    "prev_hash",
+                    "seq",
+                    "idempotency_key",
+                    "status",
+                    "action_id",
+                    "intent_digest",
+                    "receipt",
+                    "epoch",
+                    "at",
+                ),
+            ),
             (
                 entry.run_id,
+                entry.hash,
+                entry.prev_hash,
+                entry.seq,
                 entry.idempotency_key,
-                seq,
                 entry.status.value,
                 entry.action_id,
                 entry.intent_digest,
-                None if entry.receipt is None else canonical_bytes(entry.receipt).decode("utf-8"),
+                receipt,
                 entry.epoch,
                 format_time(entry.at),
             ),
         )
-        return LedgerEntry(
-            entry.run_id,
-            entry.idempotency_key,
-            seq,
-            entry.status,
-            entry.action_id,
-            entry.intent_digest,
-            entry.receipt,
-            entry.epoch,
-            entry.at,
-        )
-
-    def append_ledger(self, *entries: LedgerEntry) -> list[LedgerEntry]:
-        """Append effect statuses in one transaction; returns them with sequence numbers."""
-
-        def body() -> list[LedgerEntry]:
-            # Read-last-then-append must not interleave with another appender of
-            # the same run; sorted so two multi-run appends cannot deadlock.
-            for run_id in sorted({entry.run_id for entry in entries}):
-                self._lock_run(run_id)
-            return [self._append_ledger(entry) for entry in entries]
-
-        return self._write(body)
-
-    def ledger(self, run_id: str, idempotency_key: str | None = None) -> list[LedgerEntry]:
-        """Ledger entries of a run (or of one key), oldest first."""
-        sql = (
-            "SELECT idempotency_key, seq, status, action_id, intent_digest, receipt, epoch, at "
-            "FROM tether_ledger WHERE run_id = ?"
-        )
-        params: list[Any] = [run_id]
-        if idempotency_key is not None:
-            sql += " AND idempotency_key = ?"
-            params.append(idempotency_key)
-        rows = self._read(lambda: self._all(sql + " ORDER BY at, idempotency_key, seq", params))
-        return [
-            LedgerEntry(
-                run_id=run_id,
-                idempotency_key=str(key),
-                seq=int(seq),
-                status=EffectStatus(str(status)),
-                action_id=str(action_id),
-                intent_digest=str(intent_digest),
-                receipt=None if receipt is None else strict_loads(str(receipt)),
-                epoch=int(epoch),
-                at=_parse_time(at),
+        if inserted == 0:
+            row = self._one(
+                "SELECT prev_hash, seq FROM tether_ledger WHERE run_id = ? AND hash = ?",
+                (entry.run_id, entry.hash),
             )
-            for key, seq, status, action_id, intent_digest, receipt, epoch, at in rows
-        ]
+            if row is None or row[0] != entry.prev_hash or int(row[1]) != entry.seq:
+                raise WriteOnceError(f"ledger entry {entry.hash} exists with other content")
+
+    def ledger(self, run_id: str) -> list[LedgerEntry]:
+        """Every ledger row of the run by sequence number, unverified (see the protocol)."""
+        rows = self._read(
+            lambda: self._all(
+                "SELECT hash, prev_hash, seq, idempotency_key, status, action_id, intent_digest, "
+                "receipt, epoch, at FROM tether_ledger WHERE run_id = ? ORDER BY seq, hash",
+                (run_id,),
+            )
+        )
+        return [_ledger_row(run_id, row) for row in rows]
 
     def action_seen(self, run_id: str, action_id: str) -> bool:
         """Whether an intent with this action id was ever recorded for the run."""
-        # Every key's first entry is `intended`, so this is exact, and it matches
-        # the partial unique index: one probe, not a scan of the run's ledger.
+        # Every key's first entry is `intended` and lands with the checkpoint
+        # that makes the write pending, so a write that never dispatched counts
+        # too; the partial index makes this one probe, not a scan.
         row = self._read(
             lambda: self._one(
                 "SELECT 1 FROM tether_ledger "

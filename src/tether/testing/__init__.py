@@ -1,11 +1,15 @@
-"""What users run against their own stores (and, later, adapters).
+"""What users run against their own stores and apps: suites and crash hooks.
 
 - :mod:`tether.testing.store_conformance`: the store conformance suite
   (plain pytest; ``from tether.testing.store_conformance import *`` and
   define a ``tether_store_factory`` fixture). It is the suite tether runs
   against its own SQLite and PostgreSQL stores.
+- :class:`CrashPlan`, :class:`CrashPoint`, :class:`SimulatedCrash`: arm a
+  named crash window (raise, or SIGKILL the process) in a ``Runtime``.
 
 This package imports nothing heavy; the suites import pytest when imported.
 """
 
-__all__: list[str] = []
+from tether.runtime._crash import CrashPlan, CrashPoint, SimulatedCrash
+
+__all__ = ["CrashPlan", "CrashPoint", "SimulatedCrash"]

@@ -26,7 +26,7 @@ from tether.core import (
 )
 from tether.testing._store_conformance import (
     StoreFactory,
-    entry,
+    chained,
     expect,
     expect_eq,
     make_commit,
@@ -364,25 +364,23 @@ def test_concurrent_claimers_never_share_a_run(
     expect(all(m.lease_version == 1 for m in tether_store.runs()), "one claim per run")
 
 
-def test_concurrent_ledger_appends_for_one_key_serialize(
-    tether_store: Any, tether_connect: StoreFactory
-) -> None:
-    """Two connections appending the next status of one key both land, with distinct sequence numbers."""
+def test_racing_commits_land_one_ledger(tether_store: Any, tether_connect: StoreFactory) -> None:
+    """Two connections committing the same generation with ledger rows: one lands, with only its rows."""
     stores = [tether_store, tether_connect()]
     for trial in range(10):
-        key = f"k{trial}"
-        tether_store.append_ledger(entry(key, EffectStatus.INTENDED, action_id=f"a{trial}"))
+        run_id = f"r{trial}"
+        tether_store.commit(make_commit(run_id, 1), 0)
 
-        def append(i: int, store: Any, key: str = key, trial: int = trial) -> object:
-            return store.append_ledger(
-                entry(key, EffectStatus.DISPATCHED, action_id=f"a{trial}", seconds=1 + i)
-            )
+        def advance(i: int, store: Any, run_id: str = run_id) -> object:
+            rows = chained(f"k{i}", [EffectStatus.INTENDED], run_id=run_id, action_id=f"a{i}")
+            store.commit(make_commit(run_id, 2, str(i).encode(), ledger=rows), 1)
+            return rows
 
-        outcomes = _race(stores, append)
-        expect(all(isinstance(o, list) for o in outcomes), f"both appends land: {outcomes!r}")
-        expect_eq(
-            sorted(e.seq for e in tether_store.ledger("r", key)), [1, 2, 3], f"sequence of {key}"
-        )
+        outcomes = _race(stores, advance)
+        won = [o for o in outcomes if isinstance(o, list)]
+        lost = [o for o in outcomes if isinstance(o, GenerationConflictError)]
+        expect_eq((len(won), len(lost)), (1, 1), f"one winner, one typed loser: {outcomes!r}")
+        expect_eq(tether_store.ledger(run_id), won[0], f"only the winner's rows in {run_id}")
 
 
 __all__ = [
@@ -398,8 +396,8 @@ __all__ = [
     "test_claim_expired_respects_its_limit",
     "test_claim_expired_takes_unowned_and_expired_runs_in_the_given_phases",
     "test_concurrent_claimers_never_share_a_run",
-    "test_concurrent_ledger_appends_for_one_key_serialize",
     "test_lease_calls_on_an_unknown_run_raise_run_not_found",
+    "test_racing_commits_land_one_ledger",
     "test_release_frees_the_run_and_repeats_harmlessly",
     "test_renew_extends_only_the_current_lease",
     "test_runs_that_were_never_leased_commit_with_version_zero",

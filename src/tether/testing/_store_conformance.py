@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,15 +19,16 @@ from tether.core import (
     GENESIS_HASH,
     EffectStatus,
     GenerationConflictError,
-    IllegalTransitionError,
+    LedgerEntry,
     MigrationError,
     StoreError,
     TetherError,
     TraceEvent,
     WriteOnceError,
+    seal_entry,
     seal_event,
 )
-from tether.store import Commit, LedgerEntry
+from tether.store import Commit
 
 StoreFactory = Callable[[], Any]
 
@@ -56,11 +58,12 @@ def make_commit(
     events: Sequence[TraceEvent] = (),
     blobs: Mapping[str, bytes] | None = None,
     phase: str = "running",
+    ledger: Sequence[LedgerEntry] = (),
 ) -> Commit:
     """A commit whose digest addresses its envelope; ``body`` makes two commits differ."""
     envelope = b"envelope:" + run_id.encode() + b":" + str(generation).encode() + b":" + body
     digest = "sha256:" + hashlib.sha256(envelope).hexdigest()
-    return Commit(run_id, generation, digest, envelope, tuple(events), blobs, phase)
+    return Commit(run_id, generation, digest, envelope, tuple(events), blobs, phase, tuple(ledger))
 
 
 def make_events(
@@ -76,20 +79,36 @@ def make_events(
     return events
 
 
-def entry(
+def chained(
     key: str,
-    status: EffectStatus,
+    statuses: Sequence[EffectStatus],
     *,
+    after: LedgerEntry | None = None,
     run_id: str = "r",
     action_id: str = "a1",
     intent: str = "sha256:intent-1",
-    seconds: int = 0,
     receipt: dict[str, Any] | None = None,
-) -> LedgerEntry:
-    """A ledger entry to append (the store assigns ``seq``)."""
-    return LedgerEntry(
-        run_id, key, 0, status, action_id, intent, receipt, 1, T0 + timedelta(seconds=seconds)
-    )
+) -> list[LedgerEntry]:
+    """Ledger entries for ``key`` chained after ``after`` (or genesis), one per status."""
+    rows: list[LedgerEntry] = []
+    prev, seq = (GENESIS_HASH, 0) if after is None else (after.hash, after.seq)
+    for status in statuses:
+        seq += 1
+        row = seal_entry(
+            run_id,
+            seq,
+            prev,
+            idempotency_key=key,
+            status=status,
+            action_id=action_id,
+            intent_digest=intent,
+            receipt=receipt if status is EffectStatus.COMMITTED else None,
+            epoch=1,
+            at=T0 + timedelta(seconds=seq),
+        )
+        rows.append(row)
+        prev = row.hash
+    return rows
 
 
 def seeded(store: Any, run_id: str = "r", generations: int = 1) -> Commit:
@@ -297,69 +316,51 @@ def test_orphan_content_is_unreachable(tether_store: Any) -> None:
 # -- ledger ---------------------------------------------------------------------
 
 
-def test_the_ledger_appends_in_order(tether_store: Any) -> None:
-    """Entries get sequence numbers per key and read back oldest first."""
-    got = tether_store.append_ledger(
-        entry("k1", EffectStatus.INTENDED), entry("k1", EffectStatus.DISPATCHED, seconds=1)
-    )
-    expect_eq([e.seq for e in got], [1, 2], "sequence numbers")
+def test_ledger_rows_land_with_their_checkpoint(tether_store: Any) -> None:
+    """Ledger rows written by a commit read back whole, in sequence order."""
     receipt = {"receipt_id": "rc-1", "result": {"ok": True}}
-    tether_store.append_ledger(entry("k1", EffectStatus.COMMITTED, seconds=2, receipt=receipt))
-    tether_store.append_ledger(entry("k2", EffectStatus.INTENDED, action_id="a2", seconds=3))
+    rows = chained("k1", [EffectStatus.INTENDED, EffectStatus.DISPATCHED])
+    tether_store.commit(make_commit("r", 1, ledger=rows), 0)
+    more = chained("k1", [EffectStatus.COMMITTED], after=rows[-1], receipt=receipt)
+    more += chained("k2", [EffectStatus.INTENDED], after=more[-1], action_id="a2")
+    tether_store.commit(make_commit("r", 2, ledger=more), 1)
     everything = tether_store.ledger("r")
-    expect_eq(
-        [(e.idempotency_key, e.seq, e.status) for e in everything],
-        [
-            ("k1", 1, EffectStatus.INTENDED),
-            ("k1", 2, EffectStatus.DISPATCHED),
-            ("k1", 3, EffectStatus.COMMITTED),
-            ("k2", 1, EffectStatus.INTENDED),
-        ],
-        "ledger",
-    )
+    expect_eq(everything, [*rows, *more], "every field of every row")
     expect_eq(everything[2].receipt, receipt, "receipt")
-    expect_eq(everything[0].at, T0, "time")
-    expect_eq(len(tether_store.ledger("r", "k2")), 1, "one key's ledger")
     expect(tether_store.action_seen("r", "a2"), "a2 was seen")
     expect(not tether_store.action_seen("r", "a3"), "a3 was not seen")
 
 
-def test_an_illegal_status_move_is_refused(tether_store: Any) -> None:
-    """A status the transition table does not allow is refused with a typed error, appending nothing."""
-    tether_store.append_ledger(entry("k", EffectStatus.INTENDED))
-    tether_store.append_ledger(entry("k", EffectStatus.REJECTED, seconds=1))
-    with pytest.raises((WriteOnceError, IllegalTransitionError)):
-        tether_store.append_ledger(entry("k", EffectStatus.COMMITTED, seconds=2))
-    with pytest.raises((WriteOnceError, IllegalTransitionError)):
-        tether_store.append_ledger(entry("fresh", EffectStatus.COMMITTED, action_id="a9"))
-    expect_eq(len(tether_store.ledger("r")), 2, "entries after refusals")
+def test_a_refused_commit_writes_no_ledger_rows(tether_store: Any) -> None:
+    """A commit whose compare-and-set fails leaves none of its ledger rows behind."""
+    seeded(tether_store)
+    stale = make_commit("r", 2, ledger=chained("k", [EffectStatus.INTENDED]))
+    with pytest.raises(GenerationConflictError):
+        tether_store.commit(stale, 0)
+    expect_eq(tether_store.ledger("r"), [], "ledger after the refused commit")
 
 
-def test_a_key_stays_bound_to_its_intent_digest(tether_store: Any) -> None:
-    """A later status for a key with another intent digest is refused."""
-    tether_store.append_ledger(entry("k", EffectStatus.INTENDED, intent="sha256:one"))
+def test_a_torn_commit_writes_no_ledger_rows(tether_store: Any) -> None:
+    """A commit whose before_commit raises leaves none of its ledger rows behind."""
+    torn = make_commit("r", 1, ledger=chained("k", [EffectStatus.INTENDED]))
+    with pytest.raises(_Torn):
+        tether_store.commit(torn, 0, before_commit=_tear)
+    with pytest.raises(_Torn):
+        tether_store.put_content(torn, before_commit=_tear)
+    expect_eq(tether_store.ledger("r"), [], "ledger after the torn commits")
+
+
+def test_ledger_rows_are_write_once(tether_store: Any) -> None:
+    """Writing an identical row again is a no-op; another row under the same hash is refused."""
+    rows = chained("k", [EffectStatus.INTENDED])
+    tether_store.put_content(make_commit("r", 1, ledger=rows))
+    tether_store.put_content(make_commit("r", 1, b"again", ledger=rows))
+    expect_eq(tether_store.ledger("r"), rows, "one row after an identical rewrite")
+    (row,) = rows
+    clash = replace(row, seq=row.seq + 1)
     with pytest.raises(WriteOnceError):
-        tether_store.append_ledger(entry("k", EffectStatus.DISPATCHED, intent="sha256:two"))
-    expect_eq(len(tether_store.ledger("r", "k")), 1, "entries after the refusal")
-
-
-def test_a_reused_action_id_is_refused_by_the_database(tether_store: Any) -> None:
-    """A second intent with the same action id under another key is refused with WriteOnceError."""
-    tether_store.append_ledger(entry("k1", EffectStatus.INTENDED, action_id="a1"))
-    with pytest.raises(WriteOnceError):
-        tether_store.append_ledger(
-            entry("k2", EffectStatus.INTENDED, action_id="a1"),
-        )
-    expect_eq(len(tether_store.ledger("r")), 1, "entries after the refusal")
-
-
-def test_a_failed_append_appends_nothing(tether_store: Any) -> None:
-    """Entries appended together land together: one refused entry drops the whole batch."""
-    with pytest.raises((WriteOnceError, IllegalTransitionError)):
-        tether_store.append_ledger(
-            entry("k", EffectStatus.INTENDED), entry("k", EffectStatus.COMPENSATED)
-        )
-    expect_eq(tether_store.ledger("r"), [], "ledger after a refused batch")
+        tether_store.put_content(make_commit("r", 2, ledger=[clash]))
+    expect_eq(tether_store.ledger("r"), rows, "rows after the refused clash")
 
 
 # -- trace ----------------------------------------------------------------------
@@ -445,7 +446,7 @@ def test_a_closed_store_raises_a_tether_store_error(tether_store: Any) -> None:
     uses: list[Callable[[], object]] = [
         lambda: tether_store.get_mark("r"),
         lambda: tether_store.commit(make_commit("r", 2), 1),
-        lambda: tether_store.append_ledger(entry("k", EffectStatus.INTENDED)),
+        lambda: tether_store.ledger("r"),
         lambda: tether_store.acquire_lease("r", "w", 5),
     ]
     for use in uses:
@@ -460,7 +461,7 @@ def test_a_closed_store_raises_a_tether_store_error(tether_store: Any) -> None:
 
 __all__ = [
     "StoreFactory",
-    "entry",
+    "chained",
     "expect",
     "expect_eq",
     "make_commit",
@@ -468,25 +469,24 @@ __all__ = [
     "seeded",
     "test_a_closed_store_raises_a_tether_store_error",
     "test_a_digest_that_does_not_address_its_bytes_is_refused",
-    "test_a_failed_append_appends_nothing",
-    "test_a_key_stays_bound_to_its_intent_digest",
     "test_a_losing_commit_writes_no_content",
     "test_a_newer_schema_is_refused",
-    "test_a_reused_action_id_is_refused_by_the_database",
+    "test_a_refused_commit_writes_no_ledger_rows",
     "test_a_torn_commit_leaves_nothing",
+    "test_a_torn_commit_writes_no_ledger_rows",
     "test_a_torn_content_write_leaves_nothing",
     "test_a_trace_event_cannot_be_rewritten",
-    "test_an_illegal_status_move_is_refused",
     "test_cas_creates_a_run_exactly_once",
     "test_cas_mark_alone_follows_the_same_rules",
     "test_cas_refuses_stale_and_skipping_expectations",
     "test_commit_records_the_phase",
+    "test_ledger_rows_are_write_once",
+    "test_ledger_rows_land_with_their_checkpoint",
     "test_orphan_content_is_unreachable",
     "test_runs_lists_every_mark",
     "test_same_digest_same_bytes_is_accepted",
     "test_the_inbox_appends_in_order_and_reads_after_a_cursor",
     "test_the_inbox_refuses_unknown_kinds",
-    "test_the_ledger_appends_in_order",
     "test_the_schema_version_is_recorded_and_reopening_is_idempotent",
     "test_the_trace_walks_back_from_its_head_ignoring_orphans",
     "tether_connect",

@@ -1,0 +1,148 @@
+"""Write steps per second through the whole protocol, on SQLite and PostgreSQL.
+
+Each step is one agent proposal that becomes a committed write on a
+queryable, idempotent in-memory sandbox: gate, pending checkpoint, the
+adapter's execute, receipt, advance. Run it with this tree's tether and with
+an older one on ``PYTHONPATH`` to compare them side by side:
+
+    python bench/write_steps.py                       # this tree
+    PYTHONPATH=/path/to/old/src python bench/write_steps.py
+
+It prints steps/s and durable commits per write step for each store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import tether
+from tether import AgentContext, Decision, Keyring, Policy, Proposal, Runtime, Sandbox, TaskSpec
+
+
+class Writer:
+    """Writes ``notes.txt`` again at every step, built on the observed version."""
+
+    def decide(self, context: AgentContext, observation: Any) -> Decision:
+        cursor = context.plan_cursor + 1
+        proposal = Proposal(
+            action_id=f"w{cursor}-{uuid.uuid4().hex[:8]}",
+            kind="file.write",
+            target="notes.txt",
+            args={"content": f"version {cursor}\n"},
+            based_on_version=observation.environment.version,
+        )
+        return Decision(AgentContext(plan_cursor=cursor), proposal=proposal)
+
+
+def runtime(store: Any, steps: int) -> Runtime:
+    sandbox = Sandbox({"notes.txt": "draft\n"}, instance_id="bench")
+    task = TaskSpec.from_json(
+        {
+            "task_id": "t",
+            "task_version": "1",
+            "allowed_kinds": ["file.write"],
+            "allowed_paths": ["notes.txt"],
+            "permissions": ["workspace.write"],
+            "budgets": {
+                "proposals": steps + 10,
+                "steps": steps + 10,
+                "wall_time_s": 3600,
+                "cost": 0,
+            },
+            "initial_environment": {
+                "namespace": "sandbox",
+                "state_fingerprint": sandbox.environment().state_fingerprint,
+            },
+            "verifier": {"argv": ["true"], "timeout_s": 5},
+        }
+    )
+    policy = Policy.from_json(
+        {
+            "policy_id": "p",
+            "policy_version": "1",
+            "kinds": {
+                "file.write": {
+                    "risk": "low",
+                    "permission": "workspace.write",
+                    "needs_approval": False,
+                }
+            },
+            "max_risk": "medium",
+            "approval_ttl_s": 600,
+        }
+    )
+    return Runtime(
+        store=store,
+        keyring=Keyring.generate("bench"),
+        adapter=sandbox,
+        task=task,
+        policy=policy,
+        agent=Writer(),
+    )
+
+
+def measure(store: Any, steps: int, commits: list[int]) -> tuple[float, float]:
+    """Write steps/s, and durable transactions per write step (``commits`` counts COMMITs)."""
+    session = runtime(store, steps).start(f"bench-{uuid.uuid4().hex[:8]}")
+    session.step()  # warm up
+    before = commits[0]
+    start = time.perf_counter()
+    for _ in range(steps):
+        session.step()
+    elapsed = time.perf_counter() - start
+    return steps / elapsed, (commits[0] - before) / steps
+
+
+def count_sqlite_commits(store: Any) -> list[int]:
+    """Count COMMIT statements on the store's connection (a bench may look inside)."""
+    counter = [0]
+
+    def trace(statement: str) -> None:
+        if statement.strip().upper() == "COMMIT":
+            counter[0] += 1
+
+    store._conn.set_trace_callback(trace)
+    return counter
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--pg", default=os.environ.get("TETHER_TEST_PG_DSN", ""))
+    args = parser.parse_args(argv)
+    where = Path(tether.__file__).parent.parent
+    print(f"tether from {where}")
+    with tempfile.TemporaryDirectory() as tmp:
+        store = tether.SQLiteStore(Path(tmp) / "bench.sqlite")
+        rate, commits = measure(store, args.steps, count_sqlite_commits(store))
+        store.close()
+        print(
+            f"  sqlite   : {rate:7.1f} write steps/s, {commits:.1f} durable commits per write step"
+        )
+    if args.pg:
+        import psycopg
+
+        from tether.store import PostgresStore
+
+        schema = f"bench_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(args.pg, autocommit=True) as admin:
+            admin.execute(f"CREATE SCHEMA {schema}")
+            try:
+                sep = "&" if "?" in args.pg else "?"
+                pg = PostgresStore(f"{args.pg}{sep}options=-csearch_path%3D{schema}")
+                rate, _ = measure(pg, args.steps, [0])
+                pg.close()
+                print(f"  postgres : {rate:7.1f} write steps/s")
+            finally:
+                admin.execute(f"DROP SCHEMA {schema} CASCADE")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,363 @@
+"""The settle rules, exhaustively: every cell of the table in ``tether.core._settle``.
+
+Each cell combines the adapter's capabilities (idempotent x queryable x
+conditional x fencing), the signed status of the pending write, the
+adapter's answer, the approval state and the live environment. The
+expected outcome of each cell is written here a second time, as a plain
+restatement of the table, so the two must agree everywhere.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tether.core import (
+    GENESIS_HASH,
+    Binding,
+    Capabilities,
+    EffectStatus,
+    EnvironmentState,
+    Execute,
+    ExecuteAnswer,
+    ExecuteStatus,
+    Facts,
+    Intent,
+    Lookup,
+    LookupAnswer,
+    LookupStatus,
+    OutcomeKind,
+    PendingWrite,
+    Phase,
+    Receipt,
+    RunState,
+    Spent,
+    Transition,
+    format_time,
+    settle_rules,
+    validate_state,
+)
+
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+PRE = EnvironmentState("ns", "inst", 3, "sha256:" + "a" * 64)
+POST = EnvironmentState("ns", "inst", 4, "sha256:" + "b" * 64)
+OTHER = EnvironmentState("ns", "inst", 4, "sha256:" + "c" * 64)
+INTENT = Intent("file.write", "a.txt", {"content": "x"}, "low")
+KEY = "idem-1"
+
+CAPS = [
+    Capabilities(idempotent=i, queryable=q, conditional_writes=c, fencing=f)
+    for i, q, c, f in itertools.product([False, True], repeat=4)
+]
+STATUSES = [EffectStatus.INTENDED, EffectStatus.DISPATCHED]
+APPROVALS = ["not_needed", "valid", "missing", "expired"]
+LIVES = {"prestate": PRE, "expected_post": POST, "other": OTHER}
+
+
+def receipt(*, intent_digest: str | None = None, post: EnvironmentState = POST) -> Receipt:
+    return Receipt(
+        namespace="ns",
+        adapter_version="1",
+        receipt_id="rcpt-1",
+        idempotency_key=KEY,
+        intent_digest=intent_digest or INTENT.digest,
+        result={"ok": True},
+        business_object_id="a.txt",
+        committed_at=format_time(NOW - timedelta(seconds=5)),
+        post_state=post,
+    )
+
+
+def state_with(status: EffectStatus, approval: str) -> RunState:
+    approvals: tuple[dict[str, Any], ...] = ()
+    if approval in {"valid", "expired"}:
+        expires = NOW + timedelta(minutes=5) if approval == "valid" else NOW - timedelta(seconds=1)
+        approvals = (
+            {
+                "body": {
+                    "state_fingerprint": PRE.state_fingerprint,
+                    "environment_instance_id": PRE.instance_id,
+                    "expires_at": format_time(expires),
+                    "nonce": "n" * 16,
+                }
+            },
+        )
+    pending = PendingWrite(
+        action_id="a1",
+        intent=INTENT,
+        intent_digest=INTENT.digest,
+        idempotency_key=KEY,
+        prestate=PRE,
+        expected_post=POST,
+        generation=2,
+        proposed_at=NOW,
+        cost=0,
+        status=status,
+        approvals=approvals,
+    )
+    return RunState(
+        run_id="r1",
+        generation=2,
+        epoch=1,
+        worker="w",
+        binding=Binding("t", "1", "f", "p", "1", "f", "s"),
+        phase=Phase.PENDING,
+        stop_reason=None,
+        started_at=NOW,
+        updated_at=NOW,
+        plan_cursor=0,
+        agent_context_digest="sha256:" + "0" * 64,
+        spent=Spent(),
+        environment=PRE,
+        adapter_version="1",
+        observed_version=3,
+        pending=pending,
+        last_write=None,
+        writes_committed=0,
+        verification=None,
+        review_cases=(),
+        quarantined_keys=(),
+        trace_head=GENESIS_HASH,
+        trace_length=0,
+        ledger_head=GENESIS_HASH,
+        ledger_length=0,
+    )
+
+
+def facts(caps: Capabilities, approval: str, live: EnvironmentState) -> Facts:
+    return Facts(
+        now=NOW,
+        live=live,
+        needs_approval=approval != "not_needed",
+        case_id="case-1",
+        capabilities=caps,
+        namespace="ns",
+    )
+
+
+def gate_blocks(caps: Capabilities, approval: str, live: EnvironmentState) -> bool:
+    """The approval gate, restated: needed and (missing, expired, or the world moved)."""
+    if approval == "not_needed":
+        return False
+    if approval in {"missing", "expired"}:
+        return True
+    allowed = {PRE.state_fingerprint} | ({POST.state_fingerprint} if caps.idempotent else set())
+    return live.state_fingerprint not in allowed
+
+
+def summary(t: Transition) -> tuple[Any, ...]:
+    """What a cell is judged by: outcome, reason, ledger statuses, the call, the next phase."""
+    call: Any = None
+    if isinstance(t.call, Lookup):
+        call = "lookup"
+    elif isinstance(t.call, Execute):
+        call = ("execute", "retry" if t.call.retry else "first")
+        if t.call.known_absent:
+            call = ("execute", "retry", "known_absent")
+    phase = None if t.state is None else t.state.phase
+    return (t.outcome, t.reason, tuple(n.status for n in t.ledger), call, phase)
+
+
+def check_committable(t: Transition) -> None:
+    """Every state a rule returns passes the invariants a commit checks first."""
+    if t.state is not None:
+        validate_state(t.state)
+
+
+WAIT = (OutcomeKind.WAITING_FOR_APPROVAL,)
+
+
+@pytest.mark.parametrize("caps", CAPS, ids=repr)
+@pytest.mark.parametrize("status", STATUSES)
+@pytest.mark.parametrize("approval", APPROVALS)
+@pytest.mark.parametrize("live_name", sorted(LIVES))
+def test_settle_follows_the_table(
+    caps: Capabilities, status: EffectStatus, approval: str, live_name: str
+) -> None:
+    """settle() picks the first move from the signed status alone, as the table says."""
+    live = LIVES[live_name]
+    t = settle_rules.settle(state_with(status, approval), facts(caps, approval, live))
+    check_committable(t)
+    got = summary(t)
+    if status is EffectStatus.INTENDED:
+        if gate_blocks(caps, approval, live):
+            assert got[0] is OutcomeKind.WAITING_FOR_APPROVAL and t.state is None
+        else:
+            assert got == (
+                OutcomeKind.EXECUTED,
+                None,
+                (EffectStatus.DISPATCHED,),
+                ("execute", "first"),
+                Phase.PENDING,
+            )
+            assert t.state is not None and t.state.pending is not None
+            assert t.state.pending.status is EffectStatus.DISPATCHED
+    elif caps.queryable:
+        assert got == (OutcomeKind.IN_FLIGHT, None, (), "lookup", None)
+    elif caps.idempotent:
+        if gate_blocks(caps, approval, live):
+            assert got[0] is OutcomeKind.WAITING_FOR_APPROVAL and t.state is None
+        else:
+            assert got == (OutcomeKind.EXECUTED, None, (), ("execute", "retry"), None)
+    else:
+        assert got == (
+            OutcomeKind.FROZEN,
+            "outcome_unknown",
+            (EffectStatus.OUTCOME_UNKNOWN,),
+            None,
+            Phase.NEEDS_REVIEW,
+        )
+
+
+LOOKUPS = {
+    "committed_same": LookupAnswer(LookupStatus.COMMITTED, receipt()),
+    "committed_other": LookupAnswer(
+        LookupStatus.COMMITTED, receipt(intent_digest="sha256:" + "d" * 64)
+    ),
+    "committed_other_post": LookupAnswer(LookupStatus.COMMITTED, receipt(post=OTHER)),
+    "absent": LookupAnswer(LookupStatus.ABSENT),
+    "in_progress": LookupAnswer(LookupStatus.IN_PROGRESS, detail="busy"),
+    "unavailable": LookupAnswer(LookupStatus.UNAVAILABLE, detail="down"),
+}
+
+
+@pytest.mark.parametrize("caps", [c for c in CAPS if c.queryable], ids=repr)
+@pytest.mark.parametrize("final", [True, False])
+@pytest.mark.parametrize("answer_name", sorted(LOOKUPS))
+@pytest.mark.parametrize("approval", APPROVALS)
+@pytest.mark.parametrize("live_name", sorted(LIVES))
+def test_after_lookup_follows_the_table(
+    caps: Capabilities, final: bool, answer_name: str, approval: str, live_name: str
+) -> None:
+    """after_lookup() acts on the adapter's answer; the ledger copy is never consulted."""
+    caps = replace(caps, absent_is_final=final)
+    live = LIVES[live_name]
+    state = state_with(EffectStatus.DISPATCHED, approval)
+    t = settle_rules.after_lookup(state, facts(caps, approval, live), LOOKUPS[answer_name])
+    check_committable(t)
+    got = summary(t)
+    committed = (EffectStatus.COMMITTED,)
+    if answer_name == "committed_same":
+        if approval in {"missing"}:
+            assert got == (
+                OutcomeKind.FROZEN,
+                "approval_boundary",
+                committed,
+                None,
+                Phase.NEEDS_REVIEW,
+            )
+        elif approval == "expired":
+            # Committed five seconds ago, inside an approval that expired one second ago.
+            assert got == (OutcomeKind.REPLAYED, None, committed, None, Phase.RUNNING)
+        else:
+            assert got == (OutcomeKind.REPLAYED, None, committed, None, Phase.RUNNING)
+            assert t.state is not None and t.state.writes_committed == 1
+    elif answer_name == "committed_other":
+        assert got == (OutcomeKind.FROZEN, "key_conflict", (), None, Phase.NEEDS_REVIEW)
+    elif answer_name == "committed_other_post":
+        assert got == (
+            OutcomeKind.FROZEN,
+            "receipt_mismatch",
+            committed,
+            None,
+            Phase.NEEDS_REVIEW,
+        )
+    elif answer_name == "in_progress":
+        assert got == (OutcomeKind.IN_FLIGHT, "in_flight", (), None, None)
+    elif answer_name == "unavailable":
+        assert got == (OutcomeKind.RETRY_LATER, "adapter_unavailable", (), None, None)
+    elif final or caps.idempotent:
+        if gate_blocks(caps, approval, live):
+            assert got[0] in WAIT and t.state is None
+        else:
+            assert got == (
+                OutcomeKind.EXECUTED,
+                None,
+                (),
+                ("execute", "retry", "known_absent") if final else ("execute", "retry"),
+                None,
+            )
+    else:
+        assert got == (
+            OutcomeKind.FROZEN,
+            "outcome_unknown",
+            (EffectStatus.OUTCOME_UNKNOWN,),
+            None,
+            Phase.NEEDS_REVIEW,
+        )
+
+
+EXECUTES = {
+    "committed": ExecuteAnswer(ExecuteStatus.COMMITTED, receipt()),
+    "conflict": ExecuteAnswer(
+        ExecuteStatus.CONFLICT, receipt(intent_digest="sha256:" + "d" * 64), "other intent"
+    ),
+    "precondition": ExecuteAnswer(ExecuteStatus.PRECONDITION_FAILED, detail="changed"),
+    "in_progress": ExecuteAnswer(ExecuteStatus.IN_PROGRESS, detail="busy"),
+    "unavailable": ExecuteAnswer(ExecuteStatus.UNAVAILABLE, detail="down"),
+}
+
+
+@pytest.mark.parametrize("caps", CAPS, ids=repr)
+@pytest.mark.parametrize("retry", [False, True])
+@pytest.mark.parametrize("answer_name", sorted(EXECUTES))
+@pytest.mark.parametrize("approval", ["not_needed", "valid", "missing"])
+def test_after_execute_follows_the_table(
+    caps: Capabilities, retry: bool, answer_name: str, approval: str
+) -> None:
+    """after_execute() settles a send; a refused retry is unknown, never a silent rejection."""
+    state = state_with(EffectStatus.DISPATCHED, approval)
+    call = Execute(KEY, INTENT, PRE, retry=retry)
+    t = settle_rules.after_execute(state, facts(caps, approval, PRE), call, EXECUTES[answer_name])
+    check_committable(t)
+    got = summary(t)
+    if answer_name == "committed":
+        kind = OutcomeKind.REPLAYED if retry else OutcomeKind.EXECUTED
+        if approval == "missing":
+            assert got[:3] == (OutcomeKind.FROZEN, "approval_boundary", (EffectStatus.COMMITTED,))
+        else:
+            assert got == (kind, None, (EffectStatus.COMMITTED,), None, Phase.RUNNING)
+    elif answer_name == "conflict":
+        assert got == (OutcomeKind.FROZEN, "key_conflict", (), None, Phase.NEEDS_REVIEW)
+    elif answer_name == "precondition":
+        if retry:
+            assert got[:3] == (
+                OutcomeKind.FROZEN,
+                "outcome_unknown",
+                (EffectStatus.OUTCOME_UNKNOWN,),
+            )
+        else:
+            assert got == (
+                OutcomeKind.REJECTED,
+                "precondition_failed",
+                (EffectStatus.REJECTED,),
+                None,
+                Phase.RUNNING,
+            )
+    elif answer_name == "in_progress":
+        assert got == (OutcomeKind.IN_FLIGHT, "in_flight", (), None, None)
+    elif caps.blind:
+        assert got[:3] == (
+            OutcomeKind.FROZEN,
+            "outcome_unknown",
+            (EffectStatus.OUTCOME_UNKNOWN,),
+        )
+    else:
+        assert got == (OutcomeKind.RETRY_LATER, "adapter_unavailable", (), None, None)
+
+
+def test_a_freeze_keeps_the_pending_intent_and_opens_one_case() -> None:
+    """A frozen state keeps the pending write, records the case and the live environment."""
+    state = state_with(EffectStatus.DISPATCHED, "not_needed")
+    caps = Capabilities(idempotent=False, queryable=False, conditional_writes=False)
+    t = settle_rules.settle(state, facts(caps, "not_needed", OTHER))
+    assert t.state is not None and t.state.pending is not None
+    assert t.state.pending.idempotency_key == KEY
+    assert t.state.pending.status is EffectStatus.OUTCOME_UNKNOWN
+    (case,) = t.state.review_cases
+    assert (case.case_id, case.reason, case.environment) == ("case-1", "outcome_unknown", OTHER)
+    assert t.events[0][0] == "needs_review"
