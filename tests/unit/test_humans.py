@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import ScriptedAgent, World, finish, make_policy, make_task, write
 from tether.adapters import Sandbox
 from tether.core import (
+    EffectStatus,
     EvidenceBindingError,
     EvidenceSignatureError,
     NonceReusedError,
@@ -173,6 +174,24 @@ def test_every_binding_is_enforced(guarded: World, field_name: str, value: objec
     assert session.state.pending is not None and not session.state.pending.approvals
 
 
+def test_an_approval_binds_the_pending_write_not_the_checkpoint_generation(
+    guarded: World,
+) -> None:
+    """Re-checkpoints and a restore leave an approval valid; a body still binding a generation is refused."""
+    session = pending_session(guarded)
+    document = approval(guarded, session.state)
+    signed_at = session.state.generation
+    with pytest.raises(UnknownSignerError):  # its refusal is checkpointed: the generation moves
+        session.approve(approval(guarded, session.state, MALLORY))
+    recovered = runtime(guarded).recover("r1")  # a new epoch: it moves again
+    assert recovered.state.generation > signed_at + 1
+    with pytest.raises(EvidenceSignatureError, match="unknown fields"):
+        recovered.approve(approval(guarded, recovered.state, generation=signed_at))
+    recovered.approve(document)
+    assert recovered.run().phase is Phase.COMPLETED
+    assert guarded.sandbox.write_count() == 1
+
+
 def test_expiry_is_exclusive_and_checked_without_any_new_proposal(guarded: World) -> None:
     """At exactly expires_at the approval no longer executes, though nothing else happened."""
     session = pending_session(guarded)
@@ -293,12 +312,18 @@ def test_same_key_same_intent_replay_still_needs_a_live_approval(guarded: World)
     session = pending_session(guarded)
     session.approve(approval(guarded, session.state, ttl=60))
     guarded.sandbox.fail_next(after_commit=False)
-    assert session.step().kind is OutcomeKind.RETRY_LATER
+    outcome = session.step()
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.RETRY_LATER, "adapter_unavailable")
+    assert "not attempted" in outcome.message
+    pending = session.state.pending
+    assert pending is not None and pending.status is EffectStatus.DISPATCHED
     guarded.clock.advance(61)
-    assert session.step().reason == "approval_expired"
+    outcome = session.step()
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.WAITING_FOR_APPROVAL, "approval_expired")
     session.approve(approval(guarded, session.state))
-    session.step()
+    assert session.step().kind is OutcomeKind.EXECUTED
     assert guarded.sandbox.write_count() == 1
+    assert guarded.sandbox.lookup(pending.idempotency_key) is not None  # the same key, retried
 
 
 # -- the review gate ----------------------------------------------------------------
@@ -533,12 +558,16 @@ def test_checkpoints_stay_flat_as_approvals_accumulate(guarded: World) -> None:
     )
     steps = [write("notes.txt", f"v{i}\n", f"a{i}") for i in range(200)]
     session = runtime(guarded, agent=ScriptedAgent(steps)).start("r1")
-    sizes: list[int] = []
+    sizes: list[int] = []  # after each write committed
+    approved: list[int] = []  # with the approval and its nonce on the pending write
     for _ in range(200):
         outcome = session.step()
         assert outcome.kind is OutcomeKind.WAITING_FOR_APPROVAL
         session.approve(approval(guarded, session.state))
+        approved.append(len(session.rt.checkpointer.load("r1").envelope))
         assert session.step().kind is OutcomeKind.EXECUTED
         sizes.append(len(session.rt.checkpointer.load("r1").envelope))
     assert session.state.writes_committed == guarded.sandbox.write_count() == 200
+    assert session.state.ledger_length == 600  # intended, dispatched, committed per write
     assert sizes[-1] - sizes[9] <= 1024, (sizes[9], sizes[-1])
+    assert approved[-1] - approved[9] <= 1024, (approved[9], approved[-1])
