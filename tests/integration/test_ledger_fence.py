@@ -21,8 +21,10 @@ from tether.core import (
     EffectStatus,
     LeaseLostError,
     LedgerIntegrityError,
+    OutcomeKind,
     Phase,
     RunState,
+    StaleMarkError,
     canonical_bytes,
     format_time,
     seal_entry,
@@ -214,3 +216,78 @@ def test_two_commits_per_write_step(world: World) -> None:
     assert session.state.generation - before == 2
     statuses = [e.status for e in rt.checkpointer.verified_ledger(session.state)]
     assert statuses == [EffectStatus.INTENDED, EffectStatus.DISPATCHED, EffectStatus.COMMITTED]
+
+
+def put_mark_back(db: Path, marks_db: Path, generation: int) -> None:
+    """Move the separate mark back to ``generation`` (what restoring an old mark backup does)."""
+    with sqlite3.connect(db) as conn:
+        (digest,) = conn.execute(
+            "SELECT checkpoint_digest FROM tether_checkpoints WHERE run_id = 'r1' AND generation = ?",
+            (generation,),
+        ).fetchone()
+    with sqlite3.connect(marks_db) as conn:
+        conn.execute(
+            "UPDATE tether_marks SET generation = ?, checkpoint_digest = ?, state_version = ?",
+            (generation, digest, generation),
+        )
+
+
+def blind_world(world: World) -> None:
+    world.sandbox = Sandbox(
+        {"notes.txt": "draft\n"},
+        instance_id="sbx-1",
+        clock=world.clock.now,
+        idempotent=False,
+        queryable=False,
+        conditional_writes=False,
+    )
+
+
+def test_a_mark_put_back_two_generations_fails_closed(world: World, tmp_path: Path) -> None:
+    """Apart, content more than one generation past the mark proves the mark was put back."""
+    blind_world(world)
+    marks_db = tmp_path / "marks.sqlite"
+    marks = SQLiteStore(marks_db)
+    world.stores.append(marks)
+    assert world.runtime(agent(), marks=marks).start("r1").run().phase is Phase.COMPLETED
+    put_mark_back(world.db, marks_db, 2)
+    with pytest.raises(StaleMarkError):
+        world.runtime(agent(), marks=SQLiteStore(marks_db)).recover("r1")
+    assert world.sandbox.write_count() == 1
+
+
+def test_a_mark_put_back_one_generation_never_sends_a_blind_write_again(
+    world: World, tmp_path: Path
+) -> None:
+    """A mark one generation back looks like a crash between content and mark: settle as maybe sent."""
+    blind_world(world)
+    marks_db = tmp_path / "marks.sqlite"
+    marks = SQLiteStore(marks_db)
+    world.stores.append(marks)
+    rt = world.runtime(agent(), marks=marks, crash=CrashPlan(CrashPoint.EFFECT_SENT))
+    with pytest.raises(SimulatedCrash):
+        rt.start("r1").run()
+    # Generation 2 made the write pending (intended), 3 said dispatched, then it was sent.
+    put_mark_back(world.db, marks_db, 2)
+    session = world.runtime(agent(), marks=SQLiteStore(marks_db)).recover("r1")
+    outcome = session.run()
+    assert (outcome.kind, outcome.phase) == (OutcomeKind.FROZEN, Phase.NEEDS_REVIEW)
+    assert session.state.review_cases[0].reason == "outcome_unknown"
+    assert world.sandbox.write_count() == 1
+    # The next restore accepts the ledger it wrote (intended, dispatched, outcome_unknown).
+    again = world.runtime(agent(), marks=SQLiteStore(marks_db)).recover("r1")
+    assert again.state.phase is Phase.NEEDS_REVIEW
+
+
+@pytest.mark.parametrize(
+    ("column", "value"), [("seq", "x"), ("epoch", "abc"), ("receipt", '{"a": 1e400}')]
+)
+def test_a_malformed_ledger_row_is_a_typed_integrity_error(
+    world: World, column: str, value: str
+) -> None:
+    """Text where a number belongs, or a receipt that cannot be hashed, fails closed typed."""
+    world.runtime(agent()).start("r1").run(max_steps=1)
+    with sqlite3.connect(world.db) as conn:
+        conn.execute(f"UPDATE tether_ledger SET {column} = ? WHERE seq = 3", (value,))
+    with pytest.raises(LedgerIntegrityError):
+        world.runtime(agent()).recover("r1")

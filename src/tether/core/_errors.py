@@ -128,6 +128,20 @@ class StaleCheckpointError(IntegrityError):
         )
 
 
+class StaleMarkError(IntegrityError):
+    """The content store holds checkpoints beyond the mark's next generation: the mark was rolled back."""
+
+    def __init__(self, run_id: str, mark: int, newest: int) -> None:
+        self.expected = newest
+        self.actual = mark
+        super().__init__(
+            f"run {run_id}: the high-water mark is at generation {mark} but the content store "
+            f"holds generation {newest}; the mark was put back (only one generation past the "
+            "mark can be an orphan of a crash)",
+            run_id=run_id,
+        )
+
+
 class MissingHighWaterMarkError(IntegrityError):
     """The generation store has no mark for the run: refuse rather than guess."""
 

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from tether.core._canonical import JSONValue
-from tether.core._errors import LedgerIntegrityError
+from tether.core._errors import CanonicalJSONError, LedgerIntegrityError
 from tether.core._model import format_time
 from tether.core._phases import EffectStatus
 from tether.core._trace import chain_hash
@@ -126,7 +126,11 @@ def verify_ledger(
         entry = by_hash.pop(cursor, None)
         if entry is None:
             raise broken(f"lacks entry {cursor} (deleted or never written)")
-        if chain_hash(entry.prev_hash, entry.body()) != entry.hash:
+        try:
+            recomputed = chain_hash(entry.prev_hash, entry.body())
+        except (CanonicalJSONError, ValueError) as exc:
+            raise broken(f"entry {entry.seq} cannot be hashed: {exc}") from exc
+        if recomputed != entry.hash:
             raise broken(f"entry {entry.seq} was altered (its hash does not match its content)")
         if entry.seq != length - len(chain):
             raise broken(f"entry {entry.hash} is out of order (seq {entry.seq})")

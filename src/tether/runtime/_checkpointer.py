@@ -33,6 +33,7 @@ from tether.core import (
     ScenarioMismatchError,
     SchemaVersionError,
     StaleCheckpointError,
+    StaleMarkError,
     StoreError,
     TaskMismatchError,
     TetherError,
@@ -58,6 +59,10 @@ class Restored:
     envelope: bytes
     #: The effect ledger, verified against the state's signed head (restore only).
     ledger: tuple[LedgerEntry, ...] = ()
+    #: The signed state said ``intended`` but unlanded content beyond the mark
+    #: says the write was dispatched: ``state`` now says ``dispatched``, and the
+    #: first commit must record it in the ledger.
+    maybe_sent: bool = False
 
 
 class Checkpointer:
@@ -199,7 +204,24 @@ class Checkpointer:
         self.check_generation(restored)
         check_environment(state, adapter)
         validate_state(state)
-        return replace(restored, ledger=tuple(self.verified_ledger(state)))
+        chain = self.verified_ledger(state)
+        pending = state.pending
+        if pending is not None and pending.status is EffectStatus.INTENDED and not self.colocated:
+            # A mark put back by exactly one generation looks like a crash
+            # between content and mark, and the commit beyond it may have been
+            # followed by the send: then "intended" no longer proves nothing
+            # left. Settle it as possibly sent (ask, dedup, or review).
+            beyond = [
+                e
+                for e in self.content.ledger(state.run_id)
+                if e.seq > state.ledger_length
+                and e.idempotency_key == pending.idempotency_key
+                and e.status is not EffectStatus.INTENDED
+            ]
+            if beyond:
+                state = state.evolve(pending=replace(pending, status=EffectStatus.DISPATCHED))
+                return replace(restored, state=state, ledger=tuple(chain), maybe_sent=True)
+        return replace(restored, ledger=tuple(chain))
 
     def verified_ledger(self, state: RunState) -> list[LedgerEntry]:
         """The run's effect ledger, chained to the head ``state`` signed, or fail closed.
@@ -215,6 +237,12 @@ class Checkpointer:
             GENESIS_HASH,
             orphans_possible=not self.colocated,
         )
+        if not self.colocated:
+            newest = self.content.newest_generation(state.run_id)
+            if newest is not None and newest > state.generation + 1:
+                # Honest content runs at most one generation ahead of the mark
+                # (a crash between content and mark); more is a mark put back.
+                raise StaleMarkError(state.run_id, state.generation, newest)
         if strays:
             self._prove_orphans(state, strays)
         pending = state.pending

@@ -223,6 +223,9 @@ class Runtime:
             session.hold(lease)
         if state.phase.terminal or state.phase is Phase.NEEDS_REVIEW:
             return session  # nothing may change; an operator can still read everything
+        # Content beyond the mark said the pending write was dispatched: the
+        # ledger records that before anything else happens.
+        notes = (LedgerNote(EffectStatus.DISPATCHED),) if restored.maybe_sent else ()
         session.commit(
             state.evolve(epoch=state.epoch + 1, worker=self.worker),
             [
@@ -233,9 +236,12 @@ class Runtime:
                         "previous_epoch": state.epoch,
                         "previous_worker": state.worker,
                         "phase": state.phase.value,
+                        "maybe_sent": restored.maybe_sent,
                     },
                 )
             ],
+            ledger=notes,
+            effect=state.pending if notes else None,
         )
         return session
 

@@ -99,7 +99,8 @@ def _ledger_row(run_id: str, row: Sequence[Any]) -> LedgerEntry:
     try:
         effect = EffectStatus(str(status))
         moment = _parse_time(at)
-    except ValueError as exc:
+        number, epoch_number = int(seq), int(epoch)
+    except (TypeError, ValueError) as exc:
         raise LedgerIntegrityError(
             f"run {run_id}: ledger row {hash_} is malformed: {exc}", run_id=run_id
         ) from exc
@@ -117,12 +118,12 @@ def _ledger_row(run_id: str, row: Sequence[Any]) -> LedgerEntry:
     return LedgerEntry(
         run_id=run_id,
         idempotency_key=str(key),
-        seq=int(seq),
+        seq=number,
         status=effect,
         action_id=str(action_id),
         intent_digest=str(intent_digest),
         receipt=body,
-        epoch=int(epoch),
+        epoch=epoch_number,
         at=moment,
         prev_hash=str(prev),
         hash=str(hash_),
