@@ -35,6 +35,7 @@ from tether.core import (
     TraceEvent,
     WriteOnceError,
     canonical_bytes,
+    chain_hash,
     format_time,
     parse_time_text,
     strict_loads,
@@ -206,6 +207,10 @@ class SQLBase(SQLEngine):
             self._run(self._insert_ignore("tether_blobs", ("digest", "body")), (blob_digest, body))
 
     def _put_event(self, event: TraceEvent) -> None:
+        # Rows are addressed by their hash: one whose hash is not its content's
+        # would make "already there" mean "something else is there".
+        if chain_hash(event.prev_hash, event.body()) != event.hash:
+            raise WriteOnceError(f"trace event {event.hash} is not sealed over its content")
         inserted = self._run(
             self._insert_ignore(
                 "tether_trace", ("run_id", "hash", "prev_hash", "seq", "kind", "at", "data")
@@ -344,6 +349,8 @@ class SQLBase(SQLEngine):
     # -- ledger --------------------------------------------------------------
 
     def _put_ledger(self, entry: LedgerEntry) -> None:
+        if chain_hash(entry.prev_hash, entry.body()) != entry.hash:
+            raise WriteOnceError(f"ledger entry {entry.hash} is not sealed over its content")
         receipt = None if entry.receipt is None else canonical_bytes(entry.receipt).decode("utf-8")
         inserted = self._run(
             self._insert_ignore(

@@ -357,10 +357,13 @@ def test_ledger_rows_are_write_once(tether_store: Any) -> None:
     tether_store.put_content(make_commit("r", 1, b"again", ledger=rows))
     expect_eq(tether_store.ledger("r"), rows, "one row after an identical rewrite")
     (row,) = rows
-    clash = replace(row, seq=row.seq + 1)
-    with pytest.raises(WriteOnceError):
-        tether_store.put_content(make_commit("r", 2, ledger=[clash]))
-    expect_eq(tether_store.ledger("r"), rows, "rows after the refused clash")
+    for clash in (
+        replace(row, seq=row.seq + 1),
+        replace(row, status=EffectStatus.COMMITTED, receipt={"forged": True}),
+    ):
+        with pytest.raises(WriteOnceError):
+            tether_store.put_content(make_commit("r", 2, ledger=[clash]))
+    expect_eq(tether_store.ledger("r"), rows, "rows after the refused clashes")
 
 
 # -- trace ----------------------------------------------------------------------
