@@ -223,3 +223,16 @@ def test_inspect_verify_and_approve_work_against_postgresql(tmp_path: Path) -> N
         demo_child(paths, "recover", url)
         shown = json.loads(tether("inspect", *common, "--json").stdout)
         assert shown["state"]["phase"] == "completed"
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_read_only_commands_never_create_a_missing_store(tmp_path: Path, command: str) -> None:
+    """inspect and verify on a path with no database refuse it and create no file."""
+    report = demo(tmp_path)
+    missing = tmp_path / "typo.sqlite"
+    result = tether(
+        command, "demo-run", "--db", str(missing), "--keyring", str(report["keyring"]), check=False
+    )
+    assert result.returncode == 1
+    assert "no SQLite store" in result.stderr
+    assert not missing.exists()

@@ -5,8 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 
-from tether.core import GENESIS_HASH, IntegrityError, chain_hash, format_time, validate_state
+from tether.core import (
+    GENESIS_HASH,
+    IntegrityError,
+    StoreUnavailableError,
+    chain_hash,
+    format_time,
+    validate_state,
+)
 from tether.crypto import Keyring
 from tether.runtime import Checkpointer
 from tether.store import SQLBase, SQLiteStore, open_store
@@ -15,7 +23,7 @@ from tether.store import SQLBase, SQLiteStore, open_store
 def _open(args: argparse.Namespace) -> tuple[SQLBase, SQLiteStore | None, Checkpointer]:
     keyring = Keyring.from_file(args.keyring) if args.keyring else Keyring.from_environ()
     store = _store(args)
-    marks = SQLiteStore(args.marks) if args.marks else None
+    marks = SQLiteStore(_existing(args.marks)) if args.marks else None
     return store, marks, Checkpointer(store, keyring, marks=marks)
 
 
@@ -142,4 +150,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _store(args: argparse.Namespace) -> SQLBase:
     if args.store:
         return open_store(args.store)
-    return SQLiteStore(args.db)
+    return SQLiteStore(_existing(args.db))
+
+
+def _existing(path: Path) -> Path:
+    """Read-only commands never create (and migrate) a database that is not there."""
+    if not Path(path).is_file():
+        raise StoreUnavailableError(f"no SQLite store at {str(path)!r}")
+    return Path(path)

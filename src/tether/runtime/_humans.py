@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from tether.adapters import Adapter
 from tether.core import (
     CanonicalJSONError,
     EvidenceError,
     Phase,
+    Policy,
     PolicyError,
     ReviewDecision,
     ReviewDriftError,
@@ -27,9 +29,33 @@ from tether.core import (
     digest,
 )
 from tether.crypto import Role, TrustRoots
+from tether.runtime._clock import Clock
+from tether.store import ContentStore
 
-if TYPE_CHECKING:
-    from tether.runtime._runtime import RunSession, Runtime
+
+class Runtime(Protocol):
+    """What the human gates read of a runtime (structural: no import of the session module)."""
+
+    @property
+    def policy(self) -> Policy: ...
+    @property
+    def trust(self) -> TrustRoots | None: ...
+    @property
+    def store(self) -> ContentStore: ...
+    @property
+    def adapter(self) -> Adapter: ...
+    @property
+    def clock(self) -> Clock: ...
+
+
+class RunSession(Protocol):
+    """What the human gates use of a session: its runtime, its state, and commit."""
+
+    @property
+    def rt(self) -> Runtime: ...
+    @property
+    def state(self) -> RunState: ...
+    def commit(self, state: RunState, events: list[tuple[str, dict[str, Any]]]) -> None: ...
 
 
 def kind_needs_approval(rt: Runtime, kind: str) -> bool:
