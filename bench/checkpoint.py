@@ -61,8 +61,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tether.adapters import Observation, Sandbox
-from tether.core import Policy, Proposal, TaskSpec
+from tether.adapters import Sandbox
+from tether.core import Observation, Policy, Proposal, TaskSpec
 from tether.crypto import Keyring
 from tether.runtime import AgentContext, Decision, RunSession, Runtime
 from tether.store import SQLiteStore

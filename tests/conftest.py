@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tether.adapters import Observation, Sandbox
-from tether.core import Policy, Proposal, TaskSpec
+from tether.adapters import Sandbox
+from tether.core import Observation, Policy, Proposal, TaskSpec
 from tether.crypto import Keyring
 from tether.runtime import AgentContext, CrashPlan, Decision, Runtime
 from tether.store import SQLiteStore
@@ -45,9 +45,9 @@ def make_task(fingerprint: str, **changes: Any) -> TaskSpec:
     doc: dict[str, Any] = {
         "task_id": "t1",
         "task_version": "1",
-        "allowed_kinds": ["file.write"],
+        "allowed_kinds": ["file.read", "file.list", "file.write", "tests.run"],
         "allowed_paths": ["notes.txt", "src/"],
-        "permissions": ["workspace.write"],
+        "permissions": ["workspace.read", "workspace.write"],
         "budgets": {"proposals": 10, "steps": 20, "wall_time_s": 3600, "cost": 100},
         "initial_environment": {"namespace": "sandbox", "state_fingerprint": fingerprint},
         "verifier": {"argv": ["python", "-c", "pass"], "timeout_s": 30},
@@ -65,11 +65,17 @@ def make_policy(**changes: Any) -> Policy:
         "policy_id": "p1",
         "policy_version": "1",
         "kinds": {
-            "file.write": {"risk": "low", "permission": "workspace.write", "needs_approval": False}
+            "file.read": {"risk": "low", "permission": "workspace.read", "needs_approval": False},
+            "file.list": {"risk": "low", "permission": "workspace.read", "needs_approval": False},
+            "file.write": {"risk": "low", "permission": "workspace.write", "needs_approval": False},
+            "tests.run": {"risk": "low", "permission": "workspace.read", "needs_approval": False},
         },
         "max_risk": "medium",
         "approval_ttl_s": 600,
     }
+    kinds = changes.pop("kinds", None)
+    if kinds is not None:
+        doc["kinds"] = {**doc["kinds"], **kinds}  # a test's rules replace those of the same kind
     doc.update(changes)
     return Policy.from_json(doc)
 

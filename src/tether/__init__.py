@@ -9,15 +9,16 @@ from tether.adapters import (
     Capabilities,
     Fence,
     FileWorkspace,
-    Observation,
     Sandbox,
     VerifierResult,
 )
 from tether.core import (
+    ActionResult,
     EffectStatus,
     EnvironmentState,
     Intent,
     LedgerEntry,
+    Observation,
     Outcome,
     OutcomeKind,
     Phase,
@@ -42,6 +43,7 @@ from tether.store import PostgresStore, SQLiteStore, open_store
 __version__ = "0.1.0"
 
 __all__ = [
+    "ActionResult",
     "Adapter",
     "Agent",
     "AgentContext",

@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tether.adapters import FileWorkspace, Observation
-from tether.core import Policy, Proposal, TaskSpec, TetherError
+from tether.adapters import FileWorkspace
+from tether.core import Observation, Policy, Proposal, TaskSpec, TetherError
 from tether.crypto import Keyring, Signer, TrustRoots
 from tether.runtime import AgentContext, CrashPlan, Decision, Runtime
 from tether.store import SQLBase, SQLiteStore, open_store
@@ -39,11 +39,12 @@ def policy_doc(scenario: str) -> dict[str, object]:
         "policy_id": "demo",
         "policy_version": "1",
         "kinds": {
+            "file.read": {"risk": "low", "permission": "workspace.read", "needs_approval": False},
             "file.write": {
                 "risk": "low",
                 "permission": "workspace.write",
                 "needs_approval": scenario == "approval",
-            }
+            },
         },
         "max_risk": "medium",
         "approval_ttl_s": 900,
@@ -51,14 +52,24 @@ def policy_doc(scenario: str) -> dict[str, object]:
 
 
 class RepairAgent:
-    """Reads calc.py, proposes the fix, then finishes. Deterministic from its context."""
+    """Reads calc.py, writes the fix if it is not there, then finishes.
+
+    Deterministic from its context and what it read: a recovered run picks up
+    at the same plan cursor and sees the same read result.
+    """
 
     def decide(self, context: AgentContext, observation: Observation) -> Decision:
-        files = observation.data.get("files", {})
-        if context.plan_cursor == 0 and files.get("calc.py") != FIXED:
-            note = {"role": "agent", "text": "add() subtracts; rewriting calc.py"}
+        if context.plan_cursor == 0:
+            note = {"role": "agent", "text": "reading calc.py"}
             return Decision(
                 context=AgentContext((*context.messages, note), context.memory, 1),
+                proposal=Proposal(action_id="read-calc", kind="file.read", target="calc.py"),
+            )
+        read = observation.result("read-calc")
+        if context.plan_cursor == 1 and (read is None or read.data.get("text") != FIXED):
+            note = {"role": "agent", "text": "add() subtracts; rewriting calc.py"}
+            return Decision(
+                context=AgentContext((*context.messages, note), context.memory, 2),
                 proposal=Proposal(
                     action_id="fix-calc",
                     kind="file.write",
@@ -70,7 +81,7 @@ class RepairAgent:
             )
         note = {"role": "agent", "text": "calc.py is fixed; asking the verifier"}
         return Decision(
-            context=AgentContext((*context.messages, note), context.memory, 2),
+            context=AgentContext((*context.messages, note), context.memory, 3),
             finished=True,
             summary="calc.add repaired",
         )
@@ -137,9 +148,9 @@ def prepare(paths: DemoPaths, scenario: str = "repair") -> None:
     task = {
         "task_id": "repair-calc",
         "task_version": "1",
-        "allowed_kinds": ["file.write"],
+        "allowed_kinds": ["file.read", "file.write"],
         "allowed_paths": ["calc.py"],
-        "permissions": ["workspace.write"],
+        "permissions": ["workspace.read", "workspace.write"],
         "budgets": {"proposals": 5, "steps": 10, "wall_time_s": 600, "cost": 10},
         "initial_environment": {"namespace": "file-workspace", "state_fingerprint": fingerprint},
         "verifier": {"argv": list(VERIFIER), "timeout_s": 60},

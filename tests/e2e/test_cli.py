@@ -236,3 +236,51 @@ def test_read_only_commands_never_create_a_missing_store(tmp_path: Path, command
     assert result.returncode == 1
     assert "no SQLite store" in result.stderr
     assert not missing.exists()
+
+
+def test_cancel_settles_a_dispatched_write_and_ends_the_run(tmp_path: Path) -> None:
+    """`tether cancel` asks the workspace about a write that may have left, then cancels; a second cancel is refused."""
+    import os
+
+    from tether.core import EffectStatus, Phase
+    from tether.runtime import CrashPlan, SimulatedCrash
+    from tether.store import SQLiteStore
+
+    paths = _demo.DemoPaths.under(tmp_path)
+    _demo.prepare(paths)
+    with _demo.workspace(paths) as ws:
+        rt = _demo.runtime(paths, ws, CrashPlan(CrashPoint.INTENT_PERSISTED))
+        with pytest.raises(SimulatedCrash):
+            rt.start(_demo.RUN_ID).run()
+        rt.store.close()
+    url = f"sqlite:///{paths.db}"
+    args = ("cancel", _demo.RUN_ID, "--store", url, "--app", "tether._demo:worker_factory")
+    env = {**os.environ, "TETHER_DEMO_HOME": str(paths.home)}
+    done = subprocess.run(
+        [sys.executable, "-m", "tether.cli", *args, "--reason", "the ticket was withdrawn"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "is cancelled" in done.stdout
+    with SQLiteStore(paths.db) as store:
+        statuses = [e.status for e in store.ledger(_demo.RUN_ID)]
+        mark = store.get_mark(_demo.RUN_ID)
+    assert statuses == [EffectStatus.INTENDED, EffectStatus.DISPATCHED, EffectStatus.CANCELLED]
+    assert mark is not None and mark.phase == Phase.CANCELLED
+    assert (paths.workspace / "calc.py").read_text() == _demo.BUGGY  # nothing was sent
+    again = subprocess.run(
+        [sys.executable, "-m", "tether.cli", *args, "--reason", "again"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        check=False,
+    )
+    assert again.returncode == 1
+    assert "RunTerminalError" in again.stderr

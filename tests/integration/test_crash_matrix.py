@@ -65,9 +65,10 @@ WORKERS = max(1, min(4, os.cpu_count() or 1))
 # carries intended + dispatched, the advance carries committed.
 NOTHING = (None, None, None, (), 0)
 GENESIS = (1, Phase.RUNNING, 0, (), 0)
-PENDING_UNSENT = (2, Phase.PENDING, 0, DISPATCHED, 0)
-PENDING_SENT = (2, Phase.PENDING, 0, DISPATCHED, 1)
-ADVANCED = (3, Phase.RUNNING, 1, COMMITTED, 1)
+READ = (2, Phase.RUNNING, 0, (), 0)  # the demo reads calc.py first: no ledger, no write
+PENDING_UNSENT = (3, Phase.PENDING, 0, DISPATCHED, 0)
+PENDING_SENT = (3, Phase.PENDING, 0, DISPATCHED, 1)
+ADVANCED = (4, Phase.RUNNING, 1, COMMITTED, 1)
 
 # What is durable when the process dies at the hit-th pass through a point.
 # `receipt_persisted` is inside the advancing commit now: co-located, that
@@ -75,18 +76,21 @@ ADVANCED = (3, Phase.RUNNING, 1, COMMITTED, 1)
 # is written and the mark has not moved (see ORPHANED).
 DURABLE_AT = {
     (P.BEFORE_PROPOSAL, 1): GENESIS,
-    (P.BEFORE_PROPOSAL, 2): ADVANCED,
+    (P.BEFORE_PROPOSAL, 2): READ,
+    (P.BEFORE_PROPOSAL, 3): ADVANCED,
     (P.INTENT_PERSISTED, 1): PENDING_UNSENT,
     (P.EFFECT_SENT, 1): PENDING_SENT,
     (P.RECEIPT_PERSISTED, 1): PENDING_SENT,
     (P.CHECKPOINT_WRITE, 1): NOTHING,
     (P.CHECKPOINT_WRITE, 2): GENESIS,
-    (P.CHECKPOINT_WRITE, 3): PENDING_SENT,
-    (P.CHECKPOINT_WRITE, 4): ADVANCED,
+    (P.CHECKPOINT_WRITE, 3): READ,
+    (P.CHECKPOINT_WRITE, 4): PENDING_SENT,
+    (P.CHECKPOINT_WRITE, 5): ADVANCED,
     (P.CONTENT_BEFORE_MARK, 1): NOTHING,
     (P.CONTENT_BEFORE_MARK, 2): GENESIS,
-    (P.CONTENT_BEFORE_MARK, 3): PENDING_SENT,
-    (P.CONTENT_BEFORE_MARK, 4): ADVANCED,
+    (P.CONTENT_BEFORE_MARK, 3): READ,
+    (P.CONTENT_BEFORE_MARK, 4): PENDING_SENT,
+    (P.CONTENT_BEFORE_MARK, 5): ADVANCED,
 }
 
 # With the mark apart, the commit that died wrote its content (ledger rows
@@ -95,9 +99,10 @@ DURABLE_AT = {
 ORPHANED = {
     (P.RECEIPT_PERSISTED, 1): COMMITTED,
     (P.CONTENT_BEFORE_MARK, 1): (),
-    (P.CONTENT_BEFORE_MARK, 2): DISPATCHED,
-    (P.CONTENT_BEFORE_MARK, 3): COMMITTED,
+    (P.CONTENT_BEFORE_MARK, 2): (),
+    (P.CONTENT_BEFORE_MARK, 3): DISPATCHED,
     (P.CONTENT_BEFORE_MARK, 4): COMMITTED,
+    (P.CONTENT_BEFORE_MARK, 5): COMMITTED,
 }
 
 
@@ -129,21 +134,24 @@ def _cases() -> list[Case]:
     # the others guard the remaining checkpoints with fewer trials.
     main, side = (TRIALS, TRIALS), (3, 5)
     shared = [
-        (P.BEFORE_PROPOSAL, 2, main),  # after the write: a naive resume would write again
+        (P.BEFORE_PROPOSAL, 3, main),  # after the write: a naive resume would write again
         (P.BEFORE_PROPOSAL, 1, side),
+        (P.BEFORE_PROPOSAL, 2, side),  # after the read: the agent must see the same result
         (P.INTENT_PERSISTED, 1, main),
         (P.EFFECT_SENT, 1, main),
         (P.RECEIPT_PERSISTED, 1, main),
-        (P.CHECKPOINT_WRITE, 2, main),  # the pending checkpoint
-        (P.CHECKPOINT_WRITE, 3, main),  # the advance after the receipt
+        (P.CHECKPOINT_WRITE, 3, main),  # the pending checkpoint
+        (P.CHECKPOINT_WRITE, 4, main),  # the advance after the receipt
         (P.CHECKPOINT_WRITE, 1, side),
-        (P.CHECKPOINT_WRITE, 4, side),
+        (P.CHECKPOINT_WRITE, 2, side),
+        (P.CHECKPOINT_WRITE, 5, side),
     ]
     separate_only = [
-        (P.CONTENT_BEFORE_MARK, 2, main),
+        (P.CONTENT_BEFORE_MARK, 3, main),
         (P.CONTENT_BEFORE_MARK, 1, side),
-        (P.CONTENT_BEFORE_MARK, 3, side),
+        (P.CONTENT_BEFORE_MARK, 2, side),
         (P.CONTENT_BEFORE_MARK, 4, side),
+        (P.CONTENT_BEFORE_MARK, 5, side),
     ]
     cases = [
         Case(point, hit, placement, *runs)
@@ -284,12 +292,12 @@ def test_every_point_gets_twenty_trials_per_mode_and_placement() -> None:
 def test_demo_passes_each_point_as_the_matrix_assumes(placement: Placement, tmp_path: Path) -> None:
     """An uncrashed demo run passes each crash point exactly as often as the matrix's hit numbers assume."""
     expected = {
-        P.BEFORE_PROPOSAL: 2,
+        P.BEFORE_PROPOSAL: 3,
         P.INTENT_PERSISTED: 1,
         P.EFFECT_SENT: 1,
         P.RECEIPT_PERSISTED: 1,
-        P.CHECKPOINT_WRITE: 4,
-        P.CONTENT_BEFORE_MARK: 4 if placement == "separate" else 0,
+        P.CHECKPOINT_WRITE: 5,
+        P.CONTENT_BEFORE_MARK: 5 if placement == "separate" else 0,
     }
     for point, count in expected.items():
         paths = seed(tmp_path / point.value, placement)
@@ -300,7 +308,7 @@ def test_demo_passes_each_point_as_the_matrix_assumes(placement: Placement, tmp_
                 state = rt.start(RUN_ID).run().state
             finally:
                 close_stores(rt)
-            assert (state.phase, state.generation, ws.write_count()) == (Phase.COMPLETED, 4, 1)
+            assert (state.phase, state.generation, ws.write_count()) == (Phase.COMPLETED, 5, 1)
         assert plan.hits == count, point
 
 
@@ -343,7 +351,7 @@ def test_content_without_mark_recovers_from_the_previous_generation(
     """With a separate mark, a death between the pending checkpoint's content and its mark leaves the mark one generation back and recovery resumes there, writing once."""
     for index in range(REPEATS[mode]):
         paths = seed(tmp_path / f"run{index}", "separate")
-        die(paths, P.CONTENT_BEFORE_MARK, 2, mode)
+        die(paths, P.CONTENT_BEFORE_MARK, 3, mode)
         assert paths.marks is not None
         with SQLiteStore(paths.marks) as marks:
             mark = marks.get_mark(RUN_ID)
@@ -353,17 +361,17 @@ def test_content_without_mark_recovers_from_the_previous_generation(
             orphans = tuple(e.status for e in content.ledger(RUN_ID))
             assert orphans == DISPATCHED
         assert mark is not None
-        assert mark.generation == 1
+        assert mark.generation == 2
         assert newest is not None
-        assert newest == 2 > mark.generation  # the orphaned content row exists
+        assert newest == 3 > mark.generation  # the orphaned content row exists
         before = snapshot(paths)
         assert before.state is not None
-        assert (before.state.generation, before.state.phase) == (1, Phase.RUNNING)
+        assert (before.state.generation, before.state.phase) == (2, Phase.RUNNING)
         assert before.state.ledger_length == 0
         come_back(paths, mode)
         check_recovered(paths, before)
         recovered = [e for e in outcome(paths).trace if e.kind == "recovered"]
-        assert [e.data["from_generation"] for e in recovered] == [1]
+        assert [e.data["from_generation"] for e in recovered] == [2]
 
 
 @pytest.mark.parametrize("placement", ["colocated", "separate"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -210,12 +211,20 @@ def test_sandbox_and_workspace_agree_on_fingerprints(ws: FileWorkspace) -> None:
     assert sandbox.environment().state_fingerprint == ws.environment().state_fingerprint
 
 
-def test_observe_returns_text_with_replacement(ws: FileWorkspace) -> None:
-    """observe shows each file as UTF-8 text, replacing undecodable bytes."""
+def test_read_returns_text_with_replacement(ws: FileWorkspace) -> None:
+    """file.read shows one file as UTF-8 text, replacing undecodable bytes; list names them all."""
     (ws.root / "bin.dat").write_bytes(b"ok\xff")
-    seen = ws.observe()
-    assert seen.data == {"files": {"a.txt": "alpha", "bin.dat": "ok\ufffd"}}
-    assert seen.environment == ws.environment()
+    seen = ws.read("file.read", "bin.dat", {})
+    assert seen == {
+        "path": "bin.dat",
+        "exists": True,
+        "sha256": "sha256:" + hashlib.sha256(b"ok\xff").hexdigest(),
+        "text": "ok\ufffd",
+    }
+    missing = ws.read("file.read", "nope.txt", {})
+    assert missing == {"path": "nope.txt", "exists": False, "sha256": None, "text": None}
+    listed = ws.read("file.list", "", {})
+    assert sorted(listed["files"]) == ["a.txt", "bin.dat"]  # type: ignore[arg-type]
 
 
 def test_symlinks_are_refused(ws: FileWorkspace, tmp_path: Path) -> None:

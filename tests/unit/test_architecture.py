@@ -76,6 +76,7 @@ def test_public_api_is_pinned() -> None:
     """The names tether exports are exactly these; a change here is a deliberate API change."""
     assert sorted(tether.__all__) == sorted(
         [
+            "ActionResult",
             "Adapter",
             "Agent",
             "AgentContext",

@@ -441,7 +441,7 @@ def test_completed_state_with_evidence_from_an_older_version_is_invalid(world: W
 @pytest.mark.parametrize(
     ("step", "reason"),
     [
-        (write("notes.txt", "x", kind="shell.run"), "scope_kind"),
+        (write("notes.txt", "x", kind="shell.run"), "unknown_kind"),
         (write("secrets/key.txt", "x"), "scope_target"),
         (write("../notes.txt", "x"), "scope_target"),
         (write("src/./a.py", "x"), "scope_target"),
@@ -476,10 +476,10 @@ def test_gate_refuses_permission_and_risk_the_policy_does_not_grant(world: World
     session = world.runtime(ScriptedAgent([write("notes.txt", "x")]), policy=high).start("r1")
     session.step()
     assert session.trace()[-1].data["reason"] == "risk"
-    other = make_policy(
-        kinds={"file.write": {"risk": "low", "permission": "root", "needs_approval": False}}
+    reader = make_task(
+        world.sandbox.environment().state_fingerprint, permissions=["workspace.read"]
     )
-    session = world.runtime(ScriptedAgent([write("notes.txt", "x")]), policy=other).start("r2")
+    session = world.runtime(ScriptedAgent([write("notes.txt", "x")]), task=reader).start("r2")
     session.step()
     assert session.trace()[-1].data["reason"] == "permission"
 

@@ -303,9 +303,10 @@ def test_file_and_directory_of_the_same_name_are_refused() -> None:
         sandbox.normalize("file.write", "a/b", {"content": "y"})
 
 
-def test_observe_shows_the_files() -> None:
-    """observe returns the environment and a copy of the files."""
+def test_read_shows_one_file() -> None:
+    """file.read returns one file's text and hash; file.list every path with its hash."""
     sandbox = make_sandbox()
-    seen = sandbox.observe()
-    assert seen.data == {"files": {"a.txt": "alpha"}}
-    assert seen.environment == sandbox.environment()
+    seen = sandbox.read("file.read", "a.txt", {})
+    assert seen["text"] == "alpha" and seen["exists"] is True
+    listed = sandbox.read("file.list", "", {})
+    assert list(listed["files"]) == ["a.txt"]  # type: ignore[call-overload]

@@ -1,6 +1,6 @@
 """Adapters: the runtime's hands in the world, and the authority on what they did."""
 
-from tether.adapters._base import Adapter, Fence, Observation, VerifierResult
+from tether.adapters._base import Adapter, Fence, VerifierResult
 from tether.adapters._errors import (
     FenceRejectedError,
     JournalCorruptError,
@@ -21,7 +21,6 @@ __all__ = [
     "FileWorkspace",
     "JournalCorruptError",
     "NotQueryableError",
-    "Observation",
     "Sandbox",
     "UnresolvedWriteError",
     "UnsupportedEntryError",

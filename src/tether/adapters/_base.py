@@ -6,19 +6,19 @@ happened there: its receipts are the truth, the runtime's ledger a copy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from tether.core import Capabilities, EnvironmentState, Intent, Receipt
-
-
-@dataclass(frozen=True, slots=True)
-class Observation:
-    """A fresh look at the environment: its identity and what the agent may see."""
-
-    environment: EnvironmentState
-    data: dict[str, Any] = field(default_factory=dict)
+from tether.core import (
+    ActionKind,
+    Capabilities,
+    EnvironmentState,
+    Intent,
+    JSONValue,
+    Receipt,
+    Verification,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,27 @@ class VerifierResult:
     output_digest: str
     output_tail: str
     environment: EnvironmentState
+
+    def verification(self, at: datetime) -> Verification:
+        """The evidence a checkpoint keeps: which state was judged, and how."""
+        return Verification(
+            env_version=self.environment.version,
+            state_fingerprint=self.environment.state_fingerprint,
+            passed=self.passed,
+            exit_code=self.exit_code,
+            output_digest=self.output_digest,
+            at=at,
+        )
+
+    def summary(self) -> dict[str, JSONValue]:
+        """What a ``tests.run`` hands the agent: the verdict and the output's tail."""
+        return {
+            "passed": self.passed,
+            "exit_code": self.exit_code,
+            "output_digest": self.output_digest,
+            "output_tail": self.output_tail[-2000:],
+            "env_version": self.environment.version,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +95,18 @@ class Adapter(Protocol):
         """The current identity, revision and state fingerprint."""
         ...
 
-    def observe(self) -> Observation:
-        """The current environment plus what an agent may read of it."""
+    @property
+    def kinds(self) -> tuple[ActionKind, ...]:
+        """The action kinds this adapter carries out (its reads and its writes)."""
+        ...
+
+    def read(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, JSONValue]:
+        """Answer a read of a declared ``read`` kind; changes nothing.
+
+        Raises :class:`~tether.core.ContractViolationError` for a read the
+        adapter cannot answer, :class:`~tether.core.AdapterUnavailableError`
+        when it cannot be reached.
+        """
         ...
 
     def normalize(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -106,5 +137,5 @@ class Adapter(Protocol):
         ...
 
     def verify(self, argv: tuple[str, ...], timeout_s: int) -> VerifierResult:
-        """Run the task's verifier (allowlisted) against the current state."""
+        """Run a command from the task's allowlist (the verifier, or a test target) here."""
         ...

@@ -13,14 +13,18 @@ from typing import Any
 
 from tether.adapters._errors import JournalCorruptError
 from tether.core import (
+    ActionClass,
+    ActionKind,
     AdapterError,
     ContractViolationError,
     EnvironmentDriftError,
     EnvironmentState,
     Fields,
     Intent,
+    JSONValue,
     Receipt,
     SpecError,
+    TargetKind,
     canonical_bytes,
     check_canonical_path,
     digest,
@@ -29,6 +33,16 @@ from tether.core import (
 )
 
 FILE_WRITE = "file.write"
+FILE_READ = "file.read"
+FILE_LIST = "file.list"
+
+#: The kinds both file adapters declare: write one file, read one file, list
+#: the tree's paths with their content hashes.
+FILE_KINDS = (
+    ActionKind(FILE_WRITE, ActionClass.WRITE, TargetKind.PATH, required=frozenset({"content"})),
+    ActionKind(FILE_READ, ActionClass.READ, TargetKind.PATH),
+    ActionKind(FILE_LIST, ActionClass.READ, TargetKind.NONE),
+)
 
 _RECEIPT_FIELDS = frozenset(Receipt.__dataclass_fields__)
 
@@ -63,6 +77,33 @@ def _encode(content: object) -> bytes:
     except UnicodeEncodeError as exc:
         # Lone surrogates cannot be written as UTF-8 nor canonicalized as JSON.
         raise ContractViolationError("bad_args", "args.content is not encodable as UTF-8") from exc
+
+
+def read_files(
+    kind: str,
+    target: str,
+    hashes: Callable[[], Mapping[str, str]],
+    content: Callable[[str], bytes | None],
+) -> dict[str, JSONValue]:
+    """Answer a ``file.read`` (one file's text) or a ``file.list`` (every path and its hash).
+
+    Text is UTF-8 with undecodable bytes replaced; ``sha256`` is of the exact
+    bytes, so an agent can tell a replaced byte from the real character.
+    """
+    if kind == FILE_LIST:
+        return {"files": dict(sorted(hashes().items()))}
+    if kind != FILE_READ:
+        raise ContractViolationError("bad_kind", f"{kind!r} is not a read this adapter knows")
+    check_target(target)
+    data = content(target)
+    if data is None:
+        return {"path": target, "exists": False, "sha256": None, "text": None}
+    return {
+        "path": target,
+        "exists": True,
+        "sha256": digest_bytes(data),
+        "text": data.decode("utf-8", errors="replace"),
+    }
 
 
 def normalize_write(

@@ -16,9 +16,10 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from tether.adapters._base import Fence, Observation, VerifierResult
+from tether.adapters._base import Fence, VerifierResult
 from tether.adapters._errors import NotQueryableError, UnsupportedEntryError
 from tether.adapters._filewrite import (
+    FILE_KINDS,
     WriteRequest,
     check_instance,
     check_prestate,
@@ -27,9 +28,11 @@ from tether.adapters._filewrite import (
     make_receipt,
     normalize_write,
     parse_write,
+    read_files,
     tampered,
 )
 from tether.core import (
+    ActionKind,
     AdapterError,
     AdapterUnavailableError,
     Capabilities,
@@ -37,6 +40,7 @@ from tether.core import (
     EnvironmentState,
     IdempotencyConflictError,
     Intent,
+    JSONValue,
     PreconditionFailedError,
     Receipt,
     check_canonical_path,
@@ -160,10 +164,21 @@ class Sandbox:
         with self._lock:
             return self._environment(self._hashes())
 
-    def observe(self) -> Observation:
-        """The environment plus a copy of every file's text."""
+    @property
+    def kinds(self) -> tuple[ActionKind, ...]:
+        """``file.write``, ``file.read`` and ``file.list``."""
+        return FILE_KINDS
+
+    def read(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, JSONValue]:
+        """One file's text (``file.read``) or every path with its hash (``file.list``)."""
         with self._lock:
-            return Observation(self._environment(self._hashes()), {"files": dict(self._files)})
+            files = self._files
+            return read_files(
+                kind,
+                target,
+                self._hashes,
+                lambda rel: files[rel].encode("utf-8") if rel in files else None,
+            )
 
     def lookup(self, key: str) -> Receipt | None:
         """The receipt under ``key``, or ``None``; refuses when configured not queryable."""

@@ -59,6 +59,12 @@ class Tree:
         """Every regular file's ``sha256:<hex>`` by relative path."""
         return {rel: digest_bytes(_read(path)) for rel, path in self.scan().items()}
 
+    def read(self, target: str) -> bytes | None:
+        """The bytes of ``target``, ``None`` if absent; refuses symlinks on the way."""
+        if self.hash_of(target) is None:
+            return None
+        return _read(self.root / target)
+
     def hash_of(self, target: str) -> str | None:
         """Content hash of ``target``, ``None`` if absent; refuses symlinks on the way."""
         path = self.root

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tether.adapters._base import Fence, Observation, VerifierResult
+from tether.adapters._base import Fence, VerifierResult
 from tether.adapters._errors import (
     FenceRejectedError,
     UnresolvedWriteError,
@@ -41,6 +41,7 @@ from tether.adapters._errors import (
     WorkspaceConfigError,
 )
 from tether.adapters._filewrite import (
+    FILE_KINDS,
     WriteRequest,
     check_instance,
     check_prestate,
@@ -49,11 +50,13 @@ from tether.adapters._filewrite import (
     make_receipt,
     normalize_write,
     parse_write,
+    read_files,
     tampered,
 )
 from tether.adapters._journal import Journal, Prepared
 from tether.adapters._tree import Tree
 from tether.core import (
+    ActionKind,
     AdapterError,
     AdapterUnavailableError,
     Capabilities,
@@ -61,6 +64,7 @@ from tether.core import (
     EnvironmentState,
     IdempotencyConflictError,
     Intent,
+    JSONValue,
     PreconditionFailedError,
     Receipt,
     VerifierRefusedError,
@@ -173,13 +177,15 @@ class FileWorkspace:
         with self._exclusive():
             return self._environment(self._tree.hashes())
 
-    def observe(self) -> Observation:
-        """The environment plus every file's text (UTF-8, undecodable bytes replaced)."""
+    @property
+    def kinds(self) -> tuple[ActionKind, ...]:
+        """``file.write``, ``file.read`` and ``file.list``."""
+        return FILE_KINDS
+
+    def read(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, JSONValue]:
+        """One file's text (``file.read``; UTF-8, undecodable bytes replaced) or every path."""
         with self._exclusive():
-            contents = self._tree.contents()
-            hashes = {rel: digest_bytes(data) for rel, data in contents.items()}
-            files = {rel: data.decode("utf-8", errors="replace") for rel, data in contents.items()}
-            return Observation(self._environment(hashes), {"files": files})
+            return read_files(kind, target, self._tree.hashes, self._tree.read)
 
     def lookup(self, key: str) -> Receipt | None:
         """The receipt stored under ``key``; ``None`` if none (or its write is unresolved)."""

@@ -210,7 +210,52 @@ def build_parser() -> argparse.ArgumentParser:
         "--idle-exit", action="store_true", help="exit when no run is waiting to be claimed"
     )
     worker.set_defaults(func=cmd_worker)
+    cancel = sub.add_parser(
+        "cancel",
+        help="end a run in cancelled; a write it may have sent is settled first",
+        description="Take the run's lease, then end it in cancelled. A write that never left "
+        "is dropped (the ledger says so); one that may have been sent is looked up first: "
+        "committed -> recorded, absent -> dropped, unknowable -> needs_review. A cancelled run "
+        "can't be resumed. --app names factory(store, run_id, worker) -> Runtime.",
+    )
+    cancel.add_argument("run_id", help="the run to cancel")
+    cancel.add_argument("--store", required=True, help="sqlite:///path.sqlite or postgresql://...")
+    cancel.add_argument("--app", required=True, help="module:factory building the run's Runtime")
+    cancel.add_argument("--reason", required=True, help="why, for the trace")
+    cancel.set_defaults(func=cmd_cancel)
     return parser
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    import getpass
+    import os
+    import socket
+
+    from tether.core import OutcomeKind
+    from tether.runtime import load_factory
+    from tether.store import open_store
+
+    factory = load_factory(args.app)
+    worker_id = f"cancel-{socket.gethostname()}-{os.getpid()}"
+    with open_store(args.store) as store:
+        rt = factory(store, args.run_id, worker_id)
+        # The cancel runs under the run's lease: a worker busy with it makes this
+        # fail with LeaseHeldError rather than race it.
+        rt.lease_ttl_s = rt.lease_ttl_s or 30.0
+        session = rt.recover(args.run_id)
+        try:
+            outcome = session.cancel(args.reason, by=f"cli:{getpass.getuser()}")
+        finally:
+            session.release()
+    if outcome.kind is OutcomeKind.CANCELLED:
+        print(
+            f"tether cancel: run {args.run_id} is cancelled (generation {outcome.state.generation})"
+        )
+        return 0
+    _error(
+        f"run {args.run_id} is not cancelled: {outcome.kind} ({outcome.reason}): {outcome.message}"
+    )
+    return EXIT_ERROR
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -191,9 +191,45 @@ __all__ = [
     "validate_state",
 ]
 
-from tether.core._gate import Proposal, Rejection, gate, risk_of
+from tether.core._actions import (
+    CANCEL,
+    FINISH,
+    RUNTIME_KINDS,
+    TESTS_RUN,
+    ActionClass,
+    ActionKind,
+    ActionResult,
+    Observation,
+    Proposal,
+    Rejection,
+    TargetKind,
+    catalog,
+    check_contract,
+    gate,
+    needs_approval,
+    risk_of,
+    rule_for,
+)
 
-__all__ += ["Proposal", "Rejection", "gate", "risk_of"]
+__all__ += [
+    "CANCEL",
+    "FINISH",
+    "RUNTIME_KINDS",
+    "TESTS_RUN",
+    "ActionClass",
+    "ActionKind",
+    "ActionResult",
+    "Observation",
+    "Proposal",
+    "Rejection",
+    "TargetKind",
+    "catalog",
+    "check_contract",
+    "gate",
+    "needs_approval",
+    "risk_of",
+    "rule_for",
+]
 
 from tether.core._evidence import (  # noqa: E402
     ReviewDecision,
@@ -212,6 +248,8 @@ __all__ += [
 ]
 
 from tether.core import _settle as settle_rules  # noqa: E402
+from tether.core import _steps as step_rules  # noqa: E402
+from tether.core._commit import Sealed, seal_commit  # noqa: E402
 from tether.core._evidence import (  # noqa: E402
     active_approval,
     approval_problem,
@@ -254,6 +292,7 @@ __all__ += [
     "LookupStatus",
     "Outcome",
     "OutcomeKind",
+    "Sealed",
     "Transition",
     "active_approval",
     "approval_problem",
@@ -261,8 +300,10 @@ __all__ += [
     "check_decision",
     "committed_within_approval",
     "orphans_of",
+    "seal_commit",
     "seal_entry",
     "settle_rules",
+    "step_rules",
     "stray_error",
     "verify_ledger",
 ]

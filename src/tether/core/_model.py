@@ -191,6 +191,10 @@ class PendingWrite:
     holds the approval in force; ``nonces`` every approval nonce consumed for
     this write, superseded ones included, so a replayed approval is refused
     for as long as the write is pending and the state stays flat as runs grow.
+
+    ``mutating`` is false for a read, a test run or a finish that waits for
+    a person's approval: it changes nothing, so it has no ledger entries; its
+    key exists only to bind the approval to it.
     """
 
     action_id: str
@@ -205,6 +209,7 @@ class PendingWrite:
     status: EffectStatus = EffectStatus.INTENDED
     approvals: tuple[dict[str, Any], ...] = ()
     nonces: tuple[str, ...] = ()
+    mutating: bool = True
 
     def to_json(self) -> dict[str, JSONValue]:
         return {
@@ -220,6 +225,7 @@ class PendingWrite:
             "status": self.status.value,
             "approvals": list(self.approvals),
             "nonces": list(self.nonces),
+            "mutating": self.mutating,
         }
 
     @classmethod
@@ -245,6 +251,7 @@ class PendingWrite:
             status=status,
             approvals=tuple(approvals),
             nonces=f.str_list("nonces"),
+            mutating=f.bool("mutating"),
         )
         f.done()
         return pending

@@ -30,9 +30,17 @@ _PHASE_MOVES: dict[Phase, frozenset[Phase]] = {
         {Phase.RUNNING, Phase.PENDING, Phase.COMPLETED, Phase.FAILED, Phase.CANCELLED}
     ),
     # pending -> pending: the intent is durable and the effect is still unsettled
-    # (e.g. dispatched, or waiting for an approval in a later issue).
+    # (dispatched, or waiting for an approval). pending -> completed: a finish
+    # that waited for an approval ran the verifier, and it passed.
     Phase.PENDING: frozenset(
-        {Phase.PENDING, Phase.RUNNING, Phase.NEEDS_REVIEW, Phase.FAILED, Phase.CANCELLED}
+        {
+            Phase.PENDING,
+            Phase.RUNNING,
+            Phase.NEEDS_REVIEW,
+            Phase.COMPLETED,
+            Phase.FAILED,
+            Phase.CANCELLED,
+        }
     ),
     # Only a trusted, signed decision leaves needs_review (replan or abort).
     Phase.NEEDS_REVIEW: frozenset({Phase.NEEDS_REVIEW, Phase.RUNNING, Phase.FAILED}),
@@ -57,13 +65,21 @@ class EffectStatus(StrEnum):
     OUTCOME_UNKNOWN = "outcome_unknown"
     REJECTED = "rejected"
     COMPENSATED = "compensated"
+    # The run was cancelled and the write proven never to land: never sent
+    # (intended), or the adapter's final look-up found nothing.
+    CANCELLED = "cancelled"
 
 
 _EFFECT_MOVES: dict[EffectStatus | None, frozenset[EffectStatus]] = {
     None: frozenset({EffectStatus.INTENDED}),
     # Re-dispatch after a crash reuses the same key: dispatched -> dispatched.
     EffectStatus.INTENDED: frozenset(
-        {EffectStatus.DISPATCHED, EffectStatus.COMMITTED, EffectStatus.REJECTED}
+        {
+            EffectStatus.DISPATCHED,
+            EffectStatus.COMMITTED,
+            EffectStatus.REJECTED,
+            EffectStatus.CANCELLED,
+        }
     ),
     EffectStatus.DISPATCHED: frozenset(
         {
@@ -71,6 +87,7 @@ _EFFECT_MOVES: dict[EffectStatus | None, frozenset[EffectStatus]] = {
             EffectStatus.COMMITTED,
             EffectStatus.OUTCOME_UNKNOWN,
             EffectStatus.REJECTED,
+            EffectStatus.CANCELLED,
         }
     ),
     # A retry with the same key after an uncertain outcome (queryable or
@@ -86,6 +103,7 @@ _EFFECT_MOVES: dict[EffectStatus | None, frozenset[EffectStatus]] = {
     EffectStatus.COMMITTED: frozenset({EffectStatus.COMPENSATED}),
     EffectStatus.REJECTED: frozenset(),
     EffectStatus.COMPENSATED: frozenset(),
+    EffectStatus.CANCELLED: frozenset(),
 }
 
 

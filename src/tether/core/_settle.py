@@ -51,6 +51,13 @@ approval_boundary). Otherwise the run advances with ``committed``. Every
 freeze after a commit records ``committed`` first: whatever a person decides,
 the ledger says the effect happened.
 
+Cancelling a dispatched write (``cancel_pending``) never sends it and never
+abandons it: the adapter is asked first where it can be; committed ->
+reconcile (then the run is cancelled with the effect on record); absent and
+final -> the ledger says ``cancelled``; in progress or unreachable -> the
+cancel waits; not queryable, or absent but not final -> needs_review
+(``cancel_outcome_unknown``).
+
 The approval gate: where the policy needs one, an approval in force,
 unexpired on the runtime's clock, for the environment as it is now; without
 it the write waits (``waiting_for_approval``) and nothing is committed.
@@ -364,4 +371,30 @@ def freeze(
         ledger=ledger,
         reason=reason,
         message=detail,
+    )
+
+
+def cancel_pending(state: RunState, facts: Facts, answer: LookupAnswer | None) -> Transition:
+    """Settle a dispatched write before a cancel; ``answer`` is ``None`` if it can't be asked.
+
+    A ``cancelled`` outcome means the write is proven never to land and the
+    caller may end the run; a reconcile leaves the run running with the
+    effect recorded; anything else is the outcome to report instead.
+    """
+    pending = _pending(state)
+    if answer is not None and answer.status is LookupStatus.COMMITTED:
+        return after_lookup(state, facts, answer)
+    if answer is not None and answer.status in {LookupStatus.IN_PROGRESS, LookupStatus.UNAVAILABLE}:
+        return after_lookup(state, facts, answer)
+    if answer is not None and facts.capabilities.absent_is_final:
+        return Transition(OutcomeKind.CANCELLED, reason="never_landed")
+    return freeze(
+        state,
+        facts,
+        "cancel_outcome_unknown",
+        None,
+        f"the run was asked to cancel while write {pending.action_id!r} (key "
+        f"{pending.idempotency_key}) may have been sent, and the adapter cannot prove whether "
+        "it landed; a person must decide",
+        ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
     )

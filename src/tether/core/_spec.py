@@ -9,7 +9,7 @@ someone forgot to bump its version.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -66,7 +66,7 @@ class Budgets:
 
 @dataclass(frozen=True, slots=True)
 class Verifier:
-    """The command that proves the task done, run by the adapter from its allowlist."""
+    """A command the adapter runs from the task's allowlist: the verifier, or a test target."""
 
     argv: tuple[str, ...]
     timeout_s: int
@@ -92,9 +92,12 @@ class TaskSpec:
     budgets: Budgets
     initial_environment: InitialEnvironment
     verifier: Verifier
+    #: The test targets a ``tests.run`` action may name, each a command the
+    #: adapter runs (the verifier is what ``finish`` runs, and is not one).
+    tests: dict[str, Verifier] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {
+        body: dict[str, JSONValue] = {
             "task_id": self.task_id,
             "task_version": self.task_version,
             "allowed_kinds": list(self.allowed_kinds),
@@ -112,6 +115,13 @@ class TaskSpec:
             },
             "verifier": {"argv": list(self.verifier.argv), "timeout_s": self.verifier.timeout_s},
         }
+        if self.tests:
+            # Only when present, so a task without tests keeps its fingerprint.
+            body["tests"] = {
+                name: {"argv": list(test.argv), "timeout_s": test.timeout_s}
+                for name, test in sorted(self.tests.items())
+            }
+        return body
 
     @property
     def fingerprint(self) -> str:
@@ -143,9 +153,14 @@ class TaskSpec:
         paths = f.str_list("allowed_paths")
         for index, path in enumerate(paths):
             check_canonical_path(path, f"allowed_paths[{index}]", allow_dir=True)
-        argv = verifier.str_list("argv", unique=False)
-        if not argv:
-            verifier.fail("verifier.argv", "must name a command")
+        tests: dict[str, Verifier] = {}
+        tests_obj = f.optional_obj("tests")
+        if tests_obj is not None:
+            for name in f.raw("tests"):
+                if not name:
+                    tests_obj.fail("tests", "a test target needs a non-empty name")
+                tests[name] = _command(tests_obj.obj(name))
+            tests_obj.done()
         spec = cls(
             task_id=f.str("task_id"),
             task_version=f.str("task_version"),
@@ -162,9 +177,10 @@ class TaskSpec:
                 namespace=initial.str("namespace"),
                 state_fingerprint=initial.str("state_fingerprint"),
             ),
-            verifier=Verifier(argv=argv, timeout_s=verifier.int("timeout_s", minimum=1)),
+            verifier=_command(verifier),
+            tests=tests,
         )
-        for part in (budgets, initial, verifier, f):
+        for part in (budgets, initial, f):
             part.done()
         return spec
 
@@ -233,6 +249,15 @@ class Policy:
         kinds_obj.done()
         f.done()
         return policy
+
+
+def _command(f: Fields) -> Verifier:
+    argv = f.str_list("argv", unique=False)
+    if not argv:
+        f.fail(f.name("argv"), "must name a command")
+    command = Verifier(argv=argv, timeout_s=f.int("timeout_s", minimum=1))
+    f.done()
+    return command
 
 
 def _risk(f: Fields, key: str) -> Risk:

@@ -26,7 +26,7 @@ from tether.core._model import (
 from tether.core._phases import EffectStatus, Phase
 from tether.core._spec import Policy, TaskSpec
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 GENESIS_HASH = "sha256:" + "0" * 64
 # A write still in flight; committed or unknown outcomes only exist frozen for review.
 _LIVE_STATUSES = frozenset({EffectStatus.INTENDED, EffectStatus.DISPATCHED})
@@ -132,6 +132,9 @@ class RunState:
     ledger_length: int
     # Signed evidence arrives in the store's inbox; this is the last entry read.
     inbox_cursor: int = 0
+    # The results of the last step's actions, stored by content digest: what
+    # the agent's next observation carries (also after a recovery).
+    results_digest: str | None = None
 
     def evolve(self, **changes: Any) -> RunState:
         """A copy with ``changes`` applied (the state itself is immutable)."""
@@ -166,6 +169,7 @@ class RunState:
             "ledger_head": self.ledger_head,
             "ledger_length": self.ledger_length,
             "inbox_cursor": self.inbox_cursor,
+            "results_digest": self.results_digest,
         }
 
     @classmethod
@@ -208,6 +212,7 @@ class RunState:
             ledger_head=f.str("ledger_head"),
             ledger_length=f.int("ledger_length"),
             inbox_cursor=f.int("inbox_cursor"),
+            results_digest=f.optional_str("results_digest"),
         )
         f.done()
         return state
@@ -271,6 +276,12 @@ def validate_state(state: RunState) -> bytes:
             raise breach("a nonce is recorded as consumed twice")
         if phase is Phase.PENDING and pending.status not in _LIVE_STATUSES:
             raise breach(f"pending write in status {pending.status}")
+        if not pending.mutating and (
+            phase is not Phase.PENDING
+            or pending.status is not EffectStatus.INTENDED
+            or pending.expected_post != pending.prestate
+        ):
+            raise breach("a non-mutating pending action must wait, unchanged, for its approval")
     try:
         return canonical_bytes(state.to_json())
     except CanonicalJSONError as exc:

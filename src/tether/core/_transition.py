@@ -38,6 +38,7 @@ class OutcomeKind(StrEnum):
     RETRY_LATER = "retry_later"  # the adapter could not be reached; nothing changed
     RECORDED = "recorded"  # evidence (an approval, a decision) was recorded
     RECOVERED = "recovered"  # a new epoch began
+    OBSERVED = "observed"  # a read or a test run was carried out; its answer is the next result
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +110,8 @@ class Transition:
     call: Call | None = None
     reason: str | None = None
     message: str = ""
+    #: Content-addressed bytes the commit stores with ``state`` (a step's results).
+    blobs: tuple[tuple[str, bytes], ...] = ()
 
     @property
     def durable(self) -> bool:

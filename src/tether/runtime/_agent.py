@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from tether.adapters import Observation
 from tether.core import (
     CanonicalJSONError,
     CheckpointCorruptError,
     Fields,
     JSONValue,
+    Observation,
     Proposal,
     canonical_bytes,
     digest_bytes,

@@ -250,7 +250,14 @@ class Checkpointer:
             last = next(
                 (e for e in reversed(chain) if e.idempotency_key == pending.idempotency_key), None
             )
-            if last is None or last.status is not pending.status:
+            if not pending.mutating:
+                if last is not None:  # a read or a test run has no ledger entries at all
+                    raise LedgerIntegrityError(
+                        f"run {state.run_id}: the ledger records the non-mutating pending "
+                        f"action {pending.action_id!r}",
+                        run_id=state.run_id,
+                    )
+            elif last is None or last.status is not pending.status:
                 raise LedgerIntegrityError(
                     f"run {state.run_id}: the ledger's last status for the pending write is "
                     f"{None if last is None else last.status.value}, the checkpoint says "

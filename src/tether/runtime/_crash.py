@@ -42,6 +42,8 @@ class CrashPlan:
     hits: int = 0
 
     def __post_init__(self) -> None:
+        if self.point is not None and not isinstance(self.point, CrashPoint):
+            raise ValueError(f"crash point must be a CrashPoint, not {self.point!r}")
         if self.mode not in {"raise", "kill"}:
             raise ValueError(f"crash mode must be 'raise' or 'kill', not {self.mode!r}")
 

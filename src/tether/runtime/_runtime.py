@@ -26,11 +26,15 @@ import os
 import secrets
 import socket
 import time
+from dataclasses import replace
 from typing import Any
 
 from tether.adapters import Adapter, Fence, UnresolvedWriteError
 from tether.core import (
     GENESIS_HASH,
+    ActionClass,
+    ActionKind,
+    ActionResult,
     AdapterUnavailableError,
     Binding,
     CheckpointCorruptError,
@@ -43,12 +47,12 @@ from tether.core import (
     Facts,
     IdempotencyConflictError,
     Intent,
-    LedgerEntry,
     LedgerNote,
     Lookup,
     LookupAnswer,
     LookupStatus,
     MissingHighWaterMarkError,
+    Observation,
     Outcome,
     OutcomeKind,
     PendingWrite,
@@ -59,24 +63,25 @@ from tether.core import (
     RunFrozenError,
     RunState,
     RunTerminalError,
+    SpecError,
     Spent,
     TaskSpec,
     TraceEvent,
     Transition,
-    Verification,
     approval_problem,
-    check_effect_move,
-    check_phase_move,
+    catalog,
+    check_contract,
     gate,
+    needs_approval,
     risk_of,
-    seal_entry,
-    seal_event,
+    seal_commit,
     settle_rules,
+    step_rules,
 )
 from tether.core import Rejection as GateRejection
 from tether.crypto import Keyring, TrustRoots
 from tether.runtime import _humans
-from tether.runtime._agent import Agent, AgentContext, Decision
+from tether.runtime._agent import Agent, AgentContext
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
 from tether.runtime._crash import NO_CRASH, CrashPlan, CrashPoint
@@ -121,6 +126,9 @@ class Runtime:
         self.lease_ttl_s = lease_ttl_s
         self.checkpointer = Checkpointer(store, keyring, marks=marks, crash=crash)
         self.binding = Binding.of(task, policy)
+        # Every kind the run may propose; a name nobody defines fails here, at load.
+        self.kinds: dict[str, ActionKind] = catalog(adapter.kinds)
+        check_contract(task, policy, self.kinds)
 
     def start(self, run_id: str | None = None, context: AgentContext | None = None) -> RunSession:
         """Begin a new run in the task's expected initial environment."""
@@ -219,6 +227,14 @@ class Runtime:
         session.actions.update(
             e.action_id for e in restored.ledger if e.status is EffectStatus.INTENDED
         )
+        # Reads, test runs, finishes and held actions are in the trace, not the
+        # ledger; recovery reads it once (the trace is verified against the
+        # signed head as it is read).
+        for event in self.store.trace(run_id, state.trace_head):
+            action_id = event.data.get("action_id")
+            if event.kind in step_rules.ACTION_EVENTS and isinstance(action_id, str):
+                session.actions.add(action_id)
+        session.results()  # missing or damaged results fail closed here, not mid-run
         if lease is not None:
             session.hold(lease)
         if state.phase.terminal or state.phase is Phase.NEEDS_REVIEW:
@@ -259,6 +275,7 @@ class RunSession:
         # that never dispatched included): the gate's "used before", read from
         # signed history, never from rows a store could hold unverified.
         self.actions: set[str] = set()
+        self._results: tuple[str, tuple[ActionResult, ...]] | None = None
 
     # -- the lease -------------------------------------------------------------
 
@@ -314,59 +331,23 @@ class RunSession:
         sealed into the run's ledger chain, whose new head the checkpoint pins,
         and land in the same fenced transaction or not at all.
         """
-        if self.state.generation:
-            check_phase_move(self.state.phase, state.phase)
-        now = self.rt.clock.now()
-        head, length = self.state.trace_head, self.state.trace_length
-        sealed: list[TraceEvent] = []
-        for kind, data in events:
-            event = seal_event(state.run_id, length + 1, kind, now, data, head)
-            sealed.append(event)
-            head, length = event.hash, length + 1
-        entries: list[LedgerEntry] = []
-        ledger_head, ledger_length = self.state.ledger_head, self.state.ledger_length
-        if ledger:
-            if effect is None:
-                raise CheckpointCorruptError("ledger notes without the effect they record")
-            status = self._ledger_status(effect)
-            for note in ledger:
-                check_effect_move(status, note.status)
-                status = note.status
-                entry = seal_entry(
-                    state.run_id,
-                    ledger_length + 1,
-                    ledger_head,
-                    idempotency_key=effect.idempotency_key,
-                    status=note.status,
-                    action_id=effect.action_id,
-                    intent_digest=effect.intent_digest,
-                    receipt=note.receipt,
-                    epoch=state.epoch,
-                    at=now,
-                )
-                entries.append(entry)
-                ledger_head, ledger_length = entry.hash, ledger_length + 1
         blobs = dict(blobs or {})
         if context is not None:
             context_digest, body = context.encode()
             if context_digest != self.state.agent_context_digest:
                 blobs[context_digest] = body
             state = state.evolve(agent_context_digest=context_digest)
-        new = state.evolve(
-            generation=self.state.generation + 1,
-            trace_head=head,
-            trace_length=length,
-            ledger_head=ledger_head,
-            ledger_length=ledger_length,
-            updated_at=max(now, state.started_at),
+        sealed = seal_commit(
+            self.state, state, events, now=self.rt.clock.now(), ledger=ledger, effect=effect
         )
+        new = sealed.state
         self.rt.checkpointer.advance(
             new,
             self.state.generation,
-            sealed,
+            list(sealed.events),
             blobs or None,
             expected_lease_version=0 if self.lease is None else self.lease.lease_version,
-            ledger=entries,
+            ledger=list(sealed.entries),
         )
         self.state = new
         if effect is not None and any(n.status is EffectStatus.INTENDED for n in ledger):
@@ -374,26 +355,51 @@ class RunSession:
         if context is not None:
             self.context = context
 
-    def _ledger_status(self, effect: PendingWrite) -> EffectStatus | None:
-        """The ledger's last status for ``effect`` as the signed state knows it."""
-        current = self.state.pending
-        if current is not None and current.idempotency_key == effect.idempotency_key:
-            return current.status
-        return None  # a write becoming pending: its first entry is `intended`
+    def _remember(self, transition: Transition) -> None:
+        """Keep what a committed transition recorded: its action id, its results."""
+        for kind, data in transition.events:
+            action_id = data.get("action_id")
+            if kind in step_rules.ACTION_EVENTS and isinstance(action_id, str):
+                self.actions.add(action_id)
+        state = transition.state
+        if state is not None and state.results_digest is not None:
+            body = dict(transition.blobs).get(state.results_digest)
+            if body is not None:
+                self._results = (
+                    state.results_digest,
+                    step_rules.decode_results(state.results_digest, body),
+                )
 
     # -- applying transitions --------------------------------------------------
 
-    def apply(self, transition: Transition) -> Outcome:
-        """Commit a transition, make the adapter call it names, and feed the answer on."""
+    def apply(
+        self,
+        transition: Transition,
+        *,
+        prefix: list[Event] | None = None,
+        context: AgentContext | None = None,
+    ) -> Outcome:
+        """Commit a transition, make the adapter call it names, and feed the answer on.
+
+        ``prefix`` (events the step saw before deciding) and ``context`` (the
+        agent's new context) land with the first commit.
+        """
         while True:
+            # Notes record the write pending before the step, or the one it makes pending.
             effect = self.state.pending
+            if effect is None and transition.state is not None:
+                effect = transition.state.pending
             if transition.state is not None:
                 self.commit(
                     transition.state,
-                    list(transition.events),
+                    [*(prefix or ()), *transition.events],
+                    context=context,
+                    blobs=dict(transition.blobs),
                     ledger=transition.ledger,
                     effect=effect,
                 )
+                prefix, context = None, None
+                self._remember(transition)
             call = transition.call
             if call is None:
                 last = transition.events[-1][0] if transition.events else None
@@ -503,6 +509,34 @@ class RunSession:
         """Apply a signed reviewer decision (replan or abort) to the open review case."""
         return _humans.review(self, document)
 
+    def cancel(self, reason: str, *, by: str = "operator") -> Outcome:
+        """End the run in ``cancelled``; a write pending now is settled first, never abandoned.
+
+        Never sent (``intended``): dropped, the ledger says so. Maybe sent: the
+        adapter is asked; committed -> recorded, then cancelled; absent and
+        final -> cancelled; in flight or unreachable -> the outcome says wait
+        and nothing changes; unknowable -> ``needs_review``. A frozen run is
+        cancelled by a reviewer's signed abort; a finished one cannot be.
+        """
+        self._refuse_if_stopped()
+        if not isinstance(reason, str) or not reason.strip():
+            raise SpecError("reason", "a cancel needs a reason a person can read later")
+        self.guard()
+        pending = self.state.pending
+        proven_absent = False
+        if pending is not None and pending.mutating and pending.status is not EffectStatus.INTENDED:
+            caps = self.rt.adapter.capabilities
+            answer = self._lookup(Lookup(pending.idempotency_key)) if caps.queryable else None
+            settled = self._decide(
+                lambda facts: settle_rules.cancel_pending(self.state, facts, answer)
+            )
+            if settled.outcome is not OutcomeKind.CANCELLED:
+                outcome = self.apply(settled)
+                if self.state.phase is not Phase.RUNNING:
+                    return outcome  # frozen for review, or still in flight: not cancelled
+            proven_absent = settled.outcome is OutcomeKind.CANCELLED
+        return self.apply(step_rules.cancel(self.state, reason, by=by, proven_absent=proven_absent))
+
     @property
     def awaiting_approval(self) -> bool:
         """Whether the pending write needs an approval it does not have (or whose time ran out)."""
@@ -518,18 +552,20 @@ class RunSession:
         return problem is not None and problem[0] != "approval_stale"
 
     def step(self) -> Outcome:
-        """Advance the run by one decision (or settle its pending write); the typed outcome."""
+        """Advance the run by one action (or settle its pending one); the typed outcome."""
         _humans.consume_inbox(self)
         self._refuse_if_stopped()
         self.guard()  # renews a held lease when due, and stops a worker that lost it
-        if self.state.phase is Phase.PENDING:
+        pending = self.state.pending
+        if self.state.phase is Phase.PENDING and pending is not None:
+            if not pending.mutating:
+                return self._carry_out_approved(pending)
             return self._decide_and_apply(settle_rules.settle)
         state = self.state
-        exhausted = self._exhausted()
+        exhausted = step_rules.exhausted(state, self.rt.task.budgets, self.rt.clock.now())
         if exhausted is not None:
-            return self._fail(f"budget_exhausted:{exhausted}")
-        observation = self.rt.adapter.observe()
-        env = observation.environment
+            return self.apply(exhausted)
+        env = self.rt.adapter.environment()
         events: list[Event] = []
         if env.instance_id != state.environment.instance_id:
             raise EnvironmentDriftError(
@@ -541,13 +577,15 @@ class RunSession:
             events.append(
                 ("environment_changed", {"from": state.environment.to_json(), "to": env.to_json()})
             )
+        observation = Observation(env, self.results(), state.last_write)
         self.rt.crash.hit(CrashPoint.BEFORE_PROPOSAL)
         decision = self.rt.agent.decide(self.context, observation)
         base = state.evolve(
             environment=env,
             observed_version=env.version,
             plan_cursor=decision.context.plan_cursor,
-            spent=_spent(state.spent, steps=1),
+            spent=replace(state.spent, steps=state.spent.steps + 1),
+            results_digest=None,  # the agent has seen them
             # Evidence about an older environment proves nothing about this one.
             verification=state.verification
             if state.verification is not None
@@ -555,25 +593,46 @@ class RunSession:
             and state.verification.state_fingerprint == env.state_fingerprint
             else None,
         )
+        proposal = decision.proposal
         if decision.finished:
-            return self._finish(base, decision, events)
-        if decision.proposal is None:
+            # "finished" is the finish action; its id names the generation it was taken at.
+            args = {"summary": decision.summary} if decision.summary else {}
+            proposal = Proposal(f"finish@{state.generation}", "finish", args=args)
+        if proposal is None:
             self.commit(base, [*events, ("agent_waited", {})], context=decision.context)
             return Outcome(OutcomeKind.WAITED, self.state, event="agent_waited")
-        return self._propose(base, decision, decision.proposal, events)
+        return self._act(base, decision.context, proposal, events)
 
     def _decide_and_apply(self, rule: Any) -> Outcome:
         return self.apply(self._decide(lambda facts: rule(self.state, facts)))
 
-    # -- proposing -----------------------------------------------------------
+    def results(self) -> tuple[ActionResult, ...]:
+        """The results of the actions the agent took at its previous step (from the checkpoint)."""
+        wanted = self.state.results_digest
+        if wanted is None:
+            return ()
+        cached = self._results
+        if cached is not None and cached[0] == wanted:
+            return cached[1]
+        body = self.rt.store.get_blob(wanted)
+        if body is None:
+            raise CheckpointCorruptError(
+                f"run {self.run_id}: action results {wanted} are missing", run_id=self.run_id
+            )
+        results = step_rules.decode_results(wanted, body)
+        self._results = (wanted, results)
+        return results
 
-    def _propose(
-        self, base: RunState, decision: Decision, proposal: Proposal, events: list[Event]
+    # -- acting --------------------------------------------------------------
+
+    def _act(
+        self, base: RunState, context: AgentContext, proposal: Proposal, events: list[Event]
     ) -> Outcome:
+        """Gate one proposal, then carry it out the way its kind's class says."""
         rt = self.rt
-        spent = _spent(base.spent, proposals=1)
         rejection = gate(
             proposal,
+            kinds=rt.kinds,
             task=rt.task,
             policy=rt.policy,
             phase=base.phase,
@@ -582,151 +641,129 @@ class RunSession:
             action_seen=proposal.action_id in self.actions,
             cost_spent=base.spent.cost,
         )
-        args: dict[str, Any] = {}
-        if rejection is None:
+        kind = rt.kinds.get(proposal.kind) if rejection is None else None
+        args: dict[str, Any] = dict(proposal.args)
+        if kind is not None and kind.mutating:
             try:
                 args = rt.adapter.normalize(proposal.kind, proposal.target, proposal.args)
             except ContractViolationError as exc:
                 rejection = GateRejection(exc.reason, str(exc))
-        if rejection is not None:
-            state = base.evolve(spent=spent)
-            rejected: Event = (
-                "proposal_rejected",
-                {
-                    "action_id": str(proposal.action_id),
-                    "reason": rejection.reason,
-                    "message": rejection.message,
-                },
+        if rejection is not None or kind is None:
+            if rejection is None:  # unreachable: the gate refuses unknown kinds
+                rejection = GateRejection("unknown_kind", f"no kind {proposal.kind!r}")
+            return self.apply(
+                step_rules.reject(base, proposal, rejection, rt.task.budgets),
+                prefix=events,
+                context=context,
             )
-            if spent.proposals >= rt.task.budgets.proposals:
-                state = state.evolve(phase=Phase.FAILED, stop_reason="budget_exhausted:proposals")
-            self.commit(state, [*events, rejected], context=decision.context)
-            return Outcome(
-                OutcomeKind.FAILED if state.phase is Phase.FAILED else OutcomeKind.REJECTED,
-                self.state,
-                rejection.reason,
-                rejection.message,
-                "proposal_rejected",
+        if kind.mutating:
+            return self._propose_write(base, context, proposal, args, events)
+        if needs_approval(rt.policy, kind):
+            intent = Intent(kind.name, proposal.target, args, risk_of(rt.policy, kind).value)
+            held = step_rules.hold(
+                base, proposal, intent, key=rt.ids.new_id("idem"), now=rt.clock.now()
             )
-        intent = Intent(
-            kind=proposal.kind,
-            target=proposal.target,
-            args=args,
-            risk=risk_of(rt.policy, proposal.kind).value,
+            return self.apply(held, prefix=events, context=context)
+        return self._carry_out(base, context, proposal, kind, events, spent_already=False)
+
+    def _carry_out(
+        self,
+        base: RunState,
+        context: AgentContext | None,
+        proposal: Proposal,
+        kind: ActionKind,
+        events: list[Event],
+        *,
+        spent_already: bool,
+    ) -> Outcome:
+        """Carry out a read, a test run, a finish or a cancel, and commit what it found."""
+        rt = self.rt
+        if kind.action_class is ActionClass.CANCEL:
+            reason = str(proposal.args.get("reason", ""))
+            transition = step_rules.cancel(base, reason, by="agent", action_id=proposal.action_id)
+            return self.apply(transition, prefix=events, context=context)
+        self.guard()
+        if kind.action_class is ActionClass.READ:
+            try:
+                data = rt.adapter.read(kind.name, proposal.target, dict(proposal.args))
+            except ContractViolationError as exc:
+                transition = step_rules.reject(
+                    base, proposal, GateRejection(exc.reason, str(exc)), rt.task.budgets
+                )
+                return self.apply(transition, prefix=events, context=context)
+            except AdapterUnavailableError as exc:
+                return Outcome(OutcomeKind.RETRY_LATER, self.state, "adapter_unavailable", str(exc))
+            transition = step_rules.observed(base, proposal, data, spent_already=spent_already)
+            return self.apply(transition, prefix=events, context=context)
+        if kind.action_class is ActionClass.TEST:
+            test = rt.task.tests[proposal.target]
+            data = rt.adapter.verify(test.argv, test.timeout_s).summary()
+            transition = step_rules.observed(base, proposal, data, spent_already=spent_already)
+            return self.apply(transition, prefix=events, context=context)
+        # finish: the task's verifier judges the state the run is in now.
+        result = rt.adapter.verify(rt.task.verifier.argv, rt.task.verifier.timeout_s)
+        verification = result.verification(rt.clock.now())
+        transition = step_rules.verified(
+            base,
+            proposal,
+            verification,
+            judged_here=result.environment == base.environment,
+            output_tail=result.output_tail,
+            summary=str(proposal.args.get("summary", "")),
+            spent_already=spent_already,
         )
-        key = rt.ids.new_id("idem")
-        expected_post = rt.adapter.derive_post_state(base.environment, intent)
-        caps = rt.adapter.capabilities
-        needs = _humans.kind_needs_approval(rt, proposal.kind)
-        # Sent at once on an adapter that can be asked or dedups: `dispatched`
-        # lands with the intent. Otherwise (a blind adapter, or a person must
-        # sign first) `dispatched` gets its own commit right before the call.
-        at_once = not needs and not caps.blind
-        pending = PendingWrite(
-            action_id=proposal.action_id,
-            intent=intent,
-            intent_digest=intent.digest,
-            idempotency_key=key,
-            prestate=base.environment,
-            expected_post=expected_post,
-            generation=base.generation + 1,
-            proposed_at=rt.clock.now(),
-            cost=proposal.cost,
-            status=EffectStatus.DISPATCHED if at_once else EffectStatus.INTENDED,
+        return self.apply(transition, prefix=events, context=context)
+
+    def _carry_out_approved(self, pending: PendingWrite) -> Outcome:
+        """A non-mutating action waiting for approval: carry it out once an approval holds."""
+        rt = self.rt
+        problem = approval_problem(
+            self.state,
+            needs=True,
+            now=rt.clock.now(),
+            live=rt.adapter.environment(),
+            idempotent=False,
         )
-        state = base.evolve(
-            phase=Phase.PENDING,
-            pending=pending,
-            spent=_spent(spent, cost=proposal.cost),
+        if problem is not None:
+            return Outcome(OutcomeKind.WAITING_FOR_APPROVAL, self.state, problem[0], problem[1])
+        kind = rt.kinds[pending.intent.kind]
+        proposal = Proposal(
+            pending.action_id,
+            pending.intent.kind,
+            pending.intent.target,
+            args=dict(pending.intent.args),
+            cost=pending.cost,
         )
-        accepted: Event = (
-            "intent_persisted",
-            {
-                "action_id": pending.action_id,
-                "idempotency_key": key,
-                "intent_digest": pending.intent_digest,
-                "kind": intent.kind,
-                "target": intent.target,
-                "expected_post": expected_post.to_json(),
-            },
+        return self._carry_out(self.state, None, proposal, kind, [], spent_already=True)
+
+    def _propose_write(
+        self,
+        base: RunState,
+        context: AgentContext,
+        proposal: Proposal,
+        args: dict[str, Any],
+        events: list[Event],
+    ) -> Outcome:
+        rt = self.rt
+        kind = rt.kinds[proposal.kind]
+        intent = Intent(proposal.kind, proposal.target, args, risk_of(rt.policy, kind).value)
+        transition = step_rules.propose_write(
+            base,
+            proposal,
+            intent,
+            key=rt.ids.new_id("idem"),  # minted once, before anything is sent; never again
+            expected_post=rt.adapter.derive_post_state(base.environment, intent),
+            now=rt.clock.now(),
+            needs_approval=needs_approval(rt.policy, kind),
+            blind=rt.adapter.capabilities.blind,
         )
-        notes: tuple[LedgerNote, ...] = (LedgerNote(EffectStatus.INTENDED),)
-        if at_once:
-            notes = (*notes, LedgerNote(EffectStatus.DISPATCHED))
-        if needs:
-            # It waits, durable, for a person; nothing leaves the process.
-            requested: Event = (
-                "approval_requested",
-                {"action_id": pending.action_id, "idempotency_key": key},
-            )
-            self.commit(
-                state,
-                [*events, accepted, requested],
-                context=decision.context,
-                ledger=notes,
-                effect=pending,
-            )
-            return Outcome(
-                OutcomeKind.WAITING_FOR_APPROVAL,
-                self.state,
-                "approval_required",
-                f"the write needs an approval: `tether approve {self.run_id} {pending.action_id}`",
-                "approval_requested",
-            )
-        self.commit(
-            state, [*events, accepted], context=decision.context, ledger=notes, effect=pending
-        )
+        outcome = self.apply(transition, prefix=events, context=context)
+        if outcome.kind is OutcomeKind.WAITING_FOR_APPROVAL:
+            return outcome  # it waits, durable, for a person; nothing leaves the process
         rt.crash.hit(CrashPoint.INTENT_PERSISTED)
         return self._decide_and_apply(settle_rules.dispatch)
 
-    # -- finishing, failing ------------------------------------------------------
-
-    def _finish(self, base: RunState, decision: Decision, events: list[Event]) -> Outcome:
-        rt = self.rt
-        self.guard()
-        result = rt.adapter.verify(rt.task.verifier.argv, rt.task.verifier.timeout_s)
-        verification = Verification(
-            env_version=result.environment.version,
-            state_fingerprint=result.environment.state_fingerprint,
-            passed=result.passed,
-            exit_code=result.exit_code,
-            output_digest=result.output_digest,
-            at=rt.clock.now(),
-        )
-        judged_here = result.environment == base.environment
-        verified: Event = (
-            "verifier_ran",
-            {
-                **verification.to_json(),
-                "judged_current_state": judged_here,
-                "output_tail": result.output_tail[-500:],
-            },
-        )
-        state = base.evolve(verification=verification)
-        if result.passed and judged_here:
-            state = state.evolve(phase=Phase.COMPLETED, stop_reason="verified")
-            self.commit(
-                state,
-                [*events, verified, ("completed", {"summary": decision.summary})],
-                context=decision.context,
-            )
-            return Outcome(OutcomeKind.FINISHED, self.state, "verified", event="completed")
-        self.commit(state, [*events, verified], context=decision.context)
-        reason = "verifier_failed" if judged_here else "verifier_judged_other_state"
-        return Outcome(
-            OutcomeKind.VERIFIER_FAILED,
-            self.state,
-            reason,
-            result.output_tail[-500:],
-            "verifier_ran",
-        )
-
-    def _fail(self, reason: str) -> Outcome:
-        self.commit(
-            self.state.evolve(phase=Phase.FAILED, stop_reason=reason),
-            [("failed", {"reason": reason})],
-        )
-        return Outcome(OutcomeKind.FAILED, self.state, reason, event="failed")
+    # -- failing -----------------------------------------------------------------
 
     # -- helpers ---------------------------------------------------------------
 
@@ -740,19 +777,6 @@ class RunSession:
                 run_id=self.run_id,
             )
 
-    def _exhausted(self) -> str | None:
-        budgets, spent = self.rt.task.budgets, self.state.spent
-        if spent.steps >= budgets.steps:
-            return "steps"
-        if spent.proposals >= budgets.proposals:
-            return "proposals"
-        if spent.cost > budgets.cost:
-            return "cost"
-        elapsed = (self.rt.clock.now() - self.state.started_at).total_seconds()
-        if elapsed > budgets.wall_time_s:
-            return "wall_time"
-        return None
-
     def trace(self, limit: int | None = None) -> list[TraceEvent]:
         """The run's trace up to the current head."""
         return self.rt.store.trace(self.run_id, self.state.trace_head, limit)
@@ -762,9 +786,3 @@ class RunSession:
 _WAITS = frozenset(
     {OutcomeKind.WAITING_FOR_APPROVAL, OutcomeKind.IN_FLIGHT, OutcomeKind.RETRY_LATER}
 )
-
-
-def _spent(spent: Spent, *, proposals: int = 0, steps: int = 0, cost: int = 0) -> Spent:
-    return Spent(
-        proposals=spent.proposals + proposals, steps=spent.steps + steps, cost=spent.cost + cost
-    )

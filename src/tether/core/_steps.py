@@ -1,0 +1,363 @@
+"""The steps that are not a write's settling: reject, observe, finish, cancel, as pure values.
+
+Each returns a :class:`~tether.core.Transition` the session commits. A step
+that took a non-mutating action hands its result on in a results blob (by
+content digest, named in the signed state), so the agent's next observation
+carries it, after a recovery as well.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from tether.core._actions import ActionResult, Proposal, Rejection
+from tether.core._canonical import JSONValue, canonical_bytes, digest_bytes, strict_loads
+from tether.core._errors import CanonicalJSONError, CheckpointCorruptError
+from tether.core._fields import Fields
+from tether.core._model import EnvironmentState, Intent, PendingWrite, Verification
+from tether.core._phases import EffectStatus, Phase
+from tether.core._spec import Budgets
+from tether.core._state import RunState, Spent
+from tether.core._transition import Event, LedgerNote, OutcomeKind, Transition
+
+#: Trace events that record an accepted action's id: recovery rebuilds the
+#: gate's "used before" from these (writes are also in the ledger).
+ACTION_EVENTS = frozenset(
+    {"intent_persisted", "approval_requested", "action_observed", "verifier_ran", "run_cancelled"}
+)
+
+
+def encode_results(results: tuple[ActionResult, ...]) -> tuple[str, bytes]:
+    """``(digest, canonical bytes)`` of a step's results, as stored by content."""
+    body = canonical_bytes([r.to_json() for r in results])
+    return digest_bytes(body), body
+
+
+def decode_results(expected_digest: str, body: bytes) -> tuple[ActionResult, ...]:
+    """Parse stored results, refusing bytes whose digest is not ``expected_digest``."""
+    if digest_bytes(body) != expected_digest:
+        raise CheckpointCorruptError(f"action results {expected_digest} do not match their bytes")
+    try:
+        doc = strict_loads(body)
+    except CanonicalJSONError as exc:
+        raise CheckpointCorruptError(f"action results are not JSON: {exc}") from exc
+    if not isinstance(doc, list):
+        raise CheckpointCorruptError("action results: expected a list")
+
+    def error(fld: str, problem: str) -> Exception:
+        return CheckpointCorruptError(f"action results {fld}: {problem}")
+
+    return tuple(ActionResult.parse(Fields(item, f"[{i}]", error)) for i, item in enumerate(doc))
+
+
+def _with_results(state: RunState, results: tuple[ActionResult, ...]) -> Transition:
+    """A transition base: ``state`` naming ``results``, and the blob that holds them."""
+    if not results:
+        return Transition(OutcomeKind.WAITED, state=state.evolve(results_digest=None))
+    results_digest, body = encode_results(results)
+    return Transition(
+        OutcomeKind.WAITED,
+        state=state.evolve(results_digest=results_digest),
+        blobs=((results_digest, body),),
+    )
+
+
+def _charged(spent: Spent, *, proposals: int = 0, cost: int = 0) -> Spent:
+    return Spent(proposals=spent.proposals + proposals, steps=spent.steps, cost=spent.cost + cost)
+
+
+def exhausted(state: RunState, budgets: Budgets, now: datetime) -> Transition | None:
+    """Fail the run when a budget is spent (the wall clock counts from its start)."""
+    spent = state.spent
+    if spent.steps >= budgets.steps:
+        which = "steps"
+    elif spent.proposals >= budgets.proposals:
+        which = "proposals"
+    elif spent.cost > budgets.cost:
+        which = "cost"
+    elif (now - state.started_at).total_seconds() > budgets.wall_time_s:
+        which = "wall_time"
+    else:
+        return None
+    reason = f"budget_exhausted:{which}"
+    return Transition(
+        OutcomeKind.FAILED,
+        state=state.evolve(phase=Phase.FAILED, stop_reason=reason),
+        events=(("failed", {"reason": reason}),),
+        reason=reason,
+    )
+
+
+def propose_write(
+    state: RunState,
+    proposal: Proposal,
+    intent: Intent,
+    *,
+    key: str,
+    expected_post: EnvironmentState,
+    now: datetime,
+    needs_approval: bool,
+    blind: bool,
+) -> Transition:
+    """A write passed the gate: its intent and freshly minted key become durable, pending.
+
+    Sent at once on an adapter that can be asked or dedups (``dispatched``
+    lands with the intent: outcome ``in_flight``, the caller sends next).
+    Otherwise (a blind adapter, or a person must sign first) the commit says
+    only ``intended``, and ``dispatched`` gets its own commit right before
+    the call; a write that needs approval waits, and nothing leaves the process.
+    """
+    at_once = not needs_approval and not blind
+    pending = PendingWrite(
+        action_id=proposal.action_id,
+        intent=intent,
+        intent_digest=intent.digest,
+        idempotency_key=key,
+        prestate=state.environment,
+        expected_post=expected_post,
+        generation=state.generation + 1,
+        proposed_at=now,
+        cost=proposal.cost,
+        status=EffectStatus.DISPATCHED if at_once else EffectStatus.INTENDED,
+    )
+    after = state.evolve(
+        phase=Phase.PENDING,
+        pending=pending,
+        spent=_charged(state.spent, proposals=1, cost=proposal.cost),
+    )
+    persisted: Event = (
+        "intent_persisted",
+        {
+            "action_id": pending.action_id,
+            "idempotency_key": key,
+            "intent_digest": pending.intent_digest,
+            "kind": intent.kind,
+            "target": intent.target,
+            "expected_post": expected_post.to_json(),
+        },
+    )
+    notes: tuple[LedgerNote, ...] = (LedgerNote(EffectStatus.INTENDED),)
+    if at_once:
+        notes = (*notes, LedgerNote(EffectStatus.DISPATCHED))
+    if not needs_approval:
+        return Transition(OutcomeKind.IN_FLIGHT, state=after, events=(persisted,), ledger=notes)
+    requested: Event = (
+        "approval_requested",
+        {"action_id": pending.action_id, "idempotency_key": key},
+    )
+    return Transition(
+        OutcomeKind.WAITING_FOR_APPROVAL,
+        state=after,
+        events=(persisted, requested),
+        ledger=notes,
+        reason="approval_required",
+        message=f"the write needs an approval: `tether approve {state.run_id} {pending.action_id}`",
+    )
+
+
+def hold(
+    state: RunState, proposal: Proposal, intent: Intent, *, key: str, now: datetime
+) -> Transition:
+    """A read, a test run or a finish the policy wants approved waits, durable, for a person.
+
+    It becomes the pending action with no ledger entries (it changes nothing)
+    and a key minted only to bind the approval to exactly this action.
+    """
+    pending = PendingWrite(
+        action_id=proposal.action_id,
+        intent=intent,
+        intent_digest=intent.digest,
+        idempotency_key=key,
+        prestate=state.environment,
+        expected_post=state.environment,
+        generation=state.generation + 1,
+        proposed_at=now,
+        cost=proposal.cost,
+        status=EffectStatus.INTENDED,
+        mutating=False,
+    )
+    after = state.evolve(
+        phase=Phase.PENDING,
+        pending=pending,
+        spent=_charged(state.spent, proposals=1, cost=proposal.cost),
+    )
+    requested: Event = (
+        "approval_requested",
+        {
+            "action_id": pending.action_id,
+            "idempotency_key": key,
+            "intent_digest": pending.intent_digest,
+            "kind": intent.kind,
+            "target": intent.target,
+        },
+    )
+    return Transition(
+        OutcomeKind.WAITING_FOR_APPROVAL,
+        state=after,
+        events=(requested,),
+        reason="approval_required",
+        message=f"{intent.kind} needs an approval: `tether approve {state.run_id} "
+        f"{pending.action_id}`",
+    )
+
+
+def reject(
+    state: RunState, proposal: Proposal, rejection: Rejection, budgets: Budgets
+) -> Transition:
+    """Refuse a proposal: it costs one proposal, enters the trace, and is the agent's next result.
+
+    The last proposal the budget allows fails the run.
+    """
+    spent = _charged(state.spent, proposals=1)
+    after = state.evolve(spent=spent)
+    kind = OutcomeKind.REJECTED
+    if spent.proposals >= budgets.proposals:
+        after = after.evolve(phase=Phase.FAILED, stop_reason="budget_exhausted:proposals")
+        kind = OutcomeKind.FAILED
+    action_id = (
+        proposal.action_id if isinstance(proposal.action_id, str) else repr(proposal.action_id)
+    )
+    result = ActionResult(
+        action_id=action_id,
+        kind=str(proposal.kind),
+        target=str(proposal.target),
+        outcome=OutcomeKind.REJECTED.value,
+        reason=rejection.reason,
+        data={"message": rejection.message},
+    )
+    base = _with_results(after, (result,))
+    event = (
+        "proposal_rejected",
+        {"action_id": action_id, "reason": rejection.reason, "message": rejection.message},
+    )
+    return Transition(
+        kind,
+        state=base.state,
+        events=(event,),
+        blobs=base.blobs,
+        reason=rejection.reason,
+        message=rejection.message,
+    )
+
+
+def observed(
+    state: RunState, proposal: Proposal, data: dict[str, JSONValue], *, spent_already: bool = False
+) -> Transition:
+    """A read or a test run was carried out: its answer becomes the agent's next result."""
+    spent = state.spent if spent_already else _charged(state.spent, proposals=1, cost=proposal.cost)
+    result = ActionResult(
+        action_id=proposal.action_id,
+        kind=proposal.kind,
+        target=proposal.target,
+        outcome=OutcomeKind.OBSERVED.value,
+        data=data,
+    )
+    results_digest, _ = encode_results((result,))
+    base = _with_results(state.evolve(spent=spent, phase=Phase.RUNNING, pending=None), (result,))
+    event = (
+        "action_observed",
+        {
+            "action_id": proposal.action_id,
+            "kind": proposal.kind,
+            "target": proposal.target,
+            "results_digest": results_digest,
+        },
+    )
+    return Transition(OutcomeKind.OBSERVED, state=base.state, events=(event,), blobs=base.blobs)
+
+
+def verified(
+    state: RunState,
+    proposal: Proposal,
+    verification: Verification,
+    *,
+    judged_here: bool,
+    output_tail: str,
+    summary: str,
+    spent_already: bool = False,
+) -> Transition:
+    """``finish`` ran the verifier: complete when it passed on exactly this state.
+
+    Otherwise the run goes on, and the agent's next result says why.
+    """
+    spent = state.spent if spent_already else _charged(state.spent, proposals=1, cost=proposal.cost)
+    ran = (
+        "verifier_ran",
+        {
+            **verification.to_json(),
+            "action_id": proposal.action_id,
+            "judged_current_state": judged_here,
+            "output_tail": output_tail[-500:],
+        },
+    )
+    after = state.evolve(spent=spent, verification=verification, phase=Phase.RUNNING, pending=None)
+    if verification.passed and judged_here:
+        return Transition(
+            OutcomeKind.FINISHED,
+            state=after.evolve(phase=Phase.COMPLETED, stop_reason="verified", results_digest=None),
+            events=(ran, ("completed", {"summary": summary})),
+            reason="verified",
+        )
+    reason = "verifier_failed" if judged_here else "verifier_judged_other_state"
+    result = ActionResult(
+        action_id=proposal.action_id,
+        kind=proposal.kind,
+        target=proposal.target,
+        outcome=OutcomeKind.VERIFIER_FAILED.value,
+        reason=reason,
+        data={
+            "passed": verification.passed,
+            "exit_code": verification.exit_code,
+            "output_tail": output_tail[-2000:],
+        },
+    )
+    base = _with_results(after, (result,))
+    return Transition(
+        OutcomeKind.VERIFIER_FAILED,
+        state=base.state,
+        events=(ran,),
+        blobs=base.blobs,
+        reason=reason,
+        message=output_tail[-500:],
+    )
+
+
+def cancel(
+    state: RunState,
+    reason: str,
+    *,
+    by: str,
+    action_id: str | None = None,
+    proven_absent: bool = False,
+) -> Transition:
+    """End a run in ``cancelled``; a pending write must be proven never to land first.
+
+    A write the signed state says never left the process (``intended``), or
+    one the adapter's final look-up just found absent (``proven_absent``), is
+    dropped here and the ledger says ``cancelled``; anything else dispatched
+    is the caller's to settle first (``settle_rules.cancel_pending``).
+    """
+    pending = state.pending
+    notes: tuple[LedgerNote, ...] = ()
+    data: dict[str, JSONValue] = {"reason": reason, "by": by}
+    if action_id is not None:
+        data["action_id"] = action_id
+    if pending is not None:
+        if pending.mutating and pending.status is not EffectStatus.INTENDED and not proven_absent:
+            raise ValueError("a dispatched write must be settled before a cancel")  # caller's bug
+        if pending.mutating:
+            notes = (LedgerNote(EffectStatus.CANCELLED),)
+        data["dropped"] = pending.action_id
+    return Transition(
+        OutcomeKind.CANCELLED,
+        state=state.evolve(
+            phase=Phase.CANCELLED,
+            stop_reason="cancelled",
+            pending=None,
+            results_digest=None,
+        ),
+        events=(("run_cancelled", data),),
+        ledger=notes,
+        reason="cancelled",
+        message=reason,
+    )
