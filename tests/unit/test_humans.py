@@ -497,6 +497,26 @@ def test_a_trusted_abort_fails_the_run_and_keeps_all_evidence(world: World) -> N
     assert world.sandbox.write_count() == 1
 
 
+@pytest.mark.parametrize("verdict", ["replan", "abort"])
+def test_restoring_a_consumed_decision_needs_the_reviewer_trust_root(
+    world: World, verdict: str
+) -> None:
+    """A state shaped by a reviewer's decision restores only where that reviewer is trusted."""
+    session = conflicted(world)
+    document = decision(world, session, verdict)
+    session.review(document)
+    assert session.state.decisions == (document,)
+    approvers_only = TrustRoots.of(ALICE.trust_root())
+    for trust in (
+        None,
+        approvers_only,
+        TrustRoots.of(Signer.generate("rev", "reviewer").trust_root()),
+    ):
+        with pytest.raises(TrustRootsRequiredError):
+            world.runtime(two_writes(), trust=trust).recover("r1")
+    assert runtime(world).recover("r1").state.decisions == (document,)
+
+
 def test_open_cases_and_nonces_survive_checkpoint_and_restore(world: World) -> None:
     """The open case and a refused decision's state come back whole; a spent decision stays spent."""
     session = conflicted(world)

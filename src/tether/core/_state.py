@@ -135,6 +135,10 @@ class RunState:
     # The results of the last step's actions, stored by content digest: what
     # the agent's next observation carries (also after a recovery).
     results_digest: str | None = None
+    # Every signed reviewer decision this state was shaped by (a replan's
+    # quarantine, an abort's failure): restoring it needs the reviewers' trust
+    # roots again. One per closed review case, so it stays small.
+    decisions: tuple[dict[str, Any], ...] = ()
 
     def evolve(self, **changes: Any) -> RunState:
         """A copy with ``changes`` applied (the state itself is immutable)."""
@@ -170,6 +174,7 @@ class RunState:
             "ledger_length": self.ledger_length,
             "inbox_cursor": self.inbox_cursor,
             "results_digest": self.results_digest,
+            "decisions": list(self.decisions),
         }
 
     @classmethod
@@ -213,9 +218,17 @@ class RunState:
             ledger_length=f.int("ledger_length"),
             inbox_cursor=f.int("inbox_cursor"),
             results_digest=f.optional_str("results_digest"),
+            decisions=_documents(f, "decisions"),
         )
         f.done()
         return state
+
+
+def _documents(f: Fields, name: str) -> tuple[dict[str, Any], ...]:
+    items = f.list(name)
+    if not all(isinstance(item, dict) for item in items):
+        f.fail(f.name(name), "expected a list of objects")
+    return tuple(items)
 
 
 def validate_state(state: RunState) -> bytes:

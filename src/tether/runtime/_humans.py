@@ -199,6 +199,7 @@ def review(session: RunSession, document: Any, *, cursor: int | None = None) -> 
                 review_cases=remaining,
                 quarantined_keys=(*state.quarantined_keys, case.idempotency_key),
                 verification=None,
+                decisions=(*state.decisions, document),
             ),
             [
                 ("review_sealed", sealed),
@@ -215,6 +216,7 @@ def review(session: RunSession, document: Any, *, cursor: int | None = None) -> 
                 observed_version=min(state.observed_version, case.environment.version),
                 review_cases=remaining,
                 verification=None,
+                decisions=(*state.decisions, document),
             ),
             [("review_sealed", sealed), ("failed", {"reason": "aborted_by_review"})],
         )
@@ -222,26 +224,32 @@ def review(session: RunSession, document: Any, *, cursor: int | None = None) -> 
 
 
 def check_restorable(rt: Runtime, state: RunState) -> None:
-    """A checkpoint with approval evidence restores only where its signers are trusted again."""
+    """A checkpoint carrying signed evidence restores only where its signers are trusted again.
+
+    Approvals of the pending write need the approvers' roots; the reviewer
+    decisions the state was shaped by (a replan, an abort) the reviewers'.
+    """
     pending = state.pending
-    if pending is None or not pending.approvals:
-        return
-    trust = rt.trust
-    if trust is None or Role.APPROVER not in trust.roles():
-        raise TrustRootsRequiredError(
-            f"run {state.run_id} carries signed approval evidence; pass the approvers' trust "
-            "roots to restore it",
-            run_id=state.run_id,
-        )
-    for document in pending.approvals:
-        try:
-            trust.verify(document, Role.APPROVER)
-        except EvidenceError as exc:
+    approvals = () if pending is None else pending.approvals
+    for role, documents in ((Role.APPROVER, approvals), (Role.REVIEWER, state.decisions)):
+        if not documents:
+            continue
+        trust = rt.trust
+        if trust is None or role not in trust.roles():
             raise TrustRootsRequiredError(
-                f"run {state.run_id}: approval evidence does not verify under the given trust "
-                f"roots: {exc}",
+                f"run {state.run_id} carries signed {role} evidence; pass the {role}s' trust "
+                "roots to restore it",
                 run_id=state.run_id,
-            ) from exc
+            )
+        for document in documents:
+            try:
+                trust.verify(document, role)
+            except EvidenceError as exc:
+                raise TrustRootsRequiredError(
+                    f"run {state.run_id}: {role} evidence does not verify under the given "
+                    f"trust roots: {exc}",
+                    run_id=state.run_id,
+                ) from exc
 
 
 def _reread(rt: Runtime, case: Any, body: dict[str, Any]) -> None:
