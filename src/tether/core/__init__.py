@@ -247,6 +247,7 @@ __all__ += [
     "new_decision",
 ]
 
+from tether.core import _people as people_rules  # noqa: E402
 from tether.core import _settle as settle_rules  # noqa: E402
 from tether.core import _steps as step_rules  # noqa: E402
 from tether.core._commit import Sealed, seal_commit  # noqa: E402
@@ -300,6 +301,7 @@ __all__ += [
     "check_decision",
     "committed_within_approval",
     "orphans_of",
+    "people_rules",
     "seal_commit",
     "seal_entry",
     "settle_rules",

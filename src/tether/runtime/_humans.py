@@ -9,25 +9,23 @@ refusal is traced.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
 from typing import Any, Protocol
 
 from tether.adapters import Adapter
 from tether.core import (
-    CanonicalJSONError,
     EvidenceError,
     Phase,
     Policy,
     PolicyError,
-    ReviewDecision,
     ReviewDriftError,
     RunFrozenError,
     RunState,
+    Transition,
     TrustRootsRequiredError,
     check_approval,
     check_decision,
-    digest,
 )
+from tether.core import people_rules as people
 from tether.crypto import Role, TrustRoots
 from tether.runtime._clock import Clock
 from tether.store import ContentStore
@@ -96,18 +94,12 @@ def _refuse(
     state = session.state
     if state.phase.terminal:
         return  # nothing may be committed to a finished run; the caller still raises
-    data: dict[str, Any] = {
-        "kind": kind,
-        "error": type(exc).__name__,
-        "message": str(exc),
-        "evidence_digest": _safe_digest(document),
-    }
-    if cursor is not None:
-        data["seq"] = cursor
-    session.commit(
-        state.evolve(inbox_cursor=max(state.inbox_cursor, cursor or 0)),
-        [("evidence_refused", data)],
-    )
+    _commit(session, people.refused(state, kind, document, exc, cursor=cursor))
+
+
+def _commit(session: RunSession, transition: Transition) -> None:
+    if transition.state is not None:
+        session.commit(transition.state, list(transition.events))
 
 
 def approve(session: RunSession, document: Any, *, cursor: int | None = None) -> RunState:
@@ -132,29 +124,7 @@ def approve(session: RunSession, document: Any, *, cursor: int | None = None) ->
     except (EvidenceError, PolicyError) as exc:
         _refuse(session, "approval", document, exc, cursor)
         raise
-    events: list[tuple[str, dict[str, Any]]] = [
-        ("approval_superseded", {"evidence": old}) for old in pending.approvals
-    ]
-    events.append(
-        (
-            "approval_recorded",
-            {
-                "approver_id": body["approver_id"],
-                "nonce": body["nonce"],
-                "expires_at": body["expires_at"],
-                "evidence_digest": digest(document),
-            },
-        )
-    )
-    session.commit(
-        state.evolve(
-            pending=replace(
-                pending, approvals=(document,), nonces=(*pending.nonces, body["nonce"])
-            ),
-            inbox_cursor=state.inbox_cursor if cursor is None else cursor,
-        ),
-        events,
-    )
+    _commit(session, people.record_approval(state, document, body, cursor=cursor))
     return session.state
 
 
@@ -179,47 +149,7 @@ def review(session: RunSession, document: Any, *, cursor: int | None = None) -> 
     except (EvidenceError, PolicyError) as exc:
         _refuse(session, "review_decision", document, exc, cursor)
         raise
-    if cursor is not None:
-        state = state.evolve(inbox_cursor=cursor)
-    sealed = {
-        "case": case.to_json(),
-        "pending": None if state.pending is None else state.pending.to_json(),
-        "decision": document,
-    }
-    remaining = tuple(c for c in state.review_cases if c.case_id != case.case_id)
-    # Either way the run continues (or ends) in the environment the decision
-    # was made in, which _reread just confirmed is the live one.
-    if decision is ReviewDecision.REPLAN:
-        session.commit(
-            state.evolve(
-                phase=Phase.RUNNING,
-                pending=None,
-                environment=case.environment,
-                observed_version=min(state.observed_version, case.environment.version),
-                review_cases=remaining,
-                quarantined_keys=(*state.quarantined_keys, case.idempotency_key),
-                verification=None,
-                decisions=(*state.decisions, document),
-            ),
-            [
-                ("review_sealed", sealed),
-                ("key_quarantined", {"idempotency_key": case.idempotency_key}),
-            ],
-        )
-    else:
-        session.commit(
-            state.evolve(
-                phase=Phase.FAILED,
-                stop_reason="aborted_by_review",
-                pending=None,
-                environment=case.environment,
-                observed_version=min(state.observed_version, case.environment.version),
-                review_cases=remaining,
-                verification=None,
-                decisions=(*state.decisions, document),
-            ),
-            [("review_sealed", sealed), ("failed", {"reason": "aborted_by_review"})],
-        )
+    _commit(session, people.apply_decision(state, case, decision, document, cursor=cursor))
     return session.state
 
 
@@ -281,10 +211,3 @@ def _refuse_unless(state: RunState, phase: Phase, what: str) -> None:
             f"run {state.run_id} is {state.phase}, not {phase}; nothing to {what}",
             run_id=state.run_id,
         )
-
-
-def _safe_digest(document: Any) -> str | None:
-    try:
-        return digest(document)
-    except CanonicalJSONError:  # a malformed document still gets its refusal traced
-        return None
