@@ -239,7 +239,7 @@ def test_read_only_commands_never_create_a_missing_store(tmp_path: Path, command
 
 
 def test_cancel_settles_a_dispatched_write_and_ends_the_run(tmp_path: Path) -> None:
-    """`tether cancel` asks the workspace about a write that may have left, then cancels; a second cancel is refused."""
+    """`tether cancel` finds the write that left before a crash, records it, then cancels; a second cancel is refused."""
     import os
 
     from tether.core import EffectStatus, Phase
@@ -249,7 +249,7 @@ def test_cancel_settles_a_dispatched_write_and_ends_the_run(tmp_path: Path) -> N
     paths = _demo.DemoPaths.under(tmp_path)
     _demo.prepare(paths)
     with _demo.workspace(paths) as ws:
-        rt = _demo.runtime(paths, ws, CrashPlan(CrashPoint.INTENT_PERSISTED))
+        rt = _demo.runtime(paths, ws, CrashPlan(CrashPoint.EFFECT_SENT))
         with pytest.raises(SimulatedCrash):
             rt.start(_demo.RUN_ID).run()
         rt.store.close()
@@ -270,9 +270,9 @@ def test_cancel_settles_a_dispatched_write_and_ends_the_run(tmp_path: Path) -> N
     with SQLiteStore(paths.db) as store:
         statuses = [e.status for e in store.ledger(_demo.RUN_ID)]
         mark = store.get_mark(_demo.RUN_ID)
-    assert statuses == [EffectStatus.INTENDED, EffectStatus.DISPATCHED, EffectStatus.CANCELLED]
+    assert statuses == [EffectStatus.INTENDED, EffectStatus.DISPATCHED, EffectStatus.COMMITTED]
     assert mark is not None and mark.phase == Phase.CANCELLED
-    assert (paths.workspace / "calc.py").read_text() == _demo.BUGGY  # nothing was sent
+    assert (paths.workspace / "calc.py").read_text() == _demo.FIXED  # written once, recorded
     again = subprocess.run(
         [sys.executable, "-m", "tether.cli", *args, "--reason", "again"],
         capture_output=True,

@@ -255,3 +255,28 @@ def test_no_key_material_appears_in_errors_reprs_or_checkpoints(ran: World) -> N
     for text in texts:
         assert secret_b64 not in text
         assert secret_hex not in text
+
+
+def test_an_equivalent_respelling_of_the_stored_bytes_is_corruption(ran: World) -> None:
+    """The MAC covers the bytes as stored: `5` respelled `5.0`, or a space added, fails closed."""
+    _, envelope = newest_row(ran)
+    respelled = envelope.replace(b'"generation":5', b'"generation":5.0', 1)
+    assert respelled != envelope
+    spaced = envelope.replace(b'"generation":5', b'"generation": 5', 1)
+    for damaged in (respelled, spaced):
+        put_back(ran, damaged)
+        with pytest.raises(CheckpointCorruptError, match="canonical envelope"):
+            recover(ran)
+
+
+def test_a_respelled_trace_row_fails_the_chain(ran: World) -> None:
+    """An event's hash covers its data as stored: equivalent JSON with a space is a break."""
+    from tether.core import TraceIntegrityError
+
+    with sqlite3.connect(ran.db) as conn:
+        changed = conn.execute(
+            "UPDATE tether_trace SET data = replace(data, ':', ': ') WHERE seq = 1"
+        ).rowcount
+    assert changed == 1
+    with pytest.raises(TraceIntegrityError):
+        recover(ran)

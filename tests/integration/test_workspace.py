@@ -24,6 +24,7 @@ from tether.adapters import (
 )
 from tether.core import (
     AdapterUnavailableError,
+    ContractViolationError,
     EnvironmentDriftError,
     EnvironmentState,
     IdempotencyConflictError,
@@ -214,17 +215,24 @@ def test_sandbox_and_workspace_agree_on_fingerprints(ws: FileWorkspace) -> None:
 def test_read_returns_text_with_replacement(ws: FileWorkspace) -> None:
     """file.read shows one file as UTF-8 text, replacing undecodable bytes; list names them all."""
     (ws.root / "bin.dat").write_bytes(b"ok\xff")
-    seen = ws.read("file.read", "bin.dat", {})
+    everything = lambda path: True  # noqa: E731
+    seen = ws.read("file.read", "bin.dat", {}, everything)
     assert seen == {
         "path": "bin.dat",
         "exists": True,
         "sha256": "sha256:" + hashlib.sha256(b"ok\xff").hexdigest(),
         "text": "ok\ufffd",
     }
-    missing = ws.read("file.read", "nope.txt", {})
+    missing = ws.read("file.read", "nope.txt", {}, everything)
     assert missing == {"path": "nope.txt", "exists": False, "sha256": None, "text": None}
-    listed = ws.read("file.list", "", {})
+    listed = ws.read("file.list", "", {}, everything)
     assert sorted(listed["files"]) == ["a.txt", "bin.dat"]  # type: ignore[arg-type]
+    scoped = ws.read("file.list", "", {}, lambda path: path == "a.txt")
+    assert list(scoped["files"]) == ["a.txt"]  # type: ignore[call-overload]
+    (ws.root / "d").mkdir()
+    with pytest.raises(ContractViolationError) as refused:
+        ws.read("file.read", "d", {}, everything)
+    assert refused.value.reason == "not_a_file"
 
 
 def test_symlinks_are_refused(ws: FileWorkspace, tmp_path: Path) -> None:

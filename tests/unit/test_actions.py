@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import sqlite3
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -13,7 +14,9 @@ from tests.conftest import ScriptedAgent, Step, World, finish, make_policy, make
 from tether.adapters import Sandbox
 from tether.core import (
     ActionResult,
+    ContractViolationError,
     EffectStatus,
+    IllegalTransitionError,
     Observation,
     OutcomeKind,
     Phase,
@@ -21,9 +24,12 @@ from tether.core import (
     RunFrozenError,
     RunTerminalError,
     SpecError,
+    TetherError,
+    TraceIntegrityError,
     catalog,
     gate,
     new_approval,
+    seal_commit,
 )
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import AgentContext, CrashPlan, CrashPoint, Decision, SimulatedCrash
@@ -330,8 +336,10 @@ def test_cancel_records_a_write_that_landed_before_it_cancels(world: World) -> N
     assert statuses == [EffectStatus.INTENDED, EffectStatus.DISPATCHED, EffectStatus.COMMITTED]
 
 
-def test_cancel_drops_a_dispatched_write_the_adapter_proves_absent(world: World) -> None:
-    """Dispatched but never sent: the final look-up finds nothing, the ledger says cancelled."""
+def test_cancel_of_a_dispatched_write_the_adapter_has_no_record_of_goes_to_review(
+    world: World,
+) -> None:
+    """Absent is not proof at cancel time (an older worker may still be sending): a person decides."""
     crash = CrashPlan(CrashPoint.INTENT_PERSISTED)
     with pytest.raises(SimulatedCrash):
         world.runtime(ScriptedAgent([write("notes.txt", "x"), finish]), crash=crash).start(
@@ -341,9 +349,9 @@ def test_cancel_drops_a_dispatched_write_the_adapter_proves_absent(world: World)
     assert recovered.state.pending is not None
     assert recovered.state.pending.status is EffectStatus.DISPATCHED
     outcome = recovered.cancel("stop")
-    assert outcome.kind is OutcomeKind.CANCELLED
-    assert world.store().ledger("r1")[-1].status is EffectStatus.CANCELLED
-    assert world.sandbox.write_count() == 0
+    assert outcome.kind is OutcomeKind.FROZEN and outcome.reason == "cancel_outcome_unknown"
+    assert world.store().ledger("r1")[-1].status is EffectStatus.OUTCOME_UNKNOWN
+    assert world.sandbox.write_count() == 0  # the cancel sent nothing
 
 
 def test_cancel_with_an_unknowable_outcome_goes_to_review(world: World) -> None:
@@ -376,3 +384,162 @@ def test_a_cancel_needs_a_reason(world: World) -> None:
     with pytest.raises(SpecError):
         session.cancel("  ")
     assert session.state.generation == generation and session.state.phase is Phase.RUNNING
+
+
+# -- what the adversarial review found ----------------------------------------------
+
+
+def _guard(world: World, kind: str, permission: str = "workspace.read") -> None:
+    world.policy = make_policy(
+        kinds={kind: {"risk": "low", "permission": permission, "needs_approval": True}}
+    )
+
+
+@pytest.mark.parametrize("kind", ["finish", "file.list"])
+def test_a_held_action_with_no_target_restores_and_runs_once(world: World, kind: str) -> None:
+    """A gated finish or listing survives a recovery (empty target) and runs once approved."""
+    _guard(world, kind)
+    step = finish if kind == "finish" else propose("file.list", action_id="ls")
+    session = world.runtime(ScriptedAgent([step, finish]), trust=TRUST).start("r1")
+    assert session.step().kind is OutcomeKind.WAITING_FOR_APPROVAL
+    recovered = world.runtime(ScriptedAgent([step, finish]), trust=TRUST).recover("r1")
+    recovered.approve(approval(world, recovered.state))
+    again = world.runtime(ScriptedAgent([step, finish]), trust=TRUST).recover("r1")
+    done = again.step()
+    assert done.kind is (OutcomeKind.FINISHED if kind == "finish" else OutcomeKind.OBSERVED)
+    assert again.state.pending is None and again.state.spent.proposals == 1
+
+
+class RefusingSandbox(Sandbox):
+    """A sandbox whose reads are always refused, as a real adapter may refuse one."""
+
+    def read(self, kind: str, target: str, args: dict[str, Any], scope: Any) -> Any:
+        raise ContractViolationError("too_large", f"{target} is too large to read")
+
+
+def test_an_approved_read_the_adapter_refuses_is_rejected_once_and_not_pending(
+    world: World,
+) -> None:
+    """A held read the adapter then refuses ends as one rejection; the run goes on, charged once."""
+    world.sandbox = RefusingSandbox(
+        {"notes.txt": "draft\n"}, instance_id="sbx-1", clock=world.clock.now
+    )
+    _guard(world, "file.read")
+    agent = Recorder([propose("file.read", "notes.txt", "rd"), finish])
+    session = world.runtime(agent, trust=TRUST).start("r1")
+    session.step()
+    session.approve(approval(world, session.state))
+    refused = session.step()
+    assert refused.kind is OutcomeKind.REJECTED and refused.reason == "too_large"
+    assert session.state.phase is Phase.RUNNING and session.state.pending is None
+    assert session.state.spent.proposals == 1
+    assert session.run().kind is OutcomeKind.FINISHED
+
+
+def test_an_edited_trace_row_fails_recovery_closed(world: World) -> None:
+    """Editing a stored trace event (here: which action it names) is a typed integrity error."""
+    session = world.runtime(ScriptedAgent([propose("file.read", "notes.txt", "rd")])).start("r1")
+    session.step()
+    with sqlite3.connect(world.db) as db:
+        db.execute(
+            "UPDATE tether_trace SET data = replace(data, '\"rd\"', '\"other\"') "
+            "WHERE kind = 'action_observed'"
+        )
+    with pytest.raises(TraceIntegrityError):
+        world.runtime(ScriptedAgent([finish])).recover("r1")
+
+
+def test_a_listing_shows_only_the_tasks_paths(world: World) -> None:
+    """file.list names no path outside the task's allowed paths (nor its hash)."""
+    world.sandbox = Sandbox(
+        {"notes.txt": "a", "secrets.env": "TOKEN=1", "src/m.py": "x"},
+        instance_id="sbx-1",
+        clock=world.clock.now,
+    )
+    world.task = make_task(world.sandbox.environment().state_fingerprint)
+    agent = Recorder([propose("file.list", action_id="ls"), finish])
+    session = world.runtime(agent).start("r1")
+    session.step()
+    session.step()
+    listed = agent.seen[-1].result("ls")
+    assert listed is not None and sorted(listed.data["files"]) == ["notes.txt", "src/m.py"]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "proposal",
+    [
+        Proposal("x", "file.read", "notes.txt", None),  # type: ignore[arg-type]
+        Proposal("x", "file.read", "notes.txt", {1: "a", "b": 2}),  # type: ignore[dict-item]
+        Proposal("x", "finish", args={"summary": {1, 2}}),
+        Proposal("x", "finish", args={"summary": 3}),
+        Proposal("x", "cancel", args={"reason": "  "}),
+        Proposal("x", "cancel", args={"reason": 7}),
+    ],
+)
+def test_malformed_arguments_are_a_schema_rejection_not_a_crash(
+    world: World, proposal: Proposal
+) -> None:
+    """Arguments that are not a JSON object of text-keyed values are refused with `schema`."""
+    assert _judge(world, proposal) == "schema"
+    session = world.runtime(ScriptedAgent([lambda c, o: Decision(c, proposal)])).start("r1")
+    outcome = session.step()
+    assert outcome.kind is OutcomeKind.REJECTED and outcome.reason == "schema"
+
+
+def test_a_refused_recovery_leaves_no_lease_behind(world: World) -> None:
+    """A recovery that fails a restore check releases the lease it took, so others can proceed."""
+    session = world.runtime(ScriptedAgent([finish]), lease_ttl_s=30).start("r1")
+    session.release()
+    world.sandbox.bypass_write("notes.txt", "edited by hand\n")
+    with pytest.raises(TetherError):
+        world.runtime(ScriptedAgent([finish]), lease_ttl_s=30, worker="w2").recover("r1")
+    mark = world.store().get_mark("r1")
+    assert mark is not None and mark.lease_owner is None
+
+
+def test_the_agents_own_cancel_costs_a_proposal(world: World) -> None:
+    """cancel is an action like any other: it is charged one proposal and its cost."""
+    steps = [propose("cancel", args={"reason": "done here"}, cost=3)]
+    session = world.runtime(ScriptedAgent(steps)).start("r1")
+    session.step()
+    assert (session.state.spent.proposals, session.state.spent.cost) == (1, 3)
+
+
+def test_an_agent_cannot_shadow_the_runtimes_finish_id(world: World) -> None:
+    """An agent that uses the id the runtime gives a later finish does not block that finish."""
+    session = world.runtime(ScriptedAgent([propose("file.read", "notes.txt", "finish@2"), finish]))
+    run = session.start("r1")
+    run.step()
+    assert run.step().kind is OutcomeKind.FINISHED
+
+
+def test_a_finish_rule_the_task_can_never_meet_fails_at_load(world: World) -> None:
+    """A policy rule for finish needing a permission the task lacks (or too much risk) won't load."""
+    unreachable = make_policy(
+        kinds={"finish": {"risk": "low", "permission": "root", "needs_approval": False}}
+    )
+    with pytest.raises(SpecError, match="finish"):
+        world.runtime(ScriptedAgent([finish]), policy=unreachable)
+    risky = make_policy(
+        kinds={"finish": {"risk": "high", "permission": "workspace.read", "needs_approval": False}}
+    )
+    with pytest.raises(SpecError, match="finish"):
+        world.runtime(ScriptedAgent([finish]), policy=risky)
+
+
+def test_a_pending_write_cannot_complete_the_run(world: World) -> None:
+    """pending -> completed exists for a held finish only; a pending write must settle first."""
+    world.policy = make_policy(
+        kinds={
+            "file.write": {"risk": "low", "permission": "workspace.write", "needs_approval": True}
+        }
+    )
+    session = world.runtime(ScriptedAgent([write("notes.txt", "x")])).start("r1")
+    session.step()
+    with pytest.raises(IllegalTransitionError):
+        seal_commit(
+            session.state,
+            session.state.evolve(phase=Phase.COMPLETED, stop_reason="verified"),
+            [],
+            now=world.clock.now(),
+        )

@@ -306,7 +306,8 @@ def test_file_and_directory_of_the_same_name_are_refused() -> None:
 def test_read_shows_one_file() -> None:
     """file.read returns one file's text and hash; file.list every path with its hash."""
     sandbox = make_sandbox()
-    seen = sandbox.read("file.read", "a.txt", {})
+    seen = sandbox.read("file.read", "a.txt", {}, lambda path: True)
     assert seen["text"] == "alpha" and seen["exists"] is True
-    listed = sandbox.read("file.list", "", {})
+    listed = sandbox.read("file.list", "", {}, lambda path: True)
     assert list(listed["files"]) == ["a.txt"]  # type: ignore[call-overload]
+    assert sandbox.read("file.list", "", {}, lambda path: False) == {"files": {}}

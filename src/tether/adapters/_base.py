@@ -6,6 +6,7 @@ happened there: its receipts are the truth, the runtime's ledger a copy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -100,9 +101,13 @@ class Adapter(Protocol):
         """The action kinds this adapter carries out (its reads and its writes)."""
         ...
 
-    def read(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, JSONValue]:
+    def read(
+        self, kind: str, target: str, args: dict[str, Any], scope: Callable[[str], bool]
+    ) -> dict[str, JSONValue]:
         """Answer a read of a declared ``read`` kind; changes nothing.
 
+        ``scope`` says which targets the task may see (its allowed paths): a
+        read that names many (a listing) answers only for those in scope.
         Raises :class:`~tether.core.ContractViolationError` for a read the
         adapter cannot answer, :class:`~tether.core.AdapterUnavailableError`
         when it cannot be reached.

@@ -44,7 +44,7 @@ FILE_KINDS = (
     ActionKind(FILE_LIST, ActionClass.READ, TargetKind.NONE),
 )
 
-_RECEIPT_FIELDS = frozenset(Receipt.__dataclass_fields__)
+_RECEIPT_FIELDS = frozenset(Receipt.__dataclass_fields__) - {"fingerprint"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,17 +84,22 @@ def read_files(
     target: str,
     hashes: Callable[[], Mapping[str, str]],
     content: Callable[[str], bytes | None],
+    scope: Callable[[str], bool],
 ) -> dict[str, JSONValue]:
-    """Answer a ``file.read`` (one file's text) or a ``file.list`` (every path and its hash).
+    """Answer a ``file.read`` (one file's text) or a ``file.list`` (each path in scope, hashed).
 
     Text is UTF-8 with undecodable bytes replaced; ``sha256`` is of the exact
-    bytes, so an agent can tell a replaced byte from the real character.
+    bytes, so an agent can tell a replaced byte from the real character. A
+    listing names only paths in ``scope``: what lies outside the task's paths
+    (its names, its hashes) is not the agent's to see.
     """
     if kind == FILE_LIST:
-        return {"files": dict(sorted(hashes().items()))}
+        return {"files": {p: h for p, h in sorted(hashes().items()) if scope(p)}}
     if kind != FILE_READ:
         raise ContractViolationError("bad_kind", f"{kind!r} is not a read this adapter knows")
     check_target(target)
+    if not scope(target):
+        raise ContractViolationError("scope_target", f"{target!r} is outside the task's paths")
     data = content(target)
     if data is None:
         return {"path": target, "exists": False, "sha256": None, "text": None}

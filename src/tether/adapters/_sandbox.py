@@ -169,8 +169,10 @@ class Sandbox:
         """``file.write``, ``file.read`` and ``file.list``."""
         return FILE_KINDS
 
-    def read(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, JSONValue]:
-        """One file's text (``file.read``) or every path with its hash (``file.list``)."""
+    def read(
+        self, kind: str, target: str, args: dict[str, Any], scope: Callable[[str], bool]
+    ) -> dict[str, JSONValue]:
+        """One file's text (``file.read``) or each path in scope with its hash (``file.list``)."""
         with self._lock:
             files = self._files
             return read_files(
@@ -178,6 +180,7 @@ class Sandbox:
                 target,
                 self._hashes,
                 lambda rel: files[rel].encode("utf-8") if rel in files else None,
+                scope,
             )
 
     def lookup(self, key: str) -> Receipt | None:

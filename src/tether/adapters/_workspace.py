@@ -26,7 +26,7 @@ import secrets
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -182,10 +182,19 @@ class FileWorkspace:
         """``file.write``, ``file.read`` and ``file.list``."""
         return FILE_KINDS
 
-    def read(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, JSONValue]:
-        """One file's text (``file.read``; UTF-8, undecodable bytes replaced) or every path."""
+    def read(
+        self, kind: str, target: str, args: dict[str, Any], scope: Callable[[str], bool]
+    ) -> dict[str, JSONValue]:
+        """One file's text (``file.read``; UTF-8, undecodable bytes replaced) or the paths in scope.
+
+        A directory, a symlink or anything else that is not a regular file is
+        a refused read (``not_a_file``), not a crash.
+        """
         with self._exclusive():
-            return read_files(kind, target, self._tree.hashes, self._tree.read)
+            try:
+                return read_files(kind, target, self._tree.hashes, self._tree.read, scope)
+            except UnsupportedEntryError as exc:
+                raise ContractViolationError("not_a_file", str(exc)) from exc
 
     def lookup(self, key: str) -> Receipt | None:
         """The receipt stored under ``key``; ``None`` if none (or its write is unresolved)."""

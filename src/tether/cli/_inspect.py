@@ -9,11 +9,10 @@ from pathlib import Path
 
 from tether.core import (
     GENESIS_HASH,
-    IntegrityError,
     StoreUnavailableError,
-    chain_hash,
     format_time,
     validate_state,
+    verify_trace,
 )
 from tether.crypto import Keyring
 from tether.runtime import Checkpointer
@@ -117,17 +116,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     state = restored.state
     validate_state(state)
     events = store.trace(state.run_id, state.trace_head)
-    head = GENESIS_HASH
-    for index, event in enumerate(events, start=1):
-        if (
-            event.seq != index
-            or event.prev_hash != head
-            or chain_hash(head, event.body()) != event.hash
-        ):
-            raise IntegrityError(f"trace breaks at event {index}", run_id=state.run_id)
-        head = event.hash
-    if head != state.trace_head or len(events) != state.trace_length:
-        raise IntegrityError("the trace does not end at the checkpoint's head", run_id=state.run_id)
+    verify_trace(state.run_id, events, state.trace_head, state.trace_length, GENESIS_HASH)
     ledger = checkpointer.verified_ledger(state)
     result = {
         "run_id": state.run_id,

@@ -53,6 +53,7 @@ from tether.core._errors import (
     StoreUnavailableError,
     TaskMismatchError,
     TetherError,
+    TraceIntegrityError,
     TrustRootsRequiredError,
     UnknownFieldError,
     UnknownKeyError,
@@ -95,7 +96,7 @@ from tether.core._state import (
     Spent,
     validate_state,
 )
-from tether.core._trace import TraceEvent, chain_hash, seal_event
+from tether.core._trace import TraceEvent, chain_hash, seal_event, verify_trace
 
 __all__ = [
     "GENESIS_HASH",
@@ -166,6 +167,7 @@ __all__ = [
     "TaskSpec",
     "TetherError",
     "TraceEvent",
+    "TraceIntegrityError",
     "TrustRootsRequiredError",
     "UnknownFieldError",
     "UnknownKeyError",
@@ -189,6 +191,7 @@ __all__ = [
     "seal_event",
     "strict_loads",
     "validate_state",
+    "verify_trace",
 ]
 
 from tether.core._actions import (

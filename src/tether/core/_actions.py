@@ -46,8 +46,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from tether.core._canonical import JSONValue
-from tether.core._errors import SpecError
+from tether.core._canonical import JSONValue, canonical_bytes
+from tether.core._errors import CanonicalJSONError, SpecError
 from tether.core._fields import Fields
 from tether.core._model import CompletedWrite, EnvironmentState
 from tether.core._phases import Phase
@@ -142,6 +142,19 @@ def check_contract(task: TaskSpec, policy: Policy, kinds: Mapping[str, ActionKin
                 f"allowed_kinds[{index}]",
                 f"the policy {policy.policy_id!r} has no rule for {name!r}",
             )
+    for control in (FINISH, CANCEL):
+        # Every run must be able to end: a rule for finish or cancel may not
+        # ask for what this task can never have.
+        rule = rule_for(policy, control)
+        if rule is not None and rule.permission and rule.permission not in task.permissions:
+            raise SpecError(
+                f"kinds.{control.name}",
+                f"needs permission {rule.permission!r}, which the task does not grant",
+            )
+        if rule is not None and rule.risk.rank > policy.max_risk.rank:
+            raise SpecError(
+                f"kinds.{control.name}", f"is {rule.risk} risk; the policy allows {policy.max_risk}"
+            )
     named = {rule.permission for rule in policy.kinds.values()}
     for index, permission in enumerate(task.permissions):
         if permission not in named:
@@ -220,6 +233,9 @@ def gate(
     scope = _scope(kind, proposal.target, task)
     if scope is not None:
         return scope
+    text = _text_args(kind, proposal.args)
+    if text is not None:
+        return text
     if proposal.idempotency_key is not None:
         what = (
             "a mutation's key is minted by the runtime"
@@ -268,6 +284,12 @@ def _shape(proposal: Proposal) -> Rejection | None:
         return Rejection("schema", "kind and target must be strings")
     if not isinstance(proposal.args, dict):
         return Rejection("schema", "args must be an object")
+    if not all(isinstance(name, str) for name in proposal.args):
+        return Rejection("schema", "argument names must be strings")
+    try:
+        canonical_bytes(proposal.args)
+    except CanonicalJSONError as exc:
+        return Rejection("schema", f"args must be JSON: {exc}")
     if proposal.extra:
         return Rejection("schema", f"unknown proposal fields {sorted(proposal.extra)}")
     if isinstance(proposal.cost, bool) or not isinstance(proposal.cost, int) or proposal.cost < 0:
@@ -281,6 +303,17 @@ def _shape(proposal: Proposal) -> Rejection | None:
         not isinstance(proposal.deadline, datetime) or proposal.deadline.tzinfo is None
     ):
         return Rejection("schema", "deadline must be a timezone-aware datetime")
+    return None
+
+
+def _text_args(kind: ActionKind, args: dict[str, Any]) -> Rejection | None:
+    """A cancel needs a reason a person can read later; a finish's summary is text."""
+    if kind.action_class is ActionClass.CANCEL:
+        reason = args.get("reason")
+        if not isinstance(reason, str) or not reason.strip():
+            return Rejection("schema", "cancel needs a non-empty reason")
+    if kind.action_class is ActionClass.FINISH and not isinstance(args.get("summary", ""), str):
+        return Rejection("schema", "a finish's summary must be text")
     return None
 
 

@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from tether.core._errors import CheckpointCorruptError
+from tether.core._errors import CheckpointCorruptError, IllegalTransitionError
 from tether.core._ledger import LedgerEntry, seal_entry
 from tether.core._model import PendingWrite
-from tether.core._phases import EffectStatus, check_effect_move, check_phase_move
+from tether.core._phases import EffectStatus, Phase, check_effect_move, check_phase_move
 from tether.core._state import RunState
 from tether.core._trace import TraceEvent, seal_event
 from tether.core._transition import Event, LedgerNote
@@ -48,6 +48,10 @@ def seal_commit(
     """
     if before.generation:
         check_phase_move(before.phase, after.phase)
+        pending = before.pending
+        if after.phase is Phase.COMPLETED and pending is not None and pending.mutating:
+            # pending -> completed exists for a held finish only; a write settles first.
+            raise IllegalTransitionError("a pending write cannot complete the run")
     head, length = before.trace_head, before.trace_length
     sealed: list[TraceEvent] = []
     for kind, data in events:

@@ -165,6 +165,10 @@ class LedgerIntegrityError(IntegrityError):
     """The effect ledger does not chain to the head the signed checkpoint pins."""
 
 
+class TraceIntegrityError(IntegrityError):
+    """The trace is not one unbroken chain ending at the head the signed checkpoint pins."""
+
+
 class InvariantError(IntegrityError):
     """Run state violates a cross-object invariant; it is never committed or loaded."""
 

@@ -94,26 +94,35 @@ class EnvironmentState:
 
 @dataclass(frozen=True, slots=True)
 class Intent:
-    """A normalized proposed write. Its digest is the identity retries are bound to."""
+    """A normalized proposed write. Its digest is the identity retries are bound to.
+
+    The digest is computed once, when the intent is made (``args`` is not to
+    be changed afterwards; every caller builds a new intent instead).
+    """
 
     kind: str
     target: str
     args: dict[str, Any]
     risk: str
+    digest: str = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "digest", digest(self.to_json()))
 
     def to_json(self) -> dict[str, JSONValue]:
         return {"kind": self.kind, "target": self.target, "args": self.args, "risk": self.risk}
-
-    @property
-    def digest(self) -> str:
-        return digest(self.to_json())
 
     @classmethod
     def parse(cls, f: Fields) -> Intent:
         args = f.raw("args")
         if not isinstance(args, dict):
             f.fail(f.name("args"), "expected an object")
-        intent = cls(kind=f.str("kind"), target=f.str("target"), args=args, risk=f.str("risk"))
+        intent = cls(
+            kind=f.str("kind"),
+            target=f.str("target", nonempty=False),
+            args=args,
+            risk=f.str("risk"),
+        )
         f.done()
         return intent
 
@@ -131,6 +140,12 @@ class Receipt:
     business_object_id: str
     committed_at: str
     post_state: EnvironmentState
+    #: Digest of every field, computed once: two receipts are the same only if
+    #: this is equal.
+    fingerprint: str = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fingerprint", digest(self.to_json()))
 
     def to_json(self) -> dict[str, JSONValue]:
         return {
@@ -144,11 +159,6 @@ class Receipt:
             "committed_at": self.committed_at,
             "post_state": self.post_state.to_json(),
         }
-
-    @property
-    def fingerprint(self) -> str:
-        """Digest of every field: two receipts are the same only if this is equal."""
-        return digest(self.to_json())
 
     @classmethod
     def from_json(cls, data: Any, error: Any = None) -> Receipt:

@@ -65,8 +65,8 @@ class EffectStatus(StrEnum):
     OUTCOME_UNKNOWN = "outcome_unknown"
     REJECTED = "rejected"
     COMPENSATED = "compensated"
-    # The run was cancelled and the write proven never to land: never sent
-    # (intended), or the adapter's final look-up found nothing.
+    # The run was cancelled before the write was ever sent (the signed state
+    # said intended): it never landed and never will.
     CANCELLED = "cancelled"
 
 

@@ -54,9 +54,10 @@ the ledger says the effect happened.
 Cancelling a dispatched write (``cancel_pending``) never sends it and never
 abandons it: the adapter is asked first where it can be; committed ->
 reconcile (then the run is cancelled with the effect on record); absent and
-final -> the ledger says ``cancelled``; in progress or unreachable -> the
-cancel waits; not queryable, or absent but not final -> needs_review
-(``cancel_outcome_unknown``).
+in progress or unreachable -> the cancel waits; absent, or not queryable ->
+needs_review (``cancel_outcome_unknown``): a look-up that finds nothing
+cannot prove that an older worker is not still sending, and a cancel would
+make "never landed" final.
 
 The approval gate: where the policy needs one, an approval in force,
 unexpired on the runtime's clock, for the environment as it is now; without
@@ -377,17 +378,17 @@ def freeze(
 def cancel_pending(state: RunState, facts: Facts, answer: LookupAnswer | None) -> Transition:
     """Settle a dispatched write before a cancel; ``answer`` is ``None`` if it can't be asked.
 
-    A ``cancelled`` outcome means the write is proven never to land and the
-    caller may end the run; a reconcile leaves the run running with the
-    effect recorded; anything else is the outcome to report instead.
+    A reconcile leaves the run running with the effect recorded (the caller
+    then cancels); anything else is the outcome to report instead.
     """
     pending = _pending(state)
     if answer is not None and answer.status is LookupStatus.COMMITTED:
         return after_lookup(state, facts, answer)
     if answer is not None and answer.status in {LookupStatus.IN_PROGRESS, LookupStatus.UNAVAILABLE}:
         return after_lookup(state, facts, answer)
-    if answer is not None and facts.capabilities.absent_is_final:
-        return Transition(OutcomeKind.CANCELLED, reason="never_landed")
+    # "Absent" is not proof here: a worker whose lease lapsed may still be
+    # inside the send, and unlike a re-send under the same key (deduplicated),
+    # a cancel would make "never landed" final. A person decides.
     return freeze(
         state,
         facts,

@@ -202,13 +202,18 @@ def hold(
 
 
 def reject(
-    state: RunState, proposal: Proposal, rejection: Rejection, budgets: Budgets
+    state: RunState,
+    proposal: Proposal,
+    rejection: Rejection,
+    budgets: Budgets,
+    *,
+    spent_already: bool = False,
 ) -> Transition:
     """Refuse a proposal: it costs one proposal, enters the trace, and is the agent's next result.
 
     The last proposal the budget allows fails the run.
     """
-    spent = _charged(state.spent, proposals=1)
+    spent = state.spent if spent_already else _charged(state.spent, proposals=1)
     after = state.evolve(spent=spent)
     kind = OutcomeKind.REJECTED
     if spent.proposals >= budgets.proposals:
@@ -328,22 +333,24 @@ def cancel(
     *,
     by: str,
     action_id: str | None = None,
-    proven_absent: bool = False,
+    charge: int | None = None,
 ) -> Transition:
-    """End a run in ``cancelled``; a pending write must be proven never to land first.
+    """End a run in ``cancelled``; a pending write must be one that never left.
 
-    A write the signed state says never left the process (``intended``), or
-    one the adapter's final look-up just found absent (``proven_absent``), is
-    dropped here and the ledger says ``cancelled``; anything else dispatched
-    is the caller's to settle first (``settle_rules.cancel_pending``).
+    A write the signed state says was never sent (``intended``) is dropped
+    here and the ledger says ``cancelled``; a dispatched one is the caller's
+    to settle first (``settle_rules.cancel_pending``). ``charge``: the
+    agent's own cancel costs a proposal and its cost, like any action.
     """
     pending = state.pending
     notes: tuple[LedgerNote, ...] = ()
     data: dict[str, JSONValue] = {"reason": reason, "by": by}
+    if charge is not None:
+        state = state.evolve(spent=_charged(state.spent, proposals=1, cost=charge))
     if action_id is not None:
         data["action_id"] = action_id
     if pending is not None:
-        if pending.mutating and pending.status is not EffectStatus.INTENDED and not proven_absent:
+        if pending.mutating and pending.status is not EffectStatus.INTENDED:
             raise ValueError("a dispatched write must be settled before a cancel")  # caller's bug
         if pending.mutating:
             notes = (LedgerNote(EffectStatus.CANCELLED),)

@@ -11,7 +11,11 @@ canonical bytes; this module wraps those bytes in an envelope carrying
 - ``mac``: HMAC-SHA256 over a domain label, the key id and the payload,
   which proves the bytes came from a holder of the key.
 
-Opening checks these in order and raises a distinct error for each.
+Opening checks these in order and raises a distinct error for each. The
+stored bytes must be exactly the canonical envelope of the payload they
+carry, so the MAC covers the bytes as stored: an equivalent spelling of the
+same values (``1.0`` for ``1``, escaped characters, reordered keys) is
+corruption, not the same checkpoint.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ FORMAT = "tether.checkpoint"
 ENVELOPE_VERSION = 1
 _DOMAIN = b"tether.checkpoint.v1"
 _FIELDS = frozenset({"checksum", "format", "kcv", "key_id", "mac", "payload", "version"})
+_VERSION = str(ENVELOPE_VERSION).encode("ascii")
 
 
 def seal(payload: bytes, keyring: Keyring) -> bytes:
@@ -43,25 +48,16 @@ def seal(payload: bytes, keyring: Keyring) -> bytes:
     key = keyring.active
     mac = key.mac(_DOMAIN, key.key_id.encode("utf-8"), payload).hex()
     checksum = _checksum(key.key_id, key.check_value, mac, payload)
+    return _assemble(checksum, key.check_value, key.key_id, mac, payload)
+
+
+def _assemble(checksum: str, kcv: str, key_id: str, mac: str, payload: bytes) -> bytes:
     # Keys in RFC 8785 order; the payload is already canonical, so splicing its
     # bytes in keeps the envelope canonical without encoding the payload twice.
     head = canonical_bytes(
-        {
-            "checksum": checksum,
-            "format": FORMAT,
-            "kcv": key.check_value,
-            "key_id": key.key_id,
-            "mac": mac,
-        }
+        {"checksum": checksum, "format": FORMAT, "kcv": kcv, "key_id": key_id, "mac": mac}
     )
-    return (
-        head[:-1]
-        + b',"payload":'
-        + payload
-        + b',"version":'
-        + str(ENVELOPE_VERSION).encode()
-        + b"}"
-    )
+    return head[:-1] + b',"payload":' + payload + b',"version":' + _VERSION + b"}"
 
 
 def open_envelope(blob: bytes, keyring: Keyring, *, run_id: str | None = None) -> Any:
@@ -92,6 +88,11 @@ def open_envelope(blob: bytes, keyring: Keyring, *, run_id: str | None = None) -
         raise CheckpointCorruptError(
             f"payload is not canonical JSON: {exc}", run_id=run_id
         ) from exc
+    if _assemble(doc["checksum"], doc["kcv"], doc["key_id"], doc["mac"], payload) != blob:
+        raise CheckpointCorruptError(
+            "checkpoint bytes are not the canonical envelope of their payload: corrupted",
+            run_id=run_id,
+        )
     checksum = _checksum(doc["key_id"], doc["kcv"], doc["mac"], payload)
     if not hmac.compare_digest(checksum, doc["checksum"]):
         raise CheckpointCorruptError("checkpoint checksum does not match: corrupted", run_id=run_id)

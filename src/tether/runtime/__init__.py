@@ -4,7 +4,8 @@ from tether.runtime._agent import Agent, AgentContext, Decision
 from tether.runtime._checkpointer import Checkpointer, Restored, check_binding, check_environment
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
 from tether.runtime._crash import NO_CRASH, CrashPlan, CrashPoint, SimulatedCrash
-from tether.runtime._runtime import RunSession, Runtime
+from tether.runtime._runtime import Runtime
+from tether.runtime._session import RunSession
 from tether.runtime._worker import (
     AppLoadError,
     RuntimeFactory,

@@ -20,6 +20,7 @@ from typing import Any
 
 from tether.core import (
     CanonicalJSONError,
+    CheckpointCorruptError,
     EffectStatus,
     GenerationConflictError,
     LeaseExpiredError,
@@ -209,7 +210,8 @@ class SQLBase(SQLEngine):
     def _put_event(self, event: TraceEvent) -> None:
         # Rows are addressed by their hash: one whose hash is not its content's
         # would make "already there" mean "something else is there".
-        if chain_hash(event.prev_hash, event.body()) != event.hash:
+        data_text = event.encoded_data()
+        if chain_hash(event.prev_hash, event.body_bytes()) != event.hash:
             raise WriteOnceError(f"trace event {event.hash} is not sealed over its content")
         inserted = self._run(
             self._insert_ignore(
@@ -222,7 +224,7 @@ class SQLBase(SQLEngine):
                 event.seq,
                 event.kind,
                 format_time(event.at),
-                canonical_bytes(event.data).decode("utf-8"),
+                data_text.decode("utf-8"),
             ),
         )
         if inserted == 0:
@@ -252,7 +254,13 @@ class SQLBase(SQLEngine):
                 (run_id, checkpoint_digest),
             )
         )
-        return None if row is None else bytes(row[0])
+        if row is None:
+            return None
+        if not isinstance(row[0], bytes | bytearray | memoryview):
+            raise CheckpointCorruptError(
+                f"checkpoint {checkpoint_digest}: stored as {type(row[0]).__name__}", run_id=run_id
+            )
+        return bytes(row[0])
 
     def envelopes(self, run_id: str) -> list[bytes]:
         """Every sealed envelope of the run, landed or not, by generation."""
@@ -279,7 +287,11 @@ class SQLBase(SQLEngine):
         row = self._read(
             lambda: self._one("SELECT body FROM tether_blobs WHERE digest = ?", (blob_digest,))
         )
-        return None if row is None else bytes(row[0])
+        if row is None:
+            return None
+        if not isinstance(row[0], bytes | bytearray | memoryview):
+            raise CheckpointCorruptError(f"blob {blob_digest}: stored as {type(row[0]).__name__}")
+        return bytes(row[0])
 
     def trace(self, run_id: str, head: str, limit: int | None = None) -> list[TraceEvent]:
         """Walk the chain back from ``head``: events an orphaned attempt wrote are not on it."""
@@ -307,6 +319,7 @@ class SQLBase(SQLEngine):
                 data=strict_loads(str(data)),
                 prev_hash=str(prev),
                 hash=str(hash_),
+                data_text=str(data).encode("utf-8"),  # the hash is checked over what was stored
             )
             for hash_, prev, seq, kind, at, data in rows
         ]

@@ -1,0 +1,644 @@
+"""One epoch of one run: observe -> ask the agent -> apply a transition -> call the adapter.
+
+The order of a write, and why (two durable commits where the adapter is
+queryable or idempotent):
+
+1. ONE commit: the checkpoint (phase pending) with the intent, its freshly
+   minted key and the ledger's ``intended`` + ``dispatched``, before anything
+   leaves the process (a blind adapter, or a write that waits for approval,
+   commits ``intended`` here and ``dispatched`` alone right before the call);
+2. the adapter executes with that key and returns its receipt;
+3. ONE commit: the ledger's ``committed`` with the receipt and the advanced
+   state (phase running).
+
+The session holds no rule of its own: every decision is a pure function in
+``tether.core`` that returns a :class:`~tether.core.Transition`; the session
+commits it, makes the one adapter call it names, and hands the answer on.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any, Protocol
+
+from tether.adapters import Adapter, Fence, UnresolvedWriteError
+from tether.core import (
+    ActionClass,
+    ActionKind,
+    ActionResult,
+    AdapterError,
+    AdapterUnavailableError,
+    CheckpointCorruptError,
+    ContractViolationError,
+    EffectStatus,
+    EnvironmentDriftError,
+    Execute,
+    ExecuteAnswer,
+    ExecuteStatus,
+    Facts,
+    IdempotencyConflictError,
+    Intent,
+    LedgerNote,
+    Lookup,
+    LookupAnswer,
+    LookupStatus,
+    Observation,
+    Outcome,
+    OutcomeKind,
+    PendingWrite,
+    Phase,
+    Policy,
+    PreconditionFailedError,
+    Proposal,
+    RunFrozenError,
+    RunState,
+    RunTerminalError,
+    SpecError,
+    TaskSpec,
+    TraceEvent,
+    Transition,
+    approval_problem,
+    gate,
+    needs_approval,
+    risk_of,
+    seal_commit,
+    settle_rules,
+    step_rules,
+)
+from tether.core import Rejection as GateRejection
+from tether.crypto import TrustRoots
+from tether.runtime import _humans
+from tether.runtime._agent import Agent, AgentContext
+from tether.runtime._checkpointer import Checkpointer
+from tether.runtime._clock import Clock, IdSource
+from tether.runtime._crash import CrashPlan, CrashPoint
+from tether.store import ContentStore, Lease
+
+
+class Runtime(Protocol):
+    """What a session reads of its runtime (structural: the runtime module imports this one)."""
+
+    store: ContentStore
+    adapter: Adapter
+    task: TaskSpec
+    policy: Policy
+    agent: Agent
+    clock: Clock
+    ids: IdSource
+    crash: CrashPlan
+    worker: str
+    trust: TrustRoots | None
+    lease_ttl_s: float | None
+    checkpointer: Checkpointer
+    kinds: dict[str, ActionKind]
+
+
+Event = tuple[str, dict[str, Any]]
+
+
+class RunSession:
+    """One epoch of one run: the current state and the agent's context."""
+
+    def __init__(self, runtime: Runtime, state: RunState, context: AgentContext) -> None:
+        self.rt = runtime
+        self.state = state
+        self.context = context
+        self.lease: Lease | None = None
+        self._renewed = 0.0
+        # Action ids of every write the verified ledger records (a pending one
+        # that never dispatched included): the gate's "used before", read from
+        # signed history, never from rows a store could hold unverified.
+        self.actions: set[str] = set()
+        self._results: tuple[str, tuple[ActionResult, ...]] | None = None
+
+    # -- the lease -------------------------------------------------------------
+
+    def hold(self, lease: Lease) -> None:
+        """Work under ``lease``: its version fences every commit and adapter call."""
+        self.lease = lease
+        self._renewed = time.monotonic()
+
+    def release(self) -> None:
+        """Give the lease up (a clean shutdown), so another worker may take the run at once."""
+        if self.lease is not None:
+            self.rt.checkpointer.marks.release_lease(
+                self.run_id, self.lease.owner, self.lease.lease_version
+            )
+            self.lease = None
+
+    def guard(self) -> Fence | None:
+        """Before every effect: renew if a third of the ttl has passed, then check the lease.
+
+        Returns the fencing token for adapters that can check it.
+        """
+        lease, ttl = self.lease, self.rt.lease_ttl_s
+        if lease is None:
+            return None
+        marks = self.rt.checkpointer.marks
+        if ttl is not None and time.monotonic() - self._renewed > ttl / 3:
+            lease = marks.renew_lease(self.run_id, lease.owner, lease.lease_version, ttl)
+            self.hold(lease)
+        marks.check_lease(self.run_id, lease.lease_version)
+        if not self.rt.adapter.capabilities.fencing:
+            return None
+        return Fence(self.run_id, lease.lease_version, lease.expires_at)
+
+    @property
+    def run_id(self) -> str:
+        return self.state.run_id
+
+    # -- committing ----------------------------------------------------------
+
+    def commit(
+        self,
+        state: RunState,
+        events: list[Event],
+        *,
+        context: AgentContext | None = None,
+        blobs: dict[str, bytes] | None = None,
+        ledger: tuple[LedgerNote, ...] = (),
+        effect: PendingWrite | None = None,
+    ) -> None:
+        """Checkpoint ``state`` as the next generation, with its trace events and ledger entries.
+
+        ``ledger`` notes belong to ``effect`` (the write they record); they are
+        sealed into the run's ledger chain, whose new head the checkpoint pins,
+        and land in the same fenced transaction or not at all.
+        """
+        blobs = dict(blobs or {})
+        if context is not None:
+            context_digest, body = context.encode()
+            if context_digest != self.state.agent_context_digest:
+                blobs[context_digest] = body
+            state = state.evolve(agent_context_digest=context_digest)
+        sealed = seal_commit(
+            self.state, state, events, now=self.rt.clock.now(), ledger=ledger, effect=effect
+        )
+        new = sealed.state
+        self.rt.checkpointer.advance(
+            new,
+            self.state.generation,
+            list(sealed.events),
+            blobs or None,
+            expected_lease_version=0 if self.lease is None else self.lease.lease_version,
+            ledger=list(sealed.entries),
+        )
+        self.state = new
+        if effect is not None and any(n.status is EffectStatus.INTENDED for n in ledger):
+            self.actions.add(effect.action_id)
+        if context is not None:
+            self.context = context
+
+    def _remember(self, transition: Transition) -> None:
+        """Keep what a committed transition recorded: its action id, its results."""
+        for kind, data in transition.events:
+            action_id = data.get("action_id")
+            if kind in step_rules.ACTION_EVENTS and isinstance(action_id, str):
+                self.actions.add(action_id)
+        state = transition.state
+        if state is not None and state.results_digest is not None:
+            body = dict(transition.blobs).get(state.results_digest)
+            if body is not None:
+                self._results = (
+                    state.results_digest,
+                    step_rules.decode_results(state.results_digest, body),
+                )
+
+    # -- applying transitions --------------------------------------------------
+
+    def apply(
+        self,
+        transition: Transition,
+        *,
+        prefix: list[Event] | None = None,
+        context: AgentContext | None = None,
+    ) -> Outcome:
+        """Commit a transition, make the adapter call it names, and feed the answer on.
+
+        ``prefix`` (events the step saw before deciding) and ``context`` (the
+        agent's new context) land with the first commit.
+        """
+        while True:
+            # Notes record the write pending before the step, or the one it makes pending.
+            effect = self.state.pending
+            if effect is None and transition.state is not None:
+                effect = transition.state.pending
+            if transition.state is not None:
+                self.commit(
+                    transition.state,
+                    [*(prefix or ()), *transition.events],
+                    context=context,
+                    blobs=dict(transition.blobs),
+                    ledger=transition.ledger,
+                    effect=effect,
+                )
+                prefix, context = None, None
+                self._remember(transition)
+            call = transition.call
+            if call is None:
+                last = transition.events[-1][0] if transition.events else None
+                return Outcome(
+                    transition.outcome,
+                    self.state,
+                    transition.reason,
+                    transition.message,
+                    last if transition.state is not None else None,
+                )
+            if isinstance(call, Lookup):
+                answer = self._lookup(call)
+                transition = self._decide(
+                    lambda facts, a=answer: settle_rules.after_lookup(self.state, facts, a)
+                )
+            else:
+                result = self._execute(call)
+                if result.status is ExecuteStatus.COMMITTED:
+                    self.rt.crash.hit(CrashPoint.EFFECT_SENT)
+                transition = self._decide(
+                    lambda facts, c=call, r=result: settle_rules.after_execute(
+                        self.state, facts, c, r
+                    )
+                )
+
+    def facts(self, *, live: bool = False) -> Facts:
+        """What a pure step may need now; the environment is read only where it matters."""
+        rt = self.rt
+        needs = _humans.needs_approval(rt, self.state)
+        env = rt.adapter.environment() if (live or needs) else self.state.environment
+        return Facts(
+            now=rt.clock.now(),
+            live=env,
+            needs_approval=needs,
+            case_id=rt.ids.new_id("case"),
+            capabilities=rt.adapter.capabilities,
+            namespace=rt.adapter.namespace,
+        )
+
+    def _decide(self, rule: Any) -> Transition:
+        """Evaluate a pure rule; a freeze is re-evaluated with the live environment read."""
+        facts = self.facts()
+        transition: Transition = rule(facts)
+        if transition.outcome is OutcomeKind.FROZEN and facts.live is self.state.environment:
+            transition = rule(self.facts(live=True))
+        return transition
+
+    def _lookup(self, call: Lookup) -> LookupAnswer:
+        self.guard()
+        try:
+            receipt = self.rt.adapter.lookup(call.key)
+        except UnresolvedWriteError as exc:
+            return LookupAnswer(LookupStatus.IN_PROGRESS, detail=str(exc))
+        except AdapterUnavailableError as exc:
+            return LookupAnswer(LookupStatus.UNAVAILABLE, detail=str(exc))
+        if receipt is None:
+            return LookupAnswer(LookupStatus.ABSENT)
+        return LookupAnswer(LookupStatus.COMMITTED, receipt)
+
+    def _execute(self, call: Execute) -> ExecuteAnswer:
+        fence = self.guard()  # a worker whose lease moved on sends nothing
+        try:
+            receipt = self.rt.adapter.execute(call.key, call.intent, call.prestate, fence)
+        except IdempotencyConflictError as exc:
+            return ExecuteAnswer(ExecuteStatus.CONFLICT, exc.receipt, str(exc))
+        except PreconditionFailedError as exc:
+            return ExecuteAnswer(ExecuteStatus.PRECONDITION_FAILED, detail=str(exc))
+        except UnresolvedWriteError as exc:
+            return ExecuteAnswer(ExecuteStatus.IN_PROGRESS, detail=str(exc))
+        except AdapterUnavailableError as exc:
+            return ExecuteAnswer(ExecuteStatus.UNAVAILABLE, detail=str(exc))
+        return ExecuteAnswer(ExecuteStatus.COMMITTED, receipt)
+
+    # -- driving -------------------------------------------------------------
+
+    def run(self, max_steps: int | None = None) -> Outcome:
+        """Step until the run is terminal, frozen, or waits (or ``max_steps``); the last outcome."""
+        taken = 0
+        outcome = Outcome(OutcomeKind.WAITED, self.state)
+        if self.state.phase is Phase.NEEDS_REVIEW:
+            _humans.consume_inbox(self)  # a decision may open it; step() reads the inbox otherwise
+            outcome = Outcome(
+                OutcomeKind.FROZEN
+                if self.state.phase is Phase.NEEDS_REVIEW
+                else OutcomeKind.RECORDED,
+                self.state,
+            )
+        while not self.state.phase.terminal and self.state.phase is not Phase.NEEDS_REVIEW:
+            if max_steps is not None and taken >= max_steps:
+                break
+            outcome = self.step()
+            taken += 1
+            if outcome.kind in _WAITS:
+                break  # a person, or the adapter, has to act first; the run waits, durable
+        return outcome
+
+    def consume_inbox(self) -> RunState:
+        """Apply signed evidence waiting in the store's inbox (also done by every step)."""
+        _humans.consume_inbox(self)
+        return self.state
+
+    def approve(self, document: Any) -> RunState:
+        """Record a signed approval for the pending write (see ``tether.crypto.Signer``)."""
+        return _humans.approve(self, document)
+
+    def review(self, document: Any) -> RunState:
+        """Apply a signed reviewer decision (replan or abort) to the open review case."""
+        return _humans.review(self, document)
+
+    def cancel(self, reason: str, *, by: str = "operator") -> Outcome:
+        """End the run in ``cancelled``; a write pending now is settled first, never abandoned.
+
+        Never sent (``intended``): dropped, the ledger says so. Maybe sent: the
+        adapter is asked; committed -> recorded, then cancelled; in flight or
+        unreachable -> the outcome says wait and nothing changes; absent or
+        unknowable -> ``needs_review`` (nothing can prove an older worker is
+        not still sending). A frozen run is ended by a reviewer's signed
+        abort; a finished one cannot be cancelled.
+        """
+        self._refuse_if_stopped()
+        if not isinstance(reason, str) or not reason.strip():
+            raise SpecError("reason", "a cancel needs a reason a person can read later")
+        self.guard()
+        pending = self.state.pending
+        if pending is not None and pending.mutating and pending.status is not EffectStatus.INTENDED:
+            caps = self.rt.adapter.capabilities
+            answer = self._lookup(Lookup(pending.idempotency_key)) if caps.queryable else None
+            outcome = self.apply(
+                self._decide(lambda facts: settle_rules.cancel_pending(self.state, facts, answer))
+            )
+            if self.state.phase is not Phase.RUNNING:
+                return outcome  # frozen for review, or still in flight: not cancelled
+        return self.apply(step_rules.cancel(self.state, reason, by=by))
+
+    @property
+    def awaiting_approval(self) -> bool:
+        """Whether the pending write needs an approval it does not have (or whose time ran out)."""
+        if not _humans.needs_approval(self.rt, self.state):
+            return False
+        problem = approval_problem(
+            self.state,
+            needs=True,
+            now=self.rt.clock.now(),
+            live=self.state.environment,
+            idempotent=False,
+        )
+        return problem is not None and problem[0] != "approval_stale"
+
+    def step(self) -> Outcome:
+        """Advance the run by one action (or settle its pending one); the typed outcome."""
+        _humans.consume_inbox(self)
+        self._refuse_if_stopped()
+        self.guard()  # renews a held lease when due, and stops a worker that lost it
+        pending = self.state.pending
+        if self.state.phase is Phase.PENDING and pending is not None:
+            if not pending.mutating:
+                return self._carry_out_approved(pending)
+            return self._decide_and_apply(settle_rules.settle)
+        state = self.state
+        exhausted = step_rules.exhausted(state, self.rt.task.budgets, self.rt.clock.now())
+        if exhausted is not None:
+            return self.apply(exhausted)
+        env = self.rt.adapter.environment()
+        events: list[Event] = []
+        if env.instance_id != state.environment.instance_id:
+            raise EnvironmentDriftError(
+                "the adapter now serves another environment instance; refusing to act",
+                expected=state.environment.to_json(),
+                actual=env.to_json(),
+            )
+        if env != state.environment:
+            events.append(
+                ("environment_changed", {"from": state.environment.to_json(), "to": env.to_json()})
+            )
+        observation = Observation(env, self.results(), state.last_write)
+        self.rt.crash.hit(CrashPoint.BEFORE_PROPOSAL)
+        decision = self.rt.agent.decide(self.context, observation)
+        base = state.evolve(
+            environment=env,
+            observed_version=env.version,
+            plan_cursor=decision.context.plan_cursor,
+            spent=replace(state.spent, steps=state.spent.steps + 1),
+            results_digest=None,  # the agent has seen them
+            # Evidence about an older environment proves nothing about this one.
+            verification=state.verification
+            if state.verification is not None
+            and state.verification.env_version == env.version
+            and state.verification.state_fingerprint == env.state_fingerprint
+            else None,
+        )
+        proposal = decision.proposal
+        if decision.finished:
+            # "finished" is the finish action; its id names the generation it was taken at.
+            args = {"summary": decision.summary} if decision.summary else {}
+            proposal = Proposal(f"finish@{state.generation}", "finish", args=args)
+        if proposal is None:
+            self.commit(base, [*events, ("agent_waited", {})], context=decision.context)
+            return Outcome(OutcomeKind.WAITED, self.state, event="agent_waited")
+        return self._act(base, decision.context, proposal, events, runtime_finish=decision.finished)
+
+    def _decide_and_apply(self, rule: Any) -> Outcome:
+        return self.apply(self._decide(lambda facts: rule(self.state, facts)))
+
+    def results(self) -> tuple[ActionResult, ...]:
+        """The results of the actions the agent took at its previous step (from the checkpoint)."""
+        wanted = self.state.results_digest
+        if wanted is None:
+            return ()
+        cached = self._results
+        if cached is not None and cached[0] == wanted:
+            return cached[1]
+        body = self.rt.store.get_blob(wanted)
+        if body is None:
+            raise CheckpointCorruptError(
+                f"run {self.run_id}: action results {wanted} are missing", run_id=self.run_id
+            )
+        results = step_rules.decode_results(wanted, body)
+        self._results = (wanted, results)
+        return results
+
+    # -- acting --------------------------------------------------------------
+
+    def _act(
+        self,
+        base: RunState,
+        context: AgentContext,
+        proposal: Proposal,
+        events: list[Event],
+        *,
+        runtime_finish: bool = False,
+    ) -> Outcome:
+        """Gate one proposal, then carry it out the way its kind's class says."""
+        rt = self.rt
+        rejection = gate(
+            proposal,
+            kinds=rt.kinds,
+            task=rt.task,
+            policy=rt.policy,
+            phase=base.phase,
+            environment=base.environment,
+            now=rt.clock.now(),
+            # The runtime's own finish id is unique by generation; an agent
+            # cannot make it "used before" by borrowing it.
+            action_seen=proposal.action_id in self.actions and not runtime_finish,
+            cost_spent=base.spent.cost,
+        )
+        kind = rt.kinds.get(proposal.kind) if rejection is None else None
+        args: dict[str, Any] = {}
+        if kind is not None and kind.mutating:
+            try:
+                args = rt.adapter.normalize(proposal.kind, proposal.target, proposal.args)
+            except ContractViolationError as exc:
+                rejection = GateRejection(exc.reason, str(exc))
+        elif kind is not None:
+            args = dict(proposal.args)  # the gate checked it is an object
+        if rejection is not None or kind is None:
+            if rejection is None:  # unreachable: the gate refuses unknown kinds
+                rejection = GateRejection("unknown_kind", f"no kind {proposal.kind!r}")
+            return self.apply(
+                step_rules.reject(base, proposal, rejection, rt.task.budgets),
+                prefix=events,
+                context=context,
+            )
+        if kind.mutating:
+            return self._propose_write(base, context, proposal, args, events)
+        if needs_approval(rt.policy, kind):
+            intent = Intent(kind.name, proposal.target, args, risk_of(rt.policy, kind).value)
+            held = step_rules.hold(
+                base, proposal, intent, key=rt.ids.new_id("idem"), now=rt.clock.now()
+            )
+            return self.apply(held, prefix=events, context=context)
+        return self._carry_out(base, context, proposal, kind, events, spent_already=False)
+
+    def _carry_out(
+        self,
+        base: RunState,
+        context: AgentContext | None,
+        proposal: Proposal,
+        kind: ActionKind,
+        events: list[Event],
+        *,
+        spent_already: bool,
+    ) -> Outcome:
+        """Carry out a read, a test run, a finish or a cancel, and commit what it found.
+
+        An adapter that refuses the action (a directory named as a file, a
+        test command it won't run) is a rejection the agent hears about; one
+        that can't be reached changes nothing and says retry later.
+        """
+        rt = self.rt
+        if kind.action_class is ActionClass.CANCEL:
+            transition = step_rules.cancel(
+                base,
+                str(proposal.args["reason"]),
+                by="agent",
+                action_id=proposal.action_id,
+                charge=None if spent_already else proposal.cost,
+            )
+            return self.apply(transition, prefix=events, context=context)
+        self.guard()
+        try:
+            if kind.action_class is ActionClass.READ:
+                args = dict(proposal.args)
+                data = rt.adapter.read(kind.name, proposal.target, args, rt.task.allows_target)
+                transition = step_rules.observed(base, proposal, data, spent_already=spent_already)
+            elif kind.action_class is ActionClass.TEST:
+                test = rt.task.tests[proposal.target]
+                data = rt.adapter.verify(test.argv, test.timeout_s).summary()
+                transition = step_rules.observed(base, proposal, data, spent_already=spent_already)
+            else:  # finish: the task's verifier judges the state the run is in now
+                result = rt.adapter.verify(rt.task.verifier.argv, rt.task.verifier.timeout_s)
+                transition = step_rules.verified(
+                    base,
+                    proposal,
+                    result.verification(rt.clock.now()),
+                    judged_here=result.environment == base.environment,
+                    output_tail=result.output_tail,
+                    summary=str(proposal.args.get("summary", "")),
+                    spent_already=spent_already,
+                )
+        except AdapterUnavailableError as exc:
+            return Outcome(OutcomeKind.RETRY_LATER, self.state, "adapter_unavailable", str(exc))
+        except (ContractViolationError, AdapterError) as exc:
+            reason = exc.reason if isinstance(exc, ContractViolationError) else "adapter_refused"
+            transition = step_rules.reject(
+                base,
+                proposal,
+                GateRejection(reason, str(exc)),
+                rt.task.budgets,
+                spent_already=spent_already,
+            )
+        return self.apply(transition, prefix=events, context=context)
+
+    def _carry_out_approved(self, pending: PendingWrite) -> Outcome:
+        """A non-mutating action waiting for approval: carry it out once an approval holds."""
+        rt = self.rt
+        problem = approval_problem(
+            self.state,
+            needs=True,
+            now=rt.clock.now(),
+            live=rt.adapter.environment(),
+            idempotent=False,
+        )
+        if problem is not None:
+            return Outcome(OutcomeKind.WAITING_FOR_APPROVAL, self.state, problem[0], problem[1])
+        kind = rt.kinds[pending.intent.kind]
+        proposal = Proposal(
+            pending.action_id,
+            pending.intent.kind,
+            pending.intent.target,
+            args=dict(pending.intent.args),
+            cost=pending.cost,
+        )
+        # Whatever happens next (done, refused) the held action is no longer pending.
+        base = self.state.evolve(phase=Phase.RUNNING, pending=None)
+        return self._carry_out(base, None, proposal, kind, [], spent_already=True)
+
+    def _propose_write(
+        self,
+        base: RunState,
+        context: AgentContext,
+        proposal: Proposal,
+        args: dict[str, Any],
+        events: list[Event],
+    ) -> Outcome:
+        rt = self.rt
+        kind = rt.kinds[proposal.kind]
+        intent = Intent(proposal.kind, proposal.target, args, risk_of(rt.policy, kind).value)
+        transition = step_rules.propose_write(
+            base,
+            proposal,
+            intent,
+            key=rt.ids.new_id("idem"),  # minted once, before anything is sent; never again
+            expected_post=rt.adapter.derive_post_state(base.environment, intent),
+            now=rt.clock.now(),
+            needs_approval=needs_approval(rt.policy, kind),
+            blind=rt.adapter.capabilities.blind,
+        )
+        outcome = self.apply(transition, prefix=events, context=context)
+        if outcome.kind is OutcomeKind.WAITING_FOR_APPROVAL:
+            return outcome  # it waits, durable, for a person; nothing leaves the process
+        rt.crash.hit(CrashPoint.INTENT_PERSISTED)
+        return self._decide_and_apply(settle_rules.dispatch)
+
+    # -- failing -----------------------------------------------------------------
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _refuse_if_stopped(self) -> None:
+        phase = self.state.phase
+        if phase.terminal:
+            raise RunTerminalError(f"run {self.run_id} is {phase}", run_id=self.run_id)
+        if phase is Phase.NEEDS_REVIEW:
+            raise RunFrozenError(
+                f"run {self.run_id} is frozen for review; only a signed decision opens it",
+                run_id=self.run_id,
+            )
+
+    def trace(self, limit: int | None = None) -> list[TraceEvent]:
+        """The run's trace up to the current head."""
+        return self.rt.store.trace(self.run_id, self.state.trace_head, limit)
+
+
+# A person or the adapter must act before another step can change anything.
+_WAITS = frozenset(
+    {OutcomeKind.WAITING_FOR_APPROVAL, OutcomeKind.IN_FLIGHT, OutcomeKind.RETRY_LATER}
+)
