@@ -18,6 +18,8 @@ import os
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +113,25 @@ def count_sqlite_commits(store: Any) -> list[int]:
     return counter
 
 
+def count_pg_round_trips(store: Any) -> list[int]:
+    """Count client round trips: each statement, plus BEGIN and COMMIT of a transaction block."""
+    counter = [0]
+    execute, transaction = store._execute, store._transaction
+
+    def counted_execute(sql: str, params: Any = ()) -> Any:
+        counter[0] += 1
+        return execute(sql, params)
+
+    @contextmanager
+    def counted_transaction(conn: Any) -> Iterator[None]:
+        counter[0] += 2
+        with transaction(conn):
+            yield
+
+    store._execute, store._transaction = counted_execute, counted_transaction
+    return counter
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -136,9 +157,12 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 sep = "&" if "?" in args.pg else "?"
                 pg = PostgresStore(f"{args.pg}{sep}options=-csearch_path%3D{schema}")
-                rate, _ = measure(pg, args.steps, [0])
+                rate, trips = measure(pg, args.steps, count_pg_round_trips(pg))
                 pg.close()
-                print(f"  postgres : {rate:7.1f} write steps/s")
+                print(
+                    f"  postgres : {rate:7.1f} write steps/s, {trips:.1f} round trips per write "
+                    "step (2 checkpoint commits)"
+                )
             finally:
                 admin.execute(f"DROP SCHEMA {schema} CASCADE")
     return 0

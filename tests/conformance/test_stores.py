@@ -261,3 +261,32 @@ def test_lease_expiry_comes_from_the_servers_clock(postgres: str) -> None:
         assert row is not None
         server_now: datetime = row[0].astimezone(UTC)
         assert abs(lease.expires_at - (server_now + timedelta(seconds=60))) < timedelta(seconds=2)
+
+
+@pytest.mark.postgres
+def test_a_postgres_checkpoint_commit_is_one_round_trip(postgres: str) -> None:
+    """After genesis, a commit (mark, checkpoint, events, ledger, blobs) is ONE statement, no BEGIN."""
+    from tether.testing.store_conformance import make_events
+
+    with PostgresStore(postgres, max_connections=1) as store:
+        store.commit(make_commit("r", 1), 0)
+        sent: list[str] = []
+        blocks: list[int] = []
+        execute, transaction = store._execute, store._transaction
+
+        def counted(sql: str, params: Any = ()) -> Any:
+            sent.append(sql)
+            return execute(sql, params)
+
+        def counted_block(conn: Any) -> Any:
+            blocks.append(1)
+            return transaction(conn)
+
+        store._execute, store._transaction = counted, counted_block  # type: ignore[method-assign]
+        events = make_events("r", 3)
+        store.commit(make_commit("r", 2, events=events, blobs={"sha256:b": b"blob"}), 1)
+        assert (len(sent), blocks) == (1, [])
+        store._execute, store._transaction = execute, transaction  # type: ignore[method-assign]
+        assert store.get_mark("r").generation == 2
+        assert [e.hash for e in store.trace("r", events[-1].hash)] == [e.hash for e in events]
+        assert store.get_blob("sha256:b") == b"blob"

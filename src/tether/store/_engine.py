@@ -66,6 +66,9 @@ class SQLEngine:
         """Whether re-running the whole unit of work may succeed (serialization, deadlock)."""
         return False
 
+    def _probe(self, conn: Any) -> None:
+        """Raise a disconnected-class error if ``conn`` is known dead before anything is sent."""
+
     def _disconnected(self, exc: Exception) -> bool:
         """Whether ``exc`` says the connection was lost (safe to retry before any write)."""
         return False
@@ -91,7 +94,14 @@ class SQLEngine:
     def _write(self, body: Callable[[], T]) -> T:
         return self._unit(body, write=True)
 
-    def _unit(self, body: Callable[[], T], *, write: bool) -> T:
+    def _statement(self, body: Callable[[], T]) -> T:
+        """A write that is ONE statement, its own transaction (no BEGIN/COMMIT round trips).
+
+        Retried like a write: never once the statement may have been sent.
+        """
+        return self._unit(body, write=True, transaction=False)
+
+    def _unit(self, body: Callable[[], T], *, write: bool, transaction: bool = True) -> T:
         if getattr(self._local, "conn", None) is not None:
             return body()  # nested: join the caller's connection and transaction
         attempt = 0
@@ -102,6 +112,12 @@ class SQLEngine:
                     self._local.conn = conn
                     try:
                         if not write:
+                            sent = True
+                            return body()
+                        if not transaction:
+                            # No BEGIN goes first to find a dead connection: ask
+                            # the dialect, so a stale one is retried, never sent.
+                            self._probe(conn)
                             sent = True
                             return body()
                         with self._transaction(conn):

@@ -25,18 +25,68 @@ transaction's start), so workers with skewed clocks agree.
 
 from __future__ import annotations
 
+import select
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from tether.core import StoreError, StoreUnavailableError, WriteOnceError
-from tether.store._sql import SQLBase
+from tether.core import (
+    StoreError,
+    StoreUnavailableError,
+    WriteOnceError,
+    canonical_bytes,
+    format_time,
+)
+from tether.store._protocols import BeforeCommit, Commit
+from tether.store._sql import SQLBase, _phase
 
 if TYPE_CHECKING:
     from psycopg import Connection
     from psycopg_pool import ConnectionPool
 
 INSTALL_HINT = "pip install 'tether[postgres]'"
+
+# One checkpoint commit as ONE statement. Data-modifying CTEs share one
+# snapshot and one transaction; each insert selects from the CAS, so it
+# writes nothing unless the mark moved. Trace and ledger rows use plain
+# INSERTs: a conflict aborts everything. Blobs are shared by content, so an
+# existing one is simply there already.
+_COMMIT_STATEMENT = """
+WITH cas AS (
+    UPDATE tether_marks SET generation = %s, checkpoint_digest = %s,
+           state_version = state_version + 1, phase = %s, updated_at = %s
+     WHERE run_id = %s AND generation = %s AND lease_version = %s
+       AND (lease_version = 0 OR lease_owner IS NOT NULL)
+    RETURNING run_id, generation, checkpoint_digest
+), checkpoint AS (
+    INSERT INTO tether_checkpoints (run_id, checkpoint_digest, generation, envelope)
+    SELECT run_id, checkpoint_digest, generation, %s::bytea FROM cas
+    RETURNING 1
+), trace AS (
+    INSERT INTO tether_trace (run_id, hash, prev_hash, seq, kind, at, data)
+    SELECT cas.run_id, e.hash, e.prev_hash, e.seq, e.kind, e.at, e.data
+      FROM cas, unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[])
+           AS e(hash, prev_hash, seq, kind, at, data)
+    RETURNING 1
+), ledger AS (
+    INSERT INTO tether_ledger (run_id, hash, prev_hash, seq, idempotency_key, status,
+                               action_id, intent_digest, receipt, epoch, at)
+    SELECT cas.run_id, l.hash, l.prev_hash, l.seq, l.idempotency_key, l.status,
+           l.action_id, l.intent_digest, l.receipt, l.epoch, l.at
+      FROM cas, unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], %s::text[],
+                       %s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[])
+           AS l(hash, prev_hash, seq, idempotency_key, status, action_id, intent_digest,
+                receipt, epoch, at)
+    RETURNING 1
+), blobs AS (
+    INSERT INTO tether_blobs (digest, body)
+    SELECT b.digest, b.body FROM cas, unnest(%s::text[], %s::bytea[]) AS b(digest, body)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM cas), (SELECT count(*) FROM checkpoint),
+       (SELECT count(*) FROM trace), (SELECT count(*) FROM ledger), (SELECT count(*) FROM blobs)
+"""
 
 # Advisory lock keys. The two-key form (class, run hash) and the one-key form
 # are separate key spaces in PostgreSQL, so run locks never meet the migrator's.
@@ -145,6 +195,70 @@ class PostgresStore(SQLBase):
         with conn.transaction():
             yield
 
+    def commit(
+        self,
+        commit: Commit,
+        expected_generation: int,
+        expected_lease_version: int = 0,
+        before_commit: BeforeCommit | None = None,
+    ) -> None:
+        """Content and mark in ONE statement: one round trip, its own transaction.
+
+        The compare-and-set is the statement's first part and every insert
+        selects from it, so a refused CAS writes nothing; a row that already
+        exists (never expected here: hashes cover content) aborts the whole
+        statement. The diagnostic read runs only on the rare refused path.
+        The genesis commit (an insert-if-absent of the mark) takes the
+        general path.
+        """
+        if expected_generation == 0 or commit.generation != expected_generation + 1:
+            super().commit(commit, expected_generation, expected_lease_version, before_commit)
+            return
+        self._check_sealed(commit)
+        events, ledger = commit.events, commit.ledger
+        blobs = sorted((commit.blobs or {}).items())
+        params = (
+            commit.generation,
+            commit.checkpoint_digest,
+            _phase(commit.phase),
+            format_time(self._now()),
+            commit.run_id,
+            expected_generation,
+            expected_lease_version,
+            commit.envelope,
+            [e.hash for e in events],
+            [e.prev_hash for e in events],
+            [e.seq for e in events],
+            [e.kind for e in events],
+            [format_time(e.at) for e in events],
+            [e.encoded_data().decode("utf-8") for e in events],
+            [e.hash for e in ledger],
+            [e.prev_hash for e in ledger],
+            [e.seq for e in ledger],
+            [e.idempotency_key for e in ledger],
+            [e.status.value for e in ledger],
+            [e.action_id for e in ledger],
+            [e.intent_digest for e in ledger],
+            [None if e.receipt is None else canonical_bytes(e.receipt).decode() for e in ledger],
+            [e.epoch for e in ledger],
+            [format_time(e.at) for e in ledger],
+            [d for d, _ in blobs],
+            [b for _, b in blobs],
+        )
+
+        def body() -> tuple[Any, ...] | None:
+            if before_commit is not None:
+                before_commit()  # "inside the commit": nothing has been sent yet
+            return self._one(_COMMIT_STATEMENT, params)
+
+        row = self._statement(body)
+        if row is None or int(row[0]) != 1:
+            self._read(
+                lambda: self._cas_refused(
+                    commit.run_id, expected_generation, expected_lease_version
+                )
+            )
+
     def _lock_migrations(self) -> None:
         # Taken before CREATE TABLE IF NOT EXISTS, which is itself not safe
         # against a concurrent creator; released when the migration commits.
@@ -162,6 +276,17 @@ class PostgresStore(SQLBase):
         from psycopg import errors
 
         return isinstance(exc, errors.SerializationFailure | errors.DeadlockDetected)
+
+    def _probe(self, conn: Any) -> None:
+        # An idle connection in autocommit has nothing to say; if its socket is
+        # readable the server closed it (or sent something unasked). Either way
+        # it is not trusted with a write: closed, so the pool replaces it.
+        import psycopg
+
+        ready, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+        if ready:
+            conn.close()
+            raise psycopg.OperationalError("the server closed this idle connection")
 
     def _disconnected(self, exc: Exception) -> bool:
         import psycopg

@@ -187,11 +187,25 @@ class SQLBase(SQLEngine):
 
     # -- content -------------------------------------------------------------
 
-    def _put_content(self, commit: Commit) -> None:
+    def _check_sealed(self, commit: Commit) -> None:
+        """Refuse content whose addresses are not its content's (before anything is written)."""
         if "sha256:" + hashlib.sha256(commit.envelope).hexdigest() != commit.checkpoint_digest:
             raise WriteOnceError(
                 f"run {commit.run_id}: checkpoint digest does not address its envelope"
             )
+        for event in commit.events:
+            # Rows are addressed by their hash: one whose hash is not its content's
+            # would make "already there" mean "something else is there".
+            if chain_hash(event.prev_hash, event.body_bytes()) != event.hash:
+                raise WriteOnceError(f"trace event {event.hash} is not sealed over its content")
+        for entry in commit.ledger:
+            if entry.run_id != commit.run_id:
+                raise WriteOnceError(f"run {commit.run_id}: a commit carries another run's ledger")
+            if chain_hash(entry.prev_hash, entry.body()) != entry.hash:
+                raise WriteOnceError(f"ledger entry {entry.hash} is not sealed over its content")
+
+    def _put_content(self, commit: Commit) -> None:
+        self._check_sealed(commit)
         self._run(
             self._insert_ignore(
                 "tether_checkpoints", ("run_id", "checkpoint_digest", "generation", "envelope")
@@ -201,18 +215,12 @@ class SQLBase(SQLEngine):
         for event in commit.events:
             self._put_event(event)
         for entry in commit.ledger:
-            if entry.run_id != commit.run_id:
-                raise WriteOnceError(f"run {commit.run_id}: a commit carries another run's ledger")
             self._put_ledger(entry)
         for blob_digest, body in (commit.blobs or {}).items():
             self._run(self._insert_ignore("tether_blobs", ("digest", "body")), (blob_digest, body))
 
     def _put_event(self, event: TraceEvent) -> None:
-        # Rows are addressed by their hash: one whose hash is not its content's
-        # would make "already there" mean "something else is there".
         data_text = event.encoded_data()
-        if chain_hash(event.prev_hash, event.body_bytes()) != event.hash:
-            raise WriteOnceError(f"trace event {event.hash} is not sealed over its content")
         inserted = self._run(
             self._insert_ignore(
                 "tether_trace", ("run_id", "hash", "prev_hash", "seq", "kind", "at", "data")
@@ -362,8 +370,6 @@ class SQLBase(SQLEngine):
     # -- ledger --------------------------------------------------------------
 
     def _put_ledger(self, entry: LedgerEntry) -> None:
-        if chain_hash(entry.prev_hash, entry.body()) != entry.hash:
-            raise WriteOnceError(f"ledger entry {entry.hash} is not sealed over its content")
         receipt = None if entry.receipt is None else canonical_bytes(entry.receipt).decode("utf-8")
         inserted = self._run(
             self._insert_ignore(
@@ -502,6 +508,12 @@ class SQLBase(SQLEngine):
         )
         if moved == 1:
             return
+        self._cas_refused(run_id, expected_generation, expected_lease_version)
+
+    def _cas_refused(
+        self, run_id: str, expected_generation: int, expected_lease_version: int
+    ) -> None:
+        """Explain a refused compare-and-set (the rare path): raise the error that says why."""
         current = self._mark_row(run_id)
         if current is None:
             raise GenerationConflictError(run_id, expected_generation, None)
