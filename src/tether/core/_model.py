@@ -22,7 +22,8 @@ def format_time(moment: datetime) -> str:
     """RFC 3339 in UTC with microseconds; naive datetimes are refused."""
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise ValueError("datetimes must be timezone-aware")
-    return moment.astimezone(UTC).strftime(_TIME_FORMAT)
+    # isoformat is C and pads the year to four digits (strftime's %Y does not).
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def parse_time_text(text: object) -> datetime:
