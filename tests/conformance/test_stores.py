@@ -7,6 +7,7 @@ connections on a real server.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 import sys
@@ -290,3 +291,22 @@ def test_a_postgres_checkpoint_commit_is_one_round_trip(postgres: str) -> None:
         assert store.get_mark("r").generation == 2
         assert [e.hash for e in store.trace("r", events[-1].hash)] == [e.hash for e in events]
         assert store.get_blob("sha256:b") == b"blob"
+
+
+@pytest.mark.postgres
+def test_a_commit_works_when_the_connection_has_a_high_descriptor(postgres: str) -> None:
+    """A process with over 1024 open files still commits (the idle probe uses poll, not select)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        pytest.skip(f"needs at least 1200 open files, the limit is {soft}")
+    held = [open(os.devnull) for _ in range(1100)]  # noqa: SIM115
+    try:
+        with PostgresStore(postgres, max_connections=1) as store:
+            store.commit(make_commit("r", 1), 0)
+            store.commit(make_commit("r", 2), 1)
+            assert store.get_mark("r").generation == 2
+    finally:
+        for handle in held:
+            handle.close()

@@ -280,3 +280,14 @@ def test_a_respelled_trace_row_fails_the_chain(ran: World) -> None:
     assert changed == 1
     with pytest.raises(TraceIntegrityError):
         recover(ran)
+
+
+def test_a_trace_row_pointing_at_itself_fails_closed_without_hanging(ran: World) -> None:
+    """A cycle planted at the signed head is a TraceIntegrityError, not an endless walk."""
+    from tether.core import TraceIntegrityError
+
+    head = ran.runtime(agent()).checkpointer.load("r1").state.trace_head
+    with sqlite3.connect(ran.db) as conn:
+        conn.execute("UPDATE tether_trace SET prev_hash = hash WHERE hash = ?", (head,))
+    with pytest.raises(TraceIntegrityError):
+        recover(ran)

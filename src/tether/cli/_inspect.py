@@ -43,7 +43,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     ]
     trace = [
         {"seq": e.seq, "kind": e.kind, "at": e.body()["at"]}
-        for e in store.trace(state.run_id, state.trace_head)
+        for e in store.trace(state.run_id, state.trace_head, state.trace_length + 1)
     ]
     report = {
         "mark": {
@@ -115,7 +115,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     checkpointer.check_generation(restored)
     state = restored.state
     validate_state(state)
-    events = store.trace(state.run_id, state.trace_head)
+    events = store.trace(state.run_id, state.trace_head, state.trace_length + 1)
     verify_trace(state.run_id, events, state.trace_head, state.trace_length, GENESIS_HASH)
     ledger = checkpointer.verified_ledger(state)
     result = {

@@ -199,7 +199,8 @@ class Runtime:
         # Reads, test runs, finishes and held actions are in the trace, not the
         # ledger: recovery reads it once, every hash recomputed, so an edited
         # row fails closed instead of changing what "used before" means.
-        events = self.store.trace(run_id, state.trace_head)
+        # Bounded by the signed length (+1, so a cycle in the rows fails the check, never hangs).
+        events = self.store.trace(run_id, state.trace_head, state.trace_length + 1)
         verify_trace(run_id, events, state.trace_head, state.trace_length, GENESIS_HASH)
         for event in events:
             action_id = event.data.get("action_id")

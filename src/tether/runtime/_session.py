@@ -634,7 +634,9 @@ class RunSession:
             )
 
     def trace(self, limit: int | None = None) -> list[TraceEvent]:
-        """The run's trace up to the current head."""
+        """The run's trace up to the current head (never walking past its signed length)."""
+        bound = self.state.trace_length + 1  # one more than signed: a cycle shows, never hangs
+        limit = bound if limit is None else min(limit, bound)
         return self.rt.store.trace(self.run_id, self.state.trace_head, limit)
 
 

@@ -283,8 +283,10 @@ class PostgresStore(SQLBase):
         # it is not trusted with a write: closed, so the pool replaces it.
         import psycopg
 
-        ready, _, _ = select.select([conn.pgconn.socket], [], [], 0)
-        if ready:
+        # poll, not select: select() cannot take a descriptor >= 1024.
+        poller = select.poll()
+        poller.register(conn.pgconn.socket, select.POLLIN | select.POLLERR | select.POLLHUP)
+        if poller.poll(0):
             conn.close()
             raise psycopg.OperationalError("the server closed this idle connection")
 

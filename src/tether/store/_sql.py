@@ -194,6 +194,8 @@ class SQLBase(SQLEngine):
                 f"run {commit.run_id}: checkpoint digest does not address its envelope"
             )
         for event in commit.events:
+            if event.run_id != commit.run_id:
+                raise WriteOnceError(f"run {commit.run_id}: a commit carries another run's event")
             # Rows are addressed by their hash: one whose hash is not its content's
             # would make "already there" mean "something else is there".
             if chain_hash(event.prev_hash, event.body_bytes()) != event.hash:
