@@ -310,3 +310,18 @@ def test_a_commit_works_when_the_connection_has_a_high_descriptor(postgres: str)
     finally:
         for handle in held:
             handle.close()
+
+
+@pytest.mark.postgres
+def test_postgres_connections_run_read_committed_whatever_the_default() -> None:
+    """A server (or DSN) defaulting to SERIALIZABLE still gets READ COMMITTED connections."""
+    from psycopg.conninfo import make_conninfo
+
+    dsn = pg_dsn()
+    with fresh_schema(dsn) as schema:
+        options = f"-csearch_path={schema} -cdefault_transaction_isolation=serializable"
+        with PostgresStore(make_conninfo(dsn, options=options), max_connections=1) as store:
+            row = store._read(lambda: store._one("SHOW transaction_isolation"))
+            path = store._read(lambda: store._one("SHOW search_path"))
+    assert row == ("read committed",)
+    assert path == (schema,)  # the store's own schema, nothing written elsewhere

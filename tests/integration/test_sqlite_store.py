@@ -171,3 +171,11 @@ def test_mark_in_postgresql_content_in_sqlite_survives_a_crash_between_them(
             final = marks.get_mark("r1")
             assert final is not None and final.generation == session.state.generation
     assert world.sandbox.write_count() == 1
+
+
+def test_a_store_that_cannot_enter_wal_mode_is_refused() -> None:
+    """WAL is checked after the pragma: an in-memory database (journal "memory") is refused."""
+    from tether.core import StoreUnavailableError
+
+    with pytest.raises(StoreUnavailableError, match="WAL"):
+        SQLiteStore(":memory:")

@@ -101,3 +101,21 @@ def test_numbers_that_need_the_reference_encoder_get_it(value: object) -> None:
     import rfc8785
 
     assert canonical_bytes(value) == bytes(rfc8785.dumps(value))
+
+
+@pytest.mark.parametrize("value", [{1: "a"}, {"a": [{"b": {2: 3}}]}, {None: 1}, {True: 1}])
+def test_object_keys_that_are_not_strings_are_refused(value: object) -> None:
+    """RFC 8785 keys are strings: {1: "a"} must not share {"1": "a"}'s digest."""
+    with pytest.raises(CanonicalJSONError, match="not a string"):
+        canonical_bytes(value)
+    assert canonical_bytes({"1": "a"}) == b'{"1":"a"}'
+
+
+@pytest.mark.parametrize(
+    "text", [b'"\\ud800"', b'{"a":["x\\udc00"]}', b'{"\\udbff":1}', '"\ud800"']
+)
+def test_lone_surrogates_are_refused_by_the_strict_parser(text: bytes | str) -> None:
+    """A lone surrogate is not text: parsing it fails closed; a real pair is fine."""
+    with pytest.raises(CanonicalJSONError, match="surrogate"):
+        strict_loads(text)
+    assert strict_loads(b'"\\ud83d\\ude00"') == "\U0001f600"

@@ -116,3 +116,23 @@ def test_invalid_utf8_is_refused() -> None:
     """Bytes that are not UTF-8 are refused as a document error."""
     with pytest.raises(SpecError, match="not UTF-8"):
         TaskSpec.from_json(b'{"task_id": "\xff"}')
+
+
+@pytest.mark.parametrize(
+    ("where", "change"),
+    [
+        ("policy", {"approval_ttl_s": 10**12}),
+        ("task", {"budgets": {"wall_time_s": 10**12}}),
+        ("task", {"budgets": {"steps": 10**13}}),
+        ("task", {"verifier": {"argv": ["python"], "timeout_s": 10**9}}),
+    ],
+)
+def test_numbers_past_their_documented_maxima_fail_at_load(where: str, change: dict) -> None:
+    """A huge ttl, budget or timeout is a SpecError at load, never an overflow mid-run."""
+    from tests.conftest import make_policy, make_task
+
+    with pytest.raises(SpecError, match="must be <="):
+        if where == "policy":
+            make_policy(**change)
+        else:
+            make_task("sha256:" + "0" * 64, **change)

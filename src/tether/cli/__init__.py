@@ -11,11 +11,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tether.cli._demo_cmd import cmd_demo, cmd_demo_child
 from tether.cli._inspect import cmd_inspect, cmd_verify
 from tether.cli._sign import cmd_approve, cmd_keys_new, cmd_review
-from tether.core import IntegrityError, TetherError
+from tether.core import MAX_APPROVAL_TTL_S, IntegrityError, TetherError
 from tether.runtime import CrashPoint
 
 EXIT_ERROR = 1
@@ -153,9 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
     approve.add_argument(
         "--ttl",
-        type=int,
+        type=_seconds(MAX_APPROVAL_TTL_S),
         default=900,
-        help="seconds the approval lives (the policy may allow less)",
+        help="seconds the approval lives, 1 to 30 days' worth (the policy may allow less)",
     )
     approve.add_argument(
         "--keyring", type=Path, help="verify the checkpoint before showing it (optional)"
@@ -180,9 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     review.add_argument("--key", type=Path, required=True, help="the reviewer's private key file")
     review.add_argument(
         "--ttl",
-        type=int,
+        type=_seconds(MAX_APPROVAL_TTL_S),
         default=900,
-        help="seconds the decision stays valid (the policy may allow less)",
+        help="seconds the decision stays valid, 1 to 30 days' worth (the policy may allow less)",
     )
     where = review.add_mutually_exclusive_group(required=True)
     where.add_argument("--db", type=Path, help="SQLite store file")
@@ -203,8 +204,18 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--store", required=True, help="sqlite:///path.sqlite or postgresql://...")
     worker.add_argument("--app", required=True, help="module:factory building a Runtime per run")
     worker.add_argument("--id", help="this worker's id (default: host-pid-random)")
-    worker.add_argument("--lease-ttl", type=float, default=15.0, help="lease seconds (default 15)")
-    worker.add_argument("--poll", type=float, default=0.5, help="seconds between claims when idle")
+    worker.add_argument(
+        "--lease-ttl",
+        type=_seconds(24 * 3600, real=True),
+        default=15.0,
+        help="lease seconds (default 15, at most a day)",
+    )
+    worker.add_argument(
+        "--poll",
+        type=_seconds(3600, real=True),
+        default=0.5,
+        help="seconds between claims when idle (at most an hour)",
+    )
     worker.add_argument("--max-runs", type=int, help="stop after claiming this many runs")
     worker.add_argument(
         "--idle-exit", action="store_true", help="exit when no run is waiting to be claimed"
@@ -290,6 +301,21 @@ def cmd_worker(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _seconds(maximum: int, *, real: bool = False) -> Any:
+    """An argparse type: a positive number of seconds up to ``maximum`` (else a usage error)."""
+
+    def parse(text: str) -> float | int:
+        try:
+            value: float | int = float(text) if real else int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not 0 < value <= maximum:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"must be more than 0 and at most {maximum} seconds")
+        return value
+
+    return parse
 
 
 def _error(message: str) -> None:

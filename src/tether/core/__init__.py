@@ -79,6 +79,10 @@ from tether.core._model import (
 )
 from tether.core._phases import EffectStatus, Phase, check_effect_move, check_phase_move
 from tether.core._spec import (
+    MAX_APPROVAL_TTL_S,
+    MAX_COUNT,
+    MAX_TIMEOUT_S,
+    MAX_WALL_TIME_S,
     Budgets,
     InitialEnvironment,
     KindRule,
@@ -100,6 +104,10 @@ from tether.core._trace import TraceEvent, chain_hash, seal_event, verify_trace
 
 __all__ = [
     "GENESIS_HASH",
+    "MAX_APPROVAL_TTL_S",
+    "MAX_COUNT",
+    "MAX_TIMEOUT_S",
+    "MAX_WALL_TIME_S",
     "SCHEMA_VERSION",
     "AdapterError",
     "AdapterUnavailableError",

@@ -37,6 +37,7 @@ def canonical_bytes(value: JSONValue) -> bytes:
     is pure Python and several times slower.
     """
     if isinstance(value, dict | list):
+        _text_keys(value)
         try:
             text = json.dumps(
                 value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
@@ -49,6 +50,39 @@ def canonical_bytes(value: JSONValue) -> bytes:
         return bytes(rfc8785.dumps(value))
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
         raise CanonicalJSONError(f"value is not canonical JSON: {exc}") from exc
+
+
+def _text_keys(value: JSONValue) -> None:
+    """Refuse an object key that is not a string (the standard encoder would quietly
+    turn ``1`` into ``"1"``, giving ``{1: "a"}`` and ``{"1": "a"}`` one digest)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if type(key) is not str:
+                    raise CanonicalJSONError(f"object key {key!r} is not a string")
+                if isinstance(inner, dict | list):
+                    stack.append(inner)
+        elif isinstance(item, list):
+            stack.extend(inner for inner in item if isinstance(inner, dict | list))
+
+
+def _text_only(value: JSONValue) -> None:
+    """Refuse a string holding a lone surrogate (``"\\ud800"`` parses to one; it is not text)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise CanonicalJSONError(f"a string holds a lone surrogate: {exc}") from exc
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def digest(value: JSONValue) -> str:
@@ -83,9 +117,13 @@ def strict_loads(data: bytes | str) -> JSONValue:
             raise CanonicalJSONError(f"not UTF-8: {exc}") from exc
     else:
         text = data
+        _text_only(text)
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
     except json.JSONDecodeError as exc:
         raise CanonicalJSONError(f"not JSON: {exc.msg} at position {exc.pos}") from exc
     except RecursionError as exc:
         raise CanonicalJSONError("JSON nested too deeply") from exc
+    if "\\u" in text:  # only an escape can spell a lone surrogate in valid UTF-8
+        _text_only(value)
+    return value

@@ -67,13 +67,15 @@ class Fields:
             return None
         return self.str(key)
 
-    def int(self, key: _Str, *, minimum: _Int | None = 0) -> _Int:
+    def int(self, key: _Str, *, minimum: _Int | None = 0, maximum: _Int | None = None) -> _Int:
         value = self.raw(key)
         # bool is a subclass of int in Python; JSON's true is not a number.
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(self.name(key), f"expected an integer, got {_kind(value)}")
         if minimum is not None and value < minimum:
             self.fail(self.name(key), f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            self.fail(self.name(key), f"must be <= {maximum}, got {value}")
         return value
 
     def bool(self, key: _Str) -> _Bool:

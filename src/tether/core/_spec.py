@@ -17,6 +17,14 @@ from tether.core._canonical import JSONValue, digest, strict_loads
 from tether.core._errors import CanonicalJSONError, SpecError
 from tether.core._fields import Fields
 
+#: The largest numbers a task or policy may name. Past these a value is a
+#: typo, and one that would overflow a time calculation later (a run must
+#: never load and then wedge on it).
+MAX_APPROVAL_TTL_S = 30 * 24 * 3600  # an approval lives at most 30 days
+MAX_TIMEOUT_S = 24 * 3600  # a verifier or test command runs at most a day
+MAX_WALL_TIME_S = 366 * 24 * 3600  # a run's wall-time budget: at most a year
+MAX_COUNT = 10**12  # proposals, steps, cost
+
 
 class Risk(StrEnum):
     """Risk class of an action kind, in increasing order."""
@@ -168,10 +176,10 @@ class TaskSpec:
             allowed_paths=paths,
             permissions=f.str_list("permissions"),
             budgets=Budgets(
-                proposals=budgets.int("proposals", minimum=1),
-                steps=budgets.int("steps", minimum=1),
-                wall_time_s=budgets.int("wall_time_s", minimum=1),
-                cost=budgets.int("cost", minimum=0),
+                proposals=budgets.int("proposals", minimum=1, maximum=MAX_COUNT),
+                steps=budgets.int("steps", minimum=1, maximum=MAX_COUNT),
+                wall_time_s=budgets.int("wall_time_s", minimum=1, maximum=MAX_WALL_TIME_S),
+                cost=budgets.int("cost", minimum=0, maximum=MAX_COUNT),
             ),
             initial_environment=InitialEnvironment(
                 namespace=initial.str("namespace"),
@@ -244,7 +252,7 @@ class Policy:
             policy_version=f.str("policy_version"),
             kinds=kinds,
             max_risk=_risk(f, "max_risk"),
-            approval_ttl_s=f.int("approval_ttl_s", minimum=1),
+            approval_ttl_s=f.int("approval_ttl_s", minimum=1, maximum=MAX_APPROVAL_TTL_S),
         )
         kinds_obj.done()
         f.done()
@@ -255,7 +263,7 @@ def _command(f: Fields) -> Verifier:
     argv = f.str_list("argv", unique=False)
     if not argv:
         f.fail(f.name("argv"), "must name a command")
-    command = Verifier(argv=argv, timeout_s=f.int("timeout_s", minimum=1))
+    command = Verifier(argv=argv, timeout_s=f.int("timeout_s", minimum=1, maximum=MAX_TIMEOUT_S))
     f.done()
     return command
 

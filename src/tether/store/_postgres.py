@@ -111,6 +111,15 @@ def _describe(dsn: str) -> str:
     return f"postgresql://{host}:{port}/{parts.get('dbname') or ''}"
 
 
+def _read_committed(conn: Connection[Any]) -> None:
+    """Every pooled connection runs READ COMMITTED, whatever the server's default.
+
+    The compare-and-set scheme above is designed for it; a server configured
+    for SERIALIZABLE would add retries this store does not expect.
+    """
+    conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+
 class PostgresStore(SQLBase):
     """Checkpoint content, marks and leases in PostgreSQL (needs the ``[postgres]`` extra)."""
 
@@ -150,6 +159,7 @@ class PostgresStore(SQLBase):
             min_size=1,
             max_size=max_connections,
             kwargs={"autocommit": True},
+            configure=_read_committed,
             open=False,
             timeout=timeout_s,
             name="tether",

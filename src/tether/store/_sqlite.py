@@ -57,14 +57,24 @@ class SQLiteStore(SQLBase):
                 timeout=busy_timeout_ms / 1000,
                 check_same_thread=False,
             )
-            self._conn.execute("PRAGMA journal_mode=WAL")
+            (journal,) = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()
             self._conn.execute(f"PRAGMA synchronous={mode}")
             self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
             self._conn.execute("PRAGMA foreign_keys=ON")
         except sqlite3.Error as exc:
+            self._conn_close_quietly()
             raise StoreUnavailableError(
                 f"cannot open SQLite store {str(self.path)!r}: {exc}"
             ) from exc
+        if str(journal).lower() != "wal":
+            # The concurrency story (readers beside one writer, durable commits
+            # at synchronous=FULL) assumes WAL; a file system that refuses it
+            # (some network mounts) must fail here, not be silently slower or racy.
+            self._conn.close()
+            raise StoreUnavailableError(
+                f"SQLite store {str(self.path)!r} would not enter WAL mode (it is in "
+                f"{journal!r} mode); put it on a local file system"
+            )
         try:
             self.migrate()
         except BaseException:
@@ -73,6 +83,12 @@ class SQLiteStore(SQLBase):
 
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"
+
+    def _conn_close_quietly(self) -> None:
+        conn = getattr(self, "_conn", None)
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
 
     def close(self) -> None:
         """Close the connection (idempotent); later calls raise StoreError."""
