@@ -284,3 +284,27 @@ def test_cancel_settles_a_dispatched_write_and_ends_the_run(tmp_path: Path) -> N
     )
     assert again.returncode == 1
     assert "RunTerminalError" in again.stderr
+
+
+@pytest.mark.parametrize("damage", ["delete", "edit"])
+def test_verify_refuses_a_run_whose_agent_context_blob_is_damaged(
+    tmp_path: Path, damage: str
+) -> None:
+    """verify is no kinder than recover: a missing or edited agent-context blob exits 3."""
+    report = demo(tmp_path)
+    with sqlite3.connect(str(report["db"])) as conn:
+        if damage == "delete":
+            conn.execute("DELETE FROM tether_blobs")
+        else:
+            conn.execute("UPDATE tether_blobs SET body = CAST('{}' AS BLOB)")
+    result = tether(
+        "verify",
+        "demo-run",
+        "--db",
+        str(report["db"]),
+        "--keyring",
+        str(report["keyring"]),
+        check=False,
+    )
+    assert result.returncode == EXIT_INTEGRITY, result.stderr
+    assert "Error" in result.stderr and result.stdout == ""
