@@ -308,3 +308,35 @@ def test_verify_refuses_a_run_whose_agent_context_blob_is_damaged(
     )
     assert result.returncode == EXIT_INTEGRITY, result.stderr
     assert "Error" in result.stderr and result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "UPDATE tether_trace SET data = 'not json' WHERE seq = 1",
+        "UPDATE tether_trace SET data = '[1]' WHERE seq = 1",
+        "UPDATE tether_trace SET seq = 'one' WHERE seq = 1",
+        "UPDATE tether_trace SET at = 'yesterday' WHERE seq = 1",
+        "UPDATE tether_marks SET generation = 'five'",
+        "UPDATE tether_marks SET phase = 'dancing'",
+        "UPDATE tether_marks SET lease_expires_at = 99999999999999999999",
+        "UPDATE tether_ledger SET status = 'maybe' WHERE seq = 1",
+    ],
+)
+def test_damaged_rows_are_integrity_failures_not_tracebacks(tmp_path: Path, damage: str) -> None:
+    """Every malformed stored value makes inspect and verify exit 3 with one line, no traceback."""
+    report = demo(tmp_path)
+    with sqlite3.connect(str(report["db"])) as conn:
+        assert conn.execute(damage).rowcount >= 1
+    for command in ("verify", "inspect"):
+        result = tether(
+            command,
+            "demo-run",
+            "--db",
+            str(report["db"]),
+            "--keyring",
+            str(report["keyring"]),
+            check=False,
+        )
+        assert result.returncode == EXIT_INTEGRITY, (command, result.stderr)
+        assert "Traceback" not in result.stderr

@@ -34,6 +34,7 @@ from tether.core import (
     StoreError,
     StoreUnavailableError,
     TraceEvent,
+    TraceIntegrityError,
     WriteOnceError,
     canonical_bytes,
     chain_hash,
@@ -84,16 +85,28 @@ def _phase(phase: str) -> str:
 
 def _mark(row: Sequence[Any]) -> Mark:
     run_id, generation, digest, state_version, lease_version, owner, expires, phase = row
-    return Mark(
-        run_id=str(run_id),
-        generation=int(generation),
-        checkpoint_digest=str(digest),
-        state_version=int(state_version),
-        lease_version=int(lease_version),
-        lease_owner=None if owner is None else str(owner),
-        lease_expires_at=None if expires is None else _from_micros(expires),
-        phase=str(phase),
-    )
+    try:
+        return Mark(
+            run_id=str(run_id),
+            generation=_whole(generation),
+            checkpoint_digest=str(digest),
+            state_version=_whole(state_version),
+            lease_version=_whole(lease_version),
+            lease_owner=None if owner is None else str(owner),
+            lease_expires_at=None if expires is None else _from_micros(_whole(expires)),
+            phase=Phase(str(phase)).value,
+        )
+    except (TypeError, ValueError, OverflowError, OSError) as exc:
+        raise CheckpointCorruptError(
+            f"run {run_id}: its high-water mark row is malformed: {exc}", run_id=str(run_id)
+        ) from exc
+
+
+def _whole(value: Any) -> int:
+    """An integer column read back as exactly an integer (text or a float is damage)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, found {value!r}")
+    return value
 
 
 def _ledger_row(run_id: str, row: Sequence[Any]) -> LedgerEntry:
@@ -130,6 +143,29 @@ def _ledger_row(run_id: str, row: Sequence[Any]) -> LedgerEntry:
         prev_hash=str(prev),
         hash=str(hash_),
     )
+
+
+def _trace_row(run_id: str, row: Sequence[Any]) -> TraceEvent:
+    hash_, prev, seq, kind, at, data = row
+    try:
+        text = str(data)
+        value = strict_loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("its data is not an object")
+        return TraceEvent(
+            run_id=run_id,
+            seq=_whole(seq),
+            kind=str(kind),
+            at=_parse_time(at),
+            data=value,
+            prev_hash=str(prev),
+            hash=str(hash_),
+            data_text=text.encode("utf-8"),  # the hash is checked over what was stored
+        )
+    except (TypeError, ValueError, CanonicalJSONError) as exc:
+        raise TraceIntegrityError(
+            f"run {run_id}: trace row {hash_} is malformed: {exc}", run_id=run_id
+        ) from exc
 
 
 def _lease(mark: Mark) -> Lease:
@@ -320,19 +356,7 @@ class SQLBase(SQLEngine):
                 (run_id, head, run_id, -1 if limit is None else limit, limit or 0),
             )
         )
-        return [
-            TraceEvent(
-                run_id=run_id,
-                seq=int(seq),
-                kind=str(kind),
-                at=_parse_time(at),
-                data=strict_loads(str(data)),
-                prev_hash=str(prev),
-                hash=str(hash_),
-                data_text=str(data).encode("utf-8"),  # the hash is checked over what was stored
-            )
-            for hash_, prev, seq, kind, at, data in rows
-        ]
+        return [_trace_row(run_id, row) for row in rows]
 
     # -- inbox ---------------------------------------------------------------
 
