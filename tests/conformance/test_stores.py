@@ -325,3 +325,44 @@ def test_postgres_connections_run_read_committed_whatever_the_default() -> None:
             path = store._read(lambda: store._one("SHOW search_path"))
     assert row == ("read committed",)
     assert path == (schema,)  # the store's own schema, nothing written elsewhere
+
+
+class IgnoresTheLease(SQLiteStore):
+    """A broken store for the suite's own test: its commit ignores the lease version.
+
+    It also waits before committing, so a racing takeover always gets in first.
+    """
+
+    def commit(
+        self,
+        commit: Any,
+        expected_generation: int,
+        expected_lease_version: int = 0,
+        before_commit: Any = None,
+    ) -> None:
+        time.sleep(0.2)
+        mark = self.get_mark(commit.run_id)
+        held = expected_lease_version if mark is None else mark.lease_version
+        super().commit(commit, expected_generation, held, before_commit)
+
+
+def test_the_takeover_race_check_fails_a_store_that_ignores_the_lease(tmp_path: Path) -> None:
+    """The conformance suite can fail: a store whose commit ignores the lease is caught."""
+    from tether.testing._lease_conformance import (
+        test_a_late_commit_racing_a_takeover_never_lands_after_it as race_check,
+    )
+
+    path = tmp_path / "mutant.sqlite"
+    opened: list[SQLiteStore] = []
+
+    def connect() -> SQLiteStore:
+        store = IgnoresTheLease(path)
+        opened.append(store)
+        return store
+
+    try:
+        with pytest.raises(AssertionError, match="a late commit landed after it"):
+            race_check(connect(), connect)
+    finally:
+        for store in opened:
+            store.close()

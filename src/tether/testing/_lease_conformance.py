@@ -332,6 +332,14 @@ def test_a_late_commit_racing_a_takeover_never_lands_after_it(
         after = tether_store.get_mark("r")
         if committed == "committed":
             expect_eq(after.generation, mark.generation + 1, "a commit that won landed")
+            if isinstance(claimed, list) and claimed:
+                # Both succeeded: the commit must have landed BEFORE the takeover,
+                # so the new holder's lease names the generation it made.
+                expect_eq(
+                    claimed[0].generation,
+                    mark.generation + 1,
+                    "the generation the takeover saw (a late commit landed after it)",
+                )
         else:
             expect(isinstance(committed, LeaseLostError), f"typed refusal, got {committed!r}")
             expect(claimed != [], "only a takeover refuses the old holder")
