@@ -295,6 +295,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
                 "waiting": stats.waiting,
                 "lost": stats.lost,
                 "errors": stats.errors,
+                "parked": stats.parked,
                 "runs": stats.runs,
             },
             sort_keys=True,

@@ -52,6 +52,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         "mark": {
             "generation": restored.mark.generation,
             "checkpoint_digest": restored.mark.checkpoint_digest,
+            "attempts": restored.mark.attempts,
+            "retry_at": None
+            if restored.mark.retry_at is None
+            else format_time(restored.mark.retry_at),
+            "last_error": restored.mark.last_error,
         },
         "state": state.to_json(),
         "ledger": ledger,
@@ -64,6 +69,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         f"run {state.run_id}: {state.phase}"
         + (f" ({state.stop_reason})" if state.stop_reason else "")
     )
+    if restored.mark.attempts:
+        print(
+            f"  failing  {restored.mark.attempts} failed attempt(s), last: "
+            f"{restored.mark.last_error}"
+        )
     print(
         f"  task {state.binding.task_id} v{state.binding.task_version}, "
         f"policy {state.binding.policy_id} v{state.binding.policy_version}"

@@ -383,9 +383,10 @@ class ReviewCase:
         case = cls(
             case_id=f.str("case_id"),
             reason=f.str("reason"),
-            action_id=f.str("action_id"),
-            idempotency_key=f.str("idempotency_key"),
-            intent_digest=f.str("intent_digest"),
+            # Empty for a case about the run rather than a write (worker_error).
+            action_id=f.str("action_id", nonempty=False),
+            idempotency_key=f.str("idempotency_key", nonempty=False),
+            intent_digest=f.str("intent_digest", nonempty=False),
             receipt=receipt,
             receipt_fingerprint=f.optional_str("receipt_fingerprint"),
             environment=EnvironmentState.parse(f.obj("environment")),

@@ -100,14 +100,16 @@ def apply_decision(
         decisions=(*state.decisions, document),
         inbox_cursor=_cursor(state, cursor),
     )
+    # A case about a write quarantines its key; one about the run (worker_error
+    # with nothing pending) has no key to quarantine.
+    key = case.idempotency_key
+    quarantined = (*state.quarantined_keys, key) if key else state.quarantined_keys
+    quarantine: tuple[Event, ...] = (("key_quarantined", {"idempotency_key": key}),) if key else ()
     if decision is ReviewDecision.REPLAN:
         return Transition(
             OutcomeKind.RECORDED,
-            state=after.evolve(
-                phase=Phase.RUNNING,
-                quarantined_keys=(*state.quarantined_keys, case.idempotency_key),
-            ),
-            events=(sealed, ("key_quarantined", {"idempotency_key": case.idempotency_key})),
+            state=after.evolve(phase=Phase.RUNNING, quarantined_keys=quarantined),
+            events=(sealed, *quarantine),
             reason="replanned",
         )
     return Transition(

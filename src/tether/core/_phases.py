@@ -25,9 +25,17 @@ class Phase(StrEnum):
 _TERMINAL = frozenset({Phase.COMPLETED, Phase.FAILED, Phase.CANCELLED})
 
 _PHASE_MOVES: dict[Phase, frozenset[Phase]] = {
-    # running -> running is an ordinary step that advances the checkpoint.
+    # running -> running is an ordinary step that advances the checkpoint;
+    # running -> needs_review: a worker parks a run it cannot drive.
     Phase.RUNNING: frozenset(
-        {Phase.RUNNING, Phase.PENDING, Phase.COMPLETED, Phase.FAILED, Phase.CANCELLED}
+        {
+            Phase.RUNNING,
+            Phase.PENDING,
+            Phase.NEEDS_REVIEW,
+            Phase.COMPLETED,
+            Phase.FAILED,
+            Phase.CANCELLED,
+        }
     ),
     # pending -> pending: the intent is durable and the effect is still unsettled
     # (dispatched, or waiting for an approval). pending -> completed: a finish

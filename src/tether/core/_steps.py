@@ -14,7 +14,7 @@ from tether.core._actions import ActionResult, Proposal, Rejection
 from tether.core._canonical import JSONValue, canonical_bytes, digest_bytes, strict_loads
 from tether.core._errors import CanonicalJSONError, CheckpointCorruptError
 from tether.core._fields import Fields
-from tether.core._model import EnvironmentState, Intent, PendingWrite, Verification
+from tether.core._model import EnvironmentState, Intent, PendingWrite, ReviewCase, Verification
 from tether.core._phases import EffectStatus, Phase
 from tether.core._spec import Budgets
 from tether.core._state import RunState, Spent
@@ -367,4 +367,41 @@ def cancel(
         ledger=notes,
         reason="cancelled",
         message=reason,
+    )
+
+
+def park(state: RunState, *, case_id: str, reason: str, detail: str, now: datetime) -> Transition:
+    """Freeze a run a worker could not drive (its step kept failing) for a person to decide.
+
+    The case names the pending write when there is one (so a decision binds
+    it, as any other); otherwise it is about the run. A held non-mutating
+    action is dropped: it changed nothing. A replan resumes the run, an abort
+    ends it, like any review case.
+    """
+    pending = state.pending
+    if pending is not None and not pending.mutating:
+        pending = None
+    case = ReviewCase(
+        case_id=case_id,
+        reason=reason,
+        action_id="" if pending is None else pending.action_id,
+        idempotency_key="" if pending is None else pending.idempotency_key,
+        intent_digest="" if pending is None else pending.intent_digest,
+        receipt=None,
+        receipt_fingerprint=None,
+        environment=state.environment,
+        opened_at=now,
+        detail=detail[-2000:],
+    )
+    return Transition(
+        OutcomeKind.FROZEN,
+        state=state.evolve(
+            phase=Phase.NEEDS_REVIEW,
+            pending=pending,
+            review_cases=(*state.review_cases, case),
+            results_digest=None,
+        ),
+        events=(("needs_review", case.to_json()),),
+        reason=reason,
+        message=detail[-500:],
     )

@@ -189,9 +189,10 @@ def _reread(rt: Runtime, case: Any, body: dict[str, Any]) -> None:
         raise ReviewDriftError(
             f"the environment changed since the case was opened (now version {live.version})"
         )
-    receipt = rt.adapter.lookup(case.idempotency_key) if rt.adapter.capabilities.queryable else None
+    queryable = rt.adapter.capabilities.queryable and bool(case.idempotency_key)
+    receipt = rt.adapter.lookup(case.idempotency_key) if queryable else None
     now = None if receipt is None else receipt.fingerprint
-    if rt.adapter.capabilities.queryable and now != body["receipt_fingerprint"]:
+    if queryable and now != body["receipt_fingerprint"]:
         raise ReviewDriftError(
             "the adapter's authoritative receipt changed since the decision was signed"
         )

@@ -369,6 +369,22 @@ class RunSession:
                 return outcome  # frozen for review, or still in flight: not cancelled
         return self.apply(step_rules.cancel(self.state, reason, by=by))
 
+    def park(self, reason: str, detail: str) -> Outcome:
+        """Freeze the run for a person: something keeps failing where no rule can decide.
+
+        A :class:`~tether.runtime.Worker` parks a run whose drive failed too
+        often (reason ``worker_error``); a signed replan resumes it.
+        """
+        self._refuse_if_stopped()
+        transition = step_rules.park(
+            self.state,
+            case_id=self.rt.ids.new_id("case"),
+            reason=reason,
+            detail=detail,
+            now=self.rt.clock.now(),
+        )
+        return self.apply(transition)
+
     @property
     def awaiting_approval(self) -> bool:
         """Whether the pending write needs an approval it does not have (or whose time ran out)."""

@@ -8,11 +8,18 @@ commit and every adapter call of the one that does.
 The application is loaded by ``module:factory``: a callable
 ``factory(store, run_id, worker) -> Runtime`` that builds the runtime for one
 run (its adapter, task, policy, agent, keys and trust roots).
+
+A run whose drive fails (any exception: tether's, the adapter's, the agent's
+own code) never captures a worker: it is deferred with exponential back-off
+(``backoff_s`` doubling per attempt, capped at ``max_backoff_s``), other runs
+are claimed meanwhile, and after ``max_attempts`` consecutive failures it is
+parked in ``needs_review`` (reason ``worker_error``, the error as evidence)
+where a person decides. A run that cannot even be restored is parked at the
+mark: claims no longer take it, ``inspect`` shows its last error.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import signal
@@ -22,7 +29,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from tether.core import LeaseError, Phase, TetherError
+from tether.core import LeaseError, Phase, StoreError, TetherError
 from tether.runtime._runtime import Runtime
 from tether.store import Lease
 
@@ -59,6 +66,7 @@ class WorkerStats:
     waiting: int = 0
     lost: int = 0
     errors: int = 0
+    parked: int = 0
     runs: list[str] = field(default_factory=list)
 
 
@@ -73,12 +81,20 @@ class Worker:
         *,
         lease_ttl_s: float = 15.0,
         poll_s: float = 0.5,
+        max_attempts: int = 5,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 300.0,
     ) -> None:
+        if max_attempts < 1:
+            raise StoreError(f"max_attempts must be at least 1, not {max_attempts}")
         self.store = store
         self.factory = factory
         self.worker_id = worker_id
         self.lease_ttl_s = lease_ttl_s
         self.poll_s = poll_s
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
         self.stats = WorkerStats()
         self._stop = threading.Event()
 
@@ -95,7 +111,14 @@ class Worker:
         while not self.stopping:
             if max_runs is not None and self.stats.claimed >= max_runs:
                 break
-            claimed = self.store.claim_expired(self.worker_id, self.lease_ttl_s, limit=1)
+            try:
+                claimed = self.store.claim_expired(
+                    self.worker_id, self.lease_ttl_s, limit=1, max_attempts=self.max_attempts
+                )
+            except StoreError as exc:  # the store is down: wait, then ask again
+                log.error("claiming failed: %s: %s", type(exc).__name__, exc)
+                self._stop.wait(self.poll_s)
+                continue
             if not claimed:
                 if idle_exit:
                     break
@@ -135,13 +158,44 @@ class Worker:
             self.stats.lost += 1
             log.warning("run %s: lease lost (%s); leaving it to its new owner", lease.run_id, exc)
             return None
-        except TetherError as exc:
-            self.stats.errors += 1
-            log.error("run %s: %s: %s", lease.run_id, type(exc).__name__, exc)
-            if session is not None and session.lease is not None:
-                with contextlib.suppress(LeaseError):
-                    session.release()
+        except Exception as exc:  # any per-run failure: the worker lives on
+            self._failed(lease, session, exc)
             return None
+
+    def _failed(self, lease: Lease, session: Any, exc: Exception) -> None:
+        """Back the run off (counted), or park it for a person after too many failures."""
+        self.stats.errors += 1
+        text = f"{type(exc).__name__}: {exc}"
+        log.error("run %s: %s", lease.run_id, text)
+        version = lease.lease_version
+        if session is not None and session.lease is not None:
+            version = session.lease.lease_version
+        try:
+            mark = self.store.get_mark(lease.run_id)
+            attempts = 0 if mark is None else mark.attempts
+            last_chance = attempts + 1 >= self.max_attempts
+            if last_chance and session is not None and self._park(session, text):
+                return
+            delay = min(self.max_backoff_s, self.backoff_s * 2**attempts)
+            self.store.defer(lease.run_id, self.worker_id, version, delay, text)
+        except TetherError as again:  # lease gone or store down: the ttl backs it off
+            log.warning("run %s: could not defer it: %s", lease.run_id, again)
+
+    def _park(self, session: Any, text: str) -> bool:
+        """Freeze the run in needs_review (worker_error); False if even that failed."""
+        phase = session.state.phase
+        try:
+            if not phase.terminal and phase is not Phase.NEEDS_REVIEW:
+                session.park("worker_error", text)
+            session.release()
+        except Exception as exc:  # the same fault may stop the park too: defer instead
+            log.warning("run %s: could not park it: %s", session.run_id, exc)
+            return False
+        self.stats.parked += 1
+        log.error(
+            "run %s: parked in needs_review after %d failures", session.run_id, self.max_attempts
+        )
+        return True
 
 
 def install_signal_handlers(worker: Worker) -> None:

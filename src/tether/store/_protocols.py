@@ -41,6 +41,11 @@ class Mark:
     lease_owner: str | None
     lease_expires_at: datetime | None
     phase: str = "running"
+    #: Consecutive failed attempts to drive the run (reset by a clean release),
+    #: when it may be claimed again, and the last failure's text.
+    attempts: int = 0
+    retry_at: datetime | None = None
+    last_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +209,17 @@ class GenerationStore(Protocol):
         """
         ...
 
+    def defer(
+        self, run_id: str, worker: str, lease_version: int, delay_s: float, error: str
+    ) -> Mark:
+        """Give the lease up after a failure: no claim takes the run for ``delay_s``.
+
+        Counts the attempt (``Mark.attempts`` + 1) and keeps ``error``; a clean
+        :meth:`release_lease` resets both. Raises
+        :class:`~tether.core.LeaseLostError` unless ``worker`` holds ``lease_version``.
+        """
+        ...
+
     def check_lease(self, run_id: str, lease_version: int) -> None:
         """Refuse to act on a lease that is no longer current or live (call before every effect).
 
@@ -220,11 +236,14 @@ class GenerationStore(Protocol):
         ttl_s: float,
         limit: int = 1,
         phases: Sequence[str] = ("running", "pending"),
+        max_attempts: int | None = None,
     ) -> list[Lease]:
         """Atomically take up to ``limit`` runs in ``phases`` whose lease is unowned or expired.
 
         Each claim increments the run's lease version. Concurrent claimers never
-        get the same run.
+        get the same run. A deferred run is skipped until its ``retry_at``, and
+        one with ``max_attempts`` failed attempts or more is not taken at all
+        (parked); the longest-waiting run comes first.
         """
         ...
 

@@ -114,4 +114,15 @@ def migrations(blob: str) -> list[tuple[int, list[str]]]:
                     ON tether_ledger (run_id, action_id) WHERE status = 'intended'""",
             ],
         ),
+        (
+            4,
+            [
+                # A run whose step failed is deferred, not released for an
+                # immediate re-claim: claims skip it until retry_at (store clock,
+                # microseconds), and a worker parks it after too many attempts.
+                "ALTER TABLE tether_marks ADD COLUMN retry_at BIGINT",
+                "ALTER TABLE tether_marks ADD COLUMN attempts BIGINT NOT NULL DEFAULT 0",
+                "ALTER TABLE tether_marks ADD COLUMN last_error TEXT",
+            ],
+        ),
     ]

@@ -56,7 +56,7 @@ from tether.store._schema import migrations
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MARK_COLUMNS = (
     "run_id, generation, checkpoint_digest, state_version, lease_version, lease_owner, "
-    "lease_expires_at, phase"
+    "lease_expires_at, phase, attempts, retry_at, last_error"
 )
 
 
@@ -84,7 +84,8 @@ def _phase(phase: str) -> str:
 
 
 def _mark(row: Sequence[Any]) -> Mark:
-    run_id, generation, digest, state_version, lease_version, owner, expires, phase = row
+    run_id, generation, digest, state_version, lease_version, owner, expires, phase = row[:8]
+    attempts, retry_at, last_error = row[8:11]
     try:
         return Mark(
             run_id=str(run_id),
@@ -95,6 +96,9 @@ def _mark(row: Sequence[Any]) -> Mark:
             lease_owner=None if owner is None else str(owner),
             lease_expires_at=None if expires is None else _from_micros(_whole(expires)),
             phase=Phase(str(phase)).value,
+            attempts=_whole(attempts),
+            retry_at=None if retry_at is None else _from_micros(_whole(retry_at)),
+            last_error=None if last_error is None else str(last_error),
         )
     except (TypeError, ValueError, OverflowError, OSError) as exc:
         raise CheckpointCorruptError(
@@ -665,8 +669,10 @@ class SQLBase(SQLEngine):
         """Give the lease up; a repeated release is a no-op, a lost lease raises LeaseLostError."""
 
         def body() -> None:
+            # A clean release ends a run of failures too.
             moved = self._run(
-                "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL "
+                "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
+                "attempts = 0, retry_at = NULL, last_error = NULL "
                 "WHERE run_id = ? AND lease_owner = ? AND lease_version = ?",
                 (run_id, worker, lease_version),
             )
@@ -680,6 +686,33 @@ class SQLBase(SQLEngine):
             raise LeaseLostError(run_id, lease_version, current.lease_version, current.lease_owner)
 
         self._write(body)
+
+    def defer(
+        self, run_id: str, worker: str, lease_version: int, delay_s: float, error: str
+    ) -> Mark:
+        """Release after a failure: not claimable for ``delay_s``; one more attempt counted."""
+        if isinstance(delay_s, bool) or not math.isfinite(delay_s) or delay_s < 0:
+            raise StoreError(
+                f"a retry delay must be a non-negative number of seconds, not {delay_s!r}"
+            )
+        delay = round(min(delay_s, 366 * 24 * 3600) * 1_000_000)
+        text = error[:2000]
+
+        def body() -> Mark:
+            rows = self._all(
+                "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
+                f"retry_at = {self.clock_sql} + ?, attempts = attempts + 1, last_error = ? "
+                f"WHERE run_id = ? AND lease_owner = ? AND lease_version = ? RETURNING {_MARK_COLUMNS}",
+                (delay, text, run_id, worker, lease_version),
+            )
+            if rows:
+                return _mark(rows[0])
+            current = self._mark_row(run_id)
+            if current is None:
+                raise RunNotFoundError(run_id)
+            raise LeaseLostError(run_id, lease_version, current.lease_version, current.lease_owner)
+
+        return self._write(body)
 
     def check_lease(self, run_id: str, lease_version: int) -> None:
         """Raise unless ``lease_version`` is current and live by the store's clock."""
@@ -710,6 +743,7 @@ class SQLBase(SQLEngine):
         ttl_s: float,
         limit: int = 1,
         phases: Sequence[str] = ("running", "pending"),
+        max_attempts: int | None = None,
     ) -> list[Lease]:
         """Take up to ``limit`` unowned or expired runs in ``phases``; each gets a new version."""
         ttl = _ttl_micros(ttl_s)
@@ -717,7 +751,12 @@ class SQLBase(SQLEngine):
         if limit < 1 or not wanted:
             return []
         clock = self.clock_sql
-        free = f"(lease_owner IS NULL OR lease_expires_at <= {clock})"
+        # Free, due (a deferred run waits out its back-off) and not parked.
+        ceiling = 2**62 if max_attempts is None else int(max_attempts)
+        free = (
+            f"(lease_owner IS NULL OR lease_expires_at <= {clock}) "
+            f"AND (retry_at IS NULL OR retry_at <= {clock}) AND attempts < {ceiling}"
+        )
 
         def body() -> list[Lease]:
             # The scan locks what it picks and skips rows other claimers (or
@@ -726,7 +765,7 @@ class SQLBase(SQLEngine):
                 f"UPDATE tether_marks SET lease_owner = ?, lease_version = lease_version + 1, "
                 f"lease_expires_at = {clock} + ? WHERE {free} AND run_id IN ("
                 f"SELECT run_id FROM tether_marks WHERE phase IN ({', '.join('?' for _ in wanted)}) "
-                f"AND {free} ORDER BY COALESCE(lease_expires_at, 0), run_id LIMIT ?"
+                f"AND {free} ORDER BY COALESCE(retry_at, lease_expires_at, 0), run_id LIMIT ?"
                 f"{self.skip_locked}) RETURNING {_MARK_COLUMNS}",
                 (worker, ttl, *wanted, limit),
             )

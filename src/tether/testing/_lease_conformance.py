@@ -391,11 +391,57 @@ def test_racing_commits_land_one_ledger(tether_store: Any, tether_connect: Store
         expect_eq(tether_store.ledger(run_id), won[0], f"only the winner's rows in {run_id}")
 
 
+# -- failed attempts: defer, back off, park ---------------------------------------
+
+
+def test_a_deferred_run_is_not_claimed_until_its_back_off_has_passed(tether_store: Any) -> None:
+    """defer releases the lease, counts the attempt, keeps the error; claims wait out the delay."""
+    seeded(tether_store)
+    lease = tether_store.claim_expired("w1", LONG)[0]
+    mark = tether_store.defer("r", "w1", lease.lease_version, TTL, "boom: the agent raised")
+    expect_eq((mark.lease_owner, mark.attempts), (None, 1), "released, one attempt counted")
+    expect_eq(mark.last_error, "boom: the agent raised", "the failure kept")
+    expect(mark.retry_at is not None, "a retry time is set")
+    expect_eq(tether_store.claim_expired("w2", LONG), [], "no claim during the back-off")
+    time.sleep(PAST_TTL)
+    again = tether_store.claim_expired("w2", LONG)
+    expect_eq([x.run_id for x in again], ["r"], "claimed once the back-off passed")
+    tether_store.release_lease("r", "w2", again[0].lease_version)
+    after = tether_store.get_mark("r")
+    expect_eq((after.attempts, after.retry_at, after.last_error), (0, None, None), "reset")
+
+
+def test_a_run_with_too_many_failed_attempts_is_parked(tether_store: Any) -> None:
+    """claim_expired(max_attempts=N) never takes a run that failed N times; others still go."""
+    seeded(tether_store)
+    seeded(tether_store, "healthy")
+    for attempt in range(1, 4):
+        lease = tether_store.acquire_lease("r", "w1", LONG)
+        mark = tether_store.defer("r", "w1", lease.lease_version, 0, f"failure {attempt}")
+        expect_eq(mark.attempts, attempt, "attempts count up")
+    claimed = tether_store.claim_expired("w2", LONG, limit=5, max_attempts=3)
+    expect_eq([x.run_id for x in claimed], ["healthy"], "the parked run is left alone")
+    claimed = tether_store.claim_expired("w3", LONG, limit=5, max_attempts=4)
+    expect_eq([x.run_id for x in claimed], ["r"], "below the ceiling it is claimable")
+
+
+def test_only_the_holder_may_defer(tether_store: Any) -> None:
+    """defer by a worker whose lease moved on raises LeaseLostError and changes nothing."""
+    seeded(tether_store)
+    old = tether_store.acquire_lease("r", "w1", LONG)
+    tether_store.acquire_lease("r", "w1", LONG)  # a restarted w1 fences its predecessor
+    with pytest.raises(LeaseLostError):
+        tether_store.defer("r", "w1", old.lease_version, 1, "late")
+    expect_eq(tether_store.get_mark("r").attempts, 0, "no attempt counted")
+
+
 __all__ = [
     "test_a_commit_with_a_superseded_lease_version_changes_nothing",
+    "test_a_deferred_run_is_not_claimed_until_its_back_off_has_passed",
     "test_a_late_commit_racing_a_takeover_never_lands_after_it",
     "test_a_live_lease_is_not_taken",
     "test_a_released_lease_does_not_commit",
+    "test_a_run_with_too_many_failed_attempts_is_parked",
     "test_a_ttl_must_be_positive",
     "test_acquire_gives_a_new_owner_a_new_version",
     "test_an_expired_lease_is_taken_over_with_a_new_version",
@@ -405,6 +451,7 @@ __all__ = [
     "test_claim_expired_takes_unowned_and_expired_runs_in_the_given_phases",
     "test_concurrent_claimers_never_share_a_run",
     "test_lease_calls_on_an_unknown_run_raise_run_not_found",
+    "test_only_the_holder_may_defer",
     "test_racing_commits_land_one_ledger",
     "test_release_frees_the_run_and_repeats_harmlessly",
     "test_renew_extends_only_the_current_lease",

@@ -1,0 +1,165 @@
+"""A failing run never captures a worker: it backs off, the others go on, and it is parked."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ScriptedAgent, finish, make_policy, make_task, write
+from tether.adapters import Sandbox
+from tether.core import Observation
+from tether.crypto import Keyring
+from tether.runtime import AgentContext, Decision, Runtime, Worker
+from tether.store import SQLiteStore
+
+MAX_ATTEMPTS = 3
+
+
+class BuggyAgent:
+    """User code with a bug: every decision raises."""
+
+    def decide(self, context: AgentContext, observation: Observation) -> Decision:
+        raise RuntimeError("agent bug: list index out of range")
+
+
+class Fleet:
+    """Runs in one SQLite file, each with its own sandbox; builds runtimes for workers."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.keyring = Keyring.generate("k1")
+        self.sandboxes: dict[str, Sandbox] = {}
+        self.unrestorable: set[str] = set()
+        self.lock = threading.Lock()
+
+    def runtime(self, store: Any, run_id: str, worker: str = "starter") -> Runtime:
+        sandbox = self.sandboxes.setdefault(run_id, Sandbox({"notes.txt": "draft\n"}))
+        if run_id in self.unrestorable and worker != "starter":
+            raise RuntimeError("the factory cannot build this run (bad configuration)")
+        agent: Any = (
+            BuggyAgent()
+            if run_id.startswith("broken")
+            else ScriptedAgent([write("notes.txt", "done\n"), finish])
+        )
+        return Runtime(
+            store=store,
+            keyring=self.keyring,
+            adapter=sandbox,
+            task=make_task(sandbox.environment().state_fingerprint),
+            policy=make_policy(),
+            agent=agent,
+            worker=worker,
+        )
+
+    def start(self, run_id: str) -> None:
+        with SQLiteStore(self.path) as store:
+            self.runtime(store, run_id).start(run_id)
+
+
+def serve_until(fleet: Fleet, done: Any, workers: int = 2, seconds: float = 20) -> list[Worker]:
+    """``workers`` real Worker loops in threads, each on its own connection, until ``done()``."""
+    made: list[Worker] = []
+    stop = threading.Event()
+
+    def loop(index: int) -> None:
+        with SQLiteStore(fleet.path) as store:
+            worker = Worker(
+                store,
+                fleet.runtime,
+                f"w{index}",
+                lease_ttl_s=30,
+                poll_s=0.01,
+                max_attempts=MAX_ATTEMPTS,
+                backoff_s=0.05,
+                max_backoff_s=0.2,
+            )
+            made.append(worker)
+            while not stop.is_set():
+                worker.serve(idle_exit=True)
+                stop.wait(0.02)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not done():
+        time.sleep(0.05)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads)
+    return made
+
+
+def mark(fleet: Fleet, run_id: str) -> Any:
+    with SQLiteStore(fleet.path) as store:
+        return store.get_mark(run_id)
+
+
+def test_a_broken_run_backs_off_the_healthy_one_completes_and_the_broken_one_is_parked(
+    tmp_path: Path,
+) -> None:
+    """Two workers, one buggy run, one healthy: healthy completes; the buggy one goes to review."""
+    fleet = Fleet(tmp_path / "tether.sqlite")
+    fleet.start("broken")
+    fleet.start("healthy")
+
+    def settled() -> bool:
+        return mark(fleet, "healthy").phase == "completed" and mark(fleet, "broken").phase == (
+            "needs_review"
+        )
+
+    workers = serve_until(fleet, settled)
+    assert settled()
+    claims = sum(w.stats.runs.count("broken") for w in workers)
+    assert claims <= MAX_ATTEMPTS + 1, claims
+    assert sum(w.stats.parked for w in workers) == 1
+    with SQLiteStore(fleet.path) as store:
+        state = fleet.runtime(store, "broken").checkpointer.load("broken").state
+    (case,) = state.review_cases
+    assert case.reason == "worker_error" and "agent bug" in case.detail
+    assert fleet.sandboxes["healthy"].write_count() == 1
+    assert fleet.sandboxes["broken"].write_count() == 0
+
+
+def test_a_run_that_cannot_even_be_built_is_parked_at_the_mark(tmp_path: Path) -> None:
+    """When the factory itself fails, the run is deferred, then left unclaimed with its error."""
+    fleet = Fleet(tmp_path / "tether.sqlite")
+    fleet.unrestorable.add("broken-config")
+    fleet.start("broken-config")
+    workers = serve_until(
+        fleet, lambda: mark(fleet, "broken-config").attempts >= MAX_ATTEMPTS, seconds=10
+    )
+    parked = mark(fleet, "broken-config")
+    assert parked.attempts == MAX_ATTEMPTS and parked.lease_owner is None
+    assert "bad configuration" in (parked.last_error or "")
+    claims = sum(w.stats.runs.count("broken-config") for w in workers)
+    assert claims == MAX_ATTEMPTS
+    with SQLiteStore(fleet.path) as store:
+        assert store.claim_expired("w9", 30, max_attempts=MAX_ATTEMPTS) == []
+
+
+@pytest.mark.parametrize("attempts", [0, 1, 2, 5])
+def test_the_back_off_doubles_and_is_capped(tmp_path: Path, attempts: int) -> None:
+    """A failed attempt defers the run by backoff * 2**attempts, at most max_backoff."""
+    fleet = Fleet(tmp_path / "tether.sqlite")
+    fleet.start("broken")
+    with SQLiteStore(fleet.path) as store:
+        for _ in range(attempts):
+            lease = store.acquire_lease("broken", "setup", 30)
+            store.defer("broken", "setup", lease.lease_version, 0, "earlier failure")
+        worker = Worker(
+            store, fleet.runtime, "w1", max_attempts=10, backoff_s=1.0, max_backoff_s=8.0
+        )
+        lease = store.claim_expired("w1", 30, max_attempts=10)[0]
+        before = time.time()
+        worker.drive(lease)
+        after = store.get_mark("broken")
+    assert after.attempts == attempts + 1
+    expected = min(8.0, 2.0**attempts)
+    waited = after.retry_at.timestamp() - before
+    assert expected - 0.5 <= waited <= expected + 1.0, (waited, expected)
