@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import ScriptedAgent, finish, make_policy, make_task, write
 from tether.adapters import Sandbox
-from tether.core import Observation
+from tether.core import Observation, Phase
 from tether.crypto import Keyring
 from tether.runtime import AgentContext, Decision, Runtime, Worker
 from tether.store import SQLiteStore
@@ -34,25 +34,27 @@ class Fleet:
         self.keyring = Keyring.generate("k1")
         self.sandboxes: dict[str, Sandbox] = {}
         self.unrestorable: set[str] = set()
-        self.lock = threading.Lock()
+        self.policy = make_policy()
+        self.trust: Any = None
+        self.fixed = False
 
     def runtime(self, store: Any, run_id: str, worker: str = "starter") -> Runtime:
         sandbox = self.sandboxes.setdefault(run_id, Sandbox({"notes.txt": "draft\n"}))
         if run_id in self.unrestorable and worker != "starter":
             raise RuntimeError("the factory cannot build this run (bad configuration)")
+        buggy = run_id.startswith("broken") and not self.fixed
         agent: Any = (
-            BuggyAgent()
-            if run_id.startswith("broken")
-            else ScriptedAgent([write("notes.txt", "done\n"), finish])
+            BuggyAgent() if buggy else ScriptedAgent([write("notes.txt", "done\n"), finish])
         )
         return Runtime(
             store=store,
             keyring=self.keyring,
             adapter=sandbox,
             task=make_task(sandbox.environment().state_fingerprint),
-            policy=make_policy(),
+            policy=self.policy,
             agent=agent,
             worker=worker,
+            trust=self.trust,
         )
 
     def start(self, run_id: str) -> None:
@@ -60,7 +62,9 @@ class Fleet:
             self.runtime(store, run_id).start(run_id)
 
 
-def serve_until(fleet: Fleet, done: Any, workers: int = 2, seconds: float = 20) -> list[Worker]:
+def serve_until(
+    fleet: Fleet, done: Any, workers: int = 2, seconds: float = 20, ttl: float = 30
+) -> list[Worker]:
     """``workers`` real Worker loops in threads, each on its own connection, until ``done()``."""
     made: list[Worker] = []
     stop = threading.Event()
@@ -71,7 +75,7 @@ def serve_until(fleet: Fleet, done: Any, workers: int = 2, seconds: float = 20) 
                 store,
                 fleet.runtime,
                 f"w{index}",
-                lease_ttl_s=30,
+                lease_ttl_s=ttl,
                 poll_s=0.01,
                 max_attempts=MAX_ATTEMPTS,
                 backoff_s=0.05,
@@ -163,3 +167,101 @@ def test_the_back_off_doubles_and_is_capped(tmp_path: Path, attempts: int) -> No
     expected = min(8.0, 2.0**attempts)
     waited = after.retry_at.timestamp() - before
     assert expected - 0.5 <= waited <= expected + 1.0, (waited, expected)
+
+
+def test_a_run_waiting_for_approval_is_parked_and_woken_by_the_approval(tmp_path: Path) -> None:
+    """While it waits it gains no checkpoint however often workers poll; an approval wakes it."""
+    import secrets
+    from datetime import UTC, datetime, timedelta
+
+    from tether.core import new_approval
+    from tether.crypto import Signer, TrustRoots
+
+    alice = Signer.generate("alice", "approver")
+    fleet = Fleet(tmp_path / "tether.sqlite")
+    fleet.policy = make_policy(
+        kinds={
+            "file.write": {"risk": "low", "permission": "workspace.write", "needs_approval": True}
+        }
+    )
+    fleet.trust = TrustRoots.of(alice.trust_root())
+    fleet.start("guarded")
+    parked = lambda: mark(fleet, "guarded").waiting_after is not None  # noqa: E731
+    serve_until(fleet, parked, seconds=10, ttl=0.05)
+    generation = mark(fleet, "guarded").generation
+    serve_until(fleet, lambda: False, seconds=1.5, ttl=0.05)  # ~30 ttl periods of polling
+    assert mark(fleet, "guarded").generation == generation  # not one checkpoint meanwhile
+    with SQLiteStore(fleet.path) as store:
+        state = fleet.runtime(store, "guarded").checkpointer.load("guarded").state
+        now = datetime.now(UTC)
+        body = new_approval(
+            state,
+            "alice",
+            issued_at=now,
+            expires_at=now + timedelta(seconds=300),
+            nonce=secrets.token_hex(16),
+        )
+        store.put_evidence("guarded", "approval", alice.sign(body))
+    serve_until(fleet, lambda: mark(fleet, "guarded").phase == "completed", seconds=10, ttl=0.05)
+    assert mark(fleet, "guarded").phase == "completed"
+    assert fleet.sandboxes["guarded"].write_count() == 1
+
+
+def test_a_parked_run_is_woken_by_a_signed_replan_and_finishes(tmp_path: Path) -> None:
+    """worker_error -> the bug is fixed -> a reviewer's replan in the inbox -> a worker finishes it."""
+    import secrets
+    from datetime import UTC, datetime, timedelta
+
+    from tether.core import new_decision
+    from tether.crypto import Signer, TrustRoots
+
+    reviewer = Signer.generate("rev", "reviewer")
+    fleet = Fleet(tmp_path / "tether.sqlite")
+    fleet.trust = TrustRoots.of(reviewer.trust_root())
+    fleet.start("broken-then-fixed")
+    serve_until(fleet, lambda: mark(fleet, "broken-then-fixed").phase == "needs_review")
+    fleet.fixed = True  # the operator deploys the fix
+    with SQLiteStore(fleet.path) as store:
+        state = (
+            fleet.runtime(store, "broken-then-fixed").checkpointer.load("broken-then-fixed").state
+        )
+        now = datetime.now(UTC)
+        body = new_decision(
+            state,
+            state.review_cases[0],
+            "rev",
+            "replan",
+            issued_at=now,
+            expires_at=now + timedelta(seconds=300),
+            nonce=secrets.token_hex(16),
+        )
+        store.put_evidence("broken-then-fixed", "review_decision", reviewer.sign(body))
+    serve_until(fleet, lambda: mark(fleet, "broken-then-fixed").phase == "completed", ttl=0.05)
+    assert mark(fleet, "broken-then-fixed").phase == "completed"
+    assert fleet.sandboxes["broken-then-fixed"].write_count() == 1
+
+
+def test_a_worker_without_trust_roots_neither_spins_nor_burns_the_evidence(tmp_path: Path) -> None:
+    """Evidence it cannot verify: the run is backed off and parked; the inbox is left unread."""
+    fleet = Fleet(tmp_path / "tether.sqlite")
+    fleet.policy = make_policy(
+        kinds={
+            "file.write": {"risk": "low", "permission": "workspace.write", "needs_approval": True}
+        }
+    )
+    fleet.start("guarded")
+    serve_until(fleet, lambda: mark(fleet, "guarded").waiting_after is not None)
+    with SQLiteStore(fleet.path) as store:
+        store.put_evidence("guarded", "approval", {"some": "signed document"})
+    workers = serve_until(
+        fleet, lambda: mark(fleet, "guarded").attempts >= MAX_ATTEMPTS, seconds=10
+    )
+    parked = mark(fleet, "guarded")
+    assert parked.attempts == MAX_ATTEMPTS and "no trust roots" in (parked.last_error or "")
+    assert sum(w.stats.runs.count("guarded") for w in workers) <= MAX_ATTEMPTS + 1
+    time.sleep(0.3)
+    with SQLiteStore(fleet.path) as store:
+        assert store.claim_expired("w9", 30, max_attempts=MAX_ATTEMPTS) == []  # no spinning
+        state = fleet.runtime(store, "guarded").checkpointer.load("guarded").state
+    assert state.inbox_cursor == 0  # nothing consumed unread
+    assert state.phase is Phase.NEEDS_REVIEW and state.review_cases[-1].reason == "worker_error"

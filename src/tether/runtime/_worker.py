@@ -29,11 +29,21 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from tether.core import LeaseError, Phase, StoreError, TetherError
+from tether.core import (
+    LeaseError,
+    OutcomeKind,
+    Phase,
+    StoreError,
+    TetherError,
+    TrustRootsRequiredError,
+)
 from tether.runtime._runtime import Runtime
 from tether.store import Lease
 
 log = logging.getLogger("tether.worker")
+
+# Outcomes that only a person can move on from.
+_PERSON = frozenset({OutcomeKind.WAITING_FOR_APPROVAL, OutcomeKind.FROZEN})
 
 RuntimeFactory = Callable[[Any, str, str], Runtime]
 
@@ -113,7 +123,11 @@ class Worker:
                 break
             try:
                 claimed = self.store.claim_expired(
-                    self.worker_id, self.lease_ttl_s, limit=1, max_attempts=self.max_attempts
+                    self.worker_id,
+                    self.lease_ttl_s,
+                    limit=1,
+                    phases=("running", "pending", "needs_review"),
+                    max_attempts=self.max_attempts,
                 )
             except StoreError as exc:  # the store is down: wait, then ask again
                 log.error("claiming failed: %s: %s", type(exc).__name__, exc)
@@ -140,13 +154,36 @@ class Worker:
             session = runtime.recover(lease.run_id, lease=lease)
             while not self.stopping:
                 phase = session.state.phase
-                if phase.terminal or phase is Phase.NEEDS_REVIEW:
+                if phase.terminal:
                     break
                 before = session.state.generation
-                session.run(max_steps=1)
+                outcome = session.run(max_steps=1)  # a frozen run reads its inbox here
+                held = session.lease.lease_version if session.lease is not None else 0
+                if session.state.phase is Phase.NEEDS_REVIEW or outcome.kind in _PERSON:
+                    # A person must act: park it (no lease, no checkpoints) until
+                    # evidence it has not read arrives in its inbox.
+                    cursor = session.state.inbox_cursor
+                    if runtime.trust is None and self.store.evidence(lease.run_id, after=cursor):
+                        # Evidence is waiting that this worker cannot read: a
+                        # configuration error, backed off and counted like one.
+                        raise TrustRootsRequiredError(
+                            f"run {lease.run_id} has signed evidence in its inbox and this "
+                            "worker's runtime has no trust roots to verify it",
+                            run_id=lease.run_id,
+                        )
+                    self.store.wait_for_evidence(lease.run_id, self.worker_id, held, cursor, 0)
+                    self.stats.waiting += 1
+                    return session.state.phase
                 if session.state.generation == before:
-                    # Waiting for a person: keep the lease until it expires, which
-                    # is the natural back-off before any worker looks again.
+                    # In flight, or the adapter said "later": come back after a ttl.
+                    self.store.defer(
+                        lease.run_id,
+                        self.worker_id,
+                        held,
+                        self.lease_ttl_s,
+                        f"{outcome.kind}: {outcome.message}",
+                        count=False,
+                    )
                     self.stats.waiting += 1
                     return session.state.phase
             phase = session.state.phase
@@ -174,7 +211,12 @@ class Worker:
             mark = self.store.get_mark(lease.run_id)
             attempts = 0 if mark is None else mark.attempts
             last_chance = attempts + 1 >= self.max_attempts
-            if last_chance and session is not None and self._park(session, text):
+            # Parked once in review, a run that fails again (e.g. it cannot even
+            # read the decision) is deferred: at max_attempts no claim takes it.
+            parkable = session is not None and not (
+                session.state.phase.terminal or session.state.phase is Phase.NEEDS_REVIEW
+            )
+            if last_chance and parkable and self._park(session, text):
                 return
             delay = min(self.max_backoff_s, self.backoff_s * 2**attempts)
             self.store.defer(lease.run_id, self.worker_id, version, delay, text)
@@ -182,12 +224,17 @@ class Worker:
             log.warning("run %s: could not defer it: %s", lease.run_id, again)
 
     def _park(self, session: Any, text: str) -> bool:
-        """Freeze the run in needs_review (worker_error); False if even that failed."""
-        phase = session.state.phase
+        """Freeze the run in needs_review (worker_error) until a decision; False if that failed.
+
+        The lease is not released cleanly (that would forget the failures): the
+        run waits for evidence, like any run waiting for a person.
+        """
         try:
-            if not phase.terminal and phase is not Phase.NEEDS_REVIEW:
-                session.park("worker_error", text)
-            session.release()
+            session.park("worker_error", text)
+            held = session.lease.lease_version if session.lease is not None else 0
+            self.store.wait_for_evidence(
+                session.run_id, self.worker_id, held, session.state.inbox_cursor, 0
+            )
         except Exception as exc:  # the same fault may stop the park too: defer instead
             log.warning("run %s: could not park it: %s", session.run_id, exc)
             return False

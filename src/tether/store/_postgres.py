@@ -38,7 +38,8 @@ from tether.core import (
     format_time,
 )
 from tether.store._protocols import BeforeCommit, Commit
-from tether.store._sql import SQLBase, _phase
+from tether.store._rows import phase_text
+from tether.store._sql import SQLBase
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -230,7 +231,7 @@ class PostgresStore(SQLBase):
         params = (
             commit.generation,
             commit.checkpoint_digest,
-            _phase(commit.phase),
+            phase_text(commit.phase),
             format_time(self._now()),
             commit.run_id,
             expected_generation,

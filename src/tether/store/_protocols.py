@@ -46,6 +46,8 @@ class Mark:
     attempts: int = 0
     retry_at: datetime | None = None
     last_error: str | None = None
+    #: Set while the run waits for a person: the inbox entry it had read last.
+    waiting_after: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,13 +212,33 @@ class GenerationStore(Protocol):
         ...
 
     def defer(
-        self, run_id: str, worker: str, lease_version: int, delay_s: float, error: str
+        self,
+        run_id: str,
+        worker: str,
+        lease_version: int,
+        delay_s: float,
+        error: str,
+        *,
+        count: bool = True,
     ) -> Mark:
         """Give the lease up after a failure: no claim takes the run for ``delay_s``.
 
-        Counts the attempt (``Mark.attempts`` + 1) and keeps ``error``; a clean
+        Counts the attempt (``Mark.attempts`` + 1, unless ``count`` is false:
+        an adapter that said "later" is not a failure) and keeps ``error``; a clean
         :meth:`release_lease` resets both. Raises
         :class:`~tether.core.LeaseLostError` unless ``worker`` holds ``lease_version``.
+        """
+        ...
+
+    def wait_for_evidence(
+        self, run_id: str, worker: str, lease_version: int, seen: int, floor_s: float
+    ) -> None:
+        """Give the lease up while the run waits for a person; no claim takes it meanwhile.
+
+        ``seen`` is the last inbox entry the run has read: evidence past it (an
+        approval, a reviewer decision) makes the run claimable again, but not
+        before ``floor_s``. Raises :class:`~tether.core.LeaseLostError` unless
+        ``worker`` holds ``lease_version``.
         """
         ...
 

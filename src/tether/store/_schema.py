@@ -125,4 +125,13 @@ def migrations(blob: str) -> list[tuple[int, list[str]]]:
                 "ALTER TABLE tether_marks ADD COLUMN last_error TEXT",
             ],
         ),
+        (
+            5,
+            [
+                # A run waiting for a person is not claimed: a worker parks it
+                # with the last inbox entry the run had read, and only evidence
+                # past that (an approval, a decision) makes it claimable again.
+                "ALTER TABLE tether_marks ADD COLUMN waiting_after BIGINT",
+            ],
+        ),
     ]

@@ -15,31 +15,25 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from tether.core import (
-    CanonicalJSONError,
     CheckpointCorruptError,
-    EffectStatus,
     GenerationConflictError,
     LeaseExpiredError,
     LeaseHeldError,
     LeaseLostError,
     LedgerEntry,
-    LedgerIntegrityError,
     MigrationError,
-    Phase,
     RunNotFoundError,
     StoreError,
     StoreUnavailableError,
     TraceEvent,
-    TraceIntegrityError,
     WriteOnceError,
     canonical_bytes,
     chain_hash,
     format_time,
-    parse_time_text,
     strict_loads,
 )
 from tether.store._engine import SQLEngine
@@ -51,139 +45,18 @@ from tether.store._protocols import (
     Lease,
     Mark,
 )
-from tether.store._schema import migrations
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MARK_COLUMNS = (
-    "run_id, generation, checkpoint_digest, state_version, lease_version, lease_owner, "
-    "lease_expires_at, phase, attempts, retry_at, last_error"
+from tether.store._rows import (
+    MARK_COLUMNS,
+    from_micros,
+    lease_of,
+    ledger_entry_of,
+    mark_of,
+    parse_stored_time,
+    phase_text,
+    trace_event_of,
+    ttl_micros,
 )
-
-
-def _from_micros(micros: Any) -> datetime:
-    return _EPOCH + timedelta(microseconds=int(micros))
-
-
-def _parse_time(text: Any) -> datetime:
-    return parse_time_text(text)
-
-
-def _ttl_micros(ttl_s: float) -> int:
-    if isinstance(ttl_s, bool) or not math.isfinite(ttl_s) or ttl_s <= 0:
-        raise StoreError(f"a lease ttl must be a positive number of seconds, not {ttl_s!r}")
-    return max(1, round(ttl_s * 1_000_000))
-
-
-def _phase(phase: str) -> str:
-    try:
-        return Phase(phase).value
-    except ValueError:
-        raise StoreError(
-            f"unknown phase {phase!r}; expected one of {[p.value for p in Phase]}"
-        ) from None
-
-
-def _mark(row: Sequence[Any]) -> Mark:
-    run_id, generation, digest, state_version, lease_version, owner, expires, phase = row[:8]
-    attempts, retry_at, last_error = row[8:11]
-    try:
-        return Mark(
-            run_id=str(run_id),
-            generation=_whole(generation),
-            checkpoint_digest=str(digest),
-            state_version=_whole(state_version),
-            lease_version=_whole(lease_version),
-            lease_owner=None if owner is None else str(owner),
-            lease_expires_at=None if expires is None else _from_micros(_whole(expires)),
-            phase=Phase(str(phase)).value,
-            attempts=_whole(attempts),
-            retry_at=None if retry_at is None else _from_micros(_whole(retry_at)),
-            last_error=None if last_error is None else str(last_error),
-        )
-    except (TypeError, ValueError, OverflowError, OSError) as exc:
-        raise CheckpointCorruptError(
-            f"run {run_id}: its high-water mark row is malformed: {exc}", run_id=str(run_id)
-        ) from exc
-
-
-def _whole(value: Any) -> int:
-    """An integer column read back as exactly an integer (text or a float is damage)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"expected an integer, found {value!r}")
-    return value
-
-
-def _ledger_row(run_id: str, row: Sequence[Any]) -> LedgerEntry:
-    hash_, prev, seq, key, status, action_id, intent_digest, receipt, epoch, at = row
-    try:
-        effect = EffectStatus(str(status))
-        moment = _parse_time(at)
-        number, epoch_number = int(seq), int(epoch)
-    except (TypeError, ValueError) as exc:
-        raise LedgerIntegrityError(
-            f"run {run_id}: ledger row {hash_} is malformed: {exc}", run_id=run_id
-        ) from exc
-    try:
-        body = None if receipt is None else strict_loads(str(receipt))
-    except CanonicalJSONError as exc:
-        raise LedgerIntegrityError(
-            f"run {run_id}: ledger row {hash_} has a receipt that is not JSON: {exc}",
-            run_id=run_id,
-        ) from exc
-    if body is not None and not isinstance(body, dict):
-        raise LedgerIntegrityError(
-            f"run {run_id}: ledger row {hash_} has a receipt that is not an object", run_id=run_id
-        )
-    return LedgerEntry(
-        run_id=run_id,
-        idempotency_key=str(key),
-        seq=number,
-        status=effect,
-        action_id=str(action_id),
-        intent_digest=str(intent_digest),
-        receipt=body,
-        epoch=epoch_number,
-        at=moment,
-        prev_hash=str(prev),
-        hash=str(hash_),
-    )
-
-
-def _trace_row(run_id: str, row: Sequence[Any]) -> TraceEvent:
-    hash_, prev, seq, kind, at, data = row
-    try:
-        text = str(data)
-        value = strict_loads(text)
-        if not isinstance(value, dict):
-            raise ValueError("its data is not an object")
-        return TraceEvent(
-            run_id=run_id,
-            seq=_whole(seq),
-            kind=str(kind),
-            at=_parse_time(at),
-            data=value,
-            prev_hash=str(prev),
-            hash=str(hash_),
-            data_text=text.encode("utf-8"),  # the hash is checked over what was stored
-        )
-    except (TypeError, ValueError, CanonicalJSONError) as exc:
-        raise TraceIntegrityError(
-            f"run {run_id}: trace row {hash_} is malformed: {exc}", run_id=run_id
-        ) from exc
-
-
-def _lease(mark: Mark) -> Lease:
-    if mark.lease_owner is None or mark.lease_expires_at is None:
-        # Only reachable if a statement that grants a lease left it unowned.
-        raise StoreError(f"run {mark.run_id}: the store granted a lease it does not record")
-    return Lease(
-        run_id=mark.run_id,
-        owner=mark.lease_owner,
-        lease_version=mark.lease_version,
-        expires_at=mark.lease_expires_at,
-        state_version=mark.state_version,
-        generation=mark.generation,
-    )
+from tether.store._schema import migrations
 
 
 class SQLBase(SQLEngine):
@@ -360,7 +233,7 @@ class SQLBase(SQLEngine):
                 (run_id, head, run_id, -1 if limit is None else limit, limit or 0),
             )
         )
-        return [_trace_row(run_id, row) for row in rows]
+        return [trace_event_of(run_id, row) for row in rows]
 
     # -- inbox ---------------------------------------------------------------
 
@@ -393,7 +266,7 @@ class SQLBase(SQLEngine):
             )
         )
         return [
-            Evidence(run_id, int(seq), str(kind), strict_loads(str(doc)), _parse_time(at))
+            Evidence(run_id, int(seq), str(kind), strict_loads(str(doc)), parse_stored_time(at))
             for seq, kind, doc, at in rows
         ]
 
@@ -449,7 +322,7 @@ class SQLBase(SQLEngine):
                 (run_id,),
             )
         )
-        return [_ledger_row(run_id, row) for row in rows]
+        return [ledger_entry_of(run_id, row) for row in rows]
 
     def action_seen(self, run_id: str, action_id: str) -> bool:
         """Whether an intent with this action id was ever recorded for the run."""
@@ -468,8 +341,8 @@ class SQLBase(SQLEngine):
     # -- the mark ------------------------------------------------------------
 
     def _mark_row(self, run_id: str) -> Mark | None:
-        row = self._one(f"SELECT {_MARK_COLUMNS} FROM tether_marks WHERE run_id = ?", (run_id,))
-        return None if row is None else _mark(row)
+        row = self._one(f"SELECT {MARK_COLUMNS} FROM tether_marks WHERE run_id = ?", (run_id,))
+        return None if row is None else mark_of(row)
 
     def get_mark(self, run_id: str) -> Mark | None:
         """The run's mark, or ``None`` when the store has never seen the run."""
@@ -478,9 +351,9 @@ class SQLBase(SQLEngine):
     def runs(self) -> list[Mark]:
         """Every run's mark, by run id."""
         rows = self._read(
-            lambda: self._all(f"SELECT {_MARK_COLUMNS} FROM tether_marks ORDER BY run_id")
+            lambda: self._all(f"SELECT {MARK_COLUMNS} FROM tether_marks ORDER BY run_id")
         )
-        return [_mark(row) for row in rows]
+        return [mark_of(row) for row in rows]
 
     def _cas_mark(
         self,
@@ -491,7 +364,7 @@ class SQLBase(SQLEngine):
         expected_lease_version: int,
         phase: str,
     ) -> None:
-        phase = _phase(phase)
+        phase = phase_text(phase)
         if new_generation != expected_generation + 1:
             raise GenerationConflictError(run_id, expected_generation, new_generation - 1)
         now = format_time(self._now())
@@ -612,7 +485,7 @@ class SQLBase(SQLEngine):
 
     def _lease_or_why(self, rows: list[tuple[Any, ...]], run_id: str, lease_version: int) -> Lease:
         if rows:
-            return _lease(_mark(rows[0]))
+            return lease_of(mark_of(rows[0]))
         current = self._mark_row(run_id)
         if current is None:
             raise RunNotFoundError(run_id)
@@ -620,7 +493,7 @@ class SQLBase(SQLEngine):
 
     def acquire_lease(self, run_id: str, worker: str, ttl_s: float) -> Lease:
         """Take the run's lease; every acquire increments the fencing token (see the protocol)."""
-        ttl = _ttl_micros(ttl_s)
+        ttl = ttl_micros(ttl_s)
         clock = self.clock_sql
 
         def body() -> Lease:
@@ -632,13 +505,13 @@ class SQLBase(SQLEngine):
                     # for the same worker id: a restarted worker must fence out
                     # its own hung predecessor. Only renew_lease extends.
                     "UPDATE tether_marks SET lease_version = lease_version + 1, "
-                    f"lease_owner = ?, lease_expires_at = {clock} + ? "
+                    f"lease_owner = ?, lease_expires_at = {clock} + ?, waiting_after = NULL "
                     "WHERE run_id = ? AND (lease_owner IS NULL OR lease_owner = ? "
-                    f"OR lease_expires_at <= {clock}) RETURNING {_MARK_COLUMNS}",
+                    f"OR lease_expires_at <= {clock}) RETURNING {MARK_COLUMNS}",
                     (worker, ttl, run_id, worker),
                 )
                 if rows:
-                    return _lease(_mark(rows[0]))
+                    return lease_of(mark_of(rows[0]))
                 current = self._mark_row(run_id)
                 if current is None:
                     raise RunNotFoundError(run_id)
@@ -652,13 +525,13 @@ class SQLBase(SQLEngine):
 
     def renew_lease(self, run_id: str, worker: str, lease_version: int, ttl_s: float) -> Lease:
         """Extend a lease ``worker`` still holds at ``lease_version`` (even if it expired)."""
-        ttl = _ttl_micros(ttl_s)
+        ttl = ttl_micros(ttl_s)
 
         def body() -> Lease:
             rows = self._all(
                 f"UPDATE tether_marks SET lease_expires_at = {self.clock_sql} + ? "
                 "WHERE run_id = ? AND lease_owner = ? AND lease_version = ? "
-                f"RETURNING {_MARK_COLUMNS}",
+                f"RETURNING {MARK_COLUMNS}",
                 (ttl, run_id, worker, lease_version),
             )
             return self._lease_or_why(rows, run_id, lease_version)
@@ -672,7 +545,7 @@ class SQLBase(SQLEngine):
             # A clean release ends a run of failures too.
             moved = self._run(
                 "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
-                "attempts = 0, retry_at = NULL, last_error = NULL "
+                "attempts = 0, retry_at = NULL, last_error = NULL, waiting_after = NULL "
                 "WHERE run_id = ? AND lease_owner = ? AND lease_version = ?",
                 (run_id, worker, lease_version),
             )
@@ -688,7 +561,14 @@ class SQLBase(SQLEngine):
         self._write(body)
 
     def defer(
-        self, run_id: str, worker: str, lease_version: int, delay_s: float, error: str
+        self,
+        run_id: str,
+        worker: str,
+        lease_version: int,
+        delay_s: float,
+        error: str,
+        *,
+        count: bool = True,
     ) -> Mark:
         """Release after a failure: not claimable for ``delay_s``; one more attempt counted."""
         if isinstance(delay_s, bool) or not math.isfinite(delay_s) or delay_s < 0:
@@ -701,18 +581,45 @@ class SQLBase(SQLEngine):
         def body() -> Mark:
             rows = self._all(
                 "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
-                f"retry_at = {self.clock_sql} + ?, attempts = attempts + 1, last_error = ? "
-                f"WHERE run_id = ? AND lease_owner = ? AND lease_version = ? RETURNING {_MARK_COLUMNS}",
+                f"retry_at = {self.clock_sql} + ?, attempts = attempts + {1 if count else 0}, "
+                "last_error = ? "
+                f"WHERE run_id = ? AND lease_owner = ? AND lease_version = ? RETURNING {MARK_COLUMNS}",
                 (delay, text, run_id, worker, lease_version),
             )
             if rows:
-                return _mark(rows[0])
+                return mark_of(rows[0])
             current = self._mark_row(run_id)
             if current is None:
                 raise RunNotFoundError(run_id)
             raise LeaseLostError(run_id, lease_version, current.lease_version, current.lease_owner)
 
         return self._write(body)
+
+    def wait_for_evidence(
+        self, run_id: str, worker: str, lease_version: int, seen: int, floor_s: float
+    ) -> None:
+        """Park a run that waits for a person until evidence past ``seen`` arrives."""
+        if isinstance(seen, bool) or not isinstance(seen, int) or seen < 0:
+            raise StoreError(f"seen must be an inbox sequence number, not {seen!r}")
+        if isinstance(floor_s, bool) or not math.isfinite(floor_s) or floor_s < 0:
+            raise StoreError(f"floor_s must be a non-negative number of seconds, not {floor_s!r}")
+        floor = round(min(floor_s, 366 * 24 * 3600) * 1_000_000)
+
+        def body() -> None:
+            moved = self._run(
+                "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
+                f"waiting_after = ?, retry_at = {self.clock_sql} + ? "
+                "WHERE run_id = ? AND lease_owner = ? AND lease_version = ?",
+                (seen, floor, run_id, worker, lease_version),
+            )
+            if moved == 1:
+                return
+            current = self._mark_row(run_id)
+            if current is None:
+                raise RunNotFoundError(run_id)
+            raise LeaseLostError(run_id, lease_version, current.lease_version, current.lease_owner)
+
+        self._write(body)
 
     def check_lease(self, run_id: str, lease_version: int) -> None:
         """Raise unless ``lease_version`` is current and live by the store's clock."""
@@ -735,7 +642,7 @@ class SQLBase(SQLEngine):
         if owner is None or expires is None:
             raise LeaseLostError(run_id, lease_version, version)
         if int(expires) <= now:
-            raise LeaseExpiredError(run_id, version, _from_micros(expires))
+            raise LeaseExpiredError(run_id, version, from_micros(expires))
 
     def claim_expired(
         self,
@@ -746,16 +653,21 @@ class SQLBase(SQLEngine):
         max_attempts: int | None = None,
     ) -> list[Lease]:
         """Take up to ``limit`` unowned or expired runs in ``phases``; each gets a new version."""
-        ttl = _ttl_micros(ttl_s)
-        wanted = sorted({_phase(p) for p in phases})
+        ttl = ttl_micros(ttl_s)
+        wanted = sorted({phase_text(p) for p in phases})
         if limit < 1 or not wanted:
             return []
         clock = self.clock_sql
         # Free, due (a deferred run waits out its back-off) and not parked.
         ceiling = 2**62 if max_attempts is None else int(max_attempts)
+        # A run parked for a person wakes only for evidence it has not read.
+        news = (
+            "(waiting_after IS NULL OR EXISTS (SELECT 1 FROM tether_inbox i "
+            "WHERE i.run_id = tether_marks.run_id AND i.seq > tether_marks.waiting_after))"
+        )
         free = (
             f"(lease_owner IS NULL OR lease_expires_at <= {clock}) "
-            f"AND (retry_at IS NULL OR retry_at <= {clock}) AND attempts < {ceiling}"
+            f"AND (retry_at IS NULL OR retry_at <= {clock}) AND attempts < {ceiling} AND {news}"
         )
 
         def body() -> list[Lease]:
@@ -763,12 +675,12 @@ class SQLBase(SQLEngine):
             # committers) hold, so concurrent claimers never take the same run.
             rows = self._all(
                 f"UPDATE tether_marks SET lease_owner = ?, lease_version = lease_version + 1, "
-                f"lease_expires_at = {clock} + ? WHERE {free} AND run_id IN ("
+                f"lease_expires_at = {clock} + ?, waiting_after = NULL WHERE {free} AND run_id IN ("
                 f"SELECT run_id FROM tether_marks WHERE phase IN ({', '.join('?' for _ in wanted)}) "
                 f"AND {free} ORDER BY COALESCE(retry_at, lease_expires_at, 0), run_id LIMIT ?"
-                f"{self.skip_locked}) RETURNING {_MARK_COLUMNS}",
+                f"{self.skip_locked}) RETURNING {MARK_COLUMNS}",
                 (worker, ttl, *wanted, limit),
             )
-            return sorted((_lease(_mark(row)) for row in rows), key=lambda lease: lease.run_id)
+            return sorted((lease_of(mark_of(row)) for row in rows), key=lambda lease: lease.run_id)
 
         return self._write(body)

@@ -435,12 +435,31 @@ def test_only_the_holder_may_defer(tether_store: Any) -> None:
     expect_eq(tether_store.get_mark("r").attempts, 0, "no attempt counted")
 
 
+def test_a_run_waiting_for_a_person_is_claimed_only_when_evidence_arrives(
+    tether_store: Any,
+) -> None:
+    """wait_for_evidence parks a run: no claim takes it until an inbox entry past ``seen``."""
+    seeded(tether_store)
+    lease = tether_store.claim_expired("w1", LONG, phases=("running", "needs_review"))[0]
+    tether_store.wait_for_evidence("r", "w1", lease.lease_version, 0, 0)
+    mark = tether_store.get_mark("r")
+    expect_eq((mark.lease_owner, mark.waiting_after), (None, 0), "parked, lease released")
+    expect_eq(tether_store.claim_expired("w2", LONG), [], "no claim while nothing new")
+    tether_store.put_evidence("r", "approval", {"signed": "document"})
+    woken = tether_store.claim_expired("w2", LONG)
+    expect_eq([x.run_id for x in woken], ["r"], "evidence wakes it")
+    expect_eq(tether_store.get_mark("r").waiting_after, None, "a claim clears the wait")
+    with pytest.raises(LeaseLostError):
+        tether_store.wait_for_evidence("r", "w1", lease.lease_version, 0, 0)  # stale holder
+
+
 __all__ = [
     "test_a_commit_with_a_superseded_lease_version_changes_nothing",
     "test_a_deferred_run_is_not_claimed_until_its_back_off_has_passed",
     "test_a_late_commit_racing_a_takeover_never_lands_after_it",
     "test_a_live_lease_is_not_taken",
     "test_a_released_lease_does_not_commit",
+    "test_a_run_waiting_for_a_person_is_claimed_only_when_evidence_arrives",
     "test_a_run_with_too_many_failed_attempts_is_parked",
     "test_a_ttl_must_be_positive",
     "test_acquire_gives_a_new_owner_a_new_version",

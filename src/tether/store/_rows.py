@@ -1,0 +1,161 @@
+"""Reading stored rows back: every column checked, every malformed value a typed error.
+
+A store is not trusted: a row may have been edited. Each parser here turns
+a row into a value object or raises an integrity error that names the run
+(never a bare ``ValueError`` or ``TypeError``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from tether.core import (
+    CanonicalJSONError,
+    CheckpointCorruptError,
+    EffectStatus,
+    LedgerEntry,
+    LedgerIntegrityError,
+    Phase,
+    StoreError,
+    TraceEvent,
+    TraceIntegrityError,
+    parse_time_text,
+    strict_loads,
+)
+from tether.store._protocols import Lease, Mark
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MARK_COLUMNS = (
+    "run_id, generation, checkpoint_digest, state_version, lease_version, lease_owner, "
+    "lease_expires_at, phase, attempts, retry_at, last_error, waiting_after"
+)
+
+
+def from_micros(micros: Any) -> datetime:
+    return EPOCH + timedelta(microseconds=int(micros))
+
+
+def parse_stored_time(text: Any) -> datetime:
+    return parse_time_text(text)
+
+
+def ttl_micros(ttl_s: float) -> int:
+    if isinstance(ttl_s, bool) or not math.isfinite(ttl_s) or ttl_s <= 0:
+        raise StoreError(f"a lease ttl must be a positive number of seconds, not {ttl_s!r}")
+    return max(1, round(ttl_s * 1_000_000))
+
+
+def phase_text(phase: str) -> str:
+    try:
+        return Phase(phase).value
+    except ValueError:
+        raise StoreError(
+            f"unknown phase {phase!r}; expected one of {[p.value for p in Phase]}"
+        ) from None
+
+
+def mark_of(row: Sequence[Any]) -> Mark:
+    run_id, generation, digest, state_version, lease_version, owner, expires, phase = row[:8]
+    attempts, retry_at, last_error, waiting_after = row[8:12]
+    try:
+        return Mark(
+            run_id=str(run_id),
+            generation=whole(generation),
+            checkpoint_digest=str(digest),
+            state_version=whole(state_version),
+            lease_version=whole(lease_version),
+            lease_owner=None if owner is None else str(owner),
+            lease_expires_at=None if expires is None else from_micros(whole(expires)),
+            phase=Phase(str(phase)).value,
+            attempts=whole(attempts),
+            retry_at=None if retry_at is None else from_micros(whole(retry_at)),
+            last_error=None if last_error is None else str(last_error),
+            waiting_after=None if waiting_after is None else whole(waiting_after),
+        )
+    except (TypeError, ValueError, OverflowError, OSError) as exc:
+        raise CheckpointCorruptError(
+            f"run {run_id}: its high-water mark row is malformed: {exc}", run_id=str(run_id)
+        ) from exc
+
+
+def whole(value: Any) -> int:
+    """An integer column read back as exactly an integer (text or a float is damage)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, found {value!r}")
+    return value
+
+
+def ledger_entry_of(run_id: str, row: Sequence[Any]) -> LedgerEntry:
+    hash_, prev, seq, key, status, action_id, intent_digest, receipt, epoch, at = row
+    try:
+        effect = EffectStatus(str(status))
+        moment = parse_stored_time(at)
+        number, epoch_number = int(seq), int(epoch)
+    except (TypeError, ValueError) as exc:
+        raise LedgerIntegrityError(
+            f"run {run_id}: ledger row {hash_} is malformed: {exc}", run_id=run_id
+        ) from exc
+    try:
+        body = None if receipt is None else strict_loads(str(receipt))
+    except CanonicalJSONError as exc:
+        raise LedgerIntegrityError(
+            f"run {run_id}: ledger row {hash_} has a receipt that is not JSON: {exc}",
+            run_id=run_id,
+        ) from exc
+    if body is not None and not isinstance(body, dict):
+        raise LedgerIntegrityError(
+            f"run {run_id}: ledger row {hash_} has a receipt that is not an object", run_id=run_id
+        )
+    return LedgerEntry(
+        run_id=run_id,
+        idempotency_key=str(key),
+        seq=number,
+        status=effect,
+        action_id=str(action_id),
+        intent_digest=str(intent_digest),
+        receipt=body,
+        epoch=epoch_number,
+        at=moment,
+        prev_hash=str(prev),
+        hash=str(hash_),
+    )
+
+
+def trace_event_of(run_id: str, row: Sequence[Any]) -> TraceEvent:
+    hash_, prev, seq, kind, at, data = row
+    try:
+        text = str(data)
+        value = strict_loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("its data is not an object")
+        return TraceEvent(
+            run_id=run_id,
+            seq=whole(seq),
+            kind=str(kind),
+            at=parse_stored_time(at),
+            data=value,
+            prev_hash=str(prev),
+            hash=str(hash_),
+            data_text=text.encode("utf-8"),  # the hash is checked over what was stored
+        )
+    except (TypeError, ValueError, CanonicalJSONError) as exc:
+        raise TraceIntegrityError(
+            f"run {run_id}: trace row {hash_} is malformed: {exc}", run_id=run_id
+        ) from exc
+
+
+def lease_of(mark: Mark) -> Lease:
+    if mark.lease_owner is None or mark.lease_expires_at is None:
+        # Only reachable if a statement that grants a lease left it unowned.
+        raise StoreError(f"run {mark.run_id}: the store granted a lease it does not record")
+    return Lease(
+        run_id=mark.run_id,
+        owner=mark.lease_owner,
+        lease_version=mark.lease_version,
+        expires_at=mark.lease_expires_at,
+        state_version=mark.state_version,
+        generation=mark.generation,
+    )
