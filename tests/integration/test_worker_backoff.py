@@ -37,6 +37,7 @@ class Fleet:
         self.policy = make_policy()
         self.trust: Any = None
         self.fixed = False
+        self.tasks: dict[str, Any] = {}  # fixed when the run starts, as a real task file is
 
     def runtime(self, store: Any, run_id: str, worker: str = "starter") -> Runtime:
         sandbox = self.sandboxes.setdefault(run_id, Sandbox({"notes.txt": "draft\n"}))
@@ -50,7 +51,7 @@ class Fleet:
             store=store,
             keyring=self.keyring,
             adapter=sandbox,
-            task=make_task(sandbox.environment().state_fingerprint),
+            task=self.tasks.setdefault(run_id, make_task(sandbox.environment().state_fingerprint)),
             policy=self.policy,
             agent=agent,
             worker=worker,
@@ -154,7 +155,7 @@ def test_the_back_off_doubles_and_is_capped(tmp_path: Path, attempts: int) -> No
     fleet.start("broken")
     with SQLiteStore(fleet.path) as store:
         for _ in range(attempts):
-            lease = store.acquire_lease("broken", "setup", 30)
+            lease = store.claim_expired("setup", 30, max_attempts=10)[0]
             store.defer("broken", "setup", lease.lease_version, 0, "earlier failure")
         worker = Worker(
             store, fleet.runtime, "w1", max_attempts=10, backoff_s=1.0, max_backoff_s=8.0
@@ -258,10 +259,79 @@ def test_a_worker_without_trust_roots_neither_spins_nor_burns_the_evidence(tmp_p
     )
     parked = mark(fleet, "guarded")
     assert parked.attempts == MAX_ATTEMPTS and "no trust roots" in (parked.last_error or "")
-    assert sum(w.stats.runs.count("guarded") for w in workers) <= MAX_ATTEMPTS + 1
+    assert sum(w.stats.runs.count("guarded") for w in workers) == MAX_ATTEMPTS
     time.sleep(0.3)
     with SQLiteStore(fleet.path) as store:
         assert store.claim_expired("w9", 30, max_attempts=MAX_ATTEMPTS) == []  # no spinning
         state = fleet.runtime(store, "guarded").checkpointer.load("guarded").state
     assert state.inbox_cursor == 0  # nothing consumed unread
-    assert state.phase is Phase.NEEDS_REVIEW and state.review_cases[-1].reason == "worker_error"
+    assert state.phase is Phase.PENDING  # a configuration error is not a reviewer's to decide
+
+
+class LandsThenResets(Sandbox):
+    """A service client that applies the write, then loses the reply (an unwrapped OS error)."""
+
+    def execute(self, key: str, intent: Any, prestate: Any, fence: Any = None) -> Any:
+        super().execute(key, intent, prestate, fence)
+        raise ConnectionResetError("connection reset by peer after the request was applied")
+
+
+def test_a_parked_run_whose_write_landed_can_still_be_decided(tmp_path: Path) -> None:
+    """The case records the live environment and receipt, so a signed decision applies."""
+    import secrets
+    from datetime import UTC, datetime, timedelta
+
+    from tether.core import new_decision
+    from tether.crypto import Signer, TrustRoots
+
+    reviewer = Signer.generate("rev", "reviewer")
+    fleet = Fleet(tmp_path / "tether.sqlite")
+    fleet.trust = TrustRoots.of(reviewer.trust_root())
+    fleet.sandboxes["landed"] = LandsThenResets({"notes.txt": "draft\n"})
+    fleet.start("landed")
+    with SQLiteStore(fleet.path) as store:
+        worker = Worker(store, fleet.runtime, "w1", max_attempts=1)  # park at the first failure
+        worker.drive(store.claim_expired("w1", 30)[0])
+    assert worker.stats.parked == 1 and mark(fleet, "landed").phase == "needs_review"
+    assert fleet.sandboxes["landed"].write_count() == 1
+    with SQLiteStore(fleet.path) as store:
+        operator = fleet.runtime(store, "landed", "operator")
+        operator.lease_ttl_s = 30
+        session = operator.recover("landed")
+        (case,) = session.state.review_cases
+        assert case.receipt_fingerprint is not None  # the landed write's receipt is evidence
+        now = datetime.now(UTC)
+        body = new_decision(
+            session.state,
+            case,
+            "rev",
+            "abort",
+            issued_at=now,
+            expires_at=now + timedelta(seconds=300),
+            nonce=secrets.token_hex(16),
+        )
+        session.review(reviewer.sign(body))
+        assert session.state.phase is Phase.FAILED
+
+
+def test_a_damaged_mark_row_does_not_stop_the_workers(tmp_path: Path) -> None:
+    """One run's mark is damaged: workers survive, skip it, and the healthy run completes."""
+    import sqlite3
+
+    fleet = Fleet(tmp_path / "tether.sqlite")
+    fleet.start("a-damaged")
+    fleet.start("healthy")
+    with sqlite3.connect(fleet.path) as db:
+        db.execute("UPDATE tether_marks SET state_version = 'x' WHERE run_id = 'a-damaged'")
+    serve_until(fleet, lambda: _phase_of(fleet, "healthy") == "completed", seconds=10)
+    assert _phase_of(fleet, "healthy") == "completed"
+
+
+def _phase_of(fleet: Fleet, run_id: str) -> str:
+    import sqlite3
+
+    with sqlite3.connect(fleet.path) as db:
+        (phase,) = db.execute(
+            "SELECT phase FROM tether_marks WHERE run_id = ?", (run_id,)
+        ).fetchone()
+    return str(phase)

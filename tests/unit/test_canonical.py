@@ -103,10 +103,12 @@ def test_numbers_that_need_the_reference_encoder_get_it(value: object) -> None:
     assert canonical_bytes(value) == bytes(rfc8785.dumps(value))
 
 
-@pytest.mark.parametrize("value", [{1: "a"}, {"a": [{"b": {2: 3}}]}, {None: 1}, {True: 1}])
+@pytest.mark.parametrize(
+    "value", [{1: "a"}, {"a": [{"b": {2: 3}}]}, {None: 1}, {True: 1}, {"a": ({1: "x"},)}]
+)
 def test_object_keys_that_are_not_strings_are_refused(value: object) -> None:
     """RFC 8785 keys are strings: {1: "a"} must not share {"1": "a"}'s digest."""
-    with pytest.raises(CanonicalJSONError, match="not a string"):
+    with pytest.raises(CanonicalJSONError, match=r"not a string|tuple"):
         canonical_bytes(value)
     assert canonical_bytes({"1": "a"}) == b'{"1":"a"}'
 

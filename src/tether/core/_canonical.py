@@ -60,12 +60,16 @@ def _text_keys(value: JSONValue) -> None:
         item = stack.pop()
         if isinstance(item, dict):
             for key, inner in item.items():
-                if type(key) is not str:
+                if not isinstance(key, str):
                     raise CanonicalJSONError(f"object key {key!r} is not a string")
-                if isinstance(inner, dict | list):
+                if isinstance(inner, dict | list | tuple):
                     stack.append(inner)
-        elif isinstance(item, list):
-            stack.extend(inner for inner in item if isinstance(inner, dict | list))
+        elif isinstance(item, tuple):
+            # The standard encoder would write it as an array, the reference
+            # encoder refuses it: refuse it on both paths alike.
+            raise CanonicalJSONError("a tuple is not a JSON value; use a list")
+        else:
+            stack.extend(inner for inner in item if isinstance(inner, dict | list | tuple))
 
 
 def _text_only(value: JSONValue) -> None:

@@ -14,7 +14,14 @@ from tether.core._actions import ActionResult, Proposal, Rejection
 from tether.core._canonical import JSONValue, canonical_bytes, digest_bytes, strict_loads
 from tether.core._errors import CanonicalJSONError, CheckpointCorruptError
 from tether.core._fields import Fields
-from tether.core._model import EnvironmentState, Intent, PendingWrite, ReviewCase, Verification
+from tether.core._model import (
+    EnvironmentState,
+    Intent,
+    PendingWrite,
+    Receipt,
+    ReviewCase,
+    Verification,
+)
 from tether.core._phases import EffectStatus, Phase
 from tether.core._spec import Budgets
 from tether.core._state import RunState, Spent
@@ -370,7 +377,16 @@ def cancel(
     )
 
 
-def park(state: RunState, *, case_id: str, reason: str, detail: str, now: datetime) -> Transition:
+def park(
+    state: RunState,
+    *,
+    case_id: str,
+    reason: str,
+    detail: str,
+    now: datetime,
+    live: EnvironmentState,
+    receipt: Receipt | None = None,
+) -> Transition:
     """Freeze a run a worker could not drive (its step kept failing) for a person to decide.
 
     The case names the pending write when there is one (so a decision binds
@@ -387,9 +403,9 @@ def park(state: RunState, *, case_id: str, reason: str, detail: str, now: dateti
         action_id="" if pending is None else pending.action_id,
         idempotency_key="" if pending is None else pending.idempotency_key,
         intent_digest="" if pending is None else pending.intent_digest,
-        receipt=None,
-        receipt_fingerprint=None,
-        environment=state.environment,
+        receipt=None if receipt is None else receipt.to_json(),
+        receipt_fingerprint=None if receipt is None else receipt.fingerprint,
+        environment=live,
         opened_at=now,
         detail=detail[-2000:],
     )

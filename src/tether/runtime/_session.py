@@ -376,12 +376,27 @@ class RunSession:
         often (reason ``worker_error``); a signed replan resumes it.
         """
         self._refuse_if_stopped()
+        # The case records the world as it is now (and the receipt, if the
+        # write landed), so the decision it asks for can be checked against it.
+        live = self.rt.adapter.environment()
+        receipt = None
+        pending = self.state.pending
+        if pending is not None and pending.mutating and self.rt.adapter.capabilities.queryable:
+            answer = self._lookup(Lookup(pending.idempotency_key))
+            if answer.status in {LookupStatus.IN_PROGRESS, LookupStatus.UNAVAILABLE}:
+                raise AdapterUnavailableError(
+                    f"run {self.run_id}: cannot park it while its write's outcome is unknown "
+                    f"to the adapter ({answer.status}): {answer.detail}"
+                )
+            receipt = answer.receipt
         transition = step_rules.park(
             self.state,
             case_id=self.rt.ids.new_id("case"),
             reason=reason,
             detail=detail,
             now=self.rt.clock.now(),
+            live=live,
+            receipt=receipt,
         )
         return self.apply(transition)
 

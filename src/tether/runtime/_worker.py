@@ -97,6 +97,9 @@ class Worker:
     ) -> None:
         if max_attempts < 1:
             raise StoreError(f"max_attempts must be at least 1, not {max_attempts}")
+        for name, value in (("backoff_s", backoff_s), ("max_backoff_s", max_backoff_s)):
+            if isinstance(value, bool) or not 0 <= value <= 366 * 24 * 3600:
+                raise StoreError(f"{name} must be between 0 and a year of seconds, not {value!r}")
         self.store = store
         self.factory = factory
         self.worker_id = worker_id
@@ -129,7 +132,7 @@ class Worker:
                     phases=("running", "pending", "needs_review"),
                     max_attempts=self.max_attempts,
                 )
-            except StoreError as exc:  # the store is down: wait, then ask again
+            except TetherError as exc:  # the store is down, or a row is damaged: wait, ask again
                 log.error("claiming failed: %s: %s", type(exc).__name__, exc)
                 self._stop.wait(self.poll_s)
                 continue
@@ -147,6 +150,7 @@ class Worker:
         self.stats.claimed += 1
         self.stats.runs.append(lease.run_id)
         session = None
+        progressed = False
         try:
             runtime = self.factory(self.store, lease.run_id, self.worker_id)
             runtime.lease_ttl_s = self.lease_ttl_s
@@ -174,8 +178,11 @@ class Worker:
                     self.store.wait_for_evidence(lease.run_id, self.worker_id, held, cursor, 0)
                     self.stats.waiting += 1
                     return session.state.phase
+                if session.state.generation != before:
+                    progressed = True
                 if session.state.generation == before:
-                    # In flight, or the adapter said "later": come back after a ttl.
+                    # In flight, or the adapter said "later": come back after a
+                    # ttl, uncounted (an adapter down for long is waited out).
                     self.store.defer(
                         lease.run_id,
                         self.worker_id,
@@ -196,10 +203,10 @@ class Worker:
             log.warning("run %s: lease lost (%s); leaving it to its new owner", lease.run_id, exc)
             return None
         except Exception as exc:  # any per-run failure: the worker lives on
-            self._failed(lease, session, exc)
+            self._failed(lease, session, exc, progressed)
             return None
 
-    def _failed(self, lease: Lease, session: Any, exc: Exception) -> None:
+    def _failed(self, lease: Lease, session: Any, exc: Exception, progressed: bool) -> None:
         """Back the run off (counted), or park it for a person after too many failures."""
         self.stats.errors += 1
         text = f"{type(exc).__name__}: {exc}"
@@ -208,18 +215,24 @@ class Worker:
         if session is not None and session.lease is not None:
             version = session.lease.lease_version
         try:
+            # The claim counted this attempt (a worker that died mid-run too).
             mark = self.store.get_mark(lease.run_id)
-            attempts = 0 if mark is None else mark.attempts
-            last_chance = attempts + 1 >= self.max_attempts
-            # Parked once in review, a run that fails again (e.g. it cannot even
-            # read the decision) is deferred: at max_attempts no claim takes it.
-            parkable = session is not None and not (
-                session.state.phase.terminal or session.state.phase is Phase.NEEDS_REVIEW
+            attempts = 1 if progressed or mark is None else max(1, mark.attempts)
+            last_chance = attempts >= self.max_attempts
+            # A person can decide a run that keeps failing, unless it is already
+            # frozen or the failure is this worker's own configuration: then it
+            # is deferred, and at max_attempts no claim takes it (parked at the mark).
+            parkable = (
+                session is not None
+                and not (session.state.phase.terminal or session.state.phase is Phase.NEEDS_REVIEW)
+                and not isinstance(exc, TrustRootsRequiredError)
             )
             if last_chance and parkable and self._park(session, text):
                 return
-            delay = min(self.max_backoff_s, self.backoff_s * 2**attempts)
-            self.store.defer(lease.run_id, self.worker_id, version, delay, text)
+            delay = min(self.max_backoff_s, self.backoff_s * 2 ** min(attempts - 1, 40))
+            self.store.defer(
+                lease.run_id, self.worker_id, version, delay, text, progressed=progressed
+            )
         except TetherError as again:  # lease gone or store down: the ttl backs it off
             log.warning("run %s: could not defer it: %s", lease.run_id, again)
 

@@ -220,13 +220,17 @@ class GenerationStore(Protocol):
         error: str,
         *,
         count: bool = True,
+        progressed: bool = False,
     ) -> Mark:
         """Give the lease up after a failure: no claim takes the run for ``delay_s``.
 
-        Counts the attempt (``Mark.attempts`` + 1, unless ``count`` is false:
-        an adapter that said "later" is not a failure) and keeps ``error``; a clean
-        :meth:`release_lease` resets both. Raises
-        :class:`~tether.core.LeaseLostError` unless ``worker`` holds ``lease_version``.
+        :meth:`claim_expired` counts every claim in ``Mark.attempts``; a clean
+        :meth:`release_lease` or :meth:`wait_for_evidence` resets it, so it
+        counts consecutive claims that ended badly (a worker that died
+        included). ``count=False`` uncounts this one (not a failure: the
+        adapter said "in flight"); ``progressed`` restarts the count at this
+        failure. Keeps ``error``. Raises :class:`~tether.core.LeaseLostError`
+        unless ``worker`` holds ``lease_version``.
         """
         ...
 

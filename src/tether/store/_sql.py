@@ -13,6 +13,7 @@ down, in :class:`~tether.store._engine.SQLEngine`.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -57,6 +58,8 @@ from tether.store._rows import (
     ttl_micros,
 )
 from tether.store._schema import migrations
+
+log = logging.getLogger("tether.store")
 
 
 class SQLBase(SQLEngine):
@@ -569,20 +572,28 @@ class SQLBase(SQLEngine):
         error: str,
         *,
         count: bool = True,
+        progressed: bool = False,
     ) -> Mark:
-        """Release after a failure: not claimable for ``delay_s``; one more attempt counted."""
+        """Release after a failure: not claimable for ``delay_s`` (the claim counted the attempt)."""
         if isinstance(delay_s, bool) or not math.isfinite(delay_s) or delay_s < 0:
             raise StoreError(
                 f"a retry delay must be a non-negative number of seconds, not {delay_s!r}"
             )
         delay = round(min(delay_s, 366 * 24 * 3600) * 1_000_000)
         text = error[:2000]
+        # The claim counted this attempt. A failure right after progress starts
+        # a new run of failures; an attempt that was not a failure is uncounted.
+        if progressed:
+            attempts = "1" if count else "0"
+        else:
+            attempts = (
+                "attempts" if count else "CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END"
+            )
 
         def body() -> Mark:
             rows = self._all(
                 "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
-                f"retry_at = {self.clock_sql} + ?, attempts = attempts + {1 if count else 0}, "
-                "last_error = ? "
+                f"retry_at = {self.clock_sql} + ?, attempts = {attempts}, last_error = ? "
                 f"WHERE run_id = ? AND lease_owner = ? AND lease_version = ? RETURNING {MARK_COLUMNS}",
                 (delay, text, run_id, worker, lease_version),
             )
@@ -608,7 +619,7 @@ class SQLBase(SQLEngine):
         def body() -> None:
             moved = self._run(
                 "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
-                f"waiting_after = ?, retry_at = {self.clock_sql} + ? "
+                f"waiting_after = ?, retry_at = {self.clock_sql} + ?, attempts = 0 "
                 "WHERE run_id = ? AND lease_owner = ? AND lease_version = ?",
                 (seen, floor, run_id, worker, lease_version),
             )
@@ -675,12 +686,21 @@ class SQLBase(SQLEngine):
             # committers) hold, so concurrent claimers never take the same run.
             rows = self._all(
                 f"UPDATE tether_marks SET lease_owner = ?, lease_version = lease_version + 1, "
-                f"lease_expires_at = {clock} + ?, waiting_after = NULL WHERE {free} AND run_id IN ("
+                f"lease_expires_at = {clock} + ?, waiting_after = NULL, retry_at = NULL, "
+                f"attempts = attempts + 1 WHERE {free} AND run_id IN ("
                 f"SELECT run_id FROM tether_marks WHERE phase IN ({', '.join('?' for _ in wanted)}) "
                 f"AND {free} ORDER BY COALESCE(retry_at, lease_expires_at, 0), run_id LIMIT ?"
                 f"{self.skip_locked}) RETURNING {MARK_COLUMNS}",
                 (worker, ttl, *wanted, limit),
             )
-            return sorted((lease_of(mark_of(row)) for row in rows), key=lambda lease: lease.run_id)
+            leases = []
+            for row in rows:
+                try:
+                    leases.append(lease_of(mark_of(row)))
+                except CheckpointCorruptError as exc:
+                    # A damaged row stays claimed (by us, until the ttl) rather
+                    # than rolled back to the front of every worker's next claim.
+                    log.error("claim skipped a damaged mark: %s", exc)
+            return sorted(leases, key=lambda lease: lease.run_id)
 
         return self._write(body)

@@ -416,13 +416,33 @@ def test_a_run_with_too_many_failed_attempts_is_parked(tether_store: Any) -> Non
     seeded(tether_store)
     seeded(tether_store, "healthy")
     for attempt in range(1, 4):
-        lease = tether_store.acquire_lease("r", "w1", LONG)
+        (lease,) = [x for x in tether_store.claim_expired("w1", LONG, limit=5) if x.run_id == "r"]
         mark = tether_store.defer("r", "w1", lease.lease_version, 0, f"failure {attempt}")
-        expect_eq(mark.attempts, attempt, "attempts count up")
+        expect_eq(mark.attempts, attempt, "each claim that failed counts")
+        tether_store.release_lease("healthy", "w1", tether_store.get_mark("healthy").lease_version)
     claimed = tether_store.claim_expired("w2", LONG, limit=5, max_attempts=3)
     expect_eq([x.run_id for x in claimed], ["healthy"], "the parked run is left alone")
     claimed = tether_store.claim_expired("w3", LONG, limit=5, max_attempts=4)
     expect_eq([x.run_id for x in claimed], ["r"], "below the ceiling it is claimable")
+
+
+def test_attempts_count_consecutive_claims_that_ended_badly(tether_store: Any) -> None:
+    """A claim counts; a clean release or a wait resets; progress restarts; uncounted undoes."""
+    seeded(tether_store)
+    lease = tether_store.claim_expired("w1", LONG)[0]
+    expect_eq(tether_store.get_mark("r").attempts, 1, "a claim counts (a worker may die)")
+    tether_store.defer("r", "w1", lease.lease_version, 0, "in flight", count=False)
+    expect_eq(tether_store.get_mark("r").attempts, 0, "an attempt that was not a failure")
+    for _ in range(2):
+        lease = tether_store.claim_expired("w1", LONG)[0]
+        tether_store.defer("r", "w1", lease.lease_version, 0, "boom")
+    expect_eq(tether_store.get_mark("r").attempts, 2, "two failures in a row")
+    lease = tether_store.claim_expired("w1", LONG)[0]
+    tether_store.defer("r", "w1", lease.lease_version, 0, "boom after progress", progressed=True)
+    expect_eq(tether_store.get_mark("r").attempts, 1, "progress restarts the count")
+    lease = tether_store.claim_expired("w1", LONG)[0]
+    tether_store.wait_for_evidence("r", "w1", lease.lease_version, 0, 0)
+    expect_eq(tether_store.get_mark("r").attempts, 0, "waiting for a person is no failure")
 
 
 def test_only_the_holder_may_defer(tether_store: Any) -> None:
@@ -465,6 +485,7 @@ __all__ = [
     "test_acquire_gives_a_new_owner_a_new_version",
     "test_an_expired_lease_is_taken_over_with_a_new_version",
     "test_an_expired_lease_nobody_took_still_commits",
+    "test_attempts_count_consecutive_claims_that_ended_badly",
     "test_check_lease_refuses_lost_released_and_expired_leases",
     "test_claim_expired_respects_its_limit",
     "test_claim_expired_takes_unowned_and_expired_runs_in_the_given_phases",
