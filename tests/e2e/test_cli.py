@@ -18,7 +18,9 @@ from tether.runtime import CrashPoint
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def tether(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def tether(
+    *args: str, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [sys.executable, "-m", "tether.cli", *args],
         capture_output=True,
@@ -26,10 +28,17 @@ def tether(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         timeout=120,
         stdin=subprocess.DEVNULL,
         check=False,
+        env=env,
     )
     if check and result.returncode != 0:
         raise AssertionError(f"tether {args} exited {result.returncode}: {result.stderr}")
     return result
+
+
+def read_back(command: str, report: dict[str, object]) -> subprocess.CompletedProcess[str]:
+    """`tether inspect|verify demo-run` on a demo's store, exit code left to the caller."""
+    db, keyring = str(report["db"]), str(report["keyring"])
+    return tether(command, "demo-run", "--db", db, "--keyring", keyring, check=False)
 
 
 def demo_child(paths: _demo.DemoPaths, stage: str, store_url: str | None = None) -> None:
@@ -122,15 +131,7 @@ def test_verify_exits_with_the_integrity_code_for_a_tampered_store(tmp_path: Pat
             "UPDATE tether_checkpoints SET envelope = ? WHERE envelope = ?",
             (bytes(broken), envelope),
         )
-    result = tether(
-        "verify",
-        "demo-run",
-        "--db",
-        str(report["db"]),
-        "--keyring",
-        str(report["keyring"]),
-        check=False,
-    )
+    result = read_back("verify", report)
     assert result.returncode == EXIT_INTEGRITY
     assert "CheckpointCorruptError" in result.stderr
     assert result.stdout == ""
@@ -141,15 +142,7 @@ def test_verify_with_a_missing_mark_exits_with_the_integrity_code(tmp_path: Path
     report = demo(tmp_path)
     with sqlite3.connect(str(report["db"])) as conn:
         conn.execute("DELETE FROM tether_marks")
-    result = tether(
-        "verify",
-        "demo-run",
-        "--db",
-        str(report["db"]),
-        "--keyring",
-        str(report["keyring"]),
-        check=False,
-    )
+    result = read_back("verify", report)
     assert result.returncode == EXIT_INTEGRITY
     assert "MissingHighWaterMarkError" in result.stderr
 
@@ -256,15 +249,7 @@ def test_cancel_settles_a_dispatched_write_and_ends_the_run(tmp_path: Path) -> N
     url = f"sqlite:///{paths.db}"
     args = ("cancel", _demo.RUN_ID, "--store", url, "--app", "tether._demo:worker_factory")
     env = {**os.environ, "TETHER_DEMO_HOME": str(paths.home)}
-    done = subprocess.run(
-        [sys.executable, "-m", "tether.cli", *args, "--reason", "the ticket was withdrawn"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        env=env,
-        check=False,
-    )
+    done = tether(*args, "--reason", "the ticket was withdrawn", env=env)
     assert done.returncode == 0, done.stderr
     assert "is cancelled" in done.stdout
     with SQLiteStore(paths.db) as store:
@@ -273,15 +258,7 @@ def test_cancel_settles_a_dispatched_write_and_ends_the_run(tmp_path: Path) -> N
     assert statuses == [EffectStatus.INTENDED, EffectStatus.DISPATCHED, EffectStatus.COMMITTED]
     assert mark is not None and mark.phase == Phase.CANCELLED
     assert (paths.workspace / "calc.py").read_text() == _demo.FIXED  # written once, recorded
-    again = subprocess.run(
-        [sys.executable, "-m", "tether.cli", *args, "--reason", "again"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        env=env,
-        check=False,
-    )
+    again = tether(*args, "--reason", "again", check=False, env=env)
     assert again.returncode == 1
     assert "RunTerminalError" in again.stderr
 
@@ -297,15 +274,7 @@ def test_verify_refuses_a_run_whose_agent_context_blob_is_damaged(
             conn.execute("DELETE FROM tether_blobs")
         else:
             conn.execute("UPDATE tether_blobs SET body = CAST('{}' AS BLOB)")
-    result = tether(
-        "verify",
-        "demo-run",
-        "--db",
-        str(report["db"]),
-        "--keyring",
-        str(report["keyring"]),
-        check=False,
-    )
+    result = read_back("verify", report)
     assert result.returncode == EXIT_INTEGRITY, result.stderr
     assert "Error" in result.stderr and result.stdout == ""
 
@@ -329,14 +298,6 @@ def test_damaged_rows_are_integrity_failures_not_tracebacks(tmp_path: Path, dama
     with sqlite3.connect(str(report["db"])) as conn:
         assert conn.execute(damage).rowcount >= 1
     for command in ("verify", "inspect"):
-        result = tether(
-            command,
-            "demo-run",
-            "--db",
-            str(report["db"]),
-            "--keyring",
-            str(report["keyring"]),
-            check=False,
-        )
+        result = read_back(command, report)
         assert result.returncode == EXIT_INTEGRITY, (command, result.stderr)
         assert "Traceback" not in result.stderr

@@ -8,7 +8,7 @@ about the workspace. Keeping one copy of these rules is how they agree.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from tether.adapters._errors import JournalCorruptError
@@ -44,7 +44,8 @@ FILE_KINDS = (
     ActionKind(FILE_LIST, ActionClass.READ, TargetKind.NONE),
 )
 
-_RECEIPT_FIELDS = frozenset(Receipt.__dataclass_fields__) - {"fingerprint"}
+# The fields a receipt is made of (its fingerprint is derived from them).
+_RECEIPT_FIELDS = frozenset(f.name for f in fields(Receipt) if f.init)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,31 +6,25 @@ import argparse
 import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from tether.core import (
-    GENESIS_HASH,
-    CheckpointCorruptError,
     StoreUnavailableError,
     format_time,
-    step_rules,
     validate_state,
-    verify_trace,
 )
 from tether.crypto import Keyring
-from tether.runtime import AgentContext, Checkpointer
+from tether.runtime import Checkpointer
 from tether.store import SQLBase, SQLiteStore, open_store
 
 
-def _open(args: argparse.Namespace) -> tuple[SQLBase, SQLiteStore | None, Checkpointer]:
+def _open(args: argparse.Namespace) -> Checkpointer:
     keyring = Keyring.from_file(args.keyring) if args.keyring else Keyring.from_environ()
-    store = _store(args)
     marks = SQLiteStore(_existing(args.marks)) if args.marks else None
-    return store, marks, Checkpointer(store, keyring, marks=marks)
+    return Checkpointer(_store(args), keyring, marks=marks)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    store, _, checkpointer = _open(args)
+    checkpointer = _open(args)
     restored = checkpointer.load(args.run_id)
     state = restored.state
     ledger = [
@@ -46,7 +40,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     ]
     trace = [
         {"seq": e.seq, "kind": e.kind, "at": e.body()["at"]}
-        for e in store.trace(state.run_id, state.trace_head, state.trace_length + 1)
+        for e in checkpointer.verified_trace(state)
     ]
     report = {
         "mark": {
@@ -123,15 +117,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    store, _, checkpointer = _open(args)
+    checkpointer = _open(args)
     restored = checkpointer.load(args.run_id)
     checkpointer.check_generation(restored)
     state = restored.state
     validate_state(state)
-    events = store.trace(state.run_id, state.trace_head, state.trace_length + 1)
-    verify_trace(state.run_id, events, state.trace_head, state.trace_length, GENESIS_HASH)
+    events = checkpointer.verified_trace(state)
     ledger = checkpointer.verified_ledger(state)
-    _check_blobs(store, state)
+    # Recovery refuses a run whose agent context or results are missing or damaged.
+    checkpointer.context(state)
+    checkpointer.results(state)
     result = {
         "run_id": state.run_id,
         "sound": True,
@@ -148,28 +143,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"(signed by key id {result['key_id']}, {len(events)} trace events and {len(ledger)} ledger entries chained)"
         )
     return 0
-
-
-def _check_blobs(store: SQLBase, state: Any) -> None:
-    """The agent context and the step results the state names exist and match their digests.
-
-    Recovery refuses a run whose blobs are missing or damaged, so verify must too.
-    """
-    body = store.get_blob(state.agent_context_digest)
-    if body is None:
-        raise CheckpointCorruptError(
-            f"run {state.run_id}: agent context {state.agent_context_digest} is missing",
-            run_id=state.run_id,
-        )
-    AgentContext.decode(state.agent_context_digest, body)
-    if state.results_digest is not None:
-        results = store.get_blob(state.results_digest)
-        if results is None:
-            raise CheckpointCorruptError(
-                f"run {state.run_id}: action results {state.results_digest} are missing",
-                run_id=state.run_id,
-            )
-        step_rules.decode_results(state.results_digest, results)
 
 
 def _store(args: argparse.Namespace) -> SQLBase:

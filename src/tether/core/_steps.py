@@ -34,6 +34,12 @@ ACTION_EVENTS = frozenset(
 )
 
 
+def action_id_of(kind: str, data: dict[str, JSONValue]) -> str | None:
+    """The action id a trace event records as taken (see ``ACTION_EVENTS``), else ``None``."""
+    action_id = data.get("action_id")
+    return action_id if kind in ACTION_EVENTS and isinstance(action_id, str) else None
+
+
 def encode_results(results: tuple[ActionResult, ...]) -> tuple[str, bytes]:
     """``(digest, canonical bytes)`` of a step's results, as stored by content."""
     body = canonical_bytes([r.to_json() for r in results])
@@ -57,16 +63,12 @@ def decode_results(expected_digest: str, body: bytes) -> tuple[ActionResult, ...
     return tuple(ActionResult.parse(Fields(item, f"[{i}]", error)) for i, item in enumerate(doc))
 
 
-def _with_results(state: RunState, results: tuple[ActionResult, ...]) -> Transition:
-    """A transition base: ``state`` naming ``results``, and the blob that holds them."""
-    if not results:
-        return Transition(OutcomeKind.WAITED, state=state.evolve(results_digest=None))
-    results_digest, body = encode_results(results)
-    return Transition(
-        OutcomeKind.WAITED,
-        state=state.evolve(results_digest=results_digest),
-        blobs=((results_digest, body),),
-    )
+def _with_result(
+    state: RunState, result: ActionResult
+) -> tuple[RunState, tuple[tuple[str, bytes], ...]]:
+    """``state`` naming ``result`` as the agent's next result, and the blob that holds it."""
+    results_digest, body = encode_results((result,))
+    return state.evolve(results_digest=results_digest), ((results_digest, body),)
 
 
 def _charged(spent: Spent, *, proposals: int = 0, cost: int = 0) -> Spent:
@@ -95,6 +97,38 @@ def exhausted(state: RunState, budgets: Budgets, now: datetime) -> Transition | 
     )
 
 
+def _pend(
+    state: RunState,
+    proposal: Proposal,
+    intent: Intent,
+    key: str,
+    now: datetime,
+    expected_post: EnvironmentState,
+    status: EffectStatus,
+    *,
+    mutating: bool,
+) -> RunState:
+    """``state`` with ``proposal`` as its pending action, charged one proposal and its cost."""
+    pending = PendingWrite(
+        action_id=proposal.action_id,
+        intent=intent,
+        intent_digest=intent.digest,
+        idempotency_key=key,
+        prestate=state.environment,
+        expected_post=expected_post,
+        generation=state.generation + 1,
+        proposed_at=now,
+        cost=proposal.cost,
+        status=status,
+        mutating=mutating,
+    )
+    return state.evolve(
+        phase=Phase.PENDING,
+        pending=pending,
+        spent=_charged(state.spent, proposals=1, cost=proposal.cost),
+    )
+
+
 def propose_write(
     state: RunState,
     proposal: Proposal,
@@ -115,23 +149,11 @@ def propose_write(
     the call; a write that needs approval waits, and nothing leaves the process.
     """
     at_once = not needs_approval and not blind
-    pending = PendingWrite(
-        action_id=proposal.action_id,
-        intent=intent,
-        intent_digest=intent.digest,
-        idempotency_key=key,
-        prestate=state.environment,
-        expected_post=expected_post,
-        generation=state.generation + 1,
-        proposed_at=now,
-        cost=proposal.cost,
-        status=EffectStatus.DISPATCHED if at_once else EffectStatus.INTENDED,
-    )
-    after = state.evolve(
-        phase=Phase.PENDING,
-        pending=pending,
-        spent=_charged(state.spent, proposals=1, cost=proposal.cost),
-    )
+    status = EffectStatus.DISPATCHED if at_once else EffectStatus.INTENDED
+    after = _pend(state, proposal, intent, key, now, expected_post, status, mutating=True)
+    pending = after.pending
+    if pending is None:  # _pend always sets it; keeps the type checker honest
+        raise ValueError("no pending action")
     persisted: Event = (
         "intent_persisted",
         {
@@ -170,30 +192,15 @@ def hold(
     It becomes the pending action with no ledger entries (it changes nothing)
     and a key minted only to bind the approval to exactly this action.
     """
-    pending = PendingWrite(
-        action_id=proposal.action_id,
-        intent=intent,
-        intent_digest=intent.digest,
-        idempotency_key=key,
-        prestate=state.environment,
-        expected_post=state.environment,
-        generation=state.generation + 1,
-        proposed_at=now,
-        cost=proposal.cost,
-        status=EffectStatus.INTENDED,
-        mutating=False,
-    )
-    after = state.evolve(
-        phase=Phase.PENDING,
-        pending=pending,
-        spent=_charged(state.spent, proposals=1, cost=proposal.cost),
+    after = _pend(
+        state, proposal, intent, key, now, state.environment, EffectStatus.INTENDED, mutating=False
     )
     requested: Event = (
         "approval_requested",
         {
-            "action_id": pending.action_id,
+            "action_id": proposal.action_id,
             "idempotency_key": key,
-            "intent_digest": pending.intent_digest,
+            "intent_digest": intent.digest,
             "kind": intent.kind,
             "target": intent.target,
         },
@@ -204,7 +211,7 @@ def hold(
         events=(requested,),
         reason="approval_required",
         message=f"{intent.kind} needs an approval: `tether approve {state.run_id} "
-        f"{pending.action_id}`",
+        f"{proposal.action_id}`",
     )
 
 
@@ -237,16 +244,16 @@ def reject(
         reason=rejection.reason,
         data={"message": rejection.message},
     )
-    base = _with_results(after, (result,))
+    after, blobs = _with_result(after, result)
     event = (
         "proposal_rejected",
         {"action_id": action_id, "reason": rejection.reason, "message": rejection.message},
     )
     return Transition(
         kind,
-        state=base.state,
+        state=after,
         events=(event,),
-        blobs=base.blobs,
+        blobs=blobs,
         reason=rejection.reason,
         message=rejection.message,
     )
@@ -264,18 +271,19 @@ def observed(
         outcome=OutcomeKind.OBSERVED.value,
         data=data,
     )
-    results_digest, _ = encode_results((result,))
-    base = _with_results(state.evolve(spent=spent, phase=Phase.RUNNING, pending=None), (result,))
+    after, blobs = _with_result(
+        state.evolve(spent=spent, phase=Phase.RUNNING, pending=None), result
+    )
     event = (
         "action_observed",
         {
             "action_id": proposal.action_id,
             "kind": proposal.kind,
             "target": proposal.target,
-            "results_digest": results_digest,
+            "results_digest": after.results_digest,
         },
     )
-    return Transition(OutcomeKind.OBSERVED, state=base.state, events=(event,), blobs=base.blobs)
+    return Transition(OutcomeKind.OBSERVED, state=after, events=(event,), blobs=blobs)
 
 
 def verified(
@@ -323,12 +331,12 @@ def verified(
             "output_tail": output_tail[-2000:],
         },
     )
-    base = _with_results(after, (result,))
+    after, blobs = _with_result(after, result)
     return Transition(
         OutcomeKind.VERIFIER_FAILED,
-        state=base.state,
+        state=after,
         events=(ran,),
-        blobs=base.blobs,
+        blobs=blobs,
         reason=reason,
         message=output_tail[-500:],
     )

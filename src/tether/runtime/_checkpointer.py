@@ -21,6 +21,7 @@ from tether.adapters import Adapter
 from tether.core import (
     GENESIS_HASH,
     SCHEMA_VERSION,
+    ActionResult,
     CheckpointCorruptError,
     EffectStatus,
     EnvironmentDriftError,
@@ -40,12 +41,15 @@ from tether.core import (
     TraceEvent,
     UnknownFieldError,
     orphans_of,
+    step_rules,
     stray_error,
     validate_state,
     verify_ledger,
+    verify_trace,
 )
 from tether.core import Binding as CoreBinding
 from tether.crypto import Keyring, envelope_digest, open_envelope, seal
+from tether.runtime._agent import AgentContext
 from tether.runtime._crash import NO_CRASH, CrashPlan, CrashPoint
 from tether.store import Commit, CommitStore, ContentStore, GenerationStore, Mark
 
@@ -222,6 +226,38 @@ class Checkpointer:
                 state = state.evolve(pending=replace(pending, status=EffectStatus.DISPATCHED))
                 return replace(restored, state=state, ledger=tuple(chain), maybe_sent=True)
         return replace(restored, ledger=tuple(chain))
+
+    def verified_trace(self, state: RunState) -> list[TraceEvent]:
+        """The run's trace, every hash recomputed, ending at the head ``state`` signed.
+
+        The walk is bounded by the signed length (+1, so a cycle planted in the
+        rows fails the check instead of hanging).
+        """
+        events = self.content.trace(state.run_id, state.trace_head, state.trace_length + 1)
+        verify_trace(state.run_id, events, state.trace_head, state.trace_length, GENESIS_HASH)
+        return events
+
+    def context(self, state: RunState) -> AgentContext:
+        """The agent context ``state`` names, or fail closed if it is missing or damaged."""
+        body = self.content.get_blob(state.agent_context_digest)
+        if body is None:
+            raise CheckpointCorruptError(
+                f"run {state.run_id}: agent context {state.agent_context_digest} is missing",
+                run_id=state.run_id,
+            )
+        return AgentContext.decode(state.agent_context_digest, body)
+
+    def results(self, state: RunState) -> tuple[ActionResult, ...]:
+        """The action results ``state`` names (none, or fail closed if missing or damaged)."""
+        wanted = state.results_digest
+        if wanted is None:
+            return ()
+        body = self.content.get_blob(wanted)
+        if body is None:
+            raise CheckpointCorruptError(
+                f"run {state.run_id}: action results {wanted} are missing", run_id=state.run_id
+            )
+        return step_rules.decode_results(wanted, body)
 
     def verified_ledger(self, state: RunState) -> list[LedgerEntry]:
         """The run's effect ledger, chained to the head ``state`` signed, or fail closed.

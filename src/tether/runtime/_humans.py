@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 from tether.adapters import Adapter
 from tether.core import (
+    ActionClass,
+    ActionKind,
     EvidenceError,
     Phase,
     Policy,
@@ -25,6 +27,7 @@ from tether.core import (
     check_approval,
     check_decision,
 )
+from tether.core import needs_approval as core_needs_approval
 from tether.core import people_rules as people
 from tether.crypto import Role, TrustRoots
 from tether.runtime._clock import Clock
@@ -36,6 +39,8 @@ class Runtime(Protocol):
 
     @property
     def policy(self) -> Policy: ...
+    @property
+    def kinds(self) -> dict[str, ActionKind]: ...
     @property
     def trust(self) -> TrustRoots | None: ...
     @property
@@ -56,16 +61,14 @@ class RunSession(Protocol):
     def commit(self, state: RunState, events: list[tuple[str, dict[str, Any]]]) -> None: ...
 
 
-def kind_needs_approval(rt: Runtime, kind: str) -> bool:
-    """Whether the policy requires an approval before an action of ``kind`` is carried out."""
-    rule = rt.policy.kinds.get(kind)
-    return rule is not None and rule.needs_approval
-
-
 def needs_approval(rt: Runtime, state: RunState) -> bool:
-    """Whether the policy requires an approval before the pending write executes."""
+    """Whether the policy requires an approval before the pending action is carried out."""
     pending = state.pending
-    return pending is not None and kind_needs_approval(rt, pending.intent.kind)
+    if pending is None:
+        return False
+    # A kind the catalog no longer declares is judged as the write it was.
+    kind = rt.kinds.get(pending.intent.kind) or ActionKind(pending.intent.kind, ActionClass.WRITE)
+    return core_needs_approval(rt.policy, kind)
 
 
 def consume_inbox(session: RunSession) -> None:

@@ -19,7 +19,6 @@ from tether.core import (
     GENESIS_HASH,
     ActionKind,
     Binding,
-    CheckpointCorruptError,
     EffectStatus,
     EnvironmentDriftError,
     LedgerNote,
@@ -33,7 +32,6 @@ from tether.core import (
     catalog,
     check_contract,
     step_rules,
-    verify_trace,
 )
 from tether.crypto import Keyring, TrustRoots
 from tether.runtime import _humans
@@ -184,27 +182,15 @@ class Runtime:
     def _restore(self, run_id: str, lease: Lease | None) -> RunSession:
         restored = self.checkpointer.restore(run_id, self.binding, self.adapter)
         state = restored.state
-        body = self.store.get_blob(state.agent_context_digest)
-        if body is None:
-            raise CheckpointCorruptError(
-                f"run {run_id}: agent context {state.agent_context_digest} is missing",
-                run_id=run_id,
-            )
-        context = AgentContext.decode(state.agent_context_digest, body)
+        context = self.checkpointer.context(state)
         _humans.check_restorable(self, state)
         session = RunSession(self, state, context)
-        session.actions.update(
-            e.action_id for e in restored.ledger if e.status is EffectStatus.INTENDED
-        )
-        # Reads, test runs, finishes and held actions are in the trace, not the
-        # ledger: recovery reads it once, every hash recomputed, so an edited
-        # row fails closed instead of changing what "used before" means.
-        # Bounded by the signed length (+1, so a cycle in the rows fails the check, never hangs).
-        events = self.store.trace(run_id, state.trace_head, state.trace_length + 1)
-        verify_trace(run_id, events, state.trace_head, state.trace_length, GENESIS_HASH)
-        for event in events:
-            action_id = event.data.get("action_id")
-            if event.kind in step_rules.ACTION_EVENTS and isinstance(action_id, str):
+        # The gate's "used before": every accepted action is in the signed trace
+        # (writes too, by intent_persisted). Read once per recovery, every hash
+        # recomputed, so an edited row fails closed instead of freeing an id.
+        for event in self.checkpointer.verified_trace(state):
+            action_id = step_rules.action_id_of(event.kind, event.data)
+            if action_id is not None:
                 session.actions.add(action_id)
         session.results()  # missing or damaged results fail closed here, not mid-run
         if lease is not None:

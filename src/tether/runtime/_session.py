@@ -29,7 +29,6 @@ from tether.core import (
     ActionResult,
     AdapterError,
     AdapterUnavailableError,
-    CheckpointCorruptError,
     ContractViolationError,
     EffectStatus,
     EnvironmentDriftError,
@@ -185,16 +184,14 @@ class RunSession:
             ledger=list(sealed.entries),
         )
         self.state = new
-        if effect is not None and any(n.status is EffectStatus.INTENDED for n in ledger):
-            self.actions.add(effect.action_id)
         if context is not None:
             self.context = context
 
     def _remember(self, transition: Transition) -> None:
         """Keep what a committed transition recorded: its action id, its results."""
         for kind, data in transition.events:
-            action_id = data.get("action_id")
-            if kind in step_rules.ACTION_EVENTS and isinstance(action_id, str):
+            action_id = step_rules.action_id_of(kind, data)
+            if action_id is not None:
                 self.actions.add(action_id)
         state = transition.state
         if state is not None and state.results_digest is not None:
@@ -477,12 +474,7 @@ class RunSession:
         cached = self._results
         if cached is not None and cached[0] == wanted:
             return cached[1]
-        body = self.rt.store.get_blob(wanted)
-        if body is None:
-            raise CheckpointCorruptError(
-                f"run {self.run_id}: action results {wanted} are missing", run_id=self.run_id
-            )
-        results = step_rules.decode_results(wanted, body)
+        results = self.rt.checkpointer.results(self.state)
         self._results = (wanted, results)
         return results
 

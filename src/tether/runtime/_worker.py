@@ -42,9 +42,6 @@ from tether.store import Lease
 
 log = logging.getLogger("tether.worker")
 
-# Outcomes that only a person can move on from.
-_PERSON = frozenset({OutcomeKind.WAITING_FOR_APPROVAL, OutcomeKind.FROZEN})
-
 RuntimeFactory = Callable[[Any, str, str], Runtime]
 
 
@@ -163,7 +160,8 @@ class Worker:
                 before = session.state.generation
                 outcome = session.run(max_steps=1)  # a frozen run reads its inbox here
                 held = session.lease.lease_version if session.lease is not None else 0
-                if session.state.phase is Phase.NEEDS_REVIEW or outcome.kind in _PERSON:
+                waits = outcome.kind is OutcomeKind.WAITING_FOR_APPROVAL
+                if waits or session.state.phase is Phase.NEEDS_REVIEW:
                     # A person must act: park it (no lease, no checkpoints) until
                     # evidence it has not read arrives in its inbox.
                     cursor = session.state.inbox_cursor
