@@ -170,7 +170,7 @@ def test_a_stale_worker_leaves_no_ledger_rows(world: World) -> None:
     time.sleep(0.1)
     world.runtime(agent(), lease_ttl_s=30, worker="new").recover("r1")
     rows_before = len(world.store().ledger("r1"))
-    stale._renewed = time.monotonic()  # it believes its lease is fresh: no renewal attempt
+    stale._renewed = stale.rt.clock.now()  # it believes its lease is fresh: no renewal attempt
     with pytest.raises(LeaseLostError):
         stale.step()
     assert len(world.store().ledger("r1")) == rows_before == 0

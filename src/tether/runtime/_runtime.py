@@ -17,6 +17,7 @@ import socket
 from tether.adapters import Adapter
 from tether.core import (
     GENESIS_HASH,
+    MAX_TIMEOUT_S,
     ActionKind,
     Binding,
     EffectStatus,
@@ -26,6 +27,7 @@ from tether.core import (
     Phase,
     Policy,
     RunState,
+    SpecError,
     Spent,
     TaskSpec,
     TetherError,
@@ -39,6 +41,7 @@ from tether.runtime._agent import Agent, AgentContext
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
 from tether.runtime._crash import NO_CRASH, CrashPlan
+from tether.runtime._heartbeat import DEFAULT_MAX_S
 from tether.runtime._session import RunSession
 from tether.store import ContentStore, GenerationStore, Lease
 
@@ -62,6 +65,7 @@ class Runtime:
         worker: str | None = None,
         trust: TrustRoots | None = None,
         lease_ttl_s: float | None = None,
+        heartbeat_max_s: float = DEFAULT_MAX_S,
     ) -> None:
         self.store = store
         self.adapter = adapter
@@ -77,6 +81,12 @@ class Runtime:
         # None: one process owns its runs (no lease). A number: every start and
         # recovery takes the run's lease for that long and renews it as it works.
         self.lease_ttl_s = lease_ttl_s
+        # A step's heartbeat keeps the lease for at most this long (a stuck step loses it).
+        if isinstance(heartbeat_max_s, bool) or not 0 < heartbeat_max_s <= MAX_TIMEOUT_S:
+            raise SpecError(
+                "heartbeat_max_s", f"must be between 0 and {MAX_TIMEOUT_S:g} s, not {heartbeat_max_s!r}"
+            )
+        self.heartbeat_max_s = heartbeat_max_s
         self.checkpointer = Checkpointer(store, keyring, marks=marks, crash=crash)
         self.binding = Binding.of(task, policy)
         # Every kind the run may propose; a name nobody defines fails here, at load.

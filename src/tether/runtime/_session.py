@@ -18,7 +18,8 @@ commits it, makes the one adapter call it names, and hands the answer on.
 
 from __future__ import annotations
 
-import time
+import contextlib
+import threading
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -72,6 +73,7 @@ from tether.runtime._agent import Agent, AgentContext
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import Clock, IdSource
 from tether.runtime._crash import CrashPlan, CrashPoint
+from tether.runtime._heartbeat import Heartbeat
 from tether.store import ContentStore, Lease
 
 
@@ -89,6 +91,7 @@ class Runtime(Protocol):
     worker: str
     trust: TrustRoots | None
     lease_ttl_s: float | None
+    heartbeat_max_s: float
     checkpointer: Checkpointer
     kinds: dict[str, ActionKind]
 
@@ -104,7 +107,10 @@ class RunSession:
         self.state = state
         self.context = context
         self.lease: Lease | None = None
-        self._renewed = 0.0
+        self._renewed = runtime.clock.now()
+        # The heartbeat thread and the step share the lease; this orders them.
+        self._lease_lock = threading.RLock()
+        self._heartbeat: Heartbeat | None = None
         # Action ids of every write the verified ledger records (a pending one
         # that never dispatched included): the gate's "used before", read from
         # signed history, never from rows a store could hold unverified.
@@ -115,30 +121,58 @@ class RunSession:
 
     def hold(self, lease: Lease) -> None:
         """Work under ``lease``: its version fences every commit and adapter call."""
-        self.lease = lease
-        self._renewed = time.monotonic()
+        with self._lease_lock:
+            self.lease = lease
+            self._renewed = self.rt.clock.now()
+        ttl = self.rt.lease_ttl_s
+        if ttl is not None and self._heartbeat is None:
+            self._heartbeat = Heartbeat(
+                self,
+                RunSession.renew_if_due,
+                self.rt.clock.now,
+                every_s=ttl / 3,
+                max_s=self.rt.heartbeat_max_s,
+            )
 
     def release(self) -> None:
         """Give the lease up (a clean shutdown), so another worker may take the run at once."""
-        if self.lease is not None:
-            self.rt.checkpointer.marks.release_lease(
-                self.run_id, self.lease.owner, self.lease.lease_version
-            )
-            self.lease = None
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        with self._lease_lock:
+            if self.lease is not None:
+                self.rt.checkpointer.marks.release_lease(
+                    self.run_id, self.lease.owner, self.lease.lease_version
+                )
+                self.lease = None
+
+    def renew_if_due(self) -> None:
+        """Renew the held lease once a third of its ttl has passed (by the runtime's clock)."""
+        ttl = self.rt.lease_ttl_s
+        with self._lease_lock:
+            lease = self.lease
+            if lease is None or ttl is None:
+                return
+            if (self.rt.clock.now() - self._renewed).total_seconds() <= ttl / 3:
+                return
+            marks = self.rt.checkpointer.marks
+            self.hold(marks.renew_lease(self.run_id, lease.owner, lease.lease_version, ttl))
+
+    def working(self) -> contextlib.AbstractContextManager[None]:
+        """Cover a step: the heartbeat renews the lease while it runs (see ``_heartbeat``)."""
+        if self._heartbeat is None:
+            return contextlib.nullcontext()
+        return self._heartbeat.busy()
 
     def guard(self) -> Fence | None:
         """Before every effect: renew if a third of the ttl has passed, then check the lease.
 
         Returns the fencing token for adapters that can check it.
         """
-        lease, ttl = self.lease, self.rt.lease_ttl_s
+        self.renew_if_due()
+        lease = self.lease
         if lease is None:
             return None
-        marks = self.rt.checkpointer.marks
-        if ttl is not None and time.monotonic() - self._renewed > ttl / 3:
-            lease = marks.renew_lease(self.run_id, lease.owner, lease.lease_version, ttl)
-            self.hold(lease)
-        marks.check_lease(self.run_id, lease.lease_version)
+        self.rt.checkpointer.marks.check_lease(self.run_id, lease.lease_version)
         if not self.rt.adapter.capabilities.fencing:
             return None
         return Fence(self.run_id, lease.lease_version, lease.expires_at)
@@ -354,6 +388,10 @@ class RunSession:
         self._refuse_if_stopped()
         if not isinstance(reason, str) or not reason.strip():
             raise SpecError("reason", "a cancel needs a reason a person can read later")
+        with self.working():
+            return self._cancel(reason, by)
+
+    def _cancel(self, reason: str, by: str) -> Outcome:
         self.guard()
         pending = self.state.pending
         if pending is not None and pending.mutating and pending.status is not EffectStatus.INTENDED:
@@ -373,6 +411,10 @@ class RunSession:
         often (reason ``worker_error``); a signed replan resumes it.
         """
         self._refuse_if_stopped()
+        with self.working():
+            return self._park(reason, detail)
+
+    def _park(self, reason: str, detail: str) -> Outcome:
         # The case records the world as it is now (and the receipt, if the
         # write landed), so the decision it asks for can be checked against it.
         live = self.rt.adapter.environment()
@@ -412,7 +454,15 @@ class RunSession:
         return problem is not None and problem[0] != "approval_stale"
 
     def step(self) -> Outcome:
-        """Advance the run by one action (or settle its pending one); the typed outcome."""
+        """Advance the run by one action (or settle its pending one); the typed outcome.
+
+        The lease is kept alive by the heartbeat while the step works (a long
+        agent call, a slow adapter), within the runtime's ``heartbeat_max_s``.
+        """
+        with self.working():
+            return self._step()
+
+    def _step(self) -> Outcome:
         _humans.consume_inbox(self)
         self._refuse_if_stopped()
         self.guard()  # renews a held lease when due, and stops a worker that lost it
