@@ -84,7 +84,8 @@ class Runtime:
         # A step's heartbeat keeps the lease for at most this long (a stuck step loses it).
         if isinstance(heartbeat_max_s, bool) or not 0 < heartbeat_max_s <= MAX_TIMEOUT_S:
             raise SpecError(
-                "heartbeat_max_s", f"must be between 0 and {MAX_TIMEOUT_S:g} s, not {heartbeat_max_s!r}"
+                "heartbeat_max_s",
+                f"must be between 0 and {MAX_TIMEOUT_S:g} s, not {heartbeat_max_s!r}",
             )
         self.heartbeat_max_s = heartbeat_max_s
         self.checkpointer = Checkpointer(store, keyring, marks=marks, crash=crash)
