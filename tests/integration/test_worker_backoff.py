@@ -335,3 +335,54 @@ def _phase_of(fleet: Fleet, run_id: str) -> str:
             "SELECT phase FROM tether_marks WHERE run_id = ?", (run_id,)
         ).fetchone()
     return str(phase)
+
+
+class UnreachableForReads(Sandbox):
+    """A workspace whose reads time out (the file server is down); writes never get that far."""
+
+    def read(self, kind: str, target: str, args: dict[str, Any], scope: Any) -> Any:
+        from tether.core import AdapterUnavailableError
+
+        raise AdapterUnavailableError("the file server did not answer")
+
+
+def test_a_reclaim_that_changes_nothing_writes_nothing(tmp_path: Path) -> None:
+    """Five claims of a run whose adapter keeps saying "later" add no checkpoint and no trace event."""
+    from tether.core import Proposal
+
+    def read_notes(context: AgentContext, obs: Observation) -> Decision:
+        return Decision(context, Proposal("r0", "file.read", "notes.txt"))
+
+    sandbox = UnreachableForReads({"notes.txt": "draft\n"})
+    keyring = Keyring.generate("k1")
+    task = make_task(sandbox.environment().state_fingerprint)
+    policy = make_policy()
+
+    def factory(store: Any, run_id: str, worker: str) -> Runtime:
+        return Runtime(
+            store=store,
+            keyring=keyring,
+            adapter=sandbox,
+            task=task,
+            policy=policy,
+            agent=ScriptedAgent([read_notes]),
+            worker=worker,
+        )
+
+    with SQLiteStore(tmp_path / "tether.sqlite") as store:
+        factory(store, "r1", "starter").start("r1")
+        before = store.get_mark("r1")
+        worker = Worker(store, factory, "w1", lease_ttl_s=0.05, poll_s=0.01)
+        for _ in range(5):
+            time.sleep(0.06)  # each "later" defers the run by one ttl
+            claimed = store.claim_expired("w1", 0.05, phases=("running",))
+            assert [lease.run_id for lease in claimed] == ["r1"]
+            worker.drive(claimed[0])
+        after = store.get_mark("r1")
+        assert before is not None and after is not None
+        assert worker.stats.claimed == 5 and worker.stats.errors == 0
+        assert (after.generation, after.checkpoint_digest) == (
+            before.generation,
+            before.checkpoint_digest,
+        )
+        assert after.attempts == 0  # "later" is not a failure

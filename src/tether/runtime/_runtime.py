@@ -208,24 +208,24 @@ class Runtime:
             session.hold(lease)
         if state.phase.terminal or state.phase is Phase.NEEDS_REVIEW:
             return session  # nothing may change; an operator can still read everything
-        # Content beyond the mark said the pending write was dispatched: the
-        # ledger records that before anything else happens.
-        notes = (LedgerNote(EffectStatus.DISPATCHED),) if restored.maybe_sent else ()
-        session.commit(
-            state.evolve(epoch=state.epoch + 1, worker=self.worker),
-            [
-                (
-                    "recovered",
-                    {
-                        "from_generation": state.generation,
-                        "previous_epoch": state.epoch,
-                        "previous_worker": state.worker,
-                        "phase": state.phase.value,
-                        "maybe_sent": restored.maybe_sent,
-                    },
-                )
-            ],
-            ledger=notes,
-            effect=state.pending if notes else None,
-        )
+        opening = {
+            "from_generation": state.generation,
+            "previous_epoch": state.epoch,
+            "previous_worker": state.worker,
+            "phase": state.phase.value,
+            "maybe_sent": restored.maybe_sent,
+        }
+        # The new epoch is recorded with the first commit this session makes: a
+        # reclaim that changes nothing (the adapter still busy, nothing to do
+        # yet) writes nothing.
+        session.open_epoch(opening)
+        if restored.maybe_sent:
+            # Content beyond the mark said the pending write was dispatched:
+            # the ledger records that before anything else happens.
+            session.commit(
+                state,
+                [],
+                ledger=(LedgerNote(EffectStatus.DISPATCHED),),
+                effect=state.pending,
+            )
         return session

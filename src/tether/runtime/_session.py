@@ -111,6 +111,8 @@ class RunSession:
         # The heartbeat thread and the step share the lease; this orders them.
         self._lease_lock = threading.RLock()
         self._heartbeat: Heartbeat | None = None
+        # A recovery's "recovered" event, waiting for the session's first commit.
+        self._opening: dict[str, Any] | None = None
         # Action ids of every write the verified ledger records (a pending one
         # that never dispatched included): the gate's "used before", read from
         # signed history, never from rows a store could hold unverified.
@@ -183,6 +185,10 @@ class RunSession:
 
     # -- committing ----------------------------------------------------------
 
+    def open_epoch(self, recovered: dict[str, Any]) -> None:
+        """Begin a new epoch: its ``recovered`` event lands with the first commit."""
+        self._opening = dict(recovered)
+
     def commit(
         self,
         state: RunState,
@@ -200,6 +206,10 @@ class RunSession:
         and land in the same fenced transaction or not at all.
         """
         blobs = dict(blobs or {})
+        opening = self._opening
+        if opening is not None:
+            state = state.evolve(epoch=self.state.epoch + 1, worker=self.rt.worker)
+            events = [("recovered", opening), *events]
         if context is not None:
             context_digest, body = context.encode()
             if context_digest != self.state.agent_context_digest:
@@ -218,6 +228,7 @@ class RunSession:
             ledger=list(sealed.entries),
         )
         self.state = new
+        self._opening = None
         if context is not None:
             self.context = context
 
