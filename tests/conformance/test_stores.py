@@ -339,11 +339,12 @@ class IgnoresTheLease(SQLiteStore):
         expected_generation: int,
         expected_lease_version: int = 0,
         before_commit: Any = None,
-    ) -> None:
+        **options: Any,
+    ) -> Any:
         time.sleep(0.2)
         mark = self.get_mark(commit.run_id)
         held = expected_lease_version if mark is None else mark.lease_version
-        super().commit(commit, expected_generation, held, before_commit)
+        return super().commit(commit, expected_generation, held, before_commit, **options)
 
 
 def test_the_takeover_race_check_fails_a_store_that_ignores_the_lease(tmp_path: Path) -> None:

@@ -51,7 +51,15 @@ from tether.core import Binding as CoreBinding
 from tether.crypto import Keyring, envelope_digest, open_envelope, seal
 from tether.runtime._agent import AgentContext
 from tether.runtime._crash import NO_CRASH, CrashPlan, CrashPoint
-from tether.store import Commit, CommitStore, ContentStore, GenerationStore, Mark
+from tether.store import (
+    Commit,
+    CommitStore,
+    ContentStore,
+    GenerationStore,
+    Lease,
+    LeaseRequest,
+    Mark,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +108,13 @@ class Checkpointer:
         blobs: Mapping[str, bytes] | None = None,
         expected_lease_version: int = 0,
         ledger: Sequence[LedgerEntry] = (),
-    ) -> str:
-        """Commit ``state`` as generation ``expected_generation + 1``; returns its digest."""
+        lease_to: LeaseRequest | None = None,
+    ) -> tuple[str, Lease | None]:
+        """Commit ``state`` as generation ``expected_generation + 1``: its digest, and a lease.
+
+        ``lease_to`` (the first generation only) creates the run leased to
+        that worker in the same statement; the lease granted is returned.
+        """
         if state.generation != expected_generation + 1:
             raise CheckpointCorruptError(
                 f"state generation {state.generation} does not follow {expected_generation}",
@@ -131,21 +144,24 @@ class Checkpointer:
                 self.crash.hit(CrashPoint.RECEIPT_PERSISTED)
 
         if self._colocated is not None:
-            self._colocated.commit(commit, expected_generation, expected_lease_version, inside)
+            lease = self._colocated.commit(
+                commit, expected_generation, expected_lease_version, inside, lease_to=lease_to
+            )
         else:
             self.content.put_content(commit, inside)
             if receipt:
                 self.crash.hit(CrashPoint.RECEIPT_PERSISTED)
             self.crash.hit(CrashPoint.CONTENT_BEFORE_MARK)
-            self.marks.cas_mark(
+            lease = self.marks.cas_mark(
                 state.run_id,
                 expected_generation,
                 state.generation,
                 checkpoint_digest,
                 expected_lease_version,
                 phase=state.phase.value,
+                lease_to=lease_to,
             )
-        return checkpoint_digest
+        return checkpoint_digest, lease
 
     def load(self, run_id: str) -> Restored:
         """Verify the checkpoint the mark names, without task or environment checks."""

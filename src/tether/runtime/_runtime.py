@@ -43,7 +43,7 @@ from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
 from tether.runtime._crash import NO_CRASH, CrashPlan
 from tether.runtime._heartbeat import DEFAULT_MAX_S
 from tether.runtime._session import RunSession
-from tether.store import ContentStore, GenerationStore, Lease
+from tether.store import ContentStore, GenerationStore, Lease, LeaseRequest
 
 
 class Runtime:
@@ -142,15 +142,14 @@ class Runtime:
             ledger_length=0,
         )
         session = RunSession(self, genesis, context)
+        # With leases on, the run is created already held: no claim gets in between.
+        ttl = self.lease_ttl_s
         session.commit(
             genesis,
             [("run_started", {"task": self.binding.to_json(), "environment": env.to_json()})],
             blobs={context_digest: body},
+            lease_to=None if ttl is None else LeaseRequest(self.worker, ttl),
         )
-        if self.lease_ttl_s is not None:
-            session.hold(
-                self.checkpointer.marks.acquire_lease(run_id, self.worker, self.lease_ttl_s)
-            )
         return session
 
     def start_or_recover(self, run_id: str, context: AgentContext | None = None) -> RunSession:

@@ -74,7 +74,7 @@ from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import Clock, IdSource
 from tether.runtime._crash import CrashPlan, CrashPoint
 from tether.runtime._heartbeat import Heartbeat
-from tether.store import ContentStore, Lease
+from tether.store import ContentStore, Lease, LeaseRequest
 
 
 class Runtime(Protocol):
@@ -198,6 +198,7 @@ class RunSession:
         blobs: dict[str, bytes] | None = None,
         ledger: tuple[LedgerNote, ...] = (),
         effect: PendingWrite | None = None,
+        lease_to: LeaseRequest | None = None,
     ) -> None:
         """Checkpoint ``state`` as the next generation, with its trace events and ledger entries.
 
@@ -219,15 +220,18 @@ class RunSession:
             self.state, state, events, now=self.rt.clock.now(), ledger=ledger, effect=effect
         )
         new = sealed.state
-        self.rt.checkpointer.advance(
+        _, granted = self.rt.checkpointer.advance(
             new,
             self.state.generation,
             list(sealed.events),
             blobs or None,
             expected_lease_version=0 if self.lease is None else self.lease.lease_version,
             ledger=list(sealed.entries),
+            lease_to=lease_to,
         )
         self.state = new
+        if granted is not None:
+            self.hold(granted)
         self._opening = None
         if context is not None:
             self.context = context

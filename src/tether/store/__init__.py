@@ -15,6 +15,7 @@ from tether.store._protocols import (
     Evidence,
     GenerationStore,
     Lease,
+    LeaseRequest,
     Mark,
 )
 from tether.store._sql import SQLBase
@@ -29,6 +30,7 @@ __all__ = [
     "Evidence",
     "GenerationStore",
     "Lease",
+    "LeaseRequest",
     "LedgerEntry",
     "Mark",
     "PostgresStore",

@@ -55,7 +55,10 @@ class SQLEngine:
     def _lock_run(self, run_id: str) -> None:
         """Serialize writers of one run's append-only rows (inside a write transaction)."""
 
-    def _insert_ignore(self, table: str, columns: Sequence[str]) -> str:
+    def _insert_ignore(
+        self, table: str, columns: Sequence[str], values: Sequence[str] | None = None
+    ) -> str:
+        """An insert that does nothing if the row exists; ``values`` are SQL expressions (``?``)."""
         raise NotImplementedError
 
     def _translate(self, exc: Exception) -> StoreError | None:

@@ -37,7 +37,7 @@ from tether.core import (
     canonical_bytes,
     format_time,
 )
-from tether.store._protocols import BeforeCommit, Commit
+from tether.store._protocols import BeforeCommit, Commit, Lease, LeaseRequest
 from tether.store._rows import phase_text
 from tether.store._sql import SQLBase
 
@@ -212,7 +212,9 @@ class PostgresStore(SQLBase):
         expected_generation: int,
         expected_lease_version: int = 0,
         before_commit: BeforeCommit | None = None,
-    ) -> None:
+        *,
+        lease_to: LeaseRequest | None = None,
+    ) -> Lease | None:
         """Content and mark in ONE statement: one round trip, its own transaction.
 
         The compare-and-set is the statement's first part and every insert
@@ -223,8 +225,15 @@ class PostgresStore(SQLBase):
         general path.
         """
         if expected_generation == 0 or commit.generation != expected_generation + 1:
-            super().commit(commit, expected_generation, expected_lease_version, before_commit)
-            return
+            return super().commit(
+                commit,
+                expected_generation,
+                expected_lease_version,
+                before_commit,
+                lease_to=lease_to,
+            )
+        if lease_to is not None:
+            raise StoreError("a lease is granted with the run's first checkpoint only")
         self._check_sealed(commit)
         events, ledger = commit.events, commit.ledger
         blobs = sorted((commit.blobs or {}).items())
@@ -269,6 +278,7 @@ class PostgresStore(SQLBase):
                     commit.run_id, expected_generation, expected_lease_version
                 )
             )
+        return None
 
     def _lock_migrations(self) -> None:
         # Taken before CREATE TABLE IF NOT EXISTS, which is itself not safe
@@ -279,8 +289,10 @@ class PostgresStore(SQLBase):
         # A hash collision only serializes two runs' appends; it never unlocks one.
         self._execute(f"SELECT pg_advisory_xact_lock({_RUN_LOCK_CLASS}, hashtext(?))", (run_id,))
 
-    def _insert_ignore(self, table: str, columns: Sequence[str]) -> str:
-        marks = ", ".join("?" for _ in columns)
+    def _insert_ignore(
+        self, table: str, columns: Sequence[str], values: Sequence[str] | None = None
+    ) -> str:
+        marks = ", ".join(values if values is not None else ["?" for _ in columns])
         return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}) ON CONFLICT DO NOTHING"
 
     def _retryable(self, exc: Exception) -> bool:

@@ -149,6 +149,14 @@ class ContentStore(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseRequest:
+    """Create a run already leased: to ``owner``, for ``ttl_s`` seconds by the store's clock."""
+
+    owner: str
+    ttl_s: float
+
+
 @runtime_checkable
 class GenerationStore(Protocol):
     """The high-water mark per run, moved only by compare-and-set."""
@@ -166,8 +174,13 @@ class GenerationStore(Protocol):
         expected_lease_version: int = 0,
         *,
         phase: str = "running",
-    ) -> None:
+        lease_to: LeaseRequest | None = None,
+    ) -> Lease | None:
         """Move the mark from ``expected_generation`` (0: create) and record ``phase``, or raise.
+
+        ``lease_to`` (allowed for the first generation only) creates the run
+        with its lease in the same statement, version 1, and returns it, so no
+        claim can take a run between its creation and its first holder.
 
         Raises :class:`~tether.core.GenerationConflictError` when the mark is
         elsewhere, :class:`~tether.core.LeaseLostError` when the lease version
@@ -284,8 +297,12 @@ class CommitStore(ContentStore, GenerationStore, Protocol):
         expected_generation: int,
         expected_lease_version: int = 0,
         before_commit: BeforeCommit | None = None,
-    ) -> None:
+        *,
+        lease_to: LeaseRequest | None = None,
+    ) -> Lease | None:
         """Write content and CAS the mark (recording ``commit.phase``) in ONE transaction.
+
+        ``lease_to`` is as for :meth:`GenerationStore.cas_mark`.
 
         The CAS is on (generation, lease version), with the errors of
         :meth:`GenerationStore.cas_mark`; if ``before_commit`` raises, nothing

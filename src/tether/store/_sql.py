@@ -44,6 +44,7 @@ from tether.store._protocols import (
     Commit,
     Evidence,
     Lease,
+    LeaseRequest,
     Mark,
 )
 from tether.store._rows import (
@@ -366,29 +367,52 @@ class SQLBase(SQLEngine):
         checkpoint_digest: str,
         expected_lease_version: int,
         phase: str,
-    ) -> None:
+        lease_to: LeaseRequest | None = None,
+    ) -> Lease | None:
         phase = phase_text(phase)
         if new_generation != expected_generation + 1:
             raise GenerationConflictError(run_id, expected_generation, new_generation - 1)
+        if lease_to is not None and expected_generation != 0:
+            raise StoreError(
+                f"run {run_id}: a lease is granted with the run's first checkpoint only; "
+                "later ones take it with acquire_lease"
+            )
         now = format_time(self._now())
         if expected_generation == 0:
             if expected_lease_version == 0:
-                inserted = self._run(
-                    self._insert_ignore(
-                        "tether_marks",
-                        (
-                            "run_id",
-                            "generation",
-                            "checkpoint_digest",
-                            "state_version",
-                            "phase",
-                            "updated_at",
-                        ),
-                    ),
-                    (run_id, new_generation, checkpoint_digest, new_generation, phase, now),
-                )
-                if inserted == 1:
-                    return
+                columns = [
+                    "run_id",
+                    "generation",
+                    "checkpoint_digest",
+                    "state_version",
+                    "phase",
+                    "updated_at",
+                ]
+                params: list[Any] = [
+                    run_id,
+                    new_generation,
+                    checkpoint_digest,
+                    new_generation,
+                    phase,
+                    now,
+                ]
+                if lease_to is None:
+                    inserted = self._run(self._insert_ignore("tether_marks", columns), params)
+                    if inserted == 1:
+                        return None
+                else:
+                    # The run and its lease in ONE statement: no worker can claim
+                    # it between its creation and its first holder.
+                    values = ["?"] * len(columns) + ["?", "1", f"{self.clock_sql} + ?"]
+                    columns += ["lease_owner", "lease_version", "lease_expires_at"]
+                    params += [lease_to.owner, ttl_micros(lease_to.ttl_s)]
+                    rows = self._all(
+                        f"{self._insert_ignore('tether_marks', columns, values)} "
+                        f"RETURNING {MARK_COLUMNS}",
+                        params,
+                    )
+                    if rows:
+                        return lease_of(mark_of(rows[0]))
             current = self._mark_row(run_id)
             if current is None:
                 # Nobody can hold a lease on a run that does not exist yet.
@@ -413,8 +437,9 @@ class SQLBase(SQLEngine):
             ),
         )
         if moved == 1:
-            return
+            return None
         self._cas_refused(run_id, expected_generation, expected_lease_version)
+        return None  # unreachable: _cas_refused raises
 
     def _cas_refused(
         self, run_id: str, expected_generation: int, expected_lease_version: int
@@ -442,9 +467,14 @@ class SQLBase(SQLEngine):
         expected_lease_version: int = 0,
         *,
         phase: str = "running",
-    ) -> None:
-        """Move the mark from ``expected_generation`` (0: create) and record ``phase``, or raise."""
-        self._write(
+        lease_to: LeaseRequest | None = None,
+    ) -> Lease | None:
+        """Move the mark from ``expected_generation`` (0: create) and record ``phase``, or raise.
+
+        ``lease_to`` (first generation only) creates the run leased to that
+        worker; the granted lease is returned.
+        """
+        return self._write(
             lambda: self._cas_mark(
                 run_id,
                 expected_generation,
@@ -452,6 +482,7 @@ class SQLBase(SQLEngine):
                 checkpoint_digest,
                 expected_lease_version,
                 phase,
+                lease_to,
             )
         )
 
@@ -461,24 +492,28 @@ class SQLBase(SQLEngine):
         expected_generation: int,
         expected_lease_version: int = 0,
         before_commit: BeforeCommit | None = None,
-    ) -> None:
+        *,
+        lease_to: LeaseRequest | None = None,
+    ) -> Lease | None:
         """Content and mark in ONE transaction: both land or neither does."""
 
-        def body() -> None:
+        def body() -> Lease | None:
             # The CAS goes first so a losing writer fails before writing content.
-            self._cas_mark(
+            lease = self._cas_mark(
                 commit.run_id,
                 expected_generation,
                 commit.generation,
                 commit.checkpoint_digest,
                 expected_lease_version,
                 commit.phase,
+                lease_to,
             )
             self._put_content(commit)
             if before_commit is not None:
                 before_commit()
+            return lease
 
-        self._write(body)
+        return self._write(body)
 
     # -- leases --------------------------------------------------------------
     #

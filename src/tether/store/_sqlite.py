@@ -119,8 +119,10 @@ class SQLiteStore(SQLBase):
                     conn.rollback()
             raise
 
-    def _insert_ignore(self, table: str, columns: Sequence[str]) -> str:
-        marks = ", ".join("?" for _ in columns)
+    def _insert_ignore(
+        self, table: str, columns: Sequence[str], values: Sequence[str] | None = None
+    ) -> str:
+        marks = ", ".join(values if values is not None else ["?" for _ in columns])
         return f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) VALUES ({marks})"
 
     def _translate(self, exc: Exception) -> StoreError | None:

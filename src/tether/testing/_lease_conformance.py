@@ -62,6 +62,28 @@ def test_acquire_gives_a_new_owner_a_new_version(tether_store: Any) -> None:
     expect_eq(mark.lease_expires_at, again.expires_at, "mark's expiry")
 
 
+def test_a_run_created_with_its_lease_is_held_from_its_first_statement(tether_store: Any) -> None:
+    """commit and cas_mark with lease_to create the run held at version 1: no claim takes it first."""
+    from tether.store import LeaseRequest
+
+    lease = tether_store.commit(make_commit("r", 1), 0, lease_to=LeaseRequest("w1", LONG))
+    expect_eq((lease.run_id, lease.owner, lease.lease_version), ("r", "w1", 1), "granted lease")
+    mark = tether_store.get_mark("r")
+    expect_eq((mark.lease_owner, mark.lease_version), ("w1", 1), "mark of the new run")
+    expect_eq(mark.lease_expires_at, lease.expires_at, "expiry")
+    expect_eq(tether_store.claim_expired("w2", LONG, limit=5), [], "claims of a held new run")
+    tether_store.check_lease("r", 1)
+    other = tether_store.cas_mark(
+        "q", 0, 1, make_commit("q", 1).checkpoint_digest, lease_to=LeaseRequest("w1", LONG)
+    )
+    expect_eq((other.owner, other.lease_version), ("w1", 1), "cas_mark's granted lease")
+    with pytest.raises(StoreError):  # a lease comes with the first generation only
+        tether_store.commit(make_commit("r", 2), 1, 1, lease_to=LeaseRequest("w1", LONG))
+    with pytest.raises(GenerationConflictError):  # the run exists: no second creation
+        tether_store.commit(make_commit("r", 1, b"again"), 0, lease_to=LeaseRequest("w2", LONG))
+    expect_eq(tether_store.get_mark("r").lease_owner, "w1", "owner after a refused creation")
+
+
 def test_a_live_lease_is_not_taken(tether_store: Any) -> None:
     """Another worker's acquire of a live lease raises LeaseHeldError naming the holder."""
     seeded(tether_store)
@@ -479,6 +501,7 @@ __all__ = [
     "test_a_late_commit_racing_a_takeover_never_lands_after_it",
     "test_a_live_lease_is_not_taken",
     "test_a_released_lease_does_not_commit",
+    "test_a_run_created_with_its_lease_is_held_from_its_first_statement",
     "test_a_run_waiting_for_a_person_is_claimed_only_when_evidence_arrives",
     "test_a_run_with_too_many_failed_attempts_is_parked",
     "test_a_ttl_must_be_positive",
