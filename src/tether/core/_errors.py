@@ -184,6 +184,29 @@ class StoreUnavailableError(StoreError):
     """The store cannot be reached or opened; the driver error is chained."""
 
 
+class CommitOutcomeUnknownError(StoreUnavailableError):
+    """The connection was lost after a write was sent: it may or may not have landed.
+
+    Nothing may act on the run until its state is read back from the store
+    (:meth:`~tether.runtime.RunSession.reload` does that; a worker recovers
+    the run anew). ``generation`` and ``checkpoint_digest`` name the
+    checkpoint that was being committed, where known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        generation: int | None = None,
+        checkpoint_digest: str | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.generation = generation
+        self.checkpoint_digest = checkpoint_digest
+        super().__init__(message)
+
+
 class GenerationConflictError(StoreError):
     """A compare-and-set on the generation lost: someone else advanced the run."""
 

@@ -23,6 +23,7 @@ from tether.core import (
     SCHEMA_VERSION,
     ActionResult,
     CheckpointCorruptError,
+    CommitOutcomeUnknownError,
     EffectStatus,
     EnvironmentDriftError,
     LedgerEntry,
@@ -143,24 +144,33 @@ class Checkpointer:
             if receipt and self._colocated is not None:
                 self.crash.hit(CrashPoint.RECEIPT_PERSISTED)
 
-        if self._colocated is not None:
-            lease = self._colocated.commit(
-                commit, expected_generation, expected_lease_version, inside, lease_to=lease_to
-            )
-        else:
-            self.content.put_content(commit, inside)
-            if receipt:
-                self.crash.hit(CrashPoint.RECEIPT_PERSISTED)
-            self.crash.hit(CrashPoint.CONTENT_BEFORE_MARK)
-            lease = self.marks.cas_mark(
-                state.run_id,
-                expected_generation,
-                state.generation,
-                checkpoint_digest,
-                expected_lease_version,
-                phase=state.phase.value,
-                lease_to=lease_to,
-            )
+        try:
+            if self._colocated is not None:
+                lease = self._colocated.commit(
+                    commit, expected_generation, expected_lease_version, inside, lease_to=lease_to
+                )
+            else:
+                self.content.put_content(commit, inside)
+                if receipt:
+                    self.crash.hit(CrashPoint.RECEIPT_PERSISTED)
+                self.crash.hit(CrashPoint.CONTENT_BEFORE_MARK)
+                lease = self.marks.cas_mark(
+                    state.run_id,
+                    expected_generation,
+                    state.generation,
+                    checkpoint_digest,
+                    expected_lease_version,
+                    phase=state.phase.value,
+                    lease_to=lease_to,
+                )
+        except CommitOutcomeUnknownError as exc:
+            raise CommitOutcomeUnknownError(
+                f"run {state.run_id}: the commit of generation {state.generation} may or may "
+                f"not have landed: {exc}",
+                run_id=state.run_id,
+                generation=state.generation,
+                checkpoint_digest=checkpoint_digest,
+            ) from exc
         return checkpoint_digest, lease
 
     def load(self, run_id: str) -> Restored:

@@ -195,6 +195,7 @@ class Runtime:
         context = self.checkpointer.context(state)
         _humans.check_restorable(self, state)
         session = RunSession(self, state, context)
+        session.digest = restored.mark.checkpoint_digest
         # The gate's "used before": every accepted action is in the signed trace
         # (writes too, by intent_persisted). Read once per recovery, every hash
         # recomputed, so an edited row fails closed instead of freeing an id.

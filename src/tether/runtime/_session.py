@@ -30,6 +30,7 @@ from tether.core import (
     ActionResult,
     AdapterError,
     AdapterUnavailableError,
+    CommitOutcomeUnknownError,
     ContractViolationError,
     EffectStatus,
     EnvironmentDriftError,
@@ -37,6 +38,7 @@ from tether.core import (
     ExecuteAnswer,
     ExecuteStatus,
     Facts,
+    GenerationConflictError,
     IdempotencyConflictError,
     Intent,
     LedgerNote,
@@ -113,6 +115,10 @@ class RunSession:
         self._heartbeat: Heartbeat | None = None
         # A recovery's "recovered" event, waiting for the session's first commit.
         self._opening: dict[str, Any] | None = None
+        #: The digest of the checkpoint ``state`` is (``None`` before the first commit).
+        self.digest: str | None = None
+        # A commit whose outcome is unknown: nothing acts until reload() settles it.
+        self._unsettled: CommitOutcomeUnknownError | None = None
         # Action ids of every write the verified ledger records (a pending one
         # that never dispatched included): the gate's "used before", read from
         # signed history, never from rows a store could hold unverified.
@@ -206,6 +212,13 @@ class RunSession:
         sealed into the run's ledger chain, whose new head the checkpoint pins,
         and land in the same fenced transaction or not at all.
         """
+        if self._unsettled is not None:
+            raise CommitOutcomeUnknownError(
+                f"run {self.run_id}: an earlier commit's outcome is unknown; reload() first",
+                run_id=self.run_id,
+                generation=self._unsettled.generation,
+                checkpoint_digest=self._unsettled.checkpoint_digest,
+            )
         blobs = dict(blobs or {})
         opening = self._opening
         if opening is not None:
@@ -220,21 +233,59 @@ class RunSession:
             self.state, state, events, now=self.rt.clock.now(), ledger=ledger, effect=effect
         )
         new = sealed.state
-        _, granted = self.rt.checkpointer.advance(
-            new,
-            self.state.generation,
-            list(sealed.events),
-            blobs or None,
-            expected_lease_version=0 if self.lease is None else self.lease.lease_version,
-            ledger=list(sealed.entries),
-            lease_to=lease_to,
-        )
+        try:
+            digest, granted = self.rt.checkpointer.advance(
+                new,
+                self.state.generation,
+                list(sealed.events),
+                blobs or None,
+                expected_lease_version=0 if self.lease is None else self.lease.lease_version,
+                ledger=list(sealed.entries),
+                lease_to=lease_to,
+            )
+        except CommitOutcomeUnknownError as exc:
+            self._unsettled = exc  # landed or not, only the store can say
+            raise
         self.state = new
+        self.digest = digest
         if granted is not None:
             self.hold(granted)
         self._opening = None
         if context is not None:
             self.context = context
+
+    def reload(self) -> RunState:
+        """Read the run back from the store after a commit whose outcome was unknown.
+
+        The mark says which way it went: at the checkpoint that was being
+        committed (it landed: the session carries on from it), or still at
+        the one before (it did not: the step is simply taken again). Anything
+        else means another writer moved the run, and this session must stop.
+        Nothing left the process after the lost commit, so either way no
+        effect is repeated: a write made pending is settled by its key.
+        """
+        unknown = self._unsettled
+        if unknown is None:
+            return self.state
+        cp = self.rt.checkpointer
+        restored = cp.load(self.run_id)  # verified: signature, schema
+        cp.check_generation(restored)
+        digest = restored.mark.checkpoint_digest
+        if digest == unknown.checkpoint_digest:
+            state = restored.state
+            self.context = cp.context(state)
+            self.actions = {
+                action_id
+                for event in cp.verified_trace(state)
+                if (action_id := step_rules.action_id_of(event.kind, event.data)) is not None
+            }
+            self.state, self.digest, self._opening, self._results = state, digest, None, None
+        elif digest != self.digest or restored.state.generation != self.state.generation:
+            raise GenerationConflictError(
+                self.run_id, self.state.generation, restored.state.generation
+            )
+        self._unsettled = None
+        return self.state
 
     def _remember(self, transition: Transition) -> None:
         """Keep what a committed transition recorded: its action id, its results."""
@@ -359,6 +410,7 @@ class RunSession:
     def run(self, max_steps: int | None = None) -> Outcome:
         """Step until the run is terminal, frozen, or waits (or ``max_steps``); the last outcome."""
         taken = 0
+        self.reload()
         outcome = Outcome(OutcomeKind.WAITED, self.state)
         if self.state.phase is Phase.NEEDS_REVIEW:
             _humans.consume_inbox(self)  # a decision may open it; step() reads the inbox otherwise
@@ -379,15 +431,18 @@ class RunSession:
 
     def consume_inbox(self) -> RunState:
         """Apply signed evidence waiting in the store's inbox (also done by every step)."""
+        self.reload()
         _humans.consume_inbox(self)
         return self.state
 
     def approve(self, document: Any) -> RunState:
         """Record a signed approval for the pending write (see ``tether.crypto.Signer``)."""
+        self.reload()
         return _humans.approve(self, document)
 
     def review(self, document: Any) -> RunState:
         """Apply a signed reviewer decision (replan or abort) to the open review case."""
+        self.reload()
         return _humans.review(self, document)
 
     def cancel(self, reason: str, *, by: str = "operator") -> Outcome:
@@ -400,6 +455,7 @@ class RunSession:
         not still sending). A frozen run is ended by a reviewer's signed
         abort; a finished one cannot be cancelled.
         """
+        self.reload()
         self._refuse_if_stopped()
         if not isinstance(reason, str) or not reason.strip():
             raise SpecError("reason", "a cancel needs a reason a person can read later")
@@ -425,6 +481,7 @@ class RunSession:
         A :class:`~tether.runtime.Worker` parks a run whose drive failed too
         often (reason ``worker_error``); a signed replan resumes it.
         """
+        self.reload()
         self._refuse_if_stopped()
         with self.working():
             return self._park(reason, detail)
@@ -474,6 +531,7 @@ class RunSession:
         The lease is kept alive by the heartbeat while the step works (a long
         agent call, a slow adapter), within the runtime's ``heartbeat_max_s``.
         """
+        self.reload()  # a commit whose outcome was unknown is settled first
         with self.working():
             return self._step()
 

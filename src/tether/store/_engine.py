@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
 
-from tether.core import StoreError, StoreUnavailableError, TetherError
+from tether.core import CommitOutcomeUnknownError, StoreError, StoreUnavailableError, TetherError
 
 T = TypeVar("T")
 
@@ -134,9 +134,14 @@ class SQLEngine:
                 # A lost connection is retried only if nothing of a write was sent
                 # yet: after that, a COMMIT may have landed and a blind retry would
                 # report a CAS it actually won as lost.
-                transient = self._retryable(exc) or (
-                    self._disconnected(exc) and not (write and sent)
-                )
+                lost = self._disconnected(exc)
+                if lost and write and sent:
+                    # A COMMIT may have landed: never reported as "not committed".
+                    raise CommitOutcomeUnknownError(
+                        f"{self!r}: the connection was lost after a write was sent; it may "
+                        f"have landed. Read the run back before acting again ({exc})"
+                    ) from exc
+                transient = self._retryable(exc) or lost
                 if transient and attempt < self.retries:
                     attempt += 1
                     time.sleep(min(0.2, 0.002 * 2**attempt))
