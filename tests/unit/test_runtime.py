@@ -380,14 +380,18 @@ def test_restore_refuses_the_same_state_in_another_instance(world: World) -> Non
         world.runtime(agent, adapter=twin).recover("r1")
 
 
-def test_restore_refuses_drift_not_provable_from_the_pending_write(world: World) -> None:
-    """Two writes past the checkpoint are not derivable from one pending intent."""
+def test_drift_not_provable_from_the_pending_write_goes_to_review(world: World) -> None:
+    """Two writes past the checkpoint are not derivable from it: frozen, their receipts shown."""
     agent = ScriptedAgent([write("notes.txt", "x"), finish])
     world.runtime(agent).start("r1")
     outsider = ScriptedAgent([write("notes.txt", "y", "o1"), write("notes.txt", "z", "o2"), finish])
     world.runtime(outsider).start("other").run(max_steps=2)
-    with pytest.raises(EnvironmentDriftError, match="version moved"):
-        world.runtime(agent).recover("r1")
+    session = world.runtime(agent).recover("r1")
+    assert session.state.phase is Phase.NEEDS_REVIEW
+    (case,) = session.state.review_cases
+    assert case.reason == "environment_ahead" and case.environment == world.sandbox.environment()
+    shown = [e for e in case.evidence if e["kind"] == "unrecorded_receipt"]
+    assert len(shown) == 2 and world.sandbox.write_count() == 2  # r1 wrote nothing
 
 
 def test_restore_accepts_the_one_state_the_pending_write_produces(world: World) -> None:

@@ -1,6 +1,6 @@
 """Adapters: the runtime's hands in the world, and the authority on what they did."""
 
-from tether.adapters._base import Adapter, Fence, VerifierResult
+from tether.adapters._base import Adapter, Fence, ListsReceipts, VerifierResult
 from tether.adapters._errors import (
     FenceRejectedError,
     JournalCorruptError,
@@ -20,6 +20,7 @@ __all__ = [
     "FenceRejectedError",
     "FileWorkspace",
     "JournalCorruptError",
+    "ListsReceipts",
     "NotQueryableError",
     "Sandbox",
     "UnresolvedWriteError",

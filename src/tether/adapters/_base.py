@@ -144,3 +144,17 @@ class Adapter(Protocol):
     def verify(self, argv: tuple[str, ...], timeout_s: int) -> VerifierResult:
         """Run a command from the task's allowlist (the verifier, or a test target) here."""
         ...
+
+
+@runtime_checkable
+class ListsReceipts(Protocol):
+    """An adapter that can list the receipts it holds (optional).
+
+    After a store is restored from a backup, the adapter may hold receipts
+    of writes the restored ledger never saw; listing them lets the review
+    case show a person exactly which effects happened.
+    """
+
+    def receipts_after(self, version: int, limit: int = 100) -> list[Receipt]:
+        """Receipts whose post-state version is above ``version``, oldest first, at most ``limit``."""
+        ...

@@ -215,6 +215,14 @@ class Journal:
         rows = self._rows("SELECT receipt FROM receipts WHERE idempotency_key = ?", (key,))
         return parse_receipt(bytes(rows[0][0])) if rows else None
 
+    def receipts_after(self, version: int, limit: int) -> list[Receipt]:
+        """Receipts whose post-state version is above ``version``, oldest first, at most ``limit``."""
+        # Receipts are appended in commit order: the newest rows are the candidates.
+        rows = self._rows("SELECT receipt FROM receipts ORDER BY rowid DESC LIMIT ?", (limit,))
+        found = [parse_receipt(bytes(row[0])) for row in rows]
+        newer = [r for r in found if r.post_state.version > version]
+        return sorted(newer, key=lambda r: r.post_state.version)[: max(0, limit)]
+
     def prepared(self, key: str | None = None) -> list[Prepared]:
         """Prepared rows (all, or the one under ``key``), in key order."""
         sql = f"SELECT {_PREPARED_COLUMNS} FROM prepared"

@@ -190,6 +190,12 @@ class Sandbox:
         with self._lock:
             return self._receipts.get(key)
 
+    def receipts_after(self, version: int, limit: int = 100) -> list[Receipt]:
+        """Receipts whose post-state version is above ``version``, oldest first (see ListsReceipts)."""
+        with self._lock:
+            newer = [r for r in self._receipts.values() if r.post_state.version > version]
+        return sorted(newer, key=lambda r: r.post_state.version)[: max(0, limit)]
+
     def write_count(self) -> int:
         """How many writes the files actually received through :meth:`execute`."""
         with self._lock:

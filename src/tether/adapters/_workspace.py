@@ -201,6 +201,11 @@ class FileWorkspace:
         with self._exclusive() as journal:
             return journal.receipt(key)
 
+    def receipts_after(self, version: int, limit: int = 100) -> list[Receipt]:
+        """Receipts whose post-state version is above ``version``, oldest first (see ListsReceipts)."""
+        with self._exclusive() as journal:
+            return journal.receipts_after(version, max(0, limit))
+
     def write_count(self) -> int:
         """How many journaled writes the tree actually received (bypass writes excluded)."""
         with self._exclusive() as journal:

@@ -9,6 +9,7 @@ carries it, after a recovery as well.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from tether.core._actions import ActionResult, Proposal, Rejection
 from tether.core._canonical import JSONValue, canonical_bytes, digest_bytes, strict_loads
@@ -394,8 +395,10 @@ def park(
     now: datetime,
     live: EnvironmentState,
     receipt: Receipt | None = None,
+    evidence: tuple[dict[str, Any], ...] = (),
 ) -> Transition:
-    """Freeze a run a worker could not drive (its step kept failing) for a person to decide.
+    """Freeze a run no rule can decide for a person: a worker could not drive it, or
+    its environment is ahead of its checkpoint. ``evidence`` goes into the case whole.
 
     The case names the pending write when there is one (so a decision binds
     it, as any other); otherwise it is about the run. A held non-mutating
@@ -416,6 +419,7 @@ def park(
         environment=live,
         opened_at=now,
         detail=detail[-2000:],
+        evidence=tuple(evidence),
     )
     return Transition(
         OutcomeKind.FROZEN,

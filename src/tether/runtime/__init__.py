@@ -1,7 +1,13 @@
 """The orchestration: propose, gate, persist, execute, reconcile, advance, recover."""
 
 from tether.runtime._agent import Agent, AgentContext, Decision
-from tether.runtime._checkpointer import Checkpointer, Restored, check_binding, check_environment
+from tether.runtime._checkpointer import (
+    Checkpointer,
+    Restored,
+    check_binding,
+    check_environment,
+    environment_ahead,
+)
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
 from tether.runtime._crash import NO_CRASH, CrashPlan, CrashPoint, SimulatedCrash
 from tether.runtime._runtime import Runtime
@@ -37,6 +43,7 @@ __all__ = [
     "WorkerStats",
     "check_binding",
     "check_environment",
+    "environment_ahead",
     "install_signal_handlers",
     "load_factory",
 ]

@@ -26,6 +26,7 @@ from tether.core import (
     CommitOutcomeUnknownError,
     EffectStatus,
     EnvironmentDriftError,
+    EnvironmentState,
     LedgerEntry,
     LedgerIntegrityError,
     MissingHighWaterMarkError,
@@ -76,6 +77,11 @@ class Restored:
     #: says the write was dispatched: ``state`` now says ``dispatched``, and the
     #: first commit must record it in the ledger.
     maybe_sent: bool = False
+    #: The live environment, when it is further along than the checkpoint and
+    #: its pending write explain (writes the restored history never saw: the
+    #: store was put back, or another runtime wrote here). The run must go to
+    #: review, not act.
+    ahead: EnvironmentState | None = None
 
 
 class Checkpointer:
@@ -232,7 +238,10 @@ class Checkpointer:
         state = restored.state
         check_binding(state, binding)
         self.check_generation(restored)
-        check_environment(state, adapter)
+        live = adapter.environment()
+        ahead = live if environment_ahead(state, live) else None
+        if ahead is None:
+            check_environment(state, adapter, live=live)
         validate_state(state)
         chain = self.verified_ledger(state)
         pending = state.pending
@@ -250,8 +259,10 @@ class Checkpointer:
             ]
             if beyond:
                 state = state.evolve(pending=replace(pending, status=EffectStatus.DISPATCHED))
-                return replace(restored, state=state, ledger=tuple(chain), maybe_sent=True)
-        return replace(restored, ledger=tuple(chain))
+                return replace(
+                    restored, state=state, ledger=tuple(chain), maybe_sent=True, ahead=ahead
+                )
+        return replace(restored, ledger=tuple(chain), ahead=ahead)
 
     def verified_trace(self, state: RunState) -> list[TraceEvent]:
         """The run's trace, every hash recomputed, ending at the head ``state`` signed.
@@ -352,14 +363,36 @@ def check_binding(state: RunState, expected: CoreBinding) -> None:
         )
 
 
-def check_environment(state: RunState, adapter: Adapter) -> None:
+def environment_ahead(state: RunState, live: EnvironmentState) -> bool:
+    """Whether ``live`` is further along than the checkpoint of a running run can explain.
+
+    Same instance, and a version beyond both the checkpoint's and its pending
+    write's: writes went through the adapter that this history never saw. A
+    run that is frozen or finished is judged by :func:`check_environment` alone.
+    """
+    recorded = state.environment
+    if state.phase not in {Phase.RUNNING, Phase.PENDING}:
+        return False
+    if live.namespace != recorded.namespace or live.instance_id != recorded.instance_id:
+        return False
+    explained = recorded.version
+    pending = state.pending
+    if pending is not None and pending.mutating:
+        explained = max(explained, pending.expected_post.version)
+    return live.version > explained
+
+
+def check_environment(
+    state: RunState, adapter: Adapter, *, live: EnvironmentState | None = None
+) -> None:
     """The live environment must be the checkpointed state or its one pending successor.
 
     Equal version is not equal state: same version with another fingerprint,
     the same fingerprint in another instance, and drift of more than the one
-    pending write all fail closed.
+    pending write all fail closed. ``live`` is the adapter's answer if the
+    caller already asked.
     """
-    live = adapter.environment()
+    live = adapter.environment() if live is None else live
     recorded = state.environment
     if live.namespace != recorded.namespace or live.instance_id != recorded.instance_id:
         raise EnvironmentDriftError(

@@ -13,12 +13,14 @@ import contextlib
 import os
 import secrets
 import socket
+from typing import Any
 
-from tether.adapters import Adapter
+from tether.adapters import Adapter, ListsReceipts, UnresolvedWriteError
 from tether.core import (
     GENESIS_HASH,
     MAX_TIMEOUT_S,
     ActionKind,
+    AdapterError,
     Binding,
     EffectStatus,
     EnvironmentDriftError,
@@ -26,6 +28,7 @@ from tether.core import (
     MissingHighWaterMarkError,
     Phase,
     Policy,
+    Receipt,
     RunState,
     SpecError,
     Spent,
@@ -38,7 +41,7 @@ from tether.core import (
 from tether.crypto import Keyring, TrustRoots
 from tether.runtime import _humans
 from tether.runtime._agent import Agent, AgentContext
-from tether.runtime._checkpointer import Checkpointer
+from tether.runtime._checkpointer import Checkpointer, Restored
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
 from tether.runtime._crash import NO_CRASH, CrashPlan
 from tether.runtime._heartbeat import DEFAULT_MAX_S
@@ -219,6 +222,11 @@ class Runtime:
         # reclaim that changes nothing (the adapter still busy, nothing to do
         # yet) writes nothing.
         session.open_epoch(opening)
+        behind = self._behind_the_world(restored)
+        if behind is not None:
+            detail, evidence = behind
+            session.park("environment_ahead", detail, evidence=evidence)
+            return session
         if restored.maybe_sent:
             # Content beyond the mark said the pending write was dispatched:
             # the ledger records that before anything else happens.
@@ -229,3 +237,66 @@ class Runtime:
                 effect=state.pending,
             )
         return session
+
+    def _behind_the_world(
+        self, restored: Restored
+    ) -> tuple[str, tuple[dict[str, Any], ...]] | None:
+        """Whether the restored history is behind what the adapter shows happened.
+
+        Two durable records outside the store can say so: the environment is
+        further along than the checkpoint can explain, or the adapter holds a
+        receipt for a pending write the signed state says never left (it is
+        sent only after ``dispatched`` commits). Either means the store was
+        put back (a backup restore) or another runtime acted here; no rule can
+        tell which, so a person decides, with the adapter's receipts the
+        ledger lacks as evidence. ``None`` when nothing says so.
+        """
+        state = restored.state
+        pending = state.pending
+        receipt = None
+        if (
+            pending is not None
+            and pending.mutating
+            and pending.status is EffectStatus.INTENDED
+            and self.adapter.capabilities.queryable
+        ):
+            try:
+                receipt = self.adapter.lookup(pending.idempotency_key)
+            except (UnresolvedWriteError, AdapterError):
+                receipt = None  # cannot tell now; settling asks again, by the same key
+        if restored.ahead is None and receipt is None:
+            return None
+        live = restored.ahead if restored.ahead is not None else self.adapter.environment()
+        known = {entry.idempotency_key for entry in restored.ledger}
+        found: list[Receipt] = [] if receipt is None else [receipt]
+        if isinstance(self.adapter, ListsReceipts):
+            found += self.adapter.receipts_after(state.environment.version, limit=_RECEIPTS_SHOWN)
+        # The pending write's key is in the ledger as intended only: its
+        # receipt is news too.
+        if receipt is not None:
+            known.discard(receipt.idempotency_key)
+        unknown: dict[str, Receipt] = {}
+        for each in found:
+            if each.idempotency_key not in known:
+                unknown.setdefault(each.idempotency_key, each)
+        evidence: list[dict[str, Any]] = [
+            {
+                "kind": "environment_ahead",
+                "checkpoint": state.environment.to_json(),
+                "live": live.to_json(),
+                "generation": state.generation,
+            }
+        ]
+        evidence += [{"kind": "unrecorded_receipt", **r.to_json()} for r in unknown.values()]
+        detail = (
+            f"the environment is ahead of the restored checkpoint (version "
+            f"{state.environment.version} -> {live.version}) and the adapter holds "
+            f"{len(unknown)} receipt(s) the ledger does not: the store was restored from an "
+            "older backup, or another runtime wrote here. Nothing is repeated; decide replan "
+            "(continue from the world as it is) or abort."
+        )
+        return detail, tuple(evidence)
+
+
+#: At most this many unrecorded receipts are copied into a review case.
+_RECEIPTS_SHOWN = 50

@@ -475,18 +475,22 @@ class RunSession:
                 return outcome  # frozen for review, or still in flight: not cancelled
         return self.apply(step_rules.cancel(self.state, reason, by=by))
 
-    def park(self, reason: str, detail: str) -> Outcome:
+    def park(
+        self, reason: str, detail: str, *, evidence: tuple[dict[str, Any], ...] = ()
+    ) -> Outcome:
         """Freeze the run for a person: something keeps failing where no rule can decide.
 
         A :class:`~tether.runtime.Worker` parks a run whose drive failed too
-        often (reason ``worker_error``); a signed replan resumes it.
+        often (reason ``worker_error``), a recovery one whose environment is
+        ahead of its checkpoint (``environment_ahead``); ``evidence`` goes
+        into the case. A signed replan resumes it.
         """
         self.reload()
         self._refuse_if_stopped()
         with self.working():
-            return self._park(reason, detail)
+            return self._park(reason, detail, evidence)
 
-    def _park(self, reason: str, detail: str) -> Outcome:
+    def _park(self, reason: str, detail: str, evidence: tuple[dict[str, Any], ...]) -> Outcome:
         # The case records the world as it is now (and the receipt, if the
         # write landed), so the decision it asks for can be checked against it.
         live = self.rt.adapter.environment()
@@ -508,6 +512,7 @@ class RunSession:
             now=self.rt.clock.now(),
             live=live,
             receipt=receipt,
+            evidence=evidence,
         )
         return self.apply(transition)
 
