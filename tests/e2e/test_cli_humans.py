@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.test_cli import demo, demo_child, tether
 
 
@@ -155,3 +157,16 @@ def test_inspect_shows_pending_approval_evidence_with_its_expiry(tmp_path: Path)
     text = tether("inspect", "demo-run", "--db", str(run["db"]), "--keyring", str(run["keyring"]))
     assert "pending fix-calc" in text.stdout
     assert "approval by demo-approver" in text.stdout and "[valid]" in text.stdout
+
+
+@pytest.mark.parametrize("command", ["approve", "review"])
+def test_signing_commands_refuse_a_missing_store(tmp_path: Path, command: str) -> None:
+    """approve and review on a path with no database refuse it and create no file."""
+    run = _frozen_pending(tmp_path)
+    missing = tmp_path / "typo.sqlite"
+    argv = [command, "demo-run"]
+    argv += ["fix-calc"] if command == "approve" else ["case-1", "--decision", "replan"]
+    result = tether(*argv, "--db", str(missing), "--key", str(run["key"]), "--yes", check=False)
+    assert result.returncode == 1, result.stderr
+    assert "no SQLite store" in result.stderr and "Traceback" not in result.stderr
+    assert not missing.exists()

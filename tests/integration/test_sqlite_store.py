@@ -179,3 +179,33 @@ def test_a_store_that_cannot_enter_wal_mode_is_refused() -> None:
 
     with pytest.raises(StoreUnavailableError, match="WAL"):
         SQLiteStore(":memory:")
+
+
+def test_read_only_open_reads_a_live_store_and_refuses_writes(world: World) -> None:
+    """Beside a writer, a read-only store sees committed checkpoints; its writes are typed errors."""
+    world.runtime(ScriptedAgent([write("notes.txt", "x"), finish])).start("r1").run()
+    with SQLiteStore(world.db) as writer, SQLiteStore(world.db, read_only=True) as reader:
+        assert reader.get_mark("r1") == writer.get_mark("r1")
+        version = reader.schema_version()
+        with pytest.raises(StoreError):
+            reader.put_evidence("r1", "approval", {"a": 1})
+        assert reader.evidence("r1", 0) == [] and reader.schema_version() == version
+
+
+def test_read_only_open_refuses_a_missing_file_or_a_foreign_database(tmp_path: Path) -> None:
+    """No file is created, and a database that is not a tether store is left untouched."""
+    missing = tmp_path / "typo.sqlite"
+    with pytest.raises(StoreUnavailableError, match="no SQLite store"):
+        SQLiteStore(missing, read_only=True)
+    assert not missing.exists()
+    foreign = tmp_path / "other.sqlite"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE notes (body TEXT)")
+    conn.close()
+    with pytest.raises(StoreUnavailableError, match="not a tether store"):
+        SQLiteStore(foreign, read_only=True)
+    with sqlite3.connect(foreign) as conn:
+        tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master")]
+    conn.close()
+    assert tables == ["notes"]

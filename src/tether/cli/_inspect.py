@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 from datetime import UTC, datetime
-from pathlib import Path
 
 from tether.core import (
-    StoreUnavailableError,
     format_time,
     validate_state,
 )
@@ -19,7 +17,7 @@ from tether.store import SQLBase, SQLiteStore, open_store
 
 def _open(args: argparse.Namespace) -> Checkpointer:
     keyring = Keyring.from_file(args.keyring) if args.keyring else Keyring.from_environ()
-    marks = SQLiteStore(_existing(args.marks)) if args.marks else None
+    marks = SQLiteStore(args.marks, read_only=True) if args.marks else None
     return Checkpointer(_store(args), keyring, marks=marks)
 
 
@@ -147,12 +145,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def _store(args: argparse.Namespace) -> SQLBase:
     if args.store:
-        return open_store(args.store)
-    return SQLiteStore(_existing(args.db))
-
-
-def _existing(path: Path) -> Path:
-    """Read-only commands never create (and migrate) a database that is not there."""
-    if not Path(path).is_file():
-        raise StoreUnavailableError(f"no SQLite store at {str(path)!r}")
-    return Path(path)
+        # A SQLite URL opens read-only like --db; PostgreSQL is opened as is.
+        sqlite = args.store.startswith("sqlite:")
+        return open_store(args.store, read_only=True) if sqlite else open_store(args.store)
+    return SQLiteStore(args.db, read_only=True)

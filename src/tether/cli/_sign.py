@@ -20,6 +20,7 @@ from tether.core import (
     Phase,
     PolicyError,
     RunState,
+    StoreUnavailableError,
     TetherError,
     approval_request,
     new_approval,
@@ -49,7 +50,12 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
 
 
 def _store(where: Path | str) -> SQLBase:
-    return open_store(where) if isinstance(where, str) else SQLiteStore(where)
+    if isinstance(where, str):
+        return open_store(where)
+    if not where.is_file():
+        # Evidence delivered to a database nobody runs would be lost in plain sight.
+        raise StoreUnavailableError(f"no SQLite store at {str(where)!r}")
+    return SQLiteStore(where)
 
 
 def load_state(db: Path | str, run_id: str, keyring_path: Path | None) -> tuple[RunState, bool]:

@@ -22,7 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tether.core import StoreError, StoreUnavailableError, WriteOnceError
+from tether.core import MigrationError, StoreError, StoreUnavailableError, WriteOnceError
+from tether.store._schema import migrations
 from tether.store._sql import SQLBase
 
 _SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
@@ -40,6 +41,7 @@ class SQLiteStore(SQLBase):
         *,
         synchronous: str = "FULL",
         busy_timeout_ms: int = 30_000,
+        read_only: bool = False,
     ) -> None:
         super().__init__()
         # One connection per store object, shared by its threads one unit of work at a time.
@@ -50,14 +52,29 @@ class SQLiteStore(SQLBase):
                 f"synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}"
             )
         self.path = Path(path)
+        self.read_only = read_only
+        if read_only and not self.path.is_file():
+            # Opening would create (and a migration fill) a database nobody asked for.
+            raise StoreUnavailableError(f"no SQLite store at {str(self.path)!r}")
         try:
-            self._conn = sqlite3.connect(
-                self.path,
-                isolation_level=None,
-                timeout=busy_timeout_ms / 1000,
-                check_same_thread=False,
-            )
-            (journal,) = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            if read_only:
+                uri = f"{self.path.resolve().as_uri()}?mode=ro"
+                self._conn = sqlite3.connect(
+                    uri,
+                    uri=True,
+                    isolation_level=None,
+                    timeout=busy_timeout_ms / 1000,
+                    check_same_thread=False,
+                )
+                (journal,) = self._conn.execute("PRAGMA journal_mode").fetchone()
+            else:
+                self._conn = sqlite3.connect(
+                    self.path,
+                    isolation_level=None,
+                    timeout=busy_timeout_ms / 1000,
+                    check_same_thread=False,
+                )
+                (journal,) = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()
             self._conn.execute(f"PRAGMA synchronous={mode}")
             self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
             self._conn.execute("PRAGMA foreign_keys=ON")
@@ -76,13 +93,38 @@ class SQLiteStore(SQLBase):
                 f"{journal!r} mode); put it on a local file system"
             )
         try:
-            self.migrate()
+            if read_only:
+                self._check_current()
+            else:
+                self.migrate()
         except BaseException:
             self._conn.close()
             raise
 
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"
+
+    def _check_current(self) -> None:
+        """A read-only store cannot migrate: its schema must already be this tether's."""
+        newest = max(version for version, _ in migrations(self.blob_type))
+        try:
+            (found,) = self._conn.execute("SELECT MAX(version) FROM tether_migrations").fetchone()
+        except sqlite3.Error as exc:
+            raise StoreUnavailableError(
+                f"{str(self.path)!r} is not a tether store (no migrations table): {exc}"
+            ) from exc
+        if isinstance(found, bool) or not isinstance(found, int):
+            raise StoreUnavailableError(f"{str(self.path)!r} records no tether schema version")
+        if found > newest:
+            raise MigrationError(
+                f"database schema version {found} is newer than this tether ({newest}); "
+                "upgrade tether"
+            )
+        if found < newest:
+            raise StoreUnavailableError(
+                f"{str(self.path)!r} is at schema version {found}, this tether needs {newest}: "
+                "open it once read-write (e.g. `tether worker`) to migrate it"
+            )
 
     def _conn_close_quietly(self) -> None:
         conn = getattr(self, "_conn", None)
