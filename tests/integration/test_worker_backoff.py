@@ -386,3 +386,49 @@ def test_a_reclaim_that_changes_nothing_writes_nothing(tmp_path: Path) -> None:
             before.checkpoint_digest,
         )
         assert after.attempts == 0  # "later" is not a failure
+
+
+def test_the_worker_command_takes_the_retry_settings(tmp_path: Path) -> None:
+    """`tether worker --max-attempts 2 --backoff S`: two claims of a broken run, then it is parked."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from dataclasses import replace
+
+    from tether import _demo
+
+    url = f"sqlite:///{tmp_path / 'tether.sqlite'}"
+    paths = replace(_demo.DemoPaths.under(tmp_path), store_url=url)
+    _demo.prepare(paths)
+    with _demo.workspace(paths) as ws:
+        rt = _demo.runtime(paths, ws)
+        rt.start(_demo.RUN_ID)
+        rt.store.close()
+    paths.keyring.unlink()  # the factory can no longer build the run
+
+    def tether_worker(*flags: str) -> subprocess.CompletedProcess[str]:
+        argv = ["worker", "--store", url, "--app", "tether._demo:worker_factory", *flags]
+        return subprocess.run(
+            [sys.executable, "-m", "tether.cli", *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "TETHER_DEMO_HOME": str(paths.home)},
+            check=False,
+        )
+
+    settings = ["--max-attempts", "2", "--backoff", "0.05", "--max-backoff", "0.05"]
+    claims = []
+    for _ in range(3):
+        done = tether_worker(*settings, "--poll", "0.01", "--idle-exit")
+        assert done.returncode == 0, done.stderr
+        claims.append(json.loads(done.stdout.strip().splitlines()[-1])["claimed"])
+        time.sleep(0.1)  # past the back-off
+    assert claims == [1, 1, 0]  # claimed twice, then parked: no third claim
+    with SQLiteStore(tmp_path / "tether.sqlite") as store:
+        parked = store.get_mark(_demo.RUN_ID)
+    assert parked.attempts == 2 and parked.last_error
+    refused = tether_worker("--max-attempts", "0")
+    assert refused.returncode == 2 and "must be from 1 to 1000" in refused.stderr

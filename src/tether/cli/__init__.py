@@ -216,7 +216,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.5,
         help="seconds between claims when idle (at most an hour)",
     )
-    worker.add_argument("--max-runs", type=int, help="stop after claiming this many runs")
+    worker.add_argument("--max-runs", type=_count(10**9), help="stop after claiming this many runs")
+    worker.add_argument(
+        "--max-attempts",
+        type=_count(1000),
+        default=5,
+        help="park a run in needs_review (worker_error) after this many failed steps in a row "
+        "(default 5)",
+    )
+    worker.add_argument(
+        "--backoff",
+        type=_seconds(24 * 3600, real=True),
+        default=1.0,
+        help="first retry delay after a failed step, doubled per failure (default 1 s)",
+    )
+    worker.add_argument(
+        "--max-backoff",
+        type=_seconds(366 * 24 * 3600, real=True),
+        default=300.0,
+        help="cap on the retry delay (default 300 s)",
+    )
     worker.add_argument(
         "--idle-exit", action="store_true", help="exit when no run is waiting to be claimed"
     )
@@ -283,7 +302,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     factory = load_factory(args.app)
     worker_id = args.id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
     with open_store(args.store) as store:
-        worker = Worker(store, factory, worker_id, lease_ttl_s=args.lease_ttl, poll_s=args.poll)
+        worker = Worker(
+            store,
+            factory,
+            worker_id,
+            lease_ttl_s=args.lease_ttl,
+            poll_s=args.poll,
+            max_attempts=args.max_attempts,
+            backoff_s=args.backoff,
+            max_backoff_s=args.max_backoff,
+        )
         install_signal_handlers(worker)
         stats = worker.serve(max_runs=args.max_runs, idle_exit=args.idle_exit)
     print(
@@ -314,6 +342,21 @@ def _seconds(maximum: int, *, real: bool = False) -> Any:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
         if not 0 < value <= maximum:  # also refuses nan
             raise argparse.ArgumentTypeError(f"must be more than 0 and at most {maximum} seconds")
+        return value
+
+    return parse
+
+
+def _count(maximum: int) -> Any:
+    """An argparse type: a whole number from 1 to ``maximum`` (else a usage error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not 1 <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be from 1 to {maximum}")
         return value
 
     return parse
