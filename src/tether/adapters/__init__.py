@@ -9,16 +9,28 @@ from tether.adapters._errors import (
     UnsupportedEntryError,
     WorkspaceConfigError,
 )
+from tether.adapters._httpfields import (
+    FENCE,
+    IDEMPOTENCY_KEY,
+    HeaderFieldError,
+    fence_header,
+    parse_fence,
+    parse_sf_string,
+    sf_string,
+)
 from tether.adapters._sandbox import Sandbox
 from tether.adapters._workspace import FileWorkspace
 from tether.core import Capabilities
 
 __all__ = [
+    "FENCE",
+    "IDEMPOTENCY_KEY",
     "Adapter",
     "Capabilities",
     "Fence",
     "FenceRejectedError",
     "FileWorkspace",
+    "HeaderFieldError",
     "JournalCorruptError",
     "ListsReceipts",
     "NotQueryableError",
@@ -27,4 +39,8 @@ __all__ = [
     "UnsupportedEntryError",
     "VerifierResult",
     "WorkspaceConfigError",
+    "fence_header",
+    "parse_fence",
+    "parse_sf_string",
+    "sf_string",
 ]

@@ -1,0 +1,373 @@
+"""A reference effects service: a ticket API that honours the Idempotency-Key draft.
+
+It ships with tether for tests and the demo. It stores the first response
+for a key (errors included), fingerprints the payload, answers ``400`` for a
+missing or malformed key, ``409`` while the same key is in flight, ``422`` for
+a key reused with another payload, forgets keys after a retention period,
+and can be asked by key (``GET /idempotency/{key}``). Data lives in its own
+SQLite file, so a restarted service remembers everything.
+
+Real services follow the draft only in part. A hostile ``mode``, switched per
+test through ``POST /_admin/mode``, makes it behave as measured elsewhere:
+
+=====================  ==========================================================
+``drop_after_commit``  commit the ticket, then drop the connection mid-reply
+``commit_then_500``    commit the ticket, then answer 500
+``slow_s``             seconds between taking the key and committing (in-flight 409s)
+``lying_lookup``       the look-up answers 404 for every key
+``no_inflight_lock``   two concurrent requests with one key both execute
+``mismatch``           ``"422"`` (faithful), ``"new_effect"`` or ``"replay"``
+``replay_status``      status of a replay: the first response's (0) or e.g. 409
+``inflight_expiry_s``  an abandoned in-flight key is freed after this; ``null``: never
+``retention_s``        keys older than this are forgotten (then a request executes again)
+=====================  ==========================================================
+
+Run it as ``python -m tether.testing.effects_service --db FILE [--port 0]``;
+it prints one JSON line ``{"url": ..., "instance_id": ...}`` when it listens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import secrets
+import sqlite3
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from tether.adapters._httpfields import (
+    FENCE,
+    IDEMPOTENCY_KEY,
+    HeaderFieldError,
+    parse_fence,
+    parse_sf_string,
+)
+
+DEFAULT_MODE: dict[str, Any] = {
+    "drop_after_commit": False,
+    "commit_then_500": False,
+    "slow_s": 0.0,
+    "lying_lookup": False,
+    "no_inflight_lock": False,
+    "mismatch": "422",
+    "replay_status": 0,
+    "inflight_expiry_s": 30.0,
+    "retention_s": 24 * 3600.0,
+}
+_MISMATCH = {"422", "new_effect", "replay"}
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS keys (key TEXT PRIMARY KEY, fingerprint TEXT NOT NULL,"
+    " state TEXT NOT NULL, status INTEGER, body TEXT, created_us INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS tickets (ticket_id INTEGER PRIMARY KEY AUTOINCREMENT,"
+    " idempotency_key TEXT, body TEXT NOT NULL, created_us INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS fences (run_id TEXT PRIMARY KEY, version INTEGER NOT NULL)",
+)
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class ServiceData:
+    """The service's SQLite file: keys, tickets, fences, its identity and its mode."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        with self.connect() as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (name, value) VALUES ('instance_id', ?)",
+                ("svc-" + secrets.token_hex(8),),
+            )
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (name, value) VALUES ('mode', ?)",
+                (json.dumps(DEFAULT_MODE),),
+            )
+
+    @contextmanager
+    def connect(self) -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self.connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.rollback()
+                raise
+
+    def meta(self, name: str) -> str:
+        with self.connect() as conn:
+            row = conn.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        return str(row[0])
+
+    def mode(self) -> dict[str, Any]:
+        return {**DEFAULT_MODE, **json.loads(self.meta("mode"))}
+
+    def set_mode(self, changes: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(changes) - set(DEFAULT_MODE))
+        if unknown:
+            raise ValueError(f"unknown mode fields {unknown}")
+        if "mismatch" in changes and changes["mismatch"] not in _MISMATCH:
+            raise ValueError(f"mismatch must be one of {sorted(_MISMATCH)}")
+        mode = {**self.mode(), **changes}
+        with self.transaction() as conn:
+            conn.execute("UPDATE meta SET value = ? WHERE name = 'mode'", (json.dumps(mode),))
+        return mode
+
+
+def fingerprint(method: str, path: str, body: bytes) -> str:
+    """What the service compares when a key comes back: method, path and body bytes."""
+    digest = hashlib.sha256(method.encode() + b" " + path.encode() + b"\n" + body)
+    return "sha256:" + digest.hexdigest()
+
+
+class _DropMidReply(Response):
+    """Starts a reply and dies before its body: the client sees the connection drop."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 201,
+                "headers": [(b"content-length", b"4096"), (b"content-type", b"application/json")],
+            }
+        )
+        raise ConnectionAbortedError("hostile mode: connection dropped after the commit")
+
+
+def _json(status: int, body: dict[str, Any], **headers: str) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers=headers or None)
+
+
+class EffectsService:
+    """The Starlette application over one :class:`ServiceData`."""
+
+    def __init__(self, data: ServiceData) -> None:
+        self.data = data
+        self.app = Starlette(
+            routes=[
+                Route("/tickets", self.create_ticket, methods=["POST"]),
+                Route("/tickets", self.list_tickets, methods=["GET"]),
+                Route("/idempotency/{key:path}", self.look_up, methods=["GET"]),
+                Route("/instance", self.instance, methods=["GET"]),
+                Route("/_admin/mode", self.change_mode, methods=["POST"]),
+            ]
+        )
+
+    # -- the API -------------------------------------------------------------
+
+    async def create_ticket(self, request: Request) -> Response:
+        body = await request.body()
+        header = request.headers.get(IDEMPOTENCY_KEY)
+        if header is None:
+            return _json(400, {"error": "missing_idempotency_key"})
+        try:
+            key = parse_sf_string(header)
+        except HeaderFieldError as exc:
+            return _json(400, {"error": "malformed_idempotency_key", "detail": str(exc)})
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return _json(400, {"error": "body_not_json"})
+        if not isinstance(payload, dict):
+            return _json(400, {"error": "body_not_an_object"})
+        fence = request.headers.get(FENCE)
+        payload_fp = fingerprint("POST", "/tickets", body)
+        return await run_in_threadpool(self._create, key, payload_fp, body, payload, fence)
+
+    def _create(
+        self, key: str, payload_fp: str, body: bytes, payload: dict[str, Any], fence: str | None
+    ) -> Response:
+        mode = self.data.mode()
+        now = _now_us()
+        with self.data.transaction() as conn:
+            conn.execute(
+                "DELETE FROM keys WHERE created_us < ?",
+                (now - int(float(mode["retention_s"]) * 1e6),),
+            )
+            row = conn.execute(
+                "SELECT fingerprint, state, status, body, created_us FROM keys WHERE key = ?",
+                (key,),
+            ).fetchone()
+            if row is not None:
+                answer = self._seen(conn, mode, key, payload_fp, row, now)
+                if answer is not None:
+                    return answer
+            if fence is not None:
+                refused = self._check_fence(conn, fence)
+                if refused is not None:
+                    return refused
+            if not mode["no_inflight_lock"]:
+                conn.execute(
+                    "INSERT OR REPLACE INTO keys (key, fingerprint, state, created_us)"
+                    " VALUES (?, ?, 'in_flight', ?)",
+                    (key, payload_fp, now),
+                )
+        if mode["slow_s"]:
+            time.sleep(float(mode["slow_s"]))
+        title = payload.get("title")
+        with self.data.transaction() as conn:
+            if isinstance(title, str) and title:
+                cursor = conn.execute(
+                    "INSERT INTO tickets (idempotency_key, body, created_us) VALUES (?, ?, ?)",
+                    (key, body.decode("utf-8", "replace"), _now_us()),
+                )
+                status, reply = 201, {"ticket_id": cursor.lastrowid, "idempotency_key": key}
+            else:
+                # An error is a response too: stored, so the same request gets it again.
+                status, reply = 400, {"error": "invalid_ticket", "detail": "title is required"}
+            conn.execute(
+                "INSERT OR REPLACE INTO keys (key, fingerprint, state, status, body, created_us)"
+                " VALUES (?, ?, 'completed', ?, ?, ?)",
+                (key, payload_fp, status, json.dumps(reply), now),
+            )
+        if status != 201:
+            return _json(status, reply)
+        if mode["drop_after_commit"]:
+            return _DropMidReply()
+        if mode["commit_then_500"]:
+            return _json(500, {"error": "internal"})
+        return _json(201, reply)
+
+    def _seen(
+        self,
+        conn: sqlite3.Connection,
+        mode: dict[str, Any],
+        key: str,
+        payload_fp: str,
+        row: tuple[Any, ...],
+        now: int,
+    ) -> Response | None:
+        """The answer for a key already known, or ``None`` to execute (again)."""
+        stored_fp, state, status, body, created_us = row
+        if state == "in_flight":
+            expiry = mode["inflight_expiry_s"]
+            if expiry is not None and now - created_us > float(expiry) * 1e6:
+                return None  # abandoned by a crashed handler; its ticket never committed
+            if mode["no_inflight_lock"]:
+                return None
+            return _json(409, {"error": "request_in_flight", "idempotency_key": key})
+        if stored_fp != payload_fp:
+            if mode["mismatch"] == "new_effect":
+                return None
+            if mode["mismatch"] == "422":
+                return _json(422, {"error": "idempotency_key_reused", "idempotency_key": key})
+        replay_status = int(mode["replay_status"]) or int(status)
+        return JSONResponse(
+            json.loads(body), status_code=replay_status, headers={"Idempotent-Replayed": "true"}
+        )
+
+    def _check_fence(self, conn: sqlite3.Connection, fence: str) -> Response | None:
+        try:
+            run_id, version = parse_fence(fence)
+        except HeaderFieldError as exc:
+            return _json(400, {"error": "malformed_fence", "detail": str(exc)})
+        row = conn.execute("SELECT version FROM fences WHERE run_id = ?", (run_id,)).fetchone()
+        if row is not None and version < int(row[0]):
+            return _json(412, {"error": "stale_fence", "highest": int(row[0])})
+        conn.execute(
+            "INSERT OR REPLACE INTO fences (run_id, version) VALUES (?, ?)", (run_id, version)
+        )
+        return None
+
+    async def look_up(self, request: Request) -> Response:
+        key = request.path_params["key"]
+        mode = self.data.mode()
+        with self.data.connect() as conn:
+            row = conn.execute(
+                "SELECT fingerprint, state, status, body, created_us FROM keys WHERE key = ?",
+                (key,),
+            ).fetchone()
+        if row is None or mode["lying_lookup"]:
+            return _json(404, {"error": "unknown_key", "idempotency_key": key})
+        stored_fp, state, status, body, created_us = row
+        answer: dict[str, Any] = {
+            "idempotency_key": key,
+            "fingerprint": stored_fp,
+            "state": state,
+            "created_us": created_us,
+        }
+        if state == "completed":
+            answer["response"] = {"status": status, "body": json.loads(body)}
+        return _json(200, answer)
+
+    async def list_tickets(self, request: Request) -> Response:
+        with self.data.connect() as conn:
+            rows = conn.execute(
+                "SELECT ticket_id, idempotency_key, body FROM tickets ORDER BY ticket_id"
+            ).fetchall()
+        tickets = [{"ticket_id": r[0], "idempotency_key": r[1], "body": r[2]} for r in rows]
+        return _json(200, {"tickets": tickets})
+
+    async def instance(self, request: Request) -> Response:
+        return _json(200, {"instance_id": self.data.meta("instance_id")})
+
+    async def change_mode(self, request: Request) -> Response:
+        try:
+            changes = json.loads(await request.body())
+            if not isinstance(changes, dict):
+                raise ValueError("the mode must be a JSON object")
+            return _json(200, self.data.set_mode(changes))
+        except ValueError as exc:
+            return _json(400, {"error": "bad_mode", "detail": str(exc)})
+
+
+def build_app(db: Path) -> Starlette:
+    """The ASGI application over the SQLite file ``db`` (created if missing)."""
+    return EffectsService(ServiceData(db)).app
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve on loopback; print the URL and identity once listening."""
+    import socket
+
+    import uvicorn
+
+    parser = argparse.ArgumentParser(prog="python -m tether.testing.effects_service")
+    parser.add_argument("--db", type=Path, required=True, help="the service's SQLite file")
+    parser.add_argument("--port", type=int, default=0, help="loopback port (0: any free one)")
+    args = parser.parse_args(argv)
+    data = ServiceData(args.db)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", args.port))
+    sock.listen(128)  # connections queue from now on, before uvicorn starts serving
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        EffectsService(data).app, log_level="warning", access_log=False, lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    print(
+        json.dumps({"url": f"http://127.0.0.1:{port}", "instance_id": data.meta("instance_id")}),
+        flush=True,
+    )
+    server.run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
