@@ -361,3 +361,35 @@ def test_a_freeze_keeps_the_pending_intent_and_opens_one_case() -> None:
     (case,) = t.state.review_cases
     assert (case.case_id, case.reason, case.environment) == ("case-1", "outcome_unknown", OTHER)
     assert t.events[0][0] == "needs_review"
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+@pytest.mark.parametrize("age", [10, 3601])
+def test_a_key_past_the_adapters_retention_is_never_sent_again(idempotent: bool, age: int) -> None:
+    """Absent after a look-up, or a dedup send: within retention it goes; past it, review."""
+    caps = Capabilities(
+        idempotent=idempotent, queryable=True, conditional_writes=False, retention_s=3600
+    )
+    state = state_with(EffectStatus.DISPATCHED, "not_needed")
+    later = replace(facts(caps, "not_needed", PRE), now=NOW + timedelta(seconds=age))
+    looked = settle_rules.after_lookup(state, later, LookupAnswer(LookupStatus.ABSENT))
+    blind_caps = replace(caps, queryable=False)
+    resent = settle_rules.settle(state, replace(later, capabilities=blind_caps))
+    fresh = age <= 3600
+    assert (summary(looked)[0] is OutcomeKind.EXECUTED) is fresh
+    if idempotent:
+        assert (summary(resent)[0] is OutcomeKind.EXECUTED) is fresh
+    for t in (looked, resent) if idempotent else (looked,):
+        if not fresh:
+            assert t.reason == "outcome_unknown" and t.state is not None
+            assert t.state.phase is Phase.NEEDS_REVIEW
+            assert [n.status for n in t.ledger] == [EffectStatus.OUTCOME_UNKNOWN]
+
+
+def test_a_look_up_carries_the_pending_intent() -> None:
+    """The look-up a dispatched write asks for names its intent, for adapters that judge it."""
+    caps = Capabilities(idempotent=False, queryable=True, conditional_writes=False)
+    t = settle_rules.settle(
+        state_with(EffectStatus.DISPATCHED, "not_needed"), facts(caps, "not_needed", PRE)
+    )
+    assert t.call == Lookup(KEY, INTENT)

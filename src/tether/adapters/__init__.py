@@ -1,6 +1,13 @@
 """Adapters: the runtime's hands in the world, and the authority on what they did."""
 
-from tether.adapters._base import Adapter, Fence, ListsReceipts, VerifierResult
+from tether.adapters._base import (
+    Adapter,
+    Fence,
+    ListsReceipts,
+    LooksUpIntents,
+    VerifierResult,
+    look_up,
+)
 from tether.adapters._errors import (
     FenceRejectedError,
     JournalCorruptError,
@@ -33,6 +40,7 @@ __all__ = [
     "HeaderFieldError",
     "JournalCorruptError",
     "ListsReceipts",
+    "LooksUpIntents",
     "NotQueryableError",
     "Sandbox",
     "UnresolvedWriteError",
@@ -40,6 +48,7 @@ __all__ = [
     "VerifierResult",
     "WorkspaceConfigError",
     "fence_header",
+    "look_up",
     "parse_fence",
     "parse_sf_string",
     "sf_string",

@@ -158,3 +158,27 @@ class ListsReceipts(Protocol):
     def receipts_after(self, version: int, limit: int = 100) -> list[Receipt]:
         """Receipts whose post-state version is above ``version``, oldest first, at most ``limit``."""
         ...
+
+
+@runtime_checkable
+class LooksUpIntents(Protocol):
+    """An adapter that judges what it recorded under a key against an intent (optional).
+
+    A service that keeps its own fingerprint of a request (an HTTP API with
+    ``Idempotency-Key``) cannot name tether's intent digest from the key
+    alone; given the intent, it can say whether its record is this intent
+    (the receipt carries ``intent.digest``) or another one (a different
+    digest: a conflict).
+    """
+
+    def lookup_intent(self, key: str, intent: Intent) -> Receipt | None:
+        """The receipt under ``key``, its ``intent_digest`` equal to ``intent.digest`` only if
+        the adapter's record is that intent; ``None`` if nothing is recorded."""
+        ...
+
+
+def look_up(adapter: Adapter, key: str, intent: Intent | None = None) -> Receipt | None:
+    """Ask ``adapter`` for the receipt under ``key``, judged against ``intent`` where it can."""
+    if intent is not None and isinstance(adapter, LooksUpIntents):
+        return adapter.lookup_intent(key, intent)
+    return adapter.lookup(key)

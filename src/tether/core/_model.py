@@ -57,6 +57,11 @@ class Capabilities:
     #: With ``queryable``: a look-up that finds nothing proves the write never
     #: landed and never will (no eventual consistency, no request still in flight).
     absent_is_final: bool = True
+    #: Keys are remembered at least this many seconds (``None``: for ever).
+    #: Past it, a look-up that finds nothing proves nothing and a send under
+    #: the same key may be a second effect: an older unsettled write goes to
+    #: review.
+    retention_s: float | None = None
 
     @property
     def blind(self) -> bool:

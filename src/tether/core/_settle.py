@@ -26,7 +26,9 @@ committed, other intent digest      key_conflict -> needs_review
 in progress                         wait; never send while one may be in flight
 unavailable                         retry later, nothing changes
 absent, final or idempotent        approval gate; send again, same key (a
-                                    retry: a refusal means outcome unknown)
+                                    retry: a refusal means outcome unknown);
+                                    a key past the adapter's retention:
+                                    outcome unknown -> needs_review
 absent, not final, not idempotent   outcome unknown -> needs_review
 ==================================  ===========================================
 
@@ -101,9 +103,11 @@ def settle(state: RunState, facts: Facts) -> Transition:
     if pending.status is EffectStatus.INTENDED:
         return dispatch(state, facts)
     if caps.queryable:
-        return Transition(OutcomeKind.IN_FLIGHT, call=Lookup(pending.idempotency_key))
+        return Transition(
+            OutcomeKind.IN_FLIGHT, call=Lookup(pending.idempotency_key, pending.intent)
+        )
     if caps.idempotent:
-        return send_again(state, facts)
+        return _past_retention(state, facts) or send_again(state, facts)
     return freeze(
         state,
         facts,
@@ -193,7 +197,9 @@ def after_lookup(state: RunState, facts: Facts, answer: LookupAnswer) -> Transit
     if caps.absent_is_final or caps.idempotent:
         # Still a retry: an adapter that lost a receipt it once gave would make
         # a refused re-send look like a clean rejection of a write that landed.
-        return send_again(state, facts, known_absent=caps.absent_is_final)
+        return _past_retention(state, facts) or send_again(
+            state, facts, known_absent=caps.absent_is_final
+        )
     return freeze(
         state,
         facts,
@@ -201,6 +207,31 @@ def after_lookup(state: RunState, facts: Facts, answer: LookupAnswer) -> Transit
         None,
         f"the adapter has no receipt for key {pending.idempotency_key} yet, a look-up that "
         "finds nothing is not final, and the write cannot be deduplicated",
+        ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
+    )
+
+
+def _past_retention(state: RunState, facts: Facts) -> Transition | None:
+    """A freeze when the key may have outlived the adapter's memory of it, else ``None``.
+
+    The key was minted with the intent, before any send, so its age is
+    measured from then: never younger than the adapter's oldest record of it.
+    """
+    pending = _pending(state)
+    retention = facts.capabilities.retention_s
+    if retention is None:
+        return None
+    age = (facts.now - pending.proposed_at).total_seconds()
+    if age <= retention:
+        return None
+    return freeze(
+        state,
+        facts,
+        "outcome_unknown",
+        None,
+        f"key {pending.idempotency_key} is {age:.0f} s old, past the {retention:g} s the "
+        "adapter promises to remember keys: a look-up that finds nothing proves nothing and "
+        "a send could be a second effect; a person must decide",
         ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
     )
 

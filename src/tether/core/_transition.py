@@ -63,9 +63,10 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
-    """Ask the adapter what it recorded under ``key``."""
+    """Ask the adapter what it recorded under ``key`` (judged against ``intent``, if it can)."""
 
     key: str
+    intent: Intent | None = None
 
 
 @dataclass(frozen=True, slots=True)

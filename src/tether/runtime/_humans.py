@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Protocol
 
-from tether.adapters import Adapter
+from tether.adapters import Adapter, look_up
 from tether.core import (
     ActionClass,
     ActionKind,
@@ -148,7 +148,7 @@ def review(session: RunSession, document: Any, *, cursor: int | None = None) -> 
             now=rt.clock.now(),
             ttl_s=rt.policy.approval_ttl_s,
         )
-        _reread(rt, case, body)
+        _reread(rt, state, case, body)
     except (EvidenceError, PolicyError) as exc:
         _refuse(session, "review_decision", document, exc, cursor)
         raise
@@ -185,7 +185,7 @@ def check_restorable(rt: Runtime, state: RunState) -> None:
                 ) from exc
 
 
-def _reread(rt: Runtime, case: Any, body: dict[str, Any]) -> None:
+def _reread(rt: Runtime, state: RunState, case: Any, body: dict[str, Any]) -> None:
     """Before consuming a decision, the adapter's receipt and the environment must be unchanged."""
     live = rt.adapter.environment()
     if live != case.environment:
@@ -193,7 +193,13 @@ def _reread(rt: Runtime, case: Any, body: dict[str, Any]) -> None:
             f"the environment changed since the case was opened (now version {live.version})"
         )
     queryable = rt.adapter.capabilities.queryable and bool(case.idempotency_key)
-    receipt = rt.adapter.lookup(case.idempotency_key) if queryable else None
+    pending = state.pending
+    intent = (
+        pending.intent
+        if pending is not None and pending.idempotency_key == case.idempotency_key
+        else None
+    )
+    receipt = look_up(rt.adapter, case.idempotency_key, intent) if queryable else None
     now = None if receipt is None else receipt.fingerprint
     if queryable and now != body["receipt_fingerprint"]:
         raise ReviewDriftError(

@@ -15,7 +15,7 @@ import secrets
 import socket
 from typing import Any
 
-from tether.adapters import Adapter, ListsReceipts, UnresolvedWriteError
+from tether.adapters import Adapter, ListsReceipts, UnresolvedWriteError, look_up
 from tether.core import (
     GENESIS_HASH,
     MAX_TIMEOUT_S,
@@ -261,7 +261,7 @@ class Runtime:
             and self.adapter.capabilities.queryable
         ):
             try:
-                receipt = self.adapter.lookup(pending.idempotency_key)
+                receipt = look_up(self.adapter, pending.idempotency_key, pending.intent)
             except (UnresolvedWriteError, AdapterError):
                 receipt = None  # cannot tell now; settling asks again, by the same key
         if restored.ahead is None and receipt is None:

@@ -23,7 +23,7 @@ import threading
 from dataclasses import replace
 from typing import Any, Protocol
 
-from tether.adapters import Adapter, Fence, UnresolvedWriteError
+from tether.adapters import Adapter, Fence, UnresolvedWriteError, look_up
 from tether.core import (
     ActionClass,
     ActionKind,
@@ -382,7 +382,7 @@ class RunSession:
     def _lookup(self, call: Lookup) -> LookupAnswer:
         self.guard()
         try:
-            receipt = self.rt.adapter.lookup(call.key)
+            receipt = look_up(self.rt.adapter, call.key, call.intent)
         except UnresolvedWriteError as exc:
             return LookupAnswer(LookupStatus.IN_PROGRESS, detail=str(exc))
         except AdapterUnavailableError as exc:
@@ -466,8 +466,8 @@ class RunSession:
         self.guard()
         pending = self.state.pending
         if pending is not None and pending.mutating and pending.status is not EffectStatus.INTENDED:
-            caps = self.rt.adapter.capabilities
-            answer = self._lookup(Lookup(pending.idempotency_key)) if caps.queryable else None
+            ask = Lookup(pending.idempotency_key, pending.intent)
+            answer = self._lookup(ask) if self.rt.adapter.capabilities.queryable else None
             outcome = self.apply(
                 self._decide(lambda facts: settle_rules.cancel_pending(self.state, facts, answer))
             )
@@ -497,7 +497,7 @@ class RunSession:
         receipt = None
         pending = self.state.pending
         if pending is not None and pending.mutating and self.rt.adapter.capabilities.queryable:
-            answer = self._lookup(Lookup(pending.idempotency_key))
+            answer = self._lookup(Lookup(pending.idempotency_key, pending.intent))
             if answer.status in {LookupStatus.IN_PROGRESS, LookupStatus.UNAVAILABLE}:
                 raise AdapterUnavailableError(
                     f"run {self.run_id}: cannot park it while its write's outcome is unknown "
