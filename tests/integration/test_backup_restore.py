@@ -9,9 +9,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import ScriptedAgent, finish, make_policy, make_task, write
 from tether.adapters import FileWorkspace
-from tether.core import Observation, Phase, new_approval, new_decision
+from tether.core import EffectStatus, Observation, Phase, new_approval, new_decision
 from tether.crypto import Keyring, Signer, TrustRoots
 from tether.runtime import AgentContext, Decision, Runtime, Worker
 from tether.store import SQLiteStore
@@ -219,3 +221,118 @@ def test_a_restored_store_with_a_consumed_approval_refuses_it_and_a_replan_finis
         assert [r["kind"] for r in refusals] == ["approval"]  # traced as refused, not dropped
     finally:
         site.close()
+
+
+def test_the_world_moving_under_review_refreshes_the_case_and_a_new_decision_applies(
+    tmp_path: Path,
+) -> None:
+    """A colleague edits the tree after the park: the stale abort is refused, the next applies."""
+    site = Site(tmp_path)
+    try:
+        site.agent = BacksUpBeforeSecondWrite(site)
+        with SQLiteStore(site.db) as store:
+            site.runtime(store).start("r").run()
+        site.restore_backup()
+        site.serve(until=lambda mark: mark.phase == "needs_review")
+        parked = site.state()
+        (site.workspace.root / "notes.txt").write_text("a colleague's edit\n")
+        reviewed(site, parked, "abort")  # signed against the case as it was opened
+        site.serve(until=lambda mark: False, seconds=0.5)
+        state = site.state()
+        assert state.phase is Phase.NEEDS_REVIEW  # the stale decision never applied
+        (case,) = state.review_cases
+        assert case.case_id != parked.review_cases[0].case_id
+        assert case.environment == site.workspace.environment()
+        reviewed(site, state, "abort")
+        site.serve(until=lambda mark: mark.phase == "failed")
+        assert site.state().phase is Phase.FAILED
+        assert site.workspace.write_count() == 3
+    finally:
+        site.close()
+
+
+def test_a_mark_behind_dispatched_content_with_the_world_ahead_parks_soundly(
+    tmp_path: Path,
+) -> None:
+    """Mark apart, one generation behind content that says dispatched, world ahead: the park
+    records dispatched in the ledger first, so every later restore still verifies."""
+    from tether.core import Intent
+    from tether.runtime import CrashPlan, CrashPoint, SimulatedCrash
+
+    site = Site(tmp_path, needs_approval=True)
+    marks = tmp_path / "marks.sqlite"
+    site.agent = ScriptedAgent([write("notes.txt", "mine\n"), finish])
+
+    def runtime(worker: str, crash: CrashPlan | None = None) -> Runtime:
+        return Runtime(
+            store=SQLiteStore(site.db),
+            marks=SQLiteStore(marks),
+            keyring=site.keyring,
+            adapter=site.workspace,
+            task=site.task,
+            policy=site.policy,
+            agent=site.agent,
+            worker=worker,
+            trust=site.trust,
+            crash=crash or CrashPlan(),
+        )
+
+    try:
+        waiting = runtime("w0").start("r")
+        waiting.run()  # pending, intended, waiting for the approval
+        now = datetime.now(UTC)
+        body = new_approval(
+            waiting.state,
+            "alice",
+            issued_at=now,
+            expires_at=now + timedelta(seconds=300),
+            nonce=secrets.token_hex(16),
+        )
+        with SQLiteStore(site.db) as store:
+            store.put_evidence("r", "approval", site.approver.sign(body))
+        # hit 1 records the approval; hit 2 is the checkpoint that says dispatched: its
+        # content lands, the mark does not move, the write is never sent
+        with pytest.raises(SimulatedCrash):
+            runtime("w1", CrashPlan(CrashPoint.CONTENT_BEFORE_MARK, nth=2)).recover("r").run()
+        ws = site.workspace
+        for n in range(2):  # another runtime writes here meanwhile
+            args = ws.normalize("file.write", "notes.txt", {"content": f"other {n}\n"})
+            ws.execute(
+                f"other-{n}", Intent("file.write", "notes.txt", args, "low"), ws.environment()
+            )
+        parked = runtime("w2").recover("r")
+        assert parked.state.phase is Phase.NEEDS_REVIEW
+        assert parked.state.review_cases[0].reason == "environment_ahead"
+        again = runtime("w3").recover("r")  # the ledger agrees with the checkpoint
+        assert again.state.phase is Phase.NEEDS_REVIEW
+        assert again.state.pending is not None
+        assert again.state.pending.status is EffectStatus.DISPATCHED
+        assert site.workspace.write_count() == 2  # our write never went
+    finally:
+        site.close()
+
+
+def test_an_adapter_that_cannot_list_or_look_up_still_parks_with_both_environments(
+    tmp_path: Path,
+) -> None:
+    """A blind adapter ahead of a restored store: review with the environments, no receipts."""
+    from tests.integration import _blindkit as kit
+
+    kit.prepare(tmp_path)
+    db, outbox_path, _ = kit.paths(tmp_path)
+    backup = tmp_path / "backup.sqlite"
+    with SQLiteStore(db) as store:
+        kit.runtime(tmp_path, store).start(kit.RUN_ID)
+    copy_database(db, backup)
+    with SQLiteStore(db) as store:
+        kit.runtime(tmp_path, store).recover(kit.RUN_ID).run()
+    assert kit.effects(tmp_path) == 1
+    copy_database(backup, db)
+    with SQLiteStore(db) as store:
+        session = kit.runtime(tmp_path, store).recover(kit.RUN_ID)
+    assert session.state.phase is Phase.NEEDS_REVIEW
+    (case,) = session.state.review_cases
+    kinds = [e["kind"] for e in case.evidence]
+    assert kinds == ["environment_ahead"]  # nothing to list: the environments say it
+    assert kit.effects(tmp_path) == 1
+    del outbox_path

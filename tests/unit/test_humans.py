@@ -418,21 +418,44 @@ def test_every_decision_binding_is_enforced(world: World, field_name: str, value
     refused(world, session, decision(world, session, **{field_name: value}), EvidenceBindingError)
 
 
-def test_an_environment_change_after_issuance_leaves_the_case_frozen(world: World) -> None:
-    """If the environment moved between signing and consuming, the case stays frozen."""
+def refreshed(world: World, session: RunSession, document: dict[str, Any]) -> None:
+    """The stale decision is refused and never applies; the case now records the world as it
+    is, and a decision signed against it is accepted."""
+    (before,) = session.state.review_cases
+    with pytest.raises(ReviewDriftError):
+        session.review(document)
+    assert session.state.phase is Phase.NEEDS_REVIEW
+    kinds = [e.kind for e in session.trace()[-2:]]
+    assert kinds == ["evidence_refused", "review_case_refreshed"]
+    (case,) = session.state.review_cases
+    assert case.case_id != before.case_id and case.environment == world.sandbox.environment()
+    assert case.evidence[-1]["kind"] == "changed_under_review"
+    assert case.evidence[-1]["previous_case"] == before.case_id
+    key = case.idempotency_key
+    assert case.receipt_fingerprint == world.sandbox.lookup(key).fingerprint  # type: ignore[union-attr]
+    session.review(decision(world, session, "abort"))
+    assert session.state.phase is Phase.FAILED
+
+
+def test_an_environment_change_after_issuance_refuses_the_decision_and_refreshes_the_case(
+    world: World,
+) -> None:
+    """If the environment moved between signing and consuming, the decision is refused."""
     session = conflicted(world)
     document = decision(world, session)
     world.sandbox.bypass_write("notes.txt", "moved on")
-    refused(world, session, document, ReviewDriftError)
+    refreshed(world, session, document)
 
 
-def test_receipt_drift_after_issuance_leaves_the_case_frozen(world: World) -> None:
+def test_receipt_drift_after_issuance_refuses_the_decision_and_refreshes_the_case(
+    world: World,
+) -> None:
     """The runtime rereads the adapter's receipt before consuming a decision; drift refuses it."""
     session = conflicted(world)
     document = decision(world, session)
     key = session.state.review_cases[0].idempotency_key
     world.sandbox.tamper_receipt(key, receipt_id="rcpt-changed")
-    refused(world, session, document, ReviewDriftError)
+    refreshed(world, session, document)
 
 
 def test_a_trusted_replan_quarantines_the_key_and_resumes_with_a_new_one(world: World) -> None:
@@ -591,3 +614,33 @@ def test_checkpoints_stay_flat_as_approvals_accumulate(guarded: World) -> None:
     assert session.state.ledger_length == 600  # intended, dispatched, committed per write
     assert sizes[-1] - sizes[9] <= 1024, (sizes[9], sizes[-1])
     assert approved[-1] - approved[9] <= 1024, (approved[9], approved[-1])
+
+
+def test_a_frozen_run_taken_over_opens_a_new_epoch_with_the_decision(world: World) -> None:
+    """Another worker applies the decision: its epoch and name are on the commit, traced."""
+    frozen = conflicted(world)
+    epoch = frozen.state.epoch
+    generation = runtime(world, agent=two_writes(), worker="w-second").checkpointer.load("r1")
+    taker = runtime(world, agent=two_writes(), worker="w-second").recover("r1")
+    assert taker.state.generation == generation.state.generation  # the restore wrote nothing
+    taker.review(decision(world, taker, "abort"))
+    assert (taker.state.epoch, taker.state.worker) == (epoch + 1, "w-second")
+    recovered = [e for e in taker.trace() if e.kind == "recovered"]
+    assert recovered[-1].data["previous_epoch"] == epoch
+
+
+def test_trust_roots_without_the_needed_role_leave_the_evidence_unread(world: World) -> None:
+    """Roots with approvers only meet a reviewer's decision: a configuration error, cursor kept."""
+    from tether.core import TrustRootsRequiredError
+
+    frozen = conflicted(world)
+    document = decision(world, frozen, "abort")
+    world.store().put_evidence("r1", "review_decision", document)
+    approvers_only = TrustRoots.of(ALICE.trust_root())
+    session = runtime(world, agent=two_writes(), trust=approvers_only).recover("r1")
+    with pytest.raises(TrustRootsRequiredError, match="no reviewers"):
+        session.run()
+    assert session.state.inbox_cursor == frozen.state.inbox_cursor  # nothing consumed
+    fixed = runtime(world, agent=two_writes()).recover("r1")
+    fixed.run()
+    assert fixed.state.phase is Phase.FAILED  # the same signed decision, read once fixed

@@ -11,12 +11,13 @@ came by.
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from tether.core._canonical import digest
 from tether.core._errors import CanonicalJSONError
 from tether.core._evidence import ReviewDecision
-from tether.core._model import ReviewCase
+from tether.core._model import EnvironmentState, Receipt, ReviewCase
 from tether.core._phases import Phase
 from tether.core._state import RunState
 from tether.core._transition import Event, OutcomeKind, Transition
@@ -138,4 +139,50 @@ def refused(
         events=(("evidence_refused", data),),
         reason="evidence_refused",
         message=str(error),
+    )
+
+
+def refresh_case(
+    state: RunState,
+    case: ReviewCase,
+    *,
+    live: EnvironmentState,
+    receipt: Receipt | None,
+    case_id: str,
+    now: datetime,
+    why: str,
+) -> Transition:
+    """The world moved under an open case: it is replaced by one recording the world now.
+
+    A decision is signed against the case's environment and receipt; one that
+    finds them changed is refused (the stale decision never applies), and
+    without this a person could never sign anything the run would accept.
+    The new case keeps the old one's evidence and adds what changed, so the
+    next decision is made, and bound, with the world as it is.
+    """
+    moved = {
+        "kind": "changed_under_review",
+        "previous_case": case.case_id,
+        "previous_environment": case.environment.to_json(),
+        "previous_receipt_fingerprint": case.receipt_fingerprint,
+        "environment": live.to_json(),
+        "receipt_fingerprint": None if receipt is None else receipt.fingerprint,
+        "why": why[-500:],
+    }
+    fresh = replace(
+        case,
+        case_id=case_id,
+        receipt=None if receipt is None else receipt.to_json(),
+        receipt_fingerprint=None if receipt is None else receipt.fingerprint,
+        environment=live,
+        opened_at=now,
+        evidence=(*case.evidence, moved),
+    )
+    cases = tuple(fresh if c.case_id == case.case_id else c for c in state.review_cases)
+    return Transition(
+        OutcomeKind.FROZEN,
+        state=state.evolve(review_cases=cases),
+        events=(("review_case_refreshed", {"replaces": case.case_id, "case": fresh.to_json()}),),
+        reason="review_case_refreshed",
+        message=why[-500:],
     )

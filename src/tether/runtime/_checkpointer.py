@@ -407,9 +407,10 @@ def check_environment(
     pending = state.pending
     if pending is not None and live == pending.expected_post:
         return
-    if state.phase is Phase.NEEDS_REVIEW and any(c.environment == live for c in state.review_cases):
-        # A frozen case recorded the environment it was opened in; restoring
-        # there lets a signed decision be applied (which re-checks drift itself).
+    if state.phase is Phase.NEEDS_REVIEW:
+        # Frozen, nothing acts: the same instance in any state may be restored,
+        # so a person can still decide. A decision re-reads the world itself,
+        # and one the world moved under is refused and its case refreshed.
         return
     if live.version == recorded.version:
         problem = "same version, different state (changed outside the runtime)"

@@ -15,10 +15,12 @@ from tether.adapters import Adapter, look_up
 from tether.core import (
     ActionClass,
     ActionKind,
+    EnvironmentState,
     EvidenceError,
     Phase,
     Policy,
     PolicyError,
+    Receipt,
     ReviewDriftError,
     RunFrozenError,
     RunState,
@@ -30,7 +32,7 @@ from tether.core import (
 from tether.core import needs_approval as core_needs_approval
 from tether.core import people_rules as people
 from tether.crypto import Role, TrustRoots
-from tether.runtime._clock import Clock
+from tether.runtime._clock import Clock, IdSource
 from tether.store import ContentStore
 
 
@@ -49,6 +51,8 @@ class Runtime(Protocol):
     def adapter(self) -> Adapter: ...
     @property
     def clock(self) -> Clock: ...
+    @property
+    def ids(self) -> IdSource: ...
 
 
 class RunSession(Protocol):
@@ -77,12 +81,24 @@ def consume_inbox(session: RunSession) -> None:
     Each entry is read once: accepted or refused, the cursor moves past it in
     the same checkpoint that records the outcome, so a refused document is
     traced once and never retried. A runtime given no trust roots reads
-    nothing: evidence is never consumed unread.
+    nothing, and one whose roots lack the role an entry needs stops at it
+    (:class:`TrustRootsRequiredError`): evidence is never consumed unread.
     """
     state = session.state
-    if state.phase.terminal or session.rt.trust is None:
+    trust = session.rt.trust
+    if state.phase.terminal or trust is None:
         return
+    roles = trust.roles()
     for item in session.rt.store.evidence(state.run_id, after=state.inbox_cursor):
+        role = Role.APPROVER if item.kind == "approval" else Role.REVIEWER
+        if role not in roles:
+            # The runtime's configuration is at fault, not the document: refusing it
+            # would burn a valid signature. Stop here; the cursor stays put.
+            raise TrustRootsRequiredError(
+                f"run {state.run_id}: inbox entry #{item.seq} is {item.kind} evidence and this "
+                f"runtime's trust roots name no {role.value}s; add them, and it is read then",
+                run_id=state.run_id,
+            )
         with contextlib.suppress(EvidenceError, PolicyError):  # traced by approve/review
             if item.kind == "approval":
                 approve(session, item.document, cursor=item.seq)
@@ -134,6 +150,8 @@ def approve(session: RunSession, document: Any, *, cursor: int | None = None) ->
 def review(session: RunSession, document: Any, *, cursor: int | None = None) -> RunState:
     """Verify a signed reviewer decision and apply it; any doubt leaves the case frozen."""
     rt, state = session.rt, session.state
+    drift: tuple[str, EnvironmentState, Receipt | None] | None = None
+    case = None
     try:
         _refuse_unless(state, Phase.NEEDS_REVIEW, "review")
         body = _trust(rt).verify(document, Role.REVIEWER)
@@ -148,9 +166,25 @@ def review(session: RunSession, document: Any, *, cursor: int | None = None) -> 
             now=rt.clock.now(),
             ttl_s=rt.policy.approval_ttl_s,
         )
-        _reread(rt, state, case, body)
+        drift = _reread(rt, state, case, body)
+        if drift is not None:
+            raise ReviewDriftError(drift[0])
     except (EvidenceError, PolicyError) as exc:
         _refuse(session, "review_decision", document, exc, cursor)
+        if drift is not None and case is not None:
+            why, live, receipt = drift
+            _commit(
+                session,
+                people.refresh_case(
+                    session.state,
+                    case,
+                    live=live,
+                    receipt=receipt,
+                    case_id=rt.ids.new_id("case"),
+                    now=rt.clock.now(),
+                    why=why,
+                ),
+            )
         raise
     _commit(session, people.apply_decision(state, case, decision, document, cursor=cursor))
     return session.state
@@ -185,13 +219,12 @@ def check_restorable(rt: Runtime, state: RunState) -> None:
                 ) from exc
 
 
-def _reread(rt: Runtime, state: RunState, case: Any, body: dict[str, Any]) -> None:
-    """Before consuming a decision, the adapter's receipt and the environment must be unchanged."""
+def _reread(
+    rt: Runtime, state: RunState, case: Any, body: dict[str, Any]
+) -> tuple[str, EnvironmentState, Receipt | None] | None:
+    """Before a decision is consumed, the environment and the adapter's receipt must be
+    as the case recorded them; else why, and the world as it is now."""
     live = rt.adapter.environment()
-    if live != case.environment:
-        raise ReviewDriftError(
-            f"the environment changed since the case was opened (now version {live.version})"
-        )
     queryable = rt.adapter.capabilities.queryable and bool(case.idempotency_key)
     pending = state.pending
     intent = (
@@ -200,11 +233,17 @@ def _reread(rt: Runtime, state: RunState, case: Any, body: dict[str, Any]) -> No
         else None
     )
     receipt = look_up(rt.adapter, case.idempotency_key, intent) if queryable else None
+    if live != case.environment:
+        why = f"the environment changed since the case was opened (now version {live.version})"
+        return why, live, receipt
     now = None if receipt is None else receipt.fingerprint
     if queryable and now != body["receipt_fingerprint"]:
-        raise ReviewDriftError(
-            "the adapter's authoritative receipt changed since the decision was signed"
+        return (
+            "the adapter's authoritative receipt changed since the decision was signed",
+            live,
+            receipt,
         )
+    return None
 
 
 def _trust(rt: Runtime) -> TrustRoots:

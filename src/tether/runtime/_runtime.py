@@ -209,7 +209,7 @@ class Runtime:
         session.results()  # missing or damaged results fail closed here, not mid-run
         if lease is not None:
             session.hold(lease)
-        if state.phase.terminal or state.phase is Phase.NEEDS_REVIEW:
+        if state.phase.terminal:
             return session  # nothing may change; an operator can still read everything
         opening = {
             "from_generation": state.generation,
@@ -222,20 +222,21 @@ class Runtime:
         # reclaim that changes nothing (the adapter still busy, nothing to do
         # yet) writes nothing.
         session.open_epoch(opening)
-        behind = self._behind_the_world(restored)
-        if behind is not None:
-            detail, evidence = behind
-            session.park("environment_ahead", detail, evidence=evidence)
-            return session
+        if state.phase is Phase.NEEDS_REVIEW:
+            return session  # frozen: the epoch lands with the decision that opens it
         if restored.maybe_sent:
             # Content beyond the mark said the pending write was dispatched:
-            # the ledger records that before anything else happens.
+            # the ledger records that before anything else happens (a park too).
             session.commit(
                 state,
                 [],
                 ledger=(LedgerNote(EffectStatus.DISPATCHED),),
                 effect=state.pending,
             )
+        behind = self._behind_the_world(restored)
+        if behind is not None:
+            detail, evidence = behind
+            session.park("environment_ahead", detail, evidence=evidence)
         return session
 
     def _behind_the_world(
