@@ -10,12 +10,17 @@ from tether.adapters._base import (
 )
 from tether.adapters._errors import (
     FenceRejectedError,
+    HttpConfigError,
     JournalCorruptError,
+    KeyInFlightError,
+    KeyReusedError,
     NotQueryableError,
+    RequestRefusedError,
     UnresolvedWriteError,
     UnsupportedEntryError,
     WorkspaceConfigError,
 )
+from tether.adapters._http import REFERENCE_PROFILE, HttpEffect, ServiceProfile
 from tether.adapters._httpfields import (
     FENCE,
     IDEMPOTENCY_KEY,
@@ -32,17 +37,24 @@ from tether.core import Capabilities
 __all__ = [
     "FENCE",
     "IDEMPOTENCY_KEY",
+    "REFERENCE_PROFILE",
     "Adapter",
     "Capabilities",
     "Fence",
     "FenceRejectedError",
     "FileWorkspace",
     "HeaderFieldError",
+    "HttpConfigError",
+    "HttpEffect",
     "JournalCorruptError",
+    "KeyInFlightError",
+    "KeyReusedError",
     "ListsReceipts",
     "LooksUpIntents",
     "NotQueryableError",
+    "RequestRefusedError",
     "Sandbox",
+    "ServiceProfile",
     "UnresolvedWriteError",
     "UnsupportedEntryError",
     "VerifierResult",

@@ -6,7 +6,7 @@ handles "the adapter refused or failed" handles these too.
 
 from __future__ import annotations
 
-from tether.core import AdapterError
+from tether.core import AdapterError, IdempotencyConflictError, PreconditionFailedError
 
 
 class WorkspaceConfigError(AdapterError):
@@ -84,3 +84,60 @@ class FenceRejectedError(AdapterError):
             f"run {run_id}: fencing token {presented} {why}; "
             "the lease is no longer yours, stop working on this run"
         )
+
+
+class HttpConfigError(AdapterError):
+    """An HTTP adapter or service profile is configured in a way that cannot work.
+
+    Also raised when the service refuses the ``Idempotency-Key`` header itself
+    (a 400 about the key): no retry can fix that, the configuration must.
+    """
+
+
+class KeyInFlightError(UnresolvedWriteError):
+    """The service still runs a request under ``key`` (409): wait, then ask by the same key.
+
+    An unresolved write like the workspace's: the runtime neither resends nor
+    settles it until the service answers for the key.
+    """
+
+    def __init__(self, key: str, detail: str) -> None:
+        self.key = key
+        self.target = ""
+        self.before = None
+        self.after = ""
+        self.actual = None
+        AdapterError.__init__(self, f"key {key}: {detail}")
+
+
+class KeyReusedError(IdempotencyConflictError):
+    """The service says ``key`` was used with another payload (422): a person decides.
+
+    No receipt exists for the other payload; ``response`` is the service's answer.
+    """
+
+    def __init__(self, key: str, expected_digest: str, response: str) -> None:
+        self.key = key
+        self.expected_digest = expected_digest
+        self.receipt = None
+        self.response = response
+        AdapterError.__init__(
+            self,
+            f"the service refused key {key} as reused with another payload (422): {response}",
+        )
+
+
+class RequestRefusedError(PreconditionFailedError):
+    """The service refused the request (a 4xx other than 409/412/422): nothing was applied.
+
+    A refusal of a first send is a rejected effect; of a retry, an unknown
+    outcome (the first attempt may have landed).
+    """
+
+    def __init__(self, target: str, status: int, response: str) -> None:
+        self.target = target
+        self.expected = "2xx"
+        self.actual = str(status)
+        self.status = status
+        self.response = response
+        AdapterError.__init__(self, f"POST /{target} refused with {status}: {response[:500]}")

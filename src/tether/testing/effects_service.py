@@ -37,6 +37,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from tether.adapters._httpfields import (
     parse_fence,
     parse_sf_string,
 )
+from tether.core import format_time
 
 DEFAULT_MODE: dict[str, Any] = {
     "drop_after_commit": False,
@@ -236,7 +238,13 @@ class EffectsService:
                     "INSERT INTO tickets (idempotency_key, body, created_us) VALUES (?, ?, ?)",
                     (key, body.decode("utf-8", "replace"), _now_us()),
                 )
-                status, reply = 201, {"ticket_id": cursor.lastrowid, "idempotency_key": key}
+                created = format_time(datetime.now(UTC))  # RFC 3339 UTC, as receipts keep it
+                reply = {
+                    "ticket_id": cursor.lastrowid,
+                    "idempotency_key": key,
+                    "created_at": created,
+                }
+                status = 201
             else:
                 # An error is a response too: stored, so the same request gets it again.
                 status, reply = 400, {"error": "invalid_ticket", "detail": "title is required"}

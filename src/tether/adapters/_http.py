@@ -1,0 +1,391 @@
+"""HttpEffect: mutating HTTP requests under ``Idempotency-Key``, as the service's profile allows.
+
+Each ``http.post`` carries the idempotency key as a Structured Field string
+and the run's fencing token (``Tether-Fence``). Answers map onto the adapter
+protocol's typed outcomes:
+
+=========================  ====================================================
+the service answers        HttpEffect
+=========================  ====================================================
+2xx                        the receipt (the response is the authority)
+409 (same key in flight)   wait and ask again with the SAME key, bounded; then
+                           in progress (the run waits, then looks the key up)
+422 (key reused)           a key conflict: needs_review, the response as evidence
+400 about the key          a configuration error (never retried by the runtime)
+412 stale fence            the fencing token was superseded: stop
+other 4xx                  refused: no effect (a retry's refusal: outcome unknown)
+5xx, timeout, reset        outcome unknown: the runtime looks the key up
+=========================  ====================================================
+
+What the service promises is declared, not assumed (:class:`ServiceProfile`).
+An HTTP service is never called "idempotent" in the runtime's sense: a send
+whose first attempt may have landed goes again only after a look-up by key
+found nothing, and only where the profile promises that a second request
+with the key is deduplicated; without a look-up, an unknown outcome goes to
+review. A key older than the declared retention is never sent again.
+
+The environment is the service's identity (base URL and the instance id the
+service reports), not its state: what a remote service holds cannot be
+fingerprinted, so the effect ledger, not the environment, remembers it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from tether.adapters._base import Fence, VerifierResult
+from tether.adapters._errors import (
+    FenceRejectedError,
+    HttpConfigError,
+    KeyInFlightError,
+    KeyReusedError,
+    NotQueryableError,
+    RequestRefusedError,
+)
+from tether.adapters._filewrite import check_instance
+from tether.adapters._httpfields import FENCE, IDEMPOTENCY_KEY, fence_header, sf_string
+from tether.core import (
+    ActionClass,
+    ActionKind,
+    AdapterUnavailableError,
+    Capabilities,
+    ContractViolationError,
+    EnvironmentState,
+    Intent,
+    JSONValue,
+    Receipt,
+    TargetKind,
+    VerifierRefusedError,
+    canonical_bytes,
+    check_canonical_path,
+    digest,
+)
+
+ADAPTER_VERSION = "1"
+HTTP_POST = ActionKind("http.post", ActionClass.WRITE, TargetKind.PATH, frozenset({"json"}))
+_REPLAYS = {"first_response", "conflict", "new_effect"}
+#: The part of a response body kept in a receipt (the ledger stores receipts).
+MAX_RECEIPT_BODY = 16_384
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceProfile:
+    """What a service promises about ``Idempotency-Key``, as its operators declare it.
+
+    ``replay``: what a second request with a completed key gets:
+    ``first_response`` (the draft), ``conflict`` (a 409) or ``new_effect``
+    (it executes again). ``refuses_in_flight``: a second request while the
+    first is still running gets 409. ``detects_mismatch``: the same key with
+    another payload gets 422. ``retention_s``: keys are kept at least this
+    long (``None``: for ever). ``lookup``: the path, relative to the base URL,
+    that answers for a key (``{key}`` is replaced), in the reference service's
+    format; ``None``: the service cannot be asked. ``identity``: a path
+    answering ``{"instance_id": ...}``; ``None``: the base URL alone names
+    the service. ``fencing``: the service refuses a lower ``Tether-Fence``.
+    """
+
+    replay: str = "first_response"
+    refuses_in_flight: bool = True
+    detects_mismatch: bool = True
+    retention_s: float | None = 24 * 3600.0
+    lookup: str | None = "idempotency/{key}"
+    identity: str | None = "instance"
+    fencing: bool = False
+    object_id_field: str = "id"
+    committed_at_field: str | None = None
+    in_flight_retries: int = 5
+    in_flight_wait_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.replay not in _REPLAYS:
+            raise HttpConfigError(f"replay must be one of {sorted(_REPLAYS)}, not {self.replay!r}")
+        if self.retention_s is not None and not 0 < self.retention_s <= 10 * 366 * 86400:
+            raise HttpConfigError("retention_s must be positive and at most ten years")
+        if not 0 <= self.in_flight_retries <= 100 or not 0 <= self.in_flight_wait_s <= 60:
+            raise HttpConfigError("in_flight_retries must be 0-100 and in_flight_wait_s 0-60")
+        if self.lookup is not None and "{key}" not in self.lookup:
+            raise HttpConfigError("a lookup path must contain {key}")
+
+    @property
+    def deduplicates(self) -> bool:
+        """Whether a second request with a key can never be a second effect."""
+        return self.replay == "first_response" and self.refuses_in_flight and self.detects_mismatch
+
+
+#: The reference effects service that ships in ``tether.testing.effects_service``.
+REFERENCE_PROFILE = ServiceProfile(
+    fencing=True, object_id_field="ticket_id", committed_at_field="created_at"
+)
+
+
+def reference_fingerprint(method: str, path: str, body: bytes) -> str:
+    """The payload fingerprint the reference service keeps: method, path and body bytes."""
+    hashed = hashlib.sha256(method.encode() + b" " + path.encode() + b"\n" + body)
+    return "sha256:" + hashed.hexdigest()
+
+
+class HttpEffect:
+    """An adapter for one HTTP service: ``http.post`` to paths under ``base_url``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        profile: ServiceProfile = REFERENCE_PROFILE,
+        namespace: str = "http",
+        timeout_s: float = 10.0,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise HttpConfigError(f"base_url must be http:// or https://, not {base_url!r}")
+        if not 0 < timeout_s <= 3600:
+            raise HttpConfigError("timeout_s must be positive and at most an hour")
+        if not namespace:
+            raise HttpConfigError("namespace must not be empty")
+        self.base_url = base_url.rstrip("/")
+        self.profile = profile
+        self._namespace = namespace
+        self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        self._instance: str | None = None
+        self._capabilities = Capabilities(
+            idempotent=False,
+            queryable=profile.lookup is not None,
+            conditional_writes=False,
+            fencing=profile.fencing,
+            absent_is_final=profile.deduplicates,
+            retention_s=profile.retention_s,
+        )
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self._client.close()
+
+    def __enter__(self) -> HttpEffect:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- identity -----------------------------------------------------
+
+    @property
+    def namespace(self) -> str:
+        """Stable name of the kind of environment (default ``"http"``)."""
+        return self._namespace
+
+    @property
+    def version(self) -> str:
+        """Adapter code version; bound into receipts."""
+        return ADAPTER_VERSION
+
+    @property
+    def instance_id(self) -> str:
+        """The base URL and the instance id the service reports (asked once)."""
+        if self._instance is None:
+            reported = ""
+            if self.profile.identity is not None:
+                body = self._get_json(self.profile.identity, "identity")
+                value = body.get("instance_id") if isinstance(body, dict) else None
+                if not isinstance(value, str) or not value:
+                    raise AdapterUnavailableError(
+                        f"{self.base_url}: the identity endpoint named no instance_id"
+                    )
+                reported = value
+            self._instance = f"{self.base_url}#{reported}"
+        return self._instance
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Queryable with a look-up path; never idempotent in the runtime's sense."""
+        return self._capabilities
+
+    def environment(self) -> EnvironmentState:
+        """The service's identity; version 0: a remote state is not fingerprinted."""
+        instance = self.instance_id
+        return EnvironmentState(self._namespace, instance, 0, digest({"instance": instance}))
+
+    @property
+    def kinds(self) -> tuple[ActionKind, ...]:
+        """``http.post``."""
+        return (HTTP_POST,)
+
+    def read(
+        self, kind: str, target: str, args: dict[str, Any], scope: Any
+    ) -> dict[str, JSONValue]:
+        """An HTTP service offers no read kinds here."""
+        raise ContractViolationError("unknown_kind", f"{self._namespace} has no read kind {kind!r}")
+
+    def verify(self, argv: tuple[str, ...], timeout_s: int) -> VerifierResult:
+        """A remote service runs no commands: verifiers run on a workspace."""
+        raise VerifierRefusedError(f"{self._namespace} runs no verifier commands")
+
+    # --- writing ------------------------------------------------------
+
+    def normalize(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
+        """``{"json": OBJECT}`` exactly; the target is a canonical path under the base URL."""
+        if kind != HTTP_POST.name:
+            raise ContractViolationError("unknown_kind", f"{self._namespace} cannot {kind!r}")
+        check_canonical_path(target, "target")
+        if set(args) != {"json"} or not isinstance(args["json"], dict):
+            raise ContractViolationError(
+                "bad_args", "http.post takes exactly one argument, json: an object"
+            )
+        canonical_bytes(args["json"])  # refuses what has no canonical JSON form
+        return {"json": args["json"]}
+
+    def derive_post_state(self, prestate: EnvironmentState, intent: Intent) -> EnvironmentState:
+        """The same identity: a remote effect leaves nothing here to fingerprint."""
+        check_instance(prestate, self._namespace, self.instance_id)
+        return prestate
+
+    def execute(
+        self, key: str, intent: Intent, prestate: EnvironmentState, fence: Fence | None = None
+    ) -> Receipt:
+        """POST ``intent`` under ``key``; a 409 is asked again with the same key, bounded."""
+        if not key:
+            raise ContractViolationError("bad_key", "the idempotency key must not be empty")
+        check_instance(prestate, self._namespace, self.instance_id)
+        if intent.kind != HTTP_POST.name:
+            raise ContractViolationError(
+                "unknown_kind", f"{self._namespace} cannot {intent.kind!r}"
+            )
+        body = canonical_bytes(intent.args["json"])
+        headers = {IDEMPOTENCY_KEY: sf_string(key), "content-type": "application/json"}
+        if fence is not None:
+            headers[FENCE] = fence_header(fence.run_id, fence.lease_version)
+        path = "/" + intent.target
+        for attempt in range(self.profile.in_flight_retries + 1):
+            try:
+                response = self._client.post(path, content=body, headers=headers)
+            except httpx.HTTPError as exc:
+                raise AdapterUnavailableError(
+                    f"POST {path} under key {key}: {type(exc).__name__}: {exc}; the outcome is "
+                    "unknown (the request may have been applied)"
+                ) from exc
+            if response.status_code != 409:
+                return self._answer(key, intent, prestate, fence, response)
+            if attempt < self.profile.in_flight_retries:
+                time.sleep(self.profile.in_flight_wait_s * 2**attempt)
+        raise KeyInFlightError(key, f"POST {path} is still in flight at the service (409)")
+
+    def _answer(
+        self,
+        key: str,
+        intent: Intent,
+        prestate: EnvironmentState,
+        fence: Fence | None,
+        response: httpx.Response,
+    ) -> Receipt:
+        status = response.status_code
+        text = response.text[:2000]
+        if 200 <= status < 300:
+            try:
+                body = response.json()
+            except ValueError:
+                raise AdapterUnavailableError(
+                    f"POST under key {key} answered {status} without a JSON body; the outcome "
+                    "is unknown"
+                ) from None
+            return self._receipt(key, intent.digest, status, body, prestate)
+        if status == 422:
+            raise KeyReusedError(key, intent.digest, text)
+        if status == 412 and fence is not None:
+            raise FenceRejectedError(fence.run_id, fence.lease_version, None)
+        if status == 400 and "idempotency" in text.lower():
+            raise HttpConfigError(f"the service refused the Idempotency-Key header: {text}")
+        if 400 <= status < 500:
+            raise RequestRefusedError(intent.target, status, text)
+        raise AdapterUnavailableError(
+            f"POST under key {key} answered {status}: {text[:500]}; the outcome is unknown"
+        )
+
+    def _receipt(
+        self, key: str, intent_digest: str, status: int, body: Any, post: EnvironmentState
+    ) -> Receipt:
+        """The same fields whether built from the reply or from a later look-up."""
+        kept: Any = body
+        if len(canonical_bytes(body)) > MAX_RECEIPT_BODY:
+            kept = {"body_sha256": "sha256:" + hashlib.sha256(canonical_bytes(body)).hexdigest()}
+        object_id = body.get(self.profile.object_id_field, "") if isinstance(body, dict) else ""
+        committed = ""
+        field_name = self.profile.committed_at_field
+        if field_name is not None and isinstance(body, dict):
+            committed = str(body.get(field_name) or "")
+        return Receipt(
+            namespace=self._namespace,
+            adapter_version=ADAPTER_VERSION,
+            receipt_id=f"{self.instance_id}/{key}",
+            idempotency_key=key,
+            intent_digest=intent_digest,
+            result={"status": status, "body": kept},
+            business_object_id=str(object_id),
+            committed_at=committed,
+            post_state=post,
+        )
+
+    # --- asking by key ------------------------------------------------
+
+    def lookup(self, key: str) -> Receipt | None:
+        """What the service recorded under ``key``, as evidence (its intent is not judged)."""
+        return self._look_up(key, None)
+
+    def lookup_intent(self, key: str, intent: Intent) -> Receipt | None:
+        """What the service recorded under ``key``, judged against ``intent`` (see LooksUpIntents)."""
+        return self._look_up(key, intent)
+
+    def _look_up(self, key: str, intent: Intent | None) -> Receipt | None:
+        template = self.profile.lookup
+        if template is None:
+            raise NotQueryableError(f"{self.base_url} declares no look-up by key")
+        record = self._get_json(template.replace("{key}", key), "look-up", missing_ok=True)
+        if record is None:
+            return None
+        if not isinstance(record, dict) or record.get("idempotency_key") != key:
+            raise AdapterUnavailableError(f"the look-up for key {key} answered another key")
+        if record.get("state") == "in_flight":
+            raise KeyInFlightError(key, "the service reports the request as still in flight")
+        response = record.get("response")
+        if not isinstance(response, dict) or not isinstance(response.get("status"), int):
+            raise AdapterUnavailableError(f"the look-up for key {key} returned no response")
+        status = response["status"]
+        if not 200 <= status < 300:
+            return None  # the service refused that request: nothing landed, and none will
+        ours = "sha256:service-" + str(record.get("fingerprint", ""))
+        if intent is not None:
+            sent = reference_fingerprint(
+                "POST", "/" + intent.target, canonical_bytes(intent.args["json"])
+            )
+            if record.get("fingerprint") in (None, sent):
+                ours = intent.digest  # tether mints one key per intent: the record is this intent
+        return self._receipt(key, ours, status, response.get("body"), self.environment())
+
+    def _get_json(self, path: str, what: str, *, missing_ok: bool = False) -> Any:
+        try:
+            response = self._client.get("/" + path.lstrip("/"))
+        except httpx.HTTPError as exc:
+            raise AdapterUnavailableError(
+                f"{self.base_url}: the {what} request failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        if missing_ok and response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise AdapterUnavailableError(
+                f"{self.base_url}: the {what} request answered {response.status_code}"
+            )
+        try:
+            return json.loads(response.content)
+        except ValueError:
+            raise AdapterUnavailableError(
+                f"{self.base_url}: the {what} answer is not JSON"
+            ) from None
