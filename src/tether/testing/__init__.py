@@ -4,6 +4,12 @@
   (plain pytest; ``from tether.testing.store_conformance import *`` and
   define a ``tether_store_factory`` fixture). It is the suite tether runs
   against its own SQLite and PostgreSQL stores.
+- :mod:`tether.testing.adapter_conformance`: the adapter conformance suite
+  (``from tether.testing.adapter_conformance import *`` and define a
+  ``tether_adapter`` fixture returning an ``AdapterSubject``): checks the
+  promises an adapter declares against what its world really received.
+- :mod:`tether.testing.effects_service`: the reference HTTP effects service
+  (``python -m tether.testing.effects_service --db FILE``).
 - :class:`CrashPlan`, :class:`CrashPoint`, :class:`SimulatedCrash`: arm a
   named crash window (raise, or SIGKILL the process) in a ``Runtime``.
 

@@ -1,0 +1,114 @@
+"""The adapter conformance suite against every shipped adapter, and a broken one it must fail."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration._services import effects_service
+from tether.adapters import FileWorkspace, HttpEffect, Sandbox
+from tether.core import EnvironmentState, Intent, Receipt
+from tether.testing import adapter_conformance
+from tether.testing.adapter_conformance import *  # noqa: F403
+from tether.testing.adapter_conformance import AdapterSubject
+
+
+def file_write(n: int) -> tuple[str, str, dict[str, Any]]:
+    return "file.write", "notes.txt", {"content": f"version {n}\n"}
+
+
+@pytest.fixture(params=["sandbox", "workspace", "http"])
+def tether_adapter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AdapterSubject]:
+    if request.param == "sandbox":
+        sandbox = Sandbox({"notes.txt": "draft\n"})
+        yield AdapterSubject(
+            make=lambda: sandbox,  # in memory: the world IS this object
+            write=file_write,
+            effects=sandbox.write_count,
+            lose_next_reply=lambda: sandbox.fail_next(after_commit=True),
+        )
+        return
+    if request.param == "workspace":
+        root = tmp_path / "tree"
+        root.mkdir()
+        (root / "notes.txt").write_text("draft\n")
+        opened: list[FileWorkspace] = []
+
+        def make() -> FileWorkspace:
+            opened.append(FileWorkspace(root, tmp_path / "journal"))
+            return opened[-1]
+
+        counter = make()
+        yield AdapterSubject(make=make, write=file_write, effects=counter.write_count)
+        for workspace in opened:
+            workspace.close()
+        return
+    with effects_service(tmp_path) as service:
+        clients: list[HttpEffect] = []
+
+        def make_http() -> HttpEffect:
+            clients.append(HttpEffect(service.url, timeout_s=2))
+            return clients[-1]
+
+        yield AdapterSubject(
+            make=make_http,
+            write=lambda n: ("http.post", "tickets", {"json": {"title": f"ticket {n}"}}),
+            effects=lambda: len(service.tickets()),
+            lose_next_reply=lambda: service.mode(drop_after_commit=True) and None,
+        )
+        for client in clients:
+            client.close()
+
+
+class WritesTwice(Sandbox):
+    """Claims idempotent, but sends again on every call: the suite must catch it."""
+
+    def execute(
+        self, key: str, intent: Intent, prestate: EnvironmentState, fence: Any = None
+    ) -> Receipt:
+        receipt = super().execute(key, intent, prestate, fence)
+        self.delete_receipt(key)  # forgets the key, so the next call writes again
+        return receipt
+
+
+class LeaksDriverErrors(Sandbox):
+    """Refuses bad input with a bare ValueError instead of a typed TetherError."""
+
+    def execute(
+        self, key: str, intent: Intent, prestate: EnvironmentState, fence: Any = None
+    ) -> Receipt:
+        if not key or prestate.instance_id != self.instance_id:
+            raise ValueError("bad input")
+        return super().execute(key, intent, prestate, fence)
+
+
+def writes_twice() -> WritesTwice:
+    return WritesTwice({"notes.txt": "draft\n"}, conditional_writes=False)
+
+
+def broken(adapter: Sandbox) -> AdapterSubject:
+    return AdapterSubject(make=lambda: adapter, write=file_write, effects=adapter.write_count)
+
+
+def test_the_suite_fails_an_adapter_that_claims_idempotent_but_writes_twice() -> None:
+    """The replay check can fail: an adapter that writes twice under one key is caught."""
+    subject = broken(writes_twice())
+    with pytest.raises(AssertionError, match="second effect"):
+        adapter_conformance.test_an_idempotent_adapter_replays_without_a_second_effect(subject)
+
+
+def test_the_suite_fails_an_adapter_that_leaks_untyped_errors() -> None:
+    """The typed-refusal check can fail: a bare ValueError is caught and named."""
+    subject = broken(LeaksDriverErrors({"notes.txt": "draft\n"}))
+    with pytest.raises(AssertionError, match="not a TetherError"):
+        adapter_conformance.test_bad_input_is_a_typed_refusal(subject)
+
+
+def test_the_suite_fails_an_adapter_whose_look_up_forgets() -> None:
+    """The look-up check can fail: a queryable adapter that loses receipts is caught."""
+    subject = broken(writes_twice())
+    with pytest.raises(AssertionError, match="look-up"):
+        adapter_conformance.test_a_queryable_adapter_answers_by_key_from_a_fresh_object(subject)
