@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration._services import effects_service
+from tests.integration._services import delivered, effects_service, smtp_adapter, smtp_server
 from tether.adapters import FileWorkspace, HttpEffect, Sandbox
 from tether.core import EnvironmentState, Intent, Receipt
 from tether.testing import adapter_conformance
@@ -20,7 +20,7 @@ def file_write(n: int) -> tuple[str, str, dict[str, Any]]:
     return "file.write", "notes.txt", {"content": f"version {n}\n"}
 
 
-@pytest.fixture(params=["sandbox", "workspace", "http"])
+@pytest.fixture(params=["sandbox", "workspace", "http", "smtp"])
 def tether_adapter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AdapterSubject]:
     if request.param == "sandbox":
         sandbox = Sandbox({"notes.txt": "draft\n"})
@@ -45,6 +45,24 @@ def tether_adapter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[A
         yield AdapterSubject(make=make, write=file_write, effects=counter.write_count)
         for workspace in opened:
             workspace.close()
+        return
+    if request.param == "smtp":
+        maildir = tmp_path / "Maildir"
+
+        def lose_next_reply() -> None:
+            maildir.with_name("Maildir.next").write_text("drop_after_data")
+
+        with smtp_server(maildir) as port:
+            yield AdapterSubject(
+                make=lambda: smtp_adapter(port, maildir),
+                write=lambda n: (
+                    "email.send",
+                    "customer@example.com",
+                    {"subject": f"message {n}", "body": "hello"},
+                ),
+                effects=lambda: len(delivered(maildir)),
+                lose_next_reply=lose_next_reply,
+            )
         return
     with effects_service(tmp_path) as service:
         clients: list[HttpEffect] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mailbox
 import signal
 import subprocess
 import sys
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tether.adapters import MaildirLookup, SmtpEffect
 
 
 @dataclass
@@ -84,3 +87,53 @@ def stop(service: EffectsService) -> None:
             service.process.wait(timeout=10)
     if service.process.stdout is not None:
         service.process.stdout.close()
+
+
+# -- SMTP: aiosmtpd delivering into a Maildir -----------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def smtp_server(maildir: Path, mode: str = "ok") -> Iterator[int]:
+    """``tests.integration._smtpserver`` as a child process; yields its port."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration._smtpserver", str(maildir), mode],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        if process.stdout is None:
+            raise RuntimeError("no stdout pipe")
+        line = process.stdout.readline()
+        if not line:
+            raise RuntimeError("the SMTP server did not start")
+        yield int(line)
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def delivered(maildir: Path) -> list[str]:
+    """Message-IDs in the Maildir: what the recipient side really received."""
+    if not maildir.exists():
+        return []
+    box = mailbox.Maildir(maildir, create=False)
+    return [str(box.get_message(k)["Message-ID"]) for k in box.iterkeys()]
+
+
+def smtp_adapter(port: int, maildir: Path | None = None, timeout_s: float = 5) -> SmtpEffect:
+    return SmtpEffect(
+        "127.0.0.1",
+        port,
+        sender="agent@shop.test",
+        domain="shop.test",
+        instance_id="mail-1",
+        mailbox_lookup=None if maildir is None else MaildirLookup(maildir),
+        timeout_s=timeout_s,
+    )

@@ -31,6 +31,7 @@ from tether.adapters._httpfields import (
     sf_string,
 )
 from tether.adapters._sandbox import Sandbox
+from tether.adapters._smtp import MaildirLookup, SmtpConfigError, SmtpEffect
 from tether.adapters._workspace import FileWorkspace
 from tether.core import Capabilities
 
@@ -51,10 +52,13 @@ __all__ = [
     "KeyReusedError",
     "ListsReceipts",
     "LooksUpIntents",
+    "MaildirLookup",
     "NotQueryableError",
     "RequestRefusedError",
     "Sandbox",
     "ServiceProfile",
+    "SmtpConfigError",
+    "SmtpEffect",
     "UnresolvedWriteError",
     "UnsupportedEntryError",
     "VerifierResult",

@@ -1,0 +1,299 @@
+"""SmtpEffect: an email that can be sent once and never taken back.
+
+SMTP has no idempotency keys and no way to ask whether a message was
+accepted. The key becomes the ``Message-ID`` (so a mailbox can be searched
+for it), the intent digest and send time travel in headers, and the send is
+taken apart so the one uncertain moment is known: everything up to the end
+of ``DATA`` either fails cleanly (nothing was accepted: a refusal) or not at
+all; a connection lost or a timeout while waiting for the final reply to
+``DATA`` is an unknown outcome. The runtime then cannot resend: SmtpEffect
+is neither idempotent nor, by default, queryable, so an uncertain send goes
+to review.
+
+Given a :class:`MaildirLookup` (a mailbox the recipient side delivers into,
+as a test server or a journaling mailbox does), the adapter becomes
+queryable: a look-up by ``Message-ID`` reconciles a landed send. A message
+not (yet) found proves nothing (mail can be queued), so absence is never
+final and an unfound uncertain send still goes to review.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mailbox
+import smtplib
+from collections.abc import Callable
+from datetime import UTC, datetime
+from email import message_from_bytes
+from email.message import EmailMessage
+from email.policy import default as default_policy
+from pathlib import Path
+from typing import Any
+
+from tether.adapters._base import Fence, VerifierResult
+from tether.adapters._errors import NotQueryableError, RequestRefusedError
+from tether.adapters._filewrite import check_instance
+from tether.core import (
+    ActionClass,
+    ActionKind,
+    AdapterError,
+    AdapterUnavailableError,
+    Capabilities,
+    ContractViolationError,
+    EnvironmentState,
+    Intent,
+    JSONValue,
+    Receipt,
+    TargetKind,
+    VerifierRefusedError,
+    digest,
+    format_time,
+)
+
+ADAPTER_VERSION = "1"
+EMAIL_SEND = ActionKind(
+    "email.send", ActionClass.WRITE, TargetKind.PATH, frozenset({"subject", "body"})
+)
+INTENT_HEADER = "X-Tether-Intent"
+SENT_HEADER = "X-Tether-Sent-At"
+_MAX_BODY = 1_000_000
+
+
+class SmtpConfigError(AdapterError):
+    """SmtpEffect was configured in a way that cannot send or be identified."""
+
+
+def message_id(key: str, domain: str) -> str:
+    """The ``Message-ID`` a key maps to: stable, and free of anything a header cannot carry."""
+    return f"<tether-{hashlib.sha256(key.encode()).hexdigest()[:40]}@{domain}>"
+
+
+class MaildirLookup:
+    """Find a delivered message by ``Message-ID`` in a Maildir (``new`` and ``cur``)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def find(self, wanted: str) -> EmailMessage | None:
+        """The delivered message with ``Message-ID`` ``wanted``, or ``None``."""
+        try:
+            box = mailbox.Maildir(self.path, create=False)
+            keys = list(box.keys())
+        except OSError as exc:
+            raise AdapterUnavailableError(f"mailbox {self.path} cannot be read: {exc}") from exc
+        for key in keys:
+            try:
+                raw = box.get_bytes(key)
+            except (OSError, KeyError):
+                continue  # moved between listing and reading: it is listed again later
+            message = message_from_bytes(raw, policy=default_policy)
+            if str(message.get("Message-ID", "")).strip() == wanted:
+                return message
+        return None
+
+
+class SmtpEffect:
+    """An adapter sending ``email.send`` actions through one SMTP server."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        sender: str,
+        domain: str,
+        instance_id: str,
+        mailbox_lookup: MaildirLookup | None = None,
+        timeout_s: float = 30.0,
+        namespace: str = "smtp",
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        if not host or not 0 < int(port) < 65536:
+            raise SmtpConfigError("host must be named and port within 1-65535")
+        if not _is_address(sender):
+            raise SmtpConfigError(f"sender {sender!r} is not an email address")
+        if not domain or any(c in domain for c in "<>@ \r\n"):
+            raise SmtpConfigError(f"domain {domain!r} cannot name Message-IDs")
+        if not instance_id:
+            raise SmtpConfigError("instance_id must name the mail system (it binds the run)")
+        if not 0 < timeout_s <= 3600:
+            raise SmtpConfigError("timeout_s must be positive and at most an hour")
+        self.host, self.port, self.sender, self.domain = host, int(port), sender, domain
+        self._namespace = namespace
+        self._instance = f"smtp://{host}:{port}/{domain}#{instance_id}"
+        self._lookup = mailbox_lookup
+        self._timeout = timeout_s
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self._capabilities = Capabilities(
+            idempotent=False,
+            queryable=mailbox_lookup is not None,
+            conditional_writes=False,
+            absent_is_final=False,
+        )
+
+    # --- identity -----------------------------------------------------
+
+    @property
+    def namespace(self) -> str:
+        """Stable name of the kind of environment (default ``"smtp"``)."""
+        return self._namespace
+
+    @property
+    def version(self) -> str:
+        """Adapter code version; bound into receipts."""
+        return ADAPTER_VERSION
+
+    @property
+    def instance_id(self) -> str:
+        """Server, mail domain and the configured instance id of the mail system."""
+        return self._instance
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Never idempotent; queryable only with a mailbox to search."""
+        return self._capabilities
+
+    def environment(self) -> EnvironmentState:
+        """The mail system's identity; a sent message leaves no state here."""
+        return EnvironmentState(self._namespace, self._instance, 0, digest({"i": self._instance}))
+
+    @property
+    def kinds(self) -> tuple[ActionKind, ...]:
+        """``email.send``: target the recipient address, args subject and body."""
+        return (EMAIL_SEND,)
+
+    def read(
+        self, kind: str, target: str, args: dict[str, Any], scope: Any
+    ) -> dict[str, JSONValue]:
+        """An SMTP server offers no read kinds here."""
+        raise ContractViolationError("unknown_kind", f"{self._namespace} has no read kind {kind!r}")
+
+    def verify(self, argv: tuple[str, ...], timeout_s: int) -> VerifierResult:
+        """A mail server runs no commands: verifiers run on a workspace."""
+        raise VerifierRefusedError(f"{self._namespace} runs no verifier commands")
+
+    # --- sending ------------------------------------------------------
+
+    def normalize(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
+        """``{"subject": one line, "body": text}``; the target is one recipient address."""
+        if kind != EMAIL_SEND.name:
+            raise ContractViolationError("unknown_kind", f"{self._namespace} cannot {kind!r}")
+        if not _is_address(target):
+            raise ContractViolationError("bad_target", f"{target!r} is not one email address")
+        subject, body = args.get("subject"), args.get("body")
+        if set(args) != {"subject", "body"} or not isinstance(subject, str):
+            raise ContractViolationError("bad_args", "email.send takes subject and body only")
+        if not isinstance(body, str) or len(body) > _MAX_BODY:
+            raise ContractViolationError("bad_args", f"body must be text up to {_MAX_BODY} chars")
+        if "\r" in subject or "\n" in subject or len(subject) > 998:
+            raise ContractViolationError("bad_args", "subject must be one line (header injection)")
+        return {"subject": subject, "body": body}
+
+    def derive_post_state(self, prestate: EnvironmentState, intent: Intent) -> EnvironmentState:
+        """The same identity: the recipient's inbox is not this environment."""
+        check_instance(prestate, self._namespace, self._instance)
+        return prestate
+
+    def execute(
+        self, key: str, intent: Intent, prestate: EnvironmentState, fence: Fence | None = None
+    ) -> Receipt:
+        """Send once. Clean failures before ``DATA`` completes are refusals; after, unknown."""
+        if not key:
+            raise ContractViolationError("bad_key", "the idempotency key must not be empty")
+        check_instance(prestate, self._namespace, self._instance)
+        if intent.kind != EMAIL_SEND.name:
+            raise ContractViolationError(
+                "unknown_kind", f"{self._namespace} cannot {intent.kind!r}"
+            )
+        mid = message_id(key, self.domain)
+        sent_at = format_time(self._clock())
+        message = EmailMessage()
+        message["From"] = self.sender
+        message["To"] = intent.target
+        message["Subject"] = intent.args["subject"]
+        message["Message-ID"] = mid
+        message[INTENT_HEADER] = intent.digest
+        message[SENT_HEADER] = sent_at
+        message.set_content(intent.args["body"])
+        try:
+            client = smtplib.SMTP(self.host, self.port, timeout=self._timeout)
+        except OSError as exc:
+            raise RequestRefusedError(intent.target, 0, f"cannot connect: {exc}") from exc
+        try:
+            self._envelope(client, intent.target)
+            try:
+                code, reply = client.data(message.as_bytes())
+            except smtplib.SMTPDataError as exc:
+                raise RequestRefusedError(
+                    intent.target, exc.smtp_code, str(exc.smtp_error)
+                ) from exc
+            except (OSError, smtplib.SMTPServerDisconnected, smtplib.SMTPResponseException) as exc:
+                # The message may be in the server's hands: only its final reply was lost.
+                raise AdapterUnavailableError(
+                    f"the send of {mid} to {intent.target} lost its final reply "
+                    f"({type(exc).__name__}: {exc}); the outcome is unknown"
+                ) from exc
+        finally:
+            try:
+                client.quit()
+            except (OSError, smtplib.SMTPException):
+                client.close()
+        if 400 <= code < 600:
+            # A final reply that refuses the message means the server did not take it.
+            raise RequestRefusedError(intent.target, code, reply.decode("utf-8", "replace"))
+        if code != 250:
+            raise AdapterUnavailableError(f"DATA for {mid} answered {code} {reply!r}: unknown")
+        return self._receipt(key, intent.digest, mid, intent.target, sent_at)
+
+    def _envelope(self, client: smtplib.SMTP, recipient: str) -> None:
+        """EHLO, MAIL, RCPT: any failure here means nothing was accepted."""
+        try:
+            client.ehlo()
+            code, reply = client.mail(self.sender)
+            if code != 250:
+                raise RequestRefusedError(recipient, code, reply.decode("utf-8", "replace"))
+            code, reply = client.rcpt(recipient)
+            if code not in (250, 251):
+                raise RequestRefusedError(recipient, code, reply.decode("utf-8", "replace"))
+        except (OSError, smtplib.SMTPException) as exc:
+            raise RequestRefusedError(recipient, 0, f"{type(exc).__name__}: {exc}") from exc
+
+    def _receipt(self, key: str, intent_digest: str, mid: str, to: str, sent_at: str) -> Receipt:
+        """Built from what the message itself carries, so a mailbox look-up rebuilds it."""
+        return Receipt(
+            namespace=self._namespace,
+            adapter_version=ADAPTER_VERSION,
+            receipt_id=mid,
+            idempotency_key=key,
+            intent_digest=intent_digest,
+            result={"message_id": mid, "to": to},
+            business_object_id=mid,
+            committed_at=sent_at,
+            post_state=self.environment(),
+        )
+
+    # --- asking the mailbox -------------------------------------------
+
+    def lookup(self, key: str) -> Receipt | None:
+        """The delivered message sent under ``key``, from the mailbox; ``None`` if not found."""
+        if self._lookup is None:
+            raise NotQueryableError(f"{self._instance} has no mailbox to search")
+        mid = message_id(key, self.domain)
+        found = self._lookup.find(mid)
+        if found is None:
+            return None
+        return self._receipt(
+            key,
+            str(found.get(INTENT_HEADER, "")).strip(),
+            mid,
+            str(found.get("To", "")).strip(),
+            str(found.get(SENT_HEADER, "")).strip(),
+        )
+
+
+def _is_address(text: str) -> bool:
+    if not isinstance(text, str) or len(text) > 254 or text.count("@") != 1:
+        return False
+    local, _, domain = text.partition("@")
+    bad = set(' \t\r\n<>,;:"()[]\\')
+    return bool(local) and "." in domain and not (bad & set(text))

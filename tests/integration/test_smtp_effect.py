@@ -1,0 +1,185 @@
+"""SmtpEffect against a real SMTP server (aiosmtpd) on loopback, delivering into a Maildir."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.integration._services import delivered, smtp_server
+from tests.integration._services import smtp_adapter as adapter
+from tether.adapters import (
+    NotQueryableError,
+    RequestRefusedError,
+    SmtpConfigError,
+    SmtpEffect,
+)
+from tether.core import (
+    AdapterUnavailableError,
+    ContractViolationError,
+    Intent,
+    Phase,
+)
+from tether.crypto import Keyring
+from tether.runtime import Runtime
+from tether.store import SQLiteStore
+
+
+def notification(smtp: SmtpEffect, body: str = "Your order shipped.") -> Intent:
+    args = smtp.normalize(
+        "email.send", "customer@example.com", {"subject": "Order 42", "body": body}
+    )
+    return Intent("email.send", "customer@example.com", args, "medium")
+
+
+def test_a_send_is_delivered_once_and_its_receipt_is_found_by_key(tmp_path: Path) -> None:
+    """One send, one delivered message; the mailbox look-up rebuilds the same receipt."""
+    maildir = tmp_path / "Maildir"
+    with smtp_server(maildir) as port:
+        smtp = adapter(port, maildir)
+        intent = notification(smtp)
+        receipt = smtp.execute("k1", intent, smtp.environment())
+    assert delivered(maildir) == [receipt.business_object_id]
+    assert smtp.lookup("k1") == receipt
+    assert smtp.lookup("never-sent") is None
+
+
+def test_a_reply_lost_after_data_is_unknown_and_the_mailbox_has_it(tmp_path: Path) -> None:
+    """The server took the message and dropped the line: unknown, delivered once, found by key."""
+    maildir = tmp_path / "Maildir"
+    with smtp_server(maildir, "drop_after_data") as port:
+        smtp = adapter(port, maildir)
+        intent = notification(smtp)
+        with pytest.raises(AdapterUnavailableError, match="unknown"):
+            smtp.execute("k1", intent, smtp.environment())
+    assert len(delivered(maildir)) == 1
+    found = smtp.lookup("k1")
+    assert found is not None and found.intent_digest == intent.digest
+
+
+def test_a_timeout_waiting_for_the_final_reply_is_unknown(tmp_path: Path) -> None:
+    """The client gives up before the server answers DATA: unknown, though it was delivered."""
+    maildir = tmp_path / "Maildir"
+    with smtp_server(maildir, "slow_reply") as port:
+        smtp = adapter(port, maildir, timeout_s=0.5)
+        with pytest.raises(AdapterUnavailableError, match="unknown"):
+            smtp.execute("k1", notification(smtp), smtp.environment())
+    assert len(delivered(maildir)) == 1
+
+
+@pytest.mark.parametrize(("mode", "code"), [("tempfail", 451), ("reject", 550)])
+def test_a_refusal_before_acceptance_is_a_rejection_and_delivers_nothing(
+    tmp_path: Path, mode: str, code: int
+) -> None:
+    """451 to DATA or 550 to RCPT: nothing was accepted, so it is a refusal, not unknown."""
+    maildir = tmp_path / "Maildir"
+    with smtp_server(maildir, mode) as port:
+        smtp = adapter(port, maildir)
+        with pytest.raises(RequestRefusedError) as caught:
+            smtp.execute("k1", notification(smtp), smtp.environment())
+    assert caught.value.status == code
+    assert delivered(maildir) == []
+
+
+def test_nothing_listening_is_a_refusal(tmp_path: Path) -> None:
+    """A connection refused sent nothing: a refusal the runtime may record as rejected."""
+    with smtp_server(tmp_path / "Maildir") as port:
+        pass  # the port is free again
+    with pytest.raises(RequestRefusedError):
+        smtp = adapter(port)
+        smtp.execute("k1", notification(smtp), smtp.environment())
+
+
+def test_capabilities_are_honest(tmp_path: Path) -> None:
+    """Never idempotent; queryable only with a mailbox; absence is never final."""
+    blind = adapter(25)
+    assert blind.capabilities.blind
+    with pytest.raises(NotQueryableError):
+        blind.lookup("k1")
+    searching = adapter(25, tmp_path)
+    caps = searching.capabilities
+    assert (caps.idempotent, caps.queryable, caps.absent_is_final) == (False, True, False)
+
+
+@pytest.mark.parametrize(
+    ("target", "args"),
+    [
+        ("not-an-address", {"subject": "s", "body": "b"}),
+        ("a@b.test, c@d.test", {"subject": "s", "body": "b"}),
+        ("customer@example.com", {"subject": "s\r\nBcc: x@y.test", "body": "b"}),
+        ("customer@example.com", {"subject": "s"}),
+        ("customer@example.com", {"subject": "s", "body": "b", "cc": "x@y.test"}),
+    ],
+)
+def test_bad_messages_are_contract_violations(target: str, args: dict[str, str]) -> None:
+    """One recipient, a one-line subject (no header injection), subject and body only."""
+    with pytest.raises(ContractViolationError):
+        adapter(25).normalize("email.send", target, args)
+
+
+def test_configuration_is_checked_up_front() -> None:
+    """A sender that is no address, a bad domain or a missing instance id fail at once."""
+    for changes in ({"sender": "nobody"}, {"domain": "a@b"}, {"instance_id": ""}):
+        kwargs = {"sender": "a@shop.test", "domain": "shop.test", "instance_id": "m", **changes}
+        with pytest.raises(SmtpConfigError):
+            SmtpEffect("127.0.0.1", 25, **kwargs)  # type: ignore[arg-type]
+
+
+# --- through the runtime ---------------------------------------------------------
+
+
+def email_run(tmp_path: Path, smtp: SmtpEffect) -> Callable[[], Runtime]:
+    from tests.conftest import ScriptedAgent, make_policy, make_task, write
+
+    task = make_task(
+        smtp.environment().state_fingerprint,
+        allowed_kinds=["email.send"],
+        allowed_paths=["customer@example.com"],
+        permissions=["mail.send"],
+        initial_environment={"namespace": "smtp"},
+    )
+    rule = {"risk": "medium", "permission": "mail.send", "needs_approval": False}
+    send = write(
+        "customer@example.com",
+        "",
+        kind="email.send",
+        args={"subject": "Order 42", "body": "Your order shipped."},
+    )
+    keyring = Keyring.generate("k1")
+    return lambda: Runtime(
+        store=SQLiteStore(tmp_path / "tether.sqlite"),
+        keyring=keyring,
+        adapter=smtp,
+        task=task,
+        policy=make_policy(kinds={"email.send": rule}),
+        agent=ScriptedAgent([send]),
+    )
+
+
+def test_an_uncertain_email_goes_to_review_and_is_never_sent_again(tmp_path: Path) -> None:
+    """The seed's notification: the reply is lost, recovery cannot ask, a person decides."""
+    maildir = tmp_path / "Maildir"
+    with smtp_server(maildir, "drop_after_data") as port:
+        build = email_run(tmp_path, adapter(port))
+        session = build().start("r1")
+        session.step()
+        assert session.state.phase is Phase.NEEDS_REVIEW
+        assert session.state.review_cases[0].reason == "outcome_unknown"
+        again = build().recover("r1")
+        again.run()
+        assert again.state.phase is Phase.NEEDS_REVIEW
+    assert len(delivered(maildir)) == 1  # in the customer's inbox once; never resent
+
+
+def test_with_a_mailbox_an_uncertain_email_is_reconciled(tmp_path: Path) -> None:
+    """The same lost reply, with the mailbox to search: found by Message-ID, recorded, once."""
+    maildir = tmp_path / "Maildir"
+    with smtp_server(maildir, "drop_after_data") as port:
+        build = email_run(tmp_path, adapter(port, maildir))
+        session = build().start("r1")
+        session.step()  # unknown: still dispatched, retried later
+        again = build().recover("r1")
+        again.step()
+        assert again.state.writes_committed == 1 and again.state.pending is None
+    assert len(delivered(maildir)) == 1
