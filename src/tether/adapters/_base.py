@@ -182,3 +182,26 @@ def look_up(adapter: Adapter, key: str, intent: Intent | None = None) -> Receipt
     if intent is not None and isinstance(adapter, LooksUpIntents):
         return adapter.lookup_intent(key, intent)
     return adapter.lookup(key)
+
+
+@runtime_checkable
+class RoutesKinds(Protocol):
+    """An adapter made of several, each owning the action kinds it declares (optional)."""
+
+    def owner(self, kind: str) -> Adapter:
+        """The member adapter that carries out ``kind``."""
+        ...
+
+
+def capabilities_of(adapter: Adapter, kind: str | None) -> Capabilities:
+    """What the adapter that carries out ``kind`` promises (the whole adapter's if ``None``)."""
+    if kind is not None and isinstance(adapter, RoutesKinds):
+        return adapter.owner(kind).capabilities
+    return adapter.capabilities
+
+
+def namespace_of(adapter: Adapter, kind: str | None) -> str:
+    """The namespace whose receipts ``kind`` produces."""
+    if kind is not None and isinstance(adapter, RoutesKinds):
+        return adapter.owner(kind).namespace
+    return adapter.namespace

@@ -160,6 +160,7 @@ class HttpEffect:
             fencing=profile.fencing,
             absent_is_final=profile.deduplicates,
             retention_s=profile.retention_s,
+            stateful=False,
         )
 
     def close(self) -> None:

@@ -129,6 +129,7 @@ class SmtpEffect:
             queryable=mailbox_lookup is not None,
             conditional_writes=False,
             absent_is_final=False,
+            stateful=False,
         )
 
     # --- identity -----------------------------------------------------

@@ -62,6 +62,11 @@ class Capabilities:
     #: the same key may be a second effect: an older unsettled write goes to
     #: review.
     retention_s: float | None = None
+    #: The adapter's environment records its effects (a workspace): a receipt's
+    #: post-state is the environment after the write. ``False`` for a remote
+    #: service or a mail server, whose environment is its identity alone: their
+    #: effects live in the ledger, and the environment does not move.
+    stateful: bool = True
 
     @property
     def blind(self) -> bool:

@@ -302,7 +302,9 @@ def reconcile(state: RunState, facts: Facts, receipt: Receipt, *, fresh: bool) -
             state, facts, "key_conflict", receipt, "same idempotency key, different intent digest"
         )
     committed = (LedgerNote(EffectStatus.COMMITTED, receipt.to_json()),)
-    if receipt.namespace != facts.namespace or receipt.post_state != pending.expected_post:
+    stateful = facts.capabilities.stateful
+    moved = stateful and receipt.post_state != pending.expected_post
+    if receipt.namespace != facts.namespace or moved:
         return freeze(
             state,
             facts,
@@ -324,11 +326,15 @@ def reconcile(state: RunState, facts: Facts, receipt: Receipt, *, fresh: bool) -
                 ledger=committed,
                 status=EffectStatus.COMMITTED,
             )
-    return advance(state, receipt, fresh=fresh)
+    return advance(state, receipt, fresh=fresh, stateful=stateful)
 
 
-def advance(state: RunState, receipt: Receipt, *, fresh: bool) -> Transition:
-    """The deterministic state transition a committed receipt implies."""
+def advance(state: RunState, receipt: Receipt, *, fresh: bool, stateful: bool = True) -> Transition:
+    """The deterministic state transition a committed receipt implies.
+
+    ``stateful``: the receipt's post-state is the run's environment now; a
+    remote effect (``False``) leaves the environment where it was.
+    """
     pending = _pending(state)
     kind = "effect_committed" if fresh else "effect_reconciled"
     return Transition(
@@ -336,7 +342,7 @@ def advance(state: RunState, receipt: Receipt, *, fresh: bool) -> Transition:
         state=state.evolve(
             phase=Phase.RUNNING,
             pending=None,
-            environment=receipt.post_state,
+            environment=receipt.post_state if stateful else state.environment,
             last_write=CompletedWrite(
                 action_id=pending.action_id,
                 idempotency_key=pending.idempotency_key,
@@ -344,7 +350,7 @@ def advance(state: RunState, receipt: Receipt, *, fresh: bool) -> Transition:
                 receipt_id=receipt.receipt_id,
                 receipt_fingerprint=receipt.fingerprint,
                 result_digest=digest(receipt.result),
-                post_version=receipt.post_state.version,
+                post_version=(receipt.post_state if stateful else state.environment).version,
             ),
             writes_committed=state.writes_committed + 1,
             verification=None,  # any write invalidates earlier verifier evidence

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Protocol
 
-from tether.adapters import Adapter, look_up
+from tether.adapters import Adapter, capabilities_of, look_up
 from tether.core import (
     ActionClass,
     ActionKind,
@@ -225,13 +225,14 @@ def _reread(
     """Before a decision is consumed, the environment and the adapter's receipt must be
     as the case recorded them; else why, and the world as it is now."""
     live = rt.adapter.environment()
-    queryable = rt.adapter.capabilities.queryable and bool(case.idempotency_key)
     pending = state.pending
     intent = (
         pending.intent
         if pending is not None and pending.idempotency_key == case.idempotency_key
         else None
     )
+    kind = None if intent is None else intent.kind
+    queryable = capabilities_of(rt.adapter, kind).queryable and bool(case.idempotency_key)
     receipt = look_up(rt.adapter, case.idempotency_key, intent) if queryable else None
     if live != case.environment:
         why = f"the environment changed since the case was opened (now version {live.version})"

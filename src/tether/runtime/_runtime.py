@@ -15,7 +15,13 @@ import secrets
 import socket
 from typing import Any
 
-from tether.adapters import Adapter, ListsReceipts, UnresolvedWriteError, look_up
+from tether.adapters import (
+    Adapter,
+    ListsReceipts,
+    UnresolvedWriteError,
+    capabilities_of,
+    look_up,
+)
 from tether.core import (
     GENESIS_HASH,
     MAX_TIMEOUT_S,
@@ -259,7 +265,7 @@ class Runtime:
             pending is not None
             and pending.mutating
             and pending.status is EffectStatus.INTENDED
-            and self.adapter.capabilities.queryable
+            and capabilities_of(self.adapter, pending.intent.kind).queryable
         ):
             try:
                 receipt = look_up(self.adapter, pending.idempotency_key, pending.intent)

@@ -23,7 +23,12 @@ import threading
 from dataclasses import replace
 from typing import Any, Protocol
 
-from tether.adapters import Adapter, Fence, UnresolvedWriteError, look_up
+from tether.adapters import (
+    Adapter,
+    Fence,
+    capabilities_of,
+    namespace_of,
+)
 from tether.core import (
     ActionClass,
     ActionKind,
@@ -39,7 +44,6 @@ from tether.core import (
     ExecuteStatus,
     Facts,
     GenerationConflictError,
-    IdempotencyConflictError,
     Intent,
     LedgerNote,
     Lookup,
@@ -51,7 +55,6 @@ from tether.core import (
     PendingWrite,
     Phase,
     Policy,
-    PreconditionFailedError,
     Proposal,
     RunFrozenError,
     RunState,
@@ -70,6 +73,7 @@ from tether.core import (
 )
 from tether.core import Rejection as GateRejection
 from tether.crypto import TrustRoots
+from tether.runtime import _calls as calls
 from tether.runtime import _humans
 from tether.runtime._agent import Agent, AgentContext
 from tether.runtime._checkpointer import Checkpointer
@@ -362,13 +366,14 @@ class RunSession:
         rt = self.rt
         needs = _humans.needs_approval(rt, self.state)
         env = rt.adapter.environment() if (live or needs) else self.state.environment
+        kind = None if self.state.pending is None else self.state.pending.intent.kind
         return Facts(
             now=rt.clock.now(),
             live=env,
             needs_approval=needs,
             case_id=rt.ids.new_id("case"),
-            capabilities=rt.adapter.capabilities,
-            namespace=rt.adapter.namespace,
+            capabilities=capabilities_of(rt.adapter, kind),
+            namespace=namespace_of(rt.adapter, kind),
         )
 
     def _decide(self, rule: Any) -> Transition:
@@ -381,29 +386,11 @@ class RunSession:
 
     def _lookup(self, call: Lookup) -> LookupAnswer:
         self.guard()
-        try:
-            receipt = look_up(self.rt.adapter, call.key, call.intent)
-        except UnresolvedWriteError as exc:
-            return LookupAnswer(LookupStatus.IN_PROGRESS, detail=str(exc))
-        except AdapterUnavailableError as exc:
-            return LookupAnswer(LookupStatus.UNAVAILABLE, detail=str(exc))
-        if receipt is None:
-            return LookupAnswer(LookupStatus.ABSENT)
-        return LookupAnswer(LookupStatus.COMMITTED, receipt)
+        return calls.ask(self.rt.adapter, call)
 
     def _execute(self, call: Execute) -> ExecuteAnswer:
         fence = self.guard()  # a worker whose lease moved on sends nothing
-        try:
-            receipt = self.rt.adapter.execute(call.key, call.intent, call.prestate, fence)
-        except IdempotencyConflictError as exc:
-            return ExecuteAnswer(ExecuteStatus.CONFLICT, exc.receipt, str(exc))
-        except PreconditionFailedError as exc:
-            return ExecuteAnswer(ExecuteStatus.PRECONDITION_FAILED, detail=str(exc))
-        except UnresolvedWriteError as exc:
-            return ExecuteAnswer(ExecuteStatus.IN_PROGRESS, detail=str(exc))
-        except AdapterUnavailableError as exc:
-            return ExecuteAnswer(ExecuteStatus.UNAVAILABLE, detail=str(exc))
-        return ExecuteAnswer(ExecuteStatus.COMMITTED, receipt)
+        return calls.send(self.rt.adapter, call, fence)
 
     # -- driving -------------------------------------------------------------
 
@@ -467,7 +454,8 @@ class RunSession:
         pending = self.state.pending
         if pending is not None and pending.mutating and pending.status is not EffectStatus.INTENDED:
             ask = Lookup(pending.idempotency_key, pending.intent)
-            answer = self._lookup(ask) if self.rt.adapter.capabilities.queryable else None
+            caps = capabilities_of(self.rt.adapter, pending.intent.kind)
+            answer = self._lookup(ask) if caps.queryable else None
             outcome = self.apply(
                 self._decide(lambda facts: settle_rules.cancel_pending(self.state, facts, answer))
             )
@@ -496,7 +484,12 @@ class RunSession:
         live = self.rt.adapter.environment()
         receipt = None
         pending = self.state.pending
-        if pending is not None and pending.mutating and self.rt.adapter.capabilities.queryable:
+        kind = None if pending is None else pending.intent.kind
+        if (
+            pending is not None
+            and pending.mutating
+            and capabilities_of(self.rt.adapter, kind).queryable
+        ):
             answer = self._lookup(Lookup(pending.idempotency_key, pending.intent))
             if answer.status in {LookupStatus.IN_PROGRESS, LookupStatus.UNAVAILABLE}:
                 raise AdapterUnavailableError(
@@ -762,7 +755,7 @@ class RunSession:
             expected_post=rt.adapter.derive_post_state(base.environment, intent),
             now=rt.clock.now(),
             needs_approval=needs_approval(rt.policy, kind),
-            blind=rt.adapter.capabilities.blind,
+            blind=capabilities_of(rt.adapter, proposal.kind).blind,
         )
         outcome = self.apply(transition, prefix=events, context=context)
         if outcome.kind is OutcomeKind.WAITING_FOR_APPROVAL:
