@@ -16,8 +16,8 @@ the same server. The ratio is tether commits/s over bare commits/s at each N
 Rates are measured over the steady window (every worker up, none finished),
 so process start-up and the tail where workers leave one by one are not
 counted; the whole-run rate is printed beside it. CPU per commit is read
-from /proc for the worker processes (client) and for every PostgreSQL
-process (server), for tether and for the baseline.
+from /proc for the worker processes (client) and for the PostgreSQL
+backends serving them (server), for tether and for the baseline.
 
     .venv/bin/python bench/workers.py [--steps 60] [--runs-per-worker 2] [--dsn DSN]
 """
@@ -41,8 +41,9 @@ VERIFIER = ("python", "-c", "pass")
 
 
 def schema_url(dsn: str, schema: str) -> str:
+    """The DSN in ``schema``; its connections are named after it (see ServerCPU)."""
     joiner = "&" if "?" in dsn else "?"
-    return f"{dsn}{joiner}options=-csearch_path%3D{schema}"
+    return f"{dsn}{joiner}options=-csearch_path%3D{schema}&application_name={schema}"
 
 
 class BenchAgent:
@@ -166,9 +167,10 @@ def worker_main(url: str, home: str, worker_id: str, steps: int, ready: Any, go:
 # -- CPU accounting ----------------------------------------------------------
 #
 # Both sides run on this machine, so CPU is read from /proc: a process's
-# utime + stime, in clock ticks. The server's share is every process named
-# "postgres" (backends, WAL writer, checkpointer): what a commit costs the
-# server, whoever in it does the work.
+# utime + stime, in clock ticks. The server's share is the backends serving
+# this measurement's connections (found by application_name), so other
+# databases' work on a shared server is not counted; the WAL writer and the
+# other background processes are left out for tether and baseline alike.
 
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
@@ -184,31 +186,26 @@ def cpu_of(pid: int) -> float:
 
 
 class ServerCPU:
-    """CPU used by every PostgreSQL process, accumulated across samples.
+    """CPU used by the backends named ``name``, accumulated across samples.
 
-    Processes come and go (autovacuum workers, a backend whose client left):
-    each sample adds what every live process used since the previous one, so
-    one that exits loses at most the last interval instead of its whole total.
+    A backend that appears between samples counts from its start; one that
+    leaves loses at most the last interval.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, probe: Any, name: str) -> None:
+        self.probe = probe
+        self.name = name
         self.total = 0.0
         self._seen: dict[int, float] = {}
         self.sample()
         self.total = 0.0
 
     def sample(self) -> float:
+        rows = self.probe.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (self.name,)
+        ).fetchall()
         seen: dict[int, float] = {}
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/comm", "rb") as f:
-                    if f.read().strip() != b"postgres":
-                        continue
-            except OSError:
-                continue
-            pid = int(entry.name)
+        for (pid,) in rows:
             seen[pid] = cpu_of(pid)
             self.total += max(0.0, seen[pid] - self._seen.get(pid, 0.0))
         self._seen = seen
@@ -267,11 +264,13 @@ def measure_tether(dsn: str, n: int, runs_per_worker: int, steps: int) -> dict[s
         for proc in procs:
             proc.start()
         barrier_ready.wait()
-        with psycopg.connect(url, autocommit=True) as probe:
-            server = ServerCPU()
+        with psycopg.connect(dsn, autocommit=True) as probe:
+            server = ServerCPU(probe, schema)
 
             def sample() -> tuple[float, int, float, float]:
-                row = probe.execute("SELECT sum(generation) FROM tether_marks").fetchone()
+                row = probe.execute(
+                    f'SELECT sum(generation) FROM "{schema}".tether_marks'
+                ).fetchone()
                 moved = int(row[0] if row and row[0] is not None else 0) - before
                 client = sum(cpu_of(p.pid) for p in procs if p.pid is not None)
                 return time.perf_counter(), moved, client, server.sample()
@@ -343,13 +342,15 @@ def measure_bare(dsn: str, n: int, size: int, seconds: float) -> dict[str, float
         for proc in procs:
             proc.start()
         time.sleep(0.5)
-        server = ServerCPU()
+        probe = psycopg.connect(dsn, autocommit=True)
+        server = ServerCPU(probe, schema)
         go.set()
         results = []
         while len(results) < n:
             with contextlib.suppress(queue.Empty):
                 results.append(out.get(timeout=0.05))
             server.sample()
+        probe.close()
         done.set()
         for proc in procs:
             proc.join()
@@ -382,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         "steady window: all N workers up, none finished; CPU per commit in µs "
-        "(client = worker processes, server = every postgres process)"
+        "(client = worker processes, server = their backends)"
     )
     print(
         f"{'N':>2} {'runs':>4} {'commits':>7} {'whole/s':>8} {'tether/s':>8} {'bare/s':>7} "
