@@ -175,14 +175,14 @@ def worker_main(url: str, home: str, worker_id: str, steps: int, ready: Any, go:
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_of(pid: int) -> float:
-    """Seconds of CPU the process has used (0 if it is gone)."""
+def cpu_of(pid: int, *, system_only: bool = False) -> float:
+    """Seconds of CPU the process has used (0 if it is gone); ``system_only``: in the kernel."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) * TICK_S
+    return (0 if system_only else int(fields[11])) * TICK_S + int(fields[12]) * TICK_S
 
 
 class ServerCPU:
@@ -267,17 +267,19 @@ def measure_tether(dsn: str, n: int, runs_per_worker: int, steps: int) -> dict[s
         with psycopg.connect(dsn, autocommit=True) as probe:
             server = ServerCPU(probe, schema)
 
-            def sample() -> tuple[float, int, float, float]:
+            def sample() -> tuple[float, int, float, float, float]:
                 row = probe.execute(
                     f'SELECT sum(generation) FROM "{schema}".tether_marks'
                 ).fetchone()
                 moved = int(row[0] if row and row[0] is not None else 0) - before
-                client = sum(cpu_of(p.pid) for p in procs if p.pid is not None)
-                return time.perf_counter(), moved, client, server.sample()
+                pids = [p.pid for p in procs if p.pid is not None]
+                client = sum(cpu_of(pid) for pid in pids)
+                kernel = sum(cpu_of(pid, system_only=True) for pid in pids)
+                return time.perf_counter(), moved, client, server.sample(), kernel
 
             started = time.perf_counter()
             go.set()
-            first: tuple[float, int, float, float] | None = None
+            first: tuple[float, int, float, float, float] | None = None
             last = sample()
             while all(p.is_alive() for p in procs):
                 now = sample()
@@ -310,6 +312,7 @@ def measure_tether(dsn: str, n: int, runs_per_worker: int, steps: int) -> dict[s
             "rate": steady / window,
             "window": window,
             "client_us": (last[2] - first[2]) / steady * 1e6,
+            "client_sys": (last[4] - first[4]) / max(1e-9, last[2] - first[2]),
             "server_us": (last[3] - first[3]) / steady * 1e6,
             "completed": completed,
             "runs": runs,
@@ -388,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'N':>2} {'runs':>4} {'commits':>7} {'whole/s':>8} {'tether/s':>8} {'bare/s':>7} "
         f"{'ratio':>5} {'done':>5} {'dup':>3} {'t.client':>8} {'t.server':>8} "
-        f"{'b.client':>8} {'b.server':>8}"
+        f"{'b.client':>8} {'b.server':>8} {'t.sys%':>6}"
     )
     verdict = ""
     for n in (int(x) for x in args.workers.split(",")):
@@ -400,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{tether['rate']:>8.1f} {bare['rate']:>7.1f} {ratio:>5.2f} "
             f"{tether['completed']:>2.0f}/{tether['runs']:<2.0f} {tether['duplicates']:>3.0f} "
             f"{tether['client_us']:>8.0f} {tether['server_us']:>8.0f} "
-            f"{bare['client_us']:>8.0f} {bare['server_us']:>8.0f}"
+            f"{bare['client_us']:>8.0f} {bare['server_us']:>8.0f} {100 * tether['client_sys']:>6.0f}"
         )
         if n == 8:
             verdict = (
