@@ -19,7 +19,7 @@ counted; the whole-run rate is printed beside it. CPU per commit is read
 from /proc for the worker processes (client) and for the PostgreSQL
 backends serving them (server), for tether and for the baseline.
 
-    .venv/bin/python bench/workers.py [--steps 60] [--runs-per-worker 2] [--dsn DSN]
+    .venv/bin/python bench/workers.py [--steps 60] [--runs-per-worker 2] [--repeat 1] [--dsn DSN]
 """
 
 from __future__ import annotations
