@@ -13,14 +13,23 @@ committing single-row UPDATEs of a row of the same size as an envelope, on
 the same server. The ratio is tether commits/s over bare commits/s at each N
 (target >= 0.5 at N = 8).
 
-    .venv/bin/python bench/workers.py [--steps 60] [--runs-per-worker 2] [--dsn DSN]
+Rates are measured over the steady window (every worker up, none finished),
+so process start-up and the tail where workers leave one by one are not
+counted; the whole-run rate is printed beside it. CPU per commit is read
+from /proc for the worker processes (client) and for the PostgreSQL
+backends serving them (server), for tether and for the baseline.
+
+    .venv/bin/python bench/workers.py [--steps 60] [--runs-per-worker 2] [--repeat 1] [--dsn DSN]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
+import queue
+import statistics
 import sys
 import tempfile
 import time
@@ -33,8 +42,9 @@ VERIFIER = ("python", "-c", "pass")
 
 
 def schema_url(dsn: str, schema: str) -> str:
+    """The DSN in ``schema``; its connections are named after it (see ServerCPU)."""
     joiner = "&" if "?" in dsn else "?"
-    return f"{dsn}{joiner}options=-csearch_path%3D{schema}"
+    return f"{dsn}{joiner}options=-csearch_path%3D{schema}&application_name={schema}"
 
 
 class BenchAgent:
@@ -155,21 +165,76 @@ def worker_main(url: str, home: str, worker_id: str, steps: int, ready: Any, go:
         worker.serve(idle_exit=True)
 
 
-def bare_main(dsn: str, row: int, size: int, seconds: float, go: Any, out: Any) -> None:
+# -- CPU accounting ----------------------------------------------------------
+#
+# Both sides run on this machine, so CPU is read from /proc: a process's
+# utime + stime, in clock ticks. The server's share is the backends serving
+# this measurement's connections (found by application_name), so other
+# databases' work on a shared server is not counted; the WAL writer and the
+# other background processes are left out for tether and baseline alike.
+
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of(pid: int, *, system_only: bool = False) -> float:
+    """Seconds of CPU the process has used (0 if it is gone); ``system_only``: in the kernel."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (0 if system_only else int(fields[11])) * TICK_S + int(fields[12]) * TICK_S
+
+
+class ServerCPU:
+    """CPU used by the backends named ``name``, accumulated across samples.
+
+    A backend that appears between samples counts from its start; one that
+    leaves loses at most the last interval.
+    """
+
+    def __init__(self, probe: Any, name: str) -> None:
+        self.probe = probe
+        self.name = name
+        self.total = 0.0
+        self._seen: dict[int, float] = {}
+        self.sample()
+        self.total = 0.0
+
+    def sample(self) -> float:
+        rows = self.probe.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (self.name,)
+        ).fetchall()
+        seen: dict[int, float] = {}
+        for (pid,) in rows:
+            seen[pid] = cpu_of(pid)
+            self.total += max(0.0, seen[pid] - self._seen.get(pid, 0.0))
+        self._seen = seen
+        return self.total
+
+
+def bare_main(dsn: str, row: int, size: int, seconds: float, go: Any, out: Any, done: Any) -> None:
     import psycopg
 
     body = os.urandom(size)
     with psycopg.connect(dsn, autocommit=True) as conn:
         go.wait()
+        cpu = time.process_time()
         deadline = time.perf_counter() + seconds
         count = 0
         while time.perf_counter() < deadline:
             conn.execute("UPDATE bench_bare SET v = v + 1, body = %s WHERE id = %s", (body, row))
             count += 1
-        out.put(count)
+        out.put((count, time.process_time() - cpu))
+        done.wait()  # the backend stays up until the server's CPU has been read
 
 
 def measure_tether(dsn: str, n: int, runs_per_worker: int, steps: int) -> dict[str, float]:
+    """Rate and CPU per commit over the steady window: every worker up, none finished.
+
+    Process start, the first claims and the tail (workers leaving one by
+    one as the runs run out) are outside it; the whole-run rate is kept too.
+    """
     import psycopg
 
     from tether.store import open_store
@@ -200,8 +265,31 @@ def measure_tether(dsn: str, n: int, runs_per_worker: int, steps: int) -> dict[s
         for proc in procs:
             proc.start()
         barrier_ready.wait()
-        started = time.perf_counter()
-        go.set()
+        with psycopg.connect(dsn, autocommit=True) as probe:
+            server = ServerCPU(probe, schema)
+
+            def sample() -> tuple[float, int, float, float, float]:
+                row = probe.execute(
+                    f'SELECT sum(generation) FROM "{schema}".tether_marks'
+                ).fetchone()
+                moved = int(row[0] if row and row[0] is not None else 0) - before
+                pids = [p.pid for p in procs if p.pid is not None]
+                client = sum(cpu_of(pid) for pid in pids)
+                kernel = sum(cpu_of(pid, system_only=True) for pid in pids)
+                return time.perf_counter(), moved, client, server.sample(), kernel
+
+            started = time.perf_counter()
+            go.set()
+            first: tuple[float, int, float, float, float] | None = None
+            last = sample()
+            while all(p.is_alive() for p in procs):
+                now = sample()
+                # Warm: every worker has had time to claim and take a few steps.
+                if first is None and now[1] >= 3 * n:
+                    first = now
+                if all(p.is_alive() for p in procs):
+                    last = now
+                time.sleep(0.05)
         for proc in procs:
             proc.join()
         elapsed = time.perf_counter() - started
@@ -214,10 +302,19 @@ def measure_tether(dsn: str, n: int, runs_per_worker: int, steps: int) -> dict[s
                 committed = sum(e.status.value == "committed" for e in store.ledger(mark.run_id))
                 with workspace(home, mark.run_id) as ws:
                     duplicates += ws.write_count() - committed
+        if first is None or last[1] <= first[1]:
+            raise SystemExit(f"N={n}: no steady window (raise --steps)")
+        window = last[0] - first[0]
+        steady = last[1] - first[1]
         return {
             "commits": after - before,
             "seconds": elapsed,
-            "rate": (after - before) / elapsed,
+            "whole": (after - before) / elapsed,
+            "rate": steady / window,
+            "window": window,
+            "client_us": (last[2] - first[2]) / steady * 1e6,
+            "client_sys": (last[4] - first[4]) / max(1e-9, last[2] - first[2]),
+            "server_us": (last[3] - first[3]) / steady * 1e6,
             "completed": completed,
             "runs": runs,
             "duplicates": duplicates,
@@ -228,7 +325,7 @@ def measure_tether(dsn: str, n: int, runs_per_worker: int, steps: int) -> dict[s
             admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def measure_bare(dsn: str, n: int, size: int, seconds: float) -> float:
+def measure_bare(dsn: str, n: int, size: int, seconds: float) -> dict[str, float]:
     import psycopg
 
     schema = f"tether_bare_{uuid.uuid4().hex[:10]}"
@@ -241,18 +338,32 @@ def measure_bare(dsn: str, n: int, size: int, seconds: float) -> float:
             for row in range(n):
                 conn.execute("INSERT INTO bench_bare VALUES (%s, 0, %s)", (row, b""))
         ctx = mp.get_context("spawn")
-        go, out = ctx.Event(), ctx.Queue()
+        go, out, done = ctx.Event(), ctx.Queue(), ctx.Event()
         procs = [
-            ctx.Process(target=bare_main, args=(url, i, size, seconds, go, out)) for i in range(n)
+            ctx.Process(target=bare_main, args=(url, i, size, seconds, go, out, done))
+            for i in range(n)
         ]
         for proc in procs:
             proc.start()
         time.sleep(0.5)
+        probe = psycopg.connect(dsn, autocommit=True)
+        server = ServerCPU(probe, schema)
         go.set()
-        total = sum(out.get() for _ in procs)
+        results = []
+        while len(results) < n:
+            with contextlib.suppress(queue.Empty):
+                results.append(out.get(timeout=0.05))
+            server.sample()
+        probe.close()
+        done.set()
         for proc in procs:
             proc.join()
-        return total / seconds
+        total = sum(count for count, _ in results)
+        return {
+            "rate": total / seconds,
+            "client_us": sum(cpu for _, cpu in results) / total * 1e6,
+            "server_us": server.total / total * 1e6,
+        }
     finally:
         with psycopg.connect(dsn, autocommit=True) as admin:
             admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
@@ -264,6 +375,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=60, help="agent steps per run")
     parser.add_argument("--runs-per-worker", type=int, default=2)
     parser.add_argument("--workers", default="1,2,4,8")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="measure each N this many times (a row each); the verdict takes the median ratio",
+    )
     args = parser.parse_args(argv)
     import psycopg
 
@@ -275,23 +392,39 @@ def main(argv: list[str] | None = None) -> int:
         f" (synchronous_commit={sync[0] if sync else '?'}), Python {sys.version.split()[0]}"
     )
     print(
-        f"{'N':>2} {'runs':>5} {'commits':>8} {'tether/s':>9} {'bare/s':>8} {'ratio':>6} "
-        f"{'completed':>9} {'dup':>4}"
+        "steady window: all N workers up, none finished; CPU per commit in µs "
+        "(client = worker processes, server = their backends)"
+    )
+    print(
+        f"{'N':>2} {'runs':>4} {'commits':>7} {'whole/s':>8} {'tether/s':>8} {'bare/s':>7} "
+        f"{'ratio':>5} {'done':>5} {'dup':>3} {'t.client':>8} {'t.server':>8} "
+        f"{'b.client':>8} {'b.server':>8} {'t.sys%':>6}"
     )
     verdict = ""
     for n in (int(x) for x in args.workers.split(",")):
-        tether = measure_tether(args.dsn, n, args.runs_per_worker, args.steps)
-        bare = measure_bare(args.dsn, n, int(tether["size"]), max(2.0, min(tether["seconds"], 8.0)))
-        ratio = tether["rate"] / bare
-        print(
-            f"{n:>2} {tether['runs']:>5} {tether['commits']:>8.0f} {tether['rate']:>9.1f} "
-            f"{bare:>8.1f} {ratio:>6.2f} {tether['completed']:>5.0f}/{tether['runs']:<3.0f} "
-            f"{tether['duplicates']:>4.0f}"
-        )
+        ratios: list[float] = []
+        duplicates = 0.0
+        for _ in range(args.repeat):
+            tether = measure_tether(args.dsn, n, args.runs_per_worker, args.steps)
+            window = max(2.0, min(tether["window"], 8.0))
+            bare = measure_bare(args.dsn, n, int(tether["size"]), window)
+            ratio = tether["rate"] / bare["rate"]
+            ratios.append(ratio)
+            duplicates += tether["duplicates"]
+            print(
+                f"{n:>2} {tether['runs']:>4.0f} {tether['commits']:>7.0f} {tether['whole']:>8.1f} "
+                f"{tether['rate']:>8.1f} {bare['rate']:>7.1f} {ratio:>5.2f} "
+                f"{tether['completed']:>2.0f}/{tether['runs']:<2.0f} {tether['duplicates']:>3.0f} "
+                f"{tether['client_us']:>8.0f} {tether['server_us']:>8.0f} "
+                f"{bare['client_us']:>8.0f} {bare['server_us']:>8.0f} "
+                f"{100 * tether['client_sys']:>6.0f}"
+            )
         if n == 8:
+            ratio = statistics.median(ratios)
             verdict = (
                 f"target ratio >= 0.5 at N=8: {'PASS' if ratio >= 0.5 else 'FAIL'} "
-                f"({ratio:.2f}); duplicate effects: {tether['duplicates']:.0f} (must be 0)"
+                f"(median {ratio:.2f} of {len(ratios)}); duplicate effects: {duplicates:.0f} "
+                "(must be 0)"
             )
     if verdict:
         print(verdict)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Any
 
 import rfc8785
@@ -20,11 +19,12 @@ from tether.core._errors import CanonicalJSONError
 JSONValue = Any  # None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]
 
 
-# A float (fraction or exponent) or an integer of 16+ digits (near or past
-# 2**53) in number position: between a delimiter and a delimiter. Inside a
-# string the same text only sends the value to the reference encoder, which
-# is always correct; a number outside a string cannot escape this pattern.
-_RISKY_NUMBER = re.compile(r"[:,\[]-?(?:\d+(?:\.\d+(?:[eE][+-]?\d+)?|[eE][+-]?\d+)|\d{16,})[,\]}]")
+# Numbers the standard encoder may spell differently from RFC 8785: any
+# float, and integers of 16+ digits (near or past 2**53, which the reference
+# encoder refuses). They are found by type while the value is walked, not by
+# searching the encoded text.
+_BIG_INT = 10**15
+_PLAIN = frozenset({str, bool, type(None)})
 
 
 def canonical_bytes(value: JSONValue) -> bytes:
@@ -32,19 +32,19 @@ def canonical_bytes(value: JSONValue) -> bytes:
 
     The standard encoder's output *is* RFC 8785's when it is all ASCII (code
     point order equals UTF-16 order, and both escape control characters
-    alike) and holds no float and no integer near or past 2**53. That is
-    checked on the output; anything else goes to the reference encoder, which
-    is pure Python and several times slower.
+    alike) and holds no float and no integer near or past 2**53. The numbers
+    are checked on the value, the ASCII on the output; anything else goes to
+    the reference encoder, which is pure Python and several times slower.
     """
     if isinstance(value, dict | list):
-        _text_keys(value)
+        risky = _scan(value)
         try:
             text = json.dumps(
                 value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
             )
         except (TypeError, ValueError) as exc:
             raise CanonicalJSONError(f"value is not canonical JSON: {exc}") from exc
-        if text.isascii() and _RISKY_NUMBER.search(text) is None:
+        if not risky and text.isascii():
             return text.encode("ascii")
     try:
         return bytes(rfc8785.dumps(value))
@@ -52,24 +52,43 @@ def canonical_bytes(value: JSONValue) -> bytes:
         raise CanonicalJSONError(f"value is not canonical JSON: {exc}") from exc
 
 
-def _text_keys(value: JSONValue) -> None:
-    """Refuse an object key that is not a string (the standard encoder would quietly
-    turn ``1`` into ``"1"``, giving ``{1: "a"}`` and ``{"1": "a"}`` one digest)."""
+def _scan(value: JSONValue) -> bool:
+    """Walk a value once: refuse what the standard encoder would quietly accept, and
+    say whether it holds a number that only the reference encoder spells right.
+
+    Refused: an object key that is not a string (the standard encoder would
+    turn ``1`` into ``"1"``, giving ``{1: "a"}`` and ``{"1": "a"}`` one
+    digest) and a tuple (written as an array by the standard encoder, refused
+    by the reference one: refused on both paths alike). Containers whose
+    values are all strings, booleans or nulls are passed over by type alone.
+    """
+    risky = False
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
-            for key, inner in item.items():
-                if not isinstance(key, str):
-                    raise CanonicalJSONError(f"object key {key!r} is not a string")
-                if isinstance(inner, dict | list | tuple):
-                    stack.append(inner)
+            if set(map(type, item)) != {str}:
+                for key in item:
+                    if not isinstance(key, str):
+                        raise CanonicalJSONError(f"object key {key!r} is not a string")
+            values: Any = item.values()
         elif isinstance(item, tuple):
-            # The standard encoder would write it as an array, the reference
-            # encoder refuses it: refuse it on both paths alike.
             raise CanonicalJSONError("a tuple is not a JSON value; use a list")
         else:
-            stack.extend(inner for inner in item if isinstance(inner, dict | list | tuple))
+            values = item
+        if set(map(type, values)) <= _PLAIN:
+            continue
+        for inner in values:
+            kind = type(inner)
+            if kind is str or kind is bool or inner is None:
+                continue
+            if kind is dict or kind is list or isinstance(inner, dict | list | tuple):
+                stack.append(inner)
+            elif isinstance(inner, float) or (
+                isinstance(inner, int) and not -_BIG_INT < inner < _BIG_INT
+            ):
+                risky = True
+    return risky
 
 
 def _text_only(value: JSONValue) -> None:

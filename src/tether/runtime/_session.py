@@ -18,17 +18,10 @@ commits it, makes the one adapter call it names, and hands the answer on.
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from dataclasses import replace
 from typing import Any, Protocol
 
-from tether.adapters import (
-    Adapter,
-    Fence,
-    capabilities_of,
-    namespace_of,
-)
+from tether.adapters import Adapter, capabilities_of, namespace_of
 from tether.core import (
     ActionClass,
     ActionKind,
@@ -79,8 +72,8 @@ from tether.runtime._agent import Agent, AgentContext
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import Clock, IdSource
 from tether.runtime._crash import CrashPlan, CrashPoint
-from tether.runtime._heartbeat import Heartbeat
-from tether.store import ContentStore, Lease, LeaseRequest
+from tether.runtime._lease import LeaseHolder
+from tether.store import ContentStore, LeaseRequest
 
 
 class Runtime(Protocol):
@@ -105,18 +98,16 @@ class Runtime(Protocol):
 Event = tuple[str, dict[str, Any]]
 
 
-class RunSession:
+class RunSession(LeaseHolder):
     """One epoch of one run: the current state and the agent's context."""
+
+    rt: Runtime
 
     def __init__(self, runtime: Runtime, state: RunState, context: AgentContext) -> None:
         self.rt = runtime
         self.state = state
         self.context = context
-        self.lease: Lease | None = None
-        self._renewed = runtime.clock.now()
-        # The heartbeat thread and the step share the lease; this orders them.
-        self._lease_lock = threading.RLock()
-        self._heartbeat: Heartbeat | None = None
+        self._init_lease(runtime.clock.now())
         # A recovery's "recovered" event, waiting for the session's first commit.
         self._opening: dict[str, Any] | None = None
         #: The digest of the checkpoint ``state`` is (``None`` before the first commit).
@@ -128,66 +119,6 @@ class RunSession:
         # signed history, never from rows a store could hold unverified.
         self.actions: set[str] = set()
         self._results: tuple[str, tuple[ActionResult, ...]] | None = None
-
-    # -- the lease -------------------------------------------------------------
-
-    def hold(self, lease: Lease) -> None:
-        """Work under ``lease``: its version fences every commit and adapter call."""
-        with self._lease_lock:
-            self.lease = lease
-            self._renewed = self.rt.clock.now()
-        ttl = self.rt.lease_ttl_s
-        if ttl is not None and self._heartbeat is None:
-            self._heartbeat = Heartbeat(
-                self,
-                RunSession.renew_if_due,
-                self.rt.clock.now,
-                every_s=ttl / 3,
-                max_s=self.rt.heartbeat_max_s,
-            )
-
-    def release(self) -> None:
-        """Give the lease up (a clean shutdown), so another worker may take the run at once."""
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
-        with self._lease_lock:
-            if self.lease is not None:
-                self.rt.checkpointer.marks.release_lease(
-                    self.run_id, self.lease.owner, self.lease.lease_version
-                )
-                self.lease = None
-
-    def renew_if_due(self) -> None:
-        """Renew the held lease once a third of its ttl has passed (by the runtime's clock)."""
-        ttl = self.rt.lease_ttl_s
-        with self._lease_lock:
-            lease = self.lease
-            if lease is None or ttl is None:
-                return
-            if (self.rt.clock.now() - self._renewed).total_seconds() <= ttl / 3:
-                return
-            marks = self.rt.checkpointer.marks
-            self.hold(marks.renew_lease(self.run_id, lease.owner, lease.lease_version, ttl))
-
-    def working(self) -> contextlib.AbstractContextManager[None]:
-        """Cover a step: the heartbeat renews the lease while it runs (see ``_heartbeat``)."""
-        if self._heartbeat is None:
-            return contextlib.nullcontext()
-        return self._heartbeat.busy()
-
-    def guard(self) -> Fence | None:
-        """Before every effect: renew if a third of the ttl has passed, then check the lease.
-
-        Returns the fencing token for adapters that can check it.
-        """
-        self.renew_if_due()
-        lease = self.lease
-        if lease is None:
-            return None
-        self.rt.checkpointer.marks.check_lease(self.run_id, lease.lease_version)
-        if not self.rt.adapter.capabilities.fencing:
-            return None
-        return Fence(self.run_id, lease.lease_version, lease.expires_at)
 
     @property
     def run_id(self) -> str:
@@ -536,7 +467,7 @@ class RunSession:
     def _step(self) -> Outcome:
         _humans.consume_inbox(self)
         self._refuse_if_stopped()
-        self.guard()  # renews a held lease when due, and stops a worker that lost it
+        self.keep()  # renews a held lease when due; a lost one is refused at the commit
         pending = self.state.pending
         if self.state.phase is Phase.PENDING and pending is not None:
             if not pending.mutating:

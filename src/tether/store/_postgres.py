@@ -25,6 +25,7 @@ transaction's start), so workers with skewed clocks agree.
 
 from __future__ import annotations
 
+import json
 import select
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -52,6 +53,13 @@ INSTALL_HINT = "pip install 'tether[postgres]'"
 # writes nothing unless the mark moved. Trace and ledger rows use plain
 # INSERTs: a conflict aborts everything. Blobs are shared by content, so an
 # existing one is simply there already.
+#
+# Rows travel as three JSON documents (trace, ledger, blobs) rather than one
+# array parameter per column: psycopg adapts a text parameter in one step,
+# where sixteen typed arrays cost more client CPU than the rest of the
+# commit's SQL work. Values arrive as JSON strings and numbers and are
+# stored as the same text (json_to_recordset does not re-encode a string),
+# so what the hashes cover is what lands; blob bodies travel as hex.
 _COMMIT_STATEMENT = """
 WITH cas AS (
     UPDATE tether_marks SET generation = %s, checkpoint_digest = %s,
@@ -65,23 +73,20 @@ WITH cas AS (
     RETURNING 1
 ), trace AS (
     INSERT INTO tether_trace (run_id, hash, prev_hash, seq, kind, at, data)
-    SELECT cas.run_id, e.hash, e.prev_hash, e.seq, e.kind, e.at, e.data
-      FROM cas, unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[])
-           AS e(hash, prev_hash, seq, kind, at, data)
+    SELECT cas.run_id, e.h, e.p, e.s, e.k, e.a, e.d
+      FROM cas, json_to_recordset(%s::json) AS e(h text, p text, s bigint, k text, a text, d text)
     RETURNING 1
 ), ledger AS (
     INSERT INTO tether_ledger (run_id, hash, prev_hash, seq, idempotency_key, status,
                                action_id, intent_digest, receipt, epoch, at)
-    SELECT cas.run_id, l.hash, l.prev_hash, l.seq, l.idempotency_key, l.status,
-           l.action_id, l.intent_digest, l.receipt, l.epoch, l.at
-      FROM cas, unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], %s::text[],
-                       %s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[])
-           AS l(hash, prev_hash, seq, idempotency_key, status, action_id, intent_digest,
-                receipt, epoch, at)
+    SELECT cas.run_id, l.h, l.p, l.s, l.k, l.st, l.ac, l.i, l.r, l.ep, l.a
+      FROM cas, json_to_recordset(%s::json)
+           AS l(h text, p text, s bigint, k text, st text, ac text, i text, r text,
+                ep bigint, a text)
     RETURNING 1
 ), blobs AS (
     INSERT INTO tether_blobs (digest, body)
-    SELECT b.digest, b.body FROM cas, unnest(%s::text[], %s::bytea[]) AS b(digest, body)
+    SELECT b.g, decode(b.b, 'hex') FROM cas, json_to_recordset(%s::json) AS b(g text, b text)
     ON CONFLICT DO NOTHING
     RETURNING 1
 )
@@ -235,8 +240,33 @@ class PostgresStore(SQLBase):
         if lease_to is not None:
             raise StoreError("a lease is granted with the run's first checkpoint only")
         self._check_sealed(commit)
-        events, ledger = commit.events, commit.ledger
-        blobs = sorted((commit.blobs or {}).items())
+        trace = [
+            {
+                "h": e.hash,
+                "p": e.prev_hash,
+                "s": e.seq,
+                "k": e.kind,
+                "a": format_time(e.at),
+                "d": e.encoded_data().decode("utf-8"),
+            }
+            for e in commit.events
+        ]
+        ledger = [
+            {
+                "h": e.hash,
+                "p": e.prev_hash,
+                "s": e.seq,
+                "k": e.idempotency_key,
+                "st": e.status.value,
+                "ac": e.action_id,
+                "i": e.intent_digest,
+                "r": None if e.receipt is None else canonical_bytes(e.receipt).decode("utf-8"),
+                "ep": e.epoch,
+                "a": format_time(e.at),
+            }
+            for e in commit.ledger
+        ]
+        blobs = [{"g": d, "b": b.hex()} for d, b in sorted((commit.blobs or {}).items())]
         params = (
             commit.generation,
             commit.checkpoint_digest,
@@ -246,24 +276,9 @@ class PostgresStore(SQLBase):
             expected_generation,
             expected_lease_version,
             commit.envelope,
-            [e.hash for e in events],
-            [e.prev_hash for e in events],
-            [e.seq for e in events],
-            [e.kind for e in events],
-            [format_time(e.at) for e in events],
-            [e.encoded_data().decode("utf-8") for e in events],
-            [e.hash for e in ledger],
-            [e.prev_hash for e in ledger],
-            [e.seq for e in ledger],
-            [e.idempotency_key for e in ledger],
-            [e.status.value for e in ledger],
-            [e.action_id for e in ledger],
-            [e.intent_digest for e in ledger],
-            [None if e.receipt is None else canonical_bytes(e.receipt).decode() for e in ledger],
-            [e.epoch for e in ledger],
-            [format_time(e.at) for e in ledger],
-            [d for d, _ in blobs],
-            [b for _, b in blobs],
+            json.dumps(trace, ensure_ascii=False),
+            json.dumps(ledger, ensure_ascii=False),
+            json.dumps(blobs),
         )
 
         def body() -> tuple[Any, ...] | None:
