@@ -432,3 +432,53 @@ def test_the_worker_command_takes_the_retry_settings(tmp_path: Path) -> None:
     assert parked.attempts == 2 and parked.last_error
     refused = tether_worker("--max-attempts", "0")
     assert refused.returncode == 2 and "must be from 1 to 1000" in refused.stderr
+
+
+class DownForAWhile(Sandbox):
+    """An adapter whose service is unreachable until ``up`` is set (an outage, not a bug)."""
+
+    up = threading.Event()
+
+    def environment(self) -> Any:
+        if not self.up.is_set():
+            from tether.core import AdapterUnavailableError
+
+            raise AdapterUnavailableError("connection refused: the service is down")
+        return super().environment()
+
+
+def test_an_outage_during_recovery_is_waited_out_not_counted(tmp_path: Path) -> None:
+    """The adapter is down while workers claim: no attempts are counted; back up, it completes."""
+    fleet = Fleet(tmp_path / "tether.sqlite")
+    outage = DownForAWhile({"notes.txt": "draft\n"})
+    outage.up.set()
+    fleet.sandboxes["flaky"] = outage
+    fleet.start("flaky")
+    outage.up.clear()
+    serve_until(fleet, lambda: False, seconds=1.0, ttl=0.05)  # many claims meet the outage
+    assert mark(fleet, "flaky").attempts == 0 and "down" in (mark(fleet, "flaky").last_error or "")
+    outage.up.set()
+    serve_until(fleet, lambda: mark(fleet, "flaky").phase == "completed", seconds=10, ttl=0.05)
+    assert mark(fleet, "flaky").phase == "completed"
+    assert outage.write_count() == 1
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"lease_ttl_s": float("nan")},
+        {"lease_ttl_s": 1e300},
+        {"lease_ttl_s": 0},
+        {"poll_s": -1},
+        {"poll_s": float("inf")},
+        {"max_attempts": 0},
+        {"max_attempts": True},
+        {"backoff_s": float("nan")},
+    ],
+)
+def test_worker_settings_out_of_range_are_refused(tmp_path: Path, settings: dict[str, Any]) -> None:
+    """NaN, overflow, zero or negative settings fail at construction with a typed error."""
+    from tether.core import StoreError
+
+    with SQLiteStore(tmp_path / "s.sqlite") as store, pytest.raises(StoreError):
+        Worker(store, lambda *a: None, "w", **settings)  # type: ignore[arg-type,return-value]

@@ -30,10 +30,12 @@ from types import FrameType
 from typing import Any
 
 from tether.core import (
+    AdapterUnavailableError,
     LeaseError,
     OutcomeKind,
     Phase,
     StoreError,
+    StoreUnavailableError,
     TetherError,
     TrustRootsRequiredError,
 )
@@ -92,11 +94,23 @@ class Worker:
         backoff_s: float = 1.0,
         max_backoff_s: float = 300.0,
     ) -> None:
-        if max_attempts < 1:
-            raise StoreError(f"max_attempts must be at least 1, not {max_attempts}")
-        for name, value in (("backoff_s", backoff_s), ("max_backoff_s", max_backoff_s)):
-            if isinstance(value, bool) or not 0 <= value <= 366 * 24 * 3600:
-                raise StoreError(f"{name} must be between 0 and a year of seconds, not {value!r}")
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+            raise StoreError(f"max_attempts must be a whole number, not {max_attempts!r}")
+        if not 1 <= max_attempts <= 1000:
+            raise StoreError(f"max_attempts must be from 1 to 1000, not {max_attempts}")
+        # NaN fails every comparison, so each bound is written to refuse it.
+        for name, value, low, high in (
+            ("lease_ttl_s", lease_ttl_s, 0.0, 24 * 3600.0),
+            ("poll_s", poll_s, 0.0, 3600.0),
+            ("backoff_s", backoff_s, 0.0, 366 * 24 * 3600.0),
+            ("max_backoff_s", max_backoff_s, 0.0, 366 * 24 * 3600.0),
+        ):
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not (number and low <= value <= high) or (name == "lease_ttl_s" and value == 0):
+                raise StoreError(
+                    f"{name} must be a number of seconds in [{low:g}, {high:g}]"
+                    f" (lease_ttl_s above 0), not {value!r}"
+                )
         self.store = store
         self.factory = factory
         self.worker_id = worker_id
@@ -200,9 +214,28 @@ class Worker:
             self.stats.lost += 1
             log.warning("run %s: lease lost (%s); leaving it to its new owner", lease.run_id, exc)
             return None
+        except (AdapterUnavailableError, StoreUnavailableError) as exc:
+            # An outage (the service, the adapter or the store is down), not the run's
+            # fault: waited out like a step's "retry later", never counted toward parking.
+            self._outage(lease, session, exc)
+            return None
         except Exception as exc:  # any per-run failure: the worker lives on
             self._failed(lease, session, exc, progressed)
             return None
+
+    def _outage(self, lease: Lease, session: Any, exc: Exception) -> None:
+        """Come back after the back-off, uncounted: an outage parks nothing."""
+        self.stats.waiting += 1
+        text = f"{type(exc).__name__}: {exc}"
+        log.warning("run %s: %s; trying again later", lease.run_id, text)
+        version = lease.lease_version
+        if session is not None and session.lease is not None:
+            version = session.lease.lease_version
+        delay = min(self.max_backoff_s, max(self.backoff_s, self.lease_ttl_s))
+        try:
+            self.store.defer(lease.run_id, self.worker_id, version, delay, text, count=False)
+        except TetherError as again:  # lease gone or store down: the ttl backs it off
+            log.warning("run %s: could not defer it: %s", lease.run_id, again)
 
     def _failed(self, lease: Lease, session: Any, exc: Exception, progressed: bool) -> None:
         """Back the run off (counted), or park it for a person after too many failures."""
