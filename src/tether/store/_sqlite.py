@@ -22,10 +22,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tether.core import StoreError, StoreUnavailableError, WriteOnceError
+from tether.core import (
+    CheckpointCorruptError,
+    StoreError,
+    StoreUnavailableError,
+    TetherError,
+    WriteOnceError,
+)
 from tether.store._sql import SQLBase
 
 _SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
+_UNDECODABLE = "Could not decode to UTF-8"
 
 
 class SQLiteStore(SQLBase):
@@ -33,6 +40,8 @@ class SQLiteStore(SQLBase):
 
     # Integer microseconds since the epoch; julianday('now') is stable within a statement.
     clock_sql = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
+    # SQLite stores whatever bytes it is given as TEXT; decoding them is ours to check.
+    raw_text = "CAST({} AS BLOB)"
 
     def __init__(
         self,
@@ -61,7 +70,7 @@ class SQLiteStore(SQLBase):
             self._conn.execute(f"PRAGMA synchronous={mode}")
             self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
             self._conn.execute("PRAGMA foreign_keys=ON")
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeError) as exc:
             self._conn_close_quietly()
             raise StoreUnavailableError(
                 f"cannot open SQLite store {str(self.path)!r}: {exc}"
@@ -125,9 +134,15 @@ class SQLiteStore(SQLBase):
         marks = ", ".join(values if values is not None else ["?" for _ in columns])
         return f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) VALUES ({marks})"
 
-    def _translate(self, exc: Exception) -> StoreError | None:
+    def _translate(self, exc: Exception) -> TetherError | None:
         if isinstance(exc, sqlite3.IntegrityError):
             return WriteOnceError(f"SQLite refused a write-once violation: {exc}")
+        if isinstance(exc, sqlite3.OperationalError) and _UNDECODABLE in str(exc):
+            # A stored text value that is not UTF-8 (SQLite never checks): the
+            # bytes were edited, which is damage, not an unavailable store.
+            return CheckpointCorruptError(
+                f"SQLite store {str(self.path)!r} holds damaged text: {exc}"
+            )
         if isinstance(exc, sqlite3.OperationalError):
             return StoreUnavailableError(f"SQLite store {str(self.path)!r} failed: {exc}")
         if isinstance(exc, sqlite3.Error):
