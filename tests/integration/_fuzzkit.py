@@ -774,3 +774,9 @@ def signature(text: str) -> str:
     if not last.startswith(("Traceback", "File")) and len(lines) > 1:
         last = last[:120]
     return f"{call} | {last[:120]} | {' in '.join(where)}"
+
+
+def check_undamaged(result: Result, home: Path) -> None:
+    """Every reader and command over an undamaged copy (the control case)."""
+    _readers(result, home, list(RUNS))
+    _commands(result, home, False, list(RUNS), random.Random(0), True)

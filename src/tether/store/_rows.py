@@ -42,13 +42,12 @@ _MARK = (
     "last_error",
     "waiting_after",
 )
-_MARK_TEXT = {"run_id", "checkpoint_digest", "lease_owner", "phase", "last_error"}
 MARK_COLUMNS = ", ".join(_MARK)
 
 
-def mark_columns(raw_text: str) -> str:
-    """The mark's columns with each text column read through ``raw_text`` (a format string)."""
-    return ", ".join(raw_text.format(c) if c in _MARK_TEXT else c for c in _MARK)
+def mark_columns(raw: str) -> str:
+    """The mark's columns, each read through ``raw`` (a format string; see SQLBase.raw_column)."""
+    return ", ".join(raw.format(c) for c in _MARK)
 
 
 def from_micros(micros: Any) -> datetime:
@@ -58,7 +57,7 @@ def from_micros(micros: Any) -> datetime:
 def text_of(value: Any) -> str:
     """A text column read back as exactly text (bytes are decoded strictly: damage raises)."""
     if isinstance(value, bytes | bytearray | memoryview):
-        # Read raw (see SQLBase.raw_text) so one undecodable row fails alone.
+        # Read raw (see SQLBase.raw_column) so one undecodable row fails alone.
         return bytes(value).decode("utf-8")
     if not isinstance(value, str):
         raise ValueError(f"expected text, found {type(value).__name__}")

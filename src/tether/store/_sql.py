@@ -68,10 +68,10 @@ log = logging.getLogger("tether.store")
 class SQLBase(SQLEngine):
     """Every store statement, written once; subclasses provide the dialect hooks."""
 
-    #: How to read a text column as its raw bytes, where the database may hold
-    #: text that is not UTF-8 (SQLite does not check): the row is then refused
-    #: alone instead of failing the whole statement.
-    raw_text: ClassVar[str] = "{}"
+    #: How to read a column so that a value the driver cannot decode (text
+    #: that is not UTF-8: SQLite does not check) comes back as bytes, and the
+    #: row is refused alone instead of failing the whole statement.
+    raw_column: ClassVar[str] = "{}"
 
     # -- migrations ----------------------------------------------------------
 
@@ -755,7 +755,7 @@ class SQLBase(SQLEngine):
                 f"attempts = attempts + 1 WHERE {free} AND run_id IN ("
                 f"SELECT run_id FROM tether_marks WHERE phase IN ({', '.join('?' for _ in wanted)}) "
                 f"AND {free} ORDER BY COALESCE(retry_at, lease_expires_at, 0), run_id LIMIT ?"
-                f"{self.skip_locked}) RETURNING {mark_columns(self.raw_text)}",
+                f"{self.skip_locked}) RETURNING {mark_columns(self.raw_column)}",
                 (worker, ttl, *wanted, limit),
             )
             leases = []

@@ -40,8 +40,9 @@ class SQLiteStore(SQLBase):
 
     # Integer microseconds since the epoch; julianday('now') is stable within a statement.
     clock_sql = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
-    # SQLite stores whatever bytes it is given as TEXT; decoding them is ours to check.
-    raw_text = "CAST({} AS BLOB)"
+    # SQLite keeps whatever it is given, in any column, and text that is not
+    # UTF-8 too: integers and NULL come back as they are, anything else as bytes.
+    raw_column = "CASE WHEN typeof({0}) IN ('integer', 'null') THEN {0} ELSE CAST({0} AS BLOB) END"
 
     def __init__(
         self,
