@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import random
 import shutil
 import sqlite3
 import time
@@ -20,7 +22,7 @@ import pytest
 from tests.integration import _fuzzkit
 from tether.cli import EXIT_ERROR, EXIT_INTEGRITY, main
 from tether.core import CheckpointCorruptError, MigrationError, TraceIntegrityError
-from tether.crypto import Keyring
+from tether.crypto import Keyring, Signer, TrustError
 from tether.runtime import Checkpointer
 from tether.store import SQLiteStore
 
@@ -213,3 +215,53 @@ def test_approving_over_an_envelope_that_is_not_json_fails_typed(home: Path) -> 
     code, err = cli(home, "approve", "wait", "fix-calc", "--db", db, "--key", key, "--yes")
     assert code == EXIT_ERROR
     assert "CheckpointCorruptError" in err
+
+
+def malformed(home: Path) -> None:
+    """Bit flips that leave the file openable but one of its pages malformed (fuzz seed 22054)."""
+    _fuzzkit.damage(home, random.Random(22054))
+
+
+def test_a_malformed_database_page_is_an_integrity_failure(home: Path) -> None:
+    """SQLite's "database disk image is malformed" is CheckpointCorruptError, not a bare StoreError."""
+    malformed(home)
+    with SQLiteStore(home / "store.sqlite") as store, pytest.raises(CheckpointCorruptError):
+        store.claim_expired("w", 30.0)
+
+
+def test_signing_with_a_key_of_the_wrong_length_is_refused_at_load(home: Path) -> None:
+    """A signing key file whose Ed25519 key is not 32 bytes is a TrustError when read, not a ValueError later."""
+    doc = json.loads((home / "approver.key").read_text())
+    doc["private_key"] = doc["private_key"][:20]
+    (home / "approver.key").write_text(json.dumps(doc))
+    with pytest.raises(TrustError):
+        Signer.from_file(home / "approver.key")
+
+
+def test_an_inbox_at_the_largest_seq_refuses_the_next_entry_typed(
+    home: Path, store: SQLiteStore
+) -> None:
+    """put_evidence after seq 2**63-1 raises CheckpointCorruptError instead of OverflowError."""
+    edit(home, "UPDATE tether_inbox SET seq = ? WHERE run_id = 'wait' AND seq = 2", (2**63 - 1,))
+    with pytest.raises(CheckpointCorruptError):
+        store.put_evidence("wait", "approval", {"probe": 1})
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="runtime/_worker.py Worker.serve retries a failing claim forever, even with "
+    "--idle-exit or --max-runs; the fix belongs to the worker's owner",
+)
+def test_a_worker_with_idle_exit_ends_on_a_store_it_can_never_claim_from(home: Path) -> None:
+    """tether worker --idle-exit over a malformed database file exits instead of looping forever."""
+    malformed(home)
+    url = f"sqlite:///{home / 'store.sqlite'}"
+    app = "tests.integration._fuzzkit:factory"
+    try:
+        with _fuzzkit._home(home), _fuzzkit._deadline(3.0):
+            code, _ = cli(
+                home, "worker", "--store", url, "--app", app, "--poll", "0.01", "--idle-exit"
+            )
+    except _fuzzkit.Hung:
+        pytest.fail("tether worker --idle-exit was still claiming after 3 s")
+    assert code in {0, EXIT_ERROR}

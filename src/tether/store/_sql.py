@@ -274,6 +274,12 @@ class SQLBase(SQLEngine):
                 seq = 1
             else:
                 seq = stored_int(row[0], f"run {run_id}: the inbox's last seq", run_id=run_id) + 1
+                if not 1 <= seq < 2**63:
+                    raise CheckpointCorruptError(
+                        f"run {run_id}: the inbox's last seq {seq - 1} cannot be followed; "
+                        "its rows were edited",
+                        run_id=run_id,
+                    )
             self._run(
                 "INSERT INTO tether_inbox (run_id, seq, kind, document, received_at) "
                 "VALUES (?, ?, ?, ?, ?)",

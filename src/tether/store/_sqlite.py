@@ -33,6 +33,7 @@ from tether.store._sql import SQLBase
 
 _SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
 _UNDECODABLE = "Could not decode to UTF-8"
+_SQLITE_CORRUPT = 11  # sqlite3.SQLITE_CORRUPT, named in the module only from Python 3.11
 
 
 class SQLiteStore(SQLBase):
@@ -73,6 +74,10 @@ class SQLiteStore(SQLBase):
             self._conn.execute("PRAGMA foreign_keys=ON")
         except (sqlite3.Error, UnicodeError) as exc:
             self._conn_close_quietly()
+            if _corrupt(exc):
+                raise CheckpointCorruptError(
+                    f"SQLite store {str(self.path)!r} is damaged: {exc}"
+                ) from exc
             raise StoreUnavailableError(
                 f"cannot open SQLite store {str(self.path)!r}: {exc}"
             ) from exc
@@ -138,6 +143,9 @@ class SQLiteStore(SQLBase):
     def _translate(self, exc: Exception) -> TetherError | None:
         if isinstance(exc, sqlite3.IntegrityError):
             return WriteOnceError(f"SQLite refused a write-once violation: {exc}")
+        if _corrupt(exc):
+            # "database disk image is malformed": the file's own pages are damaged.
+            return CheckpointCorruptError(f"SQLite store {str(self.path)!r} is damaged: {exc}")
         if isinstance(exc, sqlite3.OperationalError) and _UNDECODABLE in str(exc):
             # A stored text value that is not UTF-8 (SQLite never checks): the
             # bytes were edited, which is damage, not an unavailable store.
@@ -149,3 +157,11 @@ class SQLiteStore(SQLBase):
         if isinstance(exc, sqlite3.Error):
             return StoreError(f"SQLite store {str(self.path)!r} failed: {exc}")
         return None
+
+
+def _corrupt(exc: BaseException) -> bool:
+    """Whether SQLite said its file is damaged (errors raised while converting a value carry no code)."""
+    return (
+        isinstance(exc, sqlite3.DatabaseError)
+        and getattr(exc, "sqlite_errorcode", None) == _SQLITE_CORRUPT
+    )
