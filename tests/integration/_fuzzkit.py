@@ -48,7 +48,7 @@ from tether.store import SQLiteStore
 VERIFIER = ("python", "-c", "pass")
 DOCUMENTED_EXITS = {0, 1, 2, 3}
 #: Every call must end within this (seconds); trace and verify on a cycle too.
-BOUND_S = {"default": 5.0, "verify": 1.0, "trace": 1.0, "cli verify": 2.0}
+BOUND_S = {"default": 5.0, "verify": 1.0, "trace": 1.0, "cli verify": 1.0}
 HANG_S = 20.0
 #: A worker that exits on idle is done in well under this; past it, it is retrying a claim.
 WORKER_HANG_S = 4.0

@@ -265,3 +265,51 @@ def test_a_worker_with_idle_exit_ends_on_a_store_it_can_never_claim_from(home: P
     except _fuzzkit.Hung:
         pytest.fail("tether worker --idle-exit was still claiming after 3 s")
     assert code in {0, EXIT_ERROR}
+
+
+@pytest.mark.postgres
+def test_a_trace_cycle_on_postgresql_ends_the_walk_too() -> None:
+    """The same planted cycle in PostgreSQL: trace() ends within a second and verification fails."""
+    import psycopg
+
+    from tests.conformance._pg import fresh_schema, in_schema, pg_dsn, url_in_schema
+    from tests.conftest import (
+        CountingIds,
+        ManualClock,
+        ScriptedAgent,
+        finish,
+        make_policy,
+        make_task,
+        write,
+    )
+    from tether.adapters import Sandbox
+    from tether.runtime import Runtime
+    from tether.store import open_store
+
+    dsn = pg_dsn()
+    with fresh_schema(dsn) as schema, open_store(url_in_schema(dsn, schema)) as store:
+        clock = ManualClock()
+        sandbox = Sandbox({"notes.txt": "draft\n"}, instance_id="sbx-1", clock=clock.now)
+        keyring = Keyring.generate("k1")
+        Runtime(
+            store=store,
+            keyring=keyring,
+            adapter=sandbox,
+            task=make_task(sandbox.environment().state_fingerprint),
+            policy=make_policy(),
+            agent=ScriptedAgent([write("notes.txt", "x"), finish]),
+            clock=clock,
+            ids=CountingIds(),
+        ).start("r1").run()
+        state = Checkpointer(store, keyring).load("r1").state
+        first = store.trace("r1", state.trace_head)[0]
+        with psycopg.connect(in_schema(dsn, schema), autocommit=True) as conn:
+            conn.execute(
+                "UPDATE tether_trace SET prev_hash = %s WHERE run_id = 'r1' AND hash = %s",
+                (state.trace_head, first.hash),
+            )
+        started = time.monotonic()
+        assert len(store.trace("r1", state.trace_head)) == state.trace_length
+        assert time.monotonic() - started < 1.0
+        with pytest.raises(TraceIntegrityError):
+            Checkpointer(store, keyring).verified_trace(state)
