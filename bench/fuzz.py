@@ -38,7 +38,7 @@ def main() -> int:
     typed: collections.Counter[str] = collections.Counter()
     families: collections.Counter[str] = collections.Counter()
     groups: dict[str, list[int]] = collections.defaultdict(list)
-    known: collections.Counter[str] = collections.Counter()
+    known: dict[str, list[int]] = collections.defaultdict(list)
     accepted = calls = inputs = failed = 0
     for result in _fuzzkit_results(args):
         inputs += 1
@@ -47,7 +47,8 @@ def main() -> int:
         accepted += result.accepted
         calls += result.accepted + sum(result.typed.values()) + len(result.untyped)
         calls += len(result.known)
-        known.update(result.known)
+        for text in result.known:
+            known[text].append(result.seed)
         if result.untyped:
             failed += 1
             for text in result.untyped:
@@ -74,9 +75,11 @@ def main() -> int:
         f"untyped failures: {failed} inputs, {sum(len(s) for s in groups.values())} calls "
         f"(target 0)"
     )
-    print(f"known failures (strict xfail, fix outside this branch): {sum(known.values())}")
-    for text, count in known.most_common():
-        print(f"  {count:6}  {text}")
+    print(
+        f"known failures (strict xfail, fix outside this branch): {sum(map(len, known.values()))}"
+    )
+    for text, seeds in sorted(known.items(), key=lambda kv: -len(kv[1])):
+        print(f"  {len(seeds):6}  {text}; seeds {sorted(seeds)[: args.show]}")
     for sig, seeds in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         firsts = sorted(set(seeds))[: args.show]
         print(f"  {len(seeds):6}  {sig}")
