@@ -8,6 +8,7 @@ failure: the checkpoint is not sound.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +27,7 @@ EXIT_INTEGRITY = 3
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tether`` console script."""
-    parser = build_parser()
+    parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -40,6 +41,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TetherError as exc:
         _error(f"{type(exc).__name__}: {exc}")
         return EXIT_ERROR
+
+
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    # Built once per process: parsing does not change it, and building it costs
+    # more than most commands (a caller that runs many commands in-process).
+    return build_parser()
 
 
 def build_parser() -> argparse.ArgumentParser:

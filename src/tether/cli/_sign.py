@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from tether.core import (
+    CanonicalJSONError,
+    CheckpointCorruptError,
     Phase,
     PolicyError,
     RunState,
@@ -25,6 +27,7 @@ from tether.core import (
     approval_request,
     new_approval,
     new_decision,
+    strict_loads,
     validate_state,
 )
 from tether.crypto import Keyring, Signer
@@ -70,14 +73,28 @@ def load_state(db: Path | str, run_id: str, keyring_path: Path | None) -> tuple[
             raise TetherError(f"no checkpoint for run {run_id!r} in {db}")
         # Unverified display only: the runtime re-checks every bound field against
         # its own verified state, so a doctored checkpoint yields a refused approval.
-        payload = json.loads(envelope)["payload"]
-        state = RunState.from_json(payload)
+        state = RunState.from_json(_unverified_payload(run_id, envelope))
         # What is shown must at least be what is signed: the invariants tie the
         # displayed intent to its digest, which the approval binds.
         validate_state(state)
         return state, False
     finally:
         store.close()
+
+
+def _unverified_payload(run_id: str, envelope: bytes) -> Any:
+    """The payload of an envelope read without its key: malformed bytes are corruption."""
+    try:
+        document = strict_loads(envelope)
+    except CanonicalJSONError as exc:
+        raise CheckpointCorruptError(
+            f"run {run_id}: the checkpoint is not a well-formed envelope: {exc}", run_id=run_id
+        ) from exc
+    if not isinstance(document, dict) or not isinstance(document.get("payload"), dict):
+        raise CheckpointCorruptError(
+            f"run {run_id}: the checkpoint envelope carries no payload object", run_id=run_id
+        )
+    return document["payload"]
 
 
 def cmd_approve(args: argparse.Namespace) -> int:

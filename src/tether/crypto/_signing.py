@@ -153,6 +153,17 @@ class Signer:
             _unb64(f.str("private_key"), "private_key"),
         )
         f.done()
+        # Checked here, not at the first signature: a damaged key file must not
+        # get as far as showing a person what they are about to sign.
+        if signer.alg is Alg.ED25519 and len(signer._secret) != 32:
+            raise TrustError(
+                f"signing key {signer.signer_id!r}: an Ed25519 private key is 32 bytes"
+            )
+        if signer.alg is Alg.HMAC_SHA256 and len(signer._secret) < MIN_KEY_BYTES:
+            raise TrustError(
+                f"signing key {signer.signer_id!r}: HMAC keys shorter than {MIN_KEY_BYTES} "
+                "bytes are refused"
+            )
         return signer
 
     @classmethod

@@ -61,7 +61,7 @@ class SQLEngine:
         """An insert that does nothing if the row exists; ``values`` are SQL expressions (``?``)."""
         raise NotImplementedError
 
-    def _translate(self, exc: Exception) -> StoreError | None:
+    def _translate(self, exc: Exception) -> TetherError | None:
         """The typed error for a driver exception, or ``None`` if it is not a driver error."""
         raise NotImplementedError
 
@@ -149,7 +149,7 @@ class SQLEngine:
                 typed = self._translate(exc)
                 if typed is None:
                     raise
-                if transient:
+                if transient and isinstance(typed, StoreError):
                     typed = StoreUnavailableError(
                         f"{typed} (still failing after {attempt + 1} attempts; retry later)"
                     )

@@ -25,17 +25,43 @@ from tether.core import (
     parse_time_text,
     strict_loads,
 )
-from tether.store._protocols import Lease, Mark
+from tether.store._protocols import Evidence, Lease, Mark
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-MARK_COLUMNS = (
-    "run_id, generation, checkpoint_digest, state_version, lease_version, lease_owner, "
-    "lease_expires_at, phase, attempts, retry_at, last_error, waiting_after"
+_MARK = (
+    "run_id",
+    "generation",
+    "checkpoint_digest",
+    "state_version",
+    "lease_version",
+    "lease_owner",
+    "lease_expires_at",
+    "phase",
+    "attempts",
+    "retry_at",
+    "last_error",
+    "waiting_after",
 )
+MARK_COLUMNS = ", ".join(_MARK)
+
+
+def mark_columns(raw: str) -> str:
+    """The mark's columns, each read through ``raw`` (a format string; see SQLBase.raw_column)."""
+    return ", ".join(raw.format(c) for c in _MARK)
 
 
 def from_micros(micros: Any) -> datetime:
     return EPOCH + timedelta(microseconds=int(micros))
+
+
+def text_of(value: Any) -> str:
+    """A text column read back as exactly text (bytes are decoded strictly: damage raises)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        # Read raw (see SQLBase.raw_column) so one undecodable row fails alone.
+        return bytes(value).decode("utf-8")
+    if not isinstance(value, str):
+        raise ValueError(f"expected text, found {type(value).__name__}")
+    return value
 
 
 def parse_stored_time(text: Any) -> datetime:
@@ -61,31 +87,61 @@ def mark_of(row: Sequence[Any]) -> Mark:
     run_id, generation, digest, state_version, lease_version, owner, expires, phase = row[:8]
     attempts, retry_at, last_error, waiting_after = row[8:12]
     try:
+        run_id = text_of(run_id)
         return Mark(
-            run_id=str(run_id),
+            run_id=run_id,
             generation=whole(generation),
-            checkpoint_digest=str(digest),
+            checkpoint_digest=text_of(digest),
             state_version=whole(state_version),
             lease_version=whole(lease_version),
-            lease_owner=None if owner is None else str(owner),
+            lease_owner=None if owner is None else text_of(owner),
             lease_expires_at=None if expires is None else from_micros(whole(expires)),
-            phase=Phase(str(phase)).value,
+            phase=Phase(text_of(phase)).value,
             attempts=whole(attempts),
             retry_at=None if retry_at is None else from_micros(whole(retry_at)),
-            last_error=None if last_error is None else str(last_error),
+            last_error=None if last_error is None else text_of(last_error),
             waiting_after=None if waiting_after is None else whole(waiting_after),
         )
     except (TypeError, ValueError, OverflowError, OSError) as exc:
+        shown = run_id if isinstance(run_id, str) else repr(run_id)
         raise CheckpointCorruptError(
-            f"run {run_id}: its high-water mark row is malformed: {exc}", run_id=str(run_id)
+            f"run {shown}: its high-water mark row is malformed: {exc}", run_id=shown
         ) from exc
 
 
 def whole(value: Any) -> int:
     """An integer column read back as exactly an integer (text or a float is damage)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"expected an integer, found {value!r}")
+        raise ValueError(f"expected an integer, found {_short(value)}")
     return value
+
+
+def stored_int(value: Any, what: str, *, run_id: str | None = None) -> int:
+    """An integer column (a count, a MAX) or a typed error naming what it is."""
+    try:
+        return whole(value)
+    except ValueError as exc:
+        raise CheckpointCorruptError(f"{what} is malformed: {exc}", run_id=run_id) from exc
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def evidence_of(run_id: str, row: Sequence[Any]) -> Evidence:
+    """An inbox row, or an integrity error naming the run and the entry."""
+    seq, kind, document, received_at = row
+    try:
+        number = whole(seq)
+        value = strict_loads(text_of(document))
+        if not isinstance(value, dict):
+            raise ValueError("its document is not an object")
+        return Evidence(run_id, number, text_of(kind), value, parse_stored_time(received_at))
+    except (TypeError, ValueError, OverflowError, CanonicalJSONError) as exc:
+        raise CheckpointCorruptError(
+            f"run {run_id}: inbox entry {_short(seq)} is malformed: {exc}", run_id=run_id
+        ) from exc
 
 
 def ledger_entry_of(run_id: str, row: Sequence[Any]) -> LedgerEntry:
@@ -93,8 +149,8 @@ def ledger_entry_of(run_id: str, row: Sequence[Any]) -> LedgerEntry:
     try:
         effect = EffectStatus(str(status))
         moment = parse_stored_time(at)
-        number, epoch_number = int(seq), int(epoch)
-    except (TypeError, ValueError) as exc:
+        number, epoch_number = whole(seq), whole(epoch)
+    except (TypeError, ValueError, OverflowError) as exc:
         raise LedgerIntegrityError(
             f"run {run_id}: ledger row {hash_} is malformed: {exc}", run_id=run_id
         ) from exc
@@ -141,7 +197,7 @@ def trace_event_of(run_id: str, row: Sequence[Any]) -> TraceEvent:
             hash=str(hash_),
             data_text=text.encode("utf-8"),  # the hash is checked over what was stored
         )
-    except (TypeError, ValueError, CanonicalJSONError) as exc:
+    except (TypeError, ValueError, OverflowError, CanonicalJSONError) as exc:
         raise TraceIntegrityError(
             f"run {run_id}: trace row {hash_} is malformed: {exc}", run_id=run_id
         ) from exc

@@ -17,7 +17,7 @@ import logging
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from tether.core import (
     CheckpointCorruptError,
@@ -35,7 +35,6 @@ from tether.core import (
     canonical_bytes,
     chain_hash,
     format_time,
-    strict_loads,
 )
 from tether.store._engine import SQLEngine
 from tether.store._protocols import (
@@ -49,14 +48,17 @@ from tether.store._protocols import (
 )
 from tether.store._rows import (
     MARK_COLUMNS,
+    evidence_of,
     from_micros,
     lease_of,
     ledger_entry_of,
+    mark_columns,
     mark_of,
-    parse_stored_time,
     phase_text,
+    stored_int,
     trace_event_of,
     ttl_micros,
+    whole,
 )
 from tether.store._schema import migrations
 
@@ -65,6 +67,11 @@ log = logging.getLogger("tether.store")
 
 class SQLBase(SQLEngine):
     """Every store statement, written once; subclasses provide the dialect hooks."""
+
+    #: How to read a column so that a value the driver cannot decode (text
+    #: that is not UTF-8: SQLite does not check) comes back as bytes, and the
+    #: row is refused alone instead of failing the whole statement.
+    raw_column: ClassVar[str] = "{}"
 
     # -- migrations ----------------------------------------------------------
 
@@ -79,7 +86,7 @@ class SQLBase(SQLEngine):
             "CREATE TABLE IF NOT EXISTS tether_migrations "
             "(version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
         )
-        applied = {int(r[0]) for r in self._all("SELECT version FROM tether_migrations")}
+        applied = {_version(r[0]) for r in self._all("SELECT version FROM tether_migrations")}
         newest = max(version for version, _ in steps)
         if applied and max(applied) > newest:
             raise MigrationError(
@@ -100,7 +107,7 @@ class SQLBase(SQLEngine):
     def schema_version(self) -> int:
         """The newest migration recorded in the database (0: none)."""
         row = self._read(lambda: self._one("SELECT MAX(version) FROM tether_migrations"))
-        return 0 if row is None or row[0] is None else int(row[0])
+        return 0 if row is None or row[0] is None else _version(row[0])
 
     # -- content -------------------------------------------------------------
 
@@ -160,7 +167,7 @@ class SQLBase(SQLEngine):
                 "SELECT prev_hash, seq FROM tether_trace WHERE run_id = ? AND hash = ?",
                 (event.run_id, event.hash),
             )
-            if row is None or row[0] != event.prev_hash or int(row[1]) != event.seq:
+            if row is None or row[0] != event.prev_hash or row[1] != event.seq:
                 raise WriteOnceError(f"trace event {event.hash} exists with other content")
 
     def put_content(self, commit: Commit, before_commit: BeforeCommit | None = None) -> None:
@@ -198,6 +205,12 @@ class SQLBase(SQLEngine):
                 (run_id,),
             )
         )
+        for row in rows:
+            if not isinstance(row[0], bytes | bytearray | memoryview):
+                raise CheckpointCorruptError(
+                    f"run {run_id}: a checkpoint is stored as {type(row[0]).__name__}",
+                    run_id=run_id,
+                )
         return [bytes(row[0]) for row in rows]
 
     def newest_generation(self, run_id: str) -> int | None:
@@ -207,7 +220,9 @@ class SQLBase(SQLEngine):
                 "SELECT MAX(generation) FROM tether_checkpoints WHERE run_id = ?", (run_id,)
             )
         )
-        return None if row is None or row[0] is None else int(row[0])
+        if row is None or row[0] is None:
+            return None
+        return stored_int(row[0], f"run {run_id}: a checkpoint's generation", run_id=run_id)
 
     def get_blob(self, blob_digest: str) -> bytes | None:
         """Content-addressed bytes, or ``None``."""
@@ -221,7 +236,12 @@ class SQLBase(SQLEngine):
         return bytes(row[0])
 
     def trace(self, run_id: str, head: str, limit: int | None = None) -> list[TraceEvent]:
-        """Walk the chain back from ``head``: events an orphaned attempt wrote are not on it."""
+        """Walk the chain back from ``head``: events an orphaned attempt wrote are not on it.
+
+        Each step back must go to a smaller ``seq``: an edited row that points
+        forward (a cycle, or a duplicate seq) ends the walk instead of making it
+        endless, and the shortened chain then fails verification.
+        """
         rows = self._read(
             lambda: self._all(
                 """WITH RECURSIVE chain(hash, prev_hash, seq, kind, at, data, depth) AS (
@@ -231,7 +251,7 @@ class SQLBase(SQLEngine):
                        SELECT t.hash, t.prev_hash, t.seq, t.kind, t.at, t.data, c.depth + 1
                          FROM tether_trace t JOIN chain c
                            ON t.run_id = ? AND t.hash = c.prev_hash
-                        WHERE ? < 0 OR c.depth < ?
+                        WHERE (? < 0 OR c.depth < ?) AND t.seq < c.seq
                    )
                    SELECT hash, prev_hash, seq, kind, at, data FROM chain ORDER BY seq""",
                 (run_id, head, run_id, -1 if limit is None else limit, limit or 0),
@@ -250,7 +270,16 @@ class SQLBase(SQLEngine):
         def body() -> int:
             self._lock_run(run_id)
             row = self._one("SELECT MAX(seq) FROM tether_inbox WHERE run_id = ?", (run_id,))
-            seq = 1 if row is None or row[0] is None else int(row[0]) + 1
+            if row is None or row[0] is None:
+                seq = 1
+            else:
+                seq = stored_int(row[0], f"run {run_id}: the inbox's last seq", run_id=run_id) + 1
+                if not 1 <= seq < 2**63:
+                    raise CheckpointCorruptError(
+                        f"run {run_id}: the inbox's last seq {seq - 1} cannot be followed; "
+                        "its rows were edited",
+                        run_id=run_id,
+                    )
             self._run(
                 "INSERT INTO tether_inbox (run_id, seq, kind, document, received_at) "
                 "VALUES (?, ?, ?, ?, ?)",
@@ -269,10 +298,7 @@ class SQLBase(SQLEngine):
                 (run_id, after),
             )
         )
-        return [
-            Evidence(run_id, int(seq), str(kind), strict_loads(str(doc)), parse_stored_time(at))
-            for seq, kind, doc, at in rows
-        ]
+        return [evidence_of(run_id, row) for row in rows]
 
     # -- ledger --------------------------------------------------------------
 
@@ -314,7 +340,7 @@ class SQLBase(SQLEngine):
                 "SELECT prev_hash, seq FROM tether_ledger WHERE run_id = ? AND hash = ?",
                 (entry.run_id, entry.hash),
             )
-            if row is None or row[0] != entry.prev_hash or int(row[1]) != entry.seq:
+            if row is None or row[0] != entry.prev_hash or row[1] != entry.seq:
                 raise WriteOnceError(f"ledger entry {entry.hash} exists with other content")
 
     def ledger(self, run_id: str) -> list[LedgerEntry]:
@@ -678,7 +704,17 @@ class SQLBase(SQLEngine):
         )
         if row is None:
             raise RunNotFoundError(run_id)
-        version, owner, expires, now = int(row[0]), row[1], row[2], int(row[3])
+        try:
+            version, owner, expires, now = whole(row[0]), row[1], row[2], whole(row[3])
+            if expires is not None:
+                expires = whole(expires)
+                from_micros(expires)
+            if owner is not None and not isinstance(owner, str):
+                raise ValueError(f"the lease owner is {type(owner).__name__}")
+        except (ValueError, OverflowError) as exc:
+            raise CheckpointCorruptError(
+                f"run {run_id}: its lease columns are malformed: {exc}", run_id=run_id
+            ) from exc
         if version != lease_version:
             raise LeaseLostError(
                 run_id, lease_version, version, None if owner is None else str(owner)
@@ -687,7 +723,7 @@ class SQLBase(SQLEngine):
             return  # never leased: single-process use
         if owner is None or expires is None:
             raise LeaseLostError(run_id, lease_version, version)
-        if int(expires) <= now:
+        if expires <= now:
             raise LeaseExpiredError(run_id, version, from_micros(expires))
 
     def claim_expired(
@@ -725,7 +761,7 @@ class SQLBase(SQLEngine):
                 f"attempts = attempts + 1 WHERE {free} AND run_id IN ("
                 f"SELECT run_id FROM tether_marks WHERE phase IN ({', '.join('?' for _ in wanted)}) "
                 f"AND {free} ORDER BY COALESCE(retry_at, lease_expires_at, 0), run_id LIMIT ?"
-                f"{self.skip_locked}) RETURNING {MARK_COLUMNS}",
+                f"{self.skip_locked}) RETURNING {mark_columns(self.raw_column)}",
                 (worker, ttl, *wanted, limit),
             )
             leases = []
@@ -739,3 +775,13 @@ class SQLBase(SQLEngine):
             return sorted(leases, key=lambda lease: lease.run_id)
 
         return self._write(body)
+
+
+def _version(value: Any) -> int:
+    """A recorded migration version, or a typed error (the table was edited)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MigrationError(
+            f"tether_migrations records a version that is not an integer ({value!r:.60}); "
+            "the database was edited: restore it from a backup"
+        )
+    return value

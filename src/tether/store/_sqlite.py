@@ -22,11 +22,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tether.core import MigrationError, StoreError, StoreUnavailableError, WriteOnceError
+from tether.core import (
+    CheckpointCorruptError,
+    MigrationError,
+    StoreError,
+    StoreUnavailableError,
+    TetherError,
+    WriteOnceError,
+)
 from tether.store._schema import migrations
 from tether.store._sql import SQLBase
 
 _SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
+_UNDECODABLE = "Could not decode to UTF-8"
+_SQLITE_CORRUPT = 11  # sqlite3.SQLITE_CORRUPT, named in the module only from Python 3.11
 
 
 class SQLiteStore(SQLBase):
@@ -34,6 +43,9 @@ class SQLiteStore(SQLBase):
 
     # Integer microseconds since the epoch; julianday('now') is stable within a statement.
     clock_sql = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
+    # SQLite keeps whatever it is given, in any column, and text that is not
+    # UTF-8 too: integers and NULL come back as they are, anything else as bytes.
+    raw_column = "CASE WHEN typeof({0}) IN ('integer', 'null') THEN {0} ELSE CAST({0} AS BLOB) END"
 
     def __init__(
         self,
@@ -78,8 +90,12 @@ class SQLiteStore(SQLBase):
             self._conn.execute(f"PRAGMA synchronous={mode}")
             self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
             self._conn.execute("PRAGMA foreign_keys=ON")
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeError) as exc:
             self._conn_close_quietly()
+            if _corrupt(exc):
+                raise CheckpointCorruptError(
+                    f"SQLite store {str(self.path)!r} is damaged: {exc}"
+                ) from exc
             raise StoreUnavailableError(
                 f"cannot open SQLite store {str(self.path)!r}: {exc}"
             ) from exc
@@ -167,11 +183,28 @@ class SQLiteStore(SQLBase):
         marks = ", ".join(values if values is not None else ["?" for _ in columns])
         return f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) VALUES ({marks})"
 
-    def _translate(self, exc: Exception) -> StoreError | None:
+    def _translate(self, exc: Exception) -> TetherError | None:
         if isinstance(exc, sqlite3.IntegrityError):
             return WriteOnceError(f"SQLite refused a write-once violation: {exc}")
+        if _corrupt(exc):
+            # "database disk image is malformed": the file's own pages are damaged.
+            return CheckpointCorruptError(f"SQLite store {str(self.path)!r} is damaged: {exc}")
+        if isinstance(exc, sqlite3.OperationalError) and _UNDECODABLE in str(exc):
+            # A stored text value that is not UTF-8 (SQLite never checks): the
+            # bytes were edited, which is damage, not an unavailable store.
+            return CheckpointCorruptError(
+                f"SQLite store {str(self.path)!r} holds damaged text: {exc}"
+            )
         if isinstance(exc, sqlite3.OperationalError):
             return StoreUnavailableError(f"SQLite store {str(self.path)!r} failed: {exc}")
         if isinstance(exc, sqlite3.Error):
             return StoreError(f"SQLite store {str(self.path)!r} failed: {exc}")
         return None
+
+
+def _corrupt(exc: BaseException) -> bool:
+    """Whether SQLite said its file is damaged (errors raised while converting a value carry no code)."""
+    return (
+        isinstance(exc, sqlite3.DatabaseError)
+        and getattr(exc, "sqlite_errorcode", None) == _SQLITE_CORRUPT
+    )
