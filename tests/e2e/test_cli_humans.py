@@ -170,3 +170,46 @@ def test_signing_commands_refuse_a_missing_store(tmp_path: Path, command: str) -
     assert result.returncode == 1, result.stderr
     assert "no SQLite store" in result.stderr and "Traceback" not in result.stderr
     assert not missing.exists()
+
+
+def test_approve_checks_the_ttl_against_the_runs_policy(tmp_path: Path) -> None:
+    """With --policy, a ttl over its approval_ttl_s or another policy file is refused up front."""
+    import json as jsonlib
+
+    run = _frozen_pending(tmp_path)
+    paths = run["paths"]
+    common = ["approve", "demo-run", "fix-calc", "--db", str(run["db"]), "--key", str(run["key"])]
+    policy = str(paths.policy)  # type: ignore[attr-defined]
+    allowed = jsonlib.loads(Path(policy).read_text())["approval_ttl_s"]
+    too_long = tether(*common, "--policy", policy, "--ttl", str(allowed + 1), "--yes", check=False)
+    assert too_long.returncode == 1 and "longer than the policy's" in too_long.stderr
+    other = tmp_path / "other-policy.json"
+    other.write_text(
+        jsonlib.dumps({**jsonlib.loads(Path(policy).read_text()), "policy_version": "9"})
+    )
+    wrong = tether(*common, "--policy", str(other), "--yes", check=False)
+    assert wrong.returncode == 1 and "runs under policy" in wrong.stderr
+    missing = tether(*common, "--policy", str(tmp_path / "nope.json"), "--yes", check=False)
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    fine = tether(*common, "--policy", policy, "--yes")
+    assert "approval recorded" in fine.stdout
+
+
+def test_signing_commands_refuse_a_missing_store_named_by_url(tmp_path: Path) -> None:
+    """--store sqlite:///typo is refused like --db typo, and no file appears."""
+    run = _frozen_pending(tmp_path)
+    missing = tmp_path / "typo.sqlite"
+    url = f"sqlite:///{missing}"
+    result = tether(
+        "approve",
+        "demo-run",
+        "fix-calc",
+        "--store",
+        url,
+        "--key",
+        str(run["key"]),
+        "--yes",
+        check=False,
+    )
+    assert result.returncode == 1 and "no SQLite store" in result.stderr
+    assert not missing.exists()

@@ -52,10 +52,6 @@ BOUND_S = {"default": 5.0, "verify": 1.0, "trace": 1.0, "cli verify": 1.0}
 HANG_S = 20.0
 #: A worker that exits on idle is done in well under this; past it, it is retrying a claim.
 WORKER_HANG_S = 4.0
-KNOWN_WORKER_LOOP = (
-    "cli worker: retries a failing claim forever despite --idle-exit "
-    "(runtime/_worker.py Worker.serve; xfail in test_damaged_rows)"
-)
 HOME_ENV = "TETHER_FUZZ_HOME"
 #: Copies live in memory where there is a tmpfs: fsyncs there cost nothing, and
 #: what is measured is the readers, not the disk.
@@ -259,11 +255,7 @@ def _call(result: Result, name: str, fn: Callable[[], Any]) -> Any:
         result.typed[kind] = result.typed.get(kind, 0) + 1
         return None
     except Hung:
-        if name == "cli worker" and result.claim_failed:
-            result.known.append(KNOWN_WORKER_LOOP)
-            start = time.monotonic()  # not also reported as slow
-        else:
-            result.untyped.append(f"{name}: hung past {hang} s")
+        result.untyped.append(f"{name}: hung past {hang} s")
         return None
     except Exception:
         result.untyped.append(f"{name}: {traceback.format_exc(limit=-6)}")

@@ -163,8 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     approve.add_argument(
         "--ttl",
         type=_seconds(MAX_APPROVAL_TTL_S),
-        default=900,
-        help="seconds the approval lives, 1 to 30 days' worth (the policy may allow less)",
+        help="seconds the approval lives (default: the policy's approval_ttl_s, at most 900)",
+    )
+    approve.add_argument(
+        "--policy", type=Path, help="the run's policy file: the ttl is checked against it"
     )
     approve.add_argument(
         "--keyring", type=Path, help="verify the checkpoint before showing it (optional)"
@@ -190,8 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     review.add_argument(
         "--ttl",
         type=_seconds(MAX_APPROVAL_TTL_S),
-        default=900,
-        help="seconds the decision stays valid, 1 to 30 days' worth (the policy may allow less)",
+        help="seconds the decision stays valid (default: the policy's ttl, at most 900)",
+    )
+    review.add_argument(
+        "--policy", type=Path, help="the run's policy file: the ttl is checked against it"
     )
     where = review.add_mutually_exclusive_group(required=True)
     where.add_argument("--db", type=Path, help="SQLite store file")

@@ -20,6 +20,7 @@ from tether.core import (
     CanonicalJSONError,
     CheckpointCorruptError,
     Phase,
+    Policy,
     PolicyError,
     RunState,
     StoreUnavailableError,
@@ -54,6 +55,10 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
 
 def _store(where: Path | str) -> SQLBase:
     if isinstance(where, str):
+        if where.startswith("sqlite:///"):
+            path = Path(where[len("sqlite:///") :].partition("?")[0])
+            if not path.is_file():
+                raise StoreUnavailableError(f"no SQLite store at {str(path)!r}")
         return open_store(where)
     if not where.is_file():
         # Evidence delivered to a database nobody runs would be lost in plain sight.
@@ -97,6 +102,47 @@ def _unverified_payload(run_id: str, envelope: bytes) -> Any:
     return document["payload"]
 
 
+DEFAULT_TTL_S = 900
+
+
+def lifetime(args: argparse.Namespace, state: RunState) -> int | float:
+    """The ttl to sign: ``--ttl``, else the policy's (or 900 s), never above the policy's.
+
+    The runtime refuses evidence that outlives its policy's ``approval_ttl_s``;
+    with ``--policy`` the refusal happens here, before anything is signed.
+    """
+    if args.policy is None:
+        if args.ttl is None:
+            print(
+                "tether: note: without --policy the ttl is not checked against the run's "
+                f"policy; the runtime refuses one longer than its approval_ttl_s "
+                f"(signing {DEFAULT_TTL_S} s)",
+                file=sys.stderr,
+            )
+        return DEFAULT_TTL_S if args.ttl is None else args.ttl
+    try:
+        text = Path(args.policy).read_bytes()
+    except OSError as exc:
+        raise PolicyError(f"cannot read the policy file {args.policy}: {exc}") from exc
+    policy = Policy.from_json(text)
+    binding = state.binding
+    if policy.fingerprint != binding.policy_fingerprint:
+        raise PolicyError(
+            f"run {state.run_id} runs under policy {binding.policy_id} version "
+            f"{binding.policy_version} ({binding.policy_fingerprint}); {args.policy} is "
+            f"{policy.policy_id} version {policy.policy_version} ({policy.fingerprint})"
+        )
+    allowed = policy.approval_ttl_s
+    if args.ttl is None:
+        return min(DEFAULT_TTL_S, allowed)
+    if args.ttl > allowed:
+        raise PolicyError(
+            f"--ttl {args.ttl:g} is longer than the policy's approval_ttl_s ({allowed:g} s): "
+            "the runtime would refuse it"
+        )
+    return args.ttl  # type: ignore[no-any-return]
+
+
 def cmd_approve(args: argparse.Namespace) -> int:
     signer = Signer.from_file(args.key)
     state, verified = load_state(args.store or args.db, args.run_id, args.keyring)
@@ -112,7 +158,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
         state,
         signer.signer_id,
         issued_at=now,
-        expires_at=now + timedelta(seconds=args.ttl),
+        expires_at=now + timedelta(seconds=lifetime(args, state)),
         nonce=secrets.token_hex(16),
     )
     args_text = json.dumps(pending.intent.args, sort_keys=True)
@@ -144,7 +190,7 @@ def cmd_review(args: argparse.Namespace) -> int:
         signer.signer_id,
         args.decision,
         issued_at=now,
-        expires_at=now + timedelta(seconds=args.ttl),
+        expires_at=now + timedelta(seconds=lifetime(args, state)),
         nonce=secrets.token_hex(16),
     )
     shown = {**body, "reason": case.reason, "detail": case.detail}

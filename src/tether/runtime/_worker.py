@@ -45,6 +45,8 @@ from tether.store import Lease
 log = logging.getLogger("tether.worker")
 
 RuntimeFactory = Callable[[Any, str, str], Runtime]
+#: With ``idle_exit``, this many failed claims in a row end :meth:`Worker.serve`.
+IDLE_EXIT_CLAIM_FAILURES = 3
 
 
 class AppLoadError(TetherError):
@@ -132,6 +134,7 @@ class Worker:
 
     def serve(self, *, max_runs: int | None = None, idle_exit: bool = False) -> WorkerStats:
         """Claim and drive runs until stopped (or ``max_runs`` claimed, or idle with ``idle_exit``)."""
+        failures = 0
         while not self.stopping:
             if max_runs is not None and self.stats.claimed >= max_runs:
                 break
@@ -144,9 +147,15 @@ class Worker:
                     max_attempts=self.max_attempts,
                 )
             except TetherError as exc:  # the store is down, or a row is damaged: wait, ask again
+                failures += 1
                 log.error("claiming failed: %s: %s", type(exc).__name__, exc)
+                if idle_exit and failures >= IDLE_EXIT_CLAIM_FAILURES:
+                    # A worker told to stop when idle must not loop on a store it can
+                    # never claim from (a malformed file): it ends with the error.
+                    raise
                 self._stop.wait(self.poll_s)
                 continue
+            failures = 0
             if not claimed:
                 if idle_exit:
                     break
