@@ -482,3 +482,36 @@ def test_worker_settings_out_of_range_are_refused(tmp_path: Path, settings: dict
 
     with SQLiteStore(tmp_path / "s.sqlite") as store, pytest.raises(StoreError):
         Worker(store, lambda *a: None, "w", **settings)  # type: ignore[arg-type,return-value]
+
+
+def test_a_run_parked_at_the_mark_is_claimed_again_after_tether_retry(tmp_path: Path) -> None:
+    """Unbuildable -> parked at the mark; the cause fixed, `tether retry` lets it complete."""
+    import subprocess
+    import sys
+
+    fleet = Fleet(tmp_path / "tether.sqlite")
+    fleet.unrestorable.add("stuck")
+    fleet.start("stuck")
+    serve_until(fleet, lambda: mark(fleet, "stuck").attempts >= MAX_ATTEMPTS, seconds=10)
+    with SQLiteStore(fleet.path) as store:
+        assert store.claim_expired("w9", 30, max_attempts=MAX_ATTEMPTS) == []  # parked
+    fleet.unrestorable.clear()  # the operator fixes the configuration
+    url = f"sqlite:///{fleet.path}"
+    done = subprocess.run(
+        [sys.executable, "-m", "tether.cli", "retry", "stuck", "--store", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0 and f"had {MAX_ATTEMPTS} failed attempt(s)" in done.stdout
+    serve_until(fleet, lambda: mark(fleet, "stuck").phase == "completed", seconds=10)
+    assert mark(fleet, "stuck").phase == "completed"
+    missing = subprocess.run(
+        [sys.executable, "-m", "tether.cli", "retry", "nope", "--store", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr

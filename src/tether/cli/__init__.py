@@ -265,7 +265,35 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("--app", required=True, help="module:factory building the run's Runtime")
     cancel.add_argument("--reason", required=True, help="why, for the trace")
     cancel.set_defaults(func=cmd_cancel)
+    retry = sub.add_parser(
+        "retry",
+        help="clear a run's failed attempts so workers claim it again",
+        description="A run that failed --max-attempts times before it could even be restored "
+        "is parked at the mark: no claim takes it. Once the cause is fixed, this forgets its "
+        "attempts and back-off; the next worker poll claims it. A run under a live lease is "
+        "left alone.",
+    )
+    retry.add_argument("run_id", help="the run to try again")
+    retry.add_argument("--store", required=True, help="sqlite:///path.sqlite or postgresql://...")
+    retry.set_defaults(func=cmd_retry)
     return parser
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    from tether.cli._sign import open_existing
+
+    store = open_existing(args.store)
+    try:
+        before = store.get_mark(args.run_id)
+        mark = store.retry_now(args.run_id)
+    finally:
+        store.close()
+    tried = 0 if before is None else before.attempts
+    print(
+        f"tether retry: run {args.run_id} ({mark.phase}) had {tried} failed attempt(s); "
+        "cleared, workers claim it on their next poll"
+    )
+    return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -53,6 +53,11 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
     return 0
 
 
+def open_existing(where: Path | str) -> SQLBase:
+    """The store named by ``--db`` or ``--store``; a SQLite file must already exist."""
+    return _store(where)
+
+
 def _store(where: Path | str) -> SQLBase:
     if isinstance(where, str):
         if where.startswith("sqlite:///"):

@@ -693,6 +693,35 @@ class SQLBase(SQLEngine):
 
         self._write(body)
 
+    def retry_now(self, run_id: str) -> Mark:
+        """An operator's "try again": forget the run's failed attempts and its back-off.
+
+        For a run parked at the mark (it failed ``max_attempts`` times before it
+        could even be restored) once its cause is fixed. A run someone holds
+        a live lease on is left alone (:class:`LeaseHeldError`).
+        """
+        clock = self.clock_sql
+
+        def body() -> Mark:
+            rows = self._all(
+                "UPDATE tether_marks SET attempts = 0, retry_at = NULL "
+                f"WHERE run_id = ? AND (lease_owner IS NULL OR lease_expires_at <= {clock}) "
+                f"RETURNING {MARK_COLUMNS}",
+                (run_id,),
+            )
+            if rows:
+                return mark_of(rows[0])
+            current = self._mark_row(run_id)
+            if current is None:
+                raise RunNotFoundError(run_id)
+            if current.lease_owner is not None and current.lease_expires_at is not None:
+                raise LeaseHeldError(
+                    run_id, current.lease_owner, current.lease_version, current.lease_expires_at
+                )
+            raise StoreUnavailableError(f"run {run_id}: the lease changed hands; retry")
+
+        return self._write(body)
+
     def check_lease(self, run_id: str, lease_version: int) -> None:
         """Raise unless ``lease_version`` is current and live by the store's clock."""
         row = self._read(
