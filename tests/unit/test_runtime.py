@@ -643,3 +643,22 @@ def test_a_rejection_lost_in_a_crash_is_asked_again_and_sent_once(world: World) 
     assert recovered.state.phase is Phase.RUNNING
     assert recovered.state.writes_committed == 1
     assert world.sandbox.write_count() == 1
+
+
+def test_an_environment_far_ahead_lists_fifty_receipts_and_says_there_are_more(
+    world: World,
+) -> None:
+    """A case never claims the list is whole when the adapter holds more than it shows."""
+    from tether.core import Intent
+
+    world.runtime(ScriptedAgent([write("notes.txt", "x"), finish])).start("r1")
+    sandbox = world.sandbox
+    for n in range(55):
+        args = sandbox.normalize("file.write", "notes.txt", {"content": f"other {n}"})
+        sandbox.execute(
+            f"o-{n}", Intent("file.write", "notes.txt", args, "low"), sandbox.environment()
+        )
+    session = world.runtime(ScriptedAgent([finish])).recover("r1")
+    (case,) = session.state.review_cases
+    assert sum(e["kind"] == "unrecorded_receipt" for e in case.evidence) == 50
+    assert "more than 50 (the first 50 shown)" in case.detail

@@ -277,7 +277,9 @@ class Runtime:
         known = {entry.idempotency_key for entry in restored.ledger}
         found: list[Receipt] = [] if receipt is None else [receipt]
         if isinstance(self.adapter, ListsReceipts):
-            found += self.adapter.receipts_after(state.environment.version, limit=_RECEIPTS_SHOWN)
+            found += self.adapter.receipts_after(
+                state.environment.version, limit=_RECEIPTS_SHOWN + 1
+            )
         # The pending write's key is in the ledger as intended only: its
         # receipt is news too.
         if receipt is not None:
@@ -294,11 +296,20 @@ class Runtime:
                 "generation": state.generation,
             }
         ]
-        evidence += [{"kind": "unrecorded_receipt", **r.to_json()} for r in unknown.values()]
+        listed = list(unknown.values())
+        more = len(listed) > _RECEIPTS_SHOWN
+        evidence += [
+            {"kind": "unrecorded_receipt", **r.to_json()} for r in listed[:_RECEIPTS_SHOWN]
+        ]
+        count = (
+            f"more than {_RECEIPTS_SHOWN} (the first {_RECEIPTS_SHOWN} shown)"
+            if more
+            else str(len(listed))
+        )
         detail = (
             f"the environment is ahead of the restored checkpoint (version "
             f"{state.environment.version} -> {live.version}) and the adapter holds "
-            f"{len(unknown)} receipt(s) the ledger does not: the store was restored from an "
+            f"{count} receipt(s) the ledger does not: the store was restored from an "
             "older backup, or another runtime wrote here. Nothing is repeated; decide replan "
             "(continue from the world as it is) or abort."
         )
