@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 
-from tether.adapters._base import Fence, VerifierResult
+from tether.adapters._base import Fence
 from tether.adapters._errors import (
     FenceRejectedError,
     HttpConfigError,
@@ -49,8 +49,8 @@ from tether.adapters._errors import (
     NotQueryableError,
     RequestRefusedError,
 )
-from tether.adapters._filewrite import check_instance
 from tether.adapters._httpfields import FENCE, IDEMPOTENCY_KEY, fence_header, sf_string
+from tether.adapters._remote import RemoteEffect
 from tether.core import (
     ActionClass,
     ActionKind,
@@ -59,13 +59,10 @@ from tether.core import (
     ContractViolationError,
     EnvironmentState,
     Intent,
-    JSONValue,
     Receipt,
     TargetKind,
-    VerifierRefusedError,
     canonical_bytes,
     check_canonical_path,
-    digest,
 )
 
 ADAPTER_VERSION = "1"
@@ -131,8 +128,11 @@ def reference_fingerprint(method: str, path: str, body: bytes) -> str:
     return "sha256:" + hashed.hexdigest()
 
 
-class HttpEffect:
+class HttpEffect(RemoteEffect):
     """An adapter for one HTTP service: ``http.post`` to paths under ``base_url``."""
+
+    KIND = HTTP_POST
+    ADAPTER_VERSION = ADAPTER_VERSION
 
     def __init__(
         self,
@@ -181,16 +181,6 @@ class HttpEffect:
     # --- identity -----------------------------------------------------
 
     @property
-    def namespace(self) -> str:
-        """Stable name of the kind of environment (default ``"http"``)."""
-        return self._namespace
-
-    @property
-    def version(self) -> str:
-        """Adapter code version; bound into receipts."""
-        return ADAPTER_VERSION
-
-    @property
     def instance_id(self) -> str:
         """The base URL and the instance id the service reports (asked once)."""
         if self._instance is None:
@@ -206,37 +196,11 @@ class HttpEffect:
             self._instance = f"{self.base_url}#{reported}"
         return self._instance
 
-    @property
-    def capabilities(self) -> Capabilities:
-        """Queryable with a look-up path; never idempotent in the runtime's sense."""
-        return self._capabilities
-
-    def environment(self) -> EnvironmentState:
-        """The service's identity; version 0: a remote state is not fingerprinted."""
-        instance = self.instance_id
-        return EnvironmentState(self._namespace, instance, 0, digest({"instance": instance}))
-
-    @property
-    def kinds(self) -> tuple[ActionKind, ...]:
-        """``http.post``."""
-        return (HTTP_POST,)
-
-    def read(
-        self, kind: str, target: str, args: dict[str, Any], scope: Any
-    ) -> dict[str, JSONValue]:
-        """An HTTP service offers no read kinds here."""
-        raise ContractViolationError("unknown_kind", f"{self._namespace} has no read kind {kind!r}")
-
-    def verify(self, argv: tuple[str, ...], timeout_s: int) -> VerifierResult:
-        """A remote service runs no commands: verifiers run on a workspace."""
-        raise VerifierRefusedError(f"{self._namespace} runs no verifier commands")
-
     # --- writing ------------------------------------------------------
 
     def normalize(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
         """``{"json": OBJECT}`` exactly; the target is a canonical path under the base URL."""
-        if kind != HTTP_POST.name:
-            raise ContractViolationError("unknown_kind", f"{self._namespace} cannot {kind!r}")
+        self._check_kind(kind)
         check_canonical_path(target, "target")
         if set(args) != {"json"} or not isinstance(args["json"], dict):
             raise ContractViolationError(
@@ -245,22 +209,11 @@ class HttpEffect:
         canonical_bytes(args["json"])  # refuses what has no canonical JSON form
         return {"json": args["json"]}
 
-    def derive_post_state(self, prestate: EnvironmentState, intent: Intent) -> EnvironmentState:
-        """The same identity: a remote effect leaves nothing here to fingerprint."""
-        check_instance(prestate, self._namespace, self.instance_id)
-        return prestate
-
     def execute(
         self, key: str, intent: Intent, prestate: EnvironmentState, fence: Fence | None = None
     ) -> Receipt:
         """POST ``intent`` under ``key``; a 409 is asked again with the same key, bounded."""
-        if not key:
-            raise ContractViolationError("bad_key", "the idempotency key must not be empty")
-        check_instance(prestate, self._namespace, self.instance_id)
-        if intent.kind != HTTP_POST.name:
-            raise ContractViolationError(
-                "unknown_kind", f"{self._namespace} cannot {intent.kind!r}"
-            )
+        self._check_send(key, intent, prestate)
         body = canonical_bytes(intent.args["json"])
         headers = {IDEMPOTENCY_KEY: sf_string(key), "content-type": "application/json"}
         if fence is not None:

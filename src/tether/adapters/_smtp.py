@@ -30,9 +30,9 @@ from email.policy import default as default_policy
 from pathlib import Path
 from typing import Any
 
-from tether.adapters._base import Fence, VerifierResult
+from tether.adapters._base import Fence
 from tether.adapters._errors import NotQueryableError, RequestRefusedError
-from tether.adapters._filewrite import check_instance
+from tether.adapters._remote import RemoteEffect
 from tether.core import (
     ActionClass,
     ActionKind,
@@ -42,11 +42,8 @@ from tether.core import (
     ContractViolationError,
     EnvironmentState,
     Intent,
-    JSONValue,
     Receipt,
     TargetKind,
-    VerifierRefusedError,
-    digest,
     format_time,
 )
 
@@ -92,8 +89,11 @@ class MaildirLookup:
         return None
 
 
-class SmtpEffect:
+class SmtpEffect(RemoteEffect):
     """An adapter sending ``email.send`` actions through one SMTP server."""
+
+    KIND = EMAIL_SEND
+    ADAPTER_VERSION = ADAPTER_VERSION
 
     def __init__(
         self,
@@ -135,50 +135,15 @@ class SmtpEffect:
     # --- identity -----------------------------------------------------
 
     @property
-    def namespace(self) -> str:
-        """Stable name of the kind of environment (default ``"smtp"``)."""
-        return self._namespace
-
-    @property
-    def version(self) -> str:
-        """Adapter code version; bound into receipts."""
-        return ADAPTER_VERSION
-
-    @property
     def instance_id(self) -> str:
         """Server, mail domain and the configured instance id of the mail system."""
         return self._instance
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """Never idempotent; queryable only with a mailbox to search."""
-        return self._capabilities
-
-    def environment(self) -> EnvironmentState:
-        """The mail system's identity; a sent message leaves no state here."""
-        return EnvironmentState(self._namespace, self._instance, 0, digest({"i": self._instance}))
-
-    @property
-    def kinds(self) -> tuple[ActionKind, ...]:
-        """``email.send``: target the recipient address, args subject and body."""
-        return (EMAIL_SEND,)
-
-    def read(
-        self, kind: str, target: str, args: dict[str, Any], scope: Any
-    ) -> dict[str, JSONValue]:
-        """An SMTP server offers no read kinds here."""
-        raise ContractViolationError("unknown_kind", f"{self._namespace} has no read kind {kind!r}")
-
-    def verify(self, argv: tuple[str, ...], timeout_s: int) -> VerifierResult:
-        """A mail server runs no commands: verifiers run on a workspace."""
-        raise VerifierRefusedError(f"{self._namespace} runs no verifier commands")
 
     # --- sending ------------------------------------------------------
 
     def normalize(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
         """``{"subject": one line, "body": text}``; the target is one recipient address."""
-        if kind != EMAIL_SEND.name:
-            raise ContractViolationError("unknown_kind", f"{self._namespace} cannot {kind!r}")
+        self._check_kind(kind)
         if not _is_address(target):
             raise ContractViolationError("bad_target", f"{target!r} is not one email address")
         subject, body = args.get("subject"), args.get("body")
@@ -190,22 +155,11 @@ class SmtpEffect:
             raise ContractViolationError("bad_args", "subject must be one line (header injection)")
         return {"subject": subject, "body": body}
 
-    def derive_post_state(self, prestate: EnvironmentState, intent: Intent) -> EnvironmentState:
-        """The same identity: the recipient's inbox is not this environment."""
-        check_instance(prestate, self._namespace, self._instance)
-        return prestate
-
     def execute(
         self, key: str, intent: Intent, prestate: EnvironmentState, fence: Fence | None = None
     ) -> Receipt:
         """Send once. Clean failures before ``DATA`` completes are refusals; after, unknown."""
-        if not key:
-            raise ContractViolationError("bad_key", "the idempotency key must not be empty")
-        check_instance(prestate, self._namespace, self._instance)
-        if intent.kind != EMAIL_SEND.name:
-            raise ContractViolationError(
-                "unknown_kind", f"{self._namespace} cannot {intent.kind!r}"
-            )
+        self._check_send(key, intent, prestate)
         mid = message_id(key, self.domain)
         sent_at = format_time(self._clock())
         message = EmailMessage()
