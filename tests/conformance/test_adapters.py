@@ -130,3 +130,34 @@ def test_the_suite_fails_an_adapter_whose_look_up_forgets() -> None:
     subject = broken(writes_twice())
     with pytest.raises(AssertionError, match="look-up"):
         adapter_conformance.test_a_queryable_adapter_answers_by_key_from_a_fresh_object(subject)
+
+
+class CallsALostReplyARefusal(Sandbox):
+    """Lands the write, then reports a refusal: the runtime would think nothing happened."""
+
+    lose = False
+
+    def execute(
+        self, key: str, intent: Intent, prestate: EnvironmentState, fence: Any = None
+    ) -> Receipt:
+        receipt = super().execute(key, intent, prestate, fence)
+        if self.lose:
+            self.lose = False
+            from tether.core import PreconditionFailedError
+
+            raise PreconditionFailedError(intent.target, "x", "y")
+        return receipt
+
+
+def test_the_suite_fails_an_adapter_that_calls_a_landed_write_a_refusal() -> None:
+    """The lost-reply check can fail: a refusal for a write that landed is caught."""
+    liar = CallsALostReplyARefusal({"notes.txt": "draft\n"})
+
+    def lose() -> None:
+        liar.lose = True
+
+    subject = AdapterSubject(
+        make=lambda: liar, write=file_write, effects=liar.write_count, lose_next_reply=lose
+    )
+    with pytest.raises(AssertionError, match="a refusal"):
+        adapter_conformance.test_a_landed_write_whose_reply_was_lost_is_found_by_key(subject)

@@ -44,11 +44,12 @@ class EffectsService:
         self.process.wait(timeout=10)
 
 
-def start_service(db: Path, log: Path) -> EffectsService:
-    """Start the service on a free loopback port over ``db``; its log goes to ``log``."""
+def start_service(db: Path, log: Path, port: int = 0) -> EffectsService:
+    """Start the service on loopback (a free port, or ``port``) over ``db``; log to ``log``."""
+    argv = ["--db", str(db), "--port", str(port)]
     with open(log, "a") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tether.testing.effects_service", "--db", str(db)],
+            [sys.executable, "-m", "tether.testing.effects_service", *argv],
             stdout=subprocess.PIPE,
             stderr=sink,
             stdin=subprocess.DEVNULL,

@@ -191,3 +191,48 @@ def test_keys_a_header_cannot_carry_are_refused(bad: str) -> None:
     """Empty, too long, control or non-ASCII characters: a typed error, never a mangled header."""
     with pytest.raises(HeaderFieldError):
         sf_string(bad)
+
+
+def test_a_slow_handler_whose_key_was_retaken_commits_nothing(service: EffectsService) -> None:
+    """The key expired while its first handler was slow and a retry took it: one ticket."""
+    service.mode(slow_s=1.2, inflight_expiry_s=0.4)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(post, service, "k1", {"title": "a"})
+        time.sleep(0.6)  # past the expiry: the retry takes the key over
+        retry = pool.submit(post, service, "k1", {"title": "a"})
+        answers = {first.result().status_code, retry.result().status_code}
+    assert answers == {201, 409}  # the superseded first attempt commits nothing
+    assert len(service.tickets()) == 1
+
+
+def test_an_abandoned_key_looks_up_as_absent_like_a_request_would_execute(
+    tmp_path: Path,
+) -> None:
+    """After the in-flight expiry, look-up and POST agree: the key is free again."""
+    service = start_service(tmp_path / "s.sqlite", tmp_path / "s.log")
+    try:
+        service.mode(slow_s=5, inflight_expiry_s=0.3)
+        with pytest.raises(httpx.HTTPError):
+            httpx.post(
+                service.url + "/tickets",
+                json={"title": "a"},
+                headers={"Idempotency-Key": sf_string("k1")},
+                timeout=0.5,
+            )
+        service.kill()
+    finally:
+        stop(service)
+    again = start_service(tmp_path / "s.sqlite", tmp_path / "s.log")
+    try:
+        time.sleep(0.4)
+        assert again.client.get("/idempotency/k1").status_code == 404
+    finally:
+        stop(again)
+
+
+def test_a_fence_for_an_odd_run_id_is_its_digest() -> None:
+    """Run ids a header cannot carry (non-ASCII, long) are sent as a stable digest."""
+    odd = fence_header("run-\u00e9t\u00e9", 2)
+    assert odd.startswith('"sha256-') and odd == fence_header("run-\u00e9t\u00e9", 2)
+    assert fence_header("x" * 300, 1) != fence_header("x" * 299, 1)
+    assert fence_header("plain-run", 3) == '"plain-run";v=3'

@@ -356,3 +356,37 @@ def test_a_dispatched_key_past_retention_goes_to_review(
         assert again.state.review_cases[0].reason == "outcome_unknown"
         assert "past the" in again.state.review_cases[0].detail
     assert len(service.tickets()) == 2  # ours, once, and the other caller's
+
+
+def test_a_reply_with_an_id_past_2_53_is_still_a_receipt(
+    http: HttpEffect, service: EffectsService
+) -> None:
+    """A 64-bit ticket id has no RFC 8785 form: the receipt keeps its digest, equal by look-up."""
+    service.mode(id_offset=2**60)
+    intent = ticket(http)
+    receipt = http.execute("k1", intent, http.environment())
+    assert receipt.business_object_id == str(2**60 + 1)
+    assert "body_sha256" in receipt.result["body"]
+    assert http.lookup_intent("k1", intent) == receipt
+
+
+def test_another_service_instance_at_the_same_address_is_refused(tmp_path: Path) -> None:
+    """A long-lived adapter re-checks the identity: a new database at the URL gets nothing."""
+    first = start_service(tmp_path / "a.sqlite", tmp_path / "a.log")
+    port = int(first.url.rsplit(":", 1)[1])
+    http = HttpEffect(first.url, timeout_s=2)
+    try:
+        intent = ticket(http)
+        bound = http.environment()
+        stop(first)
+        other = start_service(tmp_path / "b.sqlite", tmp_path / "b.log", port=port)
+        try:
+            with pytest.raises(EnvironmentDriftError):
+                http.execute("k1", intent, bound)
+            with pytest.raises(EnvironmentDriftError):
+                http.lookup_intent("k1", intent)
+            assert other.tickets() == []
+        finally:
+            stop(other)
+    finally:
+        http.close()

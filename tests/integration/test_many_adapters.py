@@ -175,3 +175,13 @@ def test_adapters_that_cannot_share_a_run_are_refused() -> None:
         Adapters(Sandbox(namespace="a"), KindlessSandbox(namespace="b"))
     with pytest.raises(AdaptersConfigError, match="at least one"):
         Adapters()
+
+
+def test_the_order_adapters_are_listed_in_does_not_change_the_run(desk: Desk) -> None:
+    """Identity is by namespace: a run started with one order recovers with another."""
+    with pytest.raises(SimulatedCrash):
+        desk.runtime(desk.adapters(), CrashPlan(CrashPoint.EFFECT_SENT, nth=2)).start("r1").run()
+    workspace, http, smtp = desk.adapters().members
+    reordered = Adapters(smtp, http, workspace)
+    assert desk.runtime(reordered).recover("r1").run().state.phase is Phase.COMPLETED
+    assert desk.received() == (1, 1, 1)

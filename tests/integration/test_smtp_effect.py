@@ -183,3 +183,21 @@ def test_with_a_mailbox_an_uncertain_email_is_reconciled(tmp_path: Path) -> None
         again.step()
         assert again.state.writes_committed == 1 and again.state.pending is None
     assert len(delivered(maildir)) == 1
+
+
+@pytest.mark.parametrize(
+    ("target", "subject"),
+    [
+        ("j\u00f6@example.com", "s"),
+        ("a\x00b@example.com", "s"),
+        ("customer@example.com", "line\u2028break"),
+        ("customer@example.com", "tab\x0bhere"),
+        ("customer@example.com", "next\x85line"),
+    ],
+)
+def test_what_smtp_or_a_header_cannot_carry_is_refused_before_sending(
+    target: str, subject: str
+) -> None:
+    """Non-ASCII or control characters in the recipient, any line break in the subject."""
+    with pytest.raises(ContractViolationError):
+        adapter(25).normalize("email.send", target, {"subject": subject, "body": "b"})

@@ -71,6 +71,8 @@ class Adapters:
         if len(set(namespaces)) != len(namespaces):
             raise AdaptersConfigError(f"adapter namespaces must differ: {namespaces}")
         self.members = members
+        # Identity is by namespace, not by the order a caller listed them in.
+        self._by_namespace = sorted(members, key=lambda m: m.namespace)
         self._owners = owners
         self._state = stateful[0] if stateful else None
         self._kinds = tuple(kind for member in members for kind in member.kinds)
@@ -96,12 +98,12 @@ class Adapters:
     @property
     def version(self) -> str:
         """Every member's code version, by namespace."""
-        return ",".join(f"{m.namespace}={m.version}" for m in self.members)
+        return ",".join(f"{m.namespace}={m.version}" for m in self._by_namespace)
 
     @property
     def instance_id(self) -> str:
         """Every member's identity: another service instance is another environment."""
-        return "|".join(f"{m.namespace}={m.instance_id}" for m in self.members)
+        return "|".join(f"{m.namespace}={m.instance_id}" for m in self._by_namespace)
 
     @property
     def capabilities(self) -> Capabilities:

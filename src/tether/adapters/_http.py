@@ -57,10 +57,12 @@ from tether.core import (
     AdapterUnavailableError,
     Capabilities,
     ContractViolationError,
+    EnvironmentDriftError,
     EnvironmentState,
     Intent,
     Receipt,
     TargetKind,
+    TetherError,
     canonical_bytes,
     check_canonical_path,
 )
@@ -182,19 +184,39 @@ class HttpEffect(RemoteEffect):
 
     @property
     def instance_id(self) -> str:
-        """The base URL and the instance id the service reports (asked once)."""
+        """The base URL and the instance id the service reports (asked once per object)."""
         if self._instance is None:
-            reported = ""
-            if self.profile.identity is not None:
-                body = self._get_json(self.profile.identity, "identity")
-                value = body.get("instance_id") if isinstance(body, dict) else None
-                if not isinstance(value, str) or not value:
-                    raise AdapterUnavailableError(
-                        f"{self.base_url}: the identity endpoint named no instance_id"
-                    )
-                reported = value
-            self._instance = f"{self.base_url}#{reported}"
+            self._instance = self._ask_identity()
         return self._instance
+
+    def _ask_identity(self) -> str:
+        reported = ""
+        if self.profile.identity is not None:
+            body = self._get_json(self.profile.identity, "identity")
+            value = body.get("instance_id") if isinstance(body, dict) else None
+            if not isinstance(value, str) or not value:
+                raise AdapterUnavailableError(
+                    f"{self.base_url}: the identity endpoint named no instance_id"
+                )
+            reported = value
+        return f"{self.base_url}#{reported}"
+
+    def _same_service(self) -> None:
+        """Before every send and look-up: the service at the URL is still the one bound.
+
+        A long-lived adapter must not carry a ticket to a new database that took
+        over the address (a restore, a failover to an empty replica).
+        """
+        if self.profile.identity is None:
+            return
+        bound, now = self.instance_id, self._ask_identity()
+        if now != bound:
+            raise EnvironmentDriftError(
+                f"{self.base_url} is now service instance {now!r}, not {bound!r} that this "
+                "run is bound to; nothing was sent",
+                expected=bound,
+                actual=now,
+            )
 
     # --- writing ------------------------------------------------------
 
@@ -214,6 +236,7 @@ class HttpEffect(RemoteEffect):
     ) -> Receipt:
         """POST ``intent`` under ``key``; a 409 is asked again with the same key, bounded."""
         self._check_send(key, intent, prestate)
+        self._same_service()
         body = canonical_bytes(intent.args["json"])
         headers = {IDEMPOTENCY_KEY: sf_string(key), "content-type": "application/json"}
         if fence is not None:
@@ -269,8 +292,16 @@ class HttpEffect(RemoteEffect):
     ) -> Receipt:
         """The same fields whether built from the reply or from a later look-up."""
         kept: Any = body
-        if len(canonical_bytes(body)) > MAX_RECEIPT_BODY:
-            kept = {"body_sha256": "sha256:" + hashlib.sha256(canonical_bytes(body)).hexdigest()}
+        try:
+            encoded = canonical_bytes(body)
+        except TetherError:
+            # The effect landed; a body RFC 8785 cannot carry (an id past 2**53,
+            # a NaN) must not make it unrecordable. Its digest stands in for it,
+            # taken over a stable re-encoding both the reply and a look-up give.
+            encoded = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+            kept = {"body_sha256": "sha256:" + hashlib.sha256(encoded).hexdigest()}
+        if len(encoded) > MAX_RECEIPT_BODY:
+            kept = {"body_sha256": "sha256:" + hashlib.sha256(encoded).hexdigest()}
         object_id = body.get(self.profile.object_id_field, "") if isinstance(body, dict) else ""
         committed = ""
         field_name = self.profile.committed_at_field
@@ -302,6 +333,7 @@ class HttpEffect(RemoteEffect):
         template = self.profile.lookup
         if template is None:
             raise NotQueryableError(f"{self.base_url} declares no look-up by key")
+        self._same_service()
         record = self._get_json(template.replace("{key}", key), "look-up", missing_ok=True)
         if record is None:
             return None

@@ -8,6 +8,8 @@ so a client and a service built on these functions agree byte for byte.
 
 from __future__ import annotations
 
+import hashlib
+
 from tether.core import AdapterError
 
 IDEMPOTENCY_KEY = "Idempotency-Key"
@@ -21,16 +23,14 @@ class HeaderFieldError(AdapterError):
     """A header field that does not parse as the form tether sends."""
 
 
-def sf_string(value: str) -> str:
+def sf_string(value: str, what: str = "an idempotency key") -> str:
     """``value`` as a Structured Field string; refuses what RFC 8941 cannot carry."""
     if not value or len(value) > MAX_KEY_LENGTH:
-        raise HeaderFieldError(f"an idempotency key must be 1-{MAX_KEY_LENGTH} characters")
+        raise HeaderFieldError(f"{what} must be 1-{MAX_KEY_LENGTH} characters")
     out = ['"']
     for char in value:
         if not 0x20 <= ord(char) <= 0x7E:
-            raise HeaderFieldError(
-                f"an idempotency key may hold printable ASCII only, not {char!r}"
-            )
+            raise HeaderFieldError(f"{what} may hold printable ASCII only, not {char!r}")
         out.append("\\" + char if char in '"\\' else char)
     out.append('"')
     return "".join(out)
@@ -64,8 +64,15 @@ def parse_sf_string(text: str) -> str:
 
 
 def fence_header(run_id: str, lease_version: int) -> str:
-    """``Tether-Fence``: the run and its lease version, highest wins at the service."""
-    return f"{sf_string(run_id)};v={int(lease_version)}"
+    """``Tether-Fence``: the run and its lease version, highest wins at the service.
+
+    A run id a header cannot carry as it is (not printable ASCII, or long) is
+    sent as its digest: still one name per run, never a refused header.
+    """
+    name = run_id
+    if not (0 < len(run_id) <= 200 and all(0x20 <= ord(c) <= 0x7E for c in run_id)):
+        name = "sha256-" + hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{sf_string(name, 'a run id')};v={int(lease_version)}"
 
 
 def parse_fence(text: str) -> tuple[str, int]:

@@ -151,8 +151,11 @@ class SmtpEffect(RemoteEffect):
             raise ContractViolationError("bad_args", "email.send takes subject and body only")
         if not isinstance(body, str) or len(body) > _MAX_BODY:
             raise ContractViolationError("bad_args", f"body must be text up to {_MAX_BODY} chars")
-        if "\r" in subject or "\n" in subject or len(subject) > 998:
-            raise ContractViolationError("bad_args", "subject must be one line (header injection)")
+        # isprintable() is false for every line break str.splitlines knows (\u2028,
+        # \x85, \x1c...) and every control character: no header injection, and
+        # nothing the email library refuses after the connection is open.
+        if not subject.isprintable() or len(subject) > 998:
+            raise ContractViolationError("bad_args", "subject must be one printable line")
         return {"subject": subject, "body": body}
 
     def execute(
@@ -162,14 +165,18 @@ class SmtpEffect(RemoteEffect):
         self._check_send(key, intent, prestate)
         mid = message_id(key, self.domain)
         sent_at = format_time(self._clock())
-        message = EmailMessage()
-        message["From"] = self.sender
-        message["To"] = intent.target
-        message["Subject"] = intent.args["subject"]
-        message["Message-ID"] = mid
-        message[INTENT_HEADER] = intent.digest
-        message[SENT_HEADER] = sent_at
-        message.set_content(intent.args["body"])
+        try:  # built whole before connecting: a message that cannot be built sends nothing
+            message = EmailMessage()
+            message["From"] = self.sender
+            message["To"] = intent.target
+            message["Subject"] = intent.args["subject"]
+            message["Message-ID"] = mid
+            message[INTENT_HEADER] = intent.digest
+            message[SENT_HEADER] = sent_at
+            message.set_content(intent.args["body"])
+            raw = message.as_bytes()
+        except (ValueError, TypeError, UnicodeError) as exc:
+            raise ContractViolationError("bad_args", f"the message cannot be built: {exc}") from exc
         try:
             client = smtplib.SMTP(self.host, self.port, timeout=self._timeout)
         except OSError as exc:
@@ -177,7 +184,7 @@ class SmtpEffect(RemoteEffect):
         try:
             self._envelope(client, intent.target)
             try:
-                code, reply = client.data(message.as_bytes())
+                code, reply = client.data(raw)
             except smtplib.SMTPDataError as exc:
                 raise RequestRefusedError(
                     intent.target, exc.smtp_code, str(exc.smtp_error)
@@ -247,8 +254,11 @@ class SmtpEffect(RemoteEffect):
 
 
 def _is_address(text: str) -> bool:
+    """One plain ASCII address: no SMTPUTF8, no control characters, nothing a header splits."""
     if not isinstance(text, str) or len(text) > 254 or text.count("@") != 1:
         return False
+    if not text.isascii() or not text.isprintable():
+        return False
     local, _, domain = text.partition("@")
-    bad = set(' \t\r\n<>,;:"()[]\\')
+    bad = set(' <>,;:"()[]\\')
     return bool(local) and "." in domain and not (bad & set(text))

@@ -20,6 +20,7 @@ test through ``POST /_admin/mode``, makes it behave as measured elsewhere:
 ``replay_status``      status of a replay: the first response's (0) or e.g. 409
 ``inflight_expiry_s``  an abandoned in-flight key is freed after this; ``null``: never
 ``retention_s``        keys older than this are forgotten (then a request executes again)
+``id_offset``          added to ticket ids in replies (ids past 2**53, as 64-bit services use)
 =====================  ==========================================================
 
 Run it as ``python -m tether.testing.effects_service --db FILE [--port 0]``;
@@ -67,13 +68,15 @@ DEFAULT_MODE: dict[str, Any] = {
     "replay_status": 0,
     "inflight_expiry_s": 30.0,
     "retention_s": 24 * 3600.0,
+    "id_offset": 0,
 }
 _MISMATCH = {"422", "new_effect", "replay"}
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS keys (key TEXT PRIMARY KEY, fingerprint TEXT NOT NULL,"
-    " state TEXT NOT NULL, status INTEGER, body TEXT, created_us INTEGER NOT NULL)",
+    " state TEXT NOT NULL, status INTEGER, body TEXT, created_us INTEGER NOT NULL,"
+    " attempt TEXT)",
     "CREATE TABLE IF NOT EXISTS tickets (ticket_id INTEGER PRIMARY KEY AUTOINCREMENT,"
     " idempotency_key TEXT, body TEXT NOT NULL, created_us INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS fences (run_id TEXT PRIMARY KEY, version INTEGER NOT NULL)",
@@ -223,16 +226,23 @@ class EffectsService:
                 refused = self._check_fence(conn, fence)
                 if refused is not None:
                     return refused
+            attempt = secrets.token_hex(8)
             if not mode["no_inflight_lock"]:
                 conn.execute(
-                    "INSERT OR REPLACE INTO keys (key, fingerprint, state, created_us)"
-                    " VALUES (?, ?, 'in_flight', ?)",
-                    (key, payload_fp, now),
+                    "INSERT OR REPLACE INTO keys (key, fingerprint, state, created_us, attempt)"
+                    " VALUES (?, ?, 'in_flight', ?, ?)",
+                    (key, payload_fp, now, attempt),
                 )
         if mode["slow_s"]:
             time.sleep(float(mode["slow_s"]))
         title = payload.get("title")
         with self.data.transaction() as conn:
+            if not mode["no_inflight_lock"]:
+                # Still ours? A key freed as abandoned may have been taken by a retry
+                # while this handler was merely slow: then this attempt commits nothing.
+                owner = conn.execute("SELECT attempt FROM keys WHERE key = ?", (key,)).fetchone()
+                if owner is None or owner[0] != attempt:
+                    return _json(409, {"error": "request_superseded", "idempotency_key": key})
             if isinstance(title, str) and title:
                 cursor = conn.execute(
                     "INSERT INTO tickets (idempotency_key, body, created_us) VALUES (?, ?, ?)",
@@ -240,7 +250,7 @@ class EffectsService:
                 )
                 created = format_time(datetime.now(UTC))  # RFC 3339 UTC, as receipts keep it
                 reply = {
-                    "ticket_id": cursor.lastrowid,
+                    "ticket_id": int(cursor.lastrowid or 0) + int(mode["id_offset"]),
                     "idempotency_key": key,
                     "created_at": created,
                 }
@@ -313,6 +323,11 @@ class EffectsService:
         if row is None or mode["lying_lookup"]:
             return _json(404, {"error": "unknown_key", "idempotency_key": key})
         stored_fp, state, status, body, created_us = row
+        expiry = mode["inflight_expiry_s"]
+        if state == "in_flight" and expiry is not None and _now_us() - created_us > expiry * 1e6:
+            # Abandoned by a crashed handler (its ticket never committed): a request
+            # with this key would execute now, so the look-up says so too.
+            return _json(404, {"error": "unknown_key", "idempotency_key": key})
         answer: dict[str, Any] = {
             "idempotency_key": key,
             "fingerprint": stored_fp,
