@@ -38,7 +38,6 @@ def main() -> int:
     typed: collections.Counter[str] = collections.Counter()
     families: collections.Counter[str] = collections.Counter()
     groups: dict[str, list[int]] = collections.defaultdict(list)
-    known: dict[str, list[int]] = collections.defaultdict(list)
     accepted = calls = inputs = failed = 0
     for result in _fuzzkit_results(args):
         inputs += 1
@@ -46,9 +45,6 @@ def main() -> int:
         typed.update(result.typed)
         accepted += result.accepted
         calls += result.accepted + sum(result.typed.values()) + len(result.untyped)
-        calls += len(result.known)
-        for text in result.known:
-            known[text].append(result.seed)
         if result.untyped:
             failed += 1
             for text in result.untyped:
@@ -75,11 +71,6 @@ def main() -> int:
         f"untyped failures: {failed} inputs, {sum(len(s) for s in groups.values())} calls "
         f"(target 0)"
     )
-    print(
-        f"known failures (strict xfail, fix outside this branch): {sum(map(len, known.values()))}"
-    )
-    for text, seeds in sorted(known.items(), key=lambda kv: -len(kv[1])):
-        print(f"  {len(seeds):6}  {text}; seeds {sorted(seeds)[: args.show]}")
     for sig, seeds in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         firsts = sorted(set(seeds))[: args.show]
         print(f"  {len(seeds):6}  {sig}")

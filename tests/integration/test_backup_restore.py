@@ -319,7 +319,7 @@ def test_an_adapter_that_cannot_list_or_look_up_still_parks_with_both_environmen
     from tests.integration import _blindkit as kit
 
     kit.prepare(tmp_path)
-    db, outbox_path, _ = kit.paths(tmp_path)
+    db, _, _ = kit.paths(tmp_path)
     backup = tmp_path / "backup.sqlite"
     with SQLiteStore(db) as store:
         kit.runtime(tmp_path, store).start(kit.RUN_ID)
@@ -335,4 +335,3 @@ def test_an_adapter_that_cannot_list_or_look_up_still_parks_with_both_environmen
     kinds = [e["kind"] for e in case.evidence]
     assert kinds == ["environment_ahead"]  # nothing to list: the environments say it
     assert kit.effects(tmp_path) == 1
-    del outbox_path

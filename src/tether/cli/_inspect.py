@@ -145,7 +145,5 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def _store(args: argparse.Namespace) -> SQLBase:
     if args.store:
-        # A SQLite URL opens read-only like --db; PostgreSQL is opened as is.
-        sqlite = args.store.startswith("sqlite:")
-        return open_store(args.store, read_only=True) if sqlite else open_store(args.store)
+        return open_store(args.store, read_only=True)  # like --db (SQLite URLs)
     return SQLiteStore(args.db, read_only=True)

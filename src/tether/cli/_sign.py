@@ -23,7 +23,6 @@ from tether.core import (
     Policy,
     PolicyError,
     RunState,
-    StoreUnavailableError,
     TetherError,
     approval_request,
     new_approval,
@@ -59,16 +58,10 @@ def open_existing(where: Path | str) -> SQLBase:
 
 
 def _store(where: Path | str) -> SQLBase:
+    # Never a new database: evidence delivered where no worker looks is lost in plain sight.
     if isinstance(where, str):
-        if where.startswith("sqlite:///"):
-            path = Path(where[len("sqlite:///") :].partition("?")[0])
-            if not path.is_file():
-                raise StoreUnavailableError(f"no SQLite store at {str(path)!r}")
-        return open_store(where)
-    if not where.is_file():
-        # Evidence delivered to a database nobody runs would be lost in plain sight.
-        raise StoreUnavailableError(f"no SQLite store at {str(where)!r}")
-    return SQLiteStore(where)
+        return open_store(where, existing=True)
+    return SQLiteStore(where, create=False)
 
 
 def load_state(db: Path | str, run_id: str, keyring_path: Path | None) -> tuple[RunState, bool]:

@@ -337,12 +337,13 @@ def advance(state: RunState, receipt: Receipt, *, fresh: bool, stateful: bool = 
     """
     pending = _pending(state)
     kind = "effect_committed" if fresh else "effect_reconciled"
+    after = receipt.post_state if stateful else state.environment
     return Transition(
         OutcomeKind.EXECUTED if fresh else OutcomeKind.REPLAYED,
         state=state.evolve(
             phase=Phase.RUNNING,
             pending=None,
-            environment=receipt.post_state if stateful else state.environment,
+            environment=after,
             last_write=CompletedWrite(
                 action_id=pending.action_id,
                 idempotency_key=pending.idempotency_key,
@@ -350,7 +351,7 @@ def advance(state: RunState, receipt: Receipt, *, fresh: bool, stateful: bool = 
                 receipt_id=receipt.receipt_id,
                 receipt_fingerprint=receipt.fingerprint,
                 result_digest=digest(receipt.result),
-                post_version=(receipt.post_state if stateful else state.environment).version,
+                post_version=after.version,
             ),
             writes_committed=state.writes_committed + 1,
             verification=None,  # any write invalidates earlier verifier evidence

@@ -241,7 +241,7 @@ class Checkpointer:
         live = adapter.environment()
         ahead = live if environment_ahead(state, live) else None
         if ahead is None:
-            check_environment(state, adapter, live=live)
+            check_environment(state, live)
         validate_state(state)
         chain = self.verified_ledger(state)
         pending = state.pending
@@ -382,17 +382,13 @@ def environment_ahead(state: RunState, live: EnvironmentState) -> bool:
     return live.version > explained
 
 
-def check_environment(
-    state: RunState, adapter: Adapter, *, live: EnvironmentState | None = None
-) -> None:
+def check_environment(state: RunState, live: EnvironmentState) -> None:
     """The live environment must be the checkpointed state or its one pending successor.
 
     Equal version is not equal state: same version with another fingerprint,
     the same fingerprint in another instance, and drift of more than the one
-    pending write all fail closed. ``live`` is the adapter's answer if the
-    caller already asked.
+    pending write all fail closed. ``live`` is the adapter's answer.
     """
-    live = adapter.environment() if live is None else live
     recorded = state.environment
     if live.namespace != recorded.namespace or live.instance_id != recorded.instance_id:
         raise EnvironmentDriftError(

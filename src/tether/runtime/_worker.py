@@ -237,9 +237,7 @@ class Worker:
         self.stats.waiting += 1
         text = f"{type(exc).__name__}: {exc}"
         log.warning("run %s: %s; trying again later", lease.run_id, text)
-        version = lease.lease_version
-        if session is not None and session.lease is not None:
-            version = session.lease.lease_version
+        version = _held_version(lease, session)
         delay = min(self.max_backoff_s, max(self.backoff_s, self.lease_ttl_s))
         try:
             self.store.defer(lease.run_id, self.worker_id, version, delay, text, count=False)
@@ -251,9 +249,7 @@ class Worker:
         self.stats.errors += 1
         text = f"{type(exc).__name__}: {exc}"
         log.error("run %s: %s", lease.run_id, text)
-        version = lease.lease_version
-        if session is not None and session.lease is not None:
-            version = session.lease.lease_version
+        version = _held_version(lease, session)
         try:
             # The claim counted this attempt (a worker that died mid-run too).
             mark = self.store.get_mark(lease.run_id)
@@ -307,3 +303,10 @@ def install_signal_handlers(worker: Worker) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+
+
+def _held_version(lease: Lease, session: Any) -> int:
+    """The lease version the run is held under now (a session may have renewed it)."""
+    if session is not None and session.lease is not None:
+        return int(session.lease.lease_version)
+    return lease.lease_version

@@ -54,6 +54,7 @@ class SQLiteStore(SQLBase):
         synchronous: str = "FULL",
         busy_timeout_ms: int = 30_000,
         read_only: bool = False,
+        create: bool = True,
     ) -> None:
         super().__init__()
         # One connection per store object, shared by its threads one unit of work at a time.
@@ -65,7 +66,7 @@ class SQLiteStore(SQLBase):
             )
         self.path = Path(path)
         self.read_only = read_only
-        if read_only and not self.path.is_file():
+        if (read_only or not create) and not self.path.is_file():
             # Opening would create (and a migration fill) a database nobody asked for.
             raise StoreUnavailableError(f"no SQLite store at {str(self.path)!r}")
         try:

@@ -14,8 +14,14 @@ _POSTGRES = ("postgresql://", "postgres://")
 _SQLITE_OPTIONS = {"synchronous": str, "busy_timeout_ms": int}
 
 
-def open_store(url: str, **options: Any) -> SQLBase:
+def open_store(
+    url: str, *, existing: bool = False, read_only: bool = False, **options: Any
+) -> SQLBase:
     """Open the store a URL names; ``options`` go to the store's constructor.
+
+    ``existing``: a SQLite file must already be there (never created).
+    ``read_only``: a SQLite file is opened read-only (it must exist). A
+    PostgreSQL database exists or the connection fails, so both are SQLite's.
 
     - ``sqlite:///relative/path.sqlite`` and ``sqlite:////absolute/path.sqlite``
       (query options: ``synchronous``, ``busy_timeout_ms``)
@@ -38,7 +44,7 @@ def open_store(url: str, **options: Any) -> SQLBase:
                 options.setdefault(key, kind(value))
             except ValueError:
                 raise StoreError(f"SQLite store option {key}={value!r} is not valid") from None
-        return SQLiteStore(path, **options)
+        return SQLiteStore(path, read_only=read_only, create=not existing, **options)
     if url.startswith(_POSTGRES):
         from tether.store._postgres import PostgresStore
 
