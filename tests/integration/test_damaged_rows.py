@@ -308,3 +308,24 @@ def test_a_trace_cycle_on_postgresql_ends_the_walk_too() -> None:
         assert time.monotonic() - started < 1.0
         with pytest.raises(TraceIntegrityError):
             Checkpointer(store, keyring).verified_trace(state)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "terms = NULL",  # stripped: the row hashes as an entry without terms
+        "terms = replace(terms, '\"retry\":\"idempotent\"', '\"retry\":\"neither\"')",
+        "terms = replace(terms, '\"sensitive\":false', '\"sensitive\":1')",
+        "terms = '{\"adapter\": '",
+        "terms = '[]'",
+        "payload = '{\"content\":\"forged\"}' WHERE payload IS NOT NULL AND 1",
+        "payload = 'null' WHERE status = 'intended' AND 1",
+    ],
+)
+def test_an_edited_effect_description_in_the_ledger_fails_verify(home: Path, change: str) -> None:
+    """A ledger row's terms and payload are covered by its hash: any edit is integrity failure."""
+    where = "" if " WHERE " in change else " WHERE 1"
+    edit(home, f"UPDATE tether_ledger SET {change}{where} AND run_id = 'done'")
+    code, err = verify(home, "done")
+    assert code == EXIT_INTEGRITY, err
+    assert "LedgerIntegrityError" in err

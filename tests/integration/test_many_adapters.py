@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -28,7 +29,13 @@ from tether.adapters import (
     Sandbox,
     SmtpEffect,
 )
-from tether.core import EffectStatus, EnvironmentDriftError, Phase
+from tether.core import (
+    Compensation,
+    EffectStatus,
+    EnvironmentDriftError,
+    Phase,
+    RetrySemantics,
+)
 from tether.crypto import Keyring
 from tether.runtime import CrashPlan, CrashPoint, Runtime, SimulatedCrash
 from tether.store import SQLiteStore
@@ -49,6 +56,7 @@ class Desk:
     maildir: Path
     mailbox_lookup: bool = True
     task: Any = None  # fixed when the run starts, as a real task file is
+    sensitive_email: bool = False
 
     def adapters(self, service_url: str | None = None) -> Adapters:
         workspace = FileWorkspace(self.root, self.tmp / "journal", verifier_allowlist=[VERIFIER])
@@ -73,7 +81,12 @@ class Desk:
         rules = {
             "file.write": {"risk": "low", "permission": "workspace.write", "needs_approval": False},
             "http.post": {"risk": "low", "permission": "service.write", "needs_approval": False},
-            "email.send": {"risk": "medium", "permission": "mail.send", "needs_approval": False},
+            "email.send": {
+                "risk": "medium",
+                "permission": "mail.send",
+                "needs_approval": False,
+                "sensitive": self.sensitive_email,
+            },
         }
         self.task = self.task or make_task(
             adapters.environment().state_fingerprint,
@@ -120,6 +133,64 @@ def test_one_run_edits_a_file_opens_a_ticket_and_sends_an_email(desk: Desk) -> N
     committed = [e for e in rt.store.ledger("r1") if e.status is EffectStatus.COMMITTED]
     spaces = [e.receipt["namespace"] for e in committed if e.receipt is not None]
     assert spaces == ["file-workspace", "http", "smtp"]
+
+
+def test_the_ledger_says_who_carried_each_effect_and_what_it_can_promise(desk: Desk) -> None:
+    """Each entry names its adapter, kind, target, retry semantics, compensation path and epoch."""
+    rt = desk.runtime(desk.adapters())
+    rt.start("r1").run()
+    entries = rt.store.ledger("r1")
+    terms = {e.idempotency_key: e.terms.to_json() if e.terms is not None else None for e in entries}
+    assert sorted(
+        (t["kind"], t["adapter"], t["target"], t["retry"], t["compensation"])
+        for t in terms.values()
+        if t is not None
+    ) == [
+        ("email.send", "smtp", CUSTOMER, RetrySemantics.QUERYABLE, Compensation.HUMAN),
+        ("file.write", "file-workspace", "reply.txt", RetrySemantics.IDEMPOTENT, Compensation.NONE),
+        ("http.post", "http", "tickets", RetrySemantics.QUERYABLE, Compensation.HUMAN),
+    ]
+    assert len(terms) == 3 and all(e.terms is not None and e.epoch == 1 for e in entries)
+    intended = {
+        e.terms.kind: e.payload for e in entries if e.status is EffectStatus.INTENDED and e.terms
+    }
+    assert intended["http.post"] == {"json": {"title": "printer on fire"}}
+    assert intended["email.send"] == {
+        "subject": "Your ticket",
+        "body": "We opened a ticket for you.",
+    }
+    # The arguments are kept once, on the entry that makes the effect known.
+    assert all(e.payload is None for e in entries if e.status is not EffectStatus.INTENDED)
+
+
+def test_a_sensitive_kind_leaves_only_digests_in_the_ledger(desk: Desk) -> None:
+    """The policy marks email sensitive: no body, no subject, no result text in any ledger row."""
+    desk.sensitive_email = True
+    rt = desk.runtime(desk.adapters())
+    assert rt.start("r1").run().state.phase is Phase.COMPLETED
+    emails = [
+        e for e in rt.store.ledger("r1") if e.terms is not None and e.terms.kind == "email.send"
+    ]
+    assert [e.status for e in emails] == [
+        EffectStatus.INTENDED,
+        EffectStatus.DISPATCHED,
+        EffectStatus.COMMITTED,
+    ]
+    assert all(e.payload is None and e.terms is not None and e.terms.sensitive for e in emails)
+    receipt = emails[-1].receipt
+    assert receipt is not None and receipt["result"]["redacted"] is True
+    assert receipt["result"]["digest"].startswith("sha256:")
+    raw = (
+        sqlite3.connect(desk.tmp / "tether.sqlite")
+        .execute(
+            "SELECT group_concat(coalesce(receipt, '') || coalesce(payload, '') || coalesce(terms, ''))"
+            " FROM tether_ledger"
+        )
+        .fetchone()[0]
+    )
+    assert "We opened a ticket" not in raw and "Your ticket" not in raw
+    assert "printer on fire" in raw  # the ticket's kind is not sensitive: its payload is kept
+    assert desk.received() == (1, 1, 1)
 
 
 @pytest.mark.parametrize("hit", [1, 2, 3])

@@ -136,3 +136,26 @@ def test_numbers_past_their_documented_maxima_fail_at_load(where: str, change: d
             make_policy(**change)
         else:
             make_task("sha256:" + "0" * 64, **change)
+
+
+def test_sensitive_is_optional_and_leaves_older_policies_unchanged() -> None:
+    """A policy that never says "sensitive" (or says false) keeps the fingerprint it had."""
+    plain = make_policy()
+    doc = plain.to_json()
+    assert "sensitive" not in json.dumps(doc)
+    doc["kinds"]["file.write"]["sensitive"] = False
+    assert Policy.from_json(doc).fingerprint == plain.fingerprint
+    doc["kinds"]["file.write"]["sensitive"] = True
+    marked = Policy.from_json(doc)
+    assert marked.kinds["file.write"].sensitive and not marked.kinds["file.read"].sensitive
+    assert marked.fingerprint != plain.fingerprint
+    assert Policy.from_json(marked.to_json()).kinds["file.write"].sensitive
+
+
+def test_sensitive_must_be_a_boolean() -> None:
+    """A sensitive flag that is not true or false names its field."""
+    doc = make_policy().to_json()
+    doc["kinds"]["file.write"]["sensitive"] = "yes"
+    with pytest.raises(SpecError) as caught:
+        Policy.from_json(doc)
+    assert caught.value.field == "kinds.file.write.sensitive"

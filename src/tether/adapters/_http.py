@@ -56,6 +56,7 @@ from tether.core import (
     ActionKind,
     AdapterUnavailableError,
     Capabilities,
+    Compensation,
     ContractViolationError,
     EnvironmentDriftError,
     EnvironmentState,
@@ -68,7 +69,15 @@ from tether.core import (
 )
 
 ADAPTER_VERSION = "1"
-HTTP_POST = ActionKind("http.post", ActionClass.WRITE, TargetKind.PATH, frozenset({"json"}))
+# What a POST created, a person can withdraw (close the ticket, refund the
+# charge); the draft gives no generic way for an adapter to undo it.
+HTTP_POST = ActionKind(
+    "http.post",
+    ActionClass.WRITE,
+    TargetKind.PATH,
+    frozenset({"json"}),
+    compensation=Compensation.HUMAN,
+)
 _REPLAYS = {"first_response", "conflict", "new_effect"}
 #: The part of a response body kept in a receipt (the ledger stores receipts).
 MAX_RECEIPT_BODY = 16_384

@@ -39,6 +39,7 @@ from tether.core import (
     AdapterError,
     AdapterUnavailableError,
     Capabilities,
+    Compensation,
     ContractViolationError,
     EnvironmentState,
     Intent,
@@ -48,8 +49,13 @@ from tether.core import (
 )
 
 ADAPTER_VERSION = "1"
+# A sent email cannot be recalled: only a person can make amends.
 EMAIL_SEND = ActionKind(
-    "email.send", ActionClass.WRITE, TargetKind.PATH, frozenset({"subject", "body"})
+    "email.send",
+    ActionClass.WRITE,
+    TargetKind.PATH,
+    frozenset({"subject", "body"}),
+    compensation=Compensation.HUMAN,
 )
 INTENT_HEADER = "X-Tether-Intent"
 SENT_HEADER = "X-Tether-Sent-At"

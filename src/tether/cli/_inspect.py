@@ -25,6 +25,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     checkpointer = _open(args)
     restored = checkpointer.load(args.run_id)
     state = restored.state
+    entries = checkpointer.verified_ledger(state)
     ledger = [
         {
             "key": e.idempotency_key,
@@ -33,8 +34,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             "action_id": e.action_id,
             "intent_digest": e.intent_digest,
             "receipt_id": None if e.receipt is None else e.receipt.get("receipt_id"),
+            "epoch": e.epoch,
+            "terms": None if e.terms is None else e.terms.to_json(),
+            "payload": e.payload,
         }
-        for e in checkpointer.verified_ledger(state)
+        for e in entries
     ]
     trace = [
         {"seq": e.seq, "kind": e.kind, "at": e.body()["at"]}
@@ -106,8 +110,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             )
         print(f"    environment v{case.environment.version} {case.environment.state_fingerprint}")
     print(f"  ledger ({len(ledger)} entries)")
-    for row in ledger:
-        print(f"    {row['key']} #{row['seq']} {row['status']} {row['action_id']}")
+    for entry in entries:
+        t = entry.terms
+        what = (
+            ""
+            if t is None
+            else f" {t.kind} {t.target} via {t.adapter} (retry: {t.retry}, "
+            f"compensation: {t.compensation}" + (", sensitive" if t.sensitive else "") + ")"
+        )
+        print(f"    {entry.idempotency_key} #{entry.seq} {entry.status} {entry.action_id}{what}")
     print(f"  trace ({len(trace)} events)")
     for row in trace:
         print(f"    {row['seq']:>4} {row['at']} {row['kind']}")

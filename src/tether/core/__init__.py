@@ -78,7 +78,14 @@ from tether.core._model import (
     parse_time,
     parse_time_text,
 )
-from tether.core._phases import EffectStatus, Phase, check_effect_move, check_phase_move
+from tether.core._phases import (
+    Compensation,
+    EffectStatus,
+    Phase,
+    RetrySemantics,
+    check_effect_move,
+    check_phase_move,
+)
 from tether.core._spec import (
     MAX_APPROVAL_TTL_S,
     MAX_COUNT,
@@ -122,6 +129,7 @@ __all__ = [
     "Capabilities",
     "CheckpointCorruptError",
     "CommitOutcomeUnknownError",
+    "Compensation",
     "CompletedWrite",
     "ContractViolationError",
     "EffectStatus",
@@ -156,6 +164,7 @@ __all__ = [
     "PreconditionFailedError",
     "Receipt",
     "RetiredKeyError",
+    "RetrySemantics",
     "ReviewCase",
     "ReviewDriftError",
     "Risk",
@@ -272,8 +281,11 @@ from tether.core._evidence import (  # noqa: E402
     committed_within_approval,
 )
 from tether.core._ledger import (  # noqa: E402
+    EffectTerms,
     LedgerEntry,
     orphans_of,
+    redact_receipt,
+    retry_semantics,
     seal_entry,
     stray_error,
     verify_ledger,
@@ -295,6 +307,7 @@ from tether.core._transition import (  # noqa: E402
 
 __all__ += [
     "Call",
+    "EffectTerms",
     "Execute",
     "ExecuteAnswer",
     "ExecuteStatus",
@@ -315,6 +328,8 @@ __all__ += [
     "committed_within_approval",
     "orphans_of",
     "people_rules",
+    "redact_receipt",
+    "retry_semantics",
     "seal_commit",
     "seal_entry",
     "settle_rules",

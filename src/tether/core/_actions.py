@@ -50,7 +50,7 @@ from tether.core._canonical import JSONValue, canonical_bytes
 from tether.core._errors import CanonicalJSONError, SpecError
 from tether.core._fields import Fields
 from tether.core._model import CompletedWrite, EnvironmentState
-from tether.core._phases import Phase
+from tether.core._phases import Compensation, Phase
 from tether.core._spec import KindRule, Policy, Risk, TaskSpec, check_canonical_path
 
 # Fields an agent may never put in its own proposal: approval is given by a
@@ -85,6 +85,8 @@ class ActionKind:
     target: TargetKind = TargetKind.PATH
     required: frozenset[str] = frozenset()
     optional: frozenset[str] = frozenset()
+    #: How a committed effect of this kind can be undone; the ledger records it.
+    compensation: Compensation = Compensation.NONE
 
     @property
     def mutating(self) -> bool:

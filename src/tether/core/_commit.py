@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from tether.core._errors import CheckpointCorruptError, IllegalTransitionError
-from tether.core._ledger import LedgerEntry, seal_entry
+from tether.core._ledger import EffectTerms, LedgerEntry, seal_entry
 from tether.core._model import PendingWrite
 from tether.core._phases import EffectStatus, Phase, check_effect_move, check_phase_move
 from tether.core._state import RunState
@@ -39,11 +39,13 @@ def seal_commit(
     now: datetime,
     ledger: tuple[LedgerNote, ...] = (),
     effect: PendingWrite | None = None,
+    terms: EffectTerms | None = None,
 ) -> Sealed:
     """Seal ``after`` as the generation following ``before``.
 
     ``ledger`` notes record ``effect`` (the write pending before the step, or
-    the one it makes pending); an illegal phase or effect-status move raises
+    the one it makes pending) under ``terms`` (what kind of effect it is);
+    an illegal phase or effect-status move raises
     :class:`~tether.core.IllegalTransitionError` and nothing is sealed.
     """
     if before.generation:
@@ -78,6 +80,9 @@ def seal_commit(
                 receipt=note.receipt,
                 epoch=after.epoch,
                 at=now,
+                terms=terms,
+                # The arguments once, with the entry that makes the effect known.
+                payload=dict(effect.intent.args) if note.status is EffectStatus.INTENDED else None,
             )
             entries.append(entry)
             ledger_head, ledger_length = entry.hash, ledger_length + 1

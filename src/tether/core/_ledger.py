@@ -6,20 +6,70 @@ a forged, deleted, reordered or edited entry no longer chains to the head
 the runtime signed and restore refuses it. Entries are written only inside
 the fenced commit of the checkpoint they belong to: a stale worker whose
 commit is refused leaves no entry behind.
+
+Each entry also says what kind of effect it records (:class:`EffectTerms`):
+the adapter that carries it out, its kind and target, what a retry under the
+key can promise and how the effect could be undone. The first entry of an
+effect (``intended``) keeps its arguments, unless the policy marks the kind
+sensitive: then the ledger keeps digests only, of the arguments (the intent
+digest) and of the result inside the receipt.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from tether.core._canonical import JSONValue
+from tether.core._canonical import JSONValue, digest
 from tether.core._errors import CanonicalJSONError, LedgerIntegrityError
-from tether.core._model import format_time
-from tether.core._phases import EffectStatus
+from tether.core._model import Capabilities, format_time
+from tether.core._phases import Compensation, EffectStatus, RetrySemantics
 from tether.core._trace import chain_hash
+
+
+@dataclass(frozen=True, slots=True)
+class EffectTerms:
+    """What one effect is, for the ledger: who carries it out and what it can promise.
+
+    ``adapter`` is the namespace of the adapter that owns ``kind``;
+    ``retry`` and ``compensation`` are what that adapter declares; with
+    ``sensitive`` (the policy's word) the ledger keeps no payload body.
+    """
+
+    adapter: str
+    kind: str
+    target: str
+    retry: RetrySemantics
+    compensation: Compensation
+    sensitive: bool = False
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "adapter": self.adapter,
+            "kind": self.kind,
+            "target": self.target,
+            "retry": self.retry.value,
+            "compensation": self.compensation.value,
+            "sensitive": self.sensitive,
+        }
+
+
+def retry_semantics(capabilities: Capabilities) -> RetrySemantics:
+    """The strongest retry promise ``capabilities`` make (idempotent before queryable)."""
+    if capabilities.idempotent:
+        return RetrySemantics.IDEMPOTENT
+    if capabilities.queryable:
+        return RetrySemantics.QUERYABLE
+    return RetrySemantics.NEITHER
+
+
+def redact_receipt(receipt: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``receipt`` with its ``result`` replaced by the result's digest (for sensitive kinds)."""
+    if receipt is None or "result" not in receipt:
+        return receipt
+    return {**receipt, "result": {"redacted": True, "digest": digest(receipt["result"])}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +87,13 @@ class LedgerEntry:
     at: datetime
     prev_hash: str = ""
     hash: str = ""
+    #: ``None`` only on entries written before the ledger recorded terms.
+    terms: EffectTerms | None = None
+    #: The effect's arguments, on its ``intended`` entry, unless sensitive.
+    payload: dict[str, Any] | None = None
 
     def body(self) -> dict[str, JSONValue]:
-        return {
+        body: dict[str, JSONValue] = {
             "run_id": self.run_id,
             "seq": self.seq,
             "idempotency_key": self.idempotency_key,
@@ -50,6 +104,13 @@ class LedgerEntry:
             "epoch": self.epoch,
             "at": format_time(self.at),
         }
+        # An entry written before terms existed hashes as it always did, so
+        # the chains of older runs still verify; a newer entry's hash covers
+        # its terms and payload, so neither can be stripped or added later.
+        if self.terms is not None:
+            body["terms"] = self.terms.to_json()
+            body["payload"] = self.payload
+        return body
 
     def to_json(self) -> dict[str, JSONValue]:
         return {**self.body(), "prev_hash": self.prev_hash, "hash": self.hash}
@@ -67,12 +128,17 @@ def seal_entry(
     receipt: dict[str, Any] | None,
     epoch: int,
     at: datetime,
+    terms: EffectTerms | None = None,
+    payload: dict[str, Any] | None = None,
 ) -> LedgerEntry:
-    """The next entry of a chain whose head is ``prev_hash``."""
+    """The next entry of a chain whose head is ``prev_hash``.
+
+    With sensitive ``terms`` the payload is dropped and the receipt's result
+    kept as a digest, whatever the caller passed.
+    """
+    if terms is not None and terms.sensitive:
+        payload, receipt = None, redact_receipt(receipt)
     entry = LedgerEntry(
-        run_id, idempotency_key, seq, status, action_id, intent_digest, receipt, epoch, at
-    )
-    return LedgerEntry(
         run_id,
         idempotency_key,
         seq,
@@ -82,9 +148,10 @@ def seal_entry(
         receipt,
         epoch,
         at,
-        prev_hash,
-        chain_hash(prev_hash, entry.body()),
+        terms=terms,
+        payload=payload,
     )
+    return replace(entry, prev_hash=prev_hash, hash=chain_hash(prev_hash, entry.body()))
 
 
 def verify_ledger(

@@ -115,6 +115,33 @@ _EFFECT_MOVES: dict[EffectStatus | None, frozenset[EffectStatus]] = {
 }
 
 
+class RetrySemantics(StrEnum):
+    """What retrying an effect under its key can promise, as the adapter declares it.
+
+    ``idempotent``: a second send under the key is no second effect.
+    ``queryable``: the adapter can be asked by key whether it landed (no
+    resend without asking). ``neither``: an uncertain send is settled only by
+    a person.
+    """
+
+    IDEMPOTENT = "idempotent"
+    QUERYABLE = "queryable"
+    NEITHER = "neither"
+
+
+class Compensation(StrEnum):
+    """How a committed effect can be undone, as its kind declares it.
+
+    ``none``: it cannot be (or nobody said how). ``adapter``: by an action
+    the adapter carries out. ``human``: only a person can (an apology for a
+    sent email, a refund by hand).
+    """
+
+    NONE = "none"
+    ADAPTER = "adapter"
+    HUMAN = "human"
+
+
 def check_effect_move(current: EffectStatus | None, new: EffectStatus) -> None:
     """Raise :class:`IllegalTransitionError` unless the ledger may record ``new`` next."""
     if new not in _EFFECT_MOVES[current]:

@@ -200,6 +200,9 @@ class KindRule:
     risk: Risk
     permission: str
     needs_approval: bool
+    #: The effect's payload is sensitive: the ledger keeps its digest, never
+    #: its body (the arguments, and the result inside the receipt).
+    sensitive: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,14 +219,7 @@ class Policy:
         return {
             "policy_id": self.policy_id,
             "policy_version": self.policy_version,
-            "kinds": {
-                kind: {
-                    "risk": rule.risk.value,
-                    "permission": rule.permission,
-                    "needs_approval": rule.needs_approval,
-                }
-                for kind, rule in sorted(self.kinds.items())
-            },
+            "kinds": {kind: _rule_json(rule) for kind, rule in sorted(self.kinds.items())},
             "max_risk": self.max_risk.value,
             "approval_ttl_s": self.approval_ttl_s,
         }
@@ -245,6 +241,7 @@ class Policy:
                 risk=_risk(rule, "risk"),
                 permission=rule.str("permission"),
                 needs_approval=rule.bool("needs_approval"),
+                sensitive=rule.optional_raw("sensitive") is not None and rule.bool("sensitive"),
             )
             rule.done()
         policy = cls(
@@ -257,6 +254,19 @@ class Policy:
         kinds_obj.done()
         f.done()
         return policy
+
+
+def _rule_json(rule: KindRule) -> dict[str, JSONValue]:
+    body: dict[str, JSONValue] = {
+        "risk": rule.risk.value,
+        "permission": rule.permission,
+        "needs_approval": rule.needs_approval,
+    }
+    # Written only when set, so a policy that never names it keeps the
+    # fingerprint it had before the field existed (and its runs restore).
+    if rule.sensitive:
+        body["sensitive"] = True
+    return body
 
 
 def _command(f: Fields) -> Verifier:

@@ -21,6 +21,7 @@ from tether.adapters import (
     UnresolvedWriteError,
     capabilities_of,
     look_up,
+    namespace_of,
 )
 from tether.core import (
     GENESIS_HASH,
@@ -28,8 +29,11 @@ from tether.core import (
     ActionKind,
     AdapterError,
     Binding,
+    Compensation,
     EffectStatus,
+    EffectTerms,
     EnvironmentDriftError,
+    Intent,
     LedgerNote,
     MissingHighWaterMarkError,
     Phase,
@@ -42,6 +46,7 @@ from tether.core import (
     TetherError,
     catalog,
     check_contract,
+    retry_semantics,
     step_rules,
 )
 from tether.crypto import Keyring, TrustRoots
@@ -102,6 +107,19 @@ class Runtime:
         # Every kind the run may propose; a name nobody defines fails here, at load.
         self.kinds: dict[str, ActionKind] = catalog(adapter.kinds)
         check_contract(task, policy, self.kinds)
+
+    def effect_terms(self, intent: Intent) -> EffectTerms:
+        """What the ledger records about an effect of ``intent``: who, what, and its promises."""
+        declared = self.kinds.get(intent.kind)
+        rule = self.policy.kinds.get(intent.kind)
+        return EffectTerms(
+            adapter=namespace_of(self.adapter, intent.kind),
+            kind=intent.kind,
+            target=intent.target,
+            retry=retry_semantics(capabilities_of(self.adapter, intent.kind)),
+            compensation=Compensation.NONE if declared is None else declared.compensation,
+            sensitive=rule is not None and rule.sensitive,
+        )
 
     def start(self, run_id: str | None = None, context: AgentContext | None = None) -> RunSession:
         """Begin a new run in the task's expected initial environment."""

@@ -31,6 +31,7 @@ from tether.core import (
     CommitOutcomeUnknownError,
     ContractViolationError,
     EffectStatus,
+    EffectTerms,
     EnvironmentDriftError,
     Execute,
     ExecuteAnswer,
@@ -93,6 +94,8 @@ class Runtime(Protocol):
     heartbeat_max_s: float
     checkpointer: Checkpointer
     kinds: dict[str, ActionKind]
+
+    def effect_terms(self, intent: Intent) -> EffectTerms: ...
 
 
 Event = tuple[str, dict[str, Any]]
@@ -165,7 +168,13 @@ class RunSession(LeaseHolder):
                 blobs[context_digest] = body
             state = state.evolve(agent_context_digest=context_digest)
         sealed = seal_commit(
-            self.state, state, events, now=self.rt.clock.now(), ledger=ledger, effect=effect
+            self.state,
+            state,
+            events,
+            now=self.rt.clock.now(),
+            ledger=ledger,
+            effect=effect,
+            terms=None if effect is None or not ledger else self.rt.effect_terms(effect.intent),
         )
         new = sealed.state
         try:

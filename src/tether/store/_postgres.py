@@ -35,11 +35,10 @@ from tether.core import (
     StoreError,
     StoreUnavailableError,
     WriteOnceError,
-    canonical_bytes,
     format_time,
 )
 from tether.store._protocols import BeforeCommit, Commit, Lease, LeaseRequest
-from tether.store._rows import phase_text
+from tether.store._rows import ledger_columns, phase_text
 from tether.store._sql import SQLBase
 
 if TYPE_CHECKING:
@@ -78,11 +77,11 @@ WITH cas AS (
     RETURNING 1
 ), ledger AS (
     INSERT INTO tether_ledger (run_id, hash, prev_hash, seq, idempotency_key, status,
-                               action_id, intent_digest, receipt, epoch, at)
-    SELECT cas.run_id, l.h, l.p, l.s, l.k, l.st, l.ac, l.i, l.r, l.ep, l.a
+                               action_id, intent_digest, receipt, epoch, at, terms, payload)
+    SELECT cas.run_id, l.h, l.p, l.s, l.k, l.st, l.ac, l.i, l.r, l.ep, l.a, l.t, l.y
       FROM cas, json_to_recordset(%s::json)
            AS l(h text, p text, s bigint, k text, st text, ac text, i text, r text,
-                ep bigint, a text)
+                ep bigint, a text, t text, y text)
     RETURNING 1
 ), blobs AS (
     INSERT INTO tether_blobs (digest, body)
@@ -253,6 +252,7 @@ class PostgresStore(SQLBase):
         ]
         ledger = [
             {
+                **dict(zip(("r", "t", "y"), ledger_columns(e), strict=True)),
                 "h": e.hash,
                 "p": e.prev_hash,
                 "s": e.seq,
@@ -260,7 +260,6 @@ class PostgresStore(SQLBase):
                 "st": e.status.value,
                 "ac": e.action_id,
                 "i": e.intent_digest,
-                "r": None if e.receipt is None else canonical_bytes(e.receipt).decode("utf-8"),
                 "ep": e.epoch,
                 "a": format_time(e.at),
             }

@@ -8,20 +8,25 @@ a row into a value object or raises an integrity error that names the run
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tether.core import (
     CanonicalJSONError,
     CheckpointCorruptError,
+    Compensation,
     EffectStatus,
+    EffectTerms,
+    Fields,
     LedgerEntry,
     LedgerIntegrityError,
     Phase,
+    RetrySemantics,
     StoreError,
     TraceEvent,
     TraceIntegrityError,
+    canonical_bytes,
     parse_time_text,
     strict_loads,
 )
@@ -144,27 +149,40 @@ def evidence_of(run_id: str, row: Sequence[Any]) -> Evidence:
         ) from exc
 
 
+def ledger_columns(entry: LedgerEntry) -> tuple[str | None, str | None, str | None]:
+    """The JSON text a ledger row stores for ``entry``'s receipt, terms and payload."""
+
+    def text(value: Any) -> str | None:
+        return None if value is None else canonical_bytes(value).decode("utf-8")
+
+    terms = None if entry.terms is None else entry.terms.to_json()
+    return text(entry.receipt), text(terms), text(entry.payload)
+
+
 def ledger_entry_of(run_id: str, row: Sequence[Any]) -> LedgerEntry:
-    hash_, prev, seq, key, status, action_id, intent_digest, receipt, epoch, at = row
+    hash_, prev, seq, key, status, action_id, intent_digest, receipt, epoch, at, terms, payload = (
+        row
+    )
+
+    def broken(problem: str) -> LedgerIntegrityError:
+        return LedgerIntegrityError(f"run {run_id}: ledger row {hash_} {problem}", run_id=run_id)
+
+    def document(name: str, value: Any) -> dict[str, Any] | None:
+        try:
+            body = None if value is None else strict_loads(str(value))
+        except CanonicalJSONError as exc:
+            raise broken(f"has {name} that is not JSON: {exc}") from exc
+        if body is not None and not isinstance(body, dict):
+            raise broken(f"has {name} that is not an object")
+        return body
+
     try:
         effect = EffectStatus(str(status))
         moment = parse_stored_time(at)
         number, epoch_number = whole(seq), whole(epoch)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise LedgerIntegrityError(
-            f"run {run_id}: ledger row {hash_} is malformed: {exc}", run_id=run_id
-        ) from exc
-    try:
-        body = None if receipt is None else strict_loads(str(receipt))
-    except CanonicalJSONError as exc:
-        raise LedgerIntegrityError(
-            f"run {run_id}: ledger row {hash_} has a receipt that is not JSON: {exc}",
-            run_id=run_id,
-        ) from exc
-    if body is not None and not isinstance(body, dict):
-        raise LedgerIntegrityError(
-            f"run {run_id}: ledger row {hash_} has a receipt that is not an object", run_id=run_id
-        )
+        raise broken(f"is malformed: {exc}") from exc
+    terms_body = document("terms", terms)
     return LedgerEntry(
         run_id=run_id,
         idempotency_key=str(key),
@@ -172,12 +190,32 @@ def ledger_entry_of(run_id: str, row: Sequence[Any]) -> LedgerEntry:
         status=effect,
         action_id=str(action_id),
         intent_digest=str(intent_digest),
-        receipt=body,
+        receipt=document("a receipt", receipt),
         epoch=epoch_number,
         at=moment,
         prev_hash=str(prev),
         hash=str(hash_),
+        terms=None if terms_body is None else _terms_of(terms_body, broken),
+        payload=document("a payload", payload),
     )
+
+
+def _terms_of(body: dict[str, Any], broken: Callable[[str], LedgerIntegrityError]) -> EffectTerms:
+    f = Fields(body, "terms", lambda field, problem: broken(f"has bad {field}: {problem}"))
+    retry, compensation = f.str("retry"), f.str("compensation")
+    try:
+        terms = EffectTerms(
+            adapter=f.str("adapter"),
+            kind=f.str("kind"),
+            target=f.str("target", nonempty=False),
+            retry=RetrySemantics(retry),
+            compensation=Compensation(compensation),
+            sensitive=f.bool("sensitive"),
+        )
+    except ValueError as exc:
+        raise broken(f"has unknown terms: {exc}") from exc
+    f.done()
+    return terms
 
 
 def trace_event_of(run_id: str, row: Sequence[Any]) -> TraceEvent:

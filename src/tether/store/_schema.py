@@ -134,4 +134,16 @@ def migrations(blob: str) -> list[tuple[int, list[str]]]:
                 "ALTER TABLE tether_marks ADD COLUMN waiting_after BIGINT",
             ],
         ),
+        (
+            6,
+            [
+                # What each effect is (adapter, kind, target, retry semantics,
+                # compensation path, sensitivity) and, on its first entry, its
+                # arguments unless sensitive. Both are JSON and covered by the
+                # row's hash; rows written before this migration hold NULL and
+                # hash as they always did.
+                "ALTER TABLE tether_ledger ADD COLUMN terms TEXT",
+                "ALTER TABLE tether_ledger ADD COLUMN payload TEXT",
+            ],
+        ),
     ]

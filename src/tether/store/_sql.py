@@ -44,6 +44,7 @@ from tether.store._rows import (
     MARK_COLUMNS,
     evidence_of,
     lease_of,
+    ledger_columns,
     ledger_entry_of,
     mark_of,
     phase_text,
@@ -289,7 +290,7 @@ class SQLBase(LeaseSQL):
     # -- ledger --------------------------------------------------------------
 
     def _put_ledger(self, entry: LedgerEntry) -> None:
-        receipt = None if entry.receipt is None else canonical_bytes(entry.receipt).decode("utf-8")
+        receipt, terms, payload = ledger_columns(entry)
         inserted = self._run(
             self._insert_ignore(
                 "tether_ledger",
@@ -305,6 +306,8 @@ class SQLBase(LeaseSQL):
                     "receipt",
                     "epoch",
                     "at",
+                    "terms",
+                    "payload",
                 ),
             ),
             (
@@ -319,6 +322,8 @@ class SQLBase(LeaseSQL):
                 receipt,
                 entry.epoch,
                 format_time(entry.at),
+                terms,
+                payload,
             ),
         )
         if inserted == 0:
@@ -334,7 +339,7 @@ class SQLBase(LeaseSQL):
         rows = self._read(
             lambda: self._all(
                 "SELECT hash, prev_hash, seq, idempotency_key, status, action_id, intent_digest, "
-                "receipt, epoch, at FROM tether_ledger WHERE run_id = ? ORDER BY seq, hash",
+                "receipt, epoch, at, terms, payload FROM tether_ledger WHERE run_id = ? ORDER BY seq, hash",
                 (run_id,),
             )
         )
