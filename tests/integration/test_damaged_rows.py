@@ -314,11 +314,11 @@ def test_a_trace_cycle_on_postgresql_ends_the_walk_too() -> None:
     "change",
     [
         "terms = NULL",  # stripped: the row hashes as an entry without terms
-        "terms = replace(terms, '\"retry\":\"idempotent\"', '\"retry\":\"neither\"')",
+        'terms = replace(terms, \'"retry":"idempotent"\', \'"retry":"neither"\')',
         "terms = replace(terms, '\"sensitive\":false', '\"sensitive\":1')",
         "terms = '{\"adapter\": '",
         "terms = '[]'",
-        "payload = '{\"content\":\"forged\"}' WHERE payload IS NOT NULL AND 1",
+        'payload = \'{"content":"forged"}\' WHERE payload IS NOT NULL AND 1',
         "payload = 'null' WHERE status = 'intended' AND 1",
     ],
 )

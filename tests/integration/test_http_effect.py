@@ -169,7 +169,9 @@ def test_a_refused_request_is_a_rejection_and_no_look_up_receipt(
     with pytest.raises(RequestRefusedError) as caught:
         http.execute("k1", intent, http.environment())
     assert isinstance(caught.value, PreconditionFailedError) and caught.value.status == 400
-    assert http.lookup_intent("k1", intent) is None
+    with pytest.raises(RequestRefusedError):
+        http.lookup_intent("k1", intent)  # the service stored its refusal of this request
+    assert http.lookup("k1") is None  # no receipt: nothing landed
     assert service.tickets() == []
 
 
@@ -390,3 +392,43 @@ def test_another_service_instance_at_the_same_address_is_refused(tmp_path: Path)
             stop(other)
     finally:
         http.close()
+
+
+def test_a_refusal_whose_reply_was_lost_is_a_rejection_not_a_review(
+    tmp_path: Path, service: EffectsService
+) -> None:
+    """The service refused and stored it, the reply timed out: the look-up says refused, no resend."""
+    from tests.conftest import ScriptedAgent, write
+
+    service.mode(slow_s=1.0)
+    with HttpEffect(service.url, timeout_s=0.3) as http:
+        rt = http_run(tmp_path, http)
+        bad = write("tickets", "", kind="http.post", args={"json": {"no": "title"}})
+        rt.agent = ScriptedAgent([bad])
+        session = rt.start("r1")
+        assert session.step().reason == "adapter_unavailable"  # sent; the reply never came
+        time.sleep(1.0)  # the service has answered 400 and stored it under the key
+        service.mode(slow_s=0)
+        outcome = session.step()
+    assert outcome.reason == "refused" and outcome.state.phase is Phase.RUNNING
+    assert committed(rt)[-1] == "rejected"
+    assert service.tickets() == []
+
+
+def test_a_key_stuck_in_flight_goes_to_review_after_the_profiles_limit(
+    tmp_path: Path, service: EffectsService
+) -> None:
+    """A handler that holds the key past in_flight_limit_s: review, never a new key or a resend."""
+    service.mode(slow_s=3.0)
+    quick = replace(REFERENCE_PROFILE, in_flight_limit_s=0.5, in_flight_retries=0)
+    with HttpEffect(service.url, profile=quick, timeout_s=0.3) as http:
+        session = http_run(tmp_path, http).start("r1")
+        assert session.step().reason == "adapter_unavailable"  # sent, timed out: unknown
+        assert session.step().reason == "in_flight"  # the service still holds the key
+        time.sleep(0.6)
+        outcome = session.step()
+        assert outcome.state.phase is Phase.NEEDS_REVIEW
+        assert outcome.state.review_cases[0].reason == "outcome_unknown"
+        assert "in flight" in outcome.state.review_cases[0].detail
+    time.sleep(2.5)  # the slow handler finishes: one ticket, from the one request
+    assert len(service.tickets()) == 1

@@ -222,6 +222,7 @@ LOOKUPS = {
     "absent": LookupAnswer(LookupStatus.ABSENT),
     "in_progress": LookupAnswer(LookupStatus.IN_PROGRESS, detail="busy"),
     "unavailable": LookupAnswer(LookupStatus.UNAVAILABLE, detail="down"),
+    "refused": LookupAnswer(LookupStatus.REFUSED, detail="400 title is required"),
 }
 
 
@@ -270,6 +271,14 @@ def test_after_lookup_follows_the_table(
         assert got == (OutcomeKind.IN_FLIGHT, "in_flight", (), None, None)
     elif answer_name == "unavailable":
         assert got == (OutcomeKind.RETRY_LATER, "adapter_unavailable", (), None, None)
+    elif answer_name == "refused":
+        assert got == (
+            OutcomeKind.REJECTED,
+            "refused",
+            (EffectStatus.REJECTED,),
+            None,
+            Phase.RUNNING,
+        )
     elif final or caps.idempotent:
         if gate_blocks(caps, approval, live):
             assert got[0] in WAIT and t.state is None
@@ -393,3 +402,58 @@ def test_a_look_up_carries_the_pending_intent() -> None:
         state_with(EffectStatus.DISPATCHED, "not_needed"), facts(caps, "not_needed", PRE)
     )
     assert t.call == Lookup(KEY, INTENT)
+
+
+@pytest.mark.parametrize("age", [60, 901])
+@pytest.mark.parametrize("by", ["lookup", "execute"])
+def test_a_key_in_flight_past_the_adapters_limit_goes_to_review(age: int, by: str) -> None:
+    """In flight is waited out up to the limit, counted from dispatch; past it, review."""
+    caps = Capabilities(
+        idempotent=False, queryable=True, conditional_writes=False, in_flight_limit_s=900
+    )
+    state = state_with(EffectStatus.DISPATCHED, "not_needed")
+    pending = state.pending
+    assert pending is not None
+    # Proposed long ago (it waited for a person), dispatched `age` seconds before now.
+    state = state.evolve(
+        pending=replace(
+            pending, proposed_at=NOW - timedelta(days=2), dispatched_at=NOW - timedelta(seconds=age)
+        )
+    )
+    f = facts(caps, "not_needed", PRE)
+    if by == "lookup":
+        t = settle_rules.after_lookup(
+            state, f, LookupAnswer(LookupStatus.IN_PROGRESS, detail="busy")
+        )
+    else:
+        call = Execute(KEY, INTENT, PRE, retry=True)
+        t = settle_rules.after_execute(state, f, call, ExecuteAnswer(ExecuteStatus.IN_PROGRESS))
+    check_committable(t)
+    if age <= 900:
+        assert summary(t) == (OutcomeKind.IN_FLIGHT, "in_flight", (), None, None)
+    else:
+        assert summary(t) == (
+            OutcomeKind.FROZEN,
+            "outcome_unknown",
+            (EffectStatus.OUTCOME_UNKNOWN,),
+            None,
+            Phase.NEEDS_REVIEW,
+        )
+        assert t.state is not None and "in flight" in t.state.review_cases[0].detail
+
+
+def test_dispatch_records_when_the_write_first_left() -> None:
+    """The commit that says dispatched stamps the time the in-flight limit counts from."""
+    caps = Capabilities(idempotent=True, queryable=True, conditional_writes=False)
+    t = settle_rules.settle(
+        state_with(EffectStatus.INTENDED, "not_needed"), facts(caps, "not_needed", PRE)
+    )
+    assert t.state is not None and t.state.pending is not None
+    assert t.state.pending.dispatched_at == NOW
+    doc = t.state.to_json()
+    again = RunState.from_json(doc).pending
+    assert again is not None and again.dispatched_at == NOW
+    # A checkpoint written before the field existed still parses, with no time.
+    del doc["pending"]["dispatched_at"]  # type: ignore[index, union-attr, attr-defined]
+    older = RunState.from_json(doc).pending
+    assert older is not None and older.dispatched_at is None

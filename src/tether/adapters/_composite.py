@@ -110,6 +110,7 @@ class Adapters:
         """The weakest promise of all members (per-kind promises: ``capabilities_of``)."""
         caps = [m.capabilities for m in self.members]
         retention = [c.retention_s for c in caps if c.retention_s is not None]
+        limits = [c.in_flight_limit_s for c in caps if c.in_flight_limit_s is not None]
         return Capabilities(
             idempotent=all(c.idempotent for c in caps),
             queryable=all(c.queryable for c in caps),
@@ -117,6 +118,7 @@ class Adapters:
             fencing=any(c.fencing for c in caps),  # members that do not fence ignore it
             absent_is_final=all(c.absent_is_final for c in caps),
             retention_s=min(retention) if retention else None,
+            in_flight_limit_s=min(limits) if limits else None,
             stateful=self._state is not None,
         )
 

@@ -92,7 +92,10 @@ class ServiceProfile:
     (it executes again). ``refuses_in_flight``: a second request while the
     first is still running gets 409. ``detects_mismatch``: the same key with
     another payload gets 422. ``retention_s``: keys are kept at least this
-    long (``None``: for ever). ``lookup``: the path, relative to the base URL,
+    long (``None``: for ever). ``in_flight_limit_s``: a key the service still
+    reports in flight this long after it was sent is stuck (a handler that
+    crashed holding it); the effect goes to review (``None``: wait for ever).
+    ``lookup``: the path, relative to the base URL,
     that answers for a key (``{key}`` is replaced), in the reference service's
     format; ``None``: the service cannot be asked. ``identity``: a path
     answering ``{"instance_id": ...}``; ``None``: the base URL alone names
@@ -110,6 +113,7 @@ class ServiceProfile:
     committed_at_field: str | None = None
     in_flight_retries: int = 5
     in_flight_wait_s: float = 0.1
+    in_flight_limit_s: float | None = 900.0
 
     def __post_init__(self) -> None:
         if self.replay not in _REPLAYS:
@@ -118,6 +122,8 @@ class ServiceProfile:
             raise HttpConfigError("retention_s must be positive and at most ten years")
         if not 0 <= self.in_flight_retries <= 100 or not 0 <= self.in_flight_wait_s <= 60:
             raise HttpConfigError("in_flight_retries must be 0-100 and in_flight_wait_s 0-60")
+        if self.in_flight_limit_s is not None and not 0 < self.in_flight_limit_s <= 30 * 86400:
+            raise HttpConfigError("in_flight_limit_s must be positive and at most 30 days")
         if self.lookup is not None and "{key}" not in self.lookup:
             raise HttpConfigError("a lookup path must contain {key}")
 
@@ -171,6 +177,7 @@ class HttpEffect(RemoteEffect):
             fencing=profile.fencing,
             absent_is_final=profile.deduplicates,
             retention_s=profile.retention_s,
+            in_flight_limit_s=profile.in_flight_limit_s,
             stateful=False,
         )
 
@@ -354,8 +361,6 @@ class HttpEffect(RemoteEffect):
         if not isinstance(response, dict) or not isinstance(response.get("status"), int):
             raise AdapterUnavailableError(f"the look-up for key {key} returned no response")
         status = response["status"]
-        if not 200 <= status < 300:
-            return None  # the service refused that request: nothing landed, and none will
         ours = "sha256:service-" + str(record.get("fingerprint", ""))
         if intent is not None:
             sent = reference_fingerprint(
@@ -363,6 +368,12 @@ class HttpEffect(RemoteEffect):
             )
             if record.get("fingerprint") in (None, sent):
                 ours = intent.digest  # tether mints one key per intent: the record is this intent
+        if 400 <= status < 500 and intent is not None and ours == intent.digest:
+            # The service stored its refusal of this very request: nothing landed,
+            # and a resend would only be answered with the same refusal.
+            raise RequestRefusedError(intent.target, status, json.dumps(response.get("body")))
+        if not 200 <= status < 300:
+            return None  # nothing landed under this key for this request
         return self._receipt(key, ours, status, response.get("body"), self.environment())
 
     def _get_json(self, path: str, what: str, *, missing_ok: bool = False) -> Any:

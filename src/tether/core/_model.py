@@ -62,6 +62,11 @@ class Capabilities:
     #: the same key may be a second effect: an older unsettled write goes to
     #: review.
     retention_s: float | None = None
+    #: A key the adapter still reports in flight this many seconds after it was
+    #: dispatched is stuck (a handler that crashed holding it, say): the effect
+    #: may never finish or may have landed, so a person decides (``None``: wait
+    #: for ever).
+    in_flight_limit_s: float | None = None
     #: The adapter's environment records its effects (a workspace): a receipt's
     #: post-state is the environment after the write. ``False`` for a remote
     #: service or a mail server, whose environment is its identity alone: their
@@ -231,6 +236,8 @@ class PendingWrite:
     approvals: tuple[dict[str, Any], ...] = ()
     nonces: tuple[str, ...] = ()
     mutating: bool = True
+    #: When the signed state first said ``dispatched`` (``None`` before).
+    dispatched_at: datetime | None = None
 
     def to_json(self) -> dict[str, JSONValue]:
         return {
@@ -247,6 +254,9 @@ class PendingWrite:
             "approvals": list(self.approvals),
             "nonces": list(self.nonces),
             "mutating": self.mutating,
+            "dispatched_at": None
+            if self.dispatched_at is None
+            else format_time(self.dispatched_at),
         }
 
     @classmethod
@@ -273,6 +283,10 @@ class PendingWrite:
             approvals=tuple(approvals),
             nonces=f.str_list("nonces"),
             mutating=f.bool("mutating"),
+            # Absent from checkpoints written before the field existed.
+            dispatched_at=None
+            if f.optional_raw("dispatched_at") is None
+            else parse_time(f, "dispatched_at"),
         )
         f.done()
         return pending

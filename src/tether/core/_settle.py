@@ -23,7 +23,10 @@ look-up answer                      after_lookup
 ==================================  ===========================================
 committed, same intent digest       reconcile (below)
 committed, other intent digest      key_conflict -> needs_review
-in progress                         wait; never send while one may be in flight
+in progress                         wait; never send while one may be in flight;
+                                    in flight past the adapter's limit since
+                                    dispatch: outcome unknown -> needs_review
+refused (recorded as refused)       rejected; the run goes on
 unavailable                         retry later, nothing changes
 absent, final or idempotent        approval gate; send again, same key (a
                                     retry: a refusal means outcome unknown);
@@ -40,7 +43,7 @@ conflict (same key, other intent)   key_conflict -> needs_review
 precondition failed, first send     rejected; the run goes on
 precondition failed, a retry        outcome unknown -> needs_review (the first
                                     attempt may have landed)
-in progress                         wait
+in progress                         wait (past the limit: as for a look-up)
 unavailable, blind adapter          outcome unknown -> needs_review
 unavailable, otherwise              retry later (still ``dispatched``)
 ==================================  ===========================================
@@ -143,7 +146,9 @@ def dispatch(state: RunState, facts: Facts) -> Transition:
     if pending.status is EffectStatus.DISPATCHED:
         # Committed as dispatched by the step that made it pending, in this session.
         return Transition(OutcomeKind.EXECUTED, call=call)
-    dispatched = state.evolve(pending=replace(pending, status=EffectStatus.DISPATCHED))
+    dispatched = state.evolve(
+        pending=replace(pending, status=EffectStatus.DISPATCHED, dispatched_at=facts.now)
+    )
     return Transition(
         OutcomeKind.EXECUTED,
         state=dispatched,
@@ -183,11 +188,15 @@ def after_lookup(state: RunState, facts: Facts, answer: LookupAnswer) -> Transit
     if answer.status is LookupStatus.COMMITTED and answer.receipt is not None:
         return reconcile(state, facts, answer.receipt, fresh=False)
     if answer.status is LookupStatus.IN_PROGRESS:
-        return Transition(
+        return _stuck(state, facts, answer.detail) or Transition(
             OutcomeKind.IN_FLIGHT,
             reason="in_flight",
             message=answer.detail or "an earlier attempt under this key is still in flight",
         )
+    if answer.status is LookupStatus.REFUSED:
+        # The adapter recorded that it refused this very request: nothing
+        # landed, and a resend under the key would only get the refusal again.
+        return _rejected(state, "refused", answer.detail)
     if answer.status is LookupStatus.UNAVAILABLE:
         return Transition(
             OutcomeKind.RETRY_LATER,
@@ -236,11 +245,45 @@ def _past_retention(state: RunState, facts: Facts) -> Transition | None:
     )
 
 
+def _stuck(state: RunState, facts: Facts, detail: str) -> Transition | None:
+    """A freeze when the key has been in flight past the adapter's limit, else ``None``."""
+    pending = _pending(state)
+    limit = facts.capabilities.in_flight_limit_s
+    if limit is None:
+        return None
+    age = (facts.now - (pending.dispatched_at or pending.proposed_at)).total_seconds()
+    if age <= limit:
+        return None
+    return freeze(
+        state,
+        facts,
+        "outcome_unknown",
+        None,
+        f"key {pending.idempotency_key} is still in flight {age:.0f} s after it was dispatched, "
+        f"past the {limit:g} s the adapter allows ({detail or 'no detail'}): the request may "
+        "never finish, or may have landed; a person must decide",
+        ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
+    )
+
+
+def _rejected(state: RunState, reason: str, detail: str) -> Transition:
+    """The pending write was refused and nothing landed: the run goes on without it."""
+    pending = _pending(state)
+    return Transition(
+        OutcomeKind.REJECTED,
+        state=state.evolve(phase=Phase.RUNNING, pending=None),
+        events=(("effect_rejected", {"action_id": pending.action_id, "reason": detail}),),
+        ledger=(LedgerNote(EffectStatus.REJECTED),),
+        reason=reason,
+        message=detail,
+    )
+
+
 def after_execute(
     state: RunState, facts: Facts, call: Execute, answer: ExecuteAnswer
 ) -> Transition:
     """Act on the adapter's answer to a send."""
-    pending = _pending(state)
+    _pending(state)  # a caller bug to ask with nothing pending
     if answer.status is ExecuteStatus.COMMITTED and answer.receipt is not None:
         return reconcile(state, facts, answer.receipt, fresh=call.known_absent or not call.retry)
     if answer.status is ExecuteStatus.CONFLICT:
@@ -262,18 +305,11 @@ def after_execute(
                 "adapter holds no receipt; the first attempt may have landed",
                 ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
             )
-        return Transition(
-            OutcomeKind.REJECTED,
-            state=state.evolve(phase=Phase.RUNNING, pending=None),
-            events=(
-                ("effect_rejected", {"action_id": pending.action_id, "reason": answer.detail}),
-            ),
-            ledger=(LedgerNote(EffectStatus.REJECTED),),
-            reason="precondition_failed",
-            message=answer.detail,
-        )
+        return _rejected(state, "precondition_failed", answer.detail)
     if answer.status is ExecuteStatus.IN_PROGRESS:
-        return Transition(OutcomeKind.IN_FLIGHT, reason="in_flight", message=answer.detail)
+        return _stuck(state, facts, answer.detail) or Transition(
+            OutcomeKind.IN_FLIGHT, reason="in_flight", message=answer.detail
+        )
     if facts.capabilities.blind:
         return freeze(
             state,

@@ -122,6 +122,7 @@ def _pend(
         cost=proposal.cost,
         status=status,
         mutating=mutating,
+        dispatched_at=now if status is EffectStatus.DISPATCHED else None,
     )
     return state.evolve(
         phase=Phase.PENDING,

@@ -127,6 +127,8 @@ class LookupStatus(StrEnum):
     ABSENT = "absent"
     IN_PROGRESS = "in_progress"
     UNAVAILABLE = "unavailable"
+    #: The adapter recorded this request under the key and refused it: nothing landed.
+    REFUSED = "refused"
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,9 @@ def ask(adapter: Adapter, call: Lookup) -> LookupAnswer:
         return LookupAnswer(LookupStatus.IN_PROGRESS, detail=str(exc))
     except AdapterUnavailableError as exc:
         return LookupAnswer(LookupStatus.UNAVAILABLE, detail=str(exc))
+    except PreconditionFailedError as exc:
+        # A look-up that finds the request refused (a stored 4xx) says so this way.
+        return LookupAnswer(LookupStatus.REFUSED, detail=str(exc))
     if receipt is None:
         return LookupAnswer(LookupStatus.ABSENT)
     return LookupAnswer(LookupStatus.COMMITTED, receipt)

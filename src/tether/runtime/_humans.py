@@ -20,6 +20,7 @@ from tether.core import (
     Phase,
     Policy,
     PolicyError,
+    PreconditionFailedError,
     Receipt,
     ReviewDriftError,
     RunFrozenError,
@@ -233,7 +234,7 @@ def _reread(
     )
     kind = None if intent is None else intent.kind
     queryable = capabilities_of(rt.adapter, kind).queryable and bool(case.idempotency_key)
-    receipt = look_up(rt.adapter, case.idempotency_key, intent) if queryable else None
+    receipt = _receipt_under(rt, case.idempotency_key, intent) if queryable else None
     if live != case.environment:
         why = f"the environment changed since the case was opened (now version {live.version})"
         return why, live, receipt
@@ -245,6 +246,14 @@ def _reread(
             receipt,
         )
     return None
+
+
+def _receipt_under(rt: Runtime, key: str, intent: Any) -> Receipt | None:
+    """The adapter's receipt under ``key``; a request it recorded as refused has none."""
+    try:
+        return look_up(rt.adapter, key, intent)
+    except PreconditionFailedError:
+        return None
 
 
 def _trust(rt: Runtime) -> TrustRoots:
