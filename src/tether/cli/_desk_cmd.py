@@ -101,7 +101,8 @@ def _run(paths: _demo.DemoPaths, crash_at: str | None, hit: int) -> dict[str, An
     if first.returncode != -signal.SIGKILL:
         raise TetherError(
             f"the run did not reach crash point {crash_at} (hit {hit}); "
-            f"exit {first.returncode}: {_tail(first.stderr)}"
+            f"exit {first.returncode}: {_tail(first.stderr)}; a smaller --crash-hit reaches it "
+            "(the effect windows fire once per effect: hits 1-3)"
         )
     second = child(paths, "recover", None, 1, SCENARIO)
     if second.returncode != 0:
@@ -115,6 +116,14 @@ def _resolve_review(paths: _demo.DemoPaths, services: _desk.DeskServices) -> dic
     if state.phase is not Phase.NEEDS_REVIEW or not state.review_cases:
         return None
     case = state.review_cases[0]
+    if case.action_id != "email-customer":
+        # Only the email's fate can be read off a system the demo owns; any other
+        # case is a person's call, and the demo does not guess it.
+        raise TetherError(
+            f"the run froze on case {case.case_id} ({case.reason}, {case.action_id}), which the "
+            f"demo cannot judge; read it with `tether inspect {_demo.RUN_ID} --db {paths.db}` "
+            f"and decide it with `tether review`"
+        )
     wanted = _desk.message_for(case.idempotency_key)
     found = wanted in _desk.delivered(services.maildir)
     # The email left before the kill; if the mailbox holds it the customer has it,
