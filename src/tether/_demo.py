@@ -11,10 +11,10 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tether.adapters import FileWorkspace
+from tether.adapters import Adapter, FileWorkspace
 from tether.core import Observation, Policy, Proposal, TaskSpec, TetherError
 from tether.crypto import Keyring, Signer, TrustRoots
-from tether.runtime import AgentContext, CrashPlan, Decision, Runtime
+from tether.runtime import Agent, AgentContext, CrashPlan, Decision, Runtime
 from tether.store import SQLBase, SQLiteStore, open_store
 
 BUGGY = "def add(a, b):\n    return a - b\n"
@@ -30,7 +30,7 @@ TEST = (
 VERIFIER = ("python", "-m", "unittest", "-q", "test_calc")
 RUN_ID = "demo-run"
 
-SCENARIOS = ("repair", "approval", "conflict")
+SCENARIOS = ("repair", "approval", "conflict", "support-desk")
 
 
 def policy_doc(scenario: str) -> dict[str, object]:
@@ -183,23 +183,28 @@ def open_demo_store(paths: DemoPaths) -> SQLBase:
 
 def runtime(
     paths: DemoPaths,
-    ws: FileWorkspace,
+    adapter: Adapter,
     crash: CrashPlan | None = None,
     *,
     store: SQLBase | None = None,
     lease_ttl_s: float | None = None,
+    agent: Agent | None = None,
 ) -> Runtime:
-    """A runtime over the demo's files; ``paths.marks`` puts the mark in its own database."""
+    """A runtime over the demo's files; ``paths.marks`` puts the mark in its own database.
+
+    ``adapter`` and ``agent`` default to nothing: the repair scenario passes its
+    workspace, the support desk its three adapters and its own agent.
+    """
     store = store if store is not None else open_demo_store(paths)
     marks = SQLiteStore(paths.marks) if paths.marks is not None else None
     return Runtime(
         store=store,
         marks=marks,
         keyring=keyring(paths),
-        adapter=ws,
+        adapter=adapter,
         task=TaskSpec.from_json(paths.task.read_bytes()),
         policy=Policy.from_json(paths.policy.read_bytes()),
-        agent=RepairAgent(),
+        agent=agent if agent is not None else RepairAgent(),
         crash=crash or CrashPlan(),
         worker=f"pid-{os.getpid()}",
         trust=TrustRoots.from_file(paths.trust) if paths.trust.exists() else None,

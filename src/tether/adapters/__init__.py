@@ -35,7 +35,7 @@ from tether.adapters._httpfields import (
     sf_string,
 )
 from tether.adapters._sandbox import Sandbox
-from tether.adapters._smtp import MaildirLookup, SmtpConfigError, SmtpEffect
+from tether.adapters._smtp import MaildirLookup, SmtpConfigError, SmtpEffect, message_id
 from tether.adapters._workspace import FileWorkspace
 from tether.core import Capabilities
 
@@ -73,6 +73,7 @@ __all__ = [
     "capabilities_of",
     "fence_header",
     "look_up",
+    "message_id",
     "namespace_of",
     "parse_fence",
     "parse_sf_string",

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tether._demo import SCENARIOS
 from tether.cli._demo_cmd import cmd_demo, cmd_demo_child
 from tether.cli._inspect import cmd_inspect, cmd_verify
 from tether.cli._sign import cmd_approve, cmd_keys_new, cmd_review
@@ -62,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="repair a file in a real workspace, optionally crashing and recovering",
         description="Run a scripted agent that repairs calc.py in a temporary workspace, "
         "verifies it with a test command and finishes. With --crash-at it kills itself "
-        "(SIGKILL) at that point and recovers the run in a new process.",
+        "(SIGKILL) at that point and recovers the run in a new process. "
+        "--scenario support-desk runs a reply file, a ticket service over HTTP and a mail "
+        "server over SMTP instead, and counts what each of them received.",
     )
     demo.add_argument(
         "--crash-at",
@@ -90,10 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print one JSON object")
     demo.add_argument(
         "--scenario",
-        choices=["repair", "approval", "conflict"],
+        choices=list(SCENARIOS),
         default="repair",
         help="approval: an approval expires while the run is down and a person refreshes it; "
-        "conflict: same key, different intent, resolved by a signed replan",
+        "conflict: same key, different intent, resolved by a signed replan; "
+        "support-desk: write a reply file, open a ticket over HTTP and email the customer "
+        "over SMTP (needs tether[demo])",
+    )
+    demo.add_argument(
+        "--mail-lookup",
+        action="store_true",
+        help="support-desk: let the SMTP adapter search the mail server's Maildir, so an "
+        "uncertain email is reconciled instead of going to review",
     )
     demo.set_defaults(func=cmd_demo)
 
@@ -106,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     child.add_argument("--workspace", type=Path, required=True)
     child.add_argument("--crash-at", choices=[p.value for p in CrashPoint])
     child.add_argument("--crash-hit", type=int, default=1)
+    child.add_argument("--scenario", choices=list(SCENARIOS), default="repair")
     child.set_defaults(func=cmd_demo_child)
 
     for name, helptext, func in (

@@ -7,8 +7,6 @@ import json
 import os
 import secrets
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -17,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from tether import _demo
-from tether.cli import _sign
+from tether.cli import _desk_cmd, _sign
+from tether.cli._demo_child import child
 from tether.core import Phase, RunState, TetherError, new_approval, new_decision
 from tether.crypto import Signer
 from tether.runtime import Checkpointer, CrashPlan, CrashPoint
@@ -29,6 +28,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         for point in CrashPoint:
             print(point.value)
         return 0
+    if args.mail_lookup and args.scenario != "support-desk":
+        raise TetherError("--mail-lookup belongs to --scenario support-desk; drop it or add that")
     # The demo keeps its files for `tether inspect`; a temp dir only when asked for none.
     if args.db is not None and args.workspace is not None:
         base = args.db.parent
@@ -42,6 +43,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     paths = _demo.DemoPaths.under(base, args.db, args.workspace, marks)
     if paths.db.exists():
         raise TetherError(f"{paths.db} already exists; give the demo a fresh --db")
+    if args.scenario == "support-desk":
+        return _desk_cmd.cmd_desk(args, paths)
     _demo.prepare(paths, args.scenario)
     crashed: dict[str, Any] | None = None
     story: list[str] = []
@@ -54,13 +57,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         with _demo.workspace(paths) as ws:
             _demo.runtime(paths, ws).start(_demo.RUN_ID).run()
     else:
-        first = _child(paths, "start", args.crash_at, args.crash_hit)
+        first = child(paths, "start", args.crash_at, args.crash_hit)
         if first.returncode != -signal.SIGKILL:
             raise TetherError(
                 f"the run did not reach crash point {args.crash_at} (hit {args.crash_hit}); "
                 f"exit {first.returncode}: {first.stderr.strip()[-400:]}"
             )
-        second = _child(paths, "recover", None, 1)
+        second = child(paths, "recover", None, 1)
         if second.returncode != 0:
             raise TetherError(
                 f"recovery failed (exit {second.returncode}): {second.stderr.strip()}"
@@ -77,7 +80,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _stage(paths: _demo.DemoPaths, stage: str, crash_at: str | None = None) -> None:
-    result = _child(paths, stage, crash_at, 1)
+    result = child(paths, stage, crash_at, 1)
     expected = -signal.SIGKILL if crash_at is not None else 0
     if result.returncode != expected:
         raise TetherError(
@@ -171,35 +174,14 @@ def _conflict_story(paths: _demo.DemoPaths, story: list[str]) -> None:
     )
 
 
-def _child(
-    paths: _demo.DemoPaths, stage: str, crash_at: str | None, hit: int
-) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "tether.cli",
-        "_demo-child",
-        stage,
-        "--db",
-        str(paths.db),
-        "--workspace",
-        str(paths.workspace),
-    ]
-    if paths.marks is not None:
-        cmd += ["--marks", str(paths.marks)]
-    if crash_at is not None:
-        cmd += ["--crash-at", crash_at, "--crash-hit", str(hit)]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
-    )
-
-
 def cmd_demo_child(args: argparse.Namespace) -> int:
     paths = _demo.DemoPaths.under(args.db.parent, args.db, args.workspace, args.marks)
     paths = replace(paths, store_url=args.store)
     crash = CrashPlan()
     if args.crash_at is not None:
         crash = CrashPlan(CrashPoint(args.crash_at), nth=args.crash_hit, mode="kill")
+    if args.scenario == "support-desk":
+        return _desk_cmd.run_stage(paths, args.stage, crash, lease_ttl_s=args.lease_ttl)
     with _demo.workspace(paths) as ws:
         rt = _demo.runtime(paths, ws, crash, lease_ttl_s=args.lease_ttl)
         if args.stage == "start":

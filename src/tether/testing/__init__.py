@@ -10,6 +10,9 @@
   promises an adapter declares against what its world really received.
 - :mod:`tether.testing.effects_service`: the reference HTTP effects service
   (``python -m tether.testing.effects_service --db FILE``).
+- :mod:`tether.testing.mail_server`: a reference SMTP server delivering into
+  a Maildir (``python -m tether.testing.mail_server --maildir DIR``; needs
+  ``tether[demo]``).
 - :class:`CrashPlan`, :class:`CrashPoint`, :class:`SimulatedCrash`: arm a
   named crash window (raise, or SIGKILL the process) in a ``Runtime``.
 

@@ -1,0 +1,167 @@
+"""`tether demo --scenario support-desk`, run as a person types it, counted on each system's side.
+
+Every count these tests trust is read from the real system after the demo
+has stopped it: the workspace's journal, the ticket service's SQLite file
+and the mail server's Maildir. The demo's own report is checked against
+them, never used instead of them.
+"""
+
+from __future__ import annotations
+
+import json
+import mailbox
+import socket
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tether import _demo
+from tether.adapters import FileWorkspace
+
+pytestmark = pytest.mark.slow
+
+
+def desk(tmp_path: Path, *args: str) -> dict[str, Any]:
+    """The demo's JSON report; the demo must exit 0."""
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "tether.cli", "demo", "--scenario", "support-desk", "--json"),
+            *("--db", str(tmp_path / "t.sqlite"), "--workspace", str(tmp_path / "ws"), *args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    report: dict[str, Any] = json.loads(result.stdout)
+    return report
+
+
+def world(tmp_path: Path, report: dict[str, Any]) -> tuple[int, int, int]:
+    """File writes the workspace journaled, tickets in the service's file, delivered messages."""
+    paths = _demo.DemoPaths.under(tmp_path, tmp_path / "t.sqlite", tmp_path / "ws")
+    with FileWorkspace(paths.workspace, paths.journal) as workspace:
+        files = workspace.write_count()
+    services = report["services"]
+    with sqlite3.connect(services["ticket_db"]) as db:
+        (tickets,) = db.execute("SELECT count(*) FROM tickets").fetchone()
+    messages = len(list(mailbox.Maildir(services["maildir"], create=False).iterkeys()))
+    return files, tickets, messages
+
+
+def listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+def test_support_desk_without_a_crash_lands_one_of_each_and_stops_its_services(
+    tmp_path: Path,
+) -> None:
+    """One process writes the reply, opens one ticket, sends one email, and both services stop."""
+    report = desk(tmp_path)
+    assert report["phase"] == "completed" and report["crash"] is None and report["review"] is None
+    assert world(tmp_path, report) == (1, 1, 1)
+    assert report["received"] == {"file_writes": 1, "tickets": 1, "messages": 1}
+    assert {a: e["status"] for a, e in report["effects"].items()} == {
+        "write-reply": "committed",
+        "open-ticket": "committed",
+        "email-customer": "committed",
+    }
+    services = report["services"]
+    host, url_port = services["ticket_url"].removeprefix("http://").split(":")
+    assert not listening(host, int(url_port))
+    assert not listening(services["smtp_host"], services["smtp_port"])
+
+
+@pytest.mark.parametrize("hit", [1, 2])
+def test_a_kill_after_the_file_or_the_ticket_left_is_reconciled(tmp_path: Path, hit: int) -> None:
+    """SIGKILL after the reply or the ticket was sent: the new process asks its owner; one each."""
+    report = desk(tmp_path, "--crash-at", "effect_sent", "--crash-hit", str(hit))
+    assert report["phase"] == "completed" and report["review"] is None
+    assert report["crash"] == {"point": "effect_sent", "hit": hit, "signal": "SIGKILL"}
+    assert world(tmp_path, report) == (1, 1, 1)
+    in_flight = ["write-reply", "open-ticket"][hit - 1]
+    assert report["processes"][0]["in_flight"] == in_flight
+    assert "effect_reconciled" in report["processes"][1]["events"]
+
+
+def test_a_kill_after_the_email_left_goes_to_review_and_a_signed_replan_resolves_it(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL after the email: frozen in needs_review, the reviewer finds it delivered, 1 message."""
+    report = desk(tmp_path, "--crash-at", "effect_sent", "--crash-hit", "3")
+    assert world(tmp_path, report) == (1, 1, 1)
+    review = report["review"]
+    assert review["case"]["reason"] == "outcome_unknown"
+    assert review["case"]["action_id"] == "email-customer"
+    assert review["found_in_mailbox"] is True and review["decision"] == "replan"
+    maildir = mailbox.Maildir(report["services"]["maildir"], create=False)
+    assert [m["Message-ID"] for m in maildir] == [review["searched_for"]]
+    # Process 2 froze the run; process 3 took the signed decision and finished.
+    assert "needs_review" in report["processes"][1]["events"]
+    assert "review_sealed" in report["processes"][2]["events"]
+    assert report["phase"] == "completed" and report["epoch"] == 3
+    email = report["effects"]["email-customer"]
+    assert email["status"] == "outcome_unknown" and email["quarantined"] is True
+
+
+def test_with_the_mailbox_searchable_the_uncertain_email_is_reconciled(tmp_path: Path) -> None:
+    """--mail-lookup: the same kill is settled by finding the Message-ID, with no review."""
+    report = desk(tmp_path, "--mail-lookup", "--crash-at", "effect_sent", "--crash-hit", "3")
+    assert report["phase"] == "completed" and report["review"] is None
+    assert report["effects"]["email-customer"]["status"] == "committed"
+    assert world(tmp_path, report) == (1, 1, 1)
+
+
+def test_text_output_tells_the_kill_the_review_and_the_counts(tmp_path: Path) -> None:
+    """Without --json the demo narrates each process, the reviewer and what each system got."""
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "tether.cli", "demo", "--scenario", "support-desk"),
+            *("--crash-at", "effect_sent", "--crash-hit", "3", "--db", str(tmp_path / "t.sqlite")),
+            *("--workspace", str(tmp_path / "ws")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        check=True,
+    )
+    out = result.stdout
+    assert "killed (SIGKILL) at effect_sent hit 3: the email was sent" in out
+    assert "froze in needs_review" in out and "signed replan as demo-reviewer" in out
+    assert "workspace 1 file write(s), ticket service 1 ticket(s), mail server 1 message(s)" in out
+    assert "tether review demo-run case-" in out
+
+
+def test_a_missing_mail_server_package_is_one_clear_line(tmp_path: Path) -> None:
+    """Without aiosmtpd the demo exits 1 with one line naming the extra, before it starts anything."""
+    script = (
+        "import sys; sys.modules['aiosmtpd'] = None\n"  # what an absent package looks like
+        "from tether.cli import main\n"
+        f"sys.exit(main(['demo', '--scenario', 'support-desk', "
+        f"'--db', {str(tmp_path / 'd' / 't.sqlite')!r}, '--workspace', {str(tmp_path / 'd' / 'ws')!r}]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "tether: error: DemoSetupError: the support-desk demo needs aiosmtpd: "
+        "pip install 'tether[demo]'"
+    ]
+    assert not (tmp_path / "d").exists()
