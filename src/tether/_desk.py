@@ -133,7 +133,13 @@ def policy_doc() -> dict[str, object]:
         "kinds": {
             "file.write": {"risk": "low", "permission": "workspace.write", "needs_approval": False},
             "http.post": {"risk": "low", "permission": "service.write", "needs_approval": False},
-            "email.send": {"risk": "medium", "permission": "mail.send", "needs_approval": False},
+            # The customer's email is personal: the ledger keeps its digests only.
+            "email.send": {
+                "risk": "medium",
+                "permission": "mail.send",
+                "needs_approval": False,
+                "sensitive": True,
+            },
         },
         "max_risk": "medium",
         "approval_ttl_s": 900,

@@ -118,7 +118,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             else f" {t.kind} {t.target} via {t.adapter} (retry: {t.retry}, "
             f"compensation: {t.compensation}" + (", sensitive" if t.sensitive else "") + ")"
         )
-        print(f"    {entry.idempotency_key} #{entry.seq} {entry.status} {entry.action_id}{what}")
+        print(
+            f"    {entry.idempotency_key} #{entry.seq} {entry.status} {entry.action_id} "
+            f"epoch {entry.epoch}{what}"
+        )
     print(f"  trace ({len(trace)} events)")
     for row in trace:
         print(f"    {row['seq']:>4} {row['at']} {row['kind']}")
