@@ -16,6 +16,7 @@ import functools
 from pathlib import Path
 
 from tether.core import Capabilities, Intent, Receipt
+from tether.runtime import CrashPlan, Runtime
 from tether.testing.crash_example import ExampleApp, Outbox
 
 HONEST_LOOKING = Capabilities(
@@ -59,3 +60,15 @@ def twice(workdir: Path) -> ExampleApp:
 def phantom(workdir: Path) -> ExampleApp:
     """The example app with :class:`PhantomOutbox`."""
     return ExampleApp(workdir, PhantomOutbox)
+
+
+class DeafApp(ExampleApp):
+    """Builds its runtime without the harness's crash plan, so nothing can ever fire."""
+
+    def runtime(self, store: object, run_id: str, crash: CrashPlan) -> Runtime:
+        return super().runtime(store, run_id, CrashPlan())
+
+
+def deaf(workdir: Path) -> ExampleApp:
+    """The example app, deaf to the crash plan."""
+    return DeafApp(workdir)

@@ -115,7 +115,15 @@ class CrashApp(Protocol):
 def load_app(spec: str, workdir: Path) -> CrashApp:
     """Import ``module:factory`` and call it with ``workdir``; it must return a :class:`CrashApp`."""
     factory = cast(Callable[[Path], object], load_factory(spec))
-    app = factory(Path(workdir))
+    try:
+        app = factory(Path(workdir))
+    except TetherError:
+        raise
+    except Exception as exc:  # the user's code: name it, whatever it raised
+        raise CrashHarnessError(
+            f"{spec}(workdir) raised {type(exc).__name__}: {exc}; the factory takes the "
+            "working directory and returns the app"
+        ) from exc
     if not isinstance(app, CrashApp):
         raise CrashHarnessError(
             f"{spec}(workdir) returned {type(app).__name__}, which lacks prepare(run_id), "
@@ -150,44 +158,30 @@ def run_crash_harness(
             raise CrashHarnessError(
                 f"{name} must be a whole number from 1 to {high}, not {value!r}"
             )
-    chosen = list(CrashPoint) if points is None else [CrashPoint(p) for p in points]
+    try:
+        chosen = list(dict.fromkeys(CrashPoint if points is None else map(CrashPoint, points)))
+    except ValueError as exc:
+        known = [p.value for p in CrashPoint]
+        raise CrashHarnessError(f"{exc}; the crash points are {known}") from exc
     made = workdir is None
     home = Path(tempfile.mkdtemp(prefix="tether-crashtest-")) if workdir is None else Path(workdir)
-    home.mkdir(parents=True, exist_ok=True)
-    harness = _Harness(
-        spec=app,
-        app=load_app(app, home),
-        workdir=home,
-        store_url=store_url or f"sqlite:///{home / 'tether.sqlite'}",
-        recoveries=recoveries,
-        timeout_s=child_timeout_s,
-    )
-    baseline = harness.clean_run()
-    wanted = [
-        (point, hit, n)
-        for point in chosen
-        for hit in range(1, baseline.passes.get(point, 0) + 1)
-        for n in range(1, trials + 1)
-    ]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        done = list(pool.map(lambda cell: harness.trial(baseline, *cell), wanted))
-    cells = tuple(
-        Cell(point, hit, tuple(t for t in done if (t.point, t.hit) == (point, hit)))
-        for point in chosen
-        for hit in range(1, baseline.passes.get(point, 0) + 1)
-    )
-    report = CrashReport(
-        app=app,
-        store_url=harness.store_url,
-        workdir=home,
-        trials=trials,
-        recoveries=recoveries,
-        baseline=baseline,
-        cells=cells,
-        unreached=tuple(p for p in chosen if not baseline.passes.get(p)),
-    )
-    if made and report.passed:
-        shutil.rmtree(home, ignore_errors=True)
+    report = None
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        harness = _Harness(
+            spec=app,
+            app=load_app(app, home),
+            workdir=home,
+            store_url=store_url or f"sqlite:///{home / 'tether.sqlite'}",
+            recoveries=recoveries,
+            timeout_s=child_timeout_s,
+        )
+        report = harness.run(chosen, trials, jobs)
+    finally:
+        # A temporary directory outlives only a report that failed: its runs
+        # are what a person opens next. An error says everything itself.
+        if made and (report is None or report.passed):
+            shutil.rmtree(home, ignore_errors=True)
     return report
 
 
@@ -215,6 +209,29 @@ class _Harness:
         # One store may serve many harness runs: ids carry this run's token.
         self.token = secrets.token_hex(3)
         self.env = _child_env(spec)
+
+    def run(self, chosen: list[CrashPoint], trials: int, jobs: int) -> CrashReport:
+        """The clean run, then ``trials`` trials at every pass of every chosen point."""
+        baseline = self.clean_run()
+        cells = [
+            (point, hit) for point in chosen for hit in range(1, baseline.passes.get(point, 0) + 1)
+        ]
+        wanted = [(point, hit, n) for point, hit in cells for n in range(1, trials + 1)]
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            done = list(pool.map(lambda each: self.trial(baseline, *each), wanted))
+        return CrashReport(
+            app=self.spec,
+            store_url=self.store_url,
+            workdir=self.workdir,
+            trials=trials,
+            recoveries=self.recoveries,
+            baseline=baseline,
+            cells=tuple(
+                Cell(point, hit, tuple(t for t in done if (t.point, t.hit) == (point, hit)))
+                for point, hit in cells
+            ),
+            unreached=tuple(p for p in chosen if not baseline.passes.get(p)),
+        )
 
     def clean_run(self) -> Baseline:
         """The unarmed run: it must end in a settled phase with every effect receipted."""
