@@ -58,7 +58,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, cast, runtime_checkable
 
-from tether.core import TetherError
+from tether.core import Phase, TetherError
 from tether.runtime import CrashPlan, CrashPoint, Runtime, load_factory
 from tether.testing._crashreport import (
     Baseline,
@@ -114,6 +114,8 @@ class CrashApp(Protocol):
 
 def load_app(spec: str, workdir: Path) -> CrashApp:
     """Import ``module:factory`` and call it with ``workdir``; it must return a :class:`CrashApp`."""
+    # The worker's loader does the importing (one way to name module:factory);
+    # its type names a worker's factory, this one takes the working directory.
     factory = cast(Callable[[Path], object], load_factory(spec))
     try:
         app = factory(Path(workdir))
@@ -250,7 +252,7 @@ class _Harness:
                 "the run passed no crash point: build the Runtime with crash=crash "
                 "(the plan the harness hands to runtime())"
             )
-        if settled.phase in {"running", "pending", "needs_review"}:
+        if not Phase(settled.phase).terminal:
             raise CrashHarnessError(
                 f"the app's run ends in {settled.phase} without any crash "
                 f"{list(settled.reviews) or ''}; the harness compares crashed runs with a "
@@ -279,7 +281,13 @@ class _Harness:
         self._prepare(run_id)
 
         def error(detail: str) -> Trial:
-            return Trial(point, hit, run_id, Verdict.ERROR, self._effects(run_id), detail=detail)
+            # The world is shown if it can be counted; a trial that could not
+            # be judged must not stop the others.
+            try:
+                world = self._effects(run_id)
+            except CrashHarnessError as exc:
+                world, detail = {}, f"{detail}; {exc}"
+            return Trial(point, hit, run_id, Verdict.ERROR, world, detail=detail)
 
         killed, _ = self._child("start", run_id, point, hit)
         if killed.returncode != -9:
