@@ -2,7 +2,8 @@
 
 Library errors become CLI errors in one place (:func:`main`). Exit codes:
 0 success; 1 a tether error; 2 bad usage; 3 (``verify``) an integrity
-failure: the checkpoint is not sound.
+failure: the checkpoint is not sound; 4 (``crashtest``) the app repeated an
+effect, lost or invented a receipt, or a trial could not be judged.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tether._demo import SCENARIOS
+from tether.cli._crashtest import add_crashtest
 from tether.cli._demo_cmd import cmd_demo, cmd_demo_child
 from tether.cli._inspect import cmd_inspect, cmd_verify
 from tether.cli._sign import cmd_approve, cmd_keys_new, cmd_review
@@ -288,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("run_id", help="the run to try again")
     retry.add_argument("--store", required=True, help="sqlite:///path.sqlite or postgresql://...")
     retry.set_defaults(func=cmd_retry)
+    add_crashtest(sub, _count)
     return parser
 
 

@@ -8,6 +8,10 @@
   (``from tether.testing.adapter_conformance import *`` and define a
   ``tether_adapter`` fixture returning an ``AdapterSubject``): checks the
   promises an adapter declares against what its world really received.
+- :mod:`tether.testing.crash_harness`: kill your app at every crash point
+  in child processes, recover it, and count what your real systems received
+  (``run_crash_harness("module:factory")``, or ``tether crashtest``);
+  :mod:`tether.testing.crash_example` is an app to run it on and to copy.
 - :mod:`tether.testing.effects_service`: the reference HTTP effects service
   (``python -m tether.testing.effects_service --db FILE``).
 - :mod:`tether.testing.mail_server`: a reference SMTP server delivering into

@@ -1,0 +1,74 @@
+"""Two deliberately broken outboxes in the crash example's app, for the harness to catch.
+
+Both pass a clean run: the lies only matter once a crash makes recovery ask.
+
+- ``twice``: claims to deduplicate and to answer look-ups, but delivers every
+  send as a new message and never finds one: recovery after the send asks,
+  hears "nothing", and the world gets the message again.
+- ``phantom``: its look-up vouches for any key, sent or not: recovery after
+  the intent (before the send) asks, takes the invented receipt, and the
+  message never goes out.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from tether.core import Capabilities, Intent, Receipt
+from tether.runtime import CrashPlan, Runtime
+from tether.testing.crash_example import ExampleApp, Outbox
+
+HONEST_LOOKING = Capabilities(
+    idempotent=True, queryable=True, conditional_writes=False, stateful=False
+)
+
+
+class TwiceOutbox(Outbox):
+    """Declares idempotent and queryable; sends every time and finds nothing."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return HONEST_LOOKING
+
+    def lookup(self, key: str) -> Receipt | None:
+        return None
+
+
+class PhantomOutbox(Outbox):
+    """An honest sender whose look-up answers every key with a receipt it made up."""
+
+    def lookup_intent(self, key: str, intent: Intent) -> Receipt | None:
+        return Receipt(
+            namespace=self.namespace,
+            adapter_version=self.version,
+            receipt_id="msg-invented",
+            idempotency_key=key,
+            intent_digest=intent.digest,
+            result={"to": intent.target},
+            business_object_id="invented",
+            committed_at="2026-12-02T12:00:00Z",
+            post_state=self.environment(),
+        )
+
+
+def twice(workdir: Path) -> ExampleApp:
+    """The example app with :class:`TwiceOutbox`."""
+    return ExampleApp(workdir, functools.partial(TwiceOutbox, dedupe=False))
+
+
+def phantom(workdir: Path) -> ExampleApp:
+    """The example app with :class:`PhantomOutbox`."""
+    return ExampleApp(workdir, PhantomOutbox)
+
+
+class DeafApp(ExampleApp):
+    """Builds its runtime without the harness's crash plan, so nothing can ever fire."""
+
+    def runtime(self, store: object, run_id: str, crash: CrashPlan) -> Runtime:
+        return super().runtime(store, run_id, CrashPlan())
+
+
+def deaf(workdir: Path) -> ExampleApp:
+    """The example app, deaf to the crash plan."""
+    return DeafApp(workdir)
