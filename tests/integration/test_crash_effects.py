@@ -45,13 +45,18 @@ PASSES = {
     P.CHECKPOINT_WRITE: 8,
     P.CONTENT_BEFORE_MARK: 0,
 }
-# The windows between a send and its receipt get the full count of trials;
-# every other pass of every point a few.
+# The three windows of the seed around each send (intent persisted, effect
+# sent, receipt persisted) get the full count of trials for the ticket (hit
+# 2) and the email (hit 3), and effect_sent for the file too; every other
+# pass of every point a few.
 CELLS = [(point, hit) for point, count in PASSES.items() for hit in range(1, count + 1)]
+_WINDOWS = {P.INTENT_PERSISTED, P.EFFECT_SENT, P.RECEIPT_PERSISTED}
 
 
-def trials_for(point: CrashPoint) -> int:
-    return TRIALS if point is P.EFFECT_SENT else 2
+def trials_for(point: CrashPoint, hit: int) -> int:
+    if point is P.EFFECT_SENT or (point in _WINDOWS and hit in {2, 3}):
+        return TRIALS
+    return 2
 
 
 @dataclass
@@ -135,7 +140,7 @@ def test_every_window_of_every_effect_survives_sigkill(
 ) -> None:
     """Kill at the point, recover in a fresh process: at most one of each effect, no loops."""
     with ThreadPoolExecutor(max_workers=2) as pool:
-        done = list(pool.map(lambda _: trial(world, point, hit), range(trials_for(point))))
+        done = list(pool.map(lambda _: trial(world, point, hit), range(trials_for(point, hit))))
     for each in done:
         assert each.killed == -9, each  # the child really died by SIGKILL at the point
         assert each.recovered == 0, each.stderr
