@@ -201,3 +201,30 @@ def test_what_smtp_or_a_header_cannot_carry_is_refused_before_sending(
     """Non-ASCII or control characters in the recipient, any line break in the subject."""
     with pytest.raises(ContractViolationError):
         adapter(25).normalize("email.send", target, {"subject": subject, "body": "b"})
+
+
+def test_a_message_from_another_sender_with_our_message_id_is_not_our_receipt(
+    tmp_path: Path,
+) -> None:
+    """Someone else's mail claiming our Message-ID and intent header can never settle our send."""
+    import smtplib
+    from email.message import EmailMessage
+
+    from tether.adapters import message_id
+
+    maildir = tmp_path / "Maildir"
+    with smtp_server(maildir) as port:
+        smtp = adapter(port, maildir)
+        intent = notification(smtp)
+        forged = EmailMessage()
+        forged["From"] = "mallory@elsewhere.test"
+        forged["To"] = "customer@example.com"
+        forged["Subject"] = "Order 42"
+        forged["Message-ID"] = message_id("k1", smtp.domain)
+        forged["X-Tether-Intent"] = intent.digest
+        forged.set_content("Your order shipped.")
+        with smtplib.SMTP("127.0.0.1", port) as client:
+            client.send_message(forged)
+        found = smtp.lookup("k1")
+    assert found is not None and found.intent_digest != intent.digest
+    assert found.intent_digest == "foreign-sender:mallory@elsewhere.test"

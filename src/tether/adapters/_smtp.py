@@ -250,9 +250,15 @@ class SmtpEffect(RemoteEffect):
         found = self._lookup.find(mid)
         if found is None:
             return None
+        intent_digest = str(found.get(INTENT_HEADER, "")).strip()
+        sender = str(found.get("From", "")).strip()
+        if sender != self.sender:
+            # Not a message this adapter sent, whatever its headers claim: its
+            # receipt can match no intent, so the run freezes with it as evidence.
+            intent_digest = f"foreign-sender:{sender}"
         return self._receipt(
             key,
-            str(found.get(INTENT_HEADER, "")).strip(),
+            intent_digest,
             mid,
             str(found.get("To", "")).strip(),
             str(found.get(SENT_HEADER, "")).strip(),
