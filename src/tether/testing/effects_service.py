@@ -33,6 +33,7 @@ import argparse
 import hashlib
 import json
 import secrets
+import socket
 import sqlite3
 import sys
 import time
@@ -364,10 +365,24 @@ def build_app(db: Path) -> Starlette:
     return EffectsService(ServiceData(db)).app
 
 
+def listen(port: int) -> socket.socket:
+    """A loopback socket listening on ``port`` (0: any free one), for uvicorn to serve.
+
+    Made with ``proto=IPPROTO_TCP``, not 0: asyncio sets ``TCP_NODELAY`` only
+    on connections whose socket names TCP, and uvicorn writes a reply's head
+    and body apart, so without it every reply waits ~40 ms for the client's
+    delayed ACK (Nagle): a stall no real service has, that would swamp what
+    a benchmark or a test measures.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(128)  # connections queue from now on, before uvicorn starts serving
+    return sock
+
+
 def main(argv: list[str] | None = None) -> int:
     """Serve on loopback; print the URL and identity once listening."""
-    import socket
-
     import uvicorn
 
     parser = argparse.ArgumentParser(prog="python -m tether.testing.effects_service")
@@ -375,10 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="loopback port (0: any free one)")
     args = parser.parse_args(argv)
     data = ServiceData(args.db)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", args.port))
-    sock.listen(128)  # connections queue from now on, before uvicorn starts serving
+    sock = listen(args.port)
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         EffectsService(data).app, log_level="warning", access_log=False, lifespan="off"
