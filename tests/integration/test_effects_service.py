@@ -241,3 +241,23 @@ def test_the_service_socket_sends_replies_without_waiting_for_an_ack() -> None:
 
     asyncio.run(serve_one())
     assert seen and seen[0] != 0
+
+
+def test_a_request_for_another_instance_is_421_and_leaves_no_trace(
+    service: EffectsService,
+) -> None:
+    """Tether-Instance naming another database: 421 before the key is taken; the right one passes."""
+    wrong = {"Tether-Instance": sf_string("svc-elsewhere")}
+    refused = post(service, "k1", {"title": "a"}, **wrong)
+    assert refused.status_code == 421 and refused.json()["error"] == "wrong_instance"
+    assert parse_sf_string(refused.headers["Tether-Instance"]) == service.instance_id
+    assert service.client.get("/idempotency/k1", headers=wrong).status_code == 421
+    assert service.client.get("/idempotency/k1").status_code == 404  # the key was never taken
+    assert service.tickets() == []
+    right = {"Tether-Instance": sf_string(service.instance_id)}
+    created = post(service, "k1", {"title": "a"}, **right)
+    assert created.status_code == 201
+    assert parse_sf_string(created.headers["Tether-Instance"]) == service.instance_id
+    found = service.client.get("/idempotency/k1", headers=right)
+    assert found.status_code == 200 and "Tether-Instance" in found.headers
+    assert len(service.tickets()) == 1
