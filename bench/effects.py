@@ -31,7 +31,7 @@ still shows. Target: tether <= 1.5x the bare request.
 
 Run: ``.venv/bin/python bench/effects.py [--effects 400] [--rounds 10]
 [--repeat 3] [--pg DSN] [--dir PATH]``; ``--profile`` instead prints where
-a tether effect's time goes (cProfile, wall clock).
+a tether effect's time goes (cProfile; ``--clock cpu`` for this process's CPU only).
 """
 
 from __future__ import annotations
@@ -308,17 +308,21 @@ def one_repeat(
         return measure(svc, bare, side, args.effects, args.rounds)
 
 
-def profile(base: Path, svc: Service, keyring: Keyring, n: int) -> None:
+def profile(
+    base: Path, svc: Service, keyring: Keyring, n: int, clock: str, out: str | None
+) -> None:
     with SQLiteStore(base / "profile.sqlite") as store, HttpEffect(svc.url) as http:
         side = Tether(store, http, keyring, n)
         for _ in range(WARMUP):
             side.effect()
-        profiler = cProfile.Profile(time.perf_counter)
+        profiler = cProfile.Profile(time.process_time if clock == "cpu" else time.perf_counter)
         profiler.enable()
         for _ in range(n):
             side.effect()
         profiler.disable()
-    print(f"profile of {n} tether HTTP effects (wall clock; SQLite, synchronous=FULL)")
+    if out:
+        profiler.dump_stats(out)
+    print(f"profile of {n} tether HTTP effects ({clock} clock; SQLite, synchronous=FULL)")
     stats = pstats.Stats(profiler, stream=sys.stdout)
     stats.sort_stats("tottime").print_stats(20)
     stats.sort_stats("cumulative").print_stats(40)
@@ -351,11 +355,18 @@ def main(argv: list[str] | None = None) -> int:
         help="where to create the temp dir for the databases (default: the repo's parent)",
     )
     parser.add_argument("--profile", action="store_true", help="only profile tether effects")
+    parser.add_argument(
+        "--clock",
+        default="wall",
+        choices=["wall", "cpu"],
+        help="the profile's clock: wall (waits for the service count) or this process's CPU",
+    )
+    parser.add_argument("--out", help="also write the raw profile here (for pstats, snakeviz)")
     args = parser.parse_args(argv)
     keyring = Keyring.generate("bench-1")
     with bench_dir(args.dir) as base, service(base) as svc:
         if args.profile:
-            profile(base, svc, keyring, args.effects)
+            profile(base, svc, keyring, args.effects, args.clock, args.out)
             return 0
         print(
             f"one HTTP effect (POST /tickets, reference effects service on loopback), "
