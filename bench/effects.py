@@ -23,13 +23,16 @@ for tether (the fence row, identity answers) is charged to tether.
 
 Fairness on a noisy machine: the sides alternate in short rounds and swap
 which goes first every round, each round is paired with its neighbour, and
-the figure reported is the median of the paired ratios; ``--repeat`` does
-the whole measurement again on a fresh run and prints each. Beside wall
+the figure reported is the median of the paired ratios, with beside it the
+median paired difference (the milliseconds tether adds; steadier than the
+ratio, which falls whenever other load slows the service and with it the
+denominator); ``--repeat`` does the whole measurement again on a fresh run
+and prints each, and the verdict takes the median of the repeats. Beside wall
 time it prints CPU per effect: this process's (the client side) and the
 service process's (read from ``/proc``), so a cost moved to the server
 still shows. Target: tether <= 1.5x the bare request.
 
-Run: ``.venv/bin/python bench/effects.py [--effects 400] [--rounds 10]
+Run: ``.venv/bin/python bench/effects.py [--effects 400] [--rounds 20]
 [--repeat 3] [--pg DSN] [--dir PATH]``; ``--profile`` instead prints where
 a tether effect's time goes (cProfile; ``--clock cpu`` for this process's CPU only).
 """
@@ -229,9 +232,14 @@ class Result:
 
     @property
     def ratio(self) -> float:
-        return statistics.median(
-            t.wall / b.wall for b, t in zip(self.bare, self.tether, strict=True)
-        )
+        pairs = zip(self.bare, self.tether, strict=True)
+        return statistics.median(t.wall / b.wall for b, t in pairs)
+
+    @property
+    def added_ms(self) -> float:
+        """What tether adds to one effect, in ms: steadier than the ratio when the service slows."""
+        pairs = zip(self.bare, self.tether, strict=True)
+        return statistics.median(t.wall - b.wall for b, t in pairs) * 1e3
 
     def line(self, name: str) -> str:
         def ms(rounds: list[Round], field: str) -> float:
@@ -240,7 +248,7 @@ class Result:
         b, t = self.bare, self.tether
         return (
             f"  {name:<8} bare {ms(b, 'wall'):6.2f} ms  tether {ms(t, 'wall'):6.2f} ms  "
-            f"ratio {self.ratio:4.2f}x   CPU client {ms(b, 'cpu'):5.2f} / {ms(t, 'cpu'):5.2f} ms  "
+            f"ratio {self.ratio:4.2f}x (+{self.added_ms:5.2f} ms)   CPU client {ms(b, 'cpu'):5.2f} / {ms(t, 'cpu'):5.2f} ms  "
             f"service {ms(b, 'server'):5.2f} / {ms(t, 'server'):5.2f} ms"
         )
 
@@ -340,7 +348,7 @@ def bench_dir(parent: Path) -> Iterator[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--effects", type=int, default=400, help="effects per side per repeat")
-    parser.add_argument("--rounds", type=int, default=10, help="alternations per repeat")
+    parser.add_argument("--rounds", type=int, default=20, help="alternations per repeat")
     parser.add_argument("--repeat", type=int, default=3, help="whole measurements, each printed")
     parser.add_argument(
         "--pg",
@@ -373,7 +381,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.effects} per side per repeat in {args.rounds} alternating rounds; "
             f"{os.cpu_count()} cores; files in {base}"
         )
-        print("  per effect, median of rounds; ratio: median of paired rounds; CPU: bare / tether")
+        print(
+            "  per effect, median of rounds; ratio and what tether adds: median of paired rounds; "
+            "CPU: bare / tether"
+        )
         stores = ["sqlite"] + (["postgres"] if args.pg else [])
         ratios: dict[str, list[float]] = {name: [] for name in stores}
         sent = 0
