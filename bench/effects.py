@@ -33,8 +33,9 @@ service process's (read from ``/proc``), so a cost moved to the server
 still shows. Target: tether <= 1.5x the bare request.
 
 Run: ``.venv/bin/python bench/effects.py [--effects 400] [--rounds 20]
-[--repeat 3] [--pg DSN] [--dir PATH]``; ``--profile`` instead prints where
-a tether effect's time goes (cProfile; ``--clock cpu`` for this process's CPU only).
+[--repeat 3] [--pg DSN] [--dir PATH] [--identity-get]``; ``--profile``
+instead prints where a tether effect's time goes (cProfile; ``--clock cpu``
+for this process's CPU only).
 """
 
 from __future__ import annotations
@@ -53,13 +54,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tether.adapters import HttpEffect
+from tether.adapters import REFERENCE_PROFILE, HttpEffect, ServiceProfile
 from tether.adapters._httpfields import IDEMPOTENCY_KEY, sf_string
 from tether.core import Observation, OutcomeKind, Policy, Proposal, TaskSpec, canonical_bytes
 from tether.crypto import Keyring
@@ -302,6 +303,11 @@ def sqlite_store(base: Path) -> Iterator[Any]:
         store.close()
 
 
+def http_profile(args: argparse.Namespace) -> ServiceProfile:
+    """The reference profile; ``--identity-get``: as for a service that does not check the instance."""
+    return replace(REFERENCE_PROFILE, verifies_instance=not args.identity_get)
+
+
 def one_repeat(
     base: Path, svc: Service, store_kind: str, args: argparse.Namespace, keyring: Keyring
 ) -> Result:
@@ -309,7 +315,7 @@ def one_repeat(
         store = stack.enter_context(
             sqlite_store(base) if store_kind == "sqlite" else pg_store(args.pg)
         )
-        http = stack.enter_context(HttpEffect(svc.url))
+        http = stack.enter_context(HttpEffect(svc.url, profile=http_profile(args)))
         bare = Bare(svc.url)
         stack.callback(bare.close)
         side = Tether(store, http, keyring, args.effects)
@@ -361,6 +367,12 @@ def main(argv: list[str] | None = None) -> int:
         # Beside the repo, not /tmp: /tmp is often a tmpfs, where fsync costs nothing.
         default=REPO.parent,
         help="where to create the temp dir for the databases (default: the repo's parent)",
+    )
+    parser.add_argument(
+        "--identity-get",
+        action="store_true",
+        help="tether asks GET /instance before each send, as for a service that does not "
+        "verify Tether-Instance (to see what that check costs)",
     )
     parser.add_argument("--profile", action="store_true", help="only profile tether effects")
     parser.add_argument(
