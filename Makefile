@@ -36,6 +36,7 @@ test: lint types unit optimized
 bench: $(STAMP)
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/workers.py
+	$(BIN)/python bench/effects.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +15,7 @@ import pytest
 
 from tests.integration._services import EffectsService, effects_service, start_service, stop
 from tether.adapters import HeaderFieldError, fence_header, parse_sf_string, sf_string
+from tether.testing.effects_service import listen
 
 
 @pytest.fixture
@@ -215,3 +218,46 @@ def test_a_fence_for_an_odd_run_id_is_its_digest() -> None:
     assert odd.startswith('"sha256-') and odd == fence_header("run-\u00e9t\u00e9", 2)
     assert fence_header("x" * 300, 1) != fence_header("x" * 299, 1)
     assert fence_header("plain-run", 3) == '"plain-run";v=3'
+
+
+def test_the_service_socket_sends_replies_without_waiting_for_an_ack() -> None:
+    """A connection the service's event loop accepts has Nagle off (TCP_NODELAY), as asyncio sets it."""
+    listening = listen(0)
+    seen: list[int] = []
+
+    async def serve_one() -> None:
+        def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conn = writer.get_extra_info("socket")
+            seen.append(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(accepted, sock=listening)
+        async with server:
+            port = listening.getsockname()[1]
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            while not seen:
+                await asyncio.sleep(0.01)
+            writer.close()
+
+    asyncio.run(serve_one())
+    assert seen and seen[0] != 0
+
+
+def test_a_request_for_another_instance_is_421_and_leaves_no_trace(
+    service: EffectsService,
+) -> None:
+    """Tether-Instance naming another database: 421 before the key is taken; the right one passes."""
+    wrong = {"Tether-Instance": sf_string("svc-elsewhere")}
+    refused = post(service, "k1", {"title": "a"}, **wrong)
+    assert refused.status_code == 421 and refused.json()["error"] == "wrong_instance"
+    assert parse_sf_string(refused.headers["Tether-Instance"]) == service.instance_id
+    assert service.client.get("/idempotency/k1", headers=wrong).status_code == 421
+    assert service.client.get("/idempotency/k1").status_code == 404  # the key was never taken
+    assert service.tickets() == []
+    right = {"Tether-Instance": sf_string(service.instance_id)}
+    created = post(service, "k1", {"title": "a"}, **right)
+    assert created.status_code == 201
+    assert parse_sf_string(created.headers["Tether-Instance"]) == service.instance_id
+    found = service.client.get("/idempotency/k1", headers=right)
+    assert found.status_code == 200 and "Tether-Instance" in found.headers
+    assert len(service.tickets()) == 1

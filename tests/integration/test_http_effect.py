@@ -264,6 +264,8 @@ def test_configuration_is_checked_up_front() -> None:
         ServiceProfile(lookup="idempotency")
     with pytest.raises(HttpConfigError):
         ServiceProfile(retention_s=-1)
+    with pytest.raises(HttpConfigError):
+        ServiceProfile(identity=None, verifies_instance=True)
 
 
 def test_an_http_service_runs_no_verifier(http: HttpEffect) -> None:
@@ -372,22 +374,32 @@ def test_a_reply_with_an_id_past_2_53_is_still_a_receipt(
     assert http.lookup_intent("k1", intent) == receipt
 
 
-def test_another_service_instance_at_the_same_address_is_refused(tmp_path: Path) -> None:
-    """A long-lived adapter re-checks the identity: a new database at the URL gets nothing."""
+@pytest.mark.parametrize(
+    ("verifies", "said"),
+    [(True, "refused the request before applying anything"), (False, "nothing was sent")],
+)
+def test_another_service_instance_at_the_same_address_is_refused(
+    tmp_path: Path, verifies: bool, said: str
+) -> None:
+    """A new database at the URL gets nothing: it refuses Tether-Instance, or a re-read spots it."""
     first = start_service(tmp_path / "a.sqlite", tmp_path / "a.log")
     port = int(first.url.rsplit(":", 1)[1])
-    http = HttpEffect(first.url, timeout_s=2)
+    profile = replace(REFERENCE_PROFILE, verifies_instance=verifies)
+    http = HttpEffect(first.url, profile=profile, timeout_s=2)
     try:
         intent = ticket(http)
         bound = http.environment()
         stop(first)
         other = start_service(tmp_path / "b.sqlite", tmp_path / "b.log", port=port)
         try:
-            with pytest.raises(EnvironmentDriftError):
+            with pytest.raises(EnvironmentDriftError, match=said) as caught:
                 http.execute("k1", intent, bound)
+            assert caught.value.expected == bound.instance_id
+            assert caught.value.actual == f"{other.url}#{other.instance_id}"
             with pytest.raises(EnvironmentDriftError):
                 http.lookup_intent("k1", intent)
             assert other.tickets() == []
+            assert other.client.get("/idempotency/k1").status_code == 404  # no key taken
         finally:
             stop(other)
     finally:
@@ -432,3 +444,21 @@ def test_a_key_stuck_in_flight_goes_to_review_after_the_profiles_limit(
         assert "in flight" in outcome.state.review_cases[0].detail
     time.sleep(2.5)  # the slow handler finishes: one ticket, from the one request
     assert len(service.tickets()) == 1
+
+
+def test_a_service_that_does_not_check_the_instance_it_is_told_is_a_profile_error(
+    service: EffectsService,
+) -> None:
+    """Declared verifies_instance, but the answers name no instance: a typed configuration error."""
+    with HttpEffect(service.url, timeout_s=2) as http:
+        intent = ticket(http)
+        env = http.environment()
+        service.mode(ignore_instance=True)
+        with pytest.raises(HttpConfigError, match="names no instance"):
+            http.execute("k1", intent, env)
+        with pytest.raises(HttpConfigError, match="names no instance"):
+            http.lookup_intent("k1", intent)
+    without = replace(REFERENCE_PROFILE, verifies_instance=False)
+    with HttpEffect(service.url, profile=without, timeout_s=2) as http:
+        assert http.execute("k1", intent, http.environment()).result["status"] == 201
+    assert len(service.tickets()) == 1  # the unverified send landed once; the resend replayed

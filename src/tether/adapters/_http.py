@@ -10,6 +10,8 @@ the service answers        HttpEffect
 2xx                        the receipt (the response is the authority)
 409 (same key in flight)   wait and ask again with the SAME key, bounded; then
                            in progress (the run waits, then looks the key up)
+421 naming another         the service is another instance than the run's
+instance                   (``Tether-Instance``): drift, nothing was applied
 422 (key reused)           a key conflict: needs_review, the response as evidence
 400 about the key          a configuration error (never retried by the runtime)
 412 stale fence            the fencing token was superseded: stop
@@ -26,7 +28,12 @@ review. A key older than the declared retention is never sent again.
 
 The environment is the service's identity (base URL and the instance id the
 service reports), not its state: what a remote service holds cannot be
-fingerprinted, so the effect ledger, not the environment, remembers it.
+fingerprinted, so the effect ledger, not the environment, remembers it. No
+request goes to another instance that took over the URL (a restore, a
+failover to an empty replica): a service whose profile says it
+``verifies_instance`` is told the bound instance in ``Tether-Instance`` on
+every send and look-up and refuses one meant for another before it applies
+anything; any other service is asked for its identity again before each.
 """
 
 from __future__ import annotations
@@ -49,7 +56,15 @@ from tether.adapters._errors import (
     NotQueryableError,
     RequestRefusedError,
 )
-from tether.adapters._httpfields import FENCE, IDEMPOTENCY_KEY, fence_header, sf_string
+from tether.adapters._httpfields import (
+    FENCE,
+    IDEMPOTENCY_KEY,
+    INSTANCE,
+    HeaderFieldError,
+    fence_header,
+    parse_sf_string,
+    sf_string,
+)
 from tether.adapters._remote import RemoteEffect
 from tether.core import (
     ActionClass,
@@ -99,7 +114,12 @@ class ServiceProfile:
     that answers for a key (``{key}`` is replaced), in the reference service's
     format; ``None``: the service cannot be asked. ``identity``: a path
     answering ``{"instance_id": ...}``; ``None``: the base URL alone names
-    the service. ``fencing``: the service refuses a lower ``Tether-Fence``.
+    the service. ``verifies_instance``: the service refuses (``421``) a send
+    or a look-up whose ``Tether-Instance`` names another instance than its
+    own, before applying anything, and names itself in that header on every
+    answer; without it, the identity path is asked again before every send
+    and look-up (one more request each). ``fencing``: the service refuses a
+    lower ``Tether-Fence``.
     """
 
     replay: str = "first_response"
@@ -108,6 +128,7 @@ class ServiceProfile:
     retention_s: float | None = 24 * 3600.0
     lookup: str | None = "idempotency/{key}"
     identity: str | None = "instance"
+    verifies_instance: bool = False
     fencing: bool = False
     object_id_field: str = "id"
     committed_at_field: str | None = None
@@ -126,6 +147,8 @@ class ServiceProfile:
             raise HttpConfigError("in_flight_limit_s must be positive and at most 30 days")
         if self.lookup is not None and "{key}" not in self.lookup:
             raise HttpConfigError("a lookup path must contain {key}")
+        if self.verifies_instance and self.identity is None:
+            raise HttpConfigError("verifies_instance needs an identity path to learn the instance")
 
     @property
     def deduplicates(self) -> bool:
@@ -135,7 +158,10 @@ class ServiceProfile:
 
 #: The reference effects service that ships in ``tether.testing.effects_service``.
 REFERENCE_PROFILE = ServiceProfile(
-    fencing=True, object_id_field="ticket_id", committed_at_field="created_at"
+    verifies_instance=True,
+    fencing=True,
+    object_id_field="ticket_id",
+    committed_at_field="created_at",
 )
 
 
@@ -169,7 +195,7 @@ class HttpEffect(RemoteEffect):
         self.profile = profile
         self._namespace = namespace
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s)
-        self._instance: str | None = None
+        self._reported: str | None = None  # the instance id the service named, asked once
         self._capabilities = Capabilities(
             idempotent=False,
             queryable=profile.lookup is not None,
@@ -201,38 +227,83 @@ class HttpEffect(RemoteEffect):
     @property
     def instance_id(self) -> str:
         """The base URL and the instance id the service reports (asked once per object)."""
-        if self._instance is None:
-            self._instance = self._ask_identity()
-        return self._instance
+        return f"{self.base_url}#{self._bound()}"
+
+    def _bound(self) -> str:
+        """The instance id this adapter is bound to: the first one the service reported."""
+        if self._reported is None:
+            self._reported = self._ask_identity()
+        return self._reported
 
     def _ask_identity(self) -> str:
-        reported = ""
-        if self.profile.identity is not None:
-            body = self._get_json(self.profile.identity, "identity")
-            value = body.get("instance_id") if isinstance(body, dict) else None
-            if not isinstance(value, str) or not value:
-                raise AdapterUnavailableError(
-                    f"{self.base_url}: the identity endpoint named no instance_id"
-                )
-            reported = value
-        return f"{self.base_url}#{reported}"
+        if self.profile.identity is None:
+            return ""
+        body = self._get_json(self.profile.identity, "identity")
+        value = body.get("instance_id") if isinstance(body, dict) else None
+        if not isinstance(value, str) or not value:
+            raise AdapterUnavailableError(
+                f"{self.base_url}: the identity endpoint named no instance_id"
+            )
+        return value
 
-    def _same_service(self) -> None:
-        """Before every send and look-up: the service at the URL is still the one bound.
+    def _same_service(self) -> dict[str, str]:
+        """Before every send and look-up: what keeps it from reaching another instance.
 
         A long-lived adapter must not carry a ticket to a new database that took
-        over the address (a restore, a failover to an empty replica).
+        over the address (a restore, a failover to an empty replica). A service
+        that verifies ``Tether-Instance`` checks the header itself, in the
+        transaction that would apply the request, so the headers returned here
+        are enough (and leave no gap between a check and the send); any other
+        is asked for its identity now, and a change is refused before sending.
         """
         if self.profile.identity is None:
-            return
-        bound, now = self.instance_id, self._ask_identity()
+            return {}
+        bound = self._bound()
+        if self.profile.verifies_instance:
+            return {INSTANCE: sf_string(bound, "an instance id")}
+        now = self._ask_identity()
         if now != bound:
-            raise EnvironmentDriftError(
-                f"{self.base_url} is now service instance {now!r}, not {bound!r} that this "
-                "run is bound to; nothing was sent",
-                expected=bound,
-                actual=now,
-            )
+            raise self._drift(now, "nothing was sent")
+        return {}
+
+    def _check_instance(self, response: httpx.Response, *, acted_on: bool) -> None:
+        """A verifying service's answer must come from the bound instance.
+
+        ``421`` naming another instance: it refused before applying anything.
+        Any other answer naming another instance, or an answer the runtime acts
+        on (``acted_on``) naming none, means the service does not check what its
+        profile says: the request may have been applied unverified.
+        """
+        if not self.profile.verifies_instance:
+            return
+        bound, echoed = self._bound(), response.headers.get(INSTANCE)
+        if echoed is None:
+            if acted_on:
+                raise HttpConfigError(
+                    f"the profile says {self.base_url} verifies {INSTANCE}, but its "
+                    f"{response.status_code} answer names no instance: the request may have "
+                    "been applied by an unverified instance; fix the profile or the service"
+                )
+            return
+        try:
+            named = parse_sf_string(echoed, f"a {INSTANCE}")
+        except HeaderFieldError:
+            named = echoed  # not the bound instance in any form: drift
+        if named == bound:
+            return
+        if response.status_code == 421:
+            raise self._drift(named, "it refused the request before applying anything")
+        raise self._drift(named, "the request may have been applied there")
+
+    def _drift(self, now: str, what_happened: str) -> EnvironmentDriftError:
+        bound = f"{self.base_url}#{self._bound()}"
+        actual = f"{self.base_url}#{now}"
+        return EnvironmentDriftError(
+            f"{self.base_url} is now service instance {actual!r}, not {bound!r} that this "
+            f"run is bound to; {what_happened}",
+            expected=bound,
+            actual=actual,
+        )
 
     # --- writing ------------------------------------------------------
 
@@ -252,9 +323,9 @@ class HttpEffect(RemoteEffect):
     ) -> Receipt:
         """POST ``intent`` under ``key``; a 409 is asked again with the same key, bounded."""
         self._check_send(key, intent, prestate)
-        self._same_service()
+        headers = self._same_service()
         body = canonical_bytes(intent.args["json"])
-        headers = {IDEMPOTENCY_KEY: sf_string(key), "content-type": "application/json"}
+        headers |= {IDEMPOTENCY_KEY: sf_string(key), "content-type": "application/json"}
         if fence is not None:
             headers[FENCE] = fence_header(fence.run_id, fence.lease_version)
         path = "/" + intent.target
@@ -266,6 +337,7 @@ class HttpEffect(RemoteEffect):
                     f"POST {path} under key {key}: {type(exc).__name__}: {exc}; the outcome is "
                     "unknown (the request may have been applied)"
                 ) from exc
+            self._check_instance(response, acted_on=200 <= response.status_code < 300)
             if response.status_code != 409:
                 return self._answer(key, intent, prestate, fence, response)
             if attempt < self.profile.in_flight_retries:
@@ -349,8 +421,9 @@ class HttpEffect(RemoteEffect):
         template = self.profile.lookup
         if template is None:
             raise NotQueryableError(f"{self.base_url} declares no look-up by key")
-        self._same_service()
-        record = self._get_json(template.replace("{key}", key), "look-up", missing_ok=True)
+        record = self._get_json(
+            template.replace("{key}", key), "look-up", missing_ok=True, bound=self._same_service()
+        )
         if record is None:
             return None
         if not isinstance(record, dict) or record.get("idempotency_key") != key:
@@ -376,13 +449,18 @@ class HttpEffect(RemoteEffect):
             return None  # nothing landed under this key for this request
         return self._receipt(key, ours, status, response.get("body"), self.environment())
 
-    def _get_json(self, path: str, what: str, *, missing_ok: bool = False) -> Any:
+    def _get_json(
+        self, path: str, what: str, *, missing_ok: bool = False, bound: dict[str, str] | None = None
+    ) -> Any:
+        """GET ``path`` as JSON; ``bound``: the instance headers of a look-up, checked on its answer."""
         try:
-            response = self._client.get("/" + path.lstrip("/"))
+            response = self._client.get("/" + path.lstrip("/"), headers=bound)
         except httpx.HTTPError as exc:
             raise AdapterUnavailableError(
                 f"{self.base_url}: the {what} request failed: {type(exc).__name__}: {exc}"
             ) from exc
+        if bound is not None:
+            self._check_instance(response, acted_on=response.status_code in (200, 404))
         if missing_ok and response.status_code == 404:
             return None
         if response.status_code != 200:

@@ -1,9 +1,12 @@
-"""The HTTP header fields tether speaks: ``Idempotency-Key`` and ``Tether-Fence``.
+"""The HTTP header fields tether speaks: ``Idempotency-Key``, ``Tether-Fence``, ``Tether-Instance``.
 
 ``Idempotency-Key`` is a Structured Field string (RFC 8941, section 3.3.3),
 as the IETF httpapi idempotency-key draft asks: printable ASCII in double
 quotes, with ``\\`` escaping only ``"`` and ``\\``. Both directions are strict,
 so a client and a service built on these functions agree byte for byte.
+``Tether-Instance`` is a Structured Field string too: on a request, the
+service instance the run is bound to (a service that verifies it refuses the
+request with ``421`` if it is another); on a reply, the instance that answered.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from tether.core import AdapterError
 
 IDEMPOTENCY_KEY = "Idempotency-Key"
 FENCE = "Tether-Fence"
+INSTANCE = "Tether-Instance"
 #: Keys longer than this are refused on both sides (the draft leaves it open;
 #: services commonly cap at 255).
 MAX_KEY_LENGTH = 255
@@ -36,11 +40,11 @@ def sf_string(value: str, what: str = "an idempotency key") -> str:
     return "".join(out)
 
 
-def parse_sf_string(text: str) -> str:
+def parse_sf_string(text: str, what: str = "an idempotency key") -> str:
     """The string a Structured Field string header carries; strict (no parameters)."""
     text = text.strip(" ")
     if len(text) < 2 or text[0] != '"' or text[-1] != '"':
-        raise HeaderFieldError("an Idempotency-Key must be a quoted Structured Field string")
+        raise HeaderFieldError(f"{what} must be a quoted Structured Field string")
     out: list[str] = []
     body = text[1:-1]
     index = 0
@@ -59,7 +63,7 @@ def parse_sf_string(text: str) -> str:
         index += 1
     value = "".join(out)
     if not value or len(value) > MAX_KEY_LENGTH:
-        raise HeaderFieldError(f"an idempotency key must be 1-{MAX_KEY_LENGTH} characters")
+        raise HeaderFieldError(f"{what} must be 1-{MAX_KEY_LENGTH} characters")
     return value
 
 

@@ -7,6 +7,13 @@ a key reused with another payload, forgets keys after a retention period,
 and can be asked by key (``GET /idempotency/{key}``). Data lives in its own
 SQLite file, so a restarted service remembers everything.
 
+It verifies ``Tether-Instance``: a ticket request or a look-up that names
+another instance than the one its database holds is refused with ``421``
+before anything else happens, checked in the same transaction that would
+take the key, and every answer of those two routes names the instance that
+gave it. That is what lets a client skip asking ``GET /instance`` before
+each request without ever sending a ticket to a database it was not bound to.
+
 Real services follow the draft only in part. A hostile ``mode``, switched per
 test through ``POST /_admin/mode``, makes it behave as measured elsewhere:
 
@@ -21,6 +28,7 @@ test through ``POST /_admin/mode``, makes it behave as measured elsewhere:
 ``inflight_expiry_s``  an abandoned in-flight key is freed after this; ``null``: never
 ``retention_s``        keys older than this are forgotten (then a request executes again)
 ``id_offset``          added to ticket ids in replies (ids past 2**53, as 64-bit services use)
+``ignore_instance``    neither check nor name ``Tether-Instance`` (a service without the check)
 =====================  ==========================================================
 
 Run it as ``python -m tether.testing.effects_service --db FILE [--port 0]``;
@@ -33,6 +41,7 @@ import argparse
 import hashlib
 import json
 import secrets
+import socket
 import sqlite3
 import sys
 import time
@@ -52,9 +61,11 @@ from starlette.types import Receive, Scope, Send
 from tether.adapters._httpfields import (
     FENCE,
     IDEMPOTENCY_KEY,
+    INSTANCE,
     HeaderFieldError,
     parse_fence,
     parse_sf_string,
+    sf_string,
 )
 from tether.core import format_time
 
@@ -69,6 +80,7 @@ DEFAULT_MODE: dict[str, Any] = {
     "inflight_expiry_s": 30.0,
     "retention_s": 24 * 3600.0,
     "id_offset": 0,
+    "ignore_instance": False,
 }
 _MISMATCH = {"422", "new_effect", "replay"}
 
@@ -168,6 +180,33 @@ def _json(status: int, body: dict[str, Any], **headers: str) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers or None)
 
 
+def _instance_in(conn: sqlite3.Connection) -> str:
+    """The instance id of the database ``conn`` is open on, read in the caller's transaction."""
+    row = conn.execute("SELECT value FROM meta WHERE name = 'instance_id'").fetchone()
+    return str(row[0])
+
+
+def _check_instance(own: str, expected: str | None, mode: dict[str, Any]) -> Response | None:
+    """``421`` for a request that names another instance than ``own``; ``None`` to go on."""
+    if expected is None or mode["ignore_instance"]:
+        return None
+    try:
+        named = parse_sf_string(expected, "a Tether-Instance")
+    except HeaderFieldError as exc:
+        return _json(400, {"error": "malformed_instance", "detail": str(exc)})
+    if named != own:
+        # 421 Misdirected Request (RFC 9110): meant for a server this one is not.
+        return _json(421, {"error": "wrong_instance", "instance_id": own, "expected": named})
+    return None
+
+
+def _named(response: Response, own: str, mode: dict[str, Any]) -> Response:
+    """``response``, naming the instance that gave it (unless playing a service that does not)."""
+    if not mode["ignore_instance"]:
+        response.headers[INSTANCE] = sf_string(own, "an instance id")
+    return response
+
+
 class EffectsService:
     """The Starlette application over one :class:`ServiceData`."""
 
@@ -201,38 +240,86 @@ class EffectsService:
         if not isinstance(payload, dict):
             return _json(400, {"error": "body_not_an_object"})
         fence = request.headers.get(FENCE)
+        expected = request.headers.get(INSTANCE)
         payload_fp = fingerprint("POST", "/tickets", body)
-        return await run_in_threadpool(self._create, key, payload_fp, body, payload, fence)
+        return await run_in_threadpool(
+            self._create, key, payload_fp, body, payload, fence, expected
+        )
 
     def _create(
-        self, key: str, payload_fp: str, body: bytes, payload: dict[str, Any], fence: str | None
+        self,
+        key: str,
+        payload_fp: str,
+        body: bytes,
+        payload: dict[str, Any],
+        fence: str | None,
+        expected: str | None,
     ) -> Response:
         mode = self.data.mode()
         now = _now_us()
         with self.data.transaction() as conn:
+            own = _instance_in(conn)
+            taken = self._take_key(conn, mode, own, expected, key, payload_fp, fence, now)
+        if isinstance(taken, Response):
+            return _named(taken, own, mode)
+        return _named(self._commit(mode, key, taken, payload_fp, body, payload, now), own, mode)
+
+    def _take_key(
+        self,
+        conn: sqlite3.Connection,
+        mode: dict[str, Any],
+        own: str,
+        expected: str | None,
+        key: str,
+        payload_fp: str,
+        fence: str | None,
+        now: int,
+    ) -> Response | str:
+        """The refusal or replay for this request, or the attempt id that now holds the key.
+
+        The instance check comes first, in the transaction that takes the key,
+        so a request meant for another database is refused before this one
+        records anything.
+        """
+        refused = _check_instance(own, expected, mode)
+        if refused is not None:
+            return refused
+        conn.execute(
+            "DELETE FROM keys WHERE created_us < ?",
+            (now - int(float(mode["retention_s"]) * 1e6),),
+        )
+        row = conn.execute(
+            "SELECT fingerprint, state, status, body, created_us FROM keys WHERE key = ?",
+            (key,),
+        ).fetchone()
+        if row is not None:
+            answer = self._seen(conn, mode, key, payload_fp, row, now)
+            if answer is not None:
+                return answer
+        if fence is not None:
+            refused = self._check_fence(conn, fence)
+            if refused is not None:
+                return refused
+        attempt = secrets.token_hex(8)
+        if not mode["no_inflight_lock"]:
             conn.execute(
-                "DELETE FROM keys WHERE created_us < ?",
-                (now - int(float(mode["retention_s"]) * 1e6),),
+                "INSERT OR REPLACE INTO keys (key, fingerprint, state, created_us, attempt)"
+                " VALUES (?, ?, 'in_flight', ?, ?)",
+                (key, payload_fp, now, attempt),
             )
-            row = conn.execute(
-                "SELECT fingerprint, state, status, body, created_us FROM keys WHERE key = ?",
-                (key,),
-            ).fetchone()
-            if row is not None:
-                answer = self._seen(conn, mode, key, payload_fp, row, now)
-                if answer is not None:
-                    return answer
-            if fence is not None:
-                refused = self._check_fence(conn, fence)
-                if refused is not None:
-                    return refused
-            attempt = secrets.token_hex(8)
-            if not mode["no_inflight_lock"]:
-                conn.execute(
-                    "INSERT OR REPLACE INTO keys (key, fingerprint, state, created_us, attempt)"
-                    " VALUES (?, ?, 'in_flight', ?, ?)",
-                    (key, payload_fp, now, attempt),
-                )
+        return attempt
+
+    def _commit(
+        self,
+        mode: dict[str, Any],
+        key: str,
+        attempt: str,
+        payload_fp: str,
+        body: bytes,
+        payload: dict[str, Any],
+        now: int,
+    ) -> Response:
+        """Carry out the request whose key ``attempt`` took; store and return its response."""
         if mode["slow_s"]:
             time.sleep(float(mode["slow_s"]))
         title = payload.get("title")
@@ -316,10 +403,20 @@ class EffectsService:
         key = request.path_params["key"]
         mode = self.data.mode()
         with self.data.connect() as conn:
+            conn.execute("BEGIN")  # one snapshot: the instance checked is the one that answers
+            own = _instance_in(conn)
             row = conn.execute(
                 "SELECT fingerprint, state, status, body, created_us FROM keys WHERE key = ?",
                 (key,),
             ).fetchone()
+            conn.execute("COMMIT")
+        refused = _check_instance(own, request.headers.get(INSTANCE), mode)
+        if refused is not None:
+            return _named(refused, own, mode)
+        return _named(self._recorded(mode, key, row), own, mode)
+
+    def _recorded(self, mode: dict[str, Any], key: str, row: tuple[Any, ...] | None) -> Response:
+        """What the look-up answers for ``key`` from its row in ``keys`` (``None``: unknown)."""
         if row is None or mode["lying_lookup"]:
             return _json(404, {"error": "unknown_key", "idempotency_key": key})
         stored_fp, state, status, body, created_us = row
@@ -364,10 +461,24 @@ def build_app(db: Path) -> Starlette:
     return EffectsService(ServiceData(db)).app
 
 
+def listen(port: int) -> socket.socket:
+    """A loopback socket listening on ``port`` (0: any free one), for uvicorn to serve.
+
+    Made with ``proto=IPPROTO_TCP``, not 0: asyncio sets ``TCP_NODELAY`` only
+    on connections whose socket names TCP, and uvicorn writes a reply's head
+    and body apart, so without it every reply waits ~40 ms for the client's
+    delayed ACK (Nagle): a stall no real service has, that would swamp what
+    a benchmark or a test measures.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(128)  # connections queue from now on, before uvicorn starts serving
+    return sock
+
+
 def main(argv: list[str] | None = None) -> int:
     """Serve on loopback; print the URL and identity once listening."""
-    import socket
-
     import uvicorn
 
     parser = argparse.ArgumentParser(prog="python -m tether.testing.effects_service")
@@ -375,10 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="loopback port (0: any free one)")
     args = parser.parse_args(argv)
     data = ServiceData(args.db)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", args.port))
-    sock.listen(128)  # connections queue from now on, before uvicorn starts serving
+    sock = listen(args.port)
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         EffectsService(data).app, log_level="warning", access_log=False, lifespan="off"
