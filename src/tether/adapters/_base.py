@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from tether.core import (
     ActionKind,
@@ -177,10 +177,24 @@ class LooksUpIntents(Protocol):
         ...
 
 
+# isinstance() against a runtime-checkable protocol walks the protocol's
+# attributes every time (tens of microseconds); these checks run several
+# times per step, so each adapter class is judged once.
+_IMPLEMENTS: dict[tuple[type, type], bool] = {}
+
+
+def _implements(adapter: object, protocol: type) -> bool:
+    key = (type(adapter), protocol)
+    found = _IMPLEMENTS.get(key)
+    if found is None:
+        found = _IMPLEMENTS[key] = isinstance(adapter, protocol)
+    return found
+
+
 def look_up(adapter: Adapter, key: str, intent: Intent | None = None) -> Receipt | None:
     """Ask ``adapter`` for the receipt under ``key``, judged against ``intent`` where it can."""
-    if intent is not None and isinstance(adapter, LooksUpIntents):
-        return adapter.lookup_intent(key, intent)
+    if intent is not None and _implements(adapter, LooksUpIntents):
+        return cast(LooksUpIntents, adapter).lookup_intent(key, intent)
     return adapter.lookup(key)
 
 
@@ -195,13 +209,13 @@ class RoutesKinds(Protocol):
 
 def capabilities_of(adapter: Adapter, kind: str | None) -> Capabilities:
     """What the adapter that carries out ``kind`` promises (the whole adapter's if ``None``)."""
-    if kind is not None and isinstance(adapter, RoutesKinds):
-        return adapter.owner(kind).capabilities
+    if kind is not None and _implements(adapter, RoutesKinds):
+        return cast(RoutesKinds, adapter).owner(kind).capabilities
     return adapter.capabilities
 
 
 def namespace_of(adapter: Adapter, kind: str | None) -> str:
     """The namespace whose receipts ``kind`` produces."""
-    if kind is not None and isinstance(adapter, RoutesKinds):
-        return adapter.owner(kind).namespace
+    if kind is not None and _implements(adapter, RoutesKinds):
+        return cast(RoutesKinds, adapter).owner(kind).namespace
     return adapter.namespace
