@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import smtplib
 from collections.abc import Callable
+from email.message import EmailMessage
 from pathlib import Path
 
 import pytest
@@ -10,11 +12,14 @@ import pytest
 from tests.integration._services import delivered, smtp_server
 from tests.integration._services import smtp_adapter as adapter
 from tether.adapters import (
+    MaildirLookup,
     NotQueryableError,
     RequestRefusedError,
     SmtpConfigError,
     SmtpEffect,
+    message_id,
 )
+from tether.adapters._smtp import INTENT_HEADER
 from tether.core import (
     AdapterUnavailableError,
     ContractViolationError,
@@ -203,28 +208,58 @@ def test_what_smtp_or_a_header_cannot_carry_is_refused_before_sending(
         adapter(25).normalize("email.send", target, {"subject": subject, "body": "b"})
 
 
-def test_a_message_from_another_sender_with_our_message_id_is_not_our_receipt(
-    tmp_path: Path,
+def forge(port: int, smtp: SmtpEffect, intent: Intent, *, sender: str, body: str) -> None:
+    """Mail the box a message claiming our key's Message-ID and our intent digest."""
+    forged = EmailMessage()
+    forged["From"] = sender  # a header is text any client writes
+    forged["To"] = intent.target
+    forged["Subject"] = intent.args["subject"]
+    # The key and the intent digest are in the trace, the ledger and `tether inspect`.
+    forged["Message-ID"] = message_id("k1", smtp.domain)
+    forged[INTENT_HEADER] = intent.digest
+    forged.set_content(body)
+    with smtplib.SMTP("127.0.0.1", port) as client:
+        client.send_message(forged, from_addr="mallory@elsewhere.test")
+
+
+@pytest.mark.parametrize(
+    ("sender", "body", "why"),
+    [
+        ("mallory@elsewhere.test", "Your order shipped.", "foreign:another sender"),
+        (None, "not what the run would have sent", "foreign:another message"),
+    ],
+)
+def test_a_forged_message_with_our_message_id_is_never_our_receipt(
+    tmp_path: Path, sender: str | None, body: str, why: str
 ) -> None:
-    """Someone else's mail claiming our Message-ID and intent header can never settle our send."""
-    import smtplib
-    from email.message import EmailMessage
-
-    from tether.adapters import message_id
-
+    """Another sender, or our From header over another body: evidence, never a settled send."""
     maildir = tmp_path / "Maildir"
     with smtp_server(maildir) as port:
         smtp = adapter(port, maildir)
         intent = notification(smtp)
-        forged = EmailMessage()
-        forged["From"] = "mallory@elsewhere.test"
-        forged["To"] = "customer@example.com"
-        forged["Subject"] = "Order 42"
-        forged["Message-ID"] = message_id("k1", smtp.domain)
-        forged["X-Tether-Intent"] = intent.digest
-        forged.set_content("Your order shipped.")
-        with smtplib.SMTP("127.0.0.1", port) as client:
-            client.send_message(forged)
-        found = smtp.lookup("k1")
-    assert found is not None and found.intent_digest != intent.digest
-    assert found.intent_digest == "foreign-sender:mallory@elsewhere.test"
+        forge(port, smtp, intent, sender=sender or smtp.sender, body=body)
+        found = smtp.lookup_intent("k1", intent)
+    assert found is not None and found.intent_digest == why != intent.digest
+
+
+def test_with_a_seal_key_only_a_message_this_adapter_sealed_is_a_receipt(tmp_path: Path) -> None:
+    """A forgery copying every header and the body lacks the HMAC seal; our own send has it."""
+    maildir = tmp_path / "Maildir"
+    with smtp_server(maildir) as port:
+        sealed = SmtpEffect(
+            "127.0.0.1",
+            port,
+            sender="desk@shop.test",
+            domain="shop.test",
+            instance_id="mail-1",
+            mailbox_lookup=MaildirLookup(maildir),
+            seal_key=b"s" * 32,
+        )
+        intent = notification(sealed)
+        forge(port, sealed, intent, sender=sealed.sender, body=intent.args["body"])
+        forged = sealed.lookup_intent("k1", intent)
+        assert forged is not None and forged.intent_digest == "foreign:no valid seal"
+        receipt = sealed.execute("k2", intent, sealed.environment())
+        assert sealed.lookup_intent("k2", intent) == receipt
+    with pytest.raises(SmtpConfigError):
+        SmtpEffect("h", 25, sender="a@b.c", domain="b.c", instance_id="i", seal_key=b"short")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
+
+import pytest
 
 from tether.core import (
     GENESIS_HASH,
@@ -11,6 +14,7 @@ from tether.core import (
     EffectStatus,
     EffectTerms,
     LedgerEntry,
+    LedgerIntegrityError,
     RetrySemantics,
     seal_entry,
     verify_ledger,
@@ -91,3 +95,11 @@ def test_a_sensitive_entry_keeps_digests_whatever_the_caller_passed() -> None:
         receipt=RECEIPT,
     )
     assert plain.payload == {"body": "Dear customer, ..."} and plain.receipt == RECEIPT
+
+
+def test_a_payload_added_to_an_entry_without_terms_fails_verify() -> None:
+    """A row written before terms existed cannot gain a payload the chain does not cover."""
+    old = entry(1, GENESIS_HASH, EffectStatus.INTENDED)
+    forged = replace(old, payload={"to": "attacker@example.com", "body": "wire the money"})
+    with pytest.raises(LedgerIntegrityError):
+        verify_ledger("run", [forged], old.hash, 1, GENESIS_HASH, orphans_possible=False)

@@ -202,7 +202,11 @@ def test_settle_follows_the_table(
         if gate_blocks(caps, approval, live):
             assert got[0] is OutcomeKind.WAITING_FOR_APPROVAL and t.state is None
         else:
-            assert got == (OutcomeKind.EXECUTED, None, (), ("execute", "retry"), None)
+            # A resend commits first that it is one: the ledger's second dispatch.
+            resent = (EffectStatus.DISPATCHED,)
+            assert got == (OutcomeKind.EXECUTED, None, resent, ("execute", "retry"), Phase.PENDING)
+            assert t.state is not None and t.state.pending is not None
+            assert t.state.pending.resent and t.state.pending.dispatched_at == NOW
     else:
         assert got == (
             OutcomeKind.FROZEN,
@@ -286,10 +290,12 @@ def test_after_lookup_follows_the_table(
             assert got == (
                 OutcomeKind.EXECUTED,
                 None,
-                (),
+                (EffectStatus.DISPATCHED,),
                 ("execute", "retry", "known_absent") if final else ("execute", "retry"),
-                None,
+                Phase.PENDING,
             )
+            assert t.state is not None and t.state.pending is not None
+            assert t.state.pending.resent
     else:
         assert got == (
             OutcomeKind.FROZEN,
@@ -457,3 +463,76 @@ def test_dispatch_records_when_the_write_first_left() -> None:
     del doc["pending"]["dispatched_at"]  # type: ignore[index, union-attr, attr-defined]
     older = RunState.from_json(doc).pending
     assert older is not None and older.dispatched_at is None
+
+
+DEDUP = Capabilities(
+    idempotent=False,
+    queryable=True,
+    conditional_writes=False,
+    absent_is_final=True,
+    in_flight_limit_s=900,
+)
+
+
+def test_the_in_flight_limit_counts_from_the_send_that_is_in_flight() -> None:
+    """A resend made just now and answered 409 is waited for, however old the first send is."""
+    state = state_with(EffectStatus.DISPATCHED, "not_needed")
+    pending = state.pending
+    assert pending is not None
+    state = state.evolve(pending=replace(pending, dispatched_at=NOW - timedelta(minutes=20)))
+    f = facts(DEDUP, "not_needed", PRE)
+    again = settle_rules.after_lookup(state, f, LookupAnswer(LookupStatus.ABSENT))
+    assert isinstance(again.call, Execute) and again.call.retry and again.state is not None
+    t = settle_rules.after_execute(
+        again.state, f, again.call, ExecuteAnswer(ExecuteStatus.IN_PROGRESS, detail="409")
+    )
+    assert t.outcome is OutcomeKind.IN_FLIGHT, t.message
+
+
+@pytest.mark.parametrize("resent", [False, True])
+def test_a_stored_refusal_is_a_rejection_only_for_a_write_sent_once(resent: bool) -> None:
+    """Found refused after one send: rejected; after a resend: the same reading as a refused resend."""
+    state = state_with(EffectStatus.DISPATCHED, "not_needed")
+    pending = state.pending
+    assert pending is not None
+    state = state.evolve(pending=replace(pending, resent=resent))
+    f = facts(DEDUP, "not_needed", PRE)
+    by_lookup = settle_rules.after_lookup(
+        state, f, LookupAnswer(LookupStatus.REFUSED, detail="4xx")
+    )
+    check_committable(by_lookup)
+    if not resent:
+        assert summary(by_lookup)[:3] == (OutcomeKind.REJECTED, "refused", (EffectStatus.REJECTED,))
+        return
+    resend = Execute(KEY, INTENT, PRE, retry=True, known_absent=True)
+    by_execute = settle_rules.after_execute(
+        state, f, resend, ExecuteAnswer(ExecuteStatus.PRECONDITION_FAILED, detail="4xx")
+    )
+    assert summary(by_lookup) == summary(by_execute)
+    assert summary(by_lookup)[:2] == (OutcomeKind.FROZEN, "outcome_unknown")
+
+
+def test_a_write_whose_absence_proves_nothing_is_sent_only_after_its_own_dispatch_commit() -> None:
+    """Queryable but not final (a mailbox search): intended alone first, so a crash there sent nothing."""
+    from tether.core import Proposal, step_rules
+
+    state = state_with(EffectStatus.DISPATCHED, "not_needed").evolve(
+        phase=Phase.RUNNING, pending=None
+    )
+    proposal = Proposal(action_id="a2", kind="file.write", target="a.txt", args={"content": "x"})
+    for caps, statuses in [
+        (replace(DEDUP, absent_is_final=False), (EffectStatus.INTENDED,)),
+        (DEDUP, (EffectStatus.INTENDED, EffectStatus.DISPATCHED)),
+        (replace(DEDUP, queryable=False), (EffectStatus.INTENDED,)),
+    ]:
+        t = step_rules.propose_write(
+            state,
+            proposal,
+            INTENT,
+            key="k2",
+            expected_post=POST,
+            now=NOW,
+            needs_approval=False,
+            capabilities=caps,
+        )
+        assert tuple(n.status for n in t.ledger) == statuses, caps

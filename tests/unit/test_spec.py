@@ -152,10 +152,11 @@ def test_sensitive_is_optional_and_leaves_older_policies_unchanged() -> None:
     assert Policy.from_json(marked.to_json()).kinds["file.write"].sensitive
 
 
-def test_sensitive_must_be_a_boolean() -> None:
-    """A sensitive flag that is not true or false names its field."""
+@pytest.mark.parametrize("value", ["yes", None, 1])
+def test_sensitive_must_be_a_boolean(value: object) -> None:
+    """A sensitive flag that is not true or false (null included) names its field."""
     doc = make_policy().to_json()
-    doc["kinds"]["file.write"]["sensitive"] = "yes"
+    doc["kinds"]["file.write"]["sensitive"] = value
     with pytest.raises(SpecError) as caught:
         Policy.from_json(doc)
     assert caught.value.field == "kinds.file.write.sensitive"

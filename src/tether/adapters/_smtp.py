@@ -20,6 +20,7 @@ final and an unfound uncertain send still goes to review.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import mailbox
 import smtplib
 from collections.abc import Callable
@@ -59,6 +60,7 @@ EMAIL_SEND = ActionKind(
 )
 INTENT_HEADER = "X-Tether-Intent"
 SENT_HEADER = "X-Tether-Sent-At"
+SEAL_HEADER = "X-Tether-Seal"
 _MAX_BODY = 1_000_000
 
 
@@ -110,6 +112,7 @@ class SmtpEffect(RemoteEffect):
         domain: str,
         instance_id: str,
         mailbox_lookup: MaildirLookup | None = None,
+        seal_key: bytes | None = None,
         timeout_s: float = 30.0,
         namespace: str = "smtp",
         clock: Callable[[], datetime] | None = None,
@@ -124,10 +127,13 @@ class SmtpEffect(RemoteEffect):
             raise SmtpConfigError("instance_id must name the mail system (it binds the run)")
         if not 0 < timeout_s <= 3600:
             raise SmtpConfigError("timeout_s must be positive and at most an hour")
+        if seal_key is not None and (not isinstance(seal_key, bytes) or len(seal_key) < 16):
+            raise SmtpConfigError("seal_key must be at least 16 bytes")
         self.host, self.port, self.sender, self.domain = host, int(port), sender, domain
         self._namespace = namespace
         self._instance = f"smtp://{host}:{port}/{domain}#{instance_id}"
         self._lookup = mailbox_lookup
+        self._seal_key = seal_key
         self._timeout = timeout_s
         self._clock = clock or (lambda: datetime.now(UTC))
         self._capabilities = Capabilities(
@@ -179,6 +185,8 @@ class SmtpEffect(RemoteEffect):
             message["Message-ID"] = mid
             message[INTENT_HEADER] = intent.digest
             message[SENT_HEADER] = sent_at
+            if self._seal_key is not None:
+                message[SEAL_HEADER] = self._seal(mid, intent.digest)
             message.set_content(intent.args["body"])
             raw = message.as_bytes()
         except (ValueError, TypeError, UnicodeError) as exc:
@@ -243,26 +251,66 @@ class SmtpEffect(RemoteEffect):
     # --- asking the mailbox -------------------------------------------
 
     def lookup(self, key: str) -> Receipt | None:
-        """The delivered message sent under ``key``, from the mailbox; ``None`` if not found."""
+        """The delivered message sent under ``key``, from the mailbox; ``None`` if not found.
+
+        Headers are text any sender writes: a message not from this adapter's
+        sender, or (with a ``seal_key``) without a valid seal over its
+        Message-ID and intent, gets a receipt no intent matches.
+        """
+        return self._look_up(key, None)
+
+    def lookup_intent(self, key: str, intent: Intent) -> Receipt | None:
+        """As :meth:`lookup`, and the message must also carry ``intent`` itself:
+        its recipient, subject and body, not only the intent digest header."""
+        return self._look_up(key, intent)
+
+    def _look_up(self, key: str, intent: Intent | None) -> Receipt | None:
         if self._lookup is None:
             raise NotQueryableError(f"{self._instance} has no mailbox to search")
         mid = message_id(key, self.domain)
         found = self._lookup.find(mid)
         if found is None:
             return None
-        intent_digest = str(found.get(INTENT_HEADER, "")).strip()
-        sender = str(found.get("From", "")).strip()
-        if sender != self.sender:
-            # Not a message this adapter sent, whatever its headers claim: its
-            # receipt can match no intent, so the run freezes with it as evidence.
-            intent_digest = f"foreign-sender:{sender}"
+        claimed = str(found.get(INTENT_HEADER, "")).strip()
+        to = str(found.get("To", "")).strip()
+        problem = self._foreign(found, mid, claimed, to, intent)
         return self._receipt(
             key,
-            intent_digest,
+            claimed if problem is None else f"foreign:{problem}",
             mid,
-            str(found.get("To", "")).strip(),
+            to,
             str(found.get(SENT_HEADER, "")).strip(),
         )
+
+    def _foreign(
+        self, found: EmailMessage, mid: str, claimed: str, to: str, intent: Intent | None
+    ) -> str | None:
+        """Why the found message is not one this adapter sent for ``intent`` (``None``: it is)."""
+        if str(found.get("From", "")).strip() != self.sender:
+            return "another sender"
+        if self._seal_key is not None:
+            seal = str(found.get(SEAL_HEADER, "")).strip()
+            if not hmac.compare_digest(seal, self._seal(mid, claimed)):
+                return "no valid seal"
+        if intent is None:
+            return None
+        if claimed != intent.digest or to != intent.target:
+            return "another intent"
+        try:
+            body = found.get_content() if found.get_content_type() == "text/plain" else None
+        except (KeyError, LookupError, ValueError):
+            body = None
+        subject = str(found.get("Subject", ""))
+        if subject != intent.args.get("subject") or not isinstance(body, str):
+            return "another message"
+        # set_content ends the body with a line break; compare the text itself.
+        if body.rstrip("\n") != str(intent.args.get("body", "")).rstrip("\n"):
+            return "another message"
+        return None
+
+    def _seal(self, mid: str, intent_digest: str) -> str:
+        key = self._seal_key or b""
+        return hmac.new(key, f"{mid}\n{intent_digest}".encode(), hashlib.sha256).hexdigest()
 
 
 def _is_address(text: str) -> bool:

@@ -104,11 +104,12 @@ class LedgerEntry:
             "epoch": self.epoch,
             "at": format_time(self.at),
         }
-        # An entry written before terms existed hashes as it always did, so
-        # the chains of older runs still verify; a newer entry's hash covers
-        # its terms and payload, so neither can be stripped or added later.
-        if self.terms is not None:
-            body["terms"] = self.terms.to_json()
+        # An entry written before terms existed (neither terms nor payload)
+        # hashes as it always did, so the chains of older runs still verify;
+        # any other entry's hash covers both, so neither can be stripped from
+        # a newer entry nor added to an older one.
+        if self.terms is not None or self.payload is not None:
+            body["terms"] = None if self.terms is None else self.terms.to_json()
             body["payload"] = self.payload
         return body
 

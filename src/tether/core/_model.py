@@ -236,8 +236,13 @@ class PendingWrite:
     approvals: tuple[dict[str, Any], ...] = ()
     nonces: tuple[str, ...] = ()
     mutating: bool = True
-    #: When the signed state first said ``dispatched`` (``None`` before).
+    #: When the latest send under the key began, by the signed state (``None``
+    #: before the first): the in-flight limit counts from it.
     dispatched_at: datetime | None = None
+    #: The write was sent again under its key after its first send (committed
+    #: before the resend): a refusal found later may be the resend's, and the
+    #: first attempt may have landed.
+    resent: bool = False
 
     def to_json(self) -> dict[str, JSONValue]:
         return {
@@ -287,6 +292,10 @@ class PendingWrite:
             dispatched_at=None
             if f.optional_raw("dispatched_at") is None
             else parse_time(f, "dispatched_at"),
+            # Unknown in older checkpoints: a sent write may have been resent.
+            resent=status is not EffectStatus.INTENDED
+            if f.optional_raw("resent") is None
+            else f.bool("resent"),
         )
         f.done()
         return pending

@@ -26,7 +26,8 @@ committed, other intent digest      key_conflict -> needs_review
 in progress                         wait; never send while one may be in flight;
                                     in flight past the adapter's limit since
                                     dispatch: outcome unknown -> needs_review
-refused (recorded as refused)       rejected; the run goes on
+refused (recorded as refused)       sent once: rejected, the run goes on;
+                                    resent: outcome unknown -> needs_review
 unavailable                         retry later, nothing changes
 absent, final or idempotent        approval gate; send again, same key (a
                                     retry: a refusal means outcome unknown);
@@ -159,18 +160,25 @@ def dispatch(state: RunState, facts: Facts) -> Transition:
 
 
 def send_again(state: RunState, facts: Facts, *, known_absent: bool = False) -> Transition:
-    """Send again under the same key, still ``dispatched``: nothing new to commit first.
+    """Send again under the same key, still ``dispatched``, after committing that it is resent.
 
     An earlier attempt may have landed, so a refusal (a failed precondition)
-    is an unknown outcome, not a rejection. ``known_absent``: the adapter's
-    final look-up found nothing, so a receipt is a fresh commit.
+    is an unknown outcome, not a rejection, and so is a refusal a later
+    look-up finds stored (it may be the resend's): the commit first says
+    ``resent`` and when this send began (the in-flight limit counts from it),
+    and the ledger records the second dispatch. ``known_absent``: the
+    adapter's final look-up found nothing, so a receipt is a fresh commit.
     """
     pending = _pending(state)
     waiting = _waiting(state, facts)
     if waiting is not None:
         return waiting
+    resending = replace(pending, resent=True, dispatched_at=facts.now)
     return Transition(
         OutcomeKind.EXECUTED,
+        state=state.evolve(pending=resending),
+        events=(("effect_resent", {"action_id": pending.action_id}),),
+        ledger=(LedgerNote(EffectStatus.DISPATCHED),),
         call=Execute(
             pending.idempotency_key,
             pending.intent,
@@ -194,8 +202,21 @@ def after_lookup(state: RunState, facts: Facts, answer: LookupAnswer) -> Transit
             message=answer.detail or "an earlier attempt under this key is still in flight",
         )
     if answer.status is LookupStatus.REFUSED:
-        # The adapter recorded that it refused this very request: nothing
-        # landed, and a resend under the key would only get the refusal again.
+        if pending.resent:
+            # The refusal may be the resend's; the first attempt may have landed
+            # and been forgotten. The same reading as a refused resend's reply.
+            return freeze(
+                state,
+                facts,
+                "outcome_unknown",
+                None,
+                f"the adapter holds a refusal under key {pending.idempotency_key} "
+                f"({answer.detail}), but the write was sent more than once and the first "
+                "attempt may have landed; a person must decide",
+                ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
+            )
+        # Sent once, and the adapter recorded that it refused this very request:
+        # nothing landed, and a resend under the key would only be refused again.
         return _rejected(state, "refused", answer.detail)
     if answer.status is LookupStatus.UNAVAILABLE:
         return Transition(

@@ -241,7 +241,8 @@ class Policy:
                 risk=_risk(rule, "risk"),
                 permission=rule.str("permission"),
                 needs_approval=rule.bool("needs_approval"),
-                sensitive=rule.optional_raw("sensitive") is not None and rule.bool("sensitive"),
+                # Optional, but when given it is true or false (never null).
+                sensitive="sensitive" in raw_kinds[kind] and rule.bool("sensitive"),
             )
             rule.done()
         policy = cls(

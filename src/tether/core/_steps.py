@@ -16,6 +16,7 @@ from tether.core._canonical import JSONValue, canonical_bytes, digest_bytes, str
 from tether.core._errors import CanonicalJSONError, CheckpointCorruptError
 from tether.core._fields import Fields
 from tether.core._model import (
+    Capabilities,
     EnvironmentState,
     Intent,
     PendingWrite,
@@ -140,17 +141,24 @@ def propose_write(
     expected_post: EnvironmentState,
     now: datetime,
     needs_approval: bool,
-    blind: bool,
+    capabilities: Capabilities,
 ) -> Transition:
     """A write passed the gate: its intent and freshly minted key become durable, pending.
 
-    Sent at once on an adapter that can be asked or dedups (``dispatched``
-    lands with the intent: outcome ``in_flight``, the caller sends next).
-    Otherwise (a blind adapter, or a person must sign first) the commit says
-    only ``intended``, and ``dispatched`` gets its own commit right before
-    the call; a write that needs approval waits, and nothing leaves the process.
+    Sent at once on an adapter that dedups, or whose look-up that finds
+    nothing proves the write never landed (``dispatched`` lands with the
+    intent: outcome ``in_flight``, the caller sends next): a crash before the
+    send is then settled by asking or resending. Otherwise (a blind adapter,
+    one whose absence proves nothing, like a mailbox search, or a person must
+    sign first) the commit says only ``intended``, and ``dispatched`` gets its
+    own commit right before the call, so a crash before the send is known to
+    have sent nothing; a write that needs approval waits, and nothing leaves
+    the process.
     """
-    at_once = not needs_approval and not blind
+    settles_by_key = capabilities.idempotent or (
+        capabilities.queryable and capabilities.absent_is_final
+    )
+    at_once = not needs_approval and settles_by_key
     status = EffectStatus.DISPATCHED if at_once else EffectStatus.INTENDED
     after = _pend(state, proposal, intent, key, now, expected_post, status, mutating=True)
     pending = after.pending

@@ -695,7 +695,7 @@ class RunSession(LeaseHolder):
             expected_post=rt.adapter.derive_post_state(base.environment, intent),
             now=rt.clock.now(),
             needs_approval=needs_approval(rt.policy, kind),
-            blind=capabilities_of(rt.adapter, proposal.kind).blind,
+            capabilities=capabilities_of(rt.adapter, proposal.kind),
         )
         outcome = self.apply(transition, prefix=events, context=context)
         if outcome.kind is OutcomeKind.WAITING_FOR_APPROVAL:
