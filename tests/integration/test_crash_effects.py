@@ -36,13 +36,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 # How often an unarmed run passes each point (checked below): four steps,
 # three effects, a checkpoint for the start, each effect's pending and
-# advance, and the completion.
+# advance, the email's own dispatched commit (a mailbox search cannot prove
+# it was never sent), and the completion.
 PASSES = {
     P.BEFORE_PROPOSAL: 4,
     P.INTENT_PERSISTED: 3,
     P.EFFECT_SENT: 3,
     P.RECEIPT_PERSISTED: 3,
-    P.CHECKPOINT_WRITE: 8,
+    P.CHECKPOINT_WRITE: 9,
     P.CONTENT_BEFORE_MARK: 0,
 }
 # The three windows of the seed around each send (intent persisted, effect
