@@ -105,6 +105,25 @@ def test_a_look_up_that_vouches_for_an_unsent_message_is_caught(tmp_path: Path) 
     assert dict(message.trials[0].effects) == {"file.write": 1, "message.send": 0}
 
 
+def test_a_look_up_that_reports_an_unsent_message_as_refused_is_caught(tmp_path: Path) -> None:
+    """Killed before the send, recovery records a made-up refusal and completes: a missing effect."""
+    report = run_crash_harness(
+        "tests.integration._brokenapp:refusing",
+        trials=1,
+        points=[P.INTENT_PERSISTED],
+        workdir=tmp_path,
+    )
+    assert not report.passed, report.render()
+    file_write, message = report.cells
+    assert file_write.verdict is Verdict.OK
+    assert message.verdict is Verdict.MISSING
+    (trial,) = message.trials
+    assert (trial.phase, dict(trial.effects)) == ("completed", {"file.write": 1, "message.send": 0})
+    assert dict(trial.missing) == {"message.send": 1}
+    assert (dict(trial.lost), dict(trial.phantom)) == ({}, {})
+    assert "MISSING_EFFECT intent_persisted hit 2" in report.render()
+
+
 def test_a_failed_report_keeps_its_temporary_directory() -> None:
     """Without a workdir, a failing report's runs and store stay on disk for a person to open."""
     report = run_crash_harness(

@@ -33,9 +33,15 @@ the clean run's, kind by kind (:func:`~tether.testing._crashreport.judge`):
 more is a duplicate effect; an effect without a committed receipt on the
 recovered run's signed ledger is a lost receipt, unless the run is frozen in
 ``needs_review`` over exactly that uncertain effect, which is how an adapter
-that cannot be asked is meant to end (reported as ``review``). A run in
-another phase is ``stuck``. :attr:`CrashReport.passed` is false on any
-duplicate, lost receipt, or trial that could not be judged.
+that cannot be asked is meant to end (reported as ``review``); a committed
+receipt for an effect the world never got is a phantom receipt; and fewer
+effects than the clean run made, in a run that ended as the clean run did
+with no receipt for them, are missing effects (a look-up that called a send
+it never received "refused"). A run in another phase is ``stuck``.
+:attr:`CrashReport.passed` is false on any duplicate or missing effect, lost
+or phantom receipt, or trial that could not be judged. The comparison is by
+counts per kind, so a duplicate and a phantom receipt of one kind in one
+trial can hide each other (see :mod:`tether.testing._crashreport`).
 
 Runs get unique ids and each a world of its own, so trials may run side by
 side (``jobs``); ``prepare`` and ``effects`` are then called from several
@@ -314,6 +320,7 @@ class _Harness:
             found.duplicates,
             found.lost,
             found.phantom,
+            found.missing,
             settled.phase,
             settled.reviews,
         )
