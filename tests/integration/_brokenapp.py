@@ -12,6 +12,10 @@ makes recovery ask.
 - ``refusing``: its look-up reports a key it never received as a send the
   service refused: recovery after the intent (before the send) records a
   refusal, the run completes, and the message never goes out.
+
+``uncountable`` and ``unpreparable`` are sound runs whose ``effects()`` or
+``prepare()`` raises for one trial only: that trial is an error, the others
+keep their verdicts.
 """
 
 from __future__ import annotations
@@ -91,3 +95,35 @@ class RefusingOutbox(Outbox):
 def refusing(workdir: Path) -> ExampleApp:
     """The example app with :class:`RefusingOutbox`: recovery drops the message."""
     return ExampleApp(workdir, RefusingOutbox)
+
+
+#: The one trial the apps below fail for: the first trial at the second send.
+ONE_TRIAL = "-effect_sent-2-1"
+
+
+class UncountableApp(ExampleApp):
+    """Counts its world for every run but one trial's, whose outbox disk went away."""
+
+    def effects(self, run_id: str) -> dict[str, int]:
+        if run_id.endswith(ONE_TRIAL):
+            raise OSError("the outbox's disk went away")
+        return super().effects(run_id)
+
+
+def uncountable(workdir: Path) -> ExampleApp:
+    """The example app, unable to count one trial's world."""
+    return UncountableApp(workdir)
+
+
+class UnpreparableApp(ExampleApp):
+    """Prepares a world for every run but one trial's."""
+
+    def prepare(self, run_id: str) -> None:
+        if run_id.endswith(ONE_TRIAL):
+            raise OSError("no space left for this world")
+        super().prepare(run_id)
+
+
+def unpreparable(workdir: Path) -> ExampleApp:
+    """The example app, unable to prepare one trial's world."""
+    return UnpreparableApp(workdir)

@@ -124,6 +124,38 @@ def test_a_look_up_that_reports_an_unsent_message_as_refused_is_caught(tmp_path:
     assert "MISSING_EFFECT intent_persisted hit 2" in report.render()
 
 
+def test_a_trial_whose_world_cannot_be_counted_is_that_trials_error(tmp_path: Path) -> None:
+    """effects() raising after one trial's recoveries makes that trial an error; the others are judged."""
+    report = run_crash_harness(
+        "tests.integration._brokenapp:uncountable",
+        trials=1,
+        points=[P.EFFECT_SENT],
+        workdir=tmp_path,
+    )
+    assert not report.passed
+    file_write, message = report.cells
+    assert file_write.verdict is Verdict.OK, report.render()
+    (trial,) = message.trials
+    assert (trial.verdict, trial.phase, dict(trial.effects)) == (Verdict.ERROR, "completed", {})
+    assert "app.effects(" in trial.detail and "the outbox's disk went away" in trial.detail
+
+
+def test_a_trial_whose_world_cannot_be_prepared_is_that_trials_error(tmp_path: Path) -> None:
+    """prepare() raising for one trial makes that trial an error; the others are judged."""
+    report = run_crash_harness(
+        "tests.integration._brokenapp:unpreparable",
+        trials=1,
+        points=[P.EFFECT_SENT],
+        workdir=tmp_path,
+    )
+    assert not report.passed
+    file_write, message = report.cells
+    assert file_write.verdict is Verdict.OK, report.render()
+    (trial,) = message.trials
+    assert (trial.verdict, trial.phase) == (Verdict.ERROR, None)
+    assert "app.prepare(" in trial.detail and "no space left" in trial.detail
+
+
 def test_a_failed_report_keeps_its_temporary_directory() -> None:
     """Without a workdir, a failing report's runs and store stay on disk for a person to open."""
     report = run_crash_harness(

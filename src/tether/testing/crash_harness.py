@@ -43,6 +43,11 @@ or phantom receipt, or trial that could not be judged. The comparison is by
 counts per kind, so a duplicate and a phantom receipt of one kind in one
 trial can hide each other (see :mod:`tether.testing._crashreport`).
 
+A trial whose ``prepare`` or ``effects`` raises, or whose child fails, is
+an error for that trial only (``error`` in its row, the reason in the report);
+the other trials are still run and judged. Only the clean run's failures stop
+the harness with :class:`CrashHarnessError`, as there is nothing to compare with.
+
 Runs get unique ids and each a world of its own, so trials may run side by
 side (``jobs``); ``prepare`` and ``effects`` are then called from several
 threads, for different runs. Runs are started without a lease (a killed
@@ -284,11 +289,15 @@ class _Harness:
     def trial(self, baseline: Baseline, point: CrashPoint, hit: int, n: int) -> Trial:
         """Kill a fresh run at the ``hit``-th pass of ``point``, recover it, judge the world."""
         run_id = f"ct-{self.token}-{point.value}-{hit}-{n}"
-        self._prepare(run_id)
+        # A trial that could not be judged is that trial's error, whatever the
+        # app's code raised: it must not stop the others and hide their verdicts.
+        try:
+            self._prepare(run_id)
+        except CrashHarnessError as exc:
+            return Trial(point, hit, run_id, Verdict.ERROR, detail=str(exc))
 
         def error(detail: str) -> Trial:
-            # The world is shown if it can be counted; a trial that could not
-            # be judged must not stop the others.
+            # The world is shown if it can be counted.
             try:
                 world = self._effects(run_id)
             except CrashHarnessError as exc:
@@ -309,7 +318,18 @@ class _Harness:
             if report is None:
                 return error(f"recovery exited {recovered.returncode}: {_tail(recovered.stderr)}")
         settled = Settled.from_json(cast(dict[str, Any], report))
-        world = self._effects(run_id)
+        try:
+            world = self._effects(run_id)
+        except CrashHarnessError as exc:
+            return Trial(
+                point,
+                hit,
+                run_id,
+                Verdict.ERROR,
+                phase=settled.phase,
+                reviews=settled.reviews,
+                detail=f"the run recovered to {settled.phase}, but {exc}",
+            )
         found = judge(baseline.effects, baseline.phase, world, settled)
         return Trial(
             point,
