@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,22 @@ def test_an_app_that_ignores_the_crash_plan_is_refused(tmp_path: Path) -> None:
     """A runtime built without the harness's plan never passes a point: a typed error says so."""
     with pytest.raises(CrashHarnessError, match="crash=crash"):
         run_crash_harness("tests.integration._brokenapp:deaf", workdir=tmp_path)
+
+
+def test_a_workdir_that_is_a_file_is_a_typed_error(tmp_path: Path) -> None:
+    """A workdir naming a file is refused with the harness's error, not a FileExistsError."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(CrashHarnessError, match="not a directory"):
+        run_crash_harness("tether.testing.crash_example:app", workdir=afile)
+
+
+def test_an_app_module_that_raises_on_import_is_a_typed_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module that raises while being imported is refused with the harness's error, naming it."""
+    (tmp_path / "explodes_on_import.py").write_text("raise RuntimeError('no config file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "explodes_on_import", raising=False)
+    with pytest.raises(CrashHarnessError, match="RuntimeError: no config file"):
+        run_crash_harness("explodes_on_import:app", workdir=tmp_path / "work")

@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any, Protocol, cast, runtime_checkable
 
 from tether.core import Phase, TetherError
-from tether.runtime import CrashPlan, CrashPoint, Runtime, load_factory
+from tether.runtime import AppLoadError, CrashPlan, CrashPoint, Runtime, load_factory
 from tether.testing._crashreport import (
     Baseline,
     Cell,
@@ -127,7 +127,19 @@ def load_app(spec: str, workdir: Path) -> CrashApp:
     """Import ``module:factory`` and call it with ``workdir``; it must return a :class:`CrashApp`."""
     # The worker's loader does the importing (one way to name module:factory);
     # its type names a worker's factory, this one takes the working directory.
-    factory = cast(Callable[[Path], object], load_factory(spec))
+    module = spec.partition(":")[0]
+    try:
+        factory = cast(Callable[[Path], object], load_factory(spec))
+    except AppLoadError as exc:
+        raise CrashHarnessError(
+            f"{exc}; --app names module:factory, the module importable from the working "
+            "directory or the Python path"
+        ) from exc
+    except (Exception, SystemExit) as exc:  # the module's own code ran, and raised
+        raise CrashHarnessError(
+            f"importing {module!r} for {spec} raised {type(exc).__name__}: {exc}; fix the "
+            f"module until `python -c 'import {module}'` runs cleanly"
+        ) from exc
     try:
         app = factory(Path(workdir))
     except TetherError:
@@ -180,7 +192,7 @@ def run_crash_harness(
     home = Path(tempfile.mkdtemp(prefix="tether-crashtest-")) if workdir is None else Path(workdir)
     report = None
     try:
-        home.mkdir(parents=True, exist_ok=True)
+        _make_workdir(home)
         harness = _Harness(
             spec=app,
             app=load_app(app, home),
@@ -217,8 +229,7 @@ class _Harness:
         self.store_url = store_url
         self.recoveries = recoveries
         self.timeout_s = timeout_s
-        self.reports = workdir / "reports"
-        self.reports.mkdir(exist_ok=True)
+        self.reports = workdir / "reports"  # made by _make_workdir
         # One store may serve many harness runs: ids carry this run's token.
         self.token = secrets.token_hex(3)
         self.env = _child_env(spec)
@@ -398,6 +409,22 @@ class _Harness:
                 f"not {counted!r}"
             )
         return dict(counted)
+
+
+def _make_workdir(home: Path) -> None:
+    """Make ``home`` and its ``reports`` directory if missing; a path that cannot be one is
+    the caller's to change."""
+    if home.exists() and not home.is_dir():
+        raise CrashHarnessError(
+            f"workdir {home} is not a directory; name a directory (it is made if missing)"
+        )
+    try:
+        (home / "reports").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CrashHarnessError(
+            f"workdir {home} cannot be made or written ({exc.strerror or exc}); name a "
+            "directory you can write to (it is made if missing)"
+        ) from exc
 
 
 def _child_env(spec: str) -> dict[str, str]:
