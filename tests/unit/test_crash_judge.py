@@ -110,9 +110,12 @@ def test_a_run_that_ends_elsewhere_is_stuck(state: Settled) -> None:
 
 
 def report(*verdicts: Verdict) -> CrashReport:
-    trials = tuple(
-        Trial(CrashPoint.EFFECT_SENT, 1, f"r{n}", v, CLEAN) for n, v in enumerate(verdicts)
+    return report_of(
+        *(Trial(CrashPoint.EFFECT_SENT, 1, f"r{n}", v, CLEAN) for n, v in enumerate(verdicts))
     )
+
+
+def report_of(*trials: Trial) -> CrashReport:
     return CrashReport(
         app="m:f",
         store_url="sqlite:///x",
@@ -144,3 +147,27 @@ def test_only_broken_promises_and_unjudged_trials_fail_the_report(
     assert made.cells[0].verdict is worst
     assert made.to_json()["passed"] is passed
     assert made.render().rstrip().endswith("PASS" if passed else "FAIL")
+
+
+def test_a_trial_that_breaks_two_promises_names_both_in_the_report() -> None:
+    """A trial with a duplicate and a missing effect: its problem line counts both, worst first."""
+    world = {"file.write": 2, "message.send": 0}
+    found = judge(CLEAN, "completed", world, settled(committed={"file.write": 1}))
+    trial = Trial(
+        CrashPoint.EFFECT_SENT,
+        1,
+        "r0",
+        found.verdict,
+        world,
+        found.duplicates,
+        found.lost,
+        found.phantom,
+        found.missing,
+        "completed",
+    )
+    made = report_of(trial)
+    assert (
+        "DUPLICATE effect_sent hit 1 run r0: extra effects file.write=1; "
+        "never made, though the clean run did message.send=1"
+    ) in made.render()
+    assert made.to_json()["totals"]["missing_effects"] == 1
