@@ -12,11 +12,11 @@ from tether.cli._crashtest import EXIT_CRASHTEST_FAILED
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def crashtest(*args: str) -> subprocess.CompletedProcess[str]:
+def crashtest(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     # From the repository root, as `tests.integration._brokenapp` is found there.
     return subprocess.run(
         [sys.executable, "-m", "tether.cli", "crashtest", *args],
-        cwd=ROOT,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=300,
@@ -90,3 +90,26 @@ def test_an_app_that_cannot_be_loaded_is_a_one_line_error() -> None:
     assert done.returncode == 1
     assert done.stderr.startswith("tether: error: CrashHarnessError:")
     assert "Traceback" not in done.stderr
+
+
+def test_a_workdir_that_is_a_file_is_a_one_line_error(tmp_path: Path) -> None:
+    """--workdir naming a file fails with exit 1 and one line saying so, not a traceback."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    done = crashtest("--app", "tether.testing.crash_example:app", "--workdir", str(afile))
+    assert done.returncode == 1
+    assert done.stderr.startswith("tether: error: CrashHarnessError: workdir ")
+    assert "not a directory" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_an_app_module_that_raises_on_import_is_a_one_line_error(tmp_path: Path) -> None:
+    """An --app module that raises while imported fails with exit 1 and one line naming it."""
+    (tmp_path / "explodes_on_import.py").write_text("raise RuntimeError('no config file')\n")
+    done = crashtest("--app", "explodes_on_import:app", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        "tether: error: CrashHarnessError: importing 'explodes_on_import'"
+    )
+    assert "RuntimeError: no config file" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1

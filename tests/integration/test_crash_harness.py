@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,57 @@ def test_a_look_up_that_vouches_for_an_unsent_message_is_caught(tmp_path: Path) 
     assert dict(message.trials[0].effects) == {"file.write": 1, "message.send": 0}
 
 
+def test_a_look_up_that_reports_an_unsent_message_as_refused_is_caught(tmp_path: Path) -> None:
+    """Killed before the send, recovery records a made-up refusal and completes: a missing effect."""
+    report = run_crash_harness(
+        "tests.integration._brokenapp:refusing",
+        trials=1,
+        points=[P.INTENT_PERSISTED],
+        workdir=tmp_path,
+    )
+    assert not report.passed, report.render()
+    file_write, message = report.cells
+    assert file_write.verdict is Verdict.OK
+    assert message.verdict is Verdict.MISSING
+    (trial,) = message.trials
+    assert (trial.phase, dict(trial.effects)) == ("completed", {"file.write": 1, "message.send": 0})
+    assert dict(trial.missing) == {"message.send": 1}
+    assert (dict(trial.lost), dict(trial.phantom)) == ({}, {})
+    assert "MISSING_EFFECT intent_persisted hit 2" in report.render()
+
+
+def test_a_trial_whose_world_cannot_be_counted_is_that_trials_error(tmp_path: Path) -> None:
+    """effects() raising after one trial's recoveries makes that trial an error; the others are judged."""
+    report = run_crash_harness(
+        "tests.integration._brokenapp:uncountable",
+        trials=1,
+        points=[P.EFFECT_SENT],
+        workdir=tmp_path,
+    )
+    assert not report.passed
+    file_write, message = report.cells
+    assert file_write.verdict is Verdict.OK, report.render()
+    (trial,) = message.trials
+    assert (trial.verdict, trial.phase, dict(trial.effects)) == (Verdict.ERROR, "completed", {})
+    assert "app.effects(" in trial.detail and "the outbox's disk went away" in trial.detail
+
+
+def test_a_trial_whose_world_cannot_be_prepared_is_that_trials_error(tmp_path: Path) -> None:
+    """prepare() raising for one trial makes that trial an error; the others are judged."""
+    report = run_crash_harness(
+        "tests.integration._brokenapp:unpreparable",
+        trials=1,
+        points=[P.EFFECT_SENT],
+        workdir=tmp_path,
+    )
+    assert not report.passed
+    file_write, message = report.cells
+    assert file_write.verdict is Verdict.OK, report.render()
+    (trial,) = message.trials
+    assert (trial.verdict, trial.phase) == (Verdict.ERROR, None)
+    assert "app.prepare(" in trial.detail and "no space left" in trial.detail
+
+
 def test_a_failed_report_keeps_its_temporary_directory() -> None:
     """Without a workdir, a failing report's runs and store stay on disk for a person to open."""
     report = run_crash_harness(
@@ -121,3 +173,22 @@ def test_an_app_that_ignores_the_crash_plan_is_refused(tmp_path: Path) -> None:
     """A runtime built without the harness's plan never passes a point: a typed error says so."""
     with pytest.raises(CrashHarnessError, match="crash=crash"):
         run_crash_harness("tests.integration._brokenapp:deaf", workdir=tmp_path)
+
+
+def test_a_workdir_that_is_a_file_is_a_typed_error(tmp_path: Path) -> None:
+    """A workdir naming a file is refused with the harness's error, not a FileExistsError."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(CrashHarnessError, match="not a directory"):
+        run_crash_harness("tether.testing.crash_example:app", workdir=afile)
+
+
+def test_an_app_module_that_raises_on_import_is_a_typed_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module that raises while being imported is refused with the harness's error, naming it."""
+    (tmp_path / "explodes_on_import.py").write_text("raise RuntimeError('no config file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "explodes_on_import", raising=False)
+    with pytest.raises(CrashHarnessError, match="RuntimeError: no config file"):
+        run_crash_harness("explodes_on_import:app", workdir=tmp_path / "work")

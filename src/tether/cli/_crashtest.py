@@ -11,7 +11,8 @@ from typing import Any
 
 from tether.runtime import CrashPoint
 
-#: The harness found a duplicate effect, a lost or phantom receipt, or a trial it could not judge.
+#: The harness found a duplicate or missing effect, a lost or phantom receipt, or a trial it
+#: could not judge.
 EXIT_CRASHTEST_FAILED = 4
 
 
@@ -25,8 +26,8 @@ def add_crashtest(sub: Any, count: Any) -> None:
         "processes, and compare what the real systems received (the app's effects()) with the "
         "clean run and the run's signed ledger. --app names factory(workdir) returning an app "
         "with prepare(run_id), runtime(store, run_id, crash) and effects(run_id); see "
-        "tether.testing.crash_harness. Exit 4 on any duplicate effect, lost or phantom "
-        "receipt, or trial that could not be judged.",
+        "tether.testing.crash_harness. Exit 4 on any duplicate or missing effect, lost or "
+        "phantom receipt, or trial that could not be judged.",
     )
     p.add_argument("--app", required=True, help="module:factory; the module is imported from . too")
     p.add_argument(

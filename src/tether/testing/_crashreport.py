@@ -4,6 +4,16 @@
 made the world receive, what the world received after the crash and the
 recoveries, and what the recovered run's signed ledger says. Everything
 else here only groups and prints its answers.
+
+The rule compares counts per action kind, not effect by effect: the app's
+``effects()`` says how many of each kind the world received, not which.
+So two faults of one kind in one trial can hide each other. A message sent
+twice and another never sent, with a receipt for each, leaves the world's
+count, the ledger's count and the clean run's count equal, and the trial
+``ok``. (Without the second receipt the trial still fails, as a lost
+receipt.) Each fault alone is always caught; catching the pair needs the
+world to name each effect by its idempotency key, which ``effects()`` does
+not ask of an app.
 """
 
 from __future__ import annotations
@@ -32,6 +42,9 @@ class Verdict(StrEnum):
     LOST = "lost_receipt"  # the world holds an effect the recovered run has no receipt for
     PHANTOM = "phantom_receipt"  # the run holds a receipt for an effect the world never got
     DUPLICATE = "duplicate"  # the world received an effect more often than in a clean run
+    # the run ended as the clean run did, yet the world never got an effect the clean
+    # run made, and the run holds no receipt for it either (it believes none was due)
+    MISSING = "missing_effect"
 
 
 # Worst last: a cell reports the worst verdict among its trials.
@@ -40,12 +53,15 @@ _SEVERITY = (
     Verdict.REVIEW,
     Verdict.STUCK,
     Verdict.ERROR,
+    Verdict.MISSING,
     Verdict.PHANTOM,
     Verdict.LOST,
     Verdict.DUPLICATE,
 )
 #: Verdicts that fail the harness (the command exits non-zero).
-FAILING = frozenset({Verdict.ERROR, Verdict.PHANTOM, Verdict.LOST, Verdict.DUPLICATE})
+FAILING = frozenset(
+    {Verdict.ERROR, Verdict.MISSING, Verdict.PHANTOM, Verdict.LOST, Verdict.DUPLICATE}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +99,13 @@ class Settled:
 @dataclass(frozen=True, slots=True)
 class Judgement:
     """Per kind: effects beyond the clean run's, effects without a receipt, receipts
-    without an effect; and the verdict."""
+    without an effect, effects the clean run made that a finished run never did;
+    and the verdict."""
 
     duplicates: dict[str, int]
     lost: dict[str, int]
     phantom: dict[str, int]
+    missing: dict[str, int]
     verdict: Verdict
 
 
@@ -102,18 +120,33 @@ def judge(
     changed and the run does not know it. More committed receipts than the
     world received are phantom receipts: the run believes in an effect that
     never happened (an adapter's look-up that vouched for a send that never
-    landed).
+    landed). Fewer effects than the clean run made, in a run that ended in
+    the clean run's phase, are missing where no receipt accounts for them:
+    the run finished believing it owed nothing more (a look-up that called
+    a send it never received "refused"). A run that ended elsewhere has not
+    finished, so what it has not made yet is not missing: frozen for review,
+    the effects after the frozen one wait for a person; stuck, it is
+    reported as stuck.
     """
     kinds = sorted({*clean, *world, *settled.committed, *settled.held})
+    finished = settled.phase == clean_phase
     duplicates: dict[str, int] = {}
     lost: dict[str, int] = {}
     phantom: dict[str, int] = {}
+    missing: dict[str, int] = {}
     for kind in kinds:
         received = world.get(kind, 0)
         committed = settled.committed.get(kind, 0)
         extra = max(0, received - clean.get(kind, 0))
-        missing = max(0, received - extra - committed - settled.held.get(kind, 0))
-        for found, count in ((duplicates, extra), (lost, missing), (phantom, committed - received)):
+        unreceipted = max(0, received - extra - committed - settled.held.get(kind, 0))
+        # A phantom receipt already counts the effect it vouches for: counted once.
+        short = clean.get(kind, 0) - max(received, committed) if finished else 0
+        for found, count in (
+            (duplicates, extra),
+            (lost, unreceipted),
+            (phantom, committed - received),
+            (missing, short),
+        ):
             if count > 0:
                 found[kind] = count
     if duplicates:
@@ -122,13 +155,15 @@ def judge(
         verdict = Verdict.LOST
     elif phantom:
         verdict = Verdict.PHANTOM
-    elif settled.phase == clean_phase and not settled.reviews:
+    elif missing:
+        verdict = Verdict.MISSING
+    elif finished and not settled.reviews:
         verdict = Verdict.OK
     elif settled.phase == Phase.NEEDS_REVIEW and set(settled.reviews) == {UNCERTAIN}:
         verdict = Verdict.REVIEW
     else:
         verdict = Verdict.STUCK
-    return Judgement(duplicates, lost, phantom, verdict)
+    return Judgement(duplicates, lost, phantom, missing, verdict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +178,7 @@ class Trial:
     duplicates: Mapping[str, int] = field(default_factory=dict)
     lost: Mapping[str, int] = field(default_factory=dict)
     phantom: Mapping[str, int] = field(default_factory=dict)
+    missing: Mapping[str, int] = field(default_factory=dict)
     phase: str | None = None
     reviews: tuple[str, ...] = ()
     detail: str = ""  # why a trial could not be judged (an error's last lines)
@@ -157,6 +193,7 @@ class Trial:
             "duplicates": dict(self.duplicates),
             "lost_receipts": dict(self.lost),
             "phantom_receipts": dict(self.phantom),
+            "missing_effects": dict(self.missing),
             "detail": self.detail,
         }
 
@@ -186,6 +223,10 @@ class Cell:
     def phantom(self) -> int:
         return sum(sum(t.phantom.values()) for t in self.trials)
 
+    @property
+    def missing(self) -> int:
+        return sum(sum(t.missing.values()) for t in self.trials)
+
     def count(self, verdict: Verdict) -> int:
         """How many trials ended with ``verdict``."""
         return sum(t.verdict is verdict for t in self.trials)
@@ -208,6 +249,7 @@ class Cell:
             "duplicates": self.duplicates,
             "lost_receipts": self.lost,
             "phantom_receipts": self.phantom,
+            "missing_effects": self.missing,
             "stuck": self.count(Verdict.STUCK),
             "review": self.count(Verdict.REVIEW),
             "errors": self.count(Verdict.ERROR),
@@ -246,7 +288,7 @@ class CrashReport:
 
     @property
     def passed(self) -> bool:
-        """No duplicate, no lost or phantom receipt, and every trial judged."""
+        """No duplicate or missing effect, no lost or phantom receipt, and every trial judged."""
         return not any(t.verdict in FAILING for c in self.cells for t in c.trials)
 
     def total(self, verdict: Verdict) -> int:
@@ -268,6 +310,7 @@ class CrashReport:
                 "duplicates": sum(c.duplicates for c in self.cells),
                 "lost_receipts": sum(c.lost for c in self.cells),
                 "phantom_receipts": sum(c.phantom for c in self.cells),
+                "missing_effects": sum(c.missing for c in self.cells),
                 "stuck": self.total(Verdict.STUCK),
                 "review": self.total(Verdict.REVIEW),
                 "errors": self.total(Verdict.ERROR),
@@ -285,8 +328,8 @@ class CrashReport:
             f"  clean run: {self.baseline.phase}; the world received {clean}",
             "",
         ]
-        header = ("point", "hit", "trials", "world received", "dup", "lost", "phantom", "stuck")
-        rows = [(*header, "review", "error", "outcome")]
+        header = ("point", "hit", "trials", "world received", "dup", "missing", "lost", "phantom")
+        rows = [(*header, "stuck", "review", "error", "outcome")]
         for c in self.cells:
             rows.append(
                 (
@@ -295,6 +338,7 @@ class CrashReport:
                     str(len(c.trials)),
                     c.received(),
                     str(c.duplicates),
+                    str(c.missing),
                     str(c.lost),
                     str(c.phantom),
                     str(c.count(Verdict.STUCK)),
@@ -316,6 +360,7 @@ class CrashReport:
         totals = self.to_json()["totals"]
         lines.append(
             f"{totals['trials']} trial(s): {totals['duplicates']} duplicate effect(s), "
+            f"{totals['missing_effects']} missing effect(s), "
             f"{totals['lost_receipts']} lost receipt(s), "
             f"{totals['phantom_receipts']} phantom receipt(s), {totals['stuck']} stuck, "
             f"{totals['review']} in review, {totals['errors']} error(s): "
@@ -330,14 +375,22 @@ class CrashReport:
             for t in c.trials:
                 if t.verdict in (Verdict.OK, Verdict.REVIEW):
                     continue
-                what = {
-                    Verdict.DUPLICATE: f"extra effects {_counts(t.duplicates)}",
-                    Verdict.LOST: f"no receipt for {_counts(t.lost)}",
-                    Verdict.PHANTOM: f"receipts the world never saw {_counts(t.phantom)}",
-                    Verdict.STUCK: f"ended {t.phase}"
-                    + (f" ({', '.join(t.reviews)})" if t.reviews else ""),
-                    Verdict.ERROR: t.detail,
-                }[t.verdict]
+                if t.verdict is Verdict.ERROR:
+                    what = t.detail
+                elif t.verdict is Verdict.STUCK:
+                    what = f"ended {t.phase}" + (f" ({', '.join(t.reviews)})" if t.reviews else "")
+                else:
+                    # Every count, not only the verdict's: one trial may break two promises.
+                    what = "; ".join(
+                        f"{label} {_counts(counts)}"
+                        for label, counts in (
+                            ("extra effects", t.duplicates),
+                            ("no receipt for", t.lost),
+                            ("receipts the world never saw", t.phantom),
+                            ("never made, though the clean run did", t.missing),
+                        )
+                        if counts
+                    )
                 lines.append(
                     f"{_loud(t.verdict)} {c.point.value} hit {c.hit} run {t.run_id}: {what}"
                 )

@@ -33,9 +33,20 @@ the clean run's, kind by kind (:func:`~tether.testing._crashreport.judge`):
 more is a duplicate effect; an effect without a committed receipt on the
 recovered run's signed ledger is a lost receipt, unless the run is frozen in
 ``needs_review`` over exactly that uncertain effect, which is how an adapter
-that cannot be asked is meant to end (reported as ``review``). A run in
-another phase is ``stuck``. :attr:`CrashReport.passed` is false on any
-duplicate, lost receipt, or trial that could not be judged.
+that cannot be asked is meant to end (reported as ``review``); a committed
+receipt for an effect the world never got is a phantom receipt; and fewer
+effects than the clean run made, in a run that ended as the clean run did
+with no receipt for them, are missing effects (a look-up that called a send
+it never received "refused"). A run in another phase is ``stuck``.
+:attr:`CrashReport.passed` is false on any duplicate or missing effect, lost
+or phantom receipt, or trial that could not be judged. The comparison is by
+counts per kind, so a duplicate and a phantom receipt of one kind in one
+trial can hide each other (see :mod:`tether.testing._crashreport`).
+
+A trial whose ``prepare`` or ``effects`` raises, or whose child fails, is
+an error for that trial only (``error`` in its row, the reason in the report);
+the other trials are still run and judged. Only the clean run's failures stop
+the harness with :class:`CrashHarnessError`, as there is nothing to compare with.
 
 Runs get unique ids and each a world of its own, so trials may run side by
 side (``jobs``); ``prepare`` and ``effects`` are then called from several
@@ -59,7 +70,7 @@ from pathlib import Path
 from typing import Any, Protocol, cast, runtime_checkable
 
 from tether.core import Phase, TetherError
-from tether.runtime import CrashPlan, CrashPoint, Runtime, load_factory
+from tether.runtime import AppLoadError, CrashPlan, CrashPoint, Runtime, load_factory
 from tether.testing._crashreport import (
     Baseline,
     Cell,
@@ -116,7 +127,19 @@ def load_app(spec: str, workdir: Path) -> CrashApp:
     """Import ``module:factory`` and call it with ``workdir``; it must return a :class:`CrashApp`."""
     # The worker's loader does the importing (one way to name module:factory);
     # its type names a worker's factory, this one takes the working directory.
-    factory = cast(Callable[[Path], object], load_factory(spec))
+    module = spec.partition(":")[0]
+    try:
+        factory = cast(Callable[[Path], object], load_factory(spec))
+    except AppLoadError as exc:
+        raise CrashHarnessError(
+            f"{exc}; --app names module:factory, the module importable from the working "
+            "directory or the Python path"
+        ) from exc
+    except (Exception, SystemExit) as exc:  # the module's own code ran, and raised
+        raise CrashHarnessError(
+            f"importing {module!r} for {spec} raised {type(exc).__name__}: {exc}; fix the "
+            f"module until `python -c 'import {module}'` runs cleanly"
+        ) from exc
     try:
         app = factory(Path(workdir))
     except TetherError:
@@ -169,7 +192,7 @@ def run_crash_harness(
     home = Path(tempfile.mkdtemp(prefix="tether-crashtest-")) if workdir is None else Path(workdir)
     report = None
     try:
-        home.mkdir(parents=True, exist_ok=True)
+        _make_workdir(home)
         harness = _Harness(
             spec=app,
             app=load_app(app, home),
@@ -206,8 +229,7 @@ class _Harness:
         self.store_url = store_url
         self.recoveries = recoveries
         self.timeout_s = timeout_s
-        self.reports = workdir / "reports"
-        self.reports.mkdir(exist_ok=True)
+        self.reports = workdir / "reports"  # made by _make_workdir
         # One store may serve many harness runs: ids carry this run's token.
         self.token = secrets.token_hex(3)
         self.env = _child_env(spec)
@@ -278,11 +300,15 @@ class _Harness:
     def trial(self, baseline: Baseline, point: CrashPoint, hit: int, n: int) -> Trial:
         """Kill a fresh run at the ``hit``-th pass of ``point``, recover it, judge the world."""
         run_id = f"ct-{self.token}-{point.value}-{hit}-{n}"
-        self._prepare(run_id)
+        # A trial that could not be judged is that trial's error, whatever the
+        # app's code raised: it must not stop the others and hide their verdicts.
+        try:
+            self._prepare(run_id)
+        except CrashHarnessError as exc:
+            return Trial(point, hit, run_id, Verdict.ERROR, detail=str(exc))
 
         def error(detail: str) -> Trial:
-            # The world is shown if it can be counted; a trial that could not
-            # be judged must not stop the others.
+            # The world is shown if it can be counted.
             try:
                 world = self._effects(run_id)
             except CrashHarnessError as exc:
@@ -303,7 +329,18 @@ class _Harness:
             if report is None:
                 return error(f"recovery exited {recovered.returncode}: {_tail(recovered.stderr)}")
         settled = Settled.from_json(cast(dict[str, Any], report))
-        world = self._effects(run_id)
+        try:
+            world = self._effects(run_id)
+        except CrashHarnessError as exc:
+            return Trial(
+                point,
+                hit,
+                run_id,
+                Verdict.ERROR,
+                phase=settled.phase,
+                reviews=settled.reviews,
+                detail=f"the run recovered to {settled.phase}, but {exc}",
+            )
         found = judge(baseline.effects, baseline.phase, world, settled)
         return Trial(
             point,
@@ -314,6 +351,7 @@ class _Harness:
             found.duplicates,
             found.lost,
             found.phantom,
+            found.missing,
             settled.phase,
             settled.reviews,
         )
@@ -371,6 +409,22 @@ class _Harness:
                 f"not {counted!r}"
             )
         return dict(counted)
+
+
+def _make_workdir(home: Path) -> None:
+    """Make ``home`` and its ``reports`` directory if missing; a path that cannot be one is
+    the caller's to change."""
+    if home.exists() and not home.is_dir():
+        raise CrashHarnessError(
+            f"workdir {home} is not a directory; name a directory (it is made if missing)"
+        )
+    try:
+        (home / "reports").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CrashHarnessError(
+            f"workdir {home} cannot be made or written ({exc.strerror or exc}); name a "
+            "directory you can write to (it is made if missing)"
+        ) from exc
 
 
 def _child_env(spec: str) -> dict[str, str]:
