@@ -6,7 +6,9 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -462,3 +464,79 @@ def test_a_service_that_does_not_check_the_instance_it_is_told_is_a_profile_erro
     with HttpEffect(service.url, profile=without, timeout_s=2) as http:
         assert http.execute("k1", intent, http.environment()).result["status"] == 201
     assert len(service.tickets()) == 1  # the unverified send landed once; the resend replayed
+
+
+class _NoContent(BaseHTTPRequestHandler):
+    """A real HTTP server that answers every POST 204 and counts what it received."""
+
+    received: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length", "0"))
+        self.rfile.read(length)
+        type(self).received.append(self.headers.get("Idempotency-Key", ""))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_204_no_content_is_a_committed_effect() -> None:
+    """A success with no body is a receipt, not an unknown outcome."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NoContent)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    profile = ServiceProfile(lookup=None, identity=None, verifies_instance=False)
+    try:
+        with HttpEffect(f"http://127.0.0.1:{server.server_port}", profile=profile) as plain:
+            receipt = plain.execute("k1", ticket(plain), plain.environment())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert receipt.result == {"status": 204, "body": None}
+    assert _NoContent.received == ['"k1"']
+
+
+def test_two_services_in_one_run_each_own_their_kind(tmp_path: Path) -> None:
+    """Two HttpEffects under their own kinds and namespaces share a run; one ticket each."""
+    from tests.conftest import ScriptedAgent, make_policy, make_task, write
+    from tether.adapters import Adapters
+
+    with (
+        effects_service(tmp_path, "a") as first,
+        effects_service(tmp_path, "b") as second,
+        HttpEffect(first.url, kind="desk.post", namespace="desk") as desk,
+        HttpEffect(second.url, kind="billing.post", namespace="billing") as billing,
+    ):
+        both = Adapters(desk, billing)
+        rule = {"risk": "low", "permission": "service.write", "needs_approval": False}
+        task = make_task(
+            both.environment().state_fingerprint,
+            allowed_kinds=["desk.post", "billing.post"],
+            allowed_paths=["tickets"],
+            permissions=["service.write"],
+            initial_environment={"namespace": both.namespace},
+        )
+        rt = Runtime(
+            store=SQLiteStore(tmp_path / "tether.sqlite"),
+            keyring=KEYRING,
+            adapter=both,
+            task=task,
+            policy=make_policy(kinds={"desk.post": rule, "billing.post": rule}),
+            agent=ScriptedAgent(
+                [
+                    write("tickets", "", kind="desk.post", args={"json": {"title": "desk"}}),
+                    write("tickets", "", kind="billing.post", args={"json": {"title": "bill"}}),
+                ]
+            ),
+        )
+        session = rt.start("r1")
+        session.step()
+        session.step()
+        assert session.state.writes_committed == 2
+        assert [t["body"] for t in first.tickets()] == ['{"title":"desk"}']
+        assert [t["body"] for t in second.tickets()] == ['{"title":"bill"}']
+        adapters = {e.terms.adapter for e in rt.store.ledger("r1") if e.terms is not None}
+        assert adapters == {"desk", "billing"}
+    with pytest.raises(HttpConfigError, match="dotted"):
+        HttpEffect("http://127.0.0.1:1", kind="Post")

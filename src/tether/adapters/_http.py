@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
 
@@ -94,6 +95,7 @@ HTTP_POST = ActionKind(
     compensation=Compensation.HUMAN,
 )
 _REPLAYS = {"first_response", "conflict", "new_effect"}
+_KIND_NAME = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+")
 #: The part of a response body kept in a receipt (the ledger stores receipts).
 MAX_RECEIPT_BODY = 16_384
 
@@ -172,7 +174,11 @@ def reference_fingerprint(method: str, path: str, body: bytes) -> str:
 
 
 class HttpEffect(RemoteEffect):
-    """An adapter for one HTTP service: ``http.post`` to paths under ``base_url``."""
+    """An adapter for one HTTP service: ``http.post`` to paths under ``base_url``.
+
+    Two services in one run each need their own action kind and namespace:
+    ``HttpEffect(url, kind="stripe.post", namespace="stripe")``.
+    """
 
     KIND = HTTP_POST
     ADAPTER_VERSION = ADAPTER_VERSION
@@ -183,8 +189,13 @@ class HttpEffect(RemoteEffect):
         *,
         profile: ServiceProfile = REFERENCE_PROFILE,
         namespace: str = "http",
+        kind: str = HTTP_POST.name,
         timeout_s: float = 10.0,
     ) -> None:
+        if not _KIND_NAME.fullmatch(kind):
+            raise HttpConfigError(
+                f"kind {kind!r} must be dotted lower-case words, like 'http.post' or 'stripe.post'"
+            )
         if not base_url.startswith(("http://", "https://")):
             raise HttpConfigError(f"base_url must be http:// or https://, not {base_url!r}")
         if not 0 < timeout_s <= 3600:
@@ -194,6 +205,7 @@ class HttpEffect(RemoteEffect):
         self.base_url = base_url.rstrip("/")
         self.profile = profile
         self._namespace = namespace
+        self._kind = replace(HTTP_POST, name=kind)
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s)
         self._reported: str | None = None  # the instance id the service named, asked once
         self._capabilities = Capabilities(
@@ -313,7 +325,7 @@ class HttpEffect(RemoteEffect):
         check_canonical_path(target, "target")
         if set(args) != {"json"} or not isinstance(args["json"], dict):
             raise ContractViolationError(
-                "bad_args", "http.post takes exactly one argument, json: an object"
+                "bad_args", f"{kind} takes exactly one argument, json: an object"
             )
         canonical_bytes(args["json"])  # refuses what has no canonical JSON form
         return {"json": args["json"]}
@@ -356,7 +368,8 @@ class HttpEffect(RemoteEffect):
         text = response.text[:2000]
         if 200 <= status < 300:
             try:
-                body = response.json()
+                # 204 No Content (or any empty 2xx) is a success with nothing to keep.
+                body = None if not response.content.strip() else response.json()
             except ValueError:
                 raise AdapterUnavailableError(
                     f"POST under key {key} answered {status} without a JSON body; the outcome "

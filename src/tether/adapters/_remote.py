@@ -61,7 +61,12 @@ class RemoteEffect:
     @property
     def kinds(self) -> tuple[ActionKind, ...]:
         """The one write kind this adapter carries out."""
-        return (self.KIND,)
+        return (self.kind,)
+
+    @property
+    def kind(self) -> ActionKind:
+        """The write kind this adapter carries out (the class's, unless renamed)."""
+        return getattr(self, "_kind", self.KIND)
 
     def read(
         self, kind: str, target: str, args: dict[str, Any], scope: Any
@@ -79,7 +84,7 @@ class RemoteEffect:
         return prestate
 
     def _check_kind(self, kind: str) -> None:
-        if kind != self.KIND.name:
+        if kind != self.kind.name:
             raise ContractViolationError("unknown_kind", f"{self._namespace} cannot {kind!r}")
 
     def _check_send(self, key: str, intent: Intent, prestate: EnvironmentState) -> None:
