@@ -18,11 +18,11 @@ digest) and of the result inside the receipt.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from tether.core._canonical import JSONValue, digest
+from tether.core._canonical import JSONValue, canonical_bytes, digest
 from tether.core._errors import CanonicalJSONError, LedgerIntegrityError
 from tether.core._model import Capabilities, format_time
 from tether.core._phases import Compensation, EffectStatus, RetrySemantics
@@ -91,6 +91,14 @@ class LedgerEntry:
     terms: EffectTerms | None = None
     #: The effect's arguments, on its ``intended`` entry, unless sensitive.
     payload: dict[str, Any] | None = None
+    # The canonical bytes of body() as sealed: set by seal_entry only, and not
+    # an __init__ argument, so dataclasses.replace() and rows read back start
+    # without it and are encoded afresh (a changed entry never reuses it).
+    _sealed_body: bytes = field(default=b"", init=False, compare=False, repr=False)
+
+    def body_bytes(self) -> bytes:
+        """The canonical bytes the hash covers (as sealed, or encoded now)."""
+        return self._sealed_body or canonical_bytes(self.body())
 
     def body(self) -> dict[str, JSONValue]:
         body: dict[str, JSONValue] = {
@@ -152,7 +160,10 @@ def seal_entry(
         terms=terms,
         payload=payload,
     )
-    return replace(entry, prev_hash=prev_hash, hash=chain_hash(prev_hash, entry.body()))
+    body = canonical_bytes(entry.body())
+    sealed = replace(entry, prev_hash=prev_hash, hash=chain_hash(prev_hash, body))
+    object.__setattr__(sealed, "_sealed_body", body)
+    return sealed
 
 
 def verify_ledger(

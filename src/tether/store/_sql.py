@@ -114,7 +114,7 @@ class SQLBase(LeaseSQL):
         for entry in commit.ledger:
             if entry.run_id != commit.run_id:
                 raise WriteOnceError(f"run {commit.run_id}: a commit carries another run's ledger")
-            if chain_hash(entry.prev_hash, entry.body()) != entry.hash:
+            if chain_hash(entry.prev_hash, entry.body_bytes()) != entry.hash:
                 raise WriteOnceError(f"ledger entry {entry.hash} is not sealed over its content")
 
     def _put_content(self, commit: Commit) -> None:
