@@ -36,6 +36,7 @@ from tether.runtime import CrashPlan, CrashPoint, Runtime
 from tether.store import open_store
 
 VERIFIER = ("python", "-c", "pass")
+BLIND_MAIL = "TETHER_DESK_BLIND_MAIL"
 CUSTOMER = "customer@example.com"
 INITIAL = Sandbox({"reply.txt": "draft\n"})  # fingerprints agree with the workspace's
 RULES = {
@@ -68,7 +69,8 @@ def adapters(base: Path, run_id: str, service_url: str, smtp_port: int, maildir:
         sender="desk@shop.test",
         domain="shop.test",
         instance_id="mail-1",
-        mailbox_lookup=MaildirLookup(maildir),
+        # TETHER_DESK_BLIND_MAIL=1: plain SMTP, which can neither be asked nor dedup.
+        mailbox_lookup=None if os.environ.get(BLIND_MAIL) == "1" else MaildirLookup(maildir),
         timeout_s=10,
     )
     return Adapters(workspace, http, smtp)

@@ -88,7 +88,9 @@ def world(
             yield World(base, service, port, base / "Maildir", url_in_schema(dsn, schema))
 
 
-def child(world: World, stage: str, run_id: str, *crash: str) -> subprocess.CompletedProcess[str]:
+def child(
+    world: World, stage: str, run_id: str, *crash: str, blind_mail: bool = False
+) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, *["-O"] * sys.flags.optimize, "-m", "tests.integration._deskkit"]
     cmd += [stage, str(world.base), run_id, world.store_url, world.service.url]
     cmd += [str(world.smtp_port), str(world.maildir), *crash]
@@ -100,6 +102,7 @@ def child(world: World, stage: str, run_id: str, *crash: str) -> subprocess.Comp
         check=False,
         stdin=subprocess.DEVNULL,
         timeout=120,
+        env={**os.environ, kit.BLIND_MAIL: "1" if blind_mail else "0"},
     )
 
 
@@ -114,11 +117,11 @@ class Trial:
     received: tuple[int, int, int]
 
 
-def trial(world: World, point: CrashPoint, hit: int) -> Trial:
+def trial(world: World, point: CrashPoint, hit: int, *, blind_mail: bool = False) -> Trial:
     run_id = f"r-{uuid.uuid4().hex[:10]}"
     kit.prepare(world.base, run_id)
-    killed = child(world, "start", run_id, point.value, str(hit))
-    recovered = child(world, "recover", run_id)
+    killed = child(world, "start", run_id, point.value, str(hit), blind_mail=blind_mail)
+    recovered = child(world, "recover", run_id, blind_mail=blind_mail)
     with open_store(world.store_url) as store:
         keyring = Keyring.from_file(world.base / "keyring.json")
         state = Checkpointer(store, keyring).load(run_id).state
@@ -154,6 +157,28 @@ def test_every_window_of_every_effect_survives_sigkill(
             assert each.phase is Phase.NEEDS_REVIEW, each
             assert (each.pending_kind, each.reason) == ("email.send", "outcome_unknown"), each
             assert (files, tickets) == (1, 1), each
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "point", [P.INTENT_PERSISTED, P.EFFECT_SENT, P.RECEIPT_PERSISTED], ids=lambda v: str(v)
+)
+def test_plain_smtp_freezes_every_uncertain_email_and_never_sends_twice(
+    world: World, point: CrashPoint
+) -> None:
+    """No mailbox to ask: killed after the email may have left, every trial is in review."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = list(pool.map(lambda _: trial(world, point, 3, blind_mail=True), range(TRIALS)))
+    for each in done:
+        assert each.killed == -9, each
+        assert each.recovered == 0, each.stderr
+        assert each.received == (1, 1, 1), each  # the email left exactly once
+        if point is P.INTENT_PERSISTED:
+            # Plain SMTP commits intended alone: killed there, nothing had left.
+            assert each.phase is Phase.COMPLETED, each
+        else:
+            assert each.phase is Phase.NEEDS_REVIEW, each
+            assert (each.pending_kind, each.reason) == ("email.send", "outcome_unknown"), each
 
 
 def test_the_table_names_every_pass_of_every_point(tmp_path: Path) -> None:
