@@ -33,6 +33,17 @@ RUN_ID = "demo-run"
 SCENARIOS = ("repair", "approval", "conflict", "support-desk")
 
 
+class DemoPathError(TetherError):
+    """A path given to the demo already holds something the demo would overwrite or count.
+
+    ``path`` is the one refused; the demo has written nothing when this is raised.
+    """
+
+    def __init__(self, path: Path, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
 def policy_doc(scenario: str) -> dict[str, object]:
     """The demo policy; the approval scenario makes every file write need a person's approval."""
     return {

@@ -25,18 +25,26 @@ from tether.adapters import FileWorkspace
 pytestmark = pytest.mark.slow
 
 
-def desk(tmp_path: Path, *args: str) -> dict[str, Any]:
-    """The demo's JSON report; the demo must exit 0."""
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "tether.cli", "demo", "--scenario", "support-desk", "--json"),
-            *("--db", str(tmp_path / "t.sqlite"), "--workspace", str(tmp_path / "ws"), *args),
-        ],
+DEMO = (sys.executable, "-m", "tether.cli", "demo", "--scenario", "support-desk")
+
+
+def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
+    """``tether demo --scenario support-desk ARGS`` as a person types it, to its exit."""
+    return subprocess.run(
+        [*DEMO, *args],
         capture_output=True,
         text=True,
         timeout=300,
         stdin=subprocess.DEVNULL,
         check=False,
+    )
+
+
+def desk(tmp_path: Path, *args: str) -> dict[str, Any]:
+    """The demo's JSON report; the demo must exit 0."""
+    result = run_demo(
+        *("--json", "--db", str(tmp_path / "t.sqlite"), "--workspace", str(tmp_path / "ws")),
+        *args,
     )
     assert result.returncode == 0, result.stderr
     report: dict[str, Any] = json.loads(result.stdout)
@@ -165,3 +173,38 @@ def test_a_missing_mail_server_package_is_one_clear_line(tmp_path: Path) -> None
         "pip install 'tether[demo]'"
     ]
     assert not (tmp_path / "d").exists()
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The demo failed with exit 1 and exactly one ``tether: error:`` line on stderr."""
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tether: error: "), result.stderr[-600:]
+    return lines[0]
+
+
+def test_a_second_demo_in_the_same_directory_counts_only_its_own_run(tmp_path: Path) -> None:
+    """A second demo beside the first (another --db) gets its own systems and counts one of each."""
+    reports = []
+    for name in ("a", "b"):
+        result = run_demo(
+            *("--json", "--db", str(tmp_path / f"{name}.sqlite")),
+            *("--workspace", str(tmp_path / f"ws-{name}")),
+        )
+        assert result.returncode == 0, result.stderr
+        reports.append(json.loads(result.stdout))
+    assert reports[1]["phase"] == "completed" and reports[1]["one_each"] is True
+    assert reports[1]["received"] == {"file_writes": 1, "tickets": 1, "messages": 1}
+    assert reports[0]["services"]["maildir"] != reports[1]["services"]["maildir"]
+    assert reports[0]["services"]["ticket_db"] != reports[1]["services"]["ticket_db"]
+
+
+def test_a_desk_directory_left_by_an_earlier_demo_is_refused(tmp_path: Path) -> None:
+    """With the database gone but its tickets and mail still there, the demo refuses to count them."""
+    desk(tmp_path)
+    (tmp_path / "t.sqlite").unlink()
+    line = one_error_line(
+        run_demo("--db", str(tmp_path / "t.sqlite"), "--workspace", str(tmp_path / "ws2"))
+    )
+    assert line.startswith("tether: error: DemoPathError: ") and "t.desk" in line
+    assert not (tmp_path / "ws2").exists()

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tether import _demo
+from tether import _demo, _desk
 from tether.cli import _desk_cmd, _sign
 from tether.cli._demo_child import child
 from tether.core import Phase, RunState, TetherError, new_approval, new_decision
@@ -43,6 +43,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     paths = _demo.DemoPaths.under(base, args.db, args.workspace, marks)
     if paths.db.exists():
         raise TetherError(f"{paths.db} already exists; give the demo a fresh --db")
+    if args.scenario == "support-desk":
+        _desk.require_fresh(paths)
     if args.scenario == "support-desk":
         return _desk_cmd.cmd_desk(args, paths)
     _demo.prepare(paths, args.scenario)
