@@ -146,6 +146,38 @@ class DemoPaths:
         )
 
 
+def require_fresh(paths: DemoPaths) -> None:
+    """Refuse, before anything is written, paths that already hold a demo's or anyone's files.
+
+    The demo seeds its workspace by overwriting files in it, and reports the
+    workspace's own write count from the journal beside it: files already
+    there would be clobbered, and an earlier demo's journal would add its
+    writes to this run's.
+    """
+    if paths.db.exists():
+        raise DemoPathError(paths.db, f"{paths.db} already exists; give the demo a fresh --db")
+    ws = paths.workspace
+    try:
+        if (ws.exists() or ws.is_symlink()) and not ws.is_dir():
+            raise DemoPathError(
+                ws, f"workspace {ws} is not a directory; give --workspace a new or empty directory"
+            )
+        if ws.exists() and any(ws.iterdir()):
+            raise DemoPathError(
+                ws,
+                f"workspace {ws} already holds files, which the demo would overwrite; "
+                "give --workspace a new or empty directory",
+            )
+    except OSError as exc:
+        raise DemoPathError(ws, f"workspace {ws} cannot be read: {exc}") from exc
+    if paths.journal.exists():
+        raise DemoPathError(
+            paths.journal,
+            f"{paths.journal} is the journal of an earlier demo's workspace named {ws.name!r}, "
+            "whose writes would count as this run's; give --workspace another name",
+        )
+
+
 def prepare(paths: DemoPaths, scenario: str = "repair") -> None:
     """Seed the workspace, keys (mode 0600), trust roots, and the task and policy files."""
     paths.workspace.mkdir(parents=True, exist_ok=True)

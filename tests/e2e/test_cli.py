@@ -105,6 +105,30 @@ def test_demo_readable_summary_names_the_next_command(tmp_path: Path) -> None:
     assert "tether inspect demo-run" in out.stdout
 
 
+def test_demo_refuses_a_workspace_that_holds_files_and_leaves_them_alone(tmp_path: Path) -> None:
+    """The repair demo refuses a non-empty --workspace in one line instead of overwriting calc.py."""
+    ws = tmp_path / "mine"
+    ws.mkdir()
+    (ws / "calc.py").write_text("mine = True\n")
+    result = tether("demo", "--db", str(tmp_path / "t.sqlite"), "--workspace", str(ws), check=False)
+    assert result.returncode == 1
+    assert result.stderr.startswith("tether: error: DemoPathError: workspace ")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert (ws / "calc.py").read_text() == "mine = True\n" and not (tmp_path / "t.sqlite").exists()
+
+
+def test_demo_refuses_the_journal_of_an_earlier_demo_s_workspace(tmp_path: Path) -> None:
+    """A second demo whose workspace shares the first's name and directory would count its writes."""
+    demo(tmp_path)
+    result = tether(
+        *("demo", "--db", str(tmp_path / "u.sqlite"), "--workspace", str(tmp_path / "x" / "ws")),
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "ws.journal is the journal of an earlier demo's workspace named 'ws'" in result.stderr
+    assert not (tmp_path / "x").exists()
+
+
 def test_inspect_and_verify_a_sound_run(tmp_path: Path) -> None:
     """inspect shows the run and verify exits 0 for an untouched store."""
     report = demo(tmp_path)

@@ -208,3 +208,30 @@ def test_a_desk_directory_left_by_an_earlier_demo_is_refused(tmp_path: Path) -> 
     )
     assert line.startswith("tether: error: DemoPathError: ") and "t.desk" in line
     assert not (tmp_path / "ws2").exists()
+
+
+def test_a_workspace_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    """--workspace naming a file fails with tether's one error line, and the file is untouched."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    line = one_error_line(run_demo("--db", str(tmp_path / "t.sqlite"), "--workspace", str(afile)))
+    assert line.startswith("tether: error: DemoPathError: ") and "not a directory" in line
+    assert afile.read_text() == "x" and not (tmp_path / "t.sqlite").exists()
+
+
+def test_a_workspace_that_holds_files_is_refused_and_left_alone(tmp_path: Path) -> None:
+    """--workspace naming a non-empty directory is refused before reply.txt in it is overwritten."""
+    ws = tmp_path / "mine"
+    ws.mkdir()
+    (ws / "reply.txt").write_text("my own words\n")
+    line = one_error_line(run_demo("--db", str(tmp_path / "t.sqlite"), "--workspace", str(ws)))
+    assert "already holds files" in line
+    assert (ws / "reply.txt").read_text() == "my own words\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_an_empty_workspace_directory_is_used(tmp_path: Path) -> None:
+    """An empty directory made for the demo is a fresh workspace, not a refusal."""
+    (tmp_path / "ws").mkdir()
+    report = desk(tmp_path)
+    assert report["phase"] == "completed" and report["one_each"] is True

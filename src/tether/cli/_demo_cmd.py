@@ -41,8 +41,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         db = args.db if args.db is not None else base / "tether.sqlite"
         marks = db.with_name(db.stem + ".marks.sqlite")
     paths = _demo.DemoPaths.under(base, args.db, args.workspace, marks)
-    if paths.db.exists():
-        raise TetherError(f"{paths.db} already exists; give the demo a fresh --db")
+    _demo.require_fresh(paths)
     if args.scenario == "support-desk":
         _desk.require_fresh(paths)
     if args.scenario == "support-desk":
