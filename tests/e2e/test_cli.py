@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -127,6 +128,20 @@ def test_demo_refuses_the_journal_of_an_earlier_demo_s_workspace(tmp_path: Path)
     assert result.returncode == 1, result.stderr
     assert "ws.journal is the journal of an earlier demo's workspace named 'ws'" in result.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_demo_refusing_a_used_db_leaves_no_temp_directory(tmp_path: Path) -> None:
+    """Refused for an existing --db, a demo that would put its workspace in a temp dir makes none."""
+    (tmp_path / "t.sqlite").write_text("")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    result = tether(
+        *("demo", "--db", str(tmp_path / "t.sqlite")),
+        check=False,
+        env={**os.environ, "TMPDIR": str(scratch)},
+    )
+    assert result.returncode == 1 and "already exists" in result.stderr
+    assert list(scratch.iterdir()) == []
 
 
 def test_inspect_and_verify_a_sound_run(tmp_path: Path) -> None:

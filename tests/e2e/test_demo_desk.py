@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import mailbox
+import os
 import socket
 import sqlite3
 import subprocess
@@ -235,3 +236,25 @@ def test_an_empty_workspace_directory_is_used(tmp_path: Path) -> None:
     (tmp_path / "ws").mkdir()
     report = desk(tmp_path)
     assert report["phase"] == "completed" and report["one_each"] is True
+
+
+def test_a_demo_that_fails_before_it_starts_leaves_no_temp_directory(tmp_path: Path) -> None:
+    """Refused for a missing extra with no --db or --workspace, the demo makes no temp directory."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    script = (
+        "import sys; sys.modules['aiosmtpd'] = None\n"  # what an absent package looks like
+        "from tether.cli import main\n"
+        "sys.exit(main(['demo', '--scenario', 'support-desk']))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+        env={**os.environ, "TMPDIR": str(scratch)},
+    )
+    assert "needs aiosmtpd" in one_error_line(result)
+    assert list(scratch.iterdir()) == []

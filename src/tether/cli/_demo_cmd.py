@@ -30,20 +30,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 0
     if args.mail_lookup and args.scenario != "support-desk":
         raise TetherError("--mail-lookup belongs to --scenario support-desk; drop it or add that")
+    if args.scenario == "support-desk":
+        _desk.require_extras()
     # The demo keeps its files for `tether inspect`; a temp dir only when asked for none.
-    if args.db is not None and args.workspace is not None:
-        base = args.db.parent
-    else:
-        base = Path(tempfile.mkdtemp(prefix="tether-demo-"))
+    made = args.db is None or args.workspace is None
+    base = Path(tempfile.mkdtemp(prefix="tether-demo-")) if made else args.db.parent
     marks = args.marks
     if args.crash_at == CrashPoint.CONTENT_BEFORE_MARK and marks is None:
         # That window exists only when the mark lives in its own database.
         db = args.db if args.db is not None else base / "tether.sqlite"
         marks = db.with_name(db.stem + ".marks.sqlite")
     paths = _demo.DemoPaths.under(base, args.db, args.workspace, marks)
-    _demo.require_fresh(paths)
-    if args.scenario == "support-desk":
-        _desk.require_fresh(paths)
+    try:
+        _demo.require_fresh(paths)
+        if args.scenario == "support-desk":
+            _desk.require_fresh(paths)
+    except TetherError:
+        if made:
+            base.rmdir()  # still empty: nothing is written before these checks pass
+        raise
     if args.scenario == "support-desk":
         return _desk_cmd.cmd_desk(args, paths)
     _demo.prepare(paths, args.scenario)

@@ -57,8 +57,10 @@ DONE = {
 
 
 def cmd_desk(args: argparse.Namespace, paths: _demo.DemoPaths) -> int:
-    """Run the support desk, kill it where asked, recover it, resolve a review, report."""
-    _desk.require_extras()
+    """Run the support desk, kill it where asked, recover it, resolve a review, report.
+
+    The caller has checked the extras and that ``paths`` are fresh.
+    """
     _desk.prepare(paths)
     story: list[str] = []
     with _desk.running_services(paths, mail_lookup=args.mail_lookup) as services:
