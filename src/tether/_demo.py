@@ -7,7 +7,11 @@ journal outside the tree, and a verifier that runs ``python -m unittest``.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -31,6 +35,7 @@ VERIFIER = ("python", "-m", "unittest", "-q", "test_calc")
 RUN_ID = "demo-run"
 
 SCENARIOS = ("repair", "approval", "conflict", "support-desk")
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 class DemoPathError(TetherError):
@@ -176,6 +181,31 @@ def require_fresh(paths: DemoPaths) -> None:
             f"{paths.journal} is the journal of an earlier demo's workspace named {ws.name!r}, "
             "whose writes would count as this run's; give --workspace another name",
         )
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL a demo child when the demo dies (Linux).
+
+    The demo stops its children in ``finally`` blocks, which run on an error,
+    Ctrl-C or SIGTERM; a SIGKILLed demo runs nothing, and only the kernel can
+    stop what it started. ``None`` where ``prctl`` is not available.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent = os.getpid()
+
+    def preexec() -> None:
+        # Runs in the child between fork and exec; the setting survives exec.
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0 and os.getppid() != parent:
+            os._exit(1)  # the demo died before the kernel was told: follow it now
+
+    return preexec
 
 
 def prepare(paths: DemoPaths, scenario: str = "repair") -> None:

@@ -284,16 +284,22 @@ def running_services(paths: _demo.DemoPaths, *, mail_lookup: bool) -> Iterator[D
 
 @contextmanager
 def _child_service(module_argv: list[str], log: Path) -> Iterator[dict[str, Any]]:
-    """``python -m MODULE ...`` with its first stdout line (where it listens) as JSON."""
-    with open(log, "a") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", *module_argv],
-            stdout=subprocess.PIPE,
-            stderr=sink,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
+    """``python -m MODULE ...`` with its first stdout line (where it listens) as JSON.
+
+    Stopped on the way out, whatever the way (an error, Ctrl-C, the demo's
+    SIGTERM handler); on Linux the kernel also kills it if the demo is SIGKILLed.
+    """
+    process: subprocess.Popen[str] | None = None
     try:
+        with open(log, "a") as sink:
+            process = subprocess.Popen(
+                [sys.executable, "-m", *module_argv],
+                stdout=subprocess.PIPE,
+                stderr=sink,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                preexec_fn=_demo.die_with_parent(),  # noqa: PLW1509 - the demo starts no threads
+            )
         line = _first_line(process.stdout)
         if not line:
             process.wait(timeout=10)
@@ -302,7 +308,8 @@ def _child_service(module_argv: list[str], log: Path) -> Iterator[dict[str, Any]
             )
         yield dict(json.loads(line))
     finally:
-        _stop(process)
+        if process is not None:
+            _stop(process)
 
 
 def _first_line(stream: IO[str] | None) -> str:

@@ -8,13 +8,16 @@ them, never used instead of them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mailbox
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -258,3 +261,74 @@ def test_a_demo_that_fails_before_it_starts_leaves_no_temp_directory(tmp_path: P
     )
     assert "needs aiosmtpd" in one_error_line(result)
     assert list(scratch.iterdir()) == []
+
+
+# -- the demo stopped from outside: what it started must stop with it ----------------
+
+
+def started(tmp_path: Path) -> subprocess.Popen[str]:
+    """A demo whose ticket service and mail server are up (its services.json is written)."""
+    # SIGINT as the terminal would deliver it, even under a runner that ignores it.
+    proc = subprocess.Popen(
+        [*DEMO, "--db", str(tmp_path / "t.sqlite"), "--workspace", str(tmp_path / "ws")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
+    )
+    services = tmp_path / "t.desk" / "services.json"
+    deadline = time.monotonic() + 60
+    while not services.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the services never started: {proc.communicate()[1][-400:]}")
+        time.sleep(0.02)
+    return proc
+
+
+def left_behind(tmp_path: Path, within_s: float) -> list[int]:
+    """Processes whose command line names ``tmp_path`` still alive after ``within_s`` (then killed)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = subprocess.run(
+            ["pgrep", "-f", str(tmp_path)], capture_output=True, text=True, check=False
+        ).stdout
+        pids = [int(p) for p in found.split()]
+        if not pids or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for pid in pids:  # clean up what the demo left, so one failure does not leak into the next
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+@pytest.mark.parametrize(
+    ("sent", "code", "said"),
+    [
+        (signal.SIGTERM, 128 + signal.SIGTERM, "tether: demo terminated (SIGTERM)"),
+        (signal.SIGINT, 128 + signal.SIGINT, "tether: demo interrupted (Ctrl-C)"),
+    ],
+)
+def test_a_terminated_or_interrupted_demo_stops_its_services_and_says_so(
+    tmp_path: Path, sent: signal.Signals, code: int, said: str
+) -> None:
+    """SIGTERM (a CI timeout, `kill`) or Ctrl-C stops both services and the run, in one line."""
+    proc = started(tmp_path)
+    proc.send_signal(sent)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and err.strip().splitlines() == [
+        f"{said}; the processes it started are stopped"
+    ]
+    assert left_behind(tmp_path, within_s=0) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_demo_takes_its_services_with_it(tmp_path: Path) -> None:
+    """SIGKILL leaves the demo no chance to clean up; the kernel stops its services for it."""
+    proc = started(tmp_path)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert left_behind(tmp_path, within_s=10) == []

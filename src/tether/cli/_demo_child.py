@@ -34,5 +34,10 @@ def child(
     if crash_at is not None:
         cmd += ["--crash-at", crash_at, "--crash-hit", str(hit)]
     return subprocess.run(
-        cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
+        cmd,
+        capture_output=True,
+        text=True,
+        check=False,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=_demo.die_with_parent(),  # safe: the demo starts no threads
     )

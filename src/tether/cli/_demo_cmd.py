@@ -7,11 +7,13 @@ import json
 import os
 import secrets
 import signal
+import sys
 import tempfile
 import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from tether import _demo, _desk
@@ -23,6 +25,22 @@ from tether.runtime import Checkpointer, CrashPlan, CrashPoint
 from tether.store import SQLiteStore
 
 
+class _Terminated(SystemExit):
+    """Raised in the demo by SIGTERM (or SIGHUP), so ``finally`` stops what the demo started."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signame = signal.Signals(signum).name
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated(signum)
+
+
+#: Signals that would end the demo without running its ``finally`` blocks.
+_TERMINATING = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.list_crash_points:
         for point in CrashPoint:
@@ -32,6 +50,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise TetherError("--mail-lookup belongs to --scenario support-desk; drop it or add that")
     if args.scenario == "support-desk":
         _desk.require_extras()
+    # The default SIGTERM ends the process on the spot, leaving the services
+    # and the run's process behind; raised as an exception it unwinds instead.
+    previous = {signum: signal.signal(signum, _terminate) for signum in _TERMINATING}
+    try:
+        return _demo_run(args)
+    except KeyboardInterrupt:
+        print(
+            "tether: demo interrupted (Ctrl-C); the processes it started are stopped",
+            file=sys.stderr,
+        )
+        return 128 + signal.SIGINT
+    except _Terminated as exc:
+        print(
+            f"tether: demo terminated ({exc.signame}); the processes it started are stopped",
+            file=sys.stderr,
+        )
+        return int(exc.code or 1)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _demo_run(args: argparse.Namespace) -> int:
     # The demo keeps its files for `tether inspect`; a temp dir only when asked for none.
     made = args.db is None or args.workspace is None
     base = Path(tempfile.mkdtemp(prefix="tether-demo-")) if made else args.db.parent
