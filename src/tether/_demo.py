@@ -49,6 +49,19 @@ class DemoPathError(TetherError):
         self.path = path
 
 
+class DemoCrashPointError(TetherError):
+    """The armed crash never fired: the run finished having passed ``point`` only ``passed`` times.
+
+    ``passed`` is ``None`` when the run did not say (it failed instead of finishing).
+    """
+
+    def __init__(self, point: str, hit: int, passed: int | None, message: str) -> None:
+        super().__init__(message)
+        self.point = point
+        self.hit = hit
+        self.passed = passed
+
+
 def policy_doc(scenario: str) -> dict[str, object]:
     """The demo policy; the approval scenario makes every file write need a person's approval."""
     return {

@@ -98,6 +98,20 @@ def test_demo_crash_in_the_uncertain_window_recovers_in_a_new_process(tmp_path: 
     assert report["crash"] == {"point": "effect_sent", "hit": 1, "signal": "SIGKILL"}
 
 
+def test_demo_crash_hit_past_the_last_names_the_hits_the_run_passed(tmp_path: Path) -> None:
+    """The repair run writes once, so --crash-hit 5 at effect_sent is refused naming hit 1."""
+    result = tether(
+        *("demo", "--db", str(tmp_path / "t.sqlite"), "--workspace", str(tmp_path / "ws")),
+        *("--crash-at", "effect_sent", "--crash-hit", "5"),
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "tether: error: DemoCrashPointError: the run finished without reaching crash point "
+        "effect_sent hit 5: it passed effect_sent 1 time(s), so --crash-hit reaches hit 1"
+    ]
+
+
 def test_demo_readable_summary_names_the_next_command(tmp_path: Path) -> None:
     """Without --json the demo prints a short summary that ends with how to inspect the run."""
     out = tether("demo", "--db", str(tmp_path / "t.sqlite"), "--workspace", str(tmp_path / "w"))

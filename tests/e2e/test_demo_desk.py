@@ -241,6 +241,23 @@ def test_an_empty_workspace_directory_is_used(tmp_path: Path) -> None:
     assert report["phase"] == "completed" and report["one_each"] is True
 
 
+@pytest.mark.parametrize(("point", "hits"), [("before_proposal", 4), ("checkpoint_write", 9)])
+def test_a_crash_hit_the_run_never_reaches_names_the_hits_there_are(
+    tmp_path: Path, point: str, hits: int
+) -> None:
+    """A --crash-hit past the last fails naming the hits the run passed, and the last one kills."""
+    result = run_demo(
+        *("--db", str(tmp_path / "t.sqlite"), "--workspace", str(tmp_path / "ws")),
+        *("--crash-at", point, "--crash-hit", "40"),
+    )
+    line = one_error_line(result)
+    assert line.startswith("tether: error: DemoCrashPointError: ")
+    assert f"it passed {point} {hits} time(s), so --crash-hit reaches hits 1-{hits}" in line
+    report = desk(tmp_path / "last", "--crash-at", point, "--crash-hit", str(hits))
+    assert report["crash"] == {"point": point, "hit": hits, "signal": "SIGKILL"}
+    assert report["phase"] == "completed" and report["one_each"] is True
+
+
 def test_a_demo_that_fails_before_it_starts_leaves_no_temp_directory(tmp_path: Path) -> None:
     """Refused for a missing extra with no --db or --workspace, the demo makes no temp directory."""
     scratch = tmp_path / "tmp"

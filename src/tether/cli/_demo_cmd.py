@@ -18,7 +18,7 @@ from typing import Any
 
 from tether import _demo, _desk
 from tether.cli import _desk_cmd, _sign
-from tether.cli._demo_child import child
+from tether.cli._demo_child import child, report_unfired, unfired
 from tether.core import Phase, RunState, TetherError, new_approval, new_decision
 from tether.crypto import Signer
 from tether.runtime import Checkpointer, CrashPlan, CrashPoint
@@ -106,10 +106,7 @@ def _demo_run(args: argparse.Namespace) -> int:
     else:
         first = child(paths, "start", args.crash_at, args.crash_hit)
         if first.returncode != -signal.SIGKILL:
-            raise TetherError(
-                f"the run did not reach crash point {args.crash_at} (hit {args.crash_hit}); "
-                f"exit {first.returncode}: {first.stderr.strip()[-400:]}"
-            )
+            raise unfired(first, args.crash_at, args.crash_hit)
         second = child(paths, "recover", None, 1)
         if second.returncode != 0:
             raise TetherError(
@@ -228,12 +225,22 @@ def cmd_demo_child(args: argparse.Namespace) -> int:
     if args.crash_at is not None:
         crash = CrashPlan(CrashPoint(args.crash_at), nth=args.crash_hit, mode="kill")
     if args.scenario == "support-desk":
-        return _desk_cmd.run_stage(paths, args.stage, crash, lease_ttl_s=args.lease_ttl)
+        code = _desk_cmd.run_stage(paths, args.stage, crash, lease_ttl_s=args.lease_ttl)
+    else:
+        code = _repair_stage(paths, args.stage, crash, lease_ttl_s=args.lease_ttl)
+    # Still alive: the armed hit never came. The demo names the hits there were.
+    report_unfired(crash)
+    return code
+
+
+def _repair_stage(
+    paths: _demo.DemoPaths, stage: str, crash: CrashPlan, *, lease_ttl_s: float | None
+) -> int:
     with _demo.workspace(paths) as ws:
-        rt = _demo.runtime(paths, ws, crash, lease_ttl_s=args.lease_ttl)
-        if args.stage == "start":
+        rt = _demo.runtime(paths, ws, crash, lease_ttl_s=lease_ttl_s)
+        if stage == "start":
             session = rt.start(_demo.RUN_ID)
-        elif args.stage == "take-evidence":
+        elif stage == "take-evidence":
             rt.recover(_demo.RUN_ID).consume_inbox()
             return 0
         else:
