@@ -7,7 +7,11 @@ journal outside the tree, and a verifier that runs ``python -m unittest``.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -31,6 +35,31 @@ VERIFIER = ("python", "-m", "unittest", "-q", "test_calc")
 RUN_ID = "demo-run"
 
 SCENARIOS = ("repair", "approval", "conflict", "support-desk")
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+class DemoPathError(TetherError):
+    """A path given to the demo already holds something the demo would overwrite or count.
+
+    ``path`` is the one refused; the demo has written nothing when this is raised.
+    """
+
+    def __init__(self, path: Path, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class DemoCrashPointError(TetherError):
+    """The armed crash never fired: the run finished having passed ``point`` only ``passed`` times.
+
+    ``passed`` is ``None`` when the run did not say (it failed instead of finishing).
+    """
+
+    def __init__(self, point: str, hit: int, passed: int | None, message: str) -> None:
+        super().__init__(message)
+        self.point = point
+        self.hit = hit
+        self.passed = passed
 
 
 def policy_doc(scenario: str) -> dict[str, object]:
@@ -133,6 +162,63 @@ class DemoPaths:
             policy=home / "demo-policy.json",
             marks=marks,
         )
+
+
+def require_fresh(paths: DemoPaths) -> None:
+    """Refuse, before anything is written, paths that already hold a demo's or anyone's files.
+
+    The demo seeds its workspace by overwriting files in it, and reports the
+    workspace's own write count from the journal beside it: files already
+    there would be clobbered, and an earlier demo's journal would add its
+    writes to this run's.
+    """
+    if paths.db.exists():
+        raise DemoPathError(paths.db, f"{paths.db} already exists; give the demo a fresh --db")
+    ws = paths.workspace
+    try:
+        if (ws.exists() or ws.is_symlink()) and not ws.is_dir():
+            raise DemoPathError(
+                ws, f"workspace {ws} is not a directory; give --workspace a new or empty directory"
+            )
+        if ws.exists() and any(ws.iterdir()):
+            raise DemoPathError(
+                ws,
+                f"workspace {ws} already holds files, which the demo would overwrite; "
+                "give --workspace a new or empty directory",
+            )
+    except OSError as exc:
+        raise DemoPathError(ws, f"workspace {ws} cannot be read: {exc}") from exc
+    if paths.journal.exists():
+        raise DemoPathError(
+            paths.journal,
+            f"{paths.journal} is the journal of an earlier demo's workspace named {ws.name!r}, "
+            "whose writes would count as this run's; give --workspace another name",
+        )
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL a demo child when the demo dies (Linux).
+
+    The demo stops its children in ``finally`` blocks, which run on an error,
+    Ctrl-C or SIGTERM; a SIGKILLed demo runs nothing, and only the kernel can
+    stop what it started. ``None`` where ``prctl`` is not available.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent = os.getpid()
+
+    def preexec() -> None:
+        # Runs in the child between fork and exec; the setting survives exec.
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0 and os.getppid() != parent:
+            os._exit(1)  # the demo died before the kernel was told: follow it now
+
+    return preexec
 
 
 def prepare(paths: DemoPaths, scenario: str = "repair") -> None:

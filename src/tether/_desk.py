@@ -4,11 +4,14 @@ The agent edits ``reply.txt`` in a workspace, opens a ticket on the reference
 effects service over HTTP and emails the customer through a real SMTP server
 that delivers into a Maildir. Both services run as child processes on free
 loopback ports for the length of one demo; the run's own processes (which
-the demo kills) find them through ``desk-services.json`` in the demo's home.
+the demo kills) find them through ``services.json`` in the demo's desk
+directory, ``DB.desk`` beside the run's database ``DB.sqlite``.
 
 What the demo reports as received comes from the systems themselves: the
 workspace's write count, the tickets in the service's database, the messages
-in the Maildir. The run's ledger is reported beside them, never instead.
+in the Maildir. The run's ledger is reported beside them, never instead. Each
+demo gets a ticket database and a Maildir of its own, so a whole-system count
+is this run's count; an earlier demo in the same directory is not in it.
 """
 
 from __future__ import annotations
@@ -225,8 +228,24 @@ class DeskServices:
             ) from exc
 
 
+def desk_dir(paths: _demo.DemoPaths) -> Path:
+    """This demo's ticket database, Maildir, service logs and ``services.json``: one per --db."""
+    return paths.db.with_name(paths.db.stem + ".desk")
+
+
 def services_file(paths: _demo.DemoPaths) -> Path:
-    return paths.home / "desk-services.json"
+    return desk_dir(paths) / "services.json"
+
+
+def require_fresh(paths: _demo.DemoPaths) -> None:
+    """Refuse a desk directory left by an earlier demo: its tickets and mail would be counted."""
+    where = desk_dir(paths)
+    if where.exists() or where.is_symlink():
+        raise _demo.DemoPathError(
+            where,
+            f"{where} holds an earlier support-desk demo's tickets and mail, which would count "
+            f"as this run's; give the demo a fresh --db or remove {where}",
+        )
 
 
 @contextmanager
@@ -236,26 +255,27 @@ def running_services(paths: _demo.DemoPaths, *, mail_lookup: bool) -> Iterator[D
     They outlive every run process the demo kills: a SIGKILLed run must find
     the same service instance and the same mailbox when it is recovered.
     """
-    home = paths.home
+    home = desk_dir(paths)
+    home.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         tickets = stack.enter_context(
             _child_service(
-                ["tether.testing.effects_service", "--db", str(home / "desk-tickets.sqlite")],
-                home / "desk-tickets.log",
+                ["tether.testing.effects_service", "--db", str(home / "tickets.sqlite")],
+                home / "tickets.log",
             )
         )
         mail = stack.enter_context(
             _child_service(
-                ["tether.testing.mail_server", "--maildir", str(home / "desk-Maildir")],
-                home / "desk-mail.log",
+                ["tether.testing.mail_server", "--maildir", str(home / "Maildir")],
+                home / "mail.log",
             )
         )
         services = DeskServices(
             ticket_url=str(tickets["url"]),
-            ticket_db=home / "desk-tickets.sqlite",
+            ticket_db=home / "tickets.sqlite",
             smtp_host=str(mail["host"]),
             smtp_port=int(mail["port"]),
-            maildir=home / "desk-Maildir",
+            maildir=home / "Maildir",
             mail_lookup=mail_lookup,
         )
         services_file(paths).write_text(json.dumps(services.to_json(), sort_keys=True))
@@ -264,16 +284,22 @@ def running_services(paths: _demo.DemoPaths, *, mail_lookup: bool) -> Iterator[D
 
 @contextmanager
 def _child_service(module_argv: list[str], log: Path) -> Iterator[dict[str, Any]]:
-    """``python -m MODULE ...`` with its first stdout line (where it listens) as JSON."""
-    with open(log, "a") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", *module_argv],
-            stdout=subprocess.PIPE,
-            stderr=sink,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
+    """``python -m MODULE ...`` with its first stdout line (where it listens) as JSON.
+
+    Stopped on the way out, whatever the way (an error, Ctrl-C, the demo's
+    SIGTERM handler); on Linux the kernel also kills it if the demo is SIGKILLed.
+    """
+    process: subprocess.Popen[str] | None = None
     try:
+        with open(log, "a") as sink:
+            process = subprocess.Popen(
+                [sys.executable, "-m", *module_argv],
+                stdout=subprocess.PIPE,
+                stderr=sink,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                preexec_fn=_demo.die_with_parent(),  # noqa: PLW1509 - the demo starts no threads
+            )
         line = _first_line(process.stdout)
         if not line:
             process.wait(timeout=10)
@@ -282,7 +308,8 @@ def _child_service(module_argv: list[str], log: Path) -> Iterator[dict[str, Any]
             )
         yield dict(json.loads(line))
     finally:
-        _stop(process)
+        if process is not None:
+            _stop(process)
 
 
 def _first_line(stream: IO[str] | None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -97,12 +98,64 @@ def test_demo_crash_in_the_uncertain_window_recovers_in_a_new_process(tmp_path: 
     assert report["crash"] == {"point": "effect_sent", "hit": 1, "signal": "SIGKILL"}
 
 
+def test_demo_crash_hit_past_the_last_names_the_hits_the_run_passed(tmp_path: Path) -> None:
+    """The repair run writes once, so --crash-hit 5 at effect_sent is refused naming hit 1."""
+    result = tether(
+        *("demo", "--db", str(tmp_path / "t.sqlite"), "--workspace", str(tmp_path / "ws")),
+        *("--crash-at", "effect_sent", "--crash-hit", "5"),
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "tether: error: DemoCrashPointError: the run finished without reaching crash point "
+        "effect_sent hit 5: it passed effect_sent 1 time(s), so --crash-hit reaches hit 1"
+    ]
+
+
 def test_demo_readable_summary_names_the_next_command(tmp_path: Path) -> None:
     """Without --json the demo prints a short summary that ends with how to inspect the run."""
     out = tether("demo", "--db", str(tmp_path / "t.sqlite"), "--workspace", str(tmp_path / "w"))
     assert "is completed" in out.stdout
     assert "1 received by the workspace" in out.stdout
     assert "tether inspect demo-run" in out.stdout
+
+
+def test_demo_refuses_a_workspace_that_holds_files_and_leaves_them_alone(tmp_path: Path) -> None:
+    """The repair demo refuses a non-empty --workspace in one line instead of overwriting calc.py."""
+    ws = tmp_path / "mine"
+    ws.mkdir()
+    (ws / "calc.py").write_text("mine = True\n")
+    result = tether("demo", "--db", str(tmp_path / "t.sqlite"), "--workspace", str(ws), check=False)
+    assert result.returncode == 1
+    assert result.stderr.startswith("tether: error: DemoPathError: workspace ")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert (ws / "calc.py").read_text() == "mine = True\n" and not (tmp_path / "t.sqlite").exists()
+
+
+def test_demo_refuses_the_journal_of_an_earlier_demo_s_workspace(tmp_path: Path) -> None:
+    """A second demo whose workspace shares the first's name and directory would count its writes."""
+    demo(tmp_path)
+    result = tether(
+        *("demo", "--db", str(tmp_path / "u.sqlite"), "--workspace", str(tmp_path / "x" / "ws")),
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "ws.journal is the journal of an earlier demo's workspace named 'ws'" in result.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_demo_refusing_a_used_db_leaves_no_temp_directory(tmp_path: Path) -> None:
+    """Refused for an existing --db, a demo that would put its workspace in a temp dir makes none."""
+    (tmp_path / "t.sqlite").write_text("")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    result = tether(
+        *("demo", "--db", str(tmp_path / "t.sqlite")),
+        check=False,
+        env={**os.environ, "TMPDIR": str(scratch)},
+    )
+    assert result.returncode == 1 and "already exists" in result.stderr
+    assert list(scratch.iterdir()) == []
 
 
 def test_inspect_and_verify_a_sound_run(tmp_path: Path) -> None:

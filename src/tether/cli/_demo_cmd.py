@@ -7,20 +7,38 @@ import json
 import os
 import secrets
 import signal
+import sys
 import tempfile
 import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from tether import _demo
+from tether import _demo, _desk
 from tether.cli import _desk_cmd, _sign
-from tether.cli._demo_child import child
+from tether.cli._demo_child import child, report_unfired, unfired
 from tether.core import Phase, RunState, TetherError, new_approval, new_decision
 from tether.crypto import Signer
 from tether.runtime import Checkpointer, CrashPlan, CrashPoint
 from tether.store import SQLiteStore
+
+
+class _Terminated(SystemExit):
+    """Raised in the demo by SIGTERM (or SIGHUP), so ``finally`` stops what the demo started."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signame = signal.Signals(signum).name
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated(signum)
+
+
+#: Signals that would end the demo without running its ``finally`` blocks.
+_TERMINATING = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -30,19 +48,48 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 0
     if args.mail_lookup and args.scenario != "support-desk":
         raise TetherError("--mail-lookup belongs to --scenario support-desk; drop it or add that")
+    if args.scenario == "support-desk":
+        _desk.require_extras()
+    # The default SIGTERM ends the process on the spot, leaving the services
+    # and the run's process behind; raised as an exception it unwinds instead.
+    previous = {signum: signal.signal(signum, _terminate) for signum in _TERMINATING}
+    try:
+        return _demo_run(args)
+    except KeyboardInterrupt:
+        print(
+            "tether: demo interrupted (Ctrl-C); the processes it started are stopped",
+            file=sys.stderr,
+        )
+        return 128 + signal.SIGINT
+    except _Terminated as exc:
+        print(
+            f"tether: demo terminated ({exc.signame}); the processes it started are stopped",
+            file=sys.stderr,
+        )
+        return int(exc.code or 1)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _demo_run(args: argparse.Namespace) -> int:
     # The demo keeps its files for `tether inspect`; a temp dir only when asked for none.
-    if args.db is not None and args.workspace is not None:
-        base = args.db.parent
-    else:
-        base = Path(tempfile.mkdtemp(prefix="tether-demo-"))
+    made = args.db is None or args.workspace is None
+    base = Path(tempfile.mkdtemp(prefix="tether-demo-")) if made else args.db.parent
     marks = args.marks
     if args.crash_at == CrashPoint.CONTENT_BEFORE_MARK and marks is None:
         # That window exists only when the mark lives in its own database.
         db = args.db if args.db is not None else base / "tether.sqlite"
         marks = db.with_name(db.stem + ".marks.sqlite")
     paths = _demo.DemoPaths.under(base, args.db, args.workspace, marks)
-    if paths.db.exists():
-        raise TetherError(f"{paths.db} already exists; give the demo a fresh --db")
+    try:
+        _demo.require_fresh(paths)
+        if args.scenario == "support-desk":
+            _desk.require_fresh(paths)
+    except TetherError:
+        if made:
+            base.rmdir()  # still empty: nothing is written before these checks pass
+        raise
     if args.scenario == "support-desk":
         return _desk_cmd.cmd_desk(args, paths)
     _demo.prepare(paths, args.scenario)
@@ -59,10 +106,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     else:
         first = child(paths, "start", args.crash_at, args.crash_hit)
         if first.returncode != -signal.SIGKILL:
-            raise TetherError(
-                f"the run did not reach crash point {args.crash_at} (hit {args.crash_hit}); "
-                f"exit {first.returncode}: {first.stderr.strip()[-400:]}"
-            )
+            raise unfired(first, args.crash_at, args.crash_hit)
         second = child(paths, "recover", None, 1)
         if second.returncode != 0:
             raise TetherError(
@@ -181,12 +225,22 @@ def cmd_demo_child(args: argparse.Namespace) -> int:
     if args.crash_at is not None:
         crash = CrashPlan(CrashPoint(args.crash_at), nth=args.crash_hit, mode="kill")
     if args.scenario == "support-desk":
-        return _desk_cmd.run_stage(paths, args.stage, crash, lease_ttl_s=args.lease_ttl)
+        code = _desk_cmd.run_stage(paths, args.stage, crash, lease_ttl_s=args.lease_ttl)
+    else:
+        code = _repair_stage(paths, args.stage, crash, lease_ttl_s=args.lease_ttl)
+    # Still alive: the armed hit never came. The demo names the hits there were.
+    report_unfired(crash)
+    return code
+
+
+def _repair_stage(
+    paths: _demo.DemoPaths, stage: str, crash: CrashPlan, *, lease_ttl_s: float | None
+) -> int:
     with _demo.workspace(paths) as ws:
-        rt = _demo.runtime(paths, ws, crash, lease_ttl_s=args.lease_ttl)
-        if args.stage == "start":
+        rt = _demo.runtime(paths, ws, crash, lease_ttl_s=lease_ttl_s)
+        if stage == "start":
             session = rt.start(_demo.RUN_ID)
-        elif args.stage == "take-evidence":
+        elif stage == "take-evidence":
             rt.recover(_demo.RUN_ID).consume_inbox()
             return 0
         else:

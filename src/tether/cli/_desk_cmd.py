@@ -19,7 +19,7 @@ from typing import Any
 
 from tether import _demo, _desk
 from tether.cli import _sign
-from tether.cli._demo_child import child
+from tether.cli._demo_child import child, unfired
 from tether.core import (
     LedgerEntry,
     Phase,
@@ -57,8 +57,10 @@ DONE = {
 
 
 def cmd_desk(args: argparse.Namespace, paths: _demo.DemoPaths) -> int:
-    """Run the support desk, kill it where asked, recover it, resolve a review, report."""
-    _desk.require_extras()
+    """Run the support desk, kill it where asked, recover it, resolve a review, report.
+
+    The caller has checked the extras and that ``paths`` are fresh.
+    """
     _desk.prepare(paths)
     story: list[str] = []
     with _desk.running_services(paths, mail_lookup=args.mail_lookup) as services:
@@ -99,11 +101,7 @@ def _run(paths: _demo.DemoPaths, crash_at: str | None, hit: int) -> dict[str, An
             raise TetherError(f"the run failed (exit {first.returncode}): {_tail(first.stderr)}")
         return None
     if first.returncode != -signal.SIGKILL:
-        raise TetherError(
-            f"the run did not reach crash point {crash_at} (hit {hit}); "
-            f"exit {first.returncode}: {_tail(first.stderr)}; a smaller --crash-hit reaches it "
-            "(the effect windows fire once per effect: hits 1-3)"
-        )
+        raise unfired(first, crash_at, hit)
     second = child(paths, "recover", None, 1, SCENARIO)
     if second.returncode != 0:
         raise TetherError(f"recovery failed (exit {second.returncode}): {_tail(second.stderr)}")

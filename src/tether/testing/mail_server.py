@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import mailbox
 import socket
@@ -62,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--maildir", type=Path, required=True, help="where messages are delivered")
     parser.add_argument("--port", type=int, default=0, help="loopback port (0: any free one)")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.maildir, args.port))
+    # Ctrl-C at the demo's terminal reaches its services too: stop, without a traceback.
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args.maildir, args.port))
     return 0
 
 
