@@ -540,3 +540,24 @@ def test_two_services_in_one_run_each_own_their_kind(tmp_path: Path) -> None:
         assert adapters == {"desk", "billing"}
     with pytest.raises(HttpConfigError, match="dotted"):
         HttpEffect("http://127.0.0.1:1", kind="Post")
+
+
+def test_a_write_sent_once_and_refused_is_a_rejection_after_recovery_too(
+    tmp_path: Path, service: EffectsService
+) -> None:
+    """'resent' is signed: a recovery that finds the refusal of a write sent once rejects it."""
+    from tests.conftest import ScriptedAgent, write
+
+    service.mode(slow_s=1.0)
+    with HttpEffect(service.url, timeout_s=0.3) as http:
+        rt = http_run(tmp_path, http)
+        bad = write("tickets", "", kind="http.post", args={"json": {"no": "title"}})
+        rt.agent = ScriptedAgent([bad])
+        assert rt.start("r1").step().reason == "adapter_unavailable"  # sent once, no reply
+        time.sleep(1.0)  # the service has answered 400 and stored it under the key
+        service.mode(slow_s=0)
+        again = http_run(tmp_path, http).recover("r1")  # the state as the checkpoint says
+        assert again.state.pending is not None and not again.state.pending.resent
+        outcome = again.step()
+    assert (outcome.reason, outcome.state.phase) == ("refused", Phase.RUNNING)
+    assert committed(again.rt)[-1] == "rejected"

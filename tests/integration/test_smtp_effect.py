@@ -263,3 +263,58 @@ def test_with_a_seal_key_only_a_message_this_adapter_sealed_is_a_receipt(tmp_pat
         assert sealed.lookup_intent("k2", intent) == receipt
     with pytest.raises(SmtpConfigError):
         SmtpEffect("h", 25, sender="a@b.c", domain="b.c", instance_id="i", seal_key=b"short")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "x" * 5000,  # one long line: sent quoted-printable
+        "Dear customer,\n" + "Your order shipped today. " * 60,  # over 1000 bytes
+        "a\n.\nb",  # a line that is one dot (dot-stuffing)
+        ".hidden\nok",
+        "line one\r\nline two\rline three",  # the agent's own line breaks
+        "",
+        "ends with two\n\n",
+    ],
+)
+def test_a_delivered_email_is_found_as_the_send_it_is(tmp_path: Path, body: str) -> None:
+    """Whatever normalize() accepts is delivered intact and the look-up matches it to its intent."""
+    maildir = tmp_path / "Maildir"
+    with smtp_server(maildir) as port:
+        smtp = adapter(port, maildir)
+        intent = notification(smtp, body)
+        receipt = smtp.execute("k1", intent, smtp.environment())
+        found = smtp.lookup_intent("k1", intent)
+    assert found == receipt and found.intent_digest == intent.digest
+
+
+@pytest.mark.parametrize("subject", [" Order 42", "Order 42 ", "=?utf-8?q?hi?="])
+def test_a_subject_a_header_would_change_is_refused_before_sending(subject: str) -> None:
+    """Surrounding blanks and encoded-word lookalikes would not arrive as written: refused."""
+    smtp = SmtpEffect("127.0.0.1", 25, sender="a@b.test", domain="b.test", instance_id="i")
+    with pytest.raises(ContractViolationError):
+        smtp.normalize("email.send", "customer@example.com", {"subject": subject, "body": "ok"})
+
+
+class Traced:
+    """A user's delegating wrapper (metrics, logging): every attribute is the inner adapter's."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def test_a_wrapped_mail_adapter_still_checks_what_it_found(tmp_path: Path) -> None:
+    """Through a wrapper judged before around another adapter, a forgery still never settles."""
+    from tether.adapters import Sandbox, look_up
+
+    maildir = tmp_path / "Maildir"
+    with smtp_server(maildir) as port:
+        smtp = adapter(port, maildir)
+        intent = notification(smtp)
+        forge(port, smtp, intent, sender=smtp.sender, body="Your refund was declined.")
+        look_up(Traced(Sandbox()), "k1", intent)  # a wrapper without lookup_intent, first
+        found = look_up(Traced(smtp), "k1", intent)
+    assert found is not None and found.intent_digest == "foreign:another message"

@@ -536,3 +536,13 @@ def test_a_write_whose_absence_proves_nothing_is_sent_only_after_its_own_dispatc
             capabilities=caps,
         )
         assert tuple(n.status for n in t.ledger) == statuses, caps
+
+
+@pytest.mark.parametrize("resent", [False, True])
+def test_a_pending_write_reads_back_exactly_as_signed(resent: bool) -> None:
+    """Every field of a pending write, 'resent' and 'dispatched_at' included, survives a checkpoint."""
+    state = state_with(EffectStatus.DISPATCHED, "valid")
+    pending = state.pending
+    assert pending is not None
+    state = state.evolve(pending=replace(pending, resent=resent, dispatched_at=NOW))
+    assert RunState.from_json(state.to_json()) == state

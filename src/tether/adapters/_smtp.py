@@ -168,6 +168,15 @@ class SmtpEffect(RemoteEffect):
         # nothing the email library refuses after the connection is open.
         if not subject.isprintable() or len(subject) > 998:
             raise ContractViolationError("bad_args", "subject must be one printable line")
+        # What a header cannot carry as written (the parser drops surrounding
+        # blanks and decodes encoded words): refused, so the delivered subject
+        # is the one proposed and a mailbox look-up can recognise it.
+        if subject != subject.strip() or "=?" in subject:
+            raise ContractViolationError(
+                "bad_args", "subject must not start or end with blanks or contain '=?'"
+            )
+        # Line breaks travel as CRLF whatever the agent wrote: one form, one digest.
+        body = body.replace("\r\n", "\n").replace("\r", "\n")
         return {"subject": subject, "body": body}
 
     def execute(
@@ -188,7 +197,9 @@ class SmtpEffect(RemoteEffect):
             if self._seal_key is not None:
                 message[SEAL_HEADER] = self._seal(mid, intent.digest)
             message.set_content(intent.args["body"])
-            raw = message.as_bytes()
+            # SMTP lines end in CRLF: smtplib converts a str but not bytes, and a
+            # bare LF makes the whole message one over-long line (or is refused).
+            raw = message.as_bytes(policy=message.policy.clone(linesep="\r\n"))
         except (ValueError, TypeError, UnicodeError) as exc:
             raise ContractViolationError("bad_args", f"the message cannot be built: {exc}") from exc
         try:
@@ -303,8 +314,9 @@ class SmtpEffect(RemoteEffect):
         subject = str(found.get("Subject", ""))
         if subject != intent.args.get("subject") or not isinstance(body, str):
             return "another message"
-        # set_content ends the body with a line break; compare the text itself.
-        if body.rstrip("\n") != str(intent.args.get("body", "")).rstrip("\n"):
+        sent = str(intent.args.get("body", ""))
+        # set_content ends the body with exactly one added line break, if it lacks one.
+        if body != (sent if sent.endswith("\n") else sent + "\n"):
             return "another message"
         return None
 

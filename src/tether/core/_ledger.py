@@ -17,6 +17,7 @@ digest) and of the result inside the receipt.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -161,7 +162,17 @@ def seal_entry(
         payload=payload,
     )
     body = canonical_bytes(entry.body())
-    sealed = replace(entry, prev_hash=prev_hash, hash=chain_hash(prev_hash, body))
+    # The entry keeps its own copies of the documents, read back from the bytes
+    # its hash covers: a caller changing its dicts afterwards cannot make the
+    # stored columns differ from what was sealed (and json.loads is cheap).
+    sealed_doc = json.loads(body)
+    sealed = replace(
+        entry,
+        prev_hash=prev_hash,
+        hash=chain_hash(prev_hash, body),
+        receipt=sealed_doc["receipt"],
+        payload=sealed_doc.get("payload"),
+    )
     object.__setattr__(sealed, "_sealed_body", body)
     return sealed
 

@@ -262,6 +262,7 @@ class PendingWrite:
             "dispatched_at": None
             if self.dispatched_at is None
             else format_time(self.dispatched_at),
+            "resent": self.resent,
         }
 
     @classmethod

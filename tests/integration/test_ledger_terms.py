@@ -1,0 +1,43 @@
+"""Ledger rows against a real store, and adapters judged through a user's wrapper."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.unit.test_ledger import effect, entry
+from tether.adapters import Adapters, Sandbox, look_up
+from tether.core import GENESIS_HASH, EffectStatus, Intent, verify_ledger
+from tether.store import SQLiteStore
+from tether.testing._store_conformance import make_commit
+
+
+def test_a_sealed_entry_is_not_changed_by_the_callers_dicts(tmp_path: Path) -> None:
+    """The caller edits its payload after sealing: the store writes, and reads back, what was sealed."""
+    payload = {"path": "notes.txt", "content": "hello"}
+    sealed = entry(
+        1, GENESIS_HASH, EffectStatus.INTENDED, terms=effect(sensitive=False), payload=payload
+    )
+    payload["content"] = "changed after the seal"
+    with SQLiteStore(tmp_path / "t.sqlite") as store:
+        store.put_content(make_commit("run", 1, ledger=[sealed]))
+        (row,) = store.ledger("run")
+    assert row.payload == {"path": "notes.txt", "content": "hello"}
+    verify_ledger("run", [row], sealed.hash, 1, GENESIS_HASH, orphans_possible=False)
+
+
+class Traced:
+    """A user's delegating wrapper (metrics, logging): every attribute is the inner adapter's."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def test_each_wrapped_adapter_is_judged_by_what_it_wraps() -> None:
+    """One wrapper class around a composite, then around a sandbox: each asked as itself."""
+    composite = Adapters(Sandbox())
+    intent = Intent("file.write", "a.txt", {"content": "x"}, "low")
+    assert look_up(Traced(composite), "k1", intent) is None  # asked with the intent
+    assert look_up(Traced(Sandbox()), "k1", intent) is None  # a plain look-up, no AttributeError
