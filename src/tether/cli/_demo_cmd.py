@@ -26,19 +26,39 @@ from tether.store import SQLiteStore
 
 
 class _Terminated(SystemExit):
-    """Raised in the demo by SIGTERM (or SIGHUP), so ``finally`` stops what the demo started."""
+    """Raised in the demo by SIGTERM, SIGHUP or SIGINT, so ``finally`` stops what it started."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(128 + signum)
-        self.signame = signal.Signals(signum).name
+        self.signum = signum
+
+
+#: The signals the demo has received, in order (the first one decides the exit).
+_received: list[int] = []
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise _Terminated(signum)
+    _received.append(signum)
+    # Raised once: a second signal must not interrupt the clean-up the first began.
+    if len(_received) == 1:
+        raise _Terminated(signum)
 
 
-#: Signals that would end the demo without running its ``finally`` blocks.
-_TERMINATING = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
+#: Signals that would end the demo without running its ``finally`` blocks, or
+#: (SIGINT) raise KeyboardInterrupt wherever it lands.
+_TERMINATING = tuple(
+    s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None), signal.SIGINT) if s is not None
+)
+
+
+def _stopped_by(signum: int) -> int:
+    what = (
+        "interrupted (Ctrl-C)"
+        if signum == signal.SIGINT
+        else f"terminated ({signal.Signals(signum).name})"
+    )
+    print(f"tether: demo {what}; the processes it started are stopped", file=sys.stderr)
+    return 128 + signum
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -52,24 +72,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
         _desk.require_extras()
     # The default SIGTERM ends the process on the spot, leaving the services
     # and the run's process behind; raised as an exception it unwinds instead.
+    _received.clear()
     previous = {signum: signal.signal(signum, _terminate) for signum in _TERMINATING}
     try:
-        return _demo_run(args)
-    except KeyboardInterrupt:
-        print(
-            "tether: demo interrupted (Ctrl-C); the processes it started are stopped",
-            file=sys.stderr,
-        )
-        return 128 + signal.SIGINT
+        code = _demo_run(args)
     except _Terminated as exc:
-        print(
-            f"tether: demo terminated ({exc.signame}); the processes it started are stopped",
-            file=sys.stderr,
-        )
-        return int(exc.code or 1)
+        return _stopped_by(exc.signum)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    if _received:
+        # The exception landed where Python ignores it (a finalizer, say) and
+        # the demo ran on: the signal still decides how it ends.
+        return _stopped_by(_received[0])
+    return code
 
 
 def _demo_run(args: argparse.Namespace) -> int:
