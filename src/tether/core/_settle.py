@@ -72,7 +72,9 @@ it the write waits (``waiting_for_approval``) and nothing is committed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime
 
 from tether.core._canonical import digest
 from tether.core._evidence import approval_problem, committed_within_approval
@@ -248,31 +250,47 @@ def _past_retention(state: RunState, facts: Facts) -> Transition | None:
     measured from then: never younger than the adapter's oldest record of it.
     """
     pending = _pending(state)
-    retention = facts.capabilities.retention_s
-    if retention is None:
-        return None
-    age = (facts.now - pending.proposed_at).total_seconds()
-    if age <= retention:
-        return None
-    return freeze(
+    return _aged_out(
         state,
         facts,
-        "outcome_unknown",
-        None,
-        f"key {pending.idempotency_key} is {age:.0f} s old, past the {retention:g} s the "
-        "adapter promises to remember keys: a look-up that finds nothing proves nothing and "
-        "a send could be a second effect; a person must decide",
-        ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
+        facts.capabilities.retention_s,
+        pending.proposed_at,
+        lambda age, limit: (
+            f"key {pending.idempotency_key} is {age:.0f} s old, past the "
+            f"{limit:g} s the adapter promises to remember keys: a look-up that finds nothing "
+            "proves nothing and a send could be a second effect; a person must decide"
+        ),
     )
 
 
 def _stuck(state: RunState, facts: Facts, detail: str) -> Transition | None:
     """A freeze when the key has been in flight past the adapter's limit, else ``None``."""
     pending = _pending(state)
-    limit = facts.capabilities.in_flight_limit_s
+    return _aged_out(
+        state,
+        facts,
+        facts.capabilities.in_flight_limit_s,
+        pending.dispatched_at or pending.proposed_at,
+        lambda age, limit: (
+            f"key {pending.idempotency_key} is still in flight {age:.0f} s "
+            f"after it was sent, past the {limit:g} s the adapter allows "
+            f"({detail or 'no detail'}): the request may never finish, or may have landed; "
+            "a person must decide"
+        ),
+    )
+
+
+def _aged_out(
+    state: RunState,
+    facts: Facts,
+    limit: float | None,
+    since: datetime,
+    why: Callable[[float, float], str],
+) -> Transition | None:
+    """Outcome unknown, for a person, once ``limit`` seconds have passed since ``since``."""
     if limit is None:
         return None
-    age = (facts.now - (pending.dispatched_at or pending.proposed_at)).total_seconds()
+    age = (facts.now - since).total_seconds()
     if age <= limit:
         return None
     return freeze(
@@ -280,9 +298,7 @@ def _stuck(state: RunState, facts: Facts, detail: str) -> Transition | None:
         facts,
         "outcome_unknown",
         None,
-        f"key {pending.idempotency_key} is still in flight {age:.0f} s after it was dispatched, "
-        f"past the {limit:g} s the adapter allows ({detail or 'no detail'}): the request may "
-        "never finish, or may have landed; a person must decide",
+        why(age, limit),
         ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
     )
 
