@@ -7,11 +7,12 @@ journal outside the tree, and a verifier that runs ``python -m unittest``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -196,12 +197,18 @@ def require_fresh(paths: DemoPaths) -> None:
         )
 
 
+#: What the demo handles itself (raising to unwind); a child must not inherit that.
+_HELD = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def die_with_parent() -> Callable[[], None] | None:
     """A ``preexec_fn`` that has the kernel SIGKILL a demo child when the demo dies (Linux).
 
     The demo stops its children in ``finally`` blocks, which run on an error,
     Ctrl-C or SIGTERM; a SIGKILLed demo runs nothing, and only the kernel can
-    stop what it started. ``None`` where ``prctl`` is not available.
+    stop what it started. ``None`` where ``prctl`` is not available. Start the
+    child inside :func:`signals_held`: the child then gives the demo's signals
+    their default meaning before it lets any arrive.
     """
     if not sys.platform.startswith("linux"):
         return None
@@ -215,10 +222,32 @@ def die_with_parent() -> Callable[[], None] | None:
 
     def preexec() -> None:
         # Runs in the child between fork and exec; the setting survives exec.
+        for signum in _HELD:
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
         if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0 and os.getppid() != parent:
             os._exit(1)  # the demo died before the kernel was told: follow it now
 
     return preexec
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold the demo's signals while it forks a child (Linux), delivering them after.
+
+    Between fork and exec the child runs Python code with the demo's handlers,
+    which raise to unwind the demo: a signal landing there printed a stray
+    traceback from the child. Held, it reaches the demo right after the fork,
+    and the child (see :func:`die_with_parent`) resets and releases them.
+    """
+    if not sys.platform.startswith("linux"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def prepare(paths: DemoPaths, scenario: str = "repair") -> None:

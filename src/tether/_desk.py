@@ -291,7 +291,7 @@ def _child_service(module_argv: list[str], log: Path) -> Iterator[dict[str, Any]
     """
     process: subprocess.Popen[str] | None = None
     try:
-        with open(log, "a") as sink:
+        with open(log, "a") as sink, _demo.signals_held():
             process = subprocess.Popen(
                 [sys.executable, "-m", *module_argv],
                 stdout=subprocess.PIPE,

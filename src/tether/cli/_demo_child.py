@@ -35,14 +35,23 @@ def child(
         cmd += ["--marks", str(paths.marks)]
     if crash_at is not None:
         cmd += ["--crash-at", crash_at, "--crash-hit", str(hit)]
-    return subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        check=False,
-        stdin=subprocess.DEVNULL,
-        preexec_fn=_demo.die_with_parent(),  # safe: the demo starts no threads
-    )
+    with _demo.signals_held():
+        child = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_demo.die_with_parent(),  # noqa: PLW1509 - the demo starts no threads
+        )
+    # Out of the held section: a signal now reaches the demo while it waits.
+    try:
+        out, err = child.communicate()
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    return subprocess.CompletedProcess(cmd, child.returncode, out, err)
 
 
 def report_unfired(crash: CrashPlan) -> None:
