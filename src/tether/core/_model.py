@@ -7,6 +7,7 @@ all refuse unknown or mistyped fields the same way.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +23,13 @@ def format_time(moment: datetime) -> str:
     """RFC 3339 in UTC with microseconds; naive datetimes are refused."""
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise ValueError("datetimes must be timezone-aware")
+    return _utc_text(moment)
+
+
+# One commit formats the same clock reading a dozen times (every event, entry
+# and state field); equal aware datetimes are one instant, one text.
+@functools.lru_cache(maxsize=64)
+def _utc_text(moment: datetime) -> str:
     # isoformat is C and pads the year to four digits (strftime's %Y does not).
     return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
