@@ -408,10 +408,12 @@ def test_another_service_instance_at_the_same_address_is_refused(
         http.close()
 
 
+@pytest.mark.parametrize("recovered", [False, True])
 def test_a_refusal_whose_reply_was_lost_is_a_rejection_not_a_review(
-    tmp_path: Path, service: EffectsService
+    tmp_path: Path, service: EffectsService, recovered: bool
 ) -> None:
-    """The service refused and stored it, the reply timed out: the look-up says refused, no resend."""
+    """Sent once, refused and stored, the reply timed out: the look-up says refused, no resend,
+    in the same session and in a recovery that reads 'resent' from the checkpoint."""
     from tests.conftest import ScriptedAgent, write
 
     service.mode(slow_s=1.0)
@@ -423,9 +425,12 @@ def test_a_refusal_whose_reply_was_lost_is_a_rejection_not_a_review(
         assert session.step().reason == "adapter_unavailable"  # sent; the reply never came
         time.sleep(1.0)  # the service has answered 400 and stored it under the key
         service.mode(slow_s=0)
+        if recovered:
+            session = http_run(tmp_path, http).recover("r1")  # the state as signed
+        assert session.state.pending is not None and not session.state.pending.resent
         outcome = session.step()
     assert outcome.reason == "refused" and outcome.state.phase is Phase.RUNNING
-    assert committed(rt)[-1] == "rejected"
+    assert committed(session.rt)[-1] == "rejected"
     assert service.tickets() == []
 
 
@@ -540,24 +545,3 @@ def test_two_services_in_one_run_each_own_their_kind(tmp_path: Path) -> None:
         assert adapters == {"desk", "billing"}
     with pytest.raises(HttpConfigError, match="dotted"):
         HttpEffect("http://127.0.0.1:1", kind="Post")
-
-
-def test_a_write_sent_once_and_refused_is_a_rejection_after_recovery_too(
-    tmp_path: Path, service: EffectsService
-) -> None:
-    """'resent' is signed: a recovery that finds the refusal of a write sent once rejects it."""
-    from tests.conftest import ScriptedAgent, write
-
-    service.mode(slow_s=1.0)
-    with HttpEffect(service.url, timeout_s=0.3) as http:
-        rt = http_run(tmp_path, http)
-        bad = write("tickets", "", kind="http.post", args={"json": {"no": "title"}})
-        rt.agent = ScriptedAgent([bad])
-        assert rt.start("r1").step().reason == "adapter_unavailable"  # sent once, no reply
-        time.sleep(1.0)  # the service has answered 400 and stored it under the key
-        service.mode(slow_s=0)
-        again = http_run(tmp_path, http).recover("r1")  # the state as the checkpoint says
-        assert again.state.pending is not None and not again.state.pending.resent
-        outcome = again.step()
-    assert (outcome.reason, outcome.state.phase) == ("refused", Phase.RUNNING)
-    assert committed(again.rt)[-1] == "rejected"

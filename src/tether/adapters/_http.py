@@ -180,7 +180,6 @@ class HttpEffect(RemoteEffect):
     ``HttpEffect(url, kind="stripe.post", namespace="stripe")``.
     """
 
-    KIND = HTTP_POST
     ADAPTER_VERSION = ADAPTER_VERSION
 
     def __init__(

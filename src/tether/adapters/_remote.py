@@ -3,8 +3,8 @@
 A ticket service or a mail server holds state tether cannot fingerprint, so
 its environment is who it is (namespace and instance id, version 0) and its
 effects live in the ledger. It offers no reads and runs no verifier; a
-remote effect derives no new environment. Subclasses set ``KIND`` and
-``ADAPTER_VERSION``, ``_namespace`` and ``_capabilities``, and implement
+remote effect derives no new environment. Subclasses set
+``ADAPTER_VERSION``, ``_kind``, ``_namespace`` and ``_capabilities``, and implement
 ``instance_id``, ``normalize``, ``execute`` and ``lookup``.
 """
 
@@ -29,7 +29,7 @@ from tether.core import (
 class RemoteEffect:
     """The shared half of :class:`~tether.adapters.HttpEffect` and ``SmtpEffect``."""
 
-    KIND: ClassVar[ActionKind]
+    _kind: ActionKind
     ADAPTER_VERSION: ClassVar[str] = "1"
     _namespace: str
     _capabilities: Capabilities
@@ -65,8 +65,8 @@ class RemoteEffect:
 
     @property
     def kind(self) -> ActionKind:
-        """The write kind this adapter carries out (the class's, unless renamed)."""
-        return getattr(self, "_kind", self.KIND)
+        """The write kind this adapter carries out."""
+        return self._kind
 
     def read(
         self, kind: str, target: str, args: dict[str, Any], scope: Any

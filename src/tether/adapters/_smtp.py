@@ -100,7 +100,6 @@ class MaildirLookup:
 class SmtpEffect(RemoteEffect):
     """An adapter sending ``email.send`` actions through one SMTP server."""
 
-    KIND = EMAIL_SEND
     ADAPTER_VERSION = ADAPTER_VERSION
 
     def __init__(
@@ -131,6 +130,7 @@ class SmtpEffect(RemoteEffect):
             raise SmtpConfigError("seal_key must be at least 16 bytes")
         self.host, self.port, self.sender, self.domain = host, int(port), sender, domain
         self._namespace = namespace
+        self._kind = EMAIL_SEND
         self._instance = f"smtp://{host}:{port}/{domain}#{instance_id}"
         self._lookup = mailbox_lookup
         self._seal_key = seal_key
