@@ -339,6 +339,29 @@ class ReviewDriftError(EvidenceError):
     """The environment or the adapter's receipt changed since the decision was signed."""
 
 
+class AdmissionRefusedError(PolicyError):
+    """A recovery or rewind was not admitted: one of its five bindings does not hold now.
+
+    ``binding`` names which: ``checkpoint``, ``epoch``, ``principal``,
+    ``policy``, ``effects``, ``run`` (task, run or a run that is over) or
+    ``document`` (malformed, expired, replayed). Nothing changed.
+    """
+
+    def __init__(
+        self,
+        binding: str,
+        message: str,
+        *,
+        run_id: str | None = None,
+        expected: Any = None,
+        actual: Any = None,
+    ) -> None:
+        self.binding = binding
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"admission refused ({binding}): {message}", run_id=run_id)
+
+
 class TrustRootsRequiredError(IntegrityError):
     """The checkpoint carries signed evidence but no trust roots were given to check it."""
 

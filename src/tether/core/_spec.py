@@ -205,6 +205,83 @@ class KindRule:
     sensitive: bool = False
 
 
+#: The roles a principal can hold in the deployment's trust roots, and
+#: ``agent`` (the run's own agent), which only a rewind can name.
+PRINCIPAL_ROLES = frozenset({"worker", "operator", "reviewer", "approver"})
+REWIND_ROLES = PRINCIPAL_ROLES | {"agent"}
+
+
+class WithheldSecrets(StrEnum):
+    """What a recovery by a principal without the read-secrets right gets."""
+
+    REDACT = "redact"  # the run resumes with secret items withheld; the agent is told
+    REFUSE = "refuse"  # the admission is refused
+
+
+class PolicyChange(StrEnum):
+    """What a recovery under another policy version than the checkpoint's is."""
+
+    REFUSE = "refuse"
+    NEW_OCCURRENCE = "new_occurrence"  # a new work occurrence, linked to the old one
+
+
+@dataclass(frozen=True, slots=True)
+class Authority:
+    """Who may recover, rewind and read secrets, by role, under this policy.
+
+    Admission checks these against the recovering principal's CURRENT roles
+    (the deployment's trust roots now), never the roles it had when the run
+    began: recovery is a new decision, not old authority thawed.
+    """
+
+    recover: frozenset[str] = frozenset({"worker", "operator"})
+    rewind: frozenset[str] = frozenset({"operator", "reviewer"})
+    read_secrets: frozenset[str] = frozenset({"worker", "operator"})
+    secrets_withheld: WithheldSecrets = WithheldSecrets.REDACT
+    policy_change: PolicyChange = PolicyChange.REFUSE
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "recover": sorted(self.recover),
+            "rewind": sorted(self.rewind),
+            "read_secrets": sorted(self.read_secrets),
+            "secrets_withheld": self.secrets_withheld.value,
+            "policy_change": self.policy_change.value,
+        }
+
+    @classmethod
+    def parse(cls, f: Fields) -> Authority:
+        default = cls()
+
+        def roles(key: str, allowed: frozenset[str], fallback: frozenset[str]) -> frozenset[str]:
+            if f.optional_raw(key) is None:
+                return fallback
+            names = f.str_list(key)
+            unknown = sorted(set(names) - allowed)
+            if unknown:
+                f.fail(f.name(key), f"unknown roles {unknown}; use {sorted(allowed)}")
+            return frozenset(names)
+
+        def choice(key: str, enum: Any, fallback: Any) -> Any:
+            if f.optional_raw(key) is None:
+                return fallback
+            text = f.str(key)
+            try:
+                return enum(text)
+            except ValueError:
+                f.fail(f.name(key), f"unknown value {text!r}; use one of {[e.value for e in enum]}")
+
+        authority = cls(
+            recover=roles("recover", PRINCIPAL_ROLES, default.recover),
+            rewind=roles("rewind", REWIND_ROLES, default.rewind),
+            read_secrets=roles("read_secrets", PRINCIPAL_ROLES, default.read_secrets),
+            secrets_withheld=choice("secrets_withheld", WithheldSecrets, default.secrets_withheld),
+            policy_change=choice("policy_change", PolicyChange, default.policy_change),
+        )
+        f.done()
+        return authority
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """Versioned rules a run executes under."""
@@ -214,6 +291,8 @@ class Policy:
     kinds: dict[str, KindRule]
     max_risk: Risk
     approval_ttl_s: int
+    #: Who may recover, rewind and read secrets (defaults when the policy is silent).
+    authority: Authority = field(default_factory=Authority)
 
     def to_json(self) -> dict[str, JSONValue]:
         return {
@@ -222,6 +301,8 @@ class Policy:
             "kinds": {kind: _rule_json(rule) for kind, rule in sorted(self.kinds.items())},
             "max_risk": self.max_risk.value,
             "approval_ttl_s": self.approval_ttl_s,
+            # Written only when set, so a policy silent on it keeps its fingerprint.
+            **({} if self.authority == Authority() else {"authority": self.authority.to_json()}),
         }
 
     @property
@@ -251,6 +332,9 @@ class Policy:
             kinds=kinds,
             max_risk=_risk(f, "max_risk"),
             approval_ttl_s=f.int("approval_ttl_s", minimum=1, maximum=MAX_APPROVAL_TTL_S),
+            authority=Authority()
+            if f.optional_raw("authority") is None
+            else Authority.parse(f.obj("authority")),
         )
         kinds_obj.done()
         f.done()

@@ -139,6 +139,14 @@ class RunState:
     # quarantine, an abort's failure): restoring it needs the reviewers' trust
     # roots again. One per closed review case, so it stays small.
     decisions: tuple[dict[str, Any], ...] = ()
+    #: The epoch's own id (minted when it was admitted; ``epoch`` counts them).
+    epoch_id: str = ""
+    #: Digest of the admission record (a blob) that let this epoch begin
+    #: (``None`` for the first epoch, which the run's start admitted).
+    admission: str | None = None
+    #: The work occurrence: the run's id, until an admission under a changed
+    #: policy opens a new occurrence linked to the old one.
+    occurrence_id: str = ""
 
     def evolve(self, **changes: Any) -> RunState:
         """A copy with ``changes`` applied (the state itself is immutable)."""
@@ -175,6 +183,9 @@ class RunState:
             "inbox_cursor": self.inbox_cursor,
             "results_digest": self.results_digest,
             "decisions": list(self.decisions),
+            "epoch_id": self.epoch_id,
+            "admission": self.admission,
+            "occurrence_id": self.occurrence_id,
         }
 
     @classmethod
@@ -219,6 +230,10 @@ class RunState:
             inbox_cursor=f.int("inbox_cursor"),
             results_digest=f.optional_str("results_digest"),
             decisions=_documents(f, "decisions"),
+            # Absent from checkpoints written before admissions existed.
+            epoch_id=f.str("epoch_id", nonempty=False) if f.has("epoch_id") else "",
+            admission=f.optional_str("admission"),
+            occurrence_id=f.str("occurrence_id", nonempty=False) if f.has("occurrence_id") else "",
         )
         f.done()
         return state

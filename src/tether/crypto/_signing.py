@@ -46,6 +46,10 @@ class Role(StrEnum):
 
     APPROVER = "approver"
     REVIEWER = "reviewer"
+    #: A person who may admit a recovery or select a rewind point (as the policy says).
+    OPERATOR = "operator"
+    #: A worker process: it admits its own recoveries by signing them.
+    WORKER = "worker"
 
 
 class Alg(StrEnum):
@@ -213,6 +217,11 @@ class TrustRoots:
 
     def roles(self) -> set[Role]:
         return {root.role for root in self._roots.values()}
+
+    def role_of(self, signer_id: str) -> Role | None:
+        """The role ``signer_id`` holds now (``None``: not trusted, e.g. revoked)."""
+        root = self._roots.get(signer_id)
+        return None if root is None else root.role
 
     @classmethod
     def of(cls, *entries: Mapping[str, Any]) -> TrustRoots:

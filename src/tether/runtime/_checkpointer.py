@@ -232,11 +232,22 @@ class Checkpointer:
             # did not accept (an orphaned or swapped write) is not the newest.
             raise StaleCheckpointError(mark.run_id, mark.generation, state.generation)
 
-    def restore(self, run_id: str, binding: CoreBinding, adapter: Adapter) -> Restored:
-        """Every restore check, in order; returns the verified state."""
+    def restore(
+        self,
+        run_id: str,
+        binding: CoreBinding,
+        adapter: Adapter,
+        *,
+        policy_may_change: bool = False,
+    ) -> Restored:
+        """Every restore check, in order; returns the verified state.
+
+        ``policy_may_change``: the current policy lets a run made under another
+        policy be admitted as a new work occurrence; admission decides.
+        """
         restored = self.load(run_id)
         state = restored.state
-        check_binding(state, binding)
+        check_binding(state, binding, policy_may_change=policy_may_change)
         self.check_generation(restored)
         live = adapter.environment()
         ahead = live if environment_ahead(state, live) else None
@@ -340,7 +351,9 @@ class Checkpointer:
         return chain
 
 
-def check_binding(state: RunState, expected: CoreBinding) -> None:
+def check_binding(
+    state: RunState, expected: CoreBinding, *, policy_may_change: bool = False
+) -> None:
     """Refuse a checkpoint made for another task, policy or scenario."""
     got = state.binding
     for what, want, have in (
@@ -351,9 +364,13 @@ def check_binding(state: RunState, expected: CoreBinding) -> None:
         if want != have:
             raise TaskMismatchError(what, want, have, run_id=state.run_id)
     for what, want, have in (
-        ("policy id", expected.policy_id, got.policy_id),
-        ("policy version", expected.policy_version, got.policy_version),
-        ("policy fingerprint", expected.policy_fingerprint, got.policy_fingerprint),
+        ()
+        if policy_may_change
+        else (
+            ("policy id", expected.policy_id, got.policy_id),
+            ("policy version", expected.policy_version, got.policy_version),
+            ("policy fingerprint", expected.policy_fingerprint, got.policy_fingerprint),
+        )
     ):
         if want != have:
             raise PolicyMismatchError(what, want, have, run_id=state.run_id)

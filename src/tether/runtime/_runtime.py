@@ -38,6 +38,7 @@ from tether.core import (
     MissingHighWaterMarkError,
     Phase,
     Policy,
+    PolicyChange,
     Receipt,
     RunState,
     SpecError,
@@ -49,8 +50,9 @@ from tether.core import (
     retry_semantics,
     step_rules,
 )
-from tether.crypto import Keyring, TrustRoots
+from tether.crypto import Keyring, Signer, TrustRoots
 from tether.runtime import _humans
+from tether.runtime._admit import admit
 from tether.runtime._agent import Agent, AgentContext
 from tether.runtime._checkpointer import Checkpointer, Restored
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
@@ -80,6 +82,7 @@ class Runtime:
         trust: TrustRoots | None = None,
         lease_ttl_s: float | None = None,
         heartbeat_max_s: float = DEFAULT_MAX_S,
+        principal: Signer | None = None,
     ) -> None:
         self.store = store
         self.adapter = adapter
@@ -92,6 +95,9 @@ class Runtime:
         # Unique per process by default: two processes never share a worker id.
         self.worker = worker or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.trust = trust
+        # Who this runtime recovers as: it signs its own admissions with this
+        # key, checked against ``trust`` (the deployment's roots now).
+        self.principal = principal
         # None: one process owns its runs (no lease). A number: every start and
         # recovery takes the run's lease for that long and renews it as it works.
         self.lease_ttl_s = lease_ttl_s
@@ -167,6 +173,8 @@ class Runtime:
             trace_length=0,
             ledger_head=GENESIS_HASH,
             ledger_length=0,
+            epoch_id=self.ids.new_id("epoch"),
+            occurrence_id=run_id,
         )
         session = RunSession(self, genesis, context)
         # With leases on, the run is created already held: no claim gets in between.
@@ -194,8 +202,16 @@ class Runtime:
             return self.start(run_id, context)
         return self.recover(run_id)
 
-    def recover(self, run_id: str, lease: Lease | None = None) -> RunSession:
+    def recover(
+        self, run_id: str, lease: Lease | None = None, *, admission: Any = None
+    ) -> RunSession:
         """Restore the newest checkpoint (every check, failing closed) and open a new epoch.
+
+        The new epoch is admitted first (see :mod:`tether.runtime._admit`):
+        ``admission`` is a person's signed admission document; without one the
+        runtime's ``principal`` signs its own, and without that the worker
+        recovers unsigned, only where the trust roots name nobody who may.
+        A refusal raises :class:`~tether.core.AdmissionRefusedError`.
 
         With leases on, the run's lease is taken first (or ``lease``, one the
         caller already claimed, is used), so two recovering workers never both
@@ -207,7 +223,7 @@ class Runtime:
                 run_id, self.worker, self.lease_ttl_s
             )
         try:
-            return self._restore(run_id, lease)
+            return self._restore(run_id, lease, admission)
         except TetherError:
             if taken is not None:
                 # A refused restore must not leave the run locked for a ttl
@@ -216,8 +232,13 @@ class Runtime:
                     self.checkpointer.marks.release_lease(run_id, taken.owner, taken.lease_version)
             raise
 
-    def _restore(self, run_id: str, lease: Lease | None) -> RunSession:
-        restored = self.checkpointer.restore(run_id, self.binding, self.adapter)
+    def _restore(self, run_id: str, lease: Lease | None, admission: Any) -> RunSession:
+        restored = self.checkpointer.restore(
+            run_id,
+            self.binding,
+            self.adapter,
+            policy_may_change=self.policy.authority.policy_change is PolicyChange.NEW_OCCURRENCE,
+        )
         state = restored.state
         context = self.checkpointer.context(state)
         _humans.check_restorable(self, state)
@@ -234,18 +255,24 @@ class Runtime:
         if lease is not None:
             session.hold(lease)
         if state.phase.terminal:
+            if admission is not None:
+                admit(self, state, checkpoint_digest=session.digest, document=admission)
             return session  # nothing may change; an operator can still read everything
+        admitted = admit(
+            self, state, checkpoint_digest=restored.mark.checkpoint_digest, document=admission
+        )
         opening = {
             "from_generation": state.generation,
             "previous_epoch": state.epoch,
             "previous_worker": state.worker,
             "phase": state.phase.value,
             "maybe_sent": restored.maybe_sent,
+            **admitted.event,
         }
         # The new epoch is recorded with the first commit this session makes: a
         # reclaim that changes nothing (the adapter still busy, nothing to do
         # yet) writes nothing.
-        session.open_epoch(opening)
+        session.open_epoch(opening, admitted.changes, {admitted.digest: admitted.body})
         if state.phase is Phase.NEEDS_REVIEW:
             return session  # frozen: the epoch lands with the decision that opens it
         if restored.maybe_sent:

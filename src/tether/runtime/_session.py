@@ -113,6 +113,8 @@ class RunSession(LeaseHolder):
         self._init_lease(runtime.clock.now())
         # A recovery's "recovered" event, waiting for the session's first commit.
         self._opening: dict[str, Any] | None = None
+        # What the admission changes in the state, and its record (a blob).
+        self._admitted: tuple[dict[str, Any], dict[str, bytes]] = ({}, {})
         #: The digest of the checkpoint ``state`` is (``None`` before the first commit).
         self.digest: str | None = None
         # A commit whose outcome is unknown: nothing acts until reload() settles it.
@@ -129,9 +131,19 @@ class RunSession(LeaseHolder):
 
     # -- committing ----------------------------------------------------------
 
-    def open_epoch(self, recovered: dict[str, Any]) -> None:
-        """Begin a new epoch: its ``recovered`` event lands with the first commit."""
+    def open_epoch(
+        self,
+        recovered: dict[str, Any],
+        changes: dict[str, Any] | None = None,
+        blobs: dict[str, bytes] | None = None,
+    ) -> None:
+        """Begin a new epoch: its ``recovered`` event lands with the first commit.
+
+        ``changes`` (the new epoch id, the admission, the work occurrence) and
+        ``blobs`` (the admission record) land with it, in the same commit.
+        """
         self._opening = dict(recovered)
+        self._admitted = (dict(changes or {}), dict(blobs or {}))
 
     def commit(
         self,
@@ -160,8 +172,10 @@ class RunSession(LeaseHolder):
         blobs = dict(blobs or {})
         opening = self._opening
         if opening is not None:
-            state = state.evolve(epoch=self.state.epoch + 1, worker=self.rt.worker)
+            changes, admitted = self._admitted
+            state = state.evolve(epoch=self.state.epoch + 1, worker=self.rt.worker, **changes)
             events = [("recovered", opening), *events]
+            blobs.update(admitted)
         if context is not None:
             context_digest, body = context.encode()
             if context_digest != self.state.agent_context_digest:
@@ -195,6 +209,7 @@ class RunSession(LeaseHolder):
         if granted is not None:
             self.hold(granted)
         self._opening = None
+        self._admitted = ({}, {})
         if context is not None:
             self.context = context
 
@@ -224,6 +239,7 @@ class RunSession(LeaseHolder):
                 if (action_id := step_rules.action_id_of(event.kind, event.data)) is not None
             }
             self.state, self.digest, self._opening, self._results = state, digest, None, None
+            self._admitted = ({}, {})
         elif digest != self.digest or restored.state.generation != self.state.generation:
             raise GenerationConflictError(
                 self.run_id, self.state.generation, restored.state.generation
