@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import socket
+from secrets import token_hex  # the keyword `secrets` is the secret box
 from typing import Any
 
 from tether.adapters import (
@@ -49,9 +49,9 @@ from tether.core import (
     retry_semantics,
     step_rules,
 )
-from tether.crypto import Keyring, TrustRoots
+from tether.crypto import Keyring, SecretBox, TrustRoots
 from tether.runtime import _humans
-from tether.runtime._agent import Agent, AgentContext
+from tether.runtime._agent import Agent, AgentContext, Withheld
 from tether.runtime._checkpointer import Checkpointer, Restored
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
 from tether.runtime._crash import NO_CRASH, CrashPlan
@@ -80,6 +80,8 @@ class Runtime:
         trust: TrustRoots | None = None,
         lease_ttl_s: float | None = None,
         heartbeat_max_s: float = DEFAULT_MAX_S,
+        secrets: SecretBox | None = None,
+        on_secrets_withheld: Withheld | str = Withheld.REDACT,
     ) -> None:
         self.store = store
         self.adapter = adapter
@@ -90,7 +92,7 @@ class Runtime:
         self.ids: IdSource = ids if ids is not None else RandomIds()
         self.crash = crash
         # Unique per process by default: two processes never share a worker id.
-        self.worker = worker or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.worker = worker or f"{socket.gethostname()}-{os.getpid()}-{token_hex(3)}"
         self.trust = trust
         # None: one process owns its runs (no lease). A number: every start and
         # recovery takes the run's lease for that long and renews it as it works.
@@ -102,7 +104,11 @@ class Runtime:
                 f"must be between 0 and {MAX_TIMEOUT_S:g} s, not {heartbeat_max_s!r}",
             )
         self.heartbeat_max_s = heartbeat_max_s
-        self.checkpointer = Checkpointer(store, keyring, marks=marks, crash=crash)
+        # Secret context items are released on recovery only with a box (for
+        # now; admission will pass the recovering principal's right).
+        self.secrets = secrets
+        self.on_secrets_withheld = Withheld(on_secrets_withheld)
+        self.checkpointer = Checkpointer(store, keyring, marks=marks, crash=crash, secrets=secrets)
         self.binding = Binding.of(task, policy)
         # Every kind the run may propose; a name nobody defines fails here, at load.
         self.kinds: dict[str, ActionKind] = catalog(adapter.kinds)
@@ -137,10 +143,11 @@ class Runtime:
                 },
                 actual=env.to_json(),
             )
-        context = context if context is not None else AgentContext()
-        context_digest, body = context.encode()
         now = self.clock.now()
         run_id = run_id if run_id is not None else self.ids.new_id("run")
+        context = context if context is not None else AgentContext()
+        context = context.seal(run_id=run_id, box=self.secrets)
+        context_digest, body = context.encode()
         genesis = RunState(
             run_id=run_id,
             generation=0,
@@ -169,6 +176,7 @@ class Runtime:
             ledger_length=0,
         )
         session = RunSession(self, genesis, context)
+        session.release_secrets = True  # the caller handed them in
         # With leases on, the run is created already held: no claim gets in between.
         ttl = self.lease_ttl_s
         session.commit(
@@ -219,9 +227,13 @@ class Runtime:
     def _restore(self, run_id: str, lease: Lease | None) -> RunSession:
         restored = self.checkpointer.restore(run_id, self.binding, self.adapter)
         state = restored.state
-        context = self.checkpointer.context(state)
+        release = self.secrets is not None  # admission will narrow this to the principal's right
+        context = self.checkpointer.context(
+            state, release=release, on_withheld=self.on_secrets_withheld
+        )
         _humans.check_restorable(self, state)
         session = RunSession(self, state, context)
+        session.release_secrets = release
         session.digest = restored.mark.checkpoint_digest
         # The gate's "used before": every accepted action is in the signed trace
         # (writes too, by intent_persisted). Read once per recovery, every hash
@@ -242,6 +254,8 @@ class Runtime:
             "phase": state.phase.value,
             "maybe_sent": restored.maybe_sent,
         }
+        if context.redacted:
+            opening["secrets_withheld"] = list(context.redacted)  # names only
         # The new epoch is recorded with the first commit this session makes: a
         # reclaim that changes nothing (the adapter still busy, nothing to do
         # yet) writes nothing.
