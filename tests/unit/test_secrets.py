@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tether.core import CheckpointCorruptError, IntegrityError, canonical_bytes, digest_bytes
+from tether.core import (
+    CheckpointCorruptError,
+    IntegrityError,
+    SpecError,
+    canonical_bytes,
+    digest_bytes,
+)
 from tether.crypto import (
     Keyring,
     SecretAccessError,
@@ -184,6 +190,8 @@ def test_withheld_secrets_are_redacted_or_refused() -> None:
     assert caught.value.names == ("api_token", "n") and caught.value.run_id == RUN
     with pytest.raises(SecretAccessError, match="may not read"):
         AgentContext.decode(digest, body, run_id=RUN, box=box, on_withheld="refuse")
+    with pytest.raises(SpecError):
+        AgentContext.decode(digest, body, run_id=RUN, on_withheld="ignore")
 
 
 def test_a_redacted_context_reseals_to_the_same_ciphertext() -> None:

@@ -31,6 +31,7 @@ from tether.core import (
     JSONValue,
     Observation,
     Proposal,
+    SpecError,
     canonical_bytes,
     digest_bytes,
     strict_loads,
@@ -46,6 +47,14 @@ class Withheld(StrEnum):
 
     REDACT = "redact"  # hand them back as REDACTED, named in AgentContext.redacted
     REFUSE = "refuse"  # raise SecretAccessError; nothing is restored
+
+    @classmethod
+    def of(cls, value: Withheld | str, what: str = "on_withheld") -> Withheld:
+        """``value`` as a :class:`Withheld`, or :class:`~tether.core.SpecError` naming ``what``."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise SpecError(what, f"must be 'redact' or 'refuse', not {value!r}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +181,7 @@ class AgentContext:
         says. A wrong or missing key id, or a ciphertext that does not
         authenticate for ``run_id`` and its name, fails closed.
         """
-        withheld = Withheld(on_withheld)
+        withheld = Withheld.of(on_withheld)
         if digest_bytes(body) != expected_digest:
             raise CheckpointCorruptError(
                 f"agent context {expected_digest} does not match its bytes", run_id=run_id or None

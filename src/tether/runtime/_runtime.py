@@ -107,7 +107,7 @@ class Runtime:
         # Secret context items are released on recovery only with a box (for
         # now; admission will pass the recovering principal's right).
         self.secrets = secrets
-        self.on_secrets_withheld = Withheld(on_secrets_withheld)
+        self.on_secrets_withheld = Withheld.of(on_secrets_withheld, "on_secrets_withheld")
         self.checkpointer = Checkpointer(store, keyring, marks=marks, crash=crash, secrets=secrets)
         self.binding = Binding.of(task, policy)
         # Every kind the run may propose; a name nobody defines fails here, at load.
