@@ -29,7 +29,7 @@ from tether.core import (
     TaskSpec,
     TetherError,
 )
-from tether.crypto import Keyring, Signer, TrustRoots
+from tether.crypto import Keyring, SecretBox, Signer, TrustRoots
 from tether.runtime import (
     Agent,
     AgentContext,
@@ -69,6 +69,7 @@ __all__ = [
     "Runtime",
     "SQLiteStore",
     "Sandbox",
+    "SecretBox",
     "Signer",
     "TaskSpec",
     "TetherError",

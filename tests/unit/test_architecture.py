@@ -102,6 +102,7 @@ def test_public_api_is_pinned() -> None:
             "Runtime",
             "SQLiteStore",
             "Sandbox",
+            "SecretBox",
             "Signer",
             "TaskSpec",
             "TetherError",

@@ -1,4 +1,4 @@
-"""Keys and signatures: HMAC keyrings for checkpoints."""
+"""Keys and signatures: HMAC keyrings for checkpoints, AEAD boxes for secret context."""
 
 from tether.crypto._envelope import envelope_digest, open_envelope, seal
 from tether.crypto._keyring import (
@@ -10,11 +10,23 @@ from tether.crypto._keyring import (
     KeyringError,
     KeyStatus,
 )
+from tether.crypto._secrets import (
+    ENV_SECRET_KEYS,
+    ENV_SECRET_KEYS_FILE,
+    SealedSecret,
+    SecretAccessError,
+    SecretBox,
+    SecretIntegrityError,
+    SecretKey,
+    SecretKeyError,
+)
 from tether.crypto._signing import Alg, Role, Signer, TrustError, TrustRoots
 
 __all__ = [
     "ENV_KEYRING",
     "ENV_KEYRING_FILE",
+    "ENV_SECRET_KEYS",
+    "ENV_SECRET_KEYS_FILE",
     "MIN_KEY_BYTES",
     "Alg",
     "Key",
@@ -22,6 +34,12 @@ __all__ = [
     "Keyring",
     "KeyringError",
     "Role",
+    "SealedSecret",
+    "SecretAccessError",
+    "SecretBox",
+    "SecretIntegrityError",
+    "SecretKey",
+    "SecretKeyError",
     "Signer",
     "TrustError",
     "TrustRoots",

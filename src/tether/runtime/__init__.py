@@ -1,6 +1,6 @@
 """The orchestration: propose, gate, persist, execute, reconcile, advance, recover."""
 
-from tether.runtime._agent import Agent, AgentContext, Decision
+from tether.runtime._agent import REDACTED, Agent, AgentContext, Decision, Withheld
 from tether.runtime._checkpointer import (
     Checkpointer,
     Restored,
@@ -23,6 +23,7 @@ from tether.runtime._worker import (
 
 __all__ = [
     "NO_CRASH",
+    "REDACTED",
     "Agent",
     "AgentContext",
     "AppLoadError",
@@ -39,6 +40,7 @@ __all__ = [
     "RuntimeFactory",
     "SimulatedCrash",
     "SystemClock",
+    "Withheld",
     "Worker",
     "WorkerStats",
     "check_binding",

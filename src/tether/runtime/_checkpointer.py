@@ -50,8 +50,15 @@ from tether.core import (
     verify_trace,
 )
 from tether.core import Binding as CoreBinding
-from tether.crypto import Keyring, envelope_digest, open_envelope, seal
-from tether.runtime._agent import AgentContext
+from tether.crypto import (
+    Keyring,
+    SecretBox,
+    SecretKeyError,
+    envelope_digest,
+    open_envelope,
+    seal,
+)
+from tether.runtime._agent import AgentContext, Withheld
 from tether.runtime._crash import NO_CRASH, CrashPlan, CrashPoint
 from tether.store import (
     Commit,
@@ -93,10 +100,22 @@ class Checkpointer:
         keyring: Keyring,
         marks: GenerationStore | None = None,
         crash: CrashPlan = NO_CRASH,
+        secrets: SecretBox | None = None,
     ) -> None:
         self.content = content
         self.marks: GenerationStore = marks if marks is not None else _as_marks(content)
         self.keyring = keyring
+        if secrets is not None:
+            shared = secrets.shares_key_with(keyring)
+            if shared is not None:
+                # Who may verify a checkpoint is not who may read its secrets.
+                raise SecretKeyError(
+                    f"the secret box holds the same key as checkpoint key id {shared!r}; "
+                    "secret keys must be separate from the checkpoint keyring",
+                    key_id=shared,
+                )
+        #: Seals the agent context's secret items (and opens them, when released).
+        self.secrets = secrets
         self.crash = crash
         # One transaction is possible only when both roles are the same database.
         self._colocated: CommitStore | None = None
@@ -285,15 +304,35 @@ class Checkpointer:
         verify_trace(state.run_id, events, state.trace_head, state.trace_length, GENESIS_HASH)
         return events
 
-    def context(self, state: RunState) -> AgentContext:
-        """The agent context ``state`` names, or fail closed if it is missing or damaged."""
+    def context(
+        self,
+        state: RunState,
+        *,
+        release: bool = False,
+        on_withheld: Withheld | str = Withheld.REDACT,
+    ) -> AgentContext:
+        """The agent context ``state`` names, or fail closed if it is missing or damaged.
+
+        Its secret items are opened only when ``release`` (the reader may read
+        secrets, under the current policy) and this checkpointer has a secret
+        box; otherwise they are withheld: redacted (named in
+        ``AgentContext.redacted``) or refused with
+        :class:`~tether.crypto.SecretAccessError`, as ``on_withheld`` says.
+        """
         body = self.content.get_blob(state.agent_context_digest)
         if body is None:
             raise CheckpointCorruptError(
                 f"run {state.run_id}: agent context {state.agent_context_digest} is missing",
                 run_id=state.run_id,
             )
-        return AgentContext.decode(state.agent_context_digest, body)
+        return AgentContext.decode(
+            state.agent_context_digest,
+            body,
+            run_id=state.run_id,
+            box=self.secrets,
+            release=release,
+            on_withheld=on_withheld,
+        )
 
     def results(self, state: RunState) -> tuple[ActionResult, ...]:
         """The action results ``state`` names (none, or fail closed if missing or damaged)."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import socket
+from secrets import token_hex  # the keyword `secrets` is the secret box
 from typing import Any
 
 from tether.adapters import (
@@ -50,10 +50,10 @@ from tether.core import (
     retry_semantics,
     step_rules,
 )
-from tether.crypto import Keyring, Signer, TrustRoots
+from tether.crypto import Keyring, SecretBox, Signer, TrustRoots
 from tether.runtime import _humans
 from tether.runtime._admit import admit
-from tether.runtime._agent import Agent, AgentContext
+from tether.runtime._agent import Agent, AgentContext, Withheld
 from tether.runtime._checkpointer import Checkpointer, Restored
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
 from tether.runtime._crash import NO_CRASH, CrashPlan
@@ -83,6 +83,8 @@ class Runtime:
         lease_ttl_s: float | None = None,
         heartbeat_max_s: float = DEFAULT_MAX_S,
         principal: Signer | None = None,
+        secrets: SecretBox | None = None,
+        on_secrets_withheld: Withheld | str | None = None,
     ) -> None:
         self.store = store
         self.adapter = adapter
@@ -93,7 +95,7 @@ class Runtime:
         self.ids: IdSource = ids if ids is not None else RandomIds()
         self.crash = crash
         # Unique per process by default: two processes never share a worker id.
-        self.worker = worker or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.worker = worker or f"{socket.gethostname()}-{os.getpid()}-{token_hex(3)}"
         self.trust = trust
         # Who this runtime recovers as: it signs its own admissions with this
         # key, checked against ``trust`` (the deployment's roots now).
@@ -108,7 +110,16 @@ class Runtime:
                 f"must be between 0 and {MAX_TIMEOUT_S:g} s, not {heartbeat_max_s!r}",
             )
         self.heartbeat_max_s = heartbeat_max_s
-        self.checkpointer = Checkpointer(store, keyring, marks=marks, crash=crash)
+        # Secret context items are released on recovery only with a box, to a
+        # principal whose current roles hold the policy's read-secrets right.
+        self.secrets = secrets
+        # None: as the policy's authority.secrets_withheld says.
+        self.on_secrets_withheld = (
+            None
+            if on_secrets_withheld is None
+            else Withheld.of(on_secrets_withheld, "on_secrets_withheld")
+        )
+        self.checkpointer = Checkpointer(store, keyring, marks=marks, crash=crash, secrets=secrets)
         self.binding = Binding.of(task, policy)
         # Every kind the run may propose; a name nobody defines fails here, at load.
         self.kinds: dict[str, ActionKind] = catalog(adapter.kinds)
@@ -143,10 +154,11 @@ class Runtime:
                 },
                 actual=env.to_json(),
             )
-        context = context if context is not None else AgentContext()
-        context_digest, body = context.encode()
         now = self.clock.now()
         run_id = run_id if run_id is not None else self.ids.new_id("run")
+        context = context if context is not None else AgentContext()
+        context = context.seal(run_id=run_id, box=self.secrets)
+        context_digest, body = context.encode()
         genesis = RunState(
             run_id=run_id,
             generation=0,
@@ -177,6 +189,7 @@ class Runtime:
             occurrence_id=run_id,
         )
         session = RunSession(self, genesis, context)
+        session.release_secrets = True  # the caller handed them in
         # With leases on, the run is created already held: no claim gets in between.
         ttl = self.lease_ttl_s
         session.commit(
@@ -240,9 +253,28 @@ class Runtime:
             policy_may_change=self.policy.authority.policy_change is PolicyChange.NEW_OCCURRENCE,
         )
         state = restored.state
-        context = self.checkpointer.context(state)
+        if state.phase.terminal:
+            admitted = None  # nothing resumes: an operator can still read everything
+            if admission is not None:
+                admit(
+                    self,
+                    state,
+                    checkpoint_digest=restored.mark.checkpoint_digest,
+                    document=admission,
+                )  # refused: a run that is over is never admitted
+        else:
+            admitted = admit(
+                self, state, checkpoint_digest=restored.mark.checkpoint_digest, document=admission
+            )
+        # Secret items go only to a principal with the read-secrets right now.
+        release = self.secrets is not None and admitted is not None and admitted.may_read_secrets
+        withheld = self.on_secrets_withheld
+        if withheld is None:
+            withheld = Withheld.of(self.policy.authority.secrets_withheld.value)
+        context = self.checkpointer.context(state, release=release, on_withheld=withheld)
         _humans.check_restorable(self, state)
         session = RunSession(self, state, context)
+        session.release_secrets = release
         session.digest = restored.mark.checkpoint_digest
         # The gate's "used before": every accepted action is in the signed trace
         # (writes too, by intent_persisted). Read once per recovery, every hash
@@ -254,13 +286,8 @@ class Runtime:
         session.results()  # missing or damaged results fail closed here, not mid-run
         if lease is not None:
             session.hold(lease)
-        if state.phase.terminal:
-            if admission is not None:
-                admit(self, state, checkpoint_digest=session.digest, document=admission)
-            return session  # nothing may change; an operator can still read everything
-        admitted = admit(
-            self, state, checkpoint_digest=restored.mark.checkpoint_digest, document=admission
-        )
+        if admitted is None:
+            return session
         opening = {
             "from_generation": state.generation,
             "previous_epoch": state.epoch,
@@ -269,6 +296,8 @@ class Runtime:
             "maybe_sent": restored.maybe_sent,
             **admitted.event,
         }
+        if context.redacted:
+            opening["secrets_withheld"] = list(context.redacted)  # names only
         # The new epoch is recorded with the first commit this session makes: a
         # reclaim that changes nothing (the adapter still busy, nothing to do
         # yet) writes nothing.

@@ -124,6 +124,8 @@ class RunSession(LeaseHolder):
         # signed history, never from rows a store could hold unverified.
         self.actions: set[str] = set()
         self._results: tuple[str, tuple[ActionResult, ...]] | None = None
+        #: Whether this epoch's reader may see the context's secret items (set by the runtime).
+        self.release_secrets = False
 
     @property
     def run_id(self) -> str:
@@ -177,6 +179,10 @@ class RunSession(LeaseHolder):
             events = [("recovered", opening), *events]
             blobs.update(admitted)
         if context is not None:
+            # Unchanged secret items (withheld ones included) keep their ciphertext.
+            context = context.seal(
+                run_id=self.run_id, box=self.rt.checkpointer.secrets, previous=self.context
+            )
             context_digest, body = context.encode()
             if context_digest != self.state.agent_context_digest:
                 blobs[context_digest] = body
@@ -232,7 +238,7 @@ class RunSession(LeaseHolder):
         digest = restored.mark.checkpoint_digest
         if digest == unknown.checkpoint_digest:
             state = restored.state
-            self.context = cp.context(state)
+            self.context = cp.context(state, release=self.release_secrets)
             self.actions = {
                 action_id
                 for event in cp.verified_trace(state)
