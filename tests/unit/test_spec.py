@@ -160,3 +160,31 @@ def test_sensitive_must_be_a_boolean(value: object) -> None:
     with pytest.raises(SpecError) as caught:
         Policy.from_json(doc)
     assert caught.value.field == "kinds.file.write.sensitive"
+
+
+def test_a_policy_silent_on_authority_keeps_its_fingerprint_and_defaults() -> None:
+    """Authority is written only when set: older policies keep their fingerprints."""
+    policy = make_policy()
+    assert "authority" not in policy.to_json()
+    assert policy.authority.recover == frozenset({"worker", "operator"})
+    assert policy.authority.rewind == frozenset({"operator", "reviewer"})
+    custom = make_policy(authority={"rewind": ["agent", "operator"]})
+    assert custom.fingerprint != policy.fingerprint
+    assert Policy.from_json(json.dumps(custom.to_json())) == custom
+
+
+@pytest.mark.parametrize(
+    ("authority", "field"),
+    [
+        ({"recover": ["agent"]}, "authority.recover"),
+        ({"rewind": ["janitor"]}, "authority.rewind"),
+        ({"read_secrets": "operator"}, "authority.read_secrets"),
+        ({"secrets_withheld": "shrug"}, "authority.secrets_withheld"),
+        ({"policy_change": "anything"}, "authority.policy_change"),
+        ({"recover": ["worker"], "extra": 1}, "authority.extra"),
+    ],
+)
+def test_authority_refuses_unknown_roles_and_values(authority: Any, field: str) -> None:
+    """Only the agent may be named beyond the principal roles, and only for a rewind."""
+    with pytest.raises(SpecError, match=field.replace(".", r"\.")):
+        make_policy(authority=authority)

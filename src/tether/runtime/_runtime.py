@@ -39,12 +39,14 @@ from tether.core import (
     Phase,
     Policy,
     PolicyChange,
+    Purpose,
     Receipt,
     RunState,
     SpecError,
     Spent,
     TaskSpec,
     TetherError,
+    admission_request,
     catalog,
     check_contract,
     retry_semantics,
@@ -244,6 +246,30 @@ class Runtime:
                 with contextlib.suppress(TetherError):
                     self.checkpointer.marks.release_lease(run_id, taken.owner, taken.lease_version)
             raise
+
+    def admission_request(
+        self,
+        run_id: str,
+        *,
+        purpose: Purpose = Purpose.RECOVERY,
+        target_generation: int | None = None,
+        reason: str = "",
+    ) -> dict[str, Any]:
+        """The fields a signed admission of ``run_id`` as it is now must carry.
+
+        Read from the verified checkpoint the mark names; a principal adds its
+        id, a lifetime and a nonce (:func:`tether.core.new_admission`) and signs.
+        """
+        restored = self.checkpointer.load(run_id)
+        self.checkpointer.check_generation(restored)
+        return admission_request(
+            restored.state,
+            checkpoint_digest=restored.mark.checkpoint_digest,
+            policy=self.binding,
+            purpose=purpose,
+            target_generation=target_generation,
+            reason=reason,
+        )
 
     def _restore(self, run_id: str, lease: Lease | None, admission: Any) -> RunSession:
         restored = self.checkpointer.restore(
