@@ -10,6 +10,7 @@ from tether.adapters._base import (
     capabilities_of,
     look_up,
     namespace_of,
+    offers_snapshots,
 )
 from tether.adapters._composite import Adapters, AdaptersConfigError
 from tether.adapters._errors import (
@@ -75,6 +76,7 @@ __all__ = [
     "look_up",
     "message_id",
     "namespace_of",
+    "offers_snapshots",
     "parse_fence",
     "parse_sf_string",
     "sf_string",

@@ -189,6 +189,18 @@ def _offers(adapter: object, method: str) -> bool:
     return callable(getattr(adapter, method, None))
 
 
+def offers_snapshots(adapter: object) -> bool:
+    """Whether ``adapter`` keeps content-addressed snapshots (so its workspace can be rewound).
+
+    Two methods: ``snapshot_blobs(root, have)`` returns the blobs of the
+    snapshot whose root digest is ``root`` (the environment's state
+    fingerprint) that ``have`` says the store lacks; ``restore_snapshot(root,
+    get_blob)`` makes the environment that snapshot, writing only what
+    differs, and returns the environment after.
+    """
+    return _offers(adapter, "snapshot_blobs") and _offers(adapter, "restore_snapshot")
+
+
 def look_up(adapter: Adapter, key: str, intent: Intent | None = None) -> Receipt | None:
     """Ask ``adapter`` for the receipt under ``key``, judged against ``intent`` where it can."""
     if intent is not None and _offers(adapter, "lookup_intent"):

@@ -97,6 +97,17 @@ from tether.core._phases import (
     check_effect_move,
     check_phase_move,
 )
+from tether.core._rewind import (
+    REWIND_MEMORY_KEY,
+    RewindPlan,
+    RewindRefusedError,
+    RewindScope,
+    SplitRewindError,
+    crossed_effects,
+    rewind_memory,
+    tried_in,
+    with_memory,
+)
 from tether.core._spec import (
     MAX_APPROVAL_TTL_S,
     MAX_COUNT,
@@ -131,6 +142,7 @@ __all__ = [
     "MAX_COUNT",
     "MAX_TIMEOUT_S",
     "MAX_WALL_TIME_S",
+    "REWIND_MEMORY_KEY",
     "SCHEMA_VERSION",
     "AdapterError",
     "AdapterUnavailableError",
@@ -186,6 +198,9 @@ __all__ = [
     "RetrySemantics",
     "ReviewCase",
     "ReviewDriftError",
+    "RewindPlan",
+    "RewindRefusedError",
+    "RewindScope",
     "Risk",
     "RunExistsError",
     "RunFrozenError",
@@ -197,6 +212,7 @@ __all__ = [
     "SignatureError",
     "SpecError",
     "Spent",
+    "SplitRewindError",
     "StaleCheckpointError",
     "StaleMarkError",
     "StoreError",
@@ -226,6 +242,7 @@ __all__ = [
     "check_canonical_path",
     "check_effect_move",
     "check_phase_move",
+    "crossed_effects",
     "digest",
     "digest_bytes",
     "format_time",
@@ -233,10 +250,13 @@ __all__ = [
     "occurrence_of",
     "parse_time",
     "parse_time_text",
+    "rewind_memory",
     "seal_event",
     "strict_loads",
+    "tried_in",
     "validate_state",
     "verify_trace",
+    "with_memory",
 ]
 
 from tether.core._actions import (

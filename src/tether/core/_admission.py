@@ -33,7 +33,7 @@ ADMISSION_FIELDS = (
     "kind", "purpose", "principal_id", "task_id", "run_id", "occurrence_id",
     "checkpoint_generation", "checkpoint_digest", "interrupted_epoch", "interrupted_epoch_id",
     "policy_id", "policy_version", "policy_fingerprint", "ledger_head", "ledger_length",
-    "target_generation", "reason", "issued_at", "expires_at", "nonce",
+    "target_generation", "scope", "reason", "issued_at", "expires_at", "nonce",
 )  # fmt: skip
 
 # Which of the five bindings each bound field belongs to (for the refusal).
@@ -52,6 +52,7 @@ _BINDING_OF = {
     "ledger_length": "effects",
     "purpose": "document",
     "target_generation": "document",
+    "scope": "document",
     "reason": "document",
 }
 
@@ -76,11 +77,14 @@ def admission_request(
     purpose: Purpose,
     target_generation: int | None = None,
     reason: str = "",
+    scope: str = "aligned",
 ) -> dict[str, Any]:
     """The fields an admission of ``state`` (the checkpoint the mark names) must carry.
 
     ``policy`` is the binding the run would continue under: the current
-    policy, which may differ from the checkpoint's.
+    policy, which may differ from the checkpoint's. A rewind names its
+    target generation and scope (``aligned``, or a split made on purpose:
+    ``files`` or ``context``) and why.
     """
     return {
         "kind": "admission",
@@ -98,6 +102,7 @@ def admission_request(
         "ledger_head": state.ledger_head,
         "ledger_length": state.ledger_length,
         "target_generation": target_generation,
+        "scope": scope,
         "reason": reason,
     }
 

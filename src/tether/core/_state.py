@@ -24,6 +24,7 @@ from tether.core._model import (
     parse_time,
 )
 from tether.core._phases import EffectStatus, Phase
+from tether.core._rewind import RewindPlan
 from tether.core._spec import Policy, TaskSpec
 
 SCHEMA_VERSION = 3
@@ -147,6 +148,9 @@ class RunState:
     #: The work occurrence: the run's id, until an admission under a changed
     #: policy opens a new occurrence linked to the old one.
     occurrence_id: str = ""
+    #: A rewind admitted and checkpointed, its workspace restore not yet
+    #: recorded: the next step finishes it before anything else.
+    rewinding: RewindPlan | None = None
 
     def evolve(self, **changes: Any) -> RunState:
         """A copy with ``changes`` applied (the state itself is immutable)."""
@@ -186,6 +190,7 @@ class RunState:
             "epoch_id": self.epoch_id,
             "admission": self.admission,
             "occurrence_id": self.occurrence_id,
+            "rewinding": None if self.rewinding is None else self.rewinding.to_json(),
         }
 
     @classmethod
@@ -201,6 +206,7 @@ class RunState:
         pending = f.optional_obj("pending")
         last_write = f.optional_obj("last_write")
         verification = f.optional_obj("verification")
+        rewinding = f.optional_obj("rewinding")
         state = cls(
             run_id=f.str("run_id"),
             generation=f.int("generation", minimum=1),
@@ -234,6 +240,7 @@ class RunState:
             epoch_id=f.str("epoch_id", nonempty=False) if f.has("epoch_id") else "",
             admission=f.optional_str("admission"),
             occurrence_id=f.str("occurrence_id", nonempty=False) if f.has("occurrence_id") else "",
+            rewinding=None if rewinding is None else RewindPlan.parse(rewinding),
         )
         f.done()
         return state
@@ -291,6 +298,8 @@ def validate_state(state: RunState) -> bytes:
             raise breach("pending write is newer than the checkpoint")
         if pending.idempotency_key in state.quarantined_keys:
             raise breach("pending write uses a quarantined key")
+    if state.rewinding is not None and (phase is not Phase.RUNNING or pending is not None):
+        raise breach(f"a rewind under way in phase {phase}")
     if state.observed_version > state.environment.version:
         raise breach("observed a version newer than the recorded environment")
     if state.trace_length == 0 and state.trace_head != GENESIS_HASH:

@@ -97,6 +97,7 @@ def admit(
     purpose: Purpose = Purpose.RECOVERY,
     target_generation: int | None = None,
     reason: str = "",
+    scope: str = "aligned",
 ) -> Admitted:
     """Decide whether ``state`` (the checkpoint the mark names) may go on; raise if not.
 
@@ -131,6 +132,7 @@ def admit(
         purpose=purpose,
         target_generation=target_generation,
         reason=reason,
+        scope=scope,
     )
     now = rt.clock.now()
     trust = rt.trust

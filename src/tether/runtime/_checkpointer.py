@@ -32,6 +32,7 @@ from tether.core import (
     MissingHighWaterMarkError,
     Phase,
     PolicyMismatchError,
+    RewindRefusedError,
     RunState,
     ScenarioMismatchError,
     SchemaVersionError,
@@ -294,6 +295,45 @@ class Checkpointer:
                 )
         return replace(restored, ledger=tuple(chain), ahead=ahead)
 
+    def at_generation(self, state: RunState, generation: int) -> tuple[RunState, str]:
+        """The signed checkpoint of an earlier ``generation`` of this run, and its digest.
+
+        Only one on the run's own history: its trace head must be the event
+        at its trace length in ``state``'s verified trace (an orphaned write
+        of that generation, or one from another history, is not a rewind
+        point). Refuses with :class:`~tether.core.RewindRefusedError`.
+        """
+        run_id = state.run_id
+        if not 1 <= generation < state.generation:
+            raise RewindRefusedError(
+                f"run {run_id}: generation {generation} is not an earlier point "
+                f"(the run is at {state.generation})",
+                run_id=run_id,
+            )
+        trace = self.verified_trace(state)
+        for envelope in self.content.envelopes(run_id):
+            try:
+                payload = open_envelope(envelope, self.keyring, run_id=run_id)
+            except TetherError:
+                continue  # unsigned or damaged: vouches for nothing
+            if not isinstance(payload, dict) or payload.get("generation") != generation:
+                continue
+            if payload.get("schema_version") != SCHEMA_VERSION:
+                continue
+            candidate = RunState.from_json(payload)
+            length = candidate.trace_length
+            on_chain = (
+                candidate.run_id == run_id
+                and 0 < length <= len(trace)
+                and trace[length - 1].hash == candidate.trace_head
+            )
+            if on_chain:
+                return candidate, envelope_digest(envelope)
+        raise RewindRefusedError(
+            f"run {run_id}: no signed checkpoint of generation {generation} on this run's history",
+            run_id=run_id,
+        )
+
     def verified_trace(self, state: RunState) -> list[TraceEvent]:
         """The run's trace, every hash recomputed, ending at the head ``state`` signed.
 
@@ -427,7 +467,7 @@ def environment_ahead(state: RunState, live: EnvironmentState) -> bool:
     run that is frozen or finished is judged by :func:`check_environment` alone.
     """
     recorded = state.environment
-    if state.phase not in {Phase.RUNNING, Phase.PENDING}:
+    if state.phase not in {Phase.RUNNING, Phase.PENDING} or state.rewinding is not None:
         return False
     if live.namespace != recorded.namespace or live.instance_id != recorded.instance_id:
         return False
@@ -455,6 +495,10 @@ def check_environment(state: RunState, live: EnvironmentState) -> None:
             actual=live.to_json(),
         )
     if live == recorded:
+        return
+    if state.rewinding is not None:
+        # A rewind was admitted and checkpointed; its restore may have run, in
+        # part or whole. The next step finishes it (restoring is idempotent).
         return
     pending = state.pending
     if pending is not None and live == pending.expected_post:

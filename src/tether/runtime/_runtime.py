@@ -254,6 +254,7 @@ class Runtime:
         purpose: Purpose = Purpose.RECOVERY,
         target_generation: int | None = None,
         reason: str = "",
+        scope: str = "aligned",
     ) -> dict[str, Any]:
         """The fields a signed admission of ``run_id`` as it is now must carry.
 
@@ -269,6 +270,7 @@ class Runtime:
             purpose=purpose,
             target_generation=target_generation,
             reason=reason,
+            scope=scope,
         )
 
     def _restore(self, run_id: str, lease: Lease | None, admission: Any) -> RunSession:

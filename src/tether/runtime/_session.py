@@ -21,16 +21,21 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Protocol
 
-from tether.adapters import Adapter, capabilities_of, namespace_of
+from tether.adapters import (
+    Adapter,
+    capabilities_of,
+    namespace_of,
+    offers_snapshots,
+)
 from tether.core import (
     ActionClass,
     ActionKind,
     ActionResult,
     AdapterError,
     AdapterUnavailableError,
+    Binding,
     CommitOutcomeUnknownError,
     ContractViolationError,
-    EffectStatus,
     EffectTerms,
     EnvironmentDriftError,
     Execute,
@@ -42,7 +47,6 @@ from tether.core import (
     LedgerNote,
     Lookup,
     LookupAnswer,
-    LookupStatus,
     Observation,
     Outcome,
     OutcomeKind,
@@ -66,9 +70,9 @@ from tether.core import (
     step_rules,
 )
 from tether.core import Rejection as GateRejection
-from tether.crypto import TrustRoots
+from tether.crypto import Signer, TrustRoots
 from tether.runtime import _calls as calls
-from tether.runtime import _humans
+from tether.runtime import _humans, _rewind, _stopping
 from tether.runtime._agent import Agent, AgentContext
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import Clock, IdSource
@@ -94,6 +98,8 @@ class Runtime(Protocol):
     heartbeat_max_s: float
     checkpointer: Checkpointer
     kinds: dict[str, ActionKind]
+    binding: Binding
+    principal: Signer | None
 
     def effect_terms(self, intent: Intent) -> EffectTerms: ...
 
@@ -124,12 +130,19 @@ class RunSession(LeaseHolder):
         # signed history, never from rows a store could hold unverified.
         self.actions: set[str] = set()
         self._results: tuple[str, tuple[ActionResult, ...]] | None = None
+        # The workspace root whose snapshot is known to be stored.
+        self._snapshotted: str | None = None
         #: Whether this epoch's reader may see the context's secret items (set by the runtime).
         self.release_secrets = False
 
     @property
     def run_id(self) -> str:
         return self.state.run_id
+
+    @property
+    def opening_pending(self) -> bool:
+        """Whether this session's new epoch is admitted but not yet committed."""
+        return self._opening is not None
 
     # -- committing ----------------------------------------------------------
 
@@ -187,6 +200,15 @@ class RunSession(LeaseHolder):
             if context_digest != self.state.agent_context_digest:
                 blobs[context_digest] = body
             state = state.evolve(agent_context_digest=context_digest)
+        root = state.environment.state_fingerprint
+        snapshotted = self._snapshotted
+        if root != snapshotted and offers_snapshots(self.rt.adapter):
+            # The workspace this checkpoint records, stored by content with
+            # it: a later rewind to this generation restores exactly this.
+            found = _rewind.snapshot_blobs(self.rt, root)
+            if found is not None:
+                blobs.update(found)
+                snapshotted = root
         sealed = seal_commit(
             self.state,
             state,
@@ -212,6 +234,7 @@ class RunSession(LeaseHolder):
             raise
         self.state = new
         self.digest = digest
+        self._snapshotted = snapshotted
         if granted is not None:
             self.hold(granted)
         self._opening = None
@@ -309,15 +332,15 @@ class RunSession(LeaseHolder):
                     last if transition.state is not None else None,
                 )
             if isinstance(call, Lookup):
-                answer = self._lookup(call)
-                transition = self._decide(
+                answer = self.ask(call)
+                transition = self.decide(
                     lambda facts, a=answer: settle_rules.after_lookup(self.state, facts, a)
                 )
             else:
                 result = self._execute(call)
                 if result.status is ExecuteStatus.COMMITTED:
                     self.rt.crash.hit(CrashPoint.EFFECT_SENT)
-                transition = self._decide(
+                transition = self.decide(
                     lambda facts, c=call, r=result: settle_rules.after_execute(
                         self.state, facts, c, r
                     )
@@ -338,7 +361,7 @@ class RunSession(LeaseHolder):
             namespace=namespace_of(rt.adapter, kind),
         )
 
-    def _decide(self, rule: Any) -> Transition:
+    def decide(self, rule: Any) -> Transition:
         """Evaluate a pure rule; a freeze is re-evaluated with the live environment read."""
         facts = self.facts()
         transition: Transition = rule(facts)
@@ -346,7 +369,8 @@ class RunSession(LeaseHolder):
             transition = rule(self.facts(live=True))
         return transition
 
-    def _lookup(self, call: Lookup) -> LookupAnswer:
+    def ask(self, call: Lookup) -> LookupAnswer:
+        """Ask the adapter about a write by its key (the lease is checked first)."""
         self.guard()
         return calls.ask(self.rt.adapter, call)
 
@@ -394,6 +418,25 @@ class RunSession(LeaseHolder):
         self.reload()
         return _humans.review(self, document)
 
+    def rewind(
+        self,
+        to: int | None = None,
+        reason: str = "",
+        *,
+        document: Any = None,
+        scope: str = "aligned",
+    ) -> Outcome:
+        """Rewind context and workspace together to generation ``to``, as a new generation.
+
+        ``document`` is a person's signed rewind (an admission with purpose
+        ``rewind``: who, why, the target, bound to the run as it is now);
+        without one the agent selects the point, where the policy's
+        ``authority.rewind`` names ``agent``. See :mod:`tether.runtime._rewind`.
+        """
+        self.reload()
+        with self.working():
+            return _rewind.rewind(self, to, reason, document=document, scope=scope)
+
     def cancel(self, reason: str, *, by: str = "operator") -> Outcome:
         """End the run in ``cancelled``; a write pending now is settled first, never abandoned.
 
@@ -409,21 +452,7 @@ class RunSession(LeaseHolder):
         if not isinstance(reason, str) or not reason.strip():
             raise SpecError("reason", "a cancel needs a reason a person can read later")
         with self.working():
-            return self._cancel(reason, by)
-
-    def _cancel(self, reason: str, by: str) -> Outcome:
-        self.guard()
-        pending = self.state.pending
-        if pending is not None and pending.mutating and pending.status is not EffectStatus.INTENDED:
-            ask = Lookup(pending.idempotency_key, pending.intent)
-            caps = capabilities_of(self.rt.adapter, pending.intent.kind)
-            answer = self._lookup(ask) if caps.queryable else None
-            outcome = self.apply(
-                self._decide(lambda facts: settle_rules.cancel_pending(self.state, facts, answer))
-            )
-            if self.state.phase is not Phase.RUNNING:
-                return outcome  # frozen for review, or still in flight: not cancelled
-        return self.apply(step_rules.cancel(self.state, reason, by=by))
+            return _stopping.cancel(self, reason, by)
 
     def park(
         self, reason: str, detail: str, *, evidence: tuple[dict[str, Any], ...] = ()
@@ -438,38 +467,7 @@ class RunSession(LeaseHolder):
         self.reload()
         self._refuse_if_stopped()
         with self.working():
-            return self._park(reason, detail, evidence)
-
-    def _park(self, reason: str, detail: str, evidence: tuple[dict[str, Any], ...]) -> Outcome:
-        # The case records the world as it is now (and the receipt, if the
-        # write landed), so the decision it asks for can be checked against it.
-        live = self.rt.adapter.environment()
-        receipt = None
-        pending = self.state.pending
-        kind = None if pending is None else pending.intent.kind
-        if (
-            pending is not None
-            and pending.mutating
-            and capabilities_of(self.rt.adapter, kind).queryable
-        ):
-            answer = self._lookup(Lookup(pending.idempotency_key, pending.intent))
-            if answer.status in {LookupStatus.IN_PROGRESS, LookupStatus.UNAVAILABLE}:
-                raise AdapterUnavailableError(
-                    f"run {self.run_id}: cannot park it while its write's outcome is unknown "
-                    f"to the adapter ({answer.status}): {answer.detail}"
-                )
-            receipt = answer.receipt
-        transition = step_rules.park(
-            self.state,
-            case_id=self.rt.ids.new_id("case"),
-            reason=reason,
-            detail=detail,
-            now=self.rt.clock.now(),
-            live=live,
-            receipt=receipt,
-            evidence=evidence,
-        )
-        return self.apply(transition)
+            return _stopping.park(self, reason, detail, evidence)
 
     @property
     def awaiting_approval(self) -> bool:
@@ -498,6 +496,8 @@ class RunSession(LeaseHolder):
     def _step(self) -> Outcome:
         _humans.consume_inbox(self)
         self._refuse_if_stopped()
+        if self.state.rewinding is not None:
+            return _rewind.finish(self)  # a rewind admitted before a crash: finish it first
         self.keep()  # renews a held lease when due; a lost one is refused at the commit
         pending = self.state.pending
         if self.state.phase is Phase.PENDING and pending is not None:
@@ -547,7 +547,7 @@ class RunSession(LeaseHolder):
         return self._act(base, decision.context, proposal, events, runtime_finish=decision.finished)
 
     def _decide_and_apply(self, rule: Any) -> Outcome:
-        return self.apply(self._decide(lambda facts: rule(self.state, facts)))
+        return self.apply(self.decide(lambda facts: rule(self.state, facts)))
 
     def results(self) -> tuple[ActionResult, ...]:
         """The results of the actions the agent took at its previous step (from the checkpoint)."""

@@ -1,0 +1,74 @@
+"""Stopping a run on purpose: cancelling it, or parking it for a person.
+
+Both settle a write that may have left first (by its key, never by sending
+again), then commit the transition a pure rule returns; the session's
+:meth:`~tether.runtime.RunSession.cancel` and ``park`` hold the lease and
+the heartbeat around these.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tether.adapters import capabilities_of
+from tether.core import (
+    AdapterUnavailableError,
+    EffectStatus,
+    Lookup,
+    LookupStatus,
+    Outcome,
+    Phase,
+    settle_rules,
+    step_rules,
+)
+
+if TYPE_CHECKING:
+    from tether.runtime._session import RunSession
+
+
+def cancel(session: RunSession, reason: str, by: str) -> Outcome:
+    """Settle a write that may have been sent, then end the run in ``cancelled``."""
+    session.guard()
+    pending = session.state.pending
+    if pending is not None and pending.mutating and pending.status is not EffectStatus.INTENDED:
+        ask = Lookup(pending.idempotency_key, pending.intent)
+        caps = capabilities_of(session.rt.adapter, pending.intent.kind)
+        answer = session.ask(ask) if caps.queryable else None
+        outcome = session.apply(
+            session.decide(lambda facts: settle_rules.cancel_pending(session.state, facts, answer))
+        )
+        if session.state.phase is not Phase.RUNNING:
+            return outcome  # frozen for review, or still in flight: not cancelled
+    return session.apply(step_rules.cancel(session.state, reason, by=by))
+
+
+def park(
+    session: RunSession, reason: str, detail: str, evidence: tuple[dict[str, Any], ...]
+) -> Outcome:
+    """Freeze the run for a person, with the world as it is now as the case's evidence."""
+    # The case records the world as it is now (and the receipt, if the
+    # write landed), so the decision it asks for can be checked against it.
+    rt = session.rt
+    live = rt.adapter.environment()
+    receipt = None
+    pending = session.state.pending
+    kind = None if pending is None else pending.intent.kind
+    if pending is not None and pending.mutating and capabilities_of(rt.adapter, kind).queryable:
+        answer = session.ask(Lookup(pending.idempotency_key, pending.intent))
+        if answer.status in {LookupStatus.IN_PROGRESS, LookupStatus.UNAVAILABLE}:
+            raise AdapterUnavailableError(
+                f"run {session.run_id}: cannot park it while its write's outcome is unknown "
+                f"to the adapter ({answer.status}): {answer.detail}"
+            )
+        receipt = answer.receipt
+    transition = step_rules.park(
+        session.state,
+        case_id=rt.ids.new_id("case"),
+        reason=reason,
+        detail=detail,
+        now=rt.clock.now(),
+        live=live,
+        receipt=receipt,
+        evidence=evidence,
+    )
+    return session.apply(transition)
