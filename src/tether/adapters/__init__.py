@@ -2,14 +2,18 @@
 
 from tether.adapters._base import (
     Adapter,
+    CompensatesEffects,
     Fence,
     ListsReceipts,
     LooksUpIntents,
     RoutesKinds,
     VerifierResult,
     capabilities_of,
+    compensate_with,
+    external_effects,
     look_up,
     namespace_of,
+    offers_compensation,
 )
 from tether.adapters._composite import Adapters, AdaptersConfigError
 from tether.adapters._errors import (
@@ -47,6 +51,7 @@ __all__ = [
     "Adapters",
     "AdaptersConfigError",
     "Capabilities",
+    "CompensatesEffects",
     "Fence",
     "FenceRejectedError",
     "FileWorkspace",
@@ -71,10 +76,13 @@ __all__ = [
     "VerifierResult",
     "WorkspaceConfigError",
     "capabilities_of",
+    "compensate_with",
+    "external_effects",
     "fence_header",
     "look_up",
     "message_id",
     "namespace_of",
+    "offers_compensation",
     "parse_fence",
     "parse_sf_string",
     "sf_string",

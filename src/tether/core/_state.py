@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from tether.core._canonical import JSONValue, canonical_bytes
+from tether.core._contract import Contract
 from tether.core._errors import CanonicalJSONError, InvariantError, UnknownFieldError
 from tether.core._fields import Fields
 from tether.core._model import (
@@ -147,6 +148,9 @@ class RunState:
     #: The work occurrence: the run's id, until an admission under a changed
     #: policy opens a new occurrence linked to the old one.
     occurrence_id: str = ""
+    # The deployment contract the run was begun under (see ``core._contract``);
+    # checkpoints written before it existed were all ``standard``.
+    contract: Contract = Contract.STANDARD
 
     def evolve(self, **changes: Any) -> RunState:
         """A copy with ``changes`` applied (the state itself is immutable)."""
@@ -186,6 +190,7 @@ class RunState:
             "epoch_id": self.epoch_id,
             "admission": self.admission,
             "occurrence_id": self.occurrence_id,
+            "contract": self.contract.value,
         }
 
     @classmethod
@@ -234,9 +239,19 @@ class RunState:
             epoch_id=f.str("epoch_id", nonempty=False) if f.has("epoch_id") else "",
             admission=f.optional_str("admission"),
             occurrence_id=f.str("occurrence_id", nonempty=False) if f.has("occurrence_id") else "",
+            contract=_contract(f),
         )
         f.done()
         return state
+
+
+def _contract(f: Fields) -> Contract:
+    value = f.optional_raw("contract")
+    if value is None:
+        return Contract.STANDARD  # absent from checkpoints written before the field existed
+    if not isinstance(value, str) or value not in {c.value for c in Contract}:
+        f.fail(f.name("contract"), f"unknown contract {value!r}")
+    return Contract(value)
 
 
 def _documents(f: Fields, name: str) -> tuple[dict[str, Any], ...]:
