@@ -106,7 +106,7 @@ def statuses(rt: Runtime, key: str) -> list[str]:
 
 
 def compensations(service: EffectsService) -> list[dict[str, Any]]:
-    return list(service.client.get("/compensations").json()["compensations"])
+    return service.compensations()
 
 
 @pytest.fixture
