@@ -161,28 +161,34 @@ def test_an_ordered_compensation_cancels_once_and_the_ledger_says_compensated(
     assert len(compensations(service)) == 1
 
 
-@pytest.mark.parametrize("how", ["crash_after_send", "reply_lost"])
+@pytest.mark.parametrize("how", ["crash_before_send", "crash_after_send", "reply_lost"])
 def test_a_compensation_whose_receipt_was_not_stored_is_settled_by_its_key(
     tmp_path: Path, http: HttpEffect, service: EffectsService, how: str
 ) -> None:
-    """Sent, receipt not stored (a crash, a lost reply): recovery looks the key up; still one."""
-    crash = CrashPlan(CrashPoint.EFFECT_SENT, nth=2) if how == "crash_after_send" else None
+    """Intent durable but receipt not stored (a crash, a lost reply): settled by key; one undo."""
+    points = {"crash_before_send": CrashPoint.INTENT_PERSISTED, "crash_after_send": None}
+    point = points.get(how, CrashPoint.EFFECT_SENT) or CrashPoint.EFFECT_SENT
+    # The ticket's own write hit the point first; the compensation is the second hit.
+    crash = CrashPlan(point, nth=2) if how != "reply_lost" else None
     rt = http_runtime(tmp_path, http, crash)
     session, key = posted(rt)
     document = signed(rt, session.state, key, "compensate")
-    if how == "crash_after_send":
-        with pytest.raises(SimulatedCrash):
-            session.decide_effect(document)
-    else:
+    if how == "reply_lost":
         service.mode(drop_after_commit=True)
         outcome = session.decide_effect(document)
         assert outcome.kind is OutcomeKind.RETRY_LATER  # outcome unknown: stays dispatched
         service.mode(drop_after_commit=False)
-    assert len(compensations(service)) == 1
+    else:
+        with pytest.raises(SimulatedCrash):
+            session.decide_effect(document)
+    sent = how != "crash_before_send"
+    assert len(compensations(service)) == (1 if sent else 0)
     assert statuses(rt, key)[-1] == "committed"
     again = http_runtime(tmp_path, http).recover("r1")
     assert again.state.phase is Phase.PENDING
-    assert again.step().kind is OutcomeKind.REPLAYED  # found by key, never sent again
+    # Found by key (never sent again), or, never sent, sent now under the same key.
+    expected = OutcomeKind.REPLAYED if sent else OutcomeKind.EXECUTED
+    assert again.step().kind is expected
     assert len(compensations(service)) == 1
     assert statuses(again.rt, key) == ["intended", "dispatched", "committed", "compensated"]
     with pytest.raises(EvidenceError):  # the document was consumed with the order
