@@ -337,3 +337,24 @@ def test_an_effect_decision_in_the_inbox_is_applied_by_the_next_step(
     rt.store.put_evidence("r1", "effect_decision", bad)
     session.consume_inbox()  # refused, traced once, the cursor moves past it
     assert session.state.inbox_cursor == 2 and session.trace()[-1].kind == "evidence_refused"
+
+
+def test_an_unknown_outcome_of_a_blind_compensation_goes_to_review(
+    tmp_path: Path, service: EffectsService
+) -> None:
+    """No look-up by key: a compensation whose reply was lost is frozen, never sent again."""
+    blind = replace(REFERENCE_PROFILE, lookup=None)
+    with HttpEffect(service.url, profile=blind, timeout_s=2) as http:
+        rt = http_runtime(tmp_path, http)
+        session, key = posted(rt)
+        service.mode(drop_after_commit=True)
+        outcome = session.decide_effect(signed(rt, session.state, key, "compensate"))
+        assert outcome.kind is OutcomeKind.FROZEN and session.state.phase is Phase.NEEDS_REVIEW
+        case = session.state.review_cases[0]
+        assert case.reason == "outcome_unknown"
+        assert statuses(rt, case.idempotency_key) == ["intended", "dispatched", "outcome_unknown"]
+        assert statuses(rt, key)[-1] == "committed"  # not proven undone: the ledger does not say so
+        again = http_runtime(tmp_path, http).recover("r1")
+        again.run()
+        assert again.state.phase is Phase.NEEDS_REVIEW
+    assert len(compensations(service)) == 1
