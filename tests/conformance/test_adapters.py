@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 
 from tests.integration._services import delivered, effects_service, smtp_adapter, smtp_server
 from tether.adapters import FileWorkspace, HttpEffect, Sandbox
-from tether.core import EnvironmentState, Intent, Receipt
+from tether.core import ActionKind, Compensation, EnvironmentState, Intent, Receipt
 from tether.testing import adapter_conformance
 from tether.testing.adapter_conformance import *  # noqa: F403
 from tether.testing.adapter_conformance import AdapterSubject
@@ -76,6 +77,7 @@ def tether_adapter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[A
             write=lambda n: ("http.post", "tickets", {"json": {"title": f"ticket {n}"}}),
             effects=lambda: len(service.tickets()),
             lose_next_reply=lambda: service.mode(drop_after_commit=True) and None,
+            compensations=lambda: len(service.compensations()),
         )
         for client in clients:
             client.close()
@@ -161,3 +163,18 @@ def test_the_suite_fails_an_adapter_that_calls_a_landed_write_a_refusal() -> Non
     )
     with pytest.raises(AssertionError, match="a refusal"):
         adapter_conformance.test_a_landed_write_whose_reply_was_lost_is_found_by_key(subject)
+
+
+class ClaimsUndo(Sandbox):
+    """Declares adapter compensation for its writes but offers no compensate()."""
+
+    @property
+    def kinds(self) -> tuple[ActionKind, ...]:
+        return tuple(replace(k, compensation=Compensation.ADAPTER) for k in super().kinds)
+
+
+def test_the_suite_fails_an_adapter_that_declares_a_compensation_it_cannot_do() -> None:
+    """The compensation check can fail: adapter compensation without compensate() is caught."""
+    subject = broken(ClaimsUndo({"notes.txt": "draft\n"}))
+    with pytest.raises(AssertionError, match="no compensate"):
+        adapter_conformance.test_an_offered_compensation_is_one_effect_under_its_own_key(subject)

@@ -38,6 +38,10 @@ class EffectsService:
         """Every ticket the service's database holds: what the world received."""
         return list(self.client.get("/tickets").json()["tickets"])
 
+    def compensations(self) -> list[dict[str, Any]]:
+        """Every ticket cancellation the service carried out (its compensations)."""
+        return list(self.client.get("/compensations").json()["compensations"])
+
     def kill(self) -> None:
         """SIGKILL the service process (no clean shutdown)."""
         self.process.send_signal(signal.SIGKILL)

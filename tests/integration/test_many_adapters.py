@@ -148,7 +148,8 @@ def test_the_ledger_says_who_carried_each_effect_and_what_it_can_promise(desk: D
     ) == [
         ("email.send", "smtp", CUSTOMER, RetrySemantics.QUERYABLE, Compensation.HUMAN),
         ("file.write", "file-workspace", "reply.txt", RetrySemantics.IDEMPOTENT, Compensation.NONE),
-        ("http.post", "http", "tickets", RetrySemantics.QUERYABLE, Compensation.HUMAN),
+        # The reference service can cancel a ticket (its profile's compensate path).
+        ("http.post", "http", "tickets", RetrySemantics.QUERYABLE, Compensation.ADAPTER),
     ]
     assert len(terms) == 3 and all(e.terms is not None and e.epoch == 1 for e in entries)
     intended = {

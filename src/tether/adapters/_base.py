@@ -229,3 +229,55 @@ def namespace_of(adapter: Adapter, kind: str | None) -> str:
     if kind is not None and _offers(adapter, "owner"):
         return cast(RoutesKinds, adapter).owner(kind).namespace
     return adapter.namespace
+
+
+@runtime_checkable
+class CompensatesEffects(Protocol):
+    """An adapter that can undo a committed effect of its own (optional).
+
+    Offered for the kinds that declare ``Compensation.ADAPTER``. The
+    compensation is an effect like any write: ``intent`` is a compensation
+    intent (its one argument, ``tether.compensates``, names the original
+    effect: key, action id, intent digest, receipt id and fingerprint,
+    business object id), ``key`` its own, freshly minted idempotency key, and
+    ``fence`` the run's lease. Same contract as :meth:`Adapter.execute`: the
+    same key and intent returns the first receipt without a second
+    compensation; the receipt carries ``key`` and ``intent.digest``; a
+    look-up by ``key`` (where the adapter is queryable) answers for it too.
+    """
+
+    def compensate(self, key: str, intent: Intent, fence: Fence | None = None) -> Receipt:
+        """Undo the effect ``intent`` names, once under ``key``; the compensation's receipt."""
+        ...
+
+
+def offers_compensation(adapter: Adapter, kind: str) -> bool:
+    """Whether the adapter that carries out ``kind`` offers :meth:`CompensatesEffects.compensate`."""
+    owner = cast(RoutesKinds, adapter).owner(kind) if _offers(adapter, "owner") else adapter
+    return _offers(owner, "compensate")
+
+
+def compensate_with(adapter: Adapter, key: str, intent: Intent, fence: Fence | None) -> Receipt:
+    """Carry out the compensation ``intent`` under ``key`` with the adapter that owns its kind."""
+    if not offers_compensation(adapter, intent.kind):
+        from tether.core import ContractViolationError
+
+        raise ContractViolationError(
+            "no_compensation", f"the adapter for {intent.kind!r} offers no compensate()"
+        )
+    return cast(CompensatesEffects, adapter).compensate(key, intent, fence)
+
+
+def external_effects(adapter: Adapter) -> tuple[str, ...]:
+    """Namespaces of the adapters (members of a composite too) whose effects leave the process.
+
+    An adapter declares that its effects stay in local, versioned storage
+    with a ``local_effects = True`` attribute (the file workspace, the
+    sandbox); any other is taken to reach the world: undeclared is external.
+    """
+    members = getattr(adapter, "members", None) if _offers(adapter, "owner") else None
+    found: list[str] = []
+    for member in members if isinstance(members, tuple) else (adapter,):
+        if getattr(member, "local_effects", False) is not True:
+            found.append(member.namespace)
+    return tuple(found)

@@ -26,6 +26,7 @@ from tether.adapters._base import (
     Fence,
     ListsReceipts,
     VerifierResult,
+    compensate_with,
     look_up,
 )
 from tether.adapters._filewrite import check_instance
@@ -179,6 +180,12 @@ class Adapters:
         if found is not None and member is self._state:
             return self._translated(found)
         return found
+
+    def compensate(self, key: str, intent: Intent, fence: Fence | None = None) -> Receipt:
+        """Undo an effect with the member that owns its kind (see CompensatesEffects)."""
+        member = self.owner(intent.kind)
+        receipt = compensate_with(member, key, intent, fence)
+        return self._translated(receipt) if member is self._state else receipt
 
     def receipts_after(self, version: int, limit: int = 100) -> list[Receipt]:
         """The stateful member's receipts past ``version`` (see ListsReceipts)."""

@@ -82,6 +82,7 @@ from tether.core import (
     TetherError,
     canonical_bytes,
     check_canonical_path,
+    compensated_effect,
 )
 
 ADAPTER_VERSION = "1"
@@ -137,6 +138,12 @@ class ServiceProfile:
     in_flight_retries: int = 5
     in_flight_wait_s: float = 0.1
     in_flight_limit_s: float | None = 900.0
+    #: The path, relative to the base URL, that undoes what a POST created
+    #: (``{object_id}`` is replaced by the receipt's business object id): POSTed
+    #: under its own ``Idempotency-Key`` with ``{"compensates": ORIGINAL_KEY}``,
+    #: answered like a POST, and asked by key the same way. ``None``: only a
+    #: person can undo it (the kind declares ``human`` compensation).
+    compensate: str | None = None
 
     def __post_init__(self) -> None:
         if self.replay not in _REPLAYS:
@@ -149,6 +156,8 @@ class ServiceProfile:
             raise HttpConfigError("in_flight_limit_s must be positive and at most 30 days")
         if self.lookup is not None and "{key}" not in self.lookup:
             raise HttpConfigError("a lookup path must contain {key}")
+        if self.compensate is not None and "{object_id}" not in self.compensate:
+            raise HttpConfigError("a compensate path must contain {object_id}")
         if self.verifies_instance and self.identity is None:
             raise HttpConfigError("verifies_instance needs an identity path to learn the instance")
 
@@ -164,6 +173,7 @@ REFERENCE_PROFILE = ServiceProfile(
     fencing=True,
     object_id_field="ticket_id",
     committed_at_field="created_at",
+    compensate="tickets/{object_id}/cancel",
 )
 
 
@@ -204,7 +214,10 @@ class HttpEffect(RemoteEffect):
         self.base_url = base_url.rstrip("/")
         self.profile = profile
         self._namespace = namespace
-        self._kind = replace(HTTP_POST, name=kind)
+        # Undone by the adapter only where the service offers a way (a profile's
+        # compensate path); otherwise by a person, as before.
+        undo = Compensation.ADAPTER if profile.compensate is not None else Compensation.HUMAN
+        self._kind = replace(HTTP_POST, name=kind, compensation=undo)
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s)
         self._reported: str | None = None  # the instance id the service named, asked once
         self._capabilities = Capabilities(
@@ -334,12 +347,53 @@ class HttpEffect(RemoteEffect):
     ) -> Receipt:
         """POST ``intent`` under ``key``; a 409 is asked again with the same key, bounded."""
         self._check_send(key, intent, prestate)
+        if compensated_effect(intent) is not None:
+            raise ContractViolationError(
+                "bad_args", "a compensation intent is carried out by compensate(), not execute()"
+            )
+        return self._post(key, intent, prestate, fence)
+
+    def compensate(self, key: str, intent: Intent, fence: Fence | None = None) -> Receipt:
+        """Undo what a POST created: POST the profile's compensate path under ``key``.
+
+        Answers map exactly as for :meth:`execute` (see the module's table), so
+        a lost reply is settled by looking ``key`` up, never by a second send
+        the service would not deduplicate.
+        """
+        prestate = self.environment()
+        self._check_send(key, intent, prestate)
+        self._request(intent)  # refuses what is not a compensation this service can carry out
+        return self._post(key, intent, prestate, fence)
+
+    def _request(self, intent: Intent) -> tuple[str, bytes]:
+        """The path and body the service receives for ``intent`` (a write or a compensation)."""
+        named = compensated_effect(intent)
+        if named is None:
+            return "/" + intent.target, canonical_bytes(intent.args["json"])
+        template = self.profile.compensate
+        object_id = str(named.get("business_object_id") or "")
+        if template is None or not object_id:
+            raise ContractViolationError(
+                "no_compensation",
+                f"{self.base_url} cannot undo this effect: "
+                + (
+                    "its profile declares no compensate path"
+                    if template is None
+                    else "no object id"
+                ),
+            )
+        body = canonical_bytes({"compensates": str(named.get("idempotency_key", ""))})
+        return "/" + template.replace("{object_id}", object_id).lstrip("/"), body
+
+    def _post(
+        self, key: str, intent: Intent, prestate: EnvironmentState, fence: Fence | None
+    ) -> Receipt:
+        """POST ``intent``'s request under ``key``; a 409 is asked again with the same key."""
+        path, body = self._request(intent)
         headers = self._same_service()
-        body = canonical_bytes(intent.args["json"])
         headers |= {IDEMPOTENCY_KEY: sf_string(key), "content-type": "application/json"}
         if fence is not None:
             headers[FENCE] = fence_header(fence.run_id, fence.lease_version)
-        path = "/" + intent.target
         for attempt in range(self.profile.in_flight_retries + 1):
             try:
                 response = self._client.post(path, content=body, headers=headers)
@@ -448,9 +502,8 @@ class HttpEffect(RemoteEffect):
         status = response["status"]
         ours = "sha256:service-" + str(record.get("fingerprint", ""))
         if intent is not None:
-            sent = reference_fingerprint(
-                "POST", "/" + intent.target, canonical_bytes(intent.args["json"])
-            )
+            path, body = self._request(intent)
+            sent = reference_fingerprint("POST", path, body)
             if record.get("fingerprint") in (None, sent):
                 ours = intent.digest  # tether mints one key per intent: the record is this intent
         if 400 <= status < 500 and intent is not None and ours == intent.digest:

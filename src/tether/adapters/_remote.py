@@ -31,6 +31,8 @@ class RemoteEffect:
 
     _kind: ActionKind
     ADAPTER_VERSION: ClassVar[str] = "1"
+    #: A remote system's effects leave the process: never allowed under ``local-only``.
+    local_effects: ClassVar[bool] = False
     _namespace: str
     _capabilities: Capabilities
 

@@ -82,6 +82,9 @@ class Sandbox:
       :meth:`execute` writes whatever the target holds.
     """
 
+    #: Its effects stay in local, versioned storage (allowed under ``local-only``).
+    local_effects = True
+
     def __init__(
         self,
         files: Mapping[str, str] | None = None,

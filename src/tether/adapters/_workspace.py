@@ -93,6 +93,9 @@ class FileWorkspace:
     directories, and they see the same ``instance_id`` and receipts.
     """
 
+    #: Its effects stay in local, versioned storage (allowed under ``local-only``).
+    local_effects = True
+
     def __init__(
         self,
         root: Path,

@@ -383,3 +383,45 @@ __all__ += [
     "stray_error",
     "verify_ledger",
 ]
+
+from tether.core import _compensation as compensation_rules  # noqa: E402
+from tether.core._compensation import (  # noqa: E402
+    COMPENSATES,
+    EFFECT_DECISION_FIELDS,
+    CompensationRefusedError,
+    EffectDecision,
+    EffectRecord,
+    check_effect_decision,
+    compensated_effect,
+    effect_decision_request,
+    new_effect_decision,
+)
+from tether.core._contract import (  # noqa: E402
+    Contract,
+    ContractMismatchError,
+    ExternalEffectsError,
+    check_local_only,
+    check_recovery_contract,
+    parse_contract,
+)
+from tether.core._transition import EffectRef  # noqa: E402
+
+__all__ += [
+    "COMPENSATES",
+    "EFFECT_DECISION_FIELDS",
+    "CompensationRefusedError",
+    "Contract",
+    "ContractMismatchError",
+    "EffectDecision",
+    "EffectRecord",
+    "EffectRef",
+    "ExternalEffectsError",
+    "check_effect_decision",
+    "check_local_only",
+    "check_recovery_contract",
+    "compensated_effect",
+    "compensation_rules",
+    "effect_decision_request",
+    "new_effect_decision",
+    "parse_contract",
+]

@@ -63,10 +63,33 @@ def seal_commit(
     entries: list[LedgerEntry] = []
     ledger_head, ledger_length = before.ledger_head, before.ledger_length
     if ledger:
-        if effect is None:
+        if effect is None and any(note.subject is None for note in ledger):
             raise CheckpointCorruptError("ledger notes without the effect they record")
-        status = _status(before, effect)
+        status = None if effect is None else _status(before, effect)
         for note in ledger:
+            subject = note.subject
+            if subject is not None:
+                # Another effect's next status (a compensation's original): its
+                # own last status, never the pending write's, judges the move.
+                check_effect_move(subject.status, note.status)
+                entry = seal_entry(
+                    after.run_id,
+                    ledger_length + 1,
+                    ledger_head,
+                    idempotency_key=subject.idempotency_key,
+                    status=note.status,
+                    action_id=subject.action_id,
+                    intent_digest=subject.intent_digest,
+                    receipt=note.receipt,
+                    epoch=after.epoch,
+                    at=now,
+                    terms=terms,
+                )
+                entries.append(entry)
+                ledger_head, ledger_length = entry.hash, ledger_length + 1
+                continue
+            if effect is None:  # refused above; keeps the type checker honest
+                raise CheckpointCorruptError("ledger notes without the effect they record")
             check_effect_move(status, note.status)
             status = note.status
             entry = seal_entry(

@@ -77,11 +77,13 @@ from dataclasses import replace
 from datetime import datetime
 
 from tether.core._canonical import digest
+from tether.core._compensation import compensated_note
 from tether.core._evidence import approval_problem, committed_within_approval
 from tether.core._model import CompletedWrite, PendingWrite, Receipt, ReviewCase
 from tether.core._phases import EffectStatus, Phase
 from tether.core._state import RunState
 from tether.core._transition import (
+    Event,
     Execute,
     ExecuteAnswer,
     ExecuteStatus,
@@ -411,6 +413,24 @@ def advance(state: RunState, receipt: Receipt, *, fresh: bool, stateful: bool = 
     pending = _pending(state)
     kind = "effect_committed" if fresh else "effect_reconciled"
     after = receipt.post_state if stateful else state.environment
+    # A compensation that landed also records, in the same commit, that the
+    # effect it undid is compensated (with this, its own, receipt).
+    undone = compensated_note(pending, receipt.to_json())
+    extra_notes: tuple[LedgerNote, ...] = () if undone is None else (undone,)
+    extra_events: tuple[Event, ...] = ()
+    if undone is not None and undone.subject is not None:
+        extra_events = (
+            (
+                "effect_compensated",
+                {
+                    "idempotency_key": undone.subject.idempotency_key,
+                    "action_id": undone.subject.action_id,
+                    "compensation_key": pending.idempotency_key,
+                    "receipt_id": receipt.receipt_id,
+                    "receipt_fingerprint": receipt.fingerprint,
+                },
+            ),
+        )
     return Transition(
         OutcomeKind.EXECUTED if fresh else OutcomeKind.REPLAYED,
         state=state.evolve(
@@ -440,8 +460,9 @@ def advance(state: RunState, receipt: Receipt, *, fresh: bool, stateful: bool = 
                     "post_state": receipt.post_state.to_json(),
                 },
             ),
+            *extra_events,
         ),
-        ledger=(LedgerNote(EffectStatus.COMMITTED, receipt.to_json()),),
+        ledger=(LedgerNote(EffectStatus.COMMITTED, receipt.to_json()), *extra_notes),
     )
 
 

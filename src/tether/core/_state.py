@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from tether.core._canonical import JSONValue, canonical_bytes
+from tether.core._contract import Contract
 from tether.core._errors import CanonicalJSONError, InvariantError, UnknownFieldError
 from tether.core._fields import Fields
 from tether.core._model import (
@@ -151,6 +152,9 @@ class RunState:
     #: A rewind admitted and checkpointed, its workspace restore not yet
     #: recorded: the next step finishes it before anything else.
     rewinding: RewindPlan | None = None
+    # The deployment contract the run was begun under (see ``core._contract``);
+    # checkpoints written before it existed were all ``standard``.
+    contract: Contract = Contract.STANDARD
 
     def evolve(self, **changes: Any) -> RunState:
         """A copy with ``changes`` applied (the state itself is immutable)."""
@@ -191,6 +195,7 @@ class RunState:
             "admission": self.admission,
             "occurrence_id": self.occurrence_id,
             "rewinding": None if self.rewinding is None else self.rewinding.to_json(),
+            "contract": self.contract.value,
         }
 
     @classmethod
@@ -241,9 +246,19 @@ class RunState:
             admission=f.optional_str("admission"),
             occurrence_id=f.str("occurrence_id", nonempty=False) if f.has("occurrence_id") else "",
             rewinding=None if rewinding is None else RewindPlan.parse(rewinding),
+            contract=_contract(f),
         )
         f.done()
         return state
+
+
+def _contract(f: Fields) -> Contract:
+    value = f.optional_raw("contract")
+    if value is None:
+        return Contract.STANDARD  # absent from checkpoints written before the field existed
+    if not isinstance(value, str) or value not in {c.value for c in Contract}:
+        f.fail(f.name("contract"), f"unknown contract {value!r}")
+    return Contract(value)
 
 
 def _documents(f: Fields, name: str) -> tuple[dict[str, Any], ...]:

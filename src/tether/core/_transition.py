@@ -92,12 +92,29 @@ Call = Lookup | Execute
 class LedgerNote:
     """A ledger status for the pending write's key, sealed into the chain at commit.
 
-    It always belongs to the write pending BEFORE the transition, even when the
-    state it commits holds no pending write any more.
+    It belongs to the write pending BEFORE the transition, even when the
+    state it commits holds no pending write any more, unless ``subject``
+    names another effect.
     """
 
     status: EffectStatus
     receipt: dict[str, Any] | None = None
+    #: Set only on a note about another effect than the pending write: the
+    #: ``compensated`` a compensation's commit records for the effect it undid.
+    subject: EffectRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRef:
+    """An effect already in the ledger, named by a note about it (see ``LedgerNote.subject``).
+
+    ``status`` is its last ledger status, as verified when the note was decided.
+    """
+
+    idempotency_key: str
+    action_id: str
+    intent_digest: str
+    status: EffectStatus
 
 
 @dataclass(frozen=True, slots=True)

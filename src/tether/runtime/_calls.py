@@ -7,7 +7,7 @@ adapter raised it.
 
 from __future__ import annotations
 
-from tether.adapters import Adapter, Fence, UnresolvedWriteError, look_up
+from tether.adapters import Adapter, Fence, UnresolvedWriteError, compensate_with, look_up
 from tether.core import (
     AdapterUnavailableError,
     Execute,
@@ -18,6 +18,7 @@ from tether.core import (
     LookupAnswer,
     LookupStatus,
     PreconditionFailedError,
+    compensated_effect,
 )
 
 
@@ -40,7 +41,11 @@ def ask(adapter: Adapter, call: Lookup) -> LookupAnswer:
 def send(adapter: Adapter, call: Execute, fence: Fence | None) -> ExecuteAnswer:
     """Carry out the call's intent under its key; the adapter's answer as a value."""
     try:
-        receipt = adapter.execute(call.key, call.intent, call.prestate, fence)
+        if compensated_effect(call.intent) is not None:
+            # A compensation is carried out by the adapter that owns the kind it undoes.
+            receipt = compensate_with(adapter, call.key, call.intent, fence)
+        else:
+            receipt = adapter.execute(call.key, call.intent, call.prestate, fence)
     except IdempotencyConflictError as exc:
         return ExecuteAnswer(ExecuteStatus.CONFLICT, exc.receipt, str(exc))
     except PreconditionFailedError as exc:

@@ -29,6 +29,7 @@ from tether.core import (
     TrustRootsRequiredError,
     check_approval,
     check_decision,
+    compensated_effect,
 )
 from tether.core import needs_approval as core_needs_approval
 from tether.core import people_rules as people
@@ -64,12 +65,14 @@ class RunSession(Protocol):
     @property
     def state(self) -> RunState: ...
     def commit(self, state: RunState, events: list[tuple[str, dict[str, Any]]]) -> None: ...
+    def effect_decision(self, document: Any, *, cursor: int | None) -> Any: ...
 
 
 def needs_approval(rt: Runtime, state: RunState) -> bool:
     """Whether the policy requires an approval before the pending action is carried out."""
     pending = state.pending
-    if pending is None:
+    if pending is None or compensated_effect(pending.intent) is not None:
+        # A compensation's authority is the signed effect decision that ordered it.
         return False
     # A kind the catalog no longer declares is judged as the write it was.
     kind = rt.kinds.get(pending.intent.kind) or ActionKind(pending.intent.kind, ActionClass.WRITE)
@@ -103,6 +106,8 @@ def consume_inbox(session: RunSession) -> None:
         with contextlib.suppress(EvidenceError, PolicyError):  # traced by approve/review
             if item.kind == "approval":
                 approve(session, item.document, cursor=item.seq)
+            elif item.kind == "effect_decision":
+                session.effect_decision(item.document, cursor=item.seq)
             else:
                 review(session, item.document, cursor=item.seq)
 

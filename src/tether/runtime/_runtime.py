@@ -20,6 +20,7 @@ from tether.adapters import (
     ListsReceipts,
     UnresolvedWriteError,
     capabilities_of,
+    external_effects,
     look_up,
     namespace_of,
 )
@@ -30,6 +31,7 @@ from tether.core import (
     AdapterError,
     Binding,
     Compensation,
+    Contract,
     EffectStatus,
     EffectTerms,
     EnvironmentDriftError,
@@ -49,6 +51,9 @@ from tether.core import (
     admission_request,
     catalog,
     check_contract,
+    check_local_only,
+    check_recovery_contract,
+    parse_contract,
     retry_semantics,
     step_rules,
 )
@@ -87,6 +92,7 @@ class Runtime:
         principal: Signer | None = None,
         secrets: SecretBox | None = None,
         on_secrets_withheld: Withheld | str | None = None,
+        contract: Contract | str = Contract.STANDARD,
     ) -> None:
         self.store = store
         self.adapter = adapter
@@ -126,6 +132,10 @@ class Runtime:
         # Every kind the run may propose; a name nobody defines fails here, at load.
         self.kinds: dict[str, ActionKind] = catalog(adapter.kinds)
         check_contract(task, policy, self.kinds)
+        # The deployment contract (see tether.core._contract): recorded in every
+        # checkpoint; local-only is refused here for adapters that reach the world.
+        self.contract = parse_contract(contract)
+        check_local_only(self.contract, external_effects(adapter))
 
     def effect_terms(self, intent: Intent) -> EffectTerms:
         """What the ledger records about an effect of ``intent``: who, what, and its promises."""
@@ -189,6 +199,7 @@ class Runtime:
             ledger_length=0,
             epoch_id=self.ids.new_id("epoch"),
             occurrence_id=run_id,
+            contract=self.contract,
         )
         session = RunSession(self, genesis, context)
         session.release_secrets = True  # the caller handed them in
@@ -281,6 +292,7 @@ class Runtime:
             policy_may_change=self.policy.authority.policy_change is PolicyChange.NEW_OCCURRENCE,
         )
         state = restored.state
+        check_recovery_contract(run_id, state.contract, self.contract)
         if state.phase.terminal:
             admitted = None  # nothing resumes: an operator can still read everything
             if admission is not None:

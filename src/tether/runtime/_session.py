@@ -72,7 +72,7 @@ from tether.core import (
 from tether.core import Rejection as GateRejection
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import _calls as calls
-from tether.runtime import _humans, _rewind, _stopping
+from tether.runtime import _compensate, _humans, _rewind, _stopping
 from tether.runtime._agent import Agent, AgentContext
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import Clock, IdSource
@@ -436,6 +436,27 @@ class RunSession(LeaseHolder):
         self.reload()
         with self.working():
             return _rewind.rewind(self, to, reason, document=document, scope=scope)
+
+    def decide_effect(self, document: Any) -> Outcome:
+        """Apply a signed effect decision (accept, or compensate) about one effect in the ledger.
+
+        ``accept`` is recorded (and closes an open review case about the
+        effect, as a replan does); ``compensate`` makes the compensation the
+        pending write, keyed and durable, and carries it out like any write.
+        A refused document is traced and raised (see ``runtime._compensate``).
+        """
+        self.reload()
+        with self.working():
+            return self.effect_decision(document, cursor=None)
+
+    def effect_decision(self, document: Any, *, cursor: int | None) -> Outcome:
+        """:meth:`decide_effect` as the inbox applies it (``cursor``: its inbox entry)."""
+        transition = _compensate.decide(self, document, cursor=cursor)
+        outcome = self.apply(transition)
+        if self.state.phase is not Phase.PENDING or outcome.reason != "compensation_ordered":
+            return outcome
+        self.rt.crash.hit(CrashPoint.INTENT_PERSISTED)
+        return self._decide_and_apply(settle_rules.dispatch)
 
     def cancel(self, reason: str, *, by: str = "operator") -> Outcome:
         """End the run in ``cancelled``; a write pending now is settled first, never abandoned.

@@ -31,7 +31,11 @@ look-up from a fresh object equals the receipt field for field, finds
 nothing for a key never used, and finds a landed write whose reply was lost;
 a fencing adapter refuses a superseded token and writes nothing; bad input
 and another instance's prestate are typed ``TetherError`` refusals. An
-adapter that claims idempotent but writes twice fails.
+adapter that claims idempotent but writes twice fails. A kind that declares
+``adapter`` compensation must be backed by ``compensate()``; given
+``compensations()`` (the world's count of undone effects), a compensation
+is bound to its own key and intent, undoes once however often it is sent
+under that key, and is found by that key where the adapter is queryable.
 
 Checks raise ``AssertionError`` explicitly (never ``assert``), so the suite
 behaves the same under ``python -O``. The suite needs pytest.
@@ -45,16 +49,22 @@ from typing import Any
 
 import pytest
 
-from tether.adapters._base import Adapter, Fence, look_up
+from tether.adapters._base import Adapter, Fence, look_up, offers_compensation
 from tether.adapters._errors import FenceRejectedError, UnresolvedWriteError
 from tether.core import (
     AdapterUnavailableError,
     Capabilities,
+    Compensation,
+    EffectRecord,
+    EffectStatus,
+    EffectTerms,
     EnvironmentState,
     IdempotencyConflictError,
     Intent,
     Receipt,
     TetherError,
+    compensation_rules,
+    retry_semantics,
 )
 
 __all__ = [
@@ -65,6 +75,7 @@ __all__ = [
     "test_a_receipt_is_bound_to_key_intent_and_post_state",
     "test_an_idempotent_adapter_refuses_the_same_key_with_another_intent",
     "test_an_idempotent_adapter_replays_without_a_second_effect",
+    "test_an_offered_compensation_is_one_effect_under_its_own_key",
     "test_bad_input_is_a_typed_refusal",
     "test_the_adapter_declares_itself",
 ]
@@ -78,6 +89,8 @@ class AdapterSubject:
     write: Callable[[int], tuple[str, str, dict[str, Any]]]
     effects: Callable[[], int]
     lose_next_reply: Callable[[], None] | None = None
+    #: How many effects the world has undone, by its own books (compensating adapters).
+    compensations: Callable[[], int] | None = None
 
 
 def _fail(message: str) -> None:
@@ -259,3 +272,45 @@ def test_bad_input_is_a_typed_refusal(tether_adapter: AdapterSubject) -> None:
             _fail(f"{what} was accepted")
     if tether_adapter.effects() != before:
         _fail("a refused send still made an effect")
+
+
+def test_an_offered_compensation_is_one_effect_under_its_own_key(
+    tether_adapter: AdapterSubject,
+) -> None:
+    """Declared adapter compensation is offered; it undoes once per key, and is found by key."""
+    adapter = tether_adapter.make()
+    kind, target, _ = tether_adapter.write(0)
+    declared = next((k for k in adapter.kinds if k.name == kind), None)
+    if declared is None or declared.compensation is not Compensation.ADAPTER:
+        pytest.skip("the write kind does not declare adapter compensation")
+    if not offers_compensation(adapter, kind):
+        _fail(f"{kind!r} declares adapter compensation, but the adapter has no compensate()")
+    count = tether_adapter.compensations
+    if count is None:
+        pytest.skip("the subject gives no compensations() count")
+    intent, receipt = _send(adapter, tether_adapter, "conformance-undo-original", 0)
+    terms = EffectTerms(
+        adapter.namespace, kind, target, retry_semantics(_caps(adapter)), Compensation.ADAPTER
+    )
+    effect = EffectRecord(
+        receipt.idempotency_key,
+        "a0",
+        intent.digest,
+        EffectStatus.COMMITTED,
+        receipt.to_json(),
+        terms,
+    )
+    undo = compensation_rules.compensation_intent(effect, risk="low")
+    before = count()
+    first = adapter.compensate("conformance-undo-1", undo, None)
+    if first.idempotency_key != "conformance-undo-1" or first.intent_digest != undo.digest:
+        _fail("a compensation's receipt must carry its own key and its intent's digest")
+    again = tether_adapter.make().compensate("conformance-undo-1", undo, None)
+    if again != first:
+        _fail("the same compensation sent again under its key must return the first receipt")
+    if count() != before + 1:
+        _fail(f"one compensation under one key undid {count() - before} effects")
+    if _caps(adapter).queryable:
+        found = look_up(tether_adapter.make(), "conformance-undo-1", undo)
+        if found != first:
+            _fail("a look-up by the compensation's key must rebuild its receipt field for field")

@@ -7,6 +7,12 @@ a key reused with another payload, forgets keys after a retention period,
 and can be asked by key (``GET /idempotency/{key}``). Data lives in its own
 SQLite file, so a restarted service remembers everything.
 
+A ticket can be compensated: ``POST /tickets/{id}/cancel`` under its own
+``Idempotency-Key`` cancels it once (stored, replayed and looked up exactly
+like a ticket request; a second cancel of the same ticket under another key
+is refused, ``400 already_cancelled``), and ``GET /compensations`` lists
+every cancellation, so a test can count them.
+
 It verifies ``Tether-Instance``: a ticket request or a look-up that names
 another instance than the one its database holds is refused with ``421``
 before anything else happens, checked in the same transaction that would
@@ -38,6 +44,7 @@ it prints one JSON line ``{"url": ..., "instance_id": ...}`` when it listens.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import secrets
@@ -92,6 +99,9 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS tickets (ticket_id INTEGER PRIMARY KEY AUTOINCREMENT,"
     " idempotency_key TEXT, body TEXT NOT NULL, created_us INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS fences (run_id TEXT PRIMARY KEY, version INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS compensations (compensation_id INTEGER PRIMARY KEY"
+    " AUTOINCREMENT, ticket_id INTEGER NOT NULL UNIQUE, idempotency_key TEXT,"
+    " body TEXT NOT NULL, created_us INTEGER NOT NULL)",
 )
 
 
@@ -216,6 +226,8 @@ class EffectsService:
             routes=[
                 Route("/tickets", self.create_ticket, methods=["POST"]),
                 Route("/tickets", self.list_tickets, methods=["GET"]),
+                Route("/tickets/{ticket_id:int}/cancel", self.cancel_ticket, methods=["POST"]),
+                Route("/compensations", self.list_compensations, methods=["GET"]),
                 Route("/idempotency/{key:path}", self.look_up, methods=["GET"]),
                 Route("/instance", self.instance, methods=["GET"]),
                 Route("/_admin/mode", self.change_mode, methods=["POST"]),
@@ -225,6 +237,15 @@ class EffectsService:
     # -- the API -------------------------------------------------------------
 
     async def create_ticket(self, request: Request) -> Response:
+        return await self._keyed(request, "/tickets", self._commit)
+
+    async def cancel_ticket(self, request: Request) -> Response:
+        """Compensate a ticket: cancel it, once, under the request's own Idempotency-Key."""
+        named = int(request.path_params["ticket_id"])
+        commit = functools.partial(self._commit_cancel, named)
+        return await self._keyed(request, f"/tickets/{named}/cancel", commit)
+
+    async def _keyed(self, request: Request, path: str, commit: Any) -> Response:
         body = await request.body()
         header = request.headers.get(IDEMPOTENCY_KEY)
         if header is None:
@@ -241,9 +262,9 @@ class EffectsService:
             return _json(400, {"error": "body_not_an_object"})
         fence = request.headers.get(FENCE)
         expected = request.headers.get(INSTANCE)
-        payload_fp = fingerprint("POST", "/tickets", body)
+        payload_fp = fingerprint("POST", path, body)
         return await run_in_threadpool(
-            self._create, key, payload_fp, body, payload, fence, expected
+            self._create, key, payload_fp, body, payload, fence, expected, commit
         )
 
     def _create(
@@ -254,6 +275,7 @@ class EffectsService:
         payload: dict[str, Any],
         fence: str | None,
         expected: str | None,
+        commit: Any,
     ) -> Response:
         mode = self.data.mode()
         now = _now_us()
@@ -262,7 +284,7 @@ class EffectsService:
             taken = self._take_key(conn, mode, own, expected, key, payload_fp, fence, now)
         if isinstance(taken, Response):
             return _named(taken, own, mode)
-        return _named(self._commit(mode, key, taken, payload_fp, body, payload, now), own, mode)
+        return _named(commit(mode, key, taken, payload_fp, body, payload, now), own, mode)
 
     def _take_key(
         self,
@@ -358,6 +380,64 @@ class EffectsService:
             return _json(500, {"error": "internal"})
         return _json(201, reply)
 
+    def _commit_cancel(
+        self,
+        named: int,
+        mode: dict[str, Any],
+        key: str,
+        attempt: str,
+        payload_fp: str,
+        body: bytes,
+        payload: dict[str, Any],
+        now: int,
+    ) -> Response:
+        """Cancel the ticket the path names, as :meth:`_commit` creates one (same hostile modes)."""
+        if mode["slow_s"]:
+            time.sleep(float(mode["slow_s"]))
+        ticket_id = named - int(mode["id_offset"])  # replies name ids with the offset
+        with self.data.transaction() as conn:
+            if not mode["no_inflight_lock"]:
+                owner = conn.execute("SELECT attempt FROM keys WHERE key = ?", (key,)).fetchone()
+                if owner is None or owner[0] != attempt:
+                    return _json(409, {"error": "request_superseded", "idempotency_key": key})
+            exists = conn.execute(
+                "SELECT 1 FROM tickets WHERE ticket_id = ?", (ticket_id,)
+            ).fetchone()
+            done = conn.execute(
+                "SELECT 1 FROM compensations WHERE ticket_id = ?", (ticket_id,)
+            ).fetchone()
+            if exists is None:
+                status, reply = 404, {"error": "unknown_ticket", "ticket_id": ticket_id}
+            elif done is not None:
+                status, reply = 400, {"error": "already_cancelled", "ticket_id": ticket_id}
+            else:
+                created = format_time(datetime.now(UTC))
+                cursor = conn.execute(
+                    "INSERT INTO compensations (ticket_id, idempotency_key, body, created_us)"
+                    " VALUES (?, ?, ?, ?)",
+                    (ticket_id, key, body.decode("utf-8", "replace"), _now_us()),
+                )
+                status = 200
+                reply = {
+                    "compensation_id": int(cursor.lastrowid or 0),
+                    "ticket_id": ticket_id + int(mode["id_offset"]),
+                    "idempotency_key": key,
+                    "cancelled_at": created,
+                }
+            # Stored like any response, refusals included: the same request gets it again.
+            conn.execute(
+                "INSERT OR REPLACE INTO keys (key, fingerprint, state, status, body, created_us)"
+                " VALUES (?, ?, 'completed', ?, ?, ?)",
+                (key, payload_fp, status, json.dumps(reply), now),
+            )
+        if status != 200:
+            return _json(status, reply)
+        if mode["drop_after_commit"]:
+            return _DropMidReply()
+        if mode["commit_then_500"]:
+            return _json(500, {"error": "internal"})
+        return _json(200, reply)
+
     def _seen(
         self,
         conn: sqlite3.Connection,
@@ -442,6 +522,16 @@ class EffectsService:
             ).fetchall()
         tickets = [{"ticket_id": r[0], "idempotency_key": r[1], "body": r[2]} for r in rows]
         return _json(200, {"tickets": tickets})
+
+    async def list_compensations(self, request: Request) -> Response:
+        """Every compensation carried out (one per cancelled ticket), for tests to count."""
+        with self.data.connect() as conn:
+            rows = conn.execute(
+                "SELECT compensation_id, ticket_id, idempotency_key FROM compensations"
+                " ORDER BY compensation_id"
+            ).fetchall()
+        done = [{"compensation_id": r[0], "ticket_id": r[1], "idempotency_key": r[2]} for r in rows]
+        return _json(200, {"compensations": done})
 
     async def instance(self, request: Request) -> Response:
         return _json(200, {"instance_id": self.data.meta("instance_id")})
