@@ -219,8 +219,14 @@ def rewind_memory(
     *,
     tried: list[dict[str, JSONValue]],
     crossed: list[dict[str, JSONValue]],
+    undone: list[dict[str, JSONValue]],
 ) -> dict[str, JSONValue]:
-    """What the agent is told after a rewind, alongside the retained prefix."""
+    """What the agent is told after a rewind, alongside the retained prefix.
+
+    ``crossed`` are the effects beyond the rewind point that the restore
+    could not undo (a message, a ticket); ``undone`` the workspace writes the
+    restore itself took back.
+    """
     done = [c for c in crossed if c["status"] in {"committed", "compensated"}]
     unknown = [c for c in crossed if c["status"] in {"outcome_unknown", "dispatched"}]
     return {
@@ -231,11 +237,13 @@ def rewind_memory(
         "tried": list(tried),
         "effects_already_done": list(done),
         "effects_outcome_unknown": list(unknown),
+        "workspace_writes_undone": list(undone),
         "note": (
             "The workspace and your context were restored to an earlier point. The effects "
             "listed as already done happened in the world and were NOT undone: do not repeat "
             "them (proposing one again returns its recorded receipt). Effects of unknown "
-            "outcome need a person before they can be tried again."
+            "outcome need a person before they can be tried again. The workspace writes "
+            "listed as undone were taken back by the restore."
         ),
     }
 

@@ -66,6 +66,7 @@ class RunSession(Protocol):
     def state(self) -> RunState: ...
     def commit(self, state: RunState, events: list[tuple[str, dict[str, Any]]]) -> None: ...
     def effect_decision(self, document: Any, *, cursor: int | None) -> Any: ...
+    def rewind_from_inbox(self, document: Any, *, cursor: int) -> Any: ...
 
 
 def needs_approval(rt: Runtime, state: RunState) -> bool:
@@ -92,24 +93,57 @@ def consume_inbox(session: RunSession) -> None:
     trust = session.rt.trust
     if state.phase.terminal or trust is None:
         return
-    roles = trust.roles()
-    for item in session.rt.store.evidence(state.run_id, after=state.inbox_cursor):
-        role = Role.APPROVER if item.kind == "approval" else Role.REVIEWER
-        if role not in roles:
+    roles = {role.value for role in trust.roles()}
+    for item in session.rt.store.evidence(session.state.run_id, after=session.state.inbox_cursor):
+        needed = _signers_of(session.rt.policy, item.kind)
+        if needed and not roles & needed:
             # The runtime's configuration is at fault, not the document: refusing it
             # would burn a valid signature. Stop here; the cursor stays put.
             raise TrustRootsRequiredError(
                 f"run {state.run_id}: inbox entry #{item.seq} is {item.kind} evidence and this "
-                f"runtime's trust roots name no {role.value}s; add them, and it is read then",
+                f"runtime's trust roots name no {' or '.join(r + 's' for r in sorted(needed))}; "
+                "add them, and it is read then",
                 run_id=state.run_id,
             )
-        with contextlib.suppress(EvidenceError, PolicyError):  # traced by approve/review
-            if item.kind == "approval":
+        if session.state.phase.terminal:
+            return  # a rewind may not follow an abort in the same inbox read
+        with contextlib.suppress(EvidenceError, PolicyError):  # traced where refused
+            if item.kind == "admission":
+                # Admissions are read by a recovery, before any step; one still
+                # here was not used (its epoch was admitted otherwise).
+                _refuse(
+                    session,
+                    item.kind,
+                    item.document,
+                    PolicyError("an admission not used by a recovery: superseded"),
+                    item.seq,
+                )
+            elif item.kind == "rewind":
+                session.rewind_from_inbox(item.document, cursor=item.seq)
+            elif item.kind == "approval":
                 approve(session, item.document, cursor=item.seq)
             elif item.kind == "effect_decision":
                 session.effect_decision(item.document, cursor=item.seq)
             else:
                 review(session, item.document, cursor=item.seq)
+
+
+def _signers_of(policy: Policy, kind: str) -> set[str]:
+    """The roles that may sign an inbox entry of ``kind`` (none: read without a role check)."""
+    if kind == "approval":
+        return {Role.APPROVER.value}
+    if kind in {"review_decision", "effect_decision"}:
+        return {Role.REVIEWER.value}
+    if kind == "rewind":
+        return set(policy.authority.rewind) - {"agent"}
+    return set()
+
+
+def refuse(
+    session: RunSession, kind: str, document: Any, exc: Exception, cursor: int | None
+) -> None:
+    """Trace a refused document (public: the rewind and admission paths refuse the same way)."""
+    _refuse(session, kind, document, exc, cursor)
 
 
 def _refuse(

@@ -23,9 +23,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from tether.adapters import offers_snapshots
+from tether.adapters import capabilities_of, offers_snapshots
 from tether.core import (
+    EffectRef,
+    EffectStatus,
     EnvironmentDriftError,
+    LedgerNote,
     Outcome,
     OutcomeKind,
     Phase,
@@ -52,6 +55,7 @@ def rewind(
     *,
     document: Any = None,
     scope: RewindScope | str = RewindScope.ALIGNED,
+    cursor: int | None = None,
 ) -> Outcome:
     """Rewind the run to generation ``to`` (or as ``document``, a signed rewind, says).
 
@@ -179,8 +183,37 @@ def finish(session: RunSession) -> Outcome:
         for e in checkpointer.verified_trace(state)
         if plan.prefix_length < e.seq <= plan.suffix_length
     ]
-    crossed = crossed_effects(checkpointer.verified_ledger(state), plan.boundary)
-    memory = rewind_memory(plan, tried=tried_in(suffix), crossed=crossed)
+    beyond = crossed_effects(checkpointer.verified_ledger(state), plan.boundary)
+    # Writes to the restored workspace were taken back by the restore itself:
+    # the ledger says so (committed -> compensated), so none is ever replayed
+    # as if it still held. Everything else crossed the boundary for good.
+    restored = plan.scope is not RewindScope.CONTEXT
+    undone = [
+        c
+        for c in beyond
+        if restored
+        and c["status"] == EffectStatus.COMMITTED.value
+        and capabilities_of(rt.adapter, c["kind"] if isinstance(c["kind"], str) else None).stateful
+    ]
+    crossed = [c for c in beyond if c not in undone]
+    notes = tuple(
+        LedgerNote(
+            EffectStatus.COMPENSATED,
+            receipt={
+                "compensated_by": "rewind",
+                "admission": plan.admission,
+                "restored_to": live.to_json(),
+            },
+            subject=EffectRef(
+                _text(c["idempotency_key"]),
+                _text(c["action_id"]),
+                _text(c["intent_digest"]),
+                EffectStatus.COMMITTED,
+            ),
+        )
+        for c in undone
+    )
+    memory = rewind_memory(plan, tried=tried_in(suffix), crossed=crossed, undone=undone)
     if plan.scope is RewindScope.FILES:
         base = session.context
         cursor = state.plan_cursor
@@ -208,11 +241,16 @@ def finish(session: RunSession) -> Outcome:
         "admission": plan.admission,
         "environment": {"from": state.environment.to_json(), "to": live.to_json()},
         "crossed": list(crossed),
+        "undone": list(undone),
         # The failed suffix stays in the chain; this is where it ended.
         "failed_suffix": {"trace_head": plan.suffix_head, "trace_length": plan.suffix_length},
     }
-    session.commit(rewound, [("rewound", event)], context=context)
+    session.commit(rewound, [("rewound", event)], context=context, ledger=notes)
     return Outcome(OutcomeKind.RECORDED, session.state, "rewound", plan.reason, "rewound")
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def snapshot_blobs(rt: Any, root: str) -> dict[str, bytes] | None:

@@ -293,6 +293,9 @@ class Runtime:
         )
         state = restored.state
         check_recovery_contract(run_id, state.contract, self.contract)
+        cursor = None
+        if admission is None and not state.phase.terminal:
+            admission, cursor = self._admission_waiting(state, restored.mark.checkpoint_digest)
         if state.phase.terminal:
             admitted = None  # nothing resumes: an operator can still read everything
             if admission is not None:
@@ -341,7 +344,10 @@ class Runtime:
         # The new epoch is recorded with the first commit this session makes: a
         # reclaim that changes nothing (the adapter still busy, nothing to do
         # yet) writes nothing.
-        session.open_epoch(opening, admitted.changes, {admitted.digest: admitted.body})
+        changes = dict(admitted.changes)
+        if cursor is not None:
+            changes["inbox_cursor"] = max(state.inbox_cursor, cursor)  # read once
+        session.open_epoch(opening, changes, {admitted.digest: admitted.body})
         if state.phase is Phase.NEEDS_REVIEW:
             return session  # frozen: the epoch lands with the decision that opens it
         if restored.maybe_sent:
@@ -358,6 +364,26 @@ class Runtime:
             detail, evidence = behind
             session.park("environment_ahead", detail, evidence=evidence)
         return session
+
+    def _admission_waiting(self, state: RunState, checkpoint_digest: str) -> tuple[Any, int | None]:
+        """A person's signed admission of this very epoch left in the inbox (``tether admit``).
+
+        Only one bound to the checkpoint and epoch being recovered is taken
+        (the newest); older ones name a superseded epoch and are refused,
+        traced, when a step next reads the inbox.
+        """
+        found: tuple[Any, int | None] = (None, None)
+        for item in self.store.evidence(state.run_id, after=state.inbox_cursor):
+            body = item.document.get("body") if isinstance(item.document, dict) else None
+            if (
+                item.kind == "admission"
+                and isinstance(body, dict)
+                and body.get("purpose") == Purpose.RECOVERY.value
+                and body.get("checkpoint_digest") == checkpoint_digest
+                and body.get("interrupted_epoch_id") == state.epoch_id
+            ):
+                found = (item.document, item.seq)
+        return found
 
     def _behind_the_world(
         self, restored: Restored

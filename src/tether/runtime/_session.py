@@ -53,6 +53,7 @@ from tether.core import (
     PendingWrite,
     Phase,
     Policy,
+    PolicyError,
     Proposal,
     RunFrozenError,
     RunState,
@@ -436,6 +437,14 @@ class RunSession(LeaseHolder):
         self.reload()
         with self.working():
             return _rewind.rewind(self, to, reason, document=document, scope=scope)
+
+    def rewind_from_inbox(self, document: Any, *, cursor: int) -> Outcome:
+        """A signed rewind read from the store's inbox (``tether rewind``); refusals are traced."""
+        try:
+            return _rewind.rewind(self, document=document, cursor=cursor)
+        except PolicyError as exc:
+            _humans.refuse(self, "rewind", document, exc, cursor)
+            raise
 
     def decide_effect(self, document: Any) -> Outcome:
         """Apply a signed effect decision (accept, or compensate) about one effect in the ledger.

@@ -78,7 +78,9 @@ class Evidence:
     received_at: datetime
 
 
-EVIDENCE_KINDS = frozenset({"approval", "review_decision", "effect_decision"})
+EVIDENCE_KINDS = frozenset(
+    {"approval", "review_decision", "effect_decision", "rewind", "admission"}
+)
 
 
 @dataclass(frozen=True, slots=True)
