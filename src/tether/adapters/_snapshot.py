@@ -212,7 +212,7 @@ def plan_restore(
 def snapshot_blobs(
     root: str,
     dirs_by_digest: Mapping[str, tuple[str, Mapping[str, Entry]]],
-    read_file: Callable[[str], bytes],
+    read_file: Callable[[str, str], bytes],
     have: Callable[[str], bool],
 ) -> dict[str, bytes]:
     """The blobs reachable from ``root`` that ``have`` says are missing.
@@ -232,7 +232,7 @@ def snapshot_blobs(
             if kind == DIR:
                 visit(value)
             elif value not in found and not have(value):
-                found[value] = read_file(prefix + name)
+                found[value] = read_file(prefix + name, value)
 
     visit(root)
     return found

@@ -55,8 +55,8 @@ _SCHEMA = (
 
 #: ``(size, mtime_ns, ctime_ns, inode, mode)``
 StatKey = tuple[int, int, int, int, int]
-#: ``(stat key, content hash, stamp_ns)``
-CacheRow = tuple[StatKey, str, int]
+#: ``(stat key, the file's tree entry, stamp_ns)``; held only once trusted.
+CacheRow = tuple[StatKey, Entry, int]
 
 
 def _checksum(path: str, key: StatKey, file_hash: str, stamp: int) -> str:
@@ -64,16 +64,28 @@ def _checksum(path: str, key: StatKey, file_hash: str, stamp: int) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
+def _entry(file_hash: str, mode: int) -> Entry:
+    return (FILE, file_hash, bool(mode & stat.S_IXUSR))
+
+
 @dataclass(slots=True)
 class Scan:
-    """One scan's result: the root digest, every file's hash, every directory's entries."""
+    """One scan's result: the root digest and every directory's entries and digest."""
 
     root: str
-    hashes: dict[str, str]
     #: Directory prefix (``""``, ``"a/"``, ``"a/b/"``) -> its entries; only
-    #: directories with at least one file below them.
+    #: directories with at least one file below them (and always the root).
     dirs: dict[str, dict[str, Entry]]
     digests: dict[str, str] = field(default_factory=dict)
+
+    def hashes(self) -> dict[str, str]:
+        """Every file's content hash by relative path."""
+        return {
+            prefix + name: value
+            for prefix, entries in self.dirs.items()
+            for name, (kind, value, _exec) in entries.items()
+            if kind == FILE
+        }
 
     def executable(self, relpath: str) -> bool:
         """Whether ``relpath`` is a file with its executable bit set."""
@@ -104,7 +116,10 @@ class StatCache:
     """Stat-tuple -> hash rows for one tree, in memory and in a rebuildable SQLite file.
 
     Callers hold the workspace lock; ``clock_ns`` is the wall clock file
-    timestamps are compared with.
+    timestamps are compared with. A row is kept only once it is trusted (the
+    file's timestamps older than its stamp by the racy window): a racy
+    observation is used for the scan that made it and then forgotten, so the
+    next scan reads the file again.
     """
 
     def __init__(
@@ -118,7 +133,9 @@ class StatCache:
         self._root = str(root)
         self._window = racy_window_ns
         self._clock = clock_ns
-        self._rows: dict[str, CacheRow] = {}
+        # Directory prefix -> file name -> row: a scan looks a file up without
+        # building its relative path, which is most of what a warm scan costs.
+        self._rows: dict[str, dict[str, CacheRow]] = {}
         # Directory prefix -> (entries, digest) of the last scan.
         self._trees: dict[str, tuple[dict[str, Entry], str]] = {}
         self._conn: sqlite3.Connection | None = None
@@ -160,9 +177,12 @@ class StatCache:
                 and isinstance(file_hash, str)
                 and all(isinstance(v, int) for v in (*key, stamp))
                 and check == _checksum(path, key, file_hash, stamp)
+                and max(mtime, ctime) < stamp - self._window
             )
-            if ok:  # a damaged row is skipped: the file is simply hashed again
-                self._rows[path] = (key, file_hash, stamp)
+            if ok:  # a damaged (or, for this window, racy) row is skipped: hashed again
+                prefix, _, name = path.rpartition("/")
+                directory = self._rows.setdefault(prefix + "/" if prefix else "", {})
+                directory[name] = (key, _entry(file_hash, mode), stamp)
 
     def _rebuild(self) -> None:
         self.close()
@@ -184,7 +204,10 @@ class StatCache:
             conn.executemany("DELETE FROM files WHERE path = ?", [(p,) for p in gone])
             conn.executemany(
                 "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(p, *key, h, s, _checksum(p, key, h, s)) for p, (key, h, s) in changed.items()],
+                [
+                    (p, *key, entry[1], s, _checksum(p, key, entry[1], s))
+                    for p, (key, entry, s) in changed.items()
+                ],
             )
             conn.execute("COMMIT")
         except sqlite3.Error:
@@ -204,48 +227,58 @@ class StatCache:
     def scan(self) -> Scan:
         """Stat the whole tree, hash what changed, and return the Merkle state."""
         stamp = self._clock()  # before the first stat: see "racy timestamps"
-        old = self._rows
-        fresh: dict[str, CacheRow] = {}
+        trusted_before = stamp - self._window
+        rows = self._rows
         changed: dict[str, CacheRow] = {}
-        hashes: dict[str, str] = {}
+        gone: list[str] = []
         dirs: dict[str, dict[str, Entry]] = {}
         digests: dict[str, str] = {}
         trees = self._trees
         new_trees: dict[str, tuple[dict[str, Entry], str]] = {}
-        window = self._window
-        seen_old = [0]
+        visited: set[str] = set()
 
         def walk(directory: str, prefix: str) -> str | None:
             entries: dict[str, Entry] = {}
+            known = rows.get(prefix)
+            if known is None:
+                known = rows[prefix] = {}
+            visited.add(prefix)
+            hits = 0
             with os.scandir(directory) as listing:
                 for item in listing:
                     name = item.name
-                    rel = prefix + name
                     if not name.isascii():
-                        check_name(rel)
+                        check_name(prefix + name)
                     if item.is_symlink():
-                        raise UnsupportedEntryError(rel, "symlink")
+                        raise UnsupportedEntryError(prefix + name, "symlink")
                     if item.is_dir(follow_symlinks=False):
-                        sub = walk(item.path, rel + "/")
+                        sub = walk(item.path, prefix + name + "/")
                         if sub is not None:
                             entries[name] = (DIR, sub, False)
                         continue
                     if not item.is_file(follow_symlinks=False):
-                        raise UnsupportedEntryError(rel, "special file")
+                        raise UnsupportedEntryError(prefix + name, "special file")
                     st = item.stat(follow_symlinks=False)
                     key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode)
-                    row = old.get(rel)
+                    row = known.get(name)
                     if row is not None:
-                        seen_old[0] += 1
-                    if row is not None and row[0] == key and max(key[1], key[2]) < row[2] - window:
-                        file_hash = row[1]
-                        fresh[rel] = row
-                    else:
-                        file_hash = digest_bytes(read_file(item.path))
-                        self.files_hashed += 1
-                        fresh[rel] = changed[rel] = (key, file_hash, stamp)
-                    hashes[rel] = file_hash
-                    entries[name] = (FILE, file_hash, bool(st.st_mode & stat.S_IXUSR))
+                        hits += 1
+                        if row[0] == key:
+                            entries[name] = row[1]
+                            continue
+                    entry = _entry(digest_bytes(read_file(item.path)), st.st_mode)
+                    self.files_hashed += 1
+                    entries[name] = entry
+                    if key[1] < trusted_before and key[2] < trusted_before:
+                        known[name] = changed[prefix + name] = (key, entry, stamp)
+                    elif row is not None:
+                        del known[name]  # racy: read again next time
+                        hits -= 1
+                        gone.append(prefix + name)
+            if hits < len(known):
+                for name in [n for n in known if entries.get(n, (DIR,))[0] != FILE]:
+                    del known[name]
+                    gone.append(prefix + name)
             if not entries:
                 return None  # empty directories are not part of the state
             cached = trees.get(prefix)
@@ -264,8 +297,9 @@ class StatCache:
             raise AdapterUnavailableError(f"cannot read the workspace tree: {exc}") from exc
         if "" not in digests:
             dirs[""], digests[""] = {}, EMPTY_TREE
-        gone = [p for p in old if p not in fresh] if seen_old[0] < len(old) else []
-        self._rows = fresh
+        if len(visited) < len(rows):  # whole directories went away
+            for prefix in [p for p in rows if p not in visited]:
+                gone.extend(prefix + name for name in rows.pop(prefix))
         self._trees = new_trees
         self._persist(changed, gone)
-        return Scan(root, hashes, dirs, digests)
+        return Scan(root, dirs, digests)

@@ -210,7 +210,7 @@ class FileWorkspace:
         with self._exclusive():
             try:
                 return read_files(
-                    kind, target, lambda: self._cache.scan().hashes, self._tree.read, scope
+                    kind, target, lambda: self._cache.scan().hashes(), self._tree.read, scope
                 )
             except UnsupportedEntryError as exc:
                 raise ContractViolationError("not_a_file", str(exc)) from exc
@@ -361,13 +361,13 @@ class FileWorkspace:
                     actual=scan.root,
                 )
 
-            def body(relpath: str) -> bytes:
+            def body(relpath: str, expected: str) -> bytes:
                 data = self._tree.read(relpath)
                 actual = None if data is None else digest_bytes(data)
-                if data is None or actual != scan.hashes[relpath]:
+                if data is None or actual != expected:
                     raise EnvironmentDriftError(
                         f"{relpath} changed while its snapshot was taken; observe again",
-                        expected=scan.hashes[relpath],
+                        expected=expected,
                         actual=actual,
                     )
                 return data
