@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
+from tether.adapters._errors import UnsupportedEntryError
 from tether.core import (
     CanonicalJSONError,
     CheckpointCorruptError,
@@ -70,8 +71,10 @@ def merkle_root(hashes: Mapping[str, str], executable: Collection[str] = ()) -> 
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ValueError(f"{path}: a file and a directory share a name")
+                raise UnsupportedEntryError(path, "file below another file")
             node = child
+        if isinstance(node.get(parts[-1]), dict):
+            raise UnsupportedEntryError(path, "file that is also a directory")
         node[parts[-1]] = (FILE, file_hash, path in executable)
     return _digest_of(nested)
 

@@ -141,6 +141,13 @@ class StatCache:
         self._conn: sqlite3.Connection | None = None
         #: File bodies read to hash them since this cache was opened.
         self.files_hashed = 0
+
+    def load(self) -> None:
+        """Open (or create) the cache file and load its rows; call it under the workspace lock.
+
+        Under the lock, because a cache found damaged is deleted and rebuilt,
+        which must not happen while another process is writing it.
+        """
         try:
             self._open()
         except (sqlite3.Error, OSError):
@@ -162,8 +169,7 @@ class StatCache:
             # Another tree or format: the rows describe something else.
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("DELETE FROM files")
-            conn.execute("DELETE FROM header")
-            conn.execute("INSERT INTO header VALUES (1, ?, ?)", (_FORMAT, self._root))
+            conn.execute("INSERT OR REPLACE INTO header VALUES (1, ?, ?)", (_FORMAT, self._root))
             conn.execute("COMMIT")
             return
         rows = conn.execute(

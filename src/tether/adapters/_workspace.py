@@ -121,6 +121,8 @@ class FileWorkspace:
         self._cache = StatCache(journal_dir / "statcache.sqlite", resolved_root, racy_window_ns)
         try:
             self._instance_id = self._journal.meta()[0]
+            with self._mutex, self._journal.locked():
+                self._cache.load()
             with self._exclusive():
                 pass  # settles writes a crash left prepared, before anyone looks
         except BaseException:
