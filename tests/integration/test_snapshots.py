@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tether.adapters import FileWorkspace, RestoreIncompleteError
-from tether.core import CheckpointCorruptError, Intent, digest_bytes
+from tether.core import CheckpointCorruptError, EnvironmentDriftError, Intent, digest_bytes
 from tether.store import SQLiteStore
 
 # A child process that restores a snapshot and is SIGKILLed by its third file replacement.
@@ -223,3 +223,25 @@ def test_a_restore_killed_midway_is_finished_by_calling_it_again(
         assert (done.state_fingerprint, done.version) == (root, version + 1)
         assert files_of(ws.root) == original
         assert ws.restore_snapshot(root, store.get_blob) == done
+
+
+def test_a_snapshot_restores_into_an_empty_tree_elsewhere(
+    ws: FileWorkspace, store: SQLiteStore, tmp_path: Path
+) -> None:
+    """Another machine's empty workspace becomes the snapshot, from the store's blobs alone."""
+    root, _ = take_snapshot(ws, store)
+    (tmp_path / "elsewhere").mkdir()
+    with FileWorkspace(tmp_path / "elsewhere", tmp_path / "elsewhere.journal") as other:
+        restored = other.restore_snapshot(root, store.get_blob)
+        assert (restored.state_fingerprint, restored.version) == (root, 1)
+        assert files_of(other.root) == files_of(ws.root)
+
+
+def test_snapshot_blobs_refuses_a_root_the_tree_is_not_at(
+    ws: FileWorkspace, store: SQLiteStore
+) -> None:
+    """Asking for the blobs of a root the tree has left is drift, not a silent other snapshot."""
+    root = ws.environment().state_fingerprint
+    (ws.root / "a.txt").write_bytes(b"moved on")
+    with pytest.raises(EnvironmentDriftError):
+        ws.snapshot_blobs(root, store.has_blob)
