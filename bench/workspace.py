@@ -151,6 +151,35 @@ class Stepper:
         self.store.close()
 
 
+def bare_stat_walk(root: Path) -> int:
+    """os.scandir + lstat of every file and nothing else: the floor of a per-file-stat scan."""
+    count, stack = 0, [str(root)]
+    while stack:
+        with os.scandir(stack.pop()) as listing:
+            for item in listing:
+                if item.is_dir(follow_symlinks=False):
+                    stack.append(item.path)
+                else:
+                    item.stat(follow_symlinks=False)
+                    count += 1
+    return count
+
+
+def scan_floor(stepper: Stepper, rounds: int = 5) -> tuple[float, float]:
+    """Median ms of one warm environment() and of the bare stat walk, alternating."""
+    ws = stepper.ws
+    assert ws is not None
+    env_ms, bare_ms = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        ws.environment()
+        env_ms.append((time.perf_counter() - start) * 1000)
+        start = time.perf_counter()
+        bare_stat_walk(stepper.root)
+        bare_ms.append((time.perf_counter() - start) * 1000)
+    return statistics.median(env_ms), statistics.median(bare_ms)
+
+
 def backdate(base: Path) -> None:
     """Wait out the racy window: the trees are then as old as a checkout is to the cache."""
     time.sleep(RACY_WINDOW_NS / 1e9 + 0.2)
@@ -187,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
                 big.round()
                 small.round()
             report(big, small, cold, files)
+            env_ms, bare_ms = scan_floor(big)
+            print()
+            print(f"one warm environment() on {files:,} files: {env_ms:.1f} ms; a bare")
+            print(
+                f"os.scandir+lstat walk of the same tree: {bare_ms:.1f} ms (the per-file stat floor)"
+            )
         finally:
             big.close()
             small.close()
