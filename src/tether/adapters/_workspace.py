@@ -16,6 +16,14 @@ exclusive ``flock`` that serializes writers across processes:
 A crash between 5 and 6 leaves a prepared row whose target shows whether the
 write landed; recovery completes it or drops it, and refuses to guess when
 the target matches neither side.
+
+The state fingerprint is the root of a content-addressed tree
+(:mod:`._snapshot`), kept current by a stat cache (:mod:`._statcache`) so a
+scan re-reads only files whose stat changed. A snapshot restore follows the
+same shape as a write: fetch and verify every blob, record "restoring to
+root" in the journal, rewrite what differs, then drop the record and bump the
+version in one transaction; a crash in between is finished by restoring the
+same root again, and writes are refused until then.
 """
 
 from __future__ import annotations
