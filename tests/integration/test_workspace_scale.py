@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.adapters import FileWorkspace, Sandbox
+from tether.adapters import FileWorkspace, Sandbox, UnsupportedEntryError
 from tether.adapters._filewrite import fingerprint
 from tether.core import Intent, digest_bytes
 
@@ -191,3 +191,17 @@ def test_sandbox_and_workspace_agree_on_nested_trees(ws: FileWorkspace) -> None:
     """The incremental fingerprint equals the sandbox's reference one for nested files."""
     sandbox = Sandbox({"a.txt": "alpha", "src/pkg/m.py": "print(1)\n", "src/run.sh": "#!/bin/sh\n"})
     assert sandbox.environment().state_fingerprint == ws.environment().state_fingerprint
+
+
+@pytest.mark.parametrize("kind", ["symlink", "special file"])
+def test_a_scan_refuses_file_symlinks_and_special_files(ws: FileWorkspace, kind: str) -> None:
+    """A symlink to a file or a FIFO deep in the tree is refused by name, never followed."""
+    ws.environment()
+    entry = ws.root / "src" / "pkg" / "odd"
+    if kind == "symlink":
+        entry.symlink_to(ws.root / "a.txt")
+    else:
+        os.mkfifo(entry)
+    with pytest.raises(UnsupportedEntryError) as caught:
+        ws.environment()
+    assert (caught.value.path, caught.value.kind) == ("src/pkg/odd", kind)

@@ -255,15 +255,16 @@ class StatCache:
                     name = item.name
                     if not name.isascii():
                         check_name(prefix + name)
-                    if item.is_symlink():
-                        raise UnsupportedEntryError(prefix + name, "symlink")
-                    if item.is_dir(follow_symlinks=False):
-                        sub = walk(item.path, prefix + name + "/")
-                        if sub is not None:
-                            entries[name] = (DIR, sub, False)
-                        continue
+                    # Files first (most entries are), and never through a symlink:
+                    # with follow_symlinks=False a symlink is neither file nor dir.
                     if not item.is_file(follow_symlinks=False):
-                        raise UnsupportedEntryError(prefix + name, "special file")
+                        if item.is_dir(follow_symlinks=False):
+                            sub = walk(item.path, prefix + name + "/")
+                            if sub is not None:
+                                entries[name] = (DIR, sub, False)
+                            continue
+                        kind = "symlink" if item.is_symlink() else "special file"
+                        raise UnsupportedEntryError(prefix + name, kind)
                     st = item.stat(follow_symlinks=False)
                     key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode)
                     row = known.get(name)
