@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.adapters import FileWorkspace, RestoreIncompleteError
+from tether.adapters import Fence, FenceRejectedError, FileWorkspace, RestoreIncompleteError
 from tether.core import CheckpointCorruptError, EnvironmentDriftError, Intent, digest_bytes
 from tether.store import SQLiteStore
 
@@ -245,3 +245,17 @@ def test_snapshot_blobs_refuses_a_root_the_tree_is_not_at(
     (ws.root / "a.txt").write_bytes(b"moved on")
     with pytest.raises(EnvironmentDriftError):
         ws.snapshot_blobs(root, store.has_blob)
+
+
+def test_a_restore_under_a_superseded_lease_is_refused(
+    ws: FileWorkspace, store: SQLiteStore
+) -> None:
+    """A fence older than one the workspace has seen refuses the restore before any change."""
+    root, _ = take_snapshot(ws, store)
+    (ws.root / "a.txt").write_bytes(b"changed")
+    ws.restore_snapshot(root, store.get_blob, Fence("run-1", 2))
+    (ws.root / "a.txt").write_bytes(b"changed again")
+    env = ws.environment()
+    with pytest.raises(FenceRejectedError):
+        ws.restore_snapshot(root, store.get_blob, Fence("run-1", 1))
+    assert ws.environment() == env

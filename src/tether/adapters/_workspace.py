@@ -278,12 +278,7 @@ class FileWorkspace:
         intent_digest = intent.digest
         with self._exclusive() as journal:
             if fence is not None:
-                if fence.expires_at is not None and datetime.now(UTC) >= fence.expires_at:
-                    raise FenceRejectedError(fence.run_id, fence.lease_version, None)
-                highest = journal.fence(fence.run_id)
-                if fence.lease_version < highest:
-                    raise FenceRejectedError(fence.run_id, fence.lease_version, highest)
-                journal.raise_fence(fence.run_id, fence.lease_version)
+                _check_fence(journal, fence)
             pending_root = journal.pending_restore()
             if pending_root is not None:
                 raise RestoreIncompleteError(pending_root)
@@ -385,7 +380,7 @@ class FileWorkspace:
             return collect_blobs(root, scan.by_digest(), body, have)
 
     def restore_snapshot(
-        self, root: str, get_blob: Callable[[str], bytes | None]
+        self, root: str, get_blob: Callable[[str], bytes | None], fence: Fence | None = None
     ) -> EnvironmentState:
         """Make the tree equal to the snapshot ``root``; returns the new environment.
 
@@ -402,8 +397,12 @@ class FileWorkspace:
         (:class:`RestoreIncompleteError`) until this is called again, which
         finishes the job. Called when the tree is already at ``root`` with no
         restore pending, it changes nothing and returns the current state.
+        A ``fence`` is checked as :meth:`execute` checks it: a worker whose
+        lease was taken over cannot rewind the tree either.
         """
         with self._exclusive() as journal:
+            if fence is not None:
+                _check_fence(journal, fence)
             unresolved = journal.prepared()
             if unresolved:
                 # Rewriting its target could make an unresolved write look landed.
@@ -521,6 +520,16 @@ class FileWorkspace:
                 self._complete(row.key, row.intent_digest, request)
             elif actual == row.before:
                 self._journal.forget(row.key)
+
+
+def _check_fence(journal: Journal, fence: Fence) -> None:
+    """Refuse an expired or superseded lease version; otherwise record it as the highest seen."""
+    if fence.expires_at is not None and datetime.now(UTC) >= fence.expires_at:
+        raise FenceRejectedError(fence.run_id, fence.lease_version, None)
+    highest = journal.fence(fence.run_id)
+    if fence.lease_version < highest:
+        raise FenceRejectedError(fence.run_id, fence.lease_version, highest)
+    journal.raise_fence(fence.run_id, fence.lease_version)
 
 
 def _resolve_dirs(root: Path, journal_dir: Path) -> tuple[Path, Path]:
