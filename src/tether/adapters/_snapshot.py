@@ -150,11 +150,6 @@ class RestorePlan:
     writes: dict[str, tuple[bytes, bool]]
     chmods: dict[str, bool]
 
-    @property
-    def empty(self) -> bool:
-        """True when the tree already is the snapshot."""
-        return not (self.deletes or self.rmdirs or self.writes or self.chmods)
-
 
 def plan_restore(
     target_root: str,
