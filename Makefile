@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/workers.py
 	$(BIN)/python bench/effects.py
+	$(BIN)/python bench/workspace.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -188,17 +188,18 @@ def test_instance_id_persists_and_a_copy_with_another_journal_differs(
 
 
 def test_environment_fingerprints_every_regular_file(ws: FileWorkspace) -> None:
-    """The fingerprint digests every file by POSIX relative path, hidden files included."""
+    """The fingerprint is the root tree object's digest; hidden files count, empty dirs do not."""
     (ws.root / "d").mkdir()
     (ws.root / "d" / "b.bin").write_bytes(b"\x00\xff")
     (ws.root / ".hidden").write_text("h")
     (ws.root / "empty-dir").mkdir()
+
+    def file(data: bytes) -> dict[str, object]:
+        return {"type": "file", "hash": digest_bytes(data), "exec": False}
+
+    subtree = digest({"b.bin": file(b"\x00\xff")})
     expected = digest(
-        {
-            "a.txt": digest_bytes(b"alpha"),
-            "d/b.bin": digest_bytes(b"\x00\xff"),
-            ".hidden": digest_bytes(b"h"),
-        }
+        {"a.txt": file(b"alpha"), "d": {"type": "dir", "hash": subtree}, ".hidden": file(b"h")}
     )
     env = ws.environment()
     assert env == EnvironmentState("file-workspace", ws.instance_id, 0, expected)

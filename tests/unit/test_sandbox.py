@@ -49,9 +49,11 @@ def test_sandbox_satisfies_the_adapter_protocol() -> None:
 
 
 def test_environment_fingerprints_the_files() -> None:
-    """The fingerprint is the digest of the path-to-content-hash map, at version 0."""
+    """The fingerprint is the digest of the root tree object (a Merkle tree), at version 0."""
     env = make_sandbox(files={"a.txt": "alpha", "d/b.txt": "beta"}).environment()
-    expected = digest({"a.txt": digest_bytes(b"alpha"), "d/b.txt": digest_bytes(b"beta")})
+    beta = {"b.txt": {"type": "file", "hash": digest_bytes(b"beta"), "exec": False}}
+    alpha = {"type": "file", "hash": digest_bytes(b"alpha"), "exec": False}
+    expected = digest({"a.txt": alpha, "d": {"type": "dir", "hash": digest(beta)}})
     assert env == EnvironmentState("sandbox", "inst-1", 0, expected)
 
 

@@ -141,3 +141,18 @@ class RequestRefusedError(PreconditionFailedError):
         self.status = status
         self.response = response
         AdapterError.__init__(self, f"POST /{target} refused with {status}: {response[:500]}")
+
+
+class RestoreIncompleteError(AdapterError):
+    """A snapshot restore to ``root`` began and did not finish; the tree is part-way there.
+
+    The workspace refuses writes until it is finished: call
+    ``restore_snapshot(root, ...)`` again (it completes the job), or restore
+    another snapshot.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        super().__init__(
+            f"a restore to {root} did not finish; call restore_snapshot with it again first"
+        )

@@ -7,11 +7,12 @@ about the workspace. Keeping one copy of these rules is how they agree.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from tether.adapters._errors import JournalCorruptError
+from tether.adapters._snapshot import merkle_root
 from tether.core import (
     ActionClass,
     ActionKind,
@@ -27,7 +28,6 @@ from tether.core import (
     TargetKind,
     canonical_bytes,
     check_canonical_path,
-    digest,
     digest_bytes,
     strict_loads,
 )
@@ -159,9 +159,14 @@ def parse_write(intent: Intent, *, conditional: bool) -> WriteRequest:
     return WriteRequest(target=target, data=data, expected=expected)
 
 
-def fingerprint(hashes: Mapping[str, str]) -> str:
-    """The state fingerprint of a tree given as ``{relpath: "sha256:<hex>"}``."""
-    return digest(dict(hashes))
+def fingerprint(hashes: Mapping[str, str], executable: Collection[str] = ()) -> str:
+    """The state fingerprint of a tree given as ``{relpath: "sha256:<hex>"}``.
+
+    It is the root digest of the tree's content-addressed snapshot (see
+    :mod:`tether.adapters._snapshot`); ``executable`` names the files whose
+    executable bit is set. The workspace computes the same value incrementally.
+    """
+    return merkle_root(hashes, executable)
 
 
 def check_instance(prestate: EnvironmentState, namespace: str, instance_id: str) -> None:

@@ -32,7 +32,7 @@ from tether.core import (
     strict_loads,
 )
 
-_SCHEMA_VERSION = 2
+_SCHEMA_VERSION = 3
 _SCHEMA = (
     # One row: the instance identity and the two counters. The CHECK keeps it one row.
     "CREATE TABLE meta (id INTEGER PRIMARY KEY CHECK (id = 1), instance_id TEXT NOT NULL,"
@@ -44,6 +44,8 @@ _SCHEMA = (
 )
 # Version 2: the highest fencing token (lease version) seen per run.
 _FENCES = "CREATE TABLE fences (run_id TEXT PRIMARY KEY, lease_version INTEGER NOT NULL)"
+# Version 3: a snapshot restore under way (at most one); it outlives a crash mid-restore.
+_RESTORES = "CREATE TABLE restores (id INTEGER PRIMARY KEY CHECK (id = 1), root TEXT NOT NULL)"
 _PREPARED_COLUMNS = (
     "idempotency_key, intent_digest, target, before_sha256, after_sha256, temp_name, intent"
 )
@@ -129,9 +131,12 @@ class Journal:
                     (secrets.token_hex(16),),
                 )
                 conn.execute(_FENCES)
+                conn.execute(_RESTORES)
                 conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
-            elif found == 1:
-                conn.execute(_FENCES)
+            elif found in (1, 2):
+                if found == 1:
+                    conn.execute(_FENCES)
+                conn.execute(_RESTORES)
                 conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
             elif found != _SCHEMA_VERSION:
                 raise WorkspaceConfigError(
@@ -289,6 +294,24 @@ class Journal:
                 "UPDATE receipts SET receipt = ? WHERE idempotency_key = ?",
                 (receipt_bytes(receipt), key),
             )
+
+    def pending_restore(self) -> str | None:
+        """The root digest of a restore that began and did not finish, if any."""
+        rows = self._rows("SELECT root FROM restores WHERE id = 1")
+        return str(rows[0][0]) if rows else None
+
+    def begin_restore(self, root: str) -> None:
+        """Record that the tree is about to be rewritten to ``root`` (a newer restore supersedes)."""
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM restores")
+            conn.execute("INSERT INTO restores (id, root) VALUES (1, ?)", (root,))
+
+    def complete_restore(self) -> int:
+        """Drop the restore row and bump the version, atomically; returns the new version."""
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM restores")
+            conn.execute("UPDATE meta SET version = version + 1 WHERE id = 1")
+            return self.meta()[1]
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:

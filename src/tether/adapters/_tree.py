@@ -1,4 +1,6 @@
-"""The workspace tree on disk: scanning, hashing and atomic, durable file replacement.
+"""The workspace tree on disk: reading, hashing and atomic, durable file changes.
+
+Scanning the whole tree is the stat cache's (:mod:`._statcache`).
 
 Nothing here follows a symlink. A symlink could point outside the tree, so
 reading through it would fingerprint someone else's files and writing
@@ -28,45 +30,20 @@ class Tree:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def scan(self) -> dict[str, Path]:
-        """Every regular file by relative path; raises on a symlink or special file."""
-        found: dict[str, Path] = {}
-        stack: list[tuple[Path, str]] = [(self.root, "")]
-        try:
-            while stack:
-                directory, prefix = stack.pop()
-                with os.scandir(directory) as entries:
-                    for entry in entries:
-                        rel = prefix + entry.name
-                        _check_name(rel)
-                        if entry.is_symlink():
-                            raise UnsupportedEntryError(rel, "symlink")
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append((Path(entry.path), rel + "/"))
-                        elif entry.is_file(follow_symlinks=False):
-                            found[rel] = Path(entry.path)
-                        else:
-                            raise UnsupportedEntryError(rel, "special file")
-        except OSError as exc:
-            raise AdapterUnavailableError(f"cannot read the workspace tree: {exc}") from exc
-        return found
-
-    def contents(self) -> dict[str, bytes]:
-        """Every regular file's bytes by relative path."""
-        return {rel: _read(path) for rel, path in self.scan().items()}
-
-    def hashes(self) -> dict[str, str]:
-        """Every regular file's ``sha256:<hex>`` by relative path."""
-        return {rel: digest_bytes(_read(path)) for rel, path in self.scan().items()}
-
     def read(self, target: str) -> bytes | None:
         """The bytes of ``target``, ``None`` if absent; refuses symlinks on the way."""
-        if self.hash_of(target) is None:
+        if not self._is_file(target):
             return None
-        return _read(self.root / target)
+        return read_file(self.root / target)
 
     def hash_of(self, target: str) -> str | None:
         """Content hash of ``target``, ``None`` if absent; refuses symlinks on the way."""
+        if not self._is_file(target):
+            return None
+        return digest_bytes(read_file(self.root / target))
+
+    def _is_file(self, target: str) -> bool:
+        """Whether ``target`` is a regular file (False: absent); refuses anything else."""
         path = self.root
         parts = target.split("/")
         for index, part in enumerate(parts):
@@ -75,7 +52,7 @@ class Tree:
             try:
                 mode = os.lstat(path).st_mode
             except FileNotFoundError:
-                return None
+                return False
             except OSError as exc:
                 raise AdapterUnavailableError(f"cannot inspect {sub}: {exc}") from exc
             if stat.S_ISLNK(mode):
@@ -86,14 +63,17 @@ class Tree:
             elif not stat.S_ISREG(mode):
                 kind = "directory" if stat.S_ISDIR(mode) else "special file"
                 raise UnsupportedEntryError(sub, kind)
-        return digest_bytes(_read(path))
+        return True
 
-    def replace(self, target: str, data: bytes, temp_name: str) -> None:
+    def replace(
+        self, target: str, data: bytes, temp_name: str, executable: bool | None = None
+    ) -> None:
         """Replace ``target`` atomically and durably, creating (and syncing) parents.
 
         Call :meth:`hash_of` first: it proves the path holds no symlink. The
         temp file sits beside the target because ``os.replace`` is atomic only
-        within one file system.
+        within one file system. The file keeps its mode (a new one is 0644)
+        unless ``executable`` says which executable bits it must have.
         """
         parts = target.split("/")
         try:
@@ -112,6 +92,8 @@ class Tree:
                 mode = stat.S_IMODE(os.lstat(final).st_mode)
             except FileNotFoundError:
                 mode = 0o644
+            if executable is not None:
+                mode = _with_exec(mode, executable)
             temp = parent / temp_name
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
             fd = os.open(temp, flags, mode)
@@ -143,6 +125,63 @@ class Tree:
                 f"cannot remove leftover temp file {temp}: {exc}"
             ) from exc
 
+    def chmod(self, target: str, executable: bool) -> None:
+        """Set or clear ``target``'s executable bits (read bits decide which), durably."""
+        path = self.root / target
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                mode = stat.S_IMODE(os.fstat(fd).st_mode)
+                os.fchmod(fd, _with_exec(mode, executable))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise AdapterUnavailableError(f"cannot change the mode of {target}: {exc}") from exc
+
+    def delete(self, target: str) -> None:
+        """Remove the file ``target`` if present (never following a symlink), durably."""
+        parent = self.root.joinpath(*target.split("/")[:-1])
+        try:
+            os.unlink(self.root / target)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise AdapterUnavailableError(f"cannot delete {target}: {exc}") from exc
+        _fsync_dir(parent)
+
+    def remove_empty_dirs(self, target: str) -> None:
+        """Remove directory ``target`` if it holds only (nested) empty directories.
+
+        A directory that still holds a file is left alone: it is then part of
+        the state, and the caller's final fingerprint check will say so.
+        """
+        path = self.root / target
+        try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                return
+            for below, subdirs, files in os.walk(path, topdown=False):
+                if files:
+                    return
+                for sub in subdirs:
+                    child = os.path.join(below, sub)
+                    if os.path.islink(child):
+                        return
+            for below, _subdirs, _files in os.walk(path, topdown=False):
+                os.rmdir(below)
+            _fsync_dir(path.parent)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise AdapterUnavailableError(f"cannot remove directory {target}: {exc}") from exc
+
+
+def _with_exec(mode: int, executable: bool) -> int:
+    # chmod +x the way git checks out: execute wherever read is allowed.
+    if executable:
+        return mode | ((mode & 0o444) >> 2) | stat.S_IXUSR
+    return mode & ~0o111
+
 
 def _fsync_dir(path: Path) -> None:
     # A rename or a new entry is durable only once its directory is synced.
@@ -153,7 +192,8 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _read(path: Path) -> bytes:
+def read_file(path: str | Path) -> bytes:
+    """The bytes of the regular file at ``path``; a symlink there is refused, not followed."""
     try:
         # O_NOFOLLOW: a symlink swapped in after the scan is refused, not followed.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -163,7 +203,8 @@ def _read(path: Path) -> bytes:
         raise AdapterUnavailableError(f"cannot read {path}: {exc}") from exc
 
 
-def _check_name(rel: str) -> None:
+def check_name(rel: str) -> None:
+    """Refuse a name that is not valid UTF-8 (it has no canonical JSON form)."""
     try:
         rel.encode("utf-8")
     except UnicodeEncodeError:

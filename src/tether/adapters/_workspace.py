@@ -16,6 +16,14 @@ exclusive ``flock`` that serializes writers across processes:
 A crash between 5 and 6 leaves a prepared row whose target shows whether the
 write landed; recovery completes it or drops it, and refuses to guess when
 the target matches neither side.
+
+The state fingerprint is the root of a content-addressed tree
+(:mod:`._snapshot`), kept current by a stat cache (:mod:`._statcache`) so a
+scan re-reads only files whose stat changed. A snapshot restore follows the
+same shape as a write: fetch and verify every blob, record "restoring to
+root" in the journal, rewrite what differs, then drop the record and bump the
+version in one transaction; a crash in between is finished by restoring the
+same root again, and writes are refused until then.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from typing import Any
 from tether.adapters._base import Fence, VerifierResult
 from tether.adapters._errors import (
     FenceRejectedError,
+    RestoreIncompleteError,
     UnresolvedWriteError,
     UnsupportedEntryError,
     WorkspaceConfigError,
@@ -46,7 +55,6 @@ from tether.adapters._filewrite import (
     check_instance,
     check_prestate,
     check_target,
-    fingerprint,
     make_receipt,
     normalize_write,
     parse_write,
@@ -54,6 +62,9 @@ from tether.adapters._filewrite import (
     tampered,
 )
 from tether.adapters._journal import Journal, Prepared
+from tether.adapters._snapshot import plan_restore
+from tether.adapters._snapshot import snapshot_blobs as collect_blobs
+from tether.adapters._statcache import RACY_WINDOW_NS, StatCache
 from tether.adapters._tree import Tree
 from tether.core import (
     ActionKind,
@@ -61,6 +72,7 @@ from tether.core import (
     AdapterUnavailableError,
     Capabilities,
     ContractViolationError,
+    EnvironmentDriftError,
     EnvironmentState,
     IdempotencyConflictError,
     Intent,
@@ -87,7 +99,11 @@ class FileWorkspace:
     """A directory on disk managed as one environment instance.
 
     ``root`` is the tree the agent edits; ``journal_dir`` (outside ``root``)
-    holds the receipt journal and the writer lock. ``verifier_allowlist``
+    holds the receipt journal, the writer lock and the stat cache (see
+    :mod:`tether.adapters._statcache`; ``racy_window_ns`` is how recently
+    modified a file may be and still be re-read rather than trusted by stat).
+    The state fingerprint is the root digest of the tree's content-addressed
+    snapshot (:mod:`tether.adapters._snapshot`). ``verifier_allowlist``
     lists the exact argv tuples :meth:`verify` may run. Instances are safe to
     share between threads; any number of processes may open the same
     directories, and they see the same ``instance_id`` and receipts.
@@ -103,6 +119,7 @@ class FileWorkspace:
         *,
         verifier_allowlist: Sequence[tuple[str, ...]] = (),
         namespace: str = "file-workspace",
+        racy_window_ns: int = RACY_WINDOW_NS,
     ) -> None:
         if not namespace:
             raise WorkspaceConfigError("namespace must not be empty")
@@ -112,12 +129,16 @@ class FileWorkspace:
         self._allowlist = frozenset(tuple(entry) for entry in verifier_allowlist)
         self._mutex = threading.RLock()
         self._journal = Journal(journal_dir)
+        self._cache = StatCache(journal_dir / "statcache.sqlite", resolved_root, racy_window_ns)
         try:
             self._instance_id = self._journal.meta()[0]
+            with self._mutex, self._journal.locked():
+                self._cache.load()
             with self._exclusive():
                 pass  # settles writes a crash left prepared, before anyone looks
         except BaseException:
             self._journal.close()
+            self._cache.close()
             raise
 
     # --- lifecycle ----------------------------------------------------
@@ -126,6 +147,7 @@ class FileWorkspace:
         """Release the journal connection and the lock file; later calls raise."""
         with self._mutex:
             self._journal.close()
+            self._cache.close()
 
     def __enter__(self) -> FileWorkspace:
         return self
@@ -178,7 +200,12 @@ class FileWorkspace:
     def environment(self) -> EnvironmentState:
         """Identity, journal version and the fingerprint of every regular file."""
         with self._exclusive():
-            return self._environment(self._tree.hashes())
+            return self._environment(self._cache.scan().root)
+
+    @property
+    def files_hashed(self) -> int:
+        """How many file bodies this instance has read to hash them (the stat cache's misses)."""
+        return self._cache.files_hashed
 
     @property
     def kinds(self) -> tuple[ActionKind, ...]:
@@ -195,7 +222,9 @@ class FileWorkspace:
         """
         with self._exclusive():
             try:
-                return read_files(kind, target, self._tree.hashes, self._tree.read, scope)
+                return read_files(
+                    kind, target, lambda: self._cache.scan().hashes(), self._tree.read, scope
+                )
             except UnsupportedEntryError as exc:
                 raise ContractViolationError("not_a_file", str(exc)) from exc
 
@@ -225,13 +254,13 @@ class FileWorkspace:
         """The exact environment :meth:`execute` leaves; the tree must still be at ``prestate``."""
         request = parse_write(intent, conditional=True)
         with self._exclusive():
-            hashes = self._tree.hashes()
-            check_prestate(prestate, self._environment(hashes))
+            scan = self._cache.scan()
+            check_prestate(prestate, self._environment(scan.root))
             self._check_precondition(request)
-            hashes[request.target] = request.after
-            return EnvironmentState(
-                self._namespace, self._instance_id, prestate.version + 1, fingerprint(hashes)
-            )
+            # A replaced file keeps its mode; a new one is not executable.
+            executable = scan.executable(request.target)
+            post = scan.root_with(request.target, request.after, executable)
+            return EnvironmentState(self._namespace, self._instance_id, prestate.version + 1, post)
 
     def execute(
         self, key: str, intent: Intent, prestate: EnvironmentState, fence: Fence | None = None
@@ -252,12 +281,10 @@ class FileWorkspace:
         intent_digest = intent.digest
         with self._exclusive() as journal:
             if fence is not None:
-                if fence.expires_at is not None and datetime.now(UTC) >= fence.expires_at:
-                    raise FenceRejectedError(fence.run_id, fence.lease_version, None)
-                highest = journal.fence(fence.run_id)
-                if fence.lease_version < highest:
-                    raise FenceRejectedError(fence.run_id, fence.lease_version, highest)
-                journal.raise_fence(fence.run_id, fence.lease_version)
+                _check_fence(journal, fence)
+            pending_root = journal.pending_restore()
+            if pending_root is not None:
+                raise RestoreIncompleteError(pending_root)
             unresolved = journal.prepared(key)  # recovery just ran: what is left is unresolved
             if unresolved:
                 row, actual = unresolved[0], self._hash_or_none(request.target)
@@ -319,8 +346,98 @@ class FileWorkspace:
                 exit_code=exit_code,
                 output_digest=digest_bytes(output),
                 output_tail=output.decode("utf-8", errors="replace")[-_TAIL_CHARS:],
-                environment=self._environment(self._tree.hashes()),
+                environment=self._environment(self._cache.scan().root),
             )
+
+    # --- snapshots ----------------------------------------------------
+
+    def snapshot_blobs(self, root: str, have: Callable[[str], bool]) -> dict[str, bytes]:
+        """The blobs of the snapshot ``root`` (file bodies, tree objects) that ``have`` lacks.
+
+        ``root`` must be the tree's current fingerprint, or
+        :class:`~tether.core.EnvironmentDriftError` is raised. Subtrees whose
+        digest ``have`` already holds are not entered, so the cost and the
+        size of the answer follow what changed since the last stored snapshot.
+        Keys are ``sha256:`` digests of the bytes they map to.
+        """
+        with self._exclusive():
+            scan = self._cache.scan()
+            if scan.root != root:
+                raise EnvironmentDriftError(
+                    "the tree is not at the snapshot root asked for; observe again",
+                    expected=root,
+                    actual=scan.root,
+                )
+
+            def body(relpath: str, expected: str) -> bytes:
+                data = self._tree.read(relpath)
+                actual = None if data is None else digest_bytes(data)
+                if data is None or actual != expected:
+                    raise EnvironmentDriftError(
+                        f"{relpath} changed while its snapshot was taken; observe again",
+                        expected=expected,
+                        actual=actual,
+                    )
+                return data
+
+            return collect_blobs(root, scan.by_digest(), body, have)
+
+    def restore_snapshot(
+        self, root: str, get_blob: Callable[[str], bytes | None], fence: Fence | None = None
+    ) -> EnvironmentState:
+        """Make the tree equal to the snapshot ``root``; returns the new environment.
+
+        Only what differs is written: subtrees with equal digests are not
+        visited, each differing file is replaced atomically and durably, files
+        and directories the snapshot lacks are removed, executable bits are
+        set. Every blob is fetched through ``get_blob`` and verified before
+        anything is written; a missing or damaged one raises
+        :class:`~tether.core.CheckpointCorruptError` with the tree untouched.
+
+        The journal records the restore before the first change and bumps the
+        version once, with the record's removal, when the tree is at ``root``.
+        A restore killed midway leaves that record: writes are refused
+        (:class:`RestoreIncompleteError`) until this is called again, which
+        finishes the job. Called when the tree is already at ``root`` with no
+        restore pending, it changes nothing and returns the current state.
+        A ``fence`` is checked as :meth:`execute` checks it: a worker whose
+        lease was taken over cannot rewind the tree either.
+        """
+        with self._exclusive() as journal:
+            if fence is not None:
+                _check_fence(journal, fence)
+            unresolved = journal.prepared()
+            if unresolved:
+                # Rewriting its target could make an unresolved write look landed.
+                row = unresolved[0]
+                actual = self._hash_or_none(row.target)
+                raise UnresolvedWriteError(row.key, row.target, row.before, row.after, actual)
+            pending = journal.pending_restore()
+            scan = self._cache.scan()
+            if pending is None and scan.root == root:
+                return self._environment(root)
+            plan = plan_restore(root, scan.root, scan.dirs, get_blob)
+            journal.begin_restore(root)
+            temp_name = _temp_name("restore:" + root)
+            for path in plan.deletes:
+                self._tree.delete(path)
+            for directory in plan.rmdirs:
+                self._tree.remove_empty_dirs(directory)
+            for path, (data, executable) in plan.writes.items():
+                self._tree.remove_empty_dirs(path)  # an empty directory in a file's place
+                self._tree.replace(path, data, temp_name, executable)
+            for path, executable in plan.chmods.items():
+                self._tree.chmod(path, executable)
+            landed = self._cache.scan().root
+            if landed != root:
+                # Someone else is changing the tree; the record stays, a retry finishes.
+                raise EnvironmentDriftError(
+                    "the tree changed during the restore; call restore_snapshot again",
+                    expected=root,
+                    actual=landed,
+                )
+            version = journal.complete_restore()
+            return EnvironmentState(self._namespace, self._instance_id, version, root)
 
     # --- test and demo helpers ----------------------------------------
 
@@ -352,9 +469,9 @@ class FileWorkspace:
 
     # --- internals (callers hold the lock) ----------------------------
 
-    def _environment(self, hashes: dict[str, str]) -> EnvironmentState:
+    def _environment(self, root: str) -> EnvironmentState:
         version = self._journal.meta()[1]
-        return EnvironmentState(self._namespace, self._instance_id, version, fingerprint(hashes))
+        return EnvironmentState(self._namespace, self._instance_id, version, root)
 
     def _hash_or_none(self, target: str) -> str | None:
         try:
@@ -371,7 +488,7 @@ class FileWorkspace:
 
     def _complete(self, key: str, intent_digest: str, request: WriteRequest) -> Receipt:
         """Step 6: drop the prepared row, bump both counters, store the receipt, atomically."""
-        state = fingerprint(self._tree.hashes())
+        state = self._cache.scan().root
 
         def build(version: int) -> Receipt:
             return make_receipt(
@@ -406,6 +523,16 @@ class FileWorkspace:
                 self._complete(row.key, row.intent_digest, request)
             elif actual == row.before:
                 self._journal.forget(row.key)
+
+
+def _check_fence(journal: Journal, fence: Fence) -> None:
+    """Refuse an expired or superseded lease version; otherwise record it as the highest seen."""
+    if fence.expires_at is not None and datetime.now(UTC) >= fence.expires_at:
+        raise FenceRejectedError(fence.run_id, fence.lease_version, None)
+    highest = journal.fence(fence.run_id)
+    if fence.lease_version < highest:
+        raise FenceRejectedError(fence.run_id, fence.lease_version, highest)
+    journal.raise_fence(fence.run_id, fence.lease_version)
 
 
 def _resolve_dirs(root: Path, journal_dir: Path) -> tuple[Path, Path]:

@@ -142,6 +142,19 @@ class ContentStore(Protocol):
         """Content-addressed bytes, or ``None``."""
         ...
 
+    def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        """Store content-addressed bytes write-once, in one transaction.
+
+        Each key must be ``sha256:<hex>`` of its bytes; otherwise nothing is
+        written and :class:`~tether.core.WriteOnceError` is raised. A blob
+        already present is left as it is (same digest, same bytes).
+        """
+        ...
+
+    def has_blob(self, blob_digest: str) -> bool:
+        """Whether bytes are stored under ``blob_digest``."""
+        ...
+
     def put_evidence(self, run_id: str, kind: str, document: dict[str, Any]) -> int:
         """Append signed evidence to the run's inbox; returns its sequence number (from 1)."""
         ...

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -221,6 +222,28 @@ class SQLBase(LeaseSQL):
         if not isinstance(row[0], bytes | bytearray | memoryview):
             raise CheckpointCorruptError(f"blob {blob_digest}: stored as {type(row[0]).__name__}")
         return bytes(row[0])
+
+    def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        """Store content-addressed bytes write-once; a key that is not its bytes' digest refuses all."""
+        for blob_digest, data in blobs.items():
+            if "sha256:" + hashlib.sha256(data).hexdigest() != blob_digest:
+                raise WriteOnceError(f"blob {blob_digest}: the digest does not address its bytes")
+        rows = sorted(blobs.items())  # one order, so two writers never deadlock on PostgreSQL
+
+        def insert() -> None:
+            sql = self._insert_ignore("tether_blobs", ("digest", "body"))
+            for blob_digest, data in rows:
+                self._run(sql, (blob_digest, data))
+
+        if rows:
+            self._write(insert)
+
+    def has_blob(self, blob_digest: str) -> bool:
+        """Whether bytes are stored under ``blob_digest``."""
+        row = self._read(
+            lambda: self._one("SELECT 1 FROM tether_blobs WHERE digest = ?", (blob_digest,))
+        )
+        return row is not None
 
     def trace(self, run_id: str, head: str, limit: int | None = None) -> list[TraceEvent]:
         """Walk the chain back from ``head``: events an orphaned attempt wrote are not on it.

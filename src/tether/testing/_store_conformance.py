@@ -237,6 +237,25 @@ def test_same_digest_same_bytes_is_accepted(tether_store: Any) -> None:
     expect_eq(tether_store.get_checkpoint("other-run", first.checkpoint_digest), None, "other run")
 
 
+def test_blobs_are_put_write_once_and_refused_unless_addressed(tether_store: Any) -> None:
+    """put_blobs stores bytes by their digest once; a key that is not the digest refuses all."""
+    body = b"snapshot bytes"
+    address = "sha256:" + hashlib.sha256(body).hexdigest()
+    other = "sha256:" + hashlib.sha256(b"other").hexdigest()
+    expect_eq(tether_store.has_blob(address), False, "has_blob before")
+    tether_store.put_blobs({address: body})
+    tether_store.put_blobs({address: body})  # already there: a no-op
+    tether_store.put_blobs({})
+    expect_eq(tether_store.has_blob(address), True, "has_blob after")
+    expect_eq(tether_store.get_blob(address), body, "blob")
+    with pytest.raises(WriteOnceError):
+        tether_store.put_blobs({other: b"other", address + "0": body})
+    expect_eq(tether_store.has_blob(other), False, "a refused batch writes nothing")
+    with pytest.raises(WriteOnceError):
+        tether_store.put_blobs({address: b"not the bytes"})
+    expect_eq(tether_store.get_blob(address), body, "the stored blob is unchanged")
+
+
 def test_a_digest_that_does_not_address_its_bytes_is_refused(tether_store: Any) -> None:
     """Content whose digest is not the SHA-256 of its bytes is refused and nothing is written."""
     good = make_commit("r", 1)
@@ -479,6 +498,7 @@ __all__ = [
     "test_a_torn_commit_writes_no_ledger_rows",
     "test_a_torn_content_write_leaves_nothing",
     "test_a_trace_event_cannot_be_rewritten",
+    "test_blobs_are_put_write_once_and_refused_unless_addressed",
     "test_cas_creates_a_run_exactly_once",
     "test_cas_mark_alone_follows_the_same_rules",
     "test_cas_refuses_stale_and_skipping_expectations",
