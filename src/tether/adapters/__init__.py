@@ -2,12 +2,14 @@
 
 from tether.adapters._base import (
     Adapter,
+    DeclaresEffectIdentity,
     Fence,
     ListsReceipts,
     LooksUpIntents,
     RoutesKinds,
     VerifierResult,
     capabilities_of,
+    effect_identity,
     look_up,
     namespace_of,
 )
@@ -47,6 +49,7 @@ __all__ = [
     "Adapters",
     "AdaptersConfigError",
     "Capabilities",
+    "DeclaresEffectIdentity",
     "Fence",
     "FenceRejectedError",
     "FileWorkspace",
@@ -71,6 +74,7 @@ __all__ = [
     "VerifierResult",
     "WorkspaceConfigError",
     "capabilities_of",
+    "effect_identity",
     "fence_header",
     "look_up",
     "message_id",

@@ -121,7 +121,8 @@ class ServiceProfile:
     own, before applying anything, and names itself in that header on every
     answer; without it, the identity path is asked again before every send
     and look-up (one more request each). ``fencing``: the service refuses a
-    lower ``Tether-Fence``.
+    lower ``Tether-Fence``. ``identity_ignores``: body fields that do not
+    make the effect (see :meth:`HttpEffect.effect_identity`).
     """
 
     replay: str = "first_response"
@@ -137,6 +138,10 @@ class ServiceProfile:
     in_flight_retries: int = 5
     in_flight_wait_s: float = 0.1
     in_flight_limit_s: float | None = 900.0
+    #: Top-level fields of the JSON body that do not change what the request
+    #: does (a client request id, a client timestamp): two requests differing
+    #: only there are the same effect, and the second is replayed, not sent.
+    identity_ignores: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.replay not in _REPLAYS:
@@ -328,6 +333,17 @@ class HttpEffect(RemoteEffect):
             )
         canonical_bytes(args["json"])  # refuses what has no canonical JSON form
         return {"json": args["json"]}
+
+    def effect_identity(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Method and JSON body (the path is the target), less the profile's ``identity_ignores``.
+
+        Never the ``Idempotency-Key``: it names one attempt, not the effect.
+        """
+        body = args.get("json")
+        if isinstance(body, dict):
+            ignored = self.profile.identity_ignores
+            body = {k: v for k, v in body.items() if k not in ignored}
+        return {"method": "POST", "json": body}
 
     def execute(
         self, key: str, intent: Intent, prestate: EnvironmentState, fence: Fence | None = None
