@@ -337,3 +337,8 @@ __all__ += [
     "stray_error",
     "verify_ledger",
 ]
+
+from tether.core import _replay as replay_rules  # noqa: E402
+from tether.core._replay import EffectRecord, KnownEffect, effect_digest, new_fork  # noqa: E402
+
+__all__ += ["EffectRecord", "KnownEffect", "effect_digest", "new_fork", "replay_rules"]

@@ -139,13 +139,17 @@ class RunState:
     # quarantine, an abort's failure): restoring it needs the reviewers' trust
     # roots again. One per closed review case, so it stays small.
     decisions: tuple[dict[str, Any], ...] = ()
+    # Effect digests a signed fork allows once more (consumed by the write that
+    # uses it), and every fork nonce ever recorded, so a fork cannot be replayed.
+    forks: tuple[str, ...] = ()
+    fork_nonces: tuple[str, ...] = ()
 
     def evolve(self, **changes: Any) -> RunState:
         """A copy with ``changes`` applied (the state itself is immutable)."""
         return replace(self, **changes)
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {
+        body: dict[str, JSONValue] = {
             "schema_version": SCHEMA_VERSION,
             "run_id": self.run_id,
             "generation": self.generation,
@@ -176,6 +180,12 @@ class RunState:
             "results_digest": self.results_digest,
             "decisions": list(self.decisions),
         }
+        # Written only once used, so a run that never forks keeps its payload as it was.
+        if self.forks:
+            body["forks"] = list(self.forks)
+        if self.fork_nonces:
+            body["fork_nonces"] = list(self.fork_nonces)
+        return body
 
     @classmethod
     def from_json(cls, data: Any) -> RunState:
@@ -219,6 +229,8 @@ class RunState:
             inbox_cursor=f.int("inbox_cursor"),
             results_digest=f.optional_str("results_digest"),
             decisions=_documents(f, "decisions"),
+            forks=f.str_list("forks") if f.has("forks") else (),
+            fork_nonces=f.str_list("fork_nonces") if f.has("fork_nonces") else (),
         )
         f.done()
         return state

@@ -46,6 +46,8 @@ class Role(StrEnum):
 
     APPROVER = "approver"
     REVIEWER = "reviewer"
+    #: Runs the deployment: may sign a fork (do a committed effect again).
+    OPERATOR = "operator"
 
 
 class Alg(StrEnum):

@@ -60,6 +60,7 @@ from tether.core import (
     approval_problem,
     gate,
     needs_approval,
+    replay_rules,
     risk_of,
     seal_commit,
     settle_rules,
@@ -97,6 +98,8 @@ class Runtime(Protocol):
 
     def effect_terms(self, intent: Intent) -> EffectTerms: ...
 
+    def effect_digest(self, intent: Intent) -> str: ...
+
 
 Event = tuple[str, dict[str, Any]]
 
@@ -121,6 +124,9 @@ class RunSession(LeaseHolder):
         # that never dispatched included): the gate's "used before", read from
         # signed history, never from rows a store could hold unverified.
         self.actions: set[str] = set()
+        #: Every effect digest the verified ledger records, and what it knows of
+        #: it (kept up to date as commits land): what replay-or-fork matches.
+        self.effects: dict[str, replay_rules.EffectRecord] = {}
         self._results: tuple[str, tuple[ActionResult, ...]] | None = None
 
     @property
@@ -192,6 +198,8 @@ class RunSession(LeaseHolder):
             raise
         self.state = new
         self.digest = digest
+        if sealed.entries:
+            self.effects.update(replay_rules.known_effects(sealed.entries, self.effects))
         if granted is not None:
             self.hold(granted)
         self._opening = None
@@ -223,6 +231,7 @@ class RunSession(LeaseHolder):
                 for event in cp.verified_trace(state)
                 if (action_id := step_rules.action_id_of(event.kind, event.data)) is not None
             }
+            self.effects = replay_rules.known_effects(cp.verified_ledger(state))
             self.state, self.digest, self._opening, self._results = state, digest, None, None
         elif digest != self.digest or restored.state.generation != self.state.generation:
             raise GenerationConflictError(
@@ -371,6 +380,16 @@ class RunSession(LeaseHolder):
         """Apply a signed reviewer decision (replan or abort) to the open review case."""
         self.reload()
         return _humans.review(self, document)
+
+    def fork(self, document: Any) -> RunState:
+        """Record a signed fork: the next proposal of its effect runs as a new effect, once.
+
+        Without one, a write equal to an effect the run already committed is
+        replayed (its receipt returned, nothing sent). ``document`` is signed
+        by a reviewer or an operator over :func:`tether.core.new_fork`'s body.
+        """
+        self.reload()
+        return _humans.fork(self, document)
 
     def cancel(self, reason: str, *, by: str = "operator") -> Outcome:
         """End the run in ``cancelled``; a write pending now is settled first, never abandoned.
@@ -687,6 +706,15 @@ class RunSession(LeaseHolder):
         rt = self.rt
         kind = rt.kinds[proposal.kind]
         intent = Intent(proposal.kind, proposal.target, args, risk_of(rt.policy, kind).value)
+        effect = rt.effect_digest(intent)
+        record = self.effects.get(effect)
+        if record is not None or effect in base.forks:
+            decided = self._replay_or_fork(base, proposal, effect, record)
+            if isinstance(decided, Transition):
+                if decided.state is None:
+                    return Outcome(decided.outcome, self.state, decided.reason, decided.message)
+                return self.apply(decided, prefix=events, context=context)
+            base, events = decided.state, [*events, *decided.events]
         transition = step_rules.propose_write(
             base,
             proposal,
@@ -702,6 +730,31 @@ class RunSession(LeaseHolder):
             return outcome  # it waits, durable, for a person; nothing leaves the process
         rt.crash.hit(CrashPoint.INTENT_PERSISTED)
         return self._decide_and_apply(settle_rules.dispatch)
+
+    def _replay_or_fork(
+        self,
+        base: RunState,
+        proposal: Proposal,
+        effect: str,
+        record: replay_rules.EffectRecord | None,
+    ) -> Transition | replay_rules.Proceed:
+        """The facts :func:`replay_rules.decide` needs: an unsettled attempt is asked by its key."""
+        caps = capabilities_of(self.rt.adapter, proposal.kind)
+        unsettled = None if record is None else record.unsettled
+        answer = None
+        if unsettled is not None and caps.queryable and effect not in base.forks:
+            answer = self._lookup(Lookup(unsettled.idempotency_key))
+        return replay_rules.decide(
+            base,
+            proposal,
+            effect=effect,
+            record=record,
+            capabilities=caps,
+            answer=answer,
+            case_id=self.rt.ids.new_id("case"),
+            now=self.rt.clock.now(),
+            live=base.environment,
+        )
 
     # -- failing -----------------------------------------------------------------
 

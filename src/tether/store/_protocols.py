@@ -78,7 +78,7 @@ class Evidence:
     received_at: datetime
 
 
-EVIDENCE_KINDS = frozenset({"approval", "review_decision"})
+EVIDENCE_KINDS = frozenset({"approval", "review_decision", "fork"})
 
 
 @dataclass(frozen=True, slots=True)
