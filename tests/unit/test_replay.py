@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import secrets
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import ScriptedAgent, World, finish, write
 from tether.adapters import Sandbox
+from tether.cli import main
 from tether.core import (
     Capabilities,
     EffectRecord,
@@ -29,7 +31,6 @@ from tether.core import (
     new_fork,
     replay_rules,
 )
-from tether.core._replay import Proceed
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import CrashPlan, CrashPoint, RunSession, SimulatedCrash
 
@@ -106,9 +107,9 @@ def test_the_replay_rule_table(
         live=state.environment,
     )
     if expected == "proceed":
-        assert isinstance(decided, Proceed) and decided.state is state
+        assert isinstance(decided, replay_rules.Proceed) and decided.state is state
         return
-    assert not isinstance(decided, Proceed)
+    assert not isinstance(decided, replay_rules.Proceed)
     if expected == replay_rules.REPLAY_OF_UNKNOWN:
         assert decided.outcome is OutcomeKind.FROZEN and decided.reason == expected
         assert decided.state is not None and decided.state.pending is None
@@ -139,7 +140,7 @@ def test_an_armed_fork_lets_the_effect_proceed_once(world: World) -> None:
         now=world.clock.now(),
         live=state.environment,
     )
-    assert isinstance(decided, Proceed)
+    assert isinstance(decided, replay_rules.Proceed)
     assert decided.state.forks == () and decided.state.fork_nonces == ("n" * 16,)
     assert decided.events[0][0] == "fork_used"
     again = RunState.from_json(state.to_json())
@@ -304,3 +305,23 @@ def test_replaying_an_effect_of_unknown_outcome_on_a_blind_adapter_needs_review(
     case = session.state.review_cases[0]
     first_key = world.store().ledger("r1")[0].idempotency_key
     assert case.evidence[0]["earlier_idempotency_key"] == first_key
+
+
+def test_tether_fork_signs_a_fork_a_run_reads_from_its_inbox(world: World, tmp_path: Path) -> None:
+    """`tether fork` binds the effect's receipt from the verified ledger; the run uses it once."""
+    world.clock.moment = datetime.now(UTC)  # the command signs on the wall clock
+    session = session_of(world, [*SAME, finish])
+    session.step()
+    effect = next(iter(session.effects))
+    keyring = tmp_path / "keyring.json"
+    world.keyring.write_file(keyring)
+    assert main(["keys", "new", "--role", "operator", "--id", "ops2", "--out", str(tmp_path)]) == 0
+    command = ["fork", "r1", effect, "--key", str(tmp_path / "ops2.key"), "--db", str(world.db)]
+    assert main([*command, "--keyring", str(keyring), "--ttl", "300", "--yes"]) == 0
+    trust = TrustRoots.from_file(tmp_path / "ops2.trust.json")
+    recovered = world.runtime(ScriptedAgent([*SAME, finish]), trust=trust).recover("r1")
+    assert recovered.step().kind is OutcomeKind.EXECUTED
+    assert recovered.step().kind is OutcomeKind.REPLAYED
+    assert world.sandbox.write_count() == 2
+    unknown = [*command[:2], "sha256:" + "0" * 64, *command[3:]]
+    assert main([*unknown, "--ttl", "300", "--yes"]) == 1  # an effect no ledger records
