@@ -325,3 +325,31 @@ def test_tether_fork_signs_a_fork_a_run_reads_from_its_inbox(world: World, tmp_p
     assert world.sandbox.write_count() == 2
     unknown = [*command[:2], "sha256:" + "0" * 64, *command[3:]]
     assert main([*unknown, "--ttl", "300", "--yes"]) == 1  # an effect no ledger records
+
+
+def test_an_unsettled_earlier_attempt_is_settled_by_its_own_key_not_sent_again(
+    world: World,
+) -> None:
+    """Sent, parked and replanned unsettled: the same effect again is looked up by the old key."""
+    steps = [*SAME, finish]
+    with pytest.raises(SimulatedCrash):
+        session_of(world, steps, crash=CrashPlan(CrashPoint.EFFECT_SENT)).run()
+    session = world.runtime(ScriptedAgent(steps), trust=TRUST).recover("r1")
+    session.park("worker_error", "the drive kept failing")
+    now = world.clock.now()
+    body = new_decision(
+        session.state,
+        session.state.review_cases[0],
+        REVIEWER.signer_id,
+        "replan",
+        issued_at=now,
+        expires_at=now + timedelta(seconds=300),
+        nonce=secrets.token_hex(16),
+    )
+    session.review(REVIEWER.sign(body))
+    effect = next(iter(session.effects))
+    assert session.effects[effect].unsettled is not None
+    outcome = session.step()
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.REPLAYED, "effect_replayed")
+    assert session.trace()[-1].data["settled_by"] == "lookup"
+    assert world.sandbox.write_count() == 1

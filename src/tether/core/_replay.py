@@ -42,7 +42,7 @@ from tether.core._actions import ActionResult, Proposal
 from tether.core._canonical import JSONValue, digest
 from tether.core._errors import EvidenceBindingError, EvidenceSignatureError, NonceReusedError
 from tether.core._evidence import check_lifetime, check_nonce
-from tether.core._ledger import LedgerEntry
+from tether.core._ledger import LedgerEntry, redact_receipt
 from tether.core._model import Capabilities, EnvironmentState, format_time
 from tether.core._phases import EffectStatus
 from tether.core._state import RunState
@@ -171,11 +171,15 @@ def decide(
     if record is None or known is None:
         return Proceed(state)
     if known is record.committed and known.receipt is not None:
-        return _replayed(state, proposal, effect, known, known.receipt, settled_by="ledger")
+        fingerprint = digest(known.receipt)
+        return _replayed(state, proposal, effect, known, known.receipt, fingerprint, "ledger")
     if answer is not None:
         if answer.status is LookupStatus.COMMITTED and answer.receipt is not None:
-            receipt = answer.receipt.to_json()
-            return _replayed(state, proposal, effect, known, receipt, settled_by="lookup")
+            # Only the result's digest: the policy may mark the kind sensitive,
+            # and the ledger would then never have held the result itself.
+            receipt = redact_receipt(answer.receipt.to_json()) or {}
+            fingerprint = answer.receipt.fingerprint
+            return _replayed(state, proposal, effect, known, receipt, fingerprint, "lookup")
         if answer.status in {LookupStatus.IN_PROGRESS, LookupStatus.UNAVAILABLE}:
             return Transition(
                 OutcomeKind.RETRY_LATER,
@@ -223,11 +227,14 @@ def _replayed(
     effect: str,
     known: KnownEffect,
     receipt: dict[str, Any],
-    *,
+    fingerprint: str,
     settled_by: str,
 ) -> Transition:
-    """The recorded receipt stands for the proposal; nothing is sent or counted as written."""
-    fingerprint = digest(receipt)
+    """The recorded receipt stands for the proposal; nothing is sent or counted as written.
+
+    ``receipt`` as the ledger holds it (a sensitive kind's result as a
+    digest), ``fingerprint`` that of the receipt the replay stands on.
+    """
     facts: dict[str, JSONValue] = {
         "replay_of": known.action_id,
         "idempotency_key": known.idempotency_key,
