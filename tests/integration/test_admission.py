@@ -119,12 +119,14 @@ def test_a_revoked_worker_is_refused_and_nothing_moves(world: World) -> None:
     assert mark(world) == before
 
 
-def test_named_principals_forbid_an_unsigned_recovery(world: World) -> None:
-    """Once the deployment names who may recover, a runtime without a key is refused."""
+def test_named_workers_forbid_an_unsigned_recovery(world: World) -> None:
+    """Once the deployment names worker principals, a runtime without a key is refused."""
     started(world)
-    rt = world.runtime(agent(), trust=TrustRoots.of(OPERATOR.trust_root()))
+    rt = world.runtime(agent(), trust=TrustRoots.of(WORKER.trust_root()))
     with pytest.raises(AdmissionRefusedError, match="principal"):
         rt.recover("run-a")
+    # Operators named (for forks or rewinds) do not make workers identities.
+    assert world.runtime(agent(), trust=TrustRoots.of(OPERATOR.trust_root())).recover("run-a")
 
 
 def test_a_policy_that_lets_only_operators_recover_refuses_the_worker(world: World) -> None:

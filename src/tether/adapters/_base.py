@@ -209,6 +209,31 @@ def look_up(adapter: Adapter, key: str, intent: Intent | None = None) -> Receipt
 
 
 @runtime_checkable
+class DeclaresEffectIdentity(Protocol):
+    """An adapter that says which arguments make an effect what it is (optional).
+
+    Two proposals are the same effect (the second is replayed, not sent)
+    when namespace, kind, target and this identity are equal. Leave out
+    what does not change the effect in the world: a precondition hash, a
+    client request id, a timestamp. Without the hook the identity is the
+    normalized arguments, whole.
+    """
+
+    def effect_identity(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The effect-relevant part of ``args`` (as :meth:`Adapter.normalize` returned them)."""
+        ...
+
+
+def effect_identity(
+    adapter: Adapter, kind: str, target: str, args: dict[str, Any]
+) -> dict[str, Any]:
+    """What makes a write of ``kind`` with normalized ``args`` the effect it is (see above)."""
+    if _offers(adapter, "effect_identity"):
+        return cast(DeclaresEffectIdentity, adapter).effect_identity(kind, target, args)
+    return dict(args)
+
+
+@runtime_checkable
 class RoutesKinds(Protocol):
     """An adapter made of several, each owning the action kinds it declares (optional)."""
 

@@ -27,6 +27,7 @@ from tether.adapters._base import (
     ListsReceipts,
     VerifierResult,
     compensate_with,
+    effect_identity,
     look_up,
 )
 from tether.adapters._filewrite import check_instance
@@ -145,6 +146,10 @@ class Adapters:
     def normalize(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
         """Normalize with the member that owns ``kind``."""
         return self.owner(kind).normalize(kind, target, args)
+
+    def effect_identity(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The identity the member that owns ``kind`` declares (see DeclaresEffectIdentity)."""
+        return effect_identity(self.owner(kind), kind, target, args)
 
     def derive_post_state(self, prestate: EnvironmentState, intent: Intent) -> EnvironmentState:
         """A stateful member's derived state; a remote effect leaves the environment as is."""

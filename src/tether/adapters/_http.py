@@ -122,7 +122,8 @@ class ServiceProfile:
     own, before applying anything, and names itself in that header on every
     answer; without it, the identity path is asked again before every send
     and look-up (one more request each). ``fencing``: the service refuses a
-    lower ``Tether-Fence``.
+    lower ``Tether-Fence``. ``identity_ignores``: body fields that do not
+    make the effect (see :meth:`HttpEffect.effect_identity`).
     """
 
     replay: str = "first_response"
@@ -144,6 +145,10 @@ class ServiceProfile:
     #: answered like a POST, and asked by key the same way. ``None``: only a
     #: person can undo it (the kind declares ``human`` compensation).
     compensate: str | None = None
+    #: Top-level fields of the JSON body that do not change what the request
+    #: does (a client request id, a client timestamp): two requests differing
+    #: only there are the same effect, and the second is replayed, not sent.
+    identity_ignores: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.replay not in _REPLAYS:
@@ -341,6 +346,17 @@ class HttpEffect(RemoteEffect):
             )
         canonical_bytes(args["json"])  # refuses what has no canonical JSON form
         return {"json": args["json"]}
+
+    def effect_identity(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Method and JSON body (the path is the target), less the profile's ``identity_ignores``.
+
+        Never the ``Idempotency-Key``: it names one attempt, not the effect.
+        """
+        body = args.get("json")
+        if isinstance(body, dict):
+            ignored = self.profile.identity_ignores
+            body = {k: v for k, v in body.items() if k not in ignored}
+        return {"method": "POST", "json": body}
 
     def execute(
         self, key: str, intent: Intent, prestate: EnvironmentState, fence: Fence | None = None

@@ -217,6 +217,10 @@ class Sandbox:
                 conditional=self._capabilities.conditional_writes,
             )
 
+    def effect_identity(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
+        """As the file workspace: the same content to the same path is the same effect."""
+        return {"content": args.get("content")}
+
     def derive_post_state(self, prestate: EnvironmentState, intent: Intent) -> EnvironmentState:
         """The exact environment :meth:`execute` leaves; the files must still be at ``prestate``."""
         request = parse_write(intent, conditional=self._capabilities.conditional_writes)

@@ -179,6 +179,11 @@ class SmtpEffect(RemoteEffect):
         body = body.replace("\r\n", "\n").replace("\r", "\n")
         return {"subject": subject, "body": body}
 
+    def effect_identity(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Subject and body (the recipient is the target): not the Message-ID, the date or
+        the intent header, which name one attempt (they come from its key and clock)."""
+        return {"subject": args.get("subject"), "body": args.get("body")}
+
     def execute(
         self, key: str, intent: Intent, prestate: EnvironmentState, fence: Fence | None = None
     ) -> Receipt:

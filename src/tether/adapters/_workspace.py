@@ -250,6 +250,11 @@ class FileWorkspace:
         with self._exclusive():
             return normalize_write(kind, target, args, self._tree.hash_of, conditional=True)
 
+    def effect_identity(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The content alone (the path is the target): the same content to the same path is
+        the same effect, whatever the file held when it was proposed (``expected_sha256``)."""
+        return {"content": args.get("content")}
+
     def derive_post_state(self, prestate: EnvironmentState, intent: Intent) -> EnvironmentState:
         """The exact environment :meth:`execute` leaves; the tree must still be at ``prestate``."""
         request = parse_write(intent, conditional=True)

@@ -19,7 +19,7 @@ from tether._demo import SCENARIOS
 from tether.cli._crashtest import add_crashtest
 from tether.cli._demo_cmd import cmd_demo, cmd_demo_child
 from tether.cli._inspect import cmd_inspect, cmd_verify
-from tether.cli._sign import cmd_approve, cmd_keys_new, cmd_review
+from tether.cli._sign import cmd_approve, cmd_fork, cmd_keys_new, cmd_review
 from tether.core import MAX_APPROVAL_TTL_S, IntegrityError, TetherError
 from tether.runtime import CrashPoint
 
@@ -156,7 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
         "with the person; only NAME.trust.json (the public half) is given to the runtime.",
     )
     new.add_argument(
-        "--role", choices=["approver", "reviewer"], required=True, help="what the key may sign"
+        "--role",
+        choices=["approver", "reviewer", "operator"],
+        required=True,
+        help="what the key may sign (an operator signs forks)",
     )
     new.add_argument("--id", required=True, help="the signer's id, e.g. alice")
     new.add_argument("--out", default=".", help="directory for the two files (default: .)")
@@ -219,6 +222,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     review.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
     review.set_defaults(func=cmd_review)
+
+    fork = sub.add_parser(
+        "fork",
+        help="sign a fork: do an effect the run already committed once more, on purpose",
+        description="Without a fork, a proposal equal to an effect the run committed is "
+        "replayed (its receipt returned, nothing sent). Show the effect's earlier receipt, "
+        "ask, sign with --key (a reviewer's or operator's) and leave it in the store's inbox.",
+    )
+    fork.add_argument("run_id", metavar="RUN")
+    fork.add_argument("effect", metavar="EFFECT", help="the effect digest (see effect_replayed)")
+    fork.add_argument("--key", type=Path, required=True, help="the signer's private key file")
+    fork.add_argument(
+        "--ttl",
+        type=_seconds(MAX_APPROVAL_TTL_S),
+        help="seconds the fork stays valid (default: the policy's ttl, at most 900)",
+    )
+    fork.add_argument(
+        "--policy", type=Path, help="the run's policy file: the ttl is checked against it"
+    )
+    where = fork.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", type=Path, help="SQLite store file")
+    where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
+    fork.add_argument(
+        "--keyring", type=Path, help="verify the checkpoint and ledger before showing them"
+    )
+    fork.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
+    fork.set_defaults(func=cmd_fork)
     worker = sub.add_parser(
         "worker",
         help="run a recovery worker that claims runs whose lease expired",

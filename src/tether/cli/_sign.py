@@ -1,4 +1,4 @@
-"""`tether keys new`, `tether approve`, `tether review`: the tools of the people who sign.
+"""`tether keys new`, `tether approve`, `tether review`, `tether fork`: the tools of the people who sign.
 
 The signer's tool never holds the runtime's checkpoint key and never changes
 run state: it reads the bound fields, shows them, asks, signs with the
@@ -27,6 +27,8 @@ from tether.core import (
     approval_request,
     new_approval,
     new_decision,
+    new_fork,
+    replay_rules,
     strict_loads,
     validate_state,
 )
@@ -200,6 +202,44 @@ def cmd_review(args: argparse.Namespace) -> int:
         return 1
     seq = deliver(args.store or args.db, args.run_id, "review_decision", signer.sign(body))
     print(f"decision recorded (inbox #{seq}); run {args.run_id} applies it on its next step")
+    return 0
+
+
+def cmd_fork(args: argparse.Namespace) -> int:
+    signer = Signer.from_file(args.key)
+    where = args.store or args.db
+    state, verified = load_state(where, args.run_id, args.keyring)
+    if state.phase.terminal:
+        raise PolicyError(f"run {args.run_id} is {state.phase}; nothing to fork")
+    store = _store(where)
+    try:
+        if verified and args.keyring is not None:
+            entries = Checkpointer(store, Keyring.from_file(args.keyring)).verified_ledger(state)
+        else:  # shown unverified; the runtime binds the fork to its own verified ledger
+            entries = store.ledger(args.run_id)
+    finally:
+        store.close()
+    record = replay_rules.known_effects(entries).get(args.effect)
+    known = None if record is None else record.current
+    if known is None:
+        raise PolicyError(f"run {args.run_id}'s ledger records no effect {args.effect}")
+    now = datetime.now(UTC)
+    body = new_fork(
+        state,
+        known,
+        signer.signer_id,
+        issued_at=now,
+        expires_at=now + timedelta(seconds=lifetime(args, state)),
+        nonce=secrets.token_hex(16),
+    )
+    shown = {**body, "earlier_action": known.action_id}
+    shown.pop("nonce")
+    question = f"Sign a fork as {signer.signer_id}: do this effect once more, on purpose?"
+    if not _confirm(question, shown, verified, args.yes):
+        print("no fork recorded")
+        return 1
+    seq = deliver(where, args.run_id, "fork", signer.sign(body))
+    print(f"fork recorded (inbox #{seq}); run {args.run_id} reads it on its next step")
     return 0
 
 

@@ -425,3 +425,7 @@ __all__ += [
     "new_effect_decision",
     "parse_contract",
 ]
+from tether.core import _replay as replay_rules  # noqa: E402
+from tether.core._replay import EffectHistory, KnownEffect, effect_digest, new_fork  # noqa: E402
+
+__all__ += ["EffectHistory", "KnownEffect", "effect_digest", "new_fork", "replay_rules"]

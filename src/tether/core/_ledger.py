@@ -45,9 +45,13 @@ class EffectTerms:
     retry: RetrySemantics
     compensation: Compensation
     sensitive: bool = False
+    #: The effect digest (``tether.core.effect_digest``): what the effect does,
+    #: whatever its action id, key or prose; a re-proposal equal to a committed
+    #: effect is replayed, not sent. ``None`` on entries written before it existed.
+    effect: str | None = None
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {
+        body: dict[str, JSONValue] = {
             "adapter": self.adapter,
             "kind": self.kind,
             "target": self.target,
@@ -55,6 +59,10 @@ class EffectTerms:
             "compensation": self.compensation.value,
             "sensitive": self.sensitive,
         }
+        # Only when known, so the hashes of entries written before keep verifying.
+        if self.effect is not None:
+            body["effect"] = self.effect
+        return body
 
 
 def retry_semantics(capabilities: Capabilities) -> RetrySemantics:

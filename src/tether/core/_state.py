@@ -155,13 +155,17 @@ class RunState:
     # The deployment contract the run was begun under (see ``core._contract``);
     # checkpoints written before it existed were all ``standard``.
     contract: Contract = Contract.STANDARD
+    # Effect digests a signed fork allows once more (consumed by the write that
+    # uses it), and every fork nonce ever recorded, so a fork cannot be replayed.
+    forks: tuple[str, ...] = ()
+    fork_nonces: tuple[str, ...] = ()
 
     def evolve(self, **changes: Any) -> RunState:
         """A copy with ``changes`` applied (the state itself is immutable)."""
         return replace(self, **changes)
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {
+        body: dict[str, JSONValue] = {
             "schema_version": SCHEMA_VERSION,
             "run_id": self.run_id,
             "generation": self.generation,
@@ -197,6 +201,12 @@ class RunState:
             "rewinding": None if self.rewinding is None else self.rewinding.to_json(),
             "contract": self.contract.value,
         }
+        # Written only once used, so a run that never forks keeps its payload as it was.
+        if self.forks:
+            body["forks"] = list(self.forks)
+        if self.fork_nonces:
+            body["fork_nonces"] = list(self.fork_nonces)
+        return body
 
     @classmethod
     def from_json(cls, data: Any) -> RunState:
@@ -247,6 +257,8 @@ class RunState:
             occurrence_id=f.str("occurrence_id", nonempty=False) if f.has("occurrence_id") else "",
             rewinding=None if rewinding is None else RewindPlan.parse(rewinding),
             contract=_contract(f),
+            forks=f.str_list("forks") if f.has("forks") else (),
+            fork_nonces=f.str_list("fork_nonces") if f.has("fork_nonces") else (),
         )
         f.done()
         return state

@@ -32,7 +32,14 @@ from tether.core._transition import Event, LedgerNote, OutcomeKind, Transition
 #: Trace events that record an accepted action's id: recovery rebuilds the
 #: gate's "used before" from these (writes are also in the ledger).
 ACTION_EVENTS = frozenset(
-    {"intent_persisted", "approval_requested", "action_observed", "verifier_ran", "run_cancelled"}
+    {
+        "intent_persisted",
+        "approval_requested",
+        "action_observed",
+        "verifier_ran",
+        "run_cancelled",
+        "effect_replayed",
+    }
 )
 
 

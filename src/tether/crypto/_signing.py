@@ -46,7 +46,8 @@ class Role(StrEnum):
 
     APPROVER = "approver"
     REVIEWER = "reviewer"
-    #: A person who may admit a recovery or select a rewind point (as the policy says).
+    #: A person who may admit a recovery, select a rewind point or sign a fork
+    #: (as the policy says).
     OPERATOR = "operator"
     #: A worker process: it admits its own recoveries by signing them.
     WORKER = "worker"

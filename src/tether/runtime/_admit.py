@@ -243,25 +243,30 @@ def _unsigned(
     purpose: Purpose,
     run_id: str,
 ) -> tuple[str, str]:
-    """The worker (or, for a rewind, the agent) acting as itself, where nobody is named."""
-    named = sorted(role.value for role in (trust.roles() if trust is not None else set()))
-    if any(role in allowed for role in named):
-        raise AdmissionRefusedError(
-            "principal",
-            f"the trust roots name principals who may admit a {purpose.value} "
-            f"({sorted(set(named) & allowed)}); give a signed admission, or the runtime "
-            "a principal= key",
-            run_id=run_id,
-        )
+    """The worker (or, for a rewind, the agent) acting as itself, unsigned.
+
+    A worker may recover unsigned only while the deployment names no worker
+    principals: once it does, workers are identities and each signs its own
+    recoveries (a removed key is then a revoked worker). Operators named for
+    other reasons (forks, rewinds) do not take that away.
+    """
     role = "worker" if purpose is Purpose.RECOVERY else "agent"
     if role not in allowed:
         raise AdmissionRefusedError(
             "principal",
             f"the policy lets {sorted(allowed)} admit a {purpose.value}, and this one is "
-            f"unsigned (by the {role})",
+            f"unsigned (by the {role}); give a signed admission",
             run_id=run_id,
             expected=sorted(allowed),
             actual=[role],
+        )
+    named = {r.value for r in trust.roles()} if trust is not None else set()
+    if role == "worker" and "worker" in named:
+        raise AdmissionRefusedError(
+            "principal",
+            "the trust roots name worker principals; this runtime has no principal= key "
+            "to sign its recovery with (or give a signed admission)",
+            run_id=run_id,
         )
     principal_id = rt.worker if role == "worker" else "agent"
     return principal_id, role

@@ -27,9 +27,11 @@ from tether.core import (
     RunState,
     Transition,
     TrustRootsRequiredError,
+    UnknownSignerError,
     check_approval,
     check_decision,
     compensated_effect,
+    replay_rules,
 )
 from tether.core import needs_approval as core_needs_approval
 from tether.core import people_rules as people
@@ -64,6 +66,8 @@ class RunSession(Protocol):
     def rt(self) -> Runtime: ...
     @property
     def state(self) -> RunState: ...
+    @property
+    def effects(self) -> dict[str, replay_rules.EffectHistory]: ...
     def commit(self, state: RunState, events: list[tuple[str, dict[str, Any]]]) -> None: ...
     def effect_decision(self, document: Any, *, cursor: int | None) -> Any: ...
     def rewind_from_inbox(self, document: Any, *, cursor: int) -> Any: ...
@@ -124,6 +128,8 @@ def consume_inbox(session: RunSession) -> None:
                 approve(session, item.document, cursor=item.seq)
             elif item.kind == "effect_decision":
                 session.effect_decision(item.document, cursor=item.seq)
+            elif item.kind == "fork":
+                fork(session, item.document, cursor=item.seq)
             else:
                 review(session, item.document, cursor=item.seq)
 
@@ -228,6 +234,44 @@ def review(session: RunSession, document: Any, *, cursor: int | None = None) -> 
         raise
     _commit(session, people.apply_decision(state, case, decision, document, cursor=cursor))
     return session.state
+
+
+def fork(session: RunSession, document: Any, *, cursor: int | None = None) -> RunState:
+    """Verify a signed fork and arm its effect for one new execution; a refusal is traced, then raised.
+
+    Signed by a reviewer or an operator; bound to this run, its policy, the
+    effect digest and the effect's current attempt (receipt id, fingerprint,
+    key), alive now, with a nonce never recorded before.
+    """
+    rt, state = session.rt, session.state
+    try:
+        if state.phase.terminal:
+            raise RunFrozenError(f"run {state.run_id} is {state.phase}; nothing to fork")
+        body = _verify_fork(_trust(rt), document)
+        replay_rules.check_fork(
+            body,
+            document["signer"],
+            state,
+            session.effects,
+            now=rt.clock.now(),
+            ttl_s=rt.policy.approval_ttl_s,
+        )
+    except (EvidenceError, PolicyError) as exc:
+        _refuse(session, "fork", document, exc, cursor)
+        raise
+    at = state.inbox_cursor if cursor is None else cursor
+    _commit(
+        session, replay_rules.record_fork(state, body, people.evidence_digest(document), cursor=at)
+    )
+    return session.state
+
+
+def _verify_fork(trust: TrustRoots, document: Any) -> dict[str, Any]:
+    """The fork's body, signed by a trusted reviewer, or else by a trusted operator."""
+    try:
+        return trust.verify(document, Role.REVIEWER)
+    except UnknownSignerError:
+        return trust.verify(document, Role.OPERATOR)
 
 
 def check_restorable(rt: Runtime, state: RunState) -> None:

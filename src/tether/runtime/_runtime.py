@@ -20,6 +20,7 @@ from tether.adapters import (
     ListsReceipts,
     UnresolvedWriteError,
     capabilities_of,
+    effect_identity,
     external_effects,
     look_up,
     namespace_of,
@@ -53,7 +54,9 @@ from tether.core import (
     check_contract,
     check_local_only,
     check_recovery_contract,
+    effect_digest,
     parse_contract,
+    replay_rules,
     retry_semantics,
     step_rules,
 )
@@ -148,7 +151,15 @@ class Runtime:
             retry=retry_semantics(capabilities_of(self.adapter, intent.kind)),
             compensation=Compensation.NONE if declared is None else declared.compensation,
             sensitive=rule is not None and rule.sensitive,
+            effect=self.effect_digest(intent),
         )
+
+    def effect_digest(self, intent: Intent) -> str:
+        """What ``intent`` does, whatever its action id or key: equal digests, the same effect."""
+        args = dict(intent.args)
+        identity = effect_identity(self.adapter, intent.kind, intent.target, args)
+        namespace = namespace_of(self.adapter, intent.kind)
+        return effect_digest(namespace, intent.kind, intent.target, identity)
 
     def start(self, run_id: str | None = None, context: AgentContext | None = None) -> RunSession:
         """Begin a new run in the task's expected initial environment."""
@@ -326,6 +337,8 @@ class Runtime:
             action_id = step_rules.action_id_of(event.kind, event.data)
             if action_id is not None:
                 session.actions.add(action_id)
+        # Replay-or-fork matches against the effects the verified ledger records.
+        session.effects = replay_rules.known_effects(restored.ledger)
         session.results()  # missing or damaged results fail closed here, not mid-run
         if lease is not None:
             session.hold(lease)

@@ -28,11 +28,8 @@ from tether.adapters import (
     offers_snapshots,
 )
 from tether.core import (
-    ActionClass,
     ActionKind,
     ActionResult,
-    AdapterError,
-    AdapterUnavailableError,
     Binding,
     CommitOutcomeUnknownError,
     ContractViolationError,
@@ -65,6 +62,7 @@ from tether.core import (
     approval_problem,
     gate,
     needs_approval,
+    replay_rules,
     risk_of,
     seal_commit,
     settle_rules,
@@ -73,7 +71,7 @@ from tether.core import (
 from tether.core import Rejection as GateRejection
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import _calls as calls
-from tether.runtime import _compensate, _humans, _rewind, _stopping
+from tether.runtime import _carry, _compensate, _humans, _rewind, _stopping
 from tether.runtime._agent import Agent, AgentContext
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import Clock, IdSource
@@ -104,6 +102,8 @@ class Runtime(Protocol):
 
     def effect_terms(self, intent: Intent) -> EffectTerms: ...
 
+    def effect_digest(self, intent: Intent) -> str: ...
+
 
 Event = tuple[str, dict[str, Any]]
 
@@ -130,6 +130,9 @@ class RunSession(LeaseHolder):
         # that never dispatched included): the gate's "used before", read from
         # signed history, never from rows a store could hold unverified.
         self.actions: set[str] = set()
+        #: Every effect digest the verified ledger records, and what it knows of
+        #: it (kept up to date as commits land): what replay-or-fork matches.
+        self.effects: dict[str, replay_rules.EffectHistory] = {}
         self._results: tuple[str, tuple[ActionResult, ...]] | None = None
         # The workspace root whose snapshot is known to be stored.
         self._snapshotted: str | None = None
@@ -236,6 +239,8 @@ class RunSession(LeaseHolder):
         self.state = new
         self.digest = digest
         self._snapshotted = snapshotted
+        if sealed.entries:
+            self.effects.update(replay_rules.known_effects(sealed.entries, self.effects))
         if granted is not None:
             self.hold(granted)
         self._opening = None
@@ -268,6 +273,7 @@ class RunSession(LeaseHolder):
                 for event in cp.verified_trace(state)
                 if (action_id := step_rules.action_id_of(event.kind, event.data)) is not None
             }
+            self.effects = replay_rules.known_effects(cp.verified_ledger(state))
             self.state, self.digest, self._opening, self._results = state, digest, None, None
             self._admitted = ({}, {})
         elif digest != self.digest or restored.state.generation != self.state.generation:
@@ -467,6 +473,16 @@ class RunSession(LeaseHolder):
         self.rt.crash.hit(CrashPoint.INTENT_PERSISTED)
         return self._decide_and_apply(settle_rules.dispatch)
 
+    def fork(self, document: Any) -> RunState:
+        """Record a signed fork: the next proposal of its effect runs as a new effect, once.
+
+        Without one, a write equal to an effect the run already committed is
+        replayed (its receipt returned, nothing sent). ``document`` is signed
+        by a reviewer or an operator over :func:`tether.core.new_fork`'s body.
+        """
+        self.reload()
+        return _humans.fork(self, document)
+
     def cancel(self, reason: str, *, by: str = "operator") -> Outcome:
         """End the run in ``cancelled``; a write pending now is settled first, never abandoned.
 
@@ -532,7 +548,7 @@ class RunSession(LeaseHolder):
         pending = self.state.pending
         if self.state.phase is Phase.PENDING and pending is not None:
             if not pending.mutating:
-                return self._carry_out_approved(pending)
+                return _carry.carry_out_approved(self, pending)
             return self._decide_and_apply(settle_rules.settle)
         state = self.state
         exhausted = step_rules.exhausted(state, self.rt.task.budgets, self.rt.clock.now())
@@ -642,91 +658,7 @@ class RunSession(LeaseHolder):
                 base, proposal, intent, key=rt.ids.new_id("idem"), now=rt.clock.now()
             )
             return self.apply(held, prefix=events, context=context)
-        return self._carry_out(base, context, proposal, kind, events, spent_already=False)
-
-    def _carry_out(
-        self,
-        base: RunState,
-        context: AgentContext | None,
-        proposal: Proposal,
-        kind: ActionKind,
-        events: list[Event],
-        *,
-        spent_already: bool,
-    ) -> Outcome:
-        """Carry out a read, a test run, a finish or a cancel, and commit what it found.
-
-        An adapter that refuses the action (a directory named as a file, a
-        test command it won't run) is a rejection the agent hears about; one
-        that can't be reached changes nothing and says retry later.
-        """
-        rt = self.rt
-        if kind.action_class is ActionClass.CANCEL:
-            transition = step_rules.cancel(
-                base,
-                str(proposal.args["reason"]),
-                by="agent",
-                action_id=proposal.action_id,
-                charge=None if spent_already else proposal.cost,
-            )
-            return self.apply(transition, prefix=events, context=context)
-        self.guard()
-        try:
-            if kind.action_class is ActionClass.READ:
-                args = dict(proposal.args)
-                data = rt.adapter.read(kind.name, proposal.target, args, rt.task.allows_target)
-                transition = step_rules.observed(base, proposal, data, spent_already=spent_already)
-            elif kind.action_class is ActionClass.TEST:
-                test = rt.task.tests[proposal.target]
-                data = rt.adapter.verify(test.argv, test.timeout_s).summary()
-                transition = step_rules.observed(base, proposal, data, spent_already=spent_already)
-            else:  # finish: the task's verifier judges the state the run is in now
-                result = rt.adapter.verify(rt.task.verifier.argv, rt.task.verifier.timeout_s)
-                transition = step_rules.verified(
-                    base,
-                    proposal,
-                    result.verification(rt.clock.now()),
-                    judged_here=result.environment == base.environment,
-                    output_tail=result.output_tail,
-                    summary=str(proposal.args.get("summary", "")),
-                    spent_already=spent_already,
-                )
-        except AdapterUnavailableError as exc:
-            return Outcome(OutcomeKind.RETRY_LATER, self.state, "adapter_unavailable", str(exc))
-        except (ContractViolationError, AdapterError) as exc:
-            reason = exc.reason if isinstance(exc, ContractViolationError) else "adapter_refused"
-            transition = step_rules.reject(
-                base,
-                proposal,
-                GateRejection(reason, str(exc)),
-                rt.task.budgets,
-                spent_already=spent_already,
-            )
-        return self.apply(transition, prefix=events, context=context)
-
-    def _carry_out_approved(self, pending: PendingWrite) -> Outcome:
-        """A non-mutating action waiting for approval: carry it out once an approval holds."""
-        rt = self.rt
-        problem = approval_problem(
-            self.state,
-            needs=True,
-            now=rt.clock.now(),
-            live=rt.adapter.environment(),
-            idempotent=False,
-        )
-        if problem is not None:
-            return Outcome(OutcomeKind.WAITING_FOR_APPROVAL, self.state, problem[0], problem[1])
-        kind = rt.kinds[pending.intent.kind]
-        proposal = Proposal(
-            pending.action_id,
-            pending.intent.kind,
-            pending.intent.target,
-            args=dict(pending.intent.args),
-            cost=pending.cost,
-        )
-        # Whatever happens next (done, refused) the held action is no longer pending.
-        base = self.state.evolve(phase=Phase.RUNNING, pending=None)
-        return self._carry_out(base, None, proposal, kind, [], spent_already=True)
+        return _carry.carry_out(self, base, context, proposal, kind, events, spent_already=False)
 
     def _propose_write(
         self,
@@ -739,6 +671,15 @@ class RunSession(LeaseHolder):
         rt = self.rt
         kind = rt.kinds[proposal.kind]
         intent = Intent(proposal.kind, proposal.target, args, risk_of(rt.policy, kind).value)
+        effect = rt.effect_digest(intent)
+        record = self.effects.get(effect)
+        if record is not None or effect in base.forks:
+            decided = self._replay_or_fork(base, proposal, effect, record)
+            if isinstance(decided, Transition):
+                if decided.state is None:
+                    return Outcome(decided.outcome, self.state, decided.reason, decided.message)
+                return self.apply(decided, prefix=events, context=context)
+            base, events = decided.state, [*events, *decided.events]
         transition = step_rules.propose_write(
             base,
             proposal,
@@ -754,6 +695,31 @@ class RunSession(LeaseHolder):
             return outcome  # it waits, durable, for a person; nothing leaves the process
         rt.crash.hit(CrashPoint.INTENT_PERSISTED)
         return self._decide_and_apply(settle_rules.dispatch)
+
+    def _replay_or_fork(
+        self,
+        base: RunState,
+        proposal: Proposal,
+        effect: str,
+        record: replay_rules.EffectHistory | None,
+    ) -> Transition | replay_rules.Proceed:
+        """The facts :func:`replay_rules.decide` needs: an unsettled attempt is asked by its key."""
+        caps = capabilities_of(self.rt.adapter, proposal.kind)
+        unsettled = None if record is None else record.unsettled
+        answer = None
+        if unsettled is not None and caps.queryable and effect not in base.forks:
+            answer = self.ask(Lookup(unsettled.idempotency_key))
+        return replay_rules.decide(
+            base,
+            proposal,
+            effect=effect,
+            record=record,
+            capabilities=caps,
+            answer=answer,
+            case_id=self.rt.ids.new_id("case"),
+            now=self.rt.clock.now(),
+            live=base.environment,
+        )
 
     # -- failing -----------------------------------------------------------------
 

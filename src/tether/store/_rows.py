@@ -218,6 +218,7 @@ def _terms_of(body: dict[str, Any], broken: Callable[[str], LedgerIntegrityError
             retry=RetrySemantics(retry),
             compensation=Compensation(compensation),
             sensitive=f.bool("sensitive"),
+            effect=f.optional_str("effect"),
         )
     except ValueError as exc:
         raise broken(f"has unknown terms: {exc}") from exc
