@@ -29,6 +29,7 @@ from tether.adapters._base import (
     compensate_with,
     effect_identity,
     look_up,
+    offers_snapshots,
 )
 from tether.adapters._filewrite import check_instance
 from tether.core import (
@@ -78,6 +79,22 @@ class Adapters:
         self._owners = owners
         self._state = stateful[0] if stateful else None
         self._kinds = tuple(kind for member in members for kind in member.kinds)
+        # Snapshots are the stateful member's: offered exactly when it offers them
+        # (the abilities are found by attribute, so they are set only then).
+        if self._state is not None and offers_snapshots(self._state):
+            self.snapshot_blobs = self._snapshot_blobs
+            self.restore_snapshot = self._restore_snapshot
+
+    def _snapshot_blobs(self, root: str, have: Callable[[str], bool]) -> dict[str, bytes]:
+        member: Any = self._state
+        blobs: dict[str, bytes] = member.snapshot_blobs(root, have)
+        return blobs
+
+    def _restore_snapshot(
+        self, root: str, get_blob: Callable[[str], bytes | None], fence: Fence | None = None
+    ) -> EnvironmentState:
+        member: Any = self._state
+        return self._outward(member.restore_snapshot(root, get_blob, fence))
 
     # --- routing ------------------------------------------------------
 

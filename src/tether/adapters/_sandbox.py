@@ -31,12 +31,14 @@ from tether.adapters._filewrite import (
     read_files,
     tampered,
 )
+from tether.adapters._snapshot import blobs_of_flat, flatten
 from tether.core import (
     ActionKind,
     AdapterError,
     AdapterUnavailableError,
     Capabilities,
     ContractViolationError,
+    EnvironmentDriftError,
     EnvironmentState,
     IdempotencyConflictError,
     Intent,
@@ -297,6 +299,38 @@ class Sandbox:
         """
         with self._lock:
             self._fault = bool(after_commit)
+
+    # --- snapshots (so a run on the sandbox can be rewound) --------------
+
+    def snapshot_blobs(self, root: str, have: Callable[[str], bool]) -> dict[str, bytes]:
+        """The blobs of the snapshot ``root`` (the files now) that ``have`` lacks."""
+        with self._lock:
+            hashes = self._hashes()
+            files = dict(self._files)
+        made, blobs = blobs_of_flat(hashes, lambda path: files[path].encode("utf-8"), have)
+        if made != root:
+            raise EnvironmentDriftError(
+                "the files are not at the snapshot root asked for; observe again",
+                expected=root,
+                actual=made,
+            )
+        return blobs
+
+    def restore_snapshot(
+        self, root: str, get_blob: Callable[[str], bytes | None], fence: Fence | None = None
+    ) -> EnvironmentState:
+        """Make the files the snapshot ``root`` (verified first, or nothing changes)."""
+        with self._lock:
+            if fingerprint(self._hashes()) == root:
+                return self.environment()
+            restored = flatten(root, get_blob)  # every blob verified before any change
+            try:
+                files = {path: data.decode("utf-8") for path, (data, _x) in restored.items()}
+            except UnicodeDecodeError as exc:
+                raise AdapterError(f"the sandbox holds text only: {exc}") from exc
+            self._files = files
+            self._version += 1
+            return self.environment()
 
     def bypass_write(self, relpath: str, content: str) -> None:
         """Change a file as another actor would: the fingerprint moves, the version does not."""

@@ -234,3 +234,61 @@ def snapshot_blobs(
 
     visit(root)
     return found
+
+
+def blobs_of_flat(
+    hashes: Mapping[str, str],
+    read_file: Callable[[str], bytes],
+    have: Callable[[str], bool],
+) -> tuple[str, dict[str, bytes]]:
+    """The root and the missing blobs of a tree given flat (an in-memory adapter's files).
+
+    The same objects the on-disk workspace stores, built from scratch: fine
+    for the small trees an in-memory adapter holds.
+    """
+    nested: dict[str, object] = {}
+    for path in hashes:
+        node = nested
+        parts = path.split("/")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"{path}: a file and a directory share a name")
+            node = child
+        node[parts[-1]] = path
+    found: dict[str, bytes] = {}
+
+    def visit(node: dict[str, object]) -> str:
+        entries: dict[str, Entry] = {}
+        for name, child in node.items():
+            if isinstance(child, dict):
+                entries[name] = (DIR, visit(child), False)
+            else:
+                path = str(child)
+                entries[name] = (FILE, hashes[path], False)
+                if hashes[path] not in found and not have(hashes[path]):
+                    found[hashes[path]] = read_file(path)
+        body = tree_bytes(entries)
+        tree_digest = digest_bytes(body)
+        if not have(tree_digest):
+            found[tree_digest] = body
+        return tree_digest
+
+    return visit(nested), found
+
+
+def flatten(root: str, get_blob: Callable[[str], bytes | None]) -> dict[str, tuple[bytes, bool]]:
+    """Every file of the snapshot ``root``: path -> (verified bytes, executable)."""
+    files: dict[str, tuple[bytes, bool]] = {}
+
+    def visit(tree_digest: str, prefix: str) -> None:
+        for name, (kind, value, executable) in parse_tree(
+            tree_digest, get_blob(tree_digest)
+        ).items():
+            if kind == DIR:
+                visit(value, prefix + name + "/")
+            else:
+                files[prefix + name] = (verified_blob(value, get_blob(value)), executable)
+
+    visit(root, "")
+    return files

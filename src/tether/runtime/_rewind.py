@@ -164,12 +164,12 @@ def finish(session: RunSession) -> Outcome:
     plan = state.rewinding
     if plan is None:
         raise RewindRefusedError(f"run {state.run_id}: no rewind under way", run_id=state.run_id)
-    session.guard()  # a worker whose lease moved on restores nothing
+    fence = session.guard()  # a worker whose lease moved on restores nothing
     if plan.scope is RewindScope.CONTEXT:
         live = rt.adapter.environment()
     else:
         live = rt.adapter.restore_snapshot(  # type: ignore[attr-defined]
-            plan.target.state_fingerprint, rt.store.get_blob
+            plan.target.state_fingerprint, rt.store.get_blob, fence
         )
     if live.instance_id != state.environment.instance_id:
         raise RewindRefusedError(
@@ -257,7 +257,7 @@ def snapshot_blobs(rt: Any, root: str) -> dict[str, bytes] | None:
     """The snapshot blobs of the workspace at ``root`` the store lacks (``None``: it moved on)."""
     store = rt.store
     try:
-        return dict(rt.adapter.snapshot_blobs(root, lambda d: store.get_blob(d) is not None))
+        return dict(rt.adapter.snapshot_blobs(root, store.has_blob))
     except EnvironmentDriftError:
         return None  # the tree is no longer at root; a rewind here will say "no snapshot"
 
@@ -289,7 +289,7 @@ def _refuse_without_snapshot(session: RunSession, target: Any) -> None:
             "rewound (a context-only rewind needs a signed split)",
             run_id=target.run_id,
         )
-    if rt.store.get_blob(root) is None:
+    if not rt.store.has_blob(root):
         raise RewindRefusedError(
             f"run {target.run_id}: no snapshot of generation {target.generation}'s workspace "
             f"({root}) is stored",
