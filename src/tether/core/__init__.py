@@ -318,7 +318,7 @@ __all__ += [
 from tether.core import _people as people_rules  # noqa: E402
 from tether.core import _settle as settle_rules  # noqa: E402
 from tether.core import _steps as step_rules  # noqa: E402
-from tether.core._commit import Sealed, seal_commit  # noqa: E402
+from tether.core._commit import Sealed, seal_commit, with_subject_terms  # noqa: E402
 from tether.core._evidence import (  # noqa: E402
     active_approval,
     approval_problem,
@@ -382,6 +382,7 @@ __all__ += [
     "step_rules",
     "stray_error",
     "verify_ledger",
+    "with_subject_terms",
 ]
 
 from tether.core import _compensation as compensation_rules  # noqa: E402

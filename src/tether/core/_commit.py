@@ -10,7 +10,7 @@ pinning both heads. The store then writes it all in one fenced transaction.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from tether.core._errors import CheckpointCorruptError, IllegalTransitionError
@@ -83,7 +83,7 @@ def seal_commit(
                     receipt=note.receipt,
                     epoch=after.epoch,
                     at=now,
-                    terms=terms,
+                    terms=subject.terms,
                 )
                 entries.append(entry)
                 ledger_head, ledger_length = entry.hash, ledger_length + 1
@@ -126,3 +126,27 @@ def _status(before: RunState, effect: PendingWrite) -> EffectStatus | None:
     if current is not None and current.idempotency_key == effect.idempotency_key:
         return current.status
     return None  # a write becoming pending: its first entry is `intended`
+
+
+def with_subject_terms(
+    notes: tuple[LedgerNote, ...], entries: Iterable[LedgerEntry]
+) -> tuple[LedgerNote, ...]:
+    """``notes`` whose subjects carry their effect's own terms, found in the verified ``entries``.
+
+    A note about another effect (its ``compensated``) is recorded under that
+    effect's terms, so every reader of the ledger (the replay rule above all)
+    sees which effect moved.
+    """
+    terms: dict[str, EffectTerms] = {}
+    for entry in entries:
+        if entry.terms is not None:
+            terms.setdefault(entry.idempotency_key, entry.terms)
+    out: list[LedgerNote] = []
+    for note in notes:
+        subject = note.subject
+        if subject is not None and subject.terms is None:
+            found = terms.get(subject.idempotency_key)
+            out.append(replace(note, subject=replace(subject, terms=found)))
+        else:
+            out.append(note)
+    return tuple(out)

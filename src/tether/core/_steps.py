@@ -8,6 +8,7 @@ carries it, after a recovery as well.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +28,7 @@ from tether.core._model import (
 from tether.core._phases import EffectStatus, Phase
 from tether.core._spec import Budgets
 from tether.core._state import RunState, Spent
+from tether.core._trace import TraceEvent
 from tether.core._transition import Event, LedgerNote, OutcomeKind, Transition
 
 #: Trace events that record an accepted action's id: recovery rebuilds the
@@ -47,6 +49,29 @@ def action_id_of(kind: str, data: dict[str, JSONValue]) -> str | None:
     """The action id a trace event records as taken (see ``ACTION_EVENTS``), else ``None``."""
     action_id = data.get("action_id")
     return action_id if kind in ACTION_EVENTS and isinstance(action_id, str) else None
+
+
+def actions_taken(events: Iterable[TraceEvent]) -> set[str]:
+    """The action ids the run has used, as the gate's "used before" must see them.
+
+    Ids used only in a suffix that a rewind left behind are free again: the
+    rewound agent regenerates them from the restored context, and whatever
+    effect they carried is either undone by the restore or guarded by the
+    replay rule (a re-proposed committed effect returns its receipt).
+    """
+    last_use: dict[str, int] = {}
+    for event in events:
+        if event.kind == "rewound":
+            low = event.data.get("prefix_length")
+            high = event.data.get("failed_suffix", {}).get("trace_length")
+            if isinstance(low, int) and isinstance(high, int):
+                for freed in [a for a, seq in last_use.items() if low < seq <= high]:
+                    del last_use[freed]
+            continue
+        taken = action_id_of(event.kind, event.data)
+        if taken is not None:
+            last_use[taken] = event.seq
+    return set(last_use)
 
 
 def encode_results(results: tuple[ActionResult, ...]) -> tuple[str, bytes]:

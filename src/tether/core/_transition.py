@@ -14,6 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from tether.core._ledger import EffectTerms
 from tether.core._model import Capabilities, EnvironmentState, Intent, Receipt
 from tether.core._phases import EffectStatus
 from tether.core._state import RunState
@@ -115,6 +116,9 @@ class EffectRef:
     action_id: str
     intent_digest: str
     status: EffectStatus
+    #: What the effect is (its own terms, from its first ledger entry): the
+    #: note's entry records them, so the replay rule knows which effect moved.
+    terms: EffectTerms | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from tether.core import (
     SplitRewindError,
     crossed_effects,
     rewind_memory,
+    step_rules,
     tried_in,
     with_memory,
 )
@@ -244,8 +245,10 @@ def finish(session: RunSession) -> Outcome:
         "undone": list(undone),
         # The failed suffix stays in the chain; this is where it ended.
         "failed_suffix": {"trace_head": plan.suffix_head, "trace_length": plan.suffix_length},
+        "prefix_length": plan.prefix_length,
     }
     session.commit(rewound, [("rewound", event)], context=context, ledger=notes)
+    session.actions = step_rules.actions_taken(checkpointer.verified_trace(session.state))
     return Outcome(OutcomeKind.RECORDED, session.state, "rewound", plan.reason, "rewound")
 
 

@@ -333,10 +333,7 @@ class Runtime:
         # The gate's "used before": every accepted action is in the signed trace
         # (writes too, by intent_persisted). Read once per recovery, every hash
         # recomputed, so an edited row fails closed instead of freeing an id.
-        for event in self.checkpointer.verified_trace(state):
-            action_id = step_rules.action_id_of(event.kind, event.data)
-            if action_id is not None:
-                session.actions.add(action_id)
+        session.actions = step_rules.actions_taken(self.checkpointer.verified_trace(state))
         # Replay-or-fork matches against the effects the verified ledger records.
         session.effects = replay_rules.known_effects(restored.ledger)
         session.results()  # missing or damaged results fail closed here, not mid-run

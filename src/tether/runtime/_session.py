@@ -67,6 +67,7 @@ from tether.core import (
     seal_commit,
     settle_rules,
     step_rules,
+    with_subject_terms,
 )
 from tether.core import Rejection as GateRejection
 from tether.crypto import Signer, TrustRoots
@@ -213,6 +214,8 @@ class RunSession(LeaseHolder):
             if found is not None:
                 blobs.update(found)
                 snapshotted = root
+        if any(n.subject is not None and n.subject.terms is None for n in ledger):
+            ledger = with_subject_terms(ledger, self.rt.checkpointer.verified_ledger(self.state))
         sealed = seal_commit(
             self.state,
             state,
@@ -268,11 +271,7 @@ class RunSession(LeaseHolder):
         if digest == unknown.checkpoint_digest:
             state = restored.state
             self.context = cp.context(state, release=self.release_secrets)
-            self.actions = {
-                action_id
-                for event in cp.verified_trace(state)
-                if (action_id := step_rules.action_id_of(event.kind, event.data)) is not None
-            }
+            self.actions = step_rules.actions_taken(cp.verified_trace(state))
             self.effects = replay_rules.known_effects(cp.verified_ledger(state))
             self.state, self.digest, self._opening, self._results = state, digest, None, None
             self._admitted = ({}, {})
