@@ -35,7 +35,7 @@ TEST = (
 VERIFIER = ("python", "-m", "unittest", "-q", "test_calc")
 RUN_ID = "demo-run"
 
-SCENARIOS = ("repair", "approval", "conflict", "support-desk")
+SCENARIOS = ("repair", "approval", "conflict", "support-desk", "notify")
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 

@@ -19,6 +19,7 @@ from tether._demo import SCENARIOS
 from tether.cli._crashtest import add_crashtest
 from tether.cli._demo_cmd import cmd_demo, cmd_demo_child
 from tether.cli._inspect import cmd_inspect, cmd_verify
+from tether.cli._recovery import add_recovery
 from tether.cli._sign import cmd_approve, cmd_fork, cmd_keys_new, cmd_review
 from tether.core import MAX_APPROVAL_TTL_S, IntegrityError, TetherError
 from tether.runtime import CrashPoint
@@ -157,9 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     new.add_argument(
         "--role",
-        choices=["approver", "reviewer", "operator"],
+        choices=["approver", "reviewer", "operator", "worker"],
         required=True,
-        help="what the key may sign (an operator signs forks)",
+        help="what the key may sign: approver (approvals), reviewer (review decisions, "
+        "forks, rewinds), operator (forks, rewinds, admissions), worker (its own recoveries)",
     )
     new.add_argument("--id", required=True, help="the signer's id, e.g. alice")
     new.add_argument("--out", default=".", help="directory for the two files (default: .)")
@@ -320,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("run_id", help="the run to try again")
     retry.add_argument("--store", required=True, help="sqlite:///path.sqlite or postgresql://...")
     retry.set_defaults(func=cmd_retry)
+    add_recovery(sub, _seconds(MAX_APPROVAL_TTL_S))
     add_crashtest(sub, _count)
     return parser
 

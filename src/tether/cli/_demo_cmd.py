@@ -16,7 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from tether import _demo, _desk
+from tether import _demo, _desk, _notify
 from tether.cli import _desk_cmd, _sign
 from tether.cli._demo_child import child, report_unfired, unfired
 from tether.core import Phase, RunState, TetherError, new_approval, new_decision
@@ -68,7 +68,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 0
     if args.mail_lookup and args.scenario != "support-desk":
         raise TetherError("--mail-lookup belongs to --scenario support-desk; drop it or add that")
-    if args.scenario == "support-desk":
+    if args.scenario in {"support-desk", "notify"}:
         _desk.require_extras()
     # The default SIGTERM ends the process on the spot, leaving the services
     # and the run's process behind; raised as an exception it unwinds instead.
@@ -88,6 +88,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return code
 
 
+def _notify_story(args: argparse.Namespace, paths: _demo.DemoPaths) -> int:
+    """The second seed's example: notify, fail, rewind to before the send, one email."""
+    if args.crash_at is not None:
+        raise TetherError("--scenario notify tells its own story; drop --crash-at")
+    summary = _notify.run(paths)
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+        return 0
+    print(f"tether demo (notify): run {summary['run_id']} is {summary['phase']}")
+    for line in summary["story"]:
+        print(f"  {line}")
+    crossed = ", ".join(f"{c['kind']} to {c['target']} ({c['status']})" for c in summary["crossed"])
+    print(f"  crossed the rewind boundary and kept in the ledger: {crossed or 'nothing'}")
+    for epoch in summary["epochs"]:
+        who = epoch["principal"] or "the run's start"
+        how = "" if epoch["signed"] is None else (" (signed)" if epoch["signed"] else " (unsigned)")
+        print(f"  epoch opened by {epoch['event']}: {who}{how}")
+    print(
+        f"next: tether epochs {summary['run_id']} --db {summary['db']} --keyring {summary['keyring']}"
+    )
+    return 0
+
+
 def _demo_run(args: argparse.Namespace) -> int:
     # The demo keeps its files for `tether inspect`; a temp dir only when asked for none.
     made = args.db is None or args.workspace is None
@@ -100,7 +123,7 @@ def _demo_run(args: argparse.Namespace) -> int:
     paths = _demo.DemoPaths.under(base, args.db, args.workspace, marks)
     try:
         _demo.require_fresh(paths)
-        if args.scenario == "support-desk":
+        if args.scenario in {"support-desk", "notify"}:
             _desk.require_fresh(paths)
     except TetherError:
         if made:
@@ -108,6 +131,8 @@ def _demo_run(args: argparse.Namespace) -> int:
         raise
     if args.scenario == "support-desk":
         return _desk_cmd.cmd_desk(args, paths)
+    if args.scenario == "notify":
+        return _notify_story(args, paths)
     _demo.prepare(paths, args.scenario)
     crashed: dict[str, Any] | None = None
     story: list[str] = []

@@ -115,9 +115,6 @@ def rewind(
             context_env=context_env.to_json(),
             workspace_env=workspace_env.to_json(),
         )
-    if session.opening_pending:
-        session.commit(session.state, [])  # the recovery's own epoch lands first
-        state = session.state
     admitted = admit(
         rt,
         state,
@@ -146,8 +143,13 @@ def rewind(
     started = state.evolve(
         epoch=state.epoch + 1, worker=rt.worker, rewinding=plan, **admitted.changes
     )
+    # Signed while the run was down, the rewind names the checkpoint at the mark
+    # and the interrupted epoch: it opens the new epoch itself, and the
+    # recovery's own facts travel inside its event.
+    recovered = session.take_opening()
     event = {
         **admitted.event,
+        **({} if recovered is None else {"recovered": recovered}),
         "to_generation": to,
         "from_generation": state.generation,
         "scope": scope.value,

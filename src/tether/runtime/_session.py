@@ -144,10 +144,14 @@ class RunSession(LeaseHolder):
     def run_id(self) -> str:
         return self.state.run_id
 
-    @property
-    def opening_pending(self) -> bool:
-        """Whether this session's new epoch is admitted but not yet committed."""
-        return self._opening is not None
+    def take_opening(self) -> dict[str, Any] | None:
+        """The recovery's epoch opening not yet committed, handed over (and dropped here).
+
+        A rewind applied right after a recovery is itself the admitted opening
+        of the new epoch; the recovery's facts travel inside its event.
+        """
+        opening, self._opening, self._admitted = self._opening, None, ({}, {})
+        return opening
 
     # -- committing ----------------------------------------------------------
 
