@@ -253,3 +253,29 @@ def test_admission_request_names_the_rewind_purpose(world: World) -> None:
     request = rt.admission_request("run-a", purpose=Purpose.REWIND, target_generation=2)
     assert (request["purpose"], request["target_generation"]) == ("rewind", 2)
     assert request["checkpoint_generation"] == mark(world)
+
+
+def test_an_admission_in_the_inbox_that_does_not_verify_never_blocks_the_run(
+    world: World,
+) -> None:
+    """An approver's or an expired admission is skipped and recorded; a valid one is used."""
+    approver = Signer.generate("app", "approver")
+    trust = TrustRoots.of(OPERATOR.trust_root(), approver.trust_root())
+    started(world, trust=trust)
+    rt = world.runtime(agent(), trust=trust)
+    good = signed(rt, OPERATOR)
+    rt.store.put_evidence("run-a", "admission", good)
+    rt.store.put_evidence("run-a", "admission", signed(rt, approver))  # newest, refused
+    session = world.runtime(agent(), trust=trust).recover("run-a")
+    session.step()
+    opened = [e for e in session.trace() if e.kind == "recovered"][-1].data
+    assert (opened["principal"], opened["signed"]) == ("op-ada", True)
+    kinds = [(e.kind, e.data.get("seq")) for e in session.trace()]
+    assert ("admission_read", 1) in kinds and ("evidence_refused", 2) in kinds
+    assert session.state.inbox_cursor == 2
+    # Only an invalid one: the worker recovers as itself, unblocked.
+    rt.store.put_evidence("run-a", "admission", signed(rt, approver))
+    again = world.runtime(agent(), trust=trust).recover("run-a")
+    again.step()
+    opened = [e for e in again.trace() if e.kind == "recovered"][-1].data
+    assert (opened["role"], opened["signed"]) == ("worker", False)

@@ -18,9 +18,10 @@ from tether.core import (
     Purpose,
     RewindRefusedError,
     SplitRewindError,
+    digest_bytes,
     new_admission,
 )
-from tether.crypto import Signer, TrustRoots
+from tether.crypto import Signer, TrustRoots, open_envelope
 from tether.runtime import RunSession, Runtime
 
 OPERATOR = Signer.generate("op-ada", "operator")
@@ -201,3 +202,94 @@ def test_a_rewind_interrupted_after_its_plan_is_finished_by_the_next_recovery(
     assert outcome.reason == "rewound"
     assert world.sandbox.files["notes.txt"] == after[first]
     assert again.state.rewinding is None
+
+
+def test_a_point_with_a_write_pending_is_not_a_rewind_point(world: World) -> None:
+    """Its context is past a proposal whose write it does not hold: restoring both loses it."""
+    world.policy = make_policy(authority={"rewind": ["agent"]})
+    rt = world.runtime(agent())
+    session = rt.start("run-r")
+    session.step()
+    pending_points = [
+        g for g in range(1, session.state.generation) if _phase_at(rt, g) == "pending"
+    ]
+    assert pending_points
+    with pytest.raises(RewindRefusedError, match="not at rest"):
+        session.rewind(pending_points[0], "into a pending write")
+
+
+def _phase_at(rt: Runtime, generation: int) -> str:
+    (envelope,) = rt.store.envelopes("run-r", generation)
+    payload = open_envelope(envelope, rt.checkpointer.keyring, run_id="run-r")
+    return str(payload["phase"])
+
+
+def test_a_rewind_whose_snapshot_is_damaged_freezes_the_run_for_a_person(world: World) -> None:
+    """A missing file blob: nothing is written, the plan is dropped, the run goes to review."""
+    world.policy = make_policy(authority={"rewind": ["agent"]})
+    _rt, session, after = three_writes(world)
+    first = min(after)
+    files = world.sandbox.files
+    with sqlite3.connect(world.db) as conn:
+        # The first write's content blob: the only blob the restore needs to write.
+        wanted = digest_bytes(after[first].encode())
+        conn.execute("DELETE FROM tether_blobs WHERE digest = ?", (wanted,))
+    outcome = session.rewind(first, "snapshot damaged")
+    assert outcome.kind is OutcomeKind.FROZEN
+    assert session.state.phase is Phase.NEEDS_REVIEW and session.state.rewinding is None
+    assert session.state.review_cases[-1].reason == "rewind_failed"
+    kinds = [e.kind for e in session.trace()]
+    assert kinds[-3:] == ["rewind_started", "rewind_abandoned", "needs_review"]
+    assert world.sandbox.files == files  # nothing was restored from a damaged snapshot
+
+
+def test_a_point_inside_a_stretch_an_earlier_rewind_left_is_refused(world: World) -> None:
+    """After 7 -> 3, generation 5 belongs to the abandoned suffix: it is not a rewind point."""
+    world.policy = make_policy(authority={"rewind": ["agent"]})
+    _rt, session, after = three_writes(world)
+    first, last = min(after), max(after)
+    session.rewind(first, "first rewind")
+    with pytest.raises(RewindRefusedError, match="left behind"):
+        session.rewind(last, "back into the abandoned stretch")
+    session.step()  # the agent writes v2 again, a new effect
+    session.rewind(first, "second rewind")
+    memory = session.context.memory[REWIND_MEMORY_KEY]
+    assert [m["reason"] for m in memory] == ["first rewind", "second rewind"]
+
+
+def test_a_signed_rewind_is_applied_as_signed_or_not_at_all(world: World) -> None:
+    """A caller cannot change the target, reason or scope a person signed."""
+    rt, session, after = three_writes(world, trust=TRUST)
+    first = min(after)
+    document = signed_rewind(rt, first, "as signed")
+    with pytest.raises(RewindRefusedError, match="as signed or not at all"):
+        session.rewind(first + 1, document=document)
+    with pytest.raises(RewindRefusedError, match="as signed or not at all"):
+        session.rewind(document=document, scope="files")
+    assert session.rewind(document=document).reason == "rewound"
+
+
+def test_an_agent_without_rewind_authority_cannot_make_the_run_record_anything(
+    world: World,
+) -> None:
+    """The split check comes after admission: a refused principal adds no generation."""
+    _, session, after = three_writes(world)
+    before = session.state.generation
+    with pytest.raises(AdmissionRefusedError):
+        session.rewind(min(after), "split without authority", scope="files")
+    assert session.state.generation == before == mark(world)
+
+
+def test_a_rewind_delivered_through_the_inbox_is_read_once(world: World) -> None:
+    """Applied by the next step after a recovery: the recovery's record is kept, no refusal traced."""
+    rt, _session, after = three_writes(world, trust=TRUST)
+    first = min(after)
+    rt.store.put_evidence("run-r", "rewind", signed_rewind(rt, first, "from the inbox"))
+    again = world.runtime(agent(), trust=TRUST).recover("run-r")
+    again.step()
+    again.step()
+    kinds = [e.kind for e in again.trace()]
+    assert "rewound" in kinds and "evidence_refused" not in kinds
+    started = next(e for e in again.trace() if e.kind == "rewind_started").data
+    assert rt.store.has_blob(started["recovered"]["admission"])
+    assert again.state.inbox_cursor == 1

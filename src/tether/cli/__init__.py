@@ -101,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="approval: an approval expires while the run is down and a person refreshes it; "
         "conflict: same key, different intent, resolved by a signed replan; "
         "support-desk: write a reply file, open a ticket over HTTP and email the customer "
-        "over SMTP (needs tether[demo])",
+        "over SMTP (needs tether[demo]); notify: email a customer, fail, and have an "
+        "operator rewind context and workspace to before the send; the email is not sent "
+        "again (needs tether[demo])",
     )
     demo.add_argument(
         "--mail-lookup",

@@ -67,6 +67,7 @@ def add_recovery(sub: Any, seconds: Any) -> None:
         where = parser.add_mutually_exclusive_group(required=True)
         where.add_argument("--db", type=Path, help="SQLite store file")
         where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
+        parser.add_argument("--marks", type=Path, help="separate SQLite file holding the mark")
         parser.add_argument(
             "--ttl", type=seconds, help="seconds the document stays valid (default: policy's)"
         )
@@ -107,7 +108,7 @@ def add_recovery(sub: Any, seconds: Any) -> None:
 
 
 def cmd_rewind(args: argparse.Namespace) -> int:
-    state, verified = load_state(args.store or args.db, args.run_id, args.keyring)
+    state, verified = load_state(args.store or args.db, args.run_id, args.keyring, args.marks)
     if state.phase is not Phase.RUNNING:
         raise RewindRefusedError(
             f"run {args.run_id} is {state.phase}: only a running run is rewound (settle a "
@@ -125,7 +126,7 @@ def cmd_rewind(args: argparse.Namespace) -> int:
 
 
 def cmd_admit(args: argparse.Namespace) -> int:
-    state, verified = load_state(args.store or args.db, args.run_id, args.keyring)
+    state, verified = load_state(args.store or args.db, args.run_id, args.keyring, args.marks)
     if state.phase.terminal:
         raise PolicyError(f"run {args.run_id} is {state.phase}; nothing may resume it")
     return _sign_and_deliver(args, state, verified, Purpose.RECOVERY, "admission")
@@ -163,7 +164,7 @@ def _sign_and_deliver(
             )
     else:
         ttl = lifetime(args, state)
-    mark_digest = _mark_digest(args.store or args.db, args.run_id)
+    mark_digest = _mark_digest(args.marks or args.store or args.db, args.run_id)
     request = admission_request(
         state,
         checkpoint_digest=mark_digest,

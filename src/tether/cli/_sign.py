@@ -66,13 +66,20 @@ def _store(where: Path | str) -> SQLBase:
     return SQLiteStore(where, create=False)
 
 
-def load_state(db: Path | str, run_id: str, keyring_path: Path | None) -> tuple[RunState, bool]:
-    """The run's newest checkpoint; verified when a keyring is given, else read as shown."""
+def load_state(
+    db: Path | str, run_id: str, keyring_path: Path | None, marks_path: Path | None = None
+) -> tuple[RunState, bool]:
+    """The run's newest checkpoint; verified when a keyring is given, else read as shown.
+
+    ``marks_path``: the SQLite file holding the high-water mark, where it is kept apart.
+    """
     store = _store(db)
+    marks = None if marks_path is None else SQLiteStore(marks_path, create=False)
     try:
         if keyring_path is not None:
-            return Checkpointer(store, Keyring.from_file(keyring_path)).load(run_id).state, True
-        mark = store.get_mark(run_id)
+            keyring = Keyring.from_file(keyring_path)
+            return Checkpointer(store, keyring, marks=marks).load(run_id).state, True
+        mark = (marks or store).get_mark(run_id)
         envelope = None if mark is None else store.get_checkpoint(run_id, mark.checkpoint_digest)
         if envelope is None:
             raise TetherError(f"no checkpoint for run {run_id!r} in {db}")
@@ -85,6 +92,8 @@ def load_state(db: Path | str, run_id: str, keyring_path: Path | None) -> tuple[
         return state, False
     finally:
         store.close()
+        if marks is not None:
+            marks.close()
 
 
 def _unverified_payload(run_id: str, envelope: bytes) -> Any:

@@ -24,7 +24,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from tether.core._errors import AdmissionRefusedError, EvidenceError
+from tether.core._errors import AdmissionRefusedError, ApprovalExpiredError, EvidenceError
 from tether.core._evidence import check_lifetime, check_nonce
 from tether.core._model import format_time
 from tether.core._state import Binding, RunState
@@ -170,6 +170,12 @@ def check_admission(
     try:
         check_lifetime(body, now=now, ttl_s=ttl_s)
         check_nonce(body, ())
+    except ApprovalExpiredError as exc:
+        raise AdmissionRefusedError(
+            "document",
+            f"the admission expired at {body.get('expires_at')}; a fresh one is needed",
+            run_id=run_id,
+        ) from exc
     except EvidenceError as exc:
         raise AdmissionRefusedError("document", str(exc), run_id=run_id) from exc
 

@@ -186,3 +186,13 @@ def refresh_case(
         reason="review_case_refreshed",
         message=why[-500:],
     )
+
+
+def noted_admission(state: RunState, cursor: int) -> Transition:
+    """The inbox admission that opened this epoch, read: the cursor moves past it."""
+    return Transition(
+        OutcomeKind.RECORDED,
+        state=state.evolve(inbox_cursor=_cursor(state, cursor)),
+        events=(("admission_read", {"seq": cursor}),),
+        reason="admission_read",
+    )

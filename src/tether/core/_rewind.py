@@ -227,7 +227,8 @@ def rewind_memory(
     could not undo (a message, a ticket); ``undone`` the workspace writes the
     restore itself took back.
     """
-    done = [c for c in crossed if c["status"] in {"committed", "compensated"}]
+    done = [c for c in crossed if c["status"] == "committed"]
+    compensated = [c for c in crossed if c["status"] == "compensated"]
     unknown = [c for c in crossed if c["status"] in {"outcome_unknown", "dispatched"}]
     return {
         "rewound_to_generation": plan.to_generation,
@@ -237,6 +238,7 @@ def rewind_memory(
         "tried": list(tried),
         "effects_already_done": list(done),
         "effects_outcome_unknown": list(unknown),
+        "effects_compensated": list(compensated),
         "workspace_writes_undone": list(undone),
         "note": (
             "The workspace and your context were restored to an earlier point. The effects "

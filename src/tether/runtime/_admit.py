@@ -11,9 +11,11 @@ Three ways to be admitted, in order:
    ``Runtime.recover(run_id, admission=document)``);
 2. the runtime's own ``principal`` key (a worker signs its own recovery; a
    worker whose key was removed from the trust roots is refused);
-3. unsigned, only where the deployment's trust roots name nobody who may do
-   this: the worker recovers as itself, and the record says "unsigned", so
-   the weaker assumption is written down rather than implied.
+3. unsigned: a worker recovers as itself while the deployment's trust roots
+   name no worker principals (operators named for other reasons do not
+   change that), and the agent rewinds where the policy names ``agent``; the
+   record says "unsigned", so the weaker assumption is written down rather
+   than implied.
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ def admit(
     target_generation: int | None = None,
     reason: str = "",
     scope: str = "aligned",
+    secrets_released: bool | None = None,
 ) -> Admitted:
     """Decide whether ``state`` (the checkpoint the mark names) may go on; raise if not.
 
@@ -153,6 +156,9 @@ def admit(
     epoch_id = rt.ids.new_id("epoch")
     occurrence = rt.ids.new_id("occ") if changed else occurrence_of(state)
     may_read = role in authority.read_secrets
+    # A rewind is applied by the process already running the agent: whether
+    # the agent holds its secrets was that process's admission's to decide.
+    withheld = not (may_read if secrets_released is None else secrets_released)
     record = admission_record(
         request,
         principal_id=principal_id,
@@ -161,7 +167,7 @@ def admit(
         decided_at=now,
         epoch_id=epoch_id,
         occurrence_id=occurrence,
-        withheld_secrets=not may_read,
+        withheld_secrets=withheld,
     )
     body_bytes = canonical_bytes(record)
     digest = digest_bytes(body_bytes)

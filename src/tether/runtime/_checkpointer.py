@@ -311,7 +311,9 @@ class Checkpointer:
                 run_id=run_id,
             )
         trace = self.verified_trace(state)
-        for envelope in self.content.envelopes(run_id):
+        ledger = self.verified_ledger(state)
+        found: dict[str, RunState] = {}
+        for envelope in self.content.envelopes(run_id, generation):
             try:
                 payload = open_envelope(envelope, self.keyring, run_id=run_id)
             except TetherError:
@@ -321,18 +323,22 @@ class Checkpointer:
             if payload.get("schema_version") != SCHEMA_VERSION:
                 continue
             candidate = RunState.from_json(payload)
-            length = candidate.trace_length
-            on_chain = (
-                candidate.run_id == run_id
-                and 0 < length <= len(trace)
-                and trace[length - 1].hash == candidate.trace_head
+            if candidate.run_id == run_id and _on_chain(candidate, trace, ledger):
+                found[envelope_digest(envelope)] = candidate
+        if len(found) != 1:
+            raise RewindRefusedError(
+                f"run {run_id}: "
+                + (
+                    f"no signed checkpoint of generation {generation} on this run's history"
+                    if not found
+                    else f"{len(found)} checkpoints of generation {generation} fit this run's "
+                    "history; refusing to guess"
+                ),
+                run_id=run_id,
             )
-            if on_chain:
-                return candidate, envelope_digest(envelope)
-        raise RewindRefusedError(
-            f"run {run_id}: no signed checkpoint of generation {generation} on this run's history",
-            run_id=run_id,
-        )
+        ((digest, target),) = found.items()
+        _refuse_unsettled(target, trace)
+        return target, digest
 
     def verified_trace(self, state: RunState) -> list[TraceEvent]:
         """The run's trace, every hash recomputed, ending at the head ``state`` signed.
@@ -428,6 +434,58 @@ class Checkpointer:
                     run_id=state.run_id,
                 )
         return chain
+
+
+def _on_chain(candidate: RunState, trace: list[TraceEvent], ledger: list[LedgerEntry]) -> bool:
+    """Whether ``candidate``'s trace and ledger heads are on the verified chains at its lengths."""
+    t, n = candidate.trace_length, candidate.ledger_length
+    trace_ok = (
+        candidate.trace_head == GENESIS_HASH
+        if t == 0
+        else 0 < t <= len(trace) and trace[t - 1].hash == candidate.trace_head
+    )
+    ledger_ok = (
+        candidate.ledger_head == GENESIS_HASH
+        if n == 0
+        else 0 < n <= len(ledger) and ledger[n - 1].hash == candidate.ledger_head
+    )
+    return trace_ok and ledger_ok
+
+
+def _refuse_unsettled(target: RunState, trace: list[TraceEvent]) -> None:
+    """A rewind point must be at rest, and not inside a stretch an earlier rewind left.
+
+    A point with a write pending (or frozen, or mid-rewind) has a context
+    already past an effect whose workspace it does not yet hold: restoring
+    both would lose that effect. A point inside an abandoned suffix would
+    bring back workspace writes the ledger says a rewind undid.
+    """
+    run_id = target.run_id
+    if (
+        target.phase is not Phase.RUNNING
+        or target.pending is not None
+        or target.rewinding is not None
+        or target.review_cases
+    ):
+        raise RewindRefusedError(
+            f"run {run_id}: generation {target.generation} was not at rest "
+            f"({target.phase}{', a write pending' if target.pending is not None else ''}); "
+            "rewind to a generation between steps",
+            run_id=run_id,
+        )
+    for event in trace:
+        if event.kind != "rewound":
+            continue
+        low = event.data.get("prefix_length")
+        suffix = event.data.get("failed_suffix")
+        high = suffix.get("trace_length") if isinstance(suffix, dict) else None
+        if isinstance(low, int) and isinstance(high, int) and low < target.trace_length <= high:
+            raise RewindRefusedError(
+                f"run {run_id}: generation {target.generation} lies in the stretch the rewind "
+                f"at trace event {event.seq} left behind; rewind to a point on the history "
+                "that stands",
+                run_id=run_id,
+            )
 
 
 def check_binding(

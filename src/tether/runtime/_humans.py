@@ -71,6 +71,8 @@ class RunSession(Protocol):
     def commit(self, state: RunState, events: list[tuple[str, dict[str, Any]]]) -> None: ...
     def effect_decision(self, document: Any, *, cursor: int | None) -> Any: ...
     def rewind_from_inbox(self, document: Any, *, cursor: int) -> Any: ...
+    @property
+    def admissions_read(self) -> dict[int, str]: ...
 
 
 def needs_approval(rt: Runtime, state: RunState) -> bool:
@@ -113,15 +115,20 @@ def consume_inbox(session: RunSession) -> None:
             return  # a rewind may not follow an abort in the same inbox read
         with contextlib.suppress(EvidenceError, PolicyError):  # traced where refused
             if item.kind == "admission":
-                # Admissions are read by a recovery, before any step; one still
-                # here was not used (its epoch was admitted otherwise).
-                _refuse(
-                    session,
-                    item.kind,
-                    item.document,
-                    PolicyError("an admission not used by a recovery: superseded"),
-                    item.seq,
-                )
+                # Admissions are read by a recovery, before any step. The one that
+                # opened this epoch is recorded as used; any other was refused
+                # then, or names an epoch that was admitted otherwise.
+                read = session.admissions_read.get(item.seq)
+                if read == "used":
+                    _commit(session, people.noted_admission(session.state, item.seq))
+                else:
+                    _refuse(
+                        session,
+                        item.kind,
+                        item.document,
+                        PolicyError(read or "an admission not used by a recovery: superseded"),
+                        item.seq,
+                    )
             elif item.kind == "rewind":
                 session.rewind_from_inbox(item.document, cursor=item.seq)
             elif item.kind == "approval":

@@ -25,9 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from tether.adapters import capabilities_of, offers_snapshots
 from tether.core import (
+    REWIND_MEMORY_KEY,
+    AdapterUnavailableError,
     EffectRef,
     EffectStatus,
     EnvironmentDriftError,
+    LeaseError,
     LedgerNote,
     Outcome,
     OutcomeKind,
@@ -37,12 +40,15 @@ from tether.core import (
     RewindRefusedError,
     RewindScope,
     SplitRewindError,
+    StoreUnavailableError,
+    TetherError,
     crossed_effects,
     rewind_memory,
     step_rules,
     tried_in,
     with_memory,
 )
+from tether.runtime import _stopping
 from tether.runtime._admit import admit
 
 if TYPE_CHECKING:
@@ -62,17 +68,15 @@ def rewind(
 
     Raises :class:`~tether.core.AdmissionRefusedError` (who may not, or a
     stale document), :class:`~tether.core.RewindRefusedError` (no such point,
-    a write still pending, no snapshot of that workspace) and
-    :class:`~tether.core.SplitRewindError` (files or context alone, without
-    a signed decision that records the split on purpose; traced).
+    a point that was not at rest, a write still pending, no snapshot of that
+    workspace) and :class:`~tether.core.SplitRewindError` (files or context
+    alone, without a signed decision that records the split on purpose;
+    traced). ``cursor`` is the inbox entry the document came by.
     """
     rt = session.rt
     state = session.state
     if isinstance(document, dict) and isinstance(document.get("body"), dict):
-        body = document["body"]  # the signature is checked by admission, against these
-        to = body.get("target_generation") if isinstance(body.get("target_generation"), int) else to
-        reason = body.get("reason") if isinstance(body.get("reason"), str) else reason
-        scope = body.get("scope") if isinstance(body.get("scope"), str) else scope
+        to, reason, scope = _as_signed(state, document["body"], to, reason, scope)
     try:
         scope = RewindScope(scope)
     except ValueError:
@@ -80,41 +84,16 @@ def rewind(
             f"run {state.run_id}: unknown rewind scope {scope!r}; use aligned, files or context",
             run_id=state.run_id,
         ) from None
-    if to is None:
-        raise RewindRefusedError(f"run {state.run_id}: name a generation to rewind to")
+    if not isinstance(to, int) or isinstance(to, bool):
+        raise RewindRefusedError(
+            f"run {state.run_id}: name a generation to rewind to", run_id=state.run_id
+        )
     _refuse_unless_running(state)
     target, _ = rt.checkpointer.at_generation(state, to)
     if scope is not RewindScope.CONTEXT:
         _refuse_without_snapshot(session, target)
-    if scope is not RewindScope.ALIGNED and document is None:
-        # Context and workspace would point at different causal positions.
-        context_env = (target if scope is RewindScope.CONTEXT else state).environment
-        workspace_env = (state if scope is RewindScope.CONTEXT else target).environment
-        message = (
-            f"run {state.run_id}: a {scope.value}-only rewind to generation {to} leaves the "
-            f"context having observed version {context_env.version} and the workspace at "
-            f"version {workspace_env.version}; only a signed decision may split them"
-        )
-        session.commit(
-            state,
-            [
-                (
-                    "rewind_refused",
-                    {
-                        "to_generation": to,
-                        "scope": scope.value,
-                        "reason": "split",
-                        "message": message,
-                    },
-                )
-            ],
-        )
-        raise SplitRewindError(
-            message,
-            run_id=state.run_id,
-            context_env=context_env.to_json(),
-            workspace_env=workspace_env.to_json(),
-        )
+    # Who asks comes first: nobody without the authority to rewind can make
+    # the run record anything, a refusal included.
     admitted = admit(
         rt,
         state,
@@ -124,7 +103,10 @@ def rewind(
         target_generation=to,
         reason=reason,
         scope=scope.value,
+        secrets_released=session.release_secrets,
     )
+    if scope is not RewindScope.ALIGNED and document is None:
+        _refuse_split(session, target, to, scope)
     plan = RewindPlan(
         to_generation=to,
         from_generation=state.generation,
@@ -140,13 +122,17 @@ def rewind(
         suffix_head=state.trace_head,
         suffix_length=state.trace_length,
     )
-    started = state.evolve(
-        epoch=state.epoch + 1, worker=rt.worker, rewinding=plan, **admitted.changes
-    )
     # Signed while the run was down, the rewind names the checkpoint at the mark
     # and the interrupted epoch: it opens the new epoch itself, and the
-    # recovery's own facts travel inside its event.
-    recovered = session.take_opening()
+    # recovery's own facts (and its admission record) travel with it.
+    recovered, recovered_blobs = session.take_opening()
+    started = state.evolve(
+        epoch=state.epoch + 1,
+        worker=rt.worker,
+        rewinding=plan,
+        inbox_cursor=state.inbox_cursor if cursor is None else max(state.inbox_cursor, cursor),
+        **admitted.changes,
+    )
     event = {
         **admitted.event,
         **({} if recovered is None else {"recovered": recovered}),
@@ -156,8 +142,50 @@ def rewind(
         "reason": reason,
         "previous_epoch": state.epoch,
     }
-    session.commit(started, [("rewind_started", event)], blobs={admitted.digest: admitted.body})
+    session.commit(
+        started,
+        [("rewind_started", event)],
+        blobs={**recovered_blobs, admitted.digest: admitted.body},
+    )
     return finish(session)
+
+
+def _as_signed(
+    state: Any, body: dict[str, Any], to: Any, reason: str, scope: Any
+) -> tuple[Any, str, Any]:
+    """The target, reason and scope a signed rewind names; a caller's other values are refused."""
+    signed = (body.get("target_generation"), body.get("reason"), body.get("scope"))
+    asked = (to, reason or None, None if scope == RewindScope.ALIGNED else scope)
+    for name, mine, theirs in zip(
+        ("target generation", "reason", "scope"), asked, signed, strict=True
+    ):
+        if mine is not None and mine != theirs:
+            raise RewindRefusedError(
+                f"run {state.run_id}: the signed rewind names {name} {theirs!r}, the caller "
+                f"asked for {mine!r}; a signed rewind is applied as signed or not at all",
+                run_id=state.run_id,
+            )
+    return signed[0], signed[1] if isinstance(signed[1], str) else "", signed[2] or scope
+
+
+def _refuse_split(session: RunSession, target: Any, to: int, scope: RewindScope) -> None:
+    """Context and workspace would point at different causal positions: traced, refused."""
+    state = session.state
+    context_env = (target if scope is RewindScope.CONTEXT else state).environment
+    workspace_env = (state if scope is RewindScope.CONTEXT else target).environment
+    message = (
+        f"run {state.run_id}: a {scope.value}-only rewind to generation {to} leaves the "
+        f"context having observed version {context_env.version} and the workspace at "
+        f"version {workspace_env.version}; only a signed decision may split them"
+    )
+    refused = {"to_generation": to, "scope": scope.value, "reason": "split", "message": message}
+    session.commit(state, [("rewind_refused", refused)])
+    raise SplitRewindError(
+        message,
+        run_id=state.run_id,
+        context_env=context_env.to_json(),
+        workspace_env=workspace_env.to_json(),
+    )
 
 
 def finish(session: RunSession) -> Outcome:
@@ -168,17 +196,22 @@ def finish(session: RunSession) -> Outcome:
     if plan is None:
         raise RewindRefusedError(f"run {state.run_id}: no rewind under way", run_id=state.run_id)
     fence = session.guard()  # a worker whose lease moved on restores nothing
-    if plan.scope is RewindScope.CONTEXT:
-        live = rt.adapter.environment()
-    else:
-        live = rt.adapter.restore_snapshot(  # type: ignore[attr-defined]
-            plan.target.state_fingerprint, rt.store.get_blob, fence
-        )
-    if live.instance_id != state.environment.instance_id:
-        raise RewindRefusedError(
-            f"run {state.run_id}: the adapter now serves another environment instance",
-            run_id=state.run_id,
-        )
+    try:
+        if plan.scope is RewindScope.CONTEXT:
+            live = rt.adapter.environment()
+        else:
+            live = rt.adapter.restore_snapshot(  # type: ignore[attr-defined]
+                plan.target.state_fingerprint, rt.store.get_blob, fence
+            )
+        if live.instance_id != state.environment.instance_id:
+            raise RewindRefusedError(
+                f"run {state.run_id}: the adapter now serves another environment instance",
+                run_id=state.run_id,
+            )
+    except (AdapterUnavailableError, StoreUnavailableError, LeaseError):
+        raise  # passing: the next step tries the same restore again
+    except TetherError as exc:
+        return _abandon(session, plan, exc)
     checkpointer = rt.checkpointer
     # Everything the failed suffix tried, up to the moment the rewind was admitted.
     suffix = [
@@ -226,7 +259,10 @@ def finish(session: RunSession) -> Outcome:
             release=session.release_secrets,
         )
         cursor = plan.plan_cursor
-    context = replace(base, memory=with_memory(base.memory, memory), plan_cursor=cursor)
+    # Every rewind's memory is kept, also when this one goes back past an earlier one.
+    earlier = session.context.memory.get(REWIND_MEMORY_KEY, [])
+    kept = {**base.memory, REWIND_MEMORY_KEY: earlier if isinstance(earlier, list) else []}
+    context = replace(base, memory=with_memory(kept, memory), plan_cursor=cursor)
     rewound = state.evolve(
         environment=live,
         observed_version=live.version,
@@ -252,6 +288,25 @@ def finish(session: RunSession) -> Outcome:
     session.commit(rewound, [("rewound", event)], context=context, ledger=notes)
     session.actions = step_rules.actions_taken(checkpointer.verified_trace(session.state))
     return Outcome(OutcomeKind.RECORDED, session.state, "rewound", plan.reason, "rewound")
+
+
+def _abandon(session: RunSession, plan: RewindPlan, exc: Exception) -> Outcome:
+    """A restore that cannot be done (a missing or damaged snapshot blob, a workspace that
+    changed under it): the plan is dropped, traced, and the run frozen for a person."""
+    state = session.state
+    detail = f"{type(exc).__name__}: {exc}"[-500:]
+    session.commit(
+        state.evolve(rewinding=None),
+        [("rewind_abandoned", {"to_generation": plan.to_generation, "error": detail})],
+    )
+    return _stopping.park(
+        session,
+        "rewind_failed",
+        f"the rewind to generation {plan.to_generation} could not restore the workspace "
+        f"({detail}); it may be partly restored. Decide replan (go on from the workspace "
+        "as it is) or abort.",
+        evidence=({"kind": "rewind_plan", **plan.to_json()},),
+    )
 
 
 def _text(value: object) -> str:

@@ -30,6 +30,7 @@ from tether.core import (
     MAX_TIMEOUT_S,
     ActionKind,
     AdapterError,
+    AdmissionRefusedError,
     Binding,
     Compensation,
     Contract,
@@ -62,7 +63,7 @@ from tether.core import (
 )
 from tether.crypto import Keyring, SecretBox, Signer, TrustRoots
 from tether.runtime import _humans
-from tether.runtime._admit import admit
+from tether.runtime._admit import Admitted, admit
 from tether.runtime._agent import Agent, AgentContext, Withheld
 from tether.runtime._checkpointer import Checkpointer, Restored
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
@@ -247,7 +248,7 @@ class Runtime:
         The new epoch is admitted first (see :mod:`tether.runtime._admit`):
         ``admission`` is a person's signed admission document; without one the
         runtime's ``principal`` signs its own, and without that the worker
-        recovers unsigned, only where the trust roots name nobody who may.
+        recovers unsigned, only while the trust roots name no worker principals.
         A refusal raises :class:`~tether.core.AdmissionRefusedError`.
 
         With leases on, the run's lease is taken first (or ``lease``, one the
@@ -304,9 +305,7 @@ class Runtime:
         )
         state = restored.state
         check_recovery_contract(run_id, state.contract, self.contract)
-        cursor = None
-        if admission is None and not state.phase.terminal:
-            admission, cursor = self._admission_waiting(state, restored.mark.checkpoint_digest)
+        seen: dict[int, str] = {}
         if state.phase.terminal:
             admitted = None  # nothing resumes: an operator can still read everything
             if admission is not None:
@@ -317,9 +316,7 @@ class Runtime:
                     document=admission,
                 )  # refused: a run that is over is never admitted
         else:
-            admitted = admit(
-                self, state, checkpoint_digest=restored.mark.checkpoint_digest, document=admission
-            )
+            admitted, seen = self._admit(state, restored.mark.checkpoint_digest, admission)
         # Secret items go only to a principal with the read-secrets right now.
         release = self.secrets is not None and admitted is not None and admitted.may_read_secrets
         withheld = self.on_secrets_withheld
@@ -354,10 +351,8 @@ class Runtime:
         # The new epoch is recorded with the first commit this session makes: a
         # reclaim that changes nothing (the adapter still busy, nothing to do
         # yet) writes nothing.
-        changes = dict(admitted.changes)
-        if cursor is not None:
-            changes["inbox_cursor"] = max(state.inbox_cursor, cursor)  # read once
-        session.open_epoch(opening, changes, {admitted.digest: admitted.body})
+        session.admissions_read = seen
+        session.open_epoch(opening, admitted.changes, {admitted.digest: admitted.body})
         if state.phase is Phase.NEEDS_REVIEW:
             return session  # frozen: the epoch lands with the decision that opens it
         if restored.maybe_sent:
@@ -375,25 +370,38 @@ class Runtime:
             session.park("environment_ahead", detail, evidence=evidence)
         return session
 
-    def _admission_waiting(self, state: RunState, checkpoint_digest: str) -> tuple[Any, int | None]:
-        """A person's signed admission of this very epoch left in the inbox (``tether admit``).
+    def _admit(
+        self, state: RunState, checkpoint_digest: str, document: Any
+    ) -> tuple[Admitted, dict[int, str]]:
+        """Admit the recovery: by ``document``, else a person's admission in the inbox, else itself.
 
-        Only one bound to the checkpoint and epoch being recovered is taken
-        (the newest); older ones name a superseded epoch and are refused,
-        traced, when a step next reads the inbox.
+        Inbox admissions of this very checkpoint and epoch (``tether admit``)
+        are tried newest first; one that does not verify is skipped, never a
+        block on the run, and every one tried is reported (seq -> "used" or
+        why it was refused) so the step that reads the inbox records it.
         """
-        found: tuple[Any, int | None] = (None, None)
-        for item in self.store.evidence(state.run_id, after=state.inbox_cursor):
-            body = item.document.get("body") if isinstance(item.document, dict) else None
-            if (
-                item.kind == "admission"
-                and isinstance(body, dict)
-                and body.get("purpose") == Purpose.RECOVERY.value
-                and body.get("checkpoint_digest") == checkpoint_digest
-                and body.get("interrupted_epoch_id") == state.epoch_id
-            ):
-                found = (item.document, item.seq)
-        return found
+        seen: dict[int, str] = {}
+        if document is None:
+            for item in reversed(self.store.evidence(state.run_id, after=state.inbox_cursor)):
+                body = item.document.get("body") if isinstance(item.document, dict) else None
+                if not (
+                    item.kind == "admission"
+                    and isinstance(body, dict)
+                    and body.get("purpose") == Purpose.RECOVERY.value
+                    and body.get("checkpoint_digest") == checkpoint_digest
+                    and body.get("interrupted_epoch_id") == state.epoch_id
+                ):
+                    continue
+                try:
+                    admitted = admit(
+                        self, state, checkpoint_digest=checkpoint_digest, document=item.document
+                    )
+                except AdmissionRefusedError as exc:
+                    seen[item.seq] = str(exc)
+                    continue
+                seen[item.seq] = "used"
+                return admitted, seen
+        return admit(self, state, checkpoint_digest=checkpoint_digest, document=document), seen
 
     def _behind_the_world(
         self, restored: Restored

@@ -135,6 +135,9 @@ class RunSession(LeaseHolder):
         #: it (kept up to date as commits land): what replay-or-fork matches.
         self.effects: dict[str, replay_rules.EffectHistory] = {}
         self._results: tuple[str, tuple[ActionResult, ...]] | None = None
+        # Inbox admissions the recovery that opened this session tried: seq ->
+        # "used", or why it was refused (the next inbox read records them).
+        self.admissions_read: dict[int, str] = {}
         # The workspace root whose snapshot is known to be stored.
         self._snapshotted: str | None = None
         #: Whether this epoch's reader may see the context's secret items (set by the runtime).
@@ -144,14 +147,16 @@ class RunSession(LeaseHolder):
     def run_id(self) -> str:
         return self.state.run_id
 
-    def take_opening(self) -> dict[str, Any] | None:
-        """The recovery's epoch opening not yet committed, handed over (and dropped here).
+    def take_opening(self) -> tuple[dict[str, Any] | None, dict[str, bytes]]:
+        """The recovery's epoch opening not yet committed and its admission record, handed over.
 
         A rewind applied right after a recovery is itself the admitted opening
-        of the new epoch; the recovery's facts travel inside its event.
+        of the new epoch; the recovery's facts travel inside its event, and its
+        record is stored with it.
         """
-        opening, self._opening, self._admitted = self._opening, None, ({}, {})
-        return opening
+        opening, (_, blobs) = self._opening, self._admitted
+        self._opening, self._admitted = None, ({}, {})
+        return opening, blobs
 
     # -- committing ----------------------------------------------------------
 

@@ -114,8 +114,11 @@ class ContentStore(Protocol):
         """The sealed envelope stored under ``checkpoint_digest``, or ``None``."""
         ...
 
-    def envelopes(self, run_id: str) -> list[bytes]:
-        """Every sealed envelope stored for the run, landed or not (rarely needed: orphan proofs)."""
+    def envelopes(self, run_id: str, generation: int | None = None) -> list[bytes]:
+        """Every sealed envelope stored for the run (of one ``generation``), landed or not.
+
+        Rarely needed: orphan proofs, and a rewind looking up its target.
+        """
         ...
 
     def newest_generation(self, run_id: str) -> int | None:

@@ -184,13 +184,21 @@ class SQLBase(LeaseSQL):
             )
         return bytes(row[0])
 
-    def envelopes(self, run_id: str) -> list[bytes]:
-        """Every sealed envelope of the run, landed or not, by generation."""
+    def envelopes(self, run_id: str, generation: int | None = None) -> list[bytes]:
+        """Every sealed envelope of the run (of one ``generation``), landed or not, in order."""
+        where, params = (
+            ("", (run_id,))
+            if generation is None
+            else (
+                " AND generation = ?",
+                (run_id, generation),
+            )
+        )
         rows = self._read(
             lambda: self._all(
-                "SELECT envelope FROM tether_checkpoints WHERE run_id = ? "
+                f"SELECT envelope FROM tether_checkpoints WHERE run_id = ?{where} "
                 "ORDER BY generation, checkpoint_digest",
-                (run_id,),
+                params,
             )
         )
         for row in rows:
