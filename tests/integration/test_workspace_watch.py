@@ -323,3 +323,37 @@ def test_random_changes_agree_with_full_scans(dirs: tuple[Path, Path]) -> None:
                 elif op == "rmdir" and len(folders) > 1:
                     shutil.rmtree(rng.choice(folders[1:]))
             assert agrees(ws)
+
+
+def test_the_fast_tree_encoding_is_the_canonical_one() -> None:
+    """encode_tree gives tree_bytes's bytes for plain, escaped, non-ASCII and odd-order names."""
+    from tether.adapters._snapshot import tree_bytes
+    from tether.adapters._statcache import encode_tree
+
+    digest = digest_bytes(b"x")
+    names = [
+        "a",
+        "B",
+        "a b",
+        "~",
+        "0",
+        'q"uote',
+        "back\\slash",
+        "tab\there",
+        "é",
+        "日本",
+        "😀",
+        "Z",
+    ]
+    for count in range(1, len(names) + 1):
+        for shift in range(0, len(names), 3):
+            chosen = (names[shift:] + names[:shift])[:count]
+            entries = {
+                name: ("file", digest, i % 2 == 0) if i % 3 else ("dir", digest, False)
+                for i, name in enumerate(chosen)
+            }
+            assert encode_tree(entries) == tree_bytes(entries)
+    assert encode_tree({}) == tree_bytes({})
+    assert encode_tree({"f": ("file", 'not"a digest', False)}) == tree_bytes(
+        {"f": ("file", 'not"a digest', False)}
+    )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sqlite3
 import stat
 import time
@@ -64,6 +65,34 @@ CacheRow = tuple[StatKey, Entry, int]
 def _checksum(path: str, key: StatKey, file_hash: str, stamp: int) -> str:
     text = f"{path}\x00{key}\x00{file_hash}\x00{stamp}"
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+# Names RFC 8785 writes as they are (printable ASCII but '"' and '\\'), in
+# the order it sorts them (UTF-16 code units: for ASCII, Python's order).
+_PLAIN = re.compile(r"[ !#-\[\]-~]*")
+
+
+def encode_tree(entries: dict[str, Entry]) -> bytes:
+    """:func:`~tether.adapters._snapshot.tree_bytes`, about ten times faster for plain names.
+
+    The scan re-encodes every directory from a change up to the root, and the
+    general canonical encoder dominated that. Only names that canonical JSON
+    writes unescaped take the short path (digests are ``sha256:<hex>``, plain
+    too, but a row read back from the cache file is checked like a name);
+    anything else goes through the canonical encoder. A test holds the
+    two equal.
+    """
+    parts = []
+    for name in sorted(entries):
+        kind, value, executable = entries[name]
+        if not (_PLAIN.fullmatch(name) and _PLAIN.fullmatch(value)):
+            return tree_bytes(entries)
+        if kind == FILE:
+            flag = "true" if executable else "false"
+            parts.append(f'"{name}":{{"exec":{flag},"hash":"{value}","type":"file"}}')
+        else:
+            parts.append(f'"{name}":{{"hash":"{value}","type":"dir"}}')
+    return ("{" + ",".join(parts) + "}").encode("ascii")
 
 
 def _entry(file_hash: str, mode: int) -> Entry:
@@ -124,7 +153,7 @@ class Scan:
         for depth in range(len(parts) - 1, -1, -1):
             entries = dict(self.dirs.get(prefixes[depth], {}))
             entries[parts[depth]] = child
-            child = (DIR, digest_bytes(tree_bytes(entries)), False)
+            child = (DIR, digest_bytes(encode_tree(entries)), False)
         return child[1]
 
 
@@ -492,7 +521,7 @@ class StatCache:
                 digest = digests.get(prefix)  # _walk_whole computed it
             else:
                 entries = dirs.get(prefix, {})
-                digest = digest_bytes(tree_bytes(entries)) if entries else None
+                digest = digest_bytes(encode_tree(entries)) if entries else None
                 if digest is None:
                     dirs.pop(prefix, None)
                     digests.pop(prefix, None)
@@ -582,7 +611,7 @@ class StatCache:
         if self._dirs.get(prefix) == entries:
             tree_digest = self._digests[prefix]
         else:
-            tree_digest = digest_bytes(tree_bytes(entries))
+            tree_digest = digest_bytes(encode_tree(entries))
         dirs[prefix] = entries
         digests[prefix] = tree_digest
         return tree_digest
