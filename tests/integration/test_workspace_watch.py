@@ -357,3 +357,21 @@ def test_the_fast_tree_encoding_is_the_canonical_one() -> None:
     assert encode_tree({"f": ("file", 'not"a digest', False)}) == tree_bytes(
         {"f": ("file", 'not"a digest', False)}
     )
+
+
+def test_a_forked_child_scans_and_leaves_the_parents_watches_alone(ws: FileWorkspace) -> None:
+    """After fork() the child shares the inotify queue: it stops watching, the parent does not."""
+    pid = os.fork()
+    if pid == 0:  # the child: any failure is its exit status
+        code = 1
+        try:
+            (ws.root / "docs" / "child.md").write_text("from the fork")
+            seen = ws.environment().state_fingerprint == reference(ws.root)
+            code = 0 if seen and not ws.watching else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    listed = ws.dirs_listed
+    assert agrees(ws)  # the child's write, seen through the parent's own watches
+    assert ws.dirs_listed - listed <= 1

@@ -194,8 +194,7 @@ class Watcher:
     def close(self) -> None:
         """Release the inotify instance (its watches go with it)."""
         if self._fd >= 0:
-            if os.getpid() == self._pid:
-                os.close(self._fd)
+            os.close(self._fd)  # after fork() only this process's copy: the parent keeps watching
             self._fd = -1
         self._paths.clear()
         self._wds.clear()
@@ -235,8 +234,8 @@ class Watcher:
     def end_full_scan(self) -> None:
         """Drop the watches of directories the full scan no longer found."""
         seen, self._seen = self._seen, None
-        if seen is None:
-            return
+        if seen is None or self.broken is not None:
+            return  # a broken watcher (maybe a forked copy) must not touch shared watches
         for wd in [w for w in self._paths if w not in seen]:
             self._forget(wd, remove=True)
 
@@ -244,7 +243,7 @@ class Watcher:
         prefix = self._paths.pop(wd, None)
         if prefix is not None and self._wds.get(prefix) == wd:
             del self._wds[prefix]
-        if remove and self._fd >= 0:
+        if remove and self._fd >= 0 and os.getpid() == self._pid:
             self._libc.rm_watch(self._fd, wd)  # EINVAL if the kernel dropped it already
 
     def _forget_below(self, prefix: str) -> None:
