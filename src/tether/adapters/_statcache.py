@@ -1,10 +1,12 @@
 """The stat cache: which file bodies need hashing again, and each directory's tree digest.
 
-A scan still visits every directory and stats every file (a content edit in
-place changes no directory's mtime, so nothing cheaper is safe), but a file
-whose stat tuple -- size, mtime, ctime, inode, mode -- equals the one recorded
-with its hash is not read again. Only changed directories get their tree
-object re-encoded; the rest keep their digests.
+A scan visits every directory and stats every file (a content edit in place
+changes no directory's mtime, so nothing cheaper is safe without help), but a
+file whose stat tuple -- size, mtime, ctime, inode, mode -- equals the one
+recorded with its hash is not read again. Only changed directories get their
+tree object re-encoded; the rest keep their digests. With help -- a watcher
+(:mod:`._watch`) armed through the last scan that says which places changed
+-- :meth:`StatCache.update` looks only there.
 
 **Racy timestamps.** An entry is recorded with ``stamp``, the clock reading
 taken *before* the scan's first stat. It is trusted only while the file's
