@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.adapters import FileWorkspace, UnsupportedEntryError
+from tether.adapters import FileWorkspace, UnsupportedEntryError, WorkspaceConfigError
 from tether.adapters._filewrite import fingerprint
 from tether.adapters._watch import WatchMissedChangeWarning
 from tether.core import Intent, digest_bytes
@@ -278,10 +278,17 @@ def test_verification_of_reported_changes_does_not_warn(dirs: tuple[Path, Path])
         assert ws.watching
 
 
-def test_watch_off_or_unsupported_says_why(dirs: tuple[Path, Path]) -> None:
-    """Without watch=True nothing is watched and nothing is wrong; the default is off."""
+def test_watch_is_off_by_default_and_its_settings_are_checked(dirs: tuple[Path, Path]) -> None:
+    """The default watches nothing and reports no problem; a negative interval or cap is refused."""
     with FileWorkspace(*dirs) as ws:
         assert not ws.watching and ws.watch_problem is None
+    for bad in (
+        {"verify_interval_s": -1.0},
+        {"verify_interval_s": float("nan")},
+        {"max_watches": 0},
+    ):
+        with pytest.raises(WorkspaceConfigError):
+            FileWorkspace(*dirs, watch=True, **bad)  # type: ignore[arg-type]
 
 
 def test_random_changes_agree_with_full_scans(dirs: tuple[Path, Path]) -> None:

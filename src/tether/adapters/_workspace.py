@@ -23,8 +23,9 @@ scan re-reads only files whose stat changed. With ``watch=True`` an inotify
 watcher (:mod:`._watch`) says which directories and files changed, so a look
 at an unchanged tree walks nothing; the watcher is armed during a full scan,
 falls back to full scans whenever it may have missed something, and is
-checked against a full scan every ``verify_interval_s`` seconds. A snapshot restore follows the
-same shape as a write: fetch and verify every blob, record "restoring to
+checked against a full scan every ``verify_interval_s`` seconds.
+
+A snapshot restore follows the same shape as a write: fetch and verify every blob, record "restoring to
 root" in the journal, rewrite what differs, then drop the record and bump the
 version in one transaction; a crash in between is finished by restoring the
 same root again, and writes are refused until then.
@@ -149,6 +150,10 @@ class FileWorkspace:
     ) -> None:
         if not namespace:
             raise WorkspaceConfigError("namespace must not be empty")
+        if verify_interval_s is not None and not verify_interval_s >= 0:
+            raise WorkspaceConfigError("verify_interval_s must be None or at least 0 seconds")
+        if max_watches is not None and max_watches < 1:
+            raise WorkspaceConfigError("max_watches must be None or at least 1")
         self._namespace = namespace
         resolved_root, journal_dir = _resolve_dirs(Path(root), Path(journal_dir))
         self._tree = Tree(resolved_root)
