@@ -19,8 +19,13 @@ the target matches neither side.
 
 The state fingerprint is the root of a content-addressed tree
 (:mod:`._snapshot`), kept current by a stat cache (:mod:`._statcache`) so a
-scan re-reads only files whose stat changed. A snapshot restore follows the
-same shape as a write: fetch and verify every blob, record "restoring to
+scan re-reads only files whose stat changed. With ``watch=True`` an inotify
+watcher (:mod:`._watch`) says which directories and files changed, so a look
+at an unchanged tree walks nothing; the watcher is armed during a full scan,
+falls back to full scans whenever it may have missed something, and is
+checked against a full scan every ``verify_interval_s`` seconds.
+
+A snapshot restore follows the same shape as a write: fetch and verify every blob, record "restoring to
 root" in the journal, rewrite what differs, then drop the record and bump the
 version in one transaction; a crash in between is finished by restoring the
 same root again, and writes are refused until then.
@@ -34,6 +39,8 @@ import secrets
 import subprocess
 import sys
 import threading
+import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -64,8 +71,9 @@ from tether.adapters._filewrite import (
 from tether.adapters._journal import Journal, Prepared
 from tether.adapters._snapshot import plan_restore
 from tether.adapters._snapshot import snapshot_blobs as collect_blobs
-from tether.adapters._statcache import RACY_WINDOW_NS, StatCache
+from tether.adapters._statcache import RACY_WINDOW_NS, Scan, StatCache
 from tether.adapters._tree import Tree
+from tether.adapters._watch import Watcher, WatchMissedChangeWarning, unavailable_reason
 from tether.core import (
     ActionKind,
     AdapterError,
@@ -107,6 +115,22 @@ class FileWorkspace:
     lists the exact argv tuples :meth:`verify` may run. Instances are safe to
     share between threads; any number of processes may open the same
     directories, and they see the same ``instance_id`` and receipts.
+
+    ``watch=True`` (Linux, local file systems) keeps an inotify watch on every
+    directory, so a look at the tree re-examines only what changed instead of
+    stat'ing every file; the first look is still a full scan, and so is any
+    look after the watcher may have missed events (queue overflow, an
+    unreadable event). It is off by default because inotify is blind to
+    writes through ``mmap`` and through hard links from outside the tree,
+    and each watched directory draws on the per-user watch budget that
+    editors and build tools share. ``verify_interval_s`` bounds how long such
+    a miss can go unseen: the first look after that many seconds is a full
+    scan compared with the watcher's answer, and a difference the watcher did
+    not report warns (:class:`~tether.adapters._watch.WatchMissedChangeWarning`)
+    and switches the watcher off for this instance (``None``: never verify).
+    ``max_watches`` caps the watches taken; past it (or the kernel's limit)
+    the workspace falls back to full scans. :attr:`watching` and
+    :attr:`watch_problem` say which mode it is in and why.
     """
 
     #: Its effects stay in local, versioned storage (allowed under ``local-only``).
@@ -120,9 +144,16 @@ class FileWorkspace:
         verifier_allowlist: Sequence[tuple[str, ...]] = (),
         namespace: str = "file-workspace",
         racy_window_ns: int = RACY_WINDOW_NS,
+        watch: bool = False,
+        verify_interval_s: float | None = 60.0,
+        max_watches: int | None = None,
     ) -> None:
         if not namespace:
             raise WorkspaceConfigError("namespace must not be empty")
+        if verify_interval_s is not None and not verify_interval_s >= 0:
+            raise WorkspaceConfigError("verify_interval_s must be None or at least 0 seconds")
+        if max_watches is not None and max_watches < 1:
+            raise WorkspaceConfigError("max_watches must be None or at least 1")
         self._namespace = namespace
         resolved_root, journal_dir = _resolve_dirs(Path(root), Path(journal_dir))
         self._tree = Tree(resolved_root)
@@ -130,6 +161,18 @@ class FileWorkspace:
         self._mutex = threading.RLock()
         self._journal = Journal(journal_dir)
         self._cache = StatCache(journal_dir / "statcache.sqlite", resolved_root, racy_window_ns)
+        self._watcher: Watcher | None = None
+        self._watch_problem: str | None = None
+        self._baseline = False  # the cache holds a full scan the watcher has tracked since
+        self._verify_interval = verify_interval_s
+        self._verified_at = 0.0
+        if watch:
+            self._watch_problem = unavailable_reason(str(resolved_root))
+            if self._watch_problem is None:
+                try:
+                    self._watcher = Watcher(str(resolved_root), max_watches)
+                except OSError as exc:  # EMFILE: the per-user inotify instances are used up
+                    self._watch_problem = str(exc)
         try:
             self._instance_id = self._journal.meta()[0]
             with self._mutex, self._journal.locked():
@@ -139,6 +182,7 @@ class FileWorkspace:
         except BaseException:
             self._journal.close()
             self._cache.close()
+            self._drop_watcher(None)
             raise
 
     # --- lifecycle ----------------------------------------------------
@@ -148,6 +192,7 @@ class FileWorkspace:
         with self._mutex:
             self._journal.close()
             self._cache.close()
+            self._drop_watcher(self._watch_problem or "closed")
 
     def __enter__(self) -> FileWorkspace:
         return self
@@ -195,17 +240,32 @@ class FileWorkspace:
         """The resolved workspace tree."""
         return self._tree.root
 
+    @property
+    def watching(self) -> bool:
+        """Whether a change watcher is on (``watch=True`` and nothing has switched it off)."""
+        return self._watcher is not None
+
+    @property
+    def watch_problem(self) -> str | None:
+        """Why the watcher asked for is off (platform, file system, limits, a miss); else None."""
+        return self._watch_problem
+
     # --- reading ------------------------------------------------------
 
     def environment(self) -> EnvironmentState:
         """Identity, journal version and the fingerprint of every regular file."""
         with self._exclusive():
-            return self._environment(self._cache.scan().root)
+            return self._environment(self._scan().root)
 
     @property
     def files_hashed(self) -> int:
         """How many file bodies this instance has read to hash them (the stat cache's misses)."""
         return self._cache.files_hashed
+
+    @property
+    def dirs_listed(self) -> int:
+        """How many directory listings this instance has read (a full scan reads every one)."""
+        return self._cache.dirs_listed
 
     @property
     def kinds(self) -> tuple[ActionKind, ...]:
@@ -223,7 +283,7 @@ class FileWorkspace:
         with self._exclusive():
             try:
                 return read_files(
-                    kind, target, lambda: self._cache.scan().hashes(), self._tree.read, scope
+                    kind, target, lambda: self._scan().hashes(), self._tree.read, scope
                 )
             except UnsupportedEntryError as exc:
                 raise ContractViolationError("not_a_file", str(exc)) from exc
@@ -259,7 +319,7 @@ class FileWorkspace:
         """The exact environment :meth:`execute` leaves; the tree must still be at ``prestate``."""
         request = parse_write(intent, conditional=True)
         with self._exclusive():
-            scan = self._cache.scan()
+            scan = self._scan()
             check_prestate(prestate, self._environment(scan.root))
             self._check_precondition(request)
             # A replaced file keeps its mode; a new one is not executable.
@@ -351,7 +411,7 @@ class FileWorkspace:
                 exit_code=exit_code,
                 output_digest=digest_bytes(output),
                 output_tail=output.decode("utf-8", errors="replace")[-_TAIL_CHARS:],
-                environment=self._environment(self._cache.scan().root),
+                environment=self._environment(self._scan().root),
             )
 
     # --- snapshots ----------------------------------------------------
@@ -366,7 +426,7 @@ class FileWorkspace:
         Keys are ``sha256:`` digests of the bytes they map to.
         """
         with self._exclusive():
-            scan = self._cache.scan()
+            scan = self._scan()
             if scan.root != root:
                 raise EnvironmentDriftError(
                     "the tree is not at the snapshot root asked for; observe again",
@@ -418,7 +478,7 @@ class FileWorkspace:
                 actual = self._hash_or_none(row.target)
                 raise UnresolvedWriteError(row.key, row.target, row.before, row.after, actual)
             pending = journal.pending_restore()
-            scan = self._cache.scan()
+            scan = self._scan()
             if pending is None and scan.root == root:
                 return self._environment(root)
             plan = plan_restore(root, scan.root, scan.dirs, get_blob)
@@ -433,7 +493,7 @@ class FileWorkspace:
                 self._tree.replace(path, data, temp_name, executable)
             for path, executable in plan.chmods.items():
                 self._tree.chmod(path, executable)
-            landed = self._cache.scan().root
+            landed = self._scan().root
             if landed != root:
                 # Someone else is changing the tree; the record stays, a retry finishes.
                 raise EnvironmentDriftError(
@@ -478,6 +538,58 @@ class FileWorkspace:
         version = self._journal.meta()[1]
         return EnvironmentState(self._namespace, self._instance_id, version, root)
 
+    def _scan(self) -> Scan:
+        """The tree's state now: from the watcher's changes when it is trusted, else a full scan."""
+        watcher = self._watcher
+        if watcher is None:
+            return self._cache.scan()
+        changes = watcher.take() if self._baseline else None
+        if changes is None:
+            return self._full_scan(watcher)
+        self._baseline = False  # an update that raises leaves the cache half-done
+        watched = self._cache.update(changes, watcher.watch_dir)
+        self._baseline = True
+        if watcher.broken is not None:
+            self._drop_watcher(watcher.broken)  # this answer is right; the next must scan
+        elif self._verify_interval is not None and (
+            time.monotonic() - self._verified_at >= self._verify_interval
+        ):
+            return self._verify(watcher, watched)
+        return watched
+
+    def _full_scan(self, watcher: Watcher) -> Scan:
+        """Walk everything, (re)arming a watch on each directory before it is listed."""
+        self._baseline = False
+        watcher.begin_full_scan()
+        scan = self._cache.scan(watcher.watch_dir)
+        watcher.end_full_scan()
+        self._verified_at = time.monotonic()
+        if watcher.broken is not None:
+            self._drop_watcher(watcher.broken)
+        else:
+            self._baseline = True
+        return scan
+
+    def _verify(self, watcher: Watcher, watched: Scan) -> Scan:
+        """A full scan checked against the watcher's answer; a miss it never reported ends it."""
+        early = watcher.take()  # changes since the watched answer: a race, not a miss
+        truth = self._full_scan(watcher)
+        if early is None or self._watcher is None:
+            return truth  # it lost track (and said so) or broke: nothing to judge
+        early.merge(watcher.pending())  # changes during the full scan stay pending
+        missed = [path for path in watched.differing(truth) if not early.covers(path)]
+        if missed:
+            warnings.warn(WatchMissedChangeWarning(missed), stacklevel=4)
+            self._drop_watcher("missed changes to " + ", ".join(sorted(missed)[:5]))
+        return truth
+
+    def _drop_watcher(self, reason: str | None) -> None:
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+            self._watch_problem = reason
+        self._baseline = False
+
     def _hash_or_none(self, target: str) -> str | None:
         try:
             return self._tree.hash_of(target)
@@ -493,7 +605,7 @@ class FileWorkspace:
 
     def _complete(self, key: str, intent_digest: str, request: WriteRequest) -> Receipt:
         """Step 6: drop the prepared row, bump both counters, store the receipt, atomically."""
-        state = self._cache.scan().root
+        state = self._scan().root
 
         def build(version: int) -> Receipt:
             return make_receipt(
