@@ -35,10 +35,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from tether.adapters import FileWorkspace
 from tether.adapters._statcache import RACY_WINDOW_NS
-from tether.core import Intent
+from tether.core import Intent, Observation, Policy, Proposal, TaskSpec
+from tether.crypto import Keyring
+from tether.runtime import AgentContext, Decision, Runtime
 from tether.store import SQLiteStore
 
 CHANGED_PER_STEP = 10
@@ -160,6 +163,98 @@ class Stepper:
         self.store.close()
 
 
+class Writer:
+    """The bench's agent: one ``file.write`` of ``target`` per step, forever."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def decide(self, context: AgentContext, observation: Observation) -> Decision:
+        cursor = context.plan_cursor
+        proposal = Proposal(
+            f"w{cursor}",
+            "file.write",
+            self.target,
+            {"content": f"runtime step {cursor}\n" * 20},
+            observation.environment.version,
+        )
+        return Decision(AgentContext(context.messages, context.memory, cursor + 1), proposal)
+
+
+class RunStepper:
+    """A real run over one watched tree: ``session.step()`` as a user's run takes it.
+
+    A step here is everything the runtime does for one write: observe, ask
+    the agent, gate, the intent's commit, the adapter's write, the receipt's
+    commit, and the snapshot of the new workspace stored with it.
+    """
+
+    def __init__(self, base: Path, name: str, files: int, change: int) -> None:
+        self.inner = Stepper(base, name, files, change, watch=True)
+        self.times: list[float] = []
+        self.session: Any = None
+
+    def open(self) -> float:
+        """Start the run (its first commit snapshots the whole tree); the ms it took."""
+        ws = self.inner.open()
+        target = self.inner.paths[len(self.inner.paths) // 2]
+        fingerprint = ws.environment().state_fingerprint
+        many = 10**9
+        task = TaskSpec.from_json(
+            {
+                "task_id": "bench",
+                "task_version": "1",
+                "allowed_kinds": ["file.write"],
+                "allowed_paths": [target],
+                "permissions": ["workspace.write"],
+                "budgets": {"proposals": many, "steps": many, "wall_time_s": 10**6, "cost": many},
+                "initial_environment": {
+                    "namespace": "file-workspace",
+                    "state_fingerprint": fingerprint,
+                },
+                "verifier": {"argv": ["true"], "timeout_s": 10},
+            }
+        )
+        policy = Policy.from_json(
+            {
+                "policy_id": "bench",
+                "policy_version": "1",
+                "kinds": {
+                    "file.write": {
+                        "risk": "low",
+                        "permission": "workspace.write",
+                        "needs_approval": False,
+                    }
+                },
+                "max_risk": "low",
+                "approval_ttl_s": 60,
+            }
+        )
+        runtime = Runtime(
+            store=self.inner.store,
+            keyring=Keyring.generate("bench"),
+            adapter=ws,
+            task=task,
+            policy=policy,
+            agent=Writer(target),
+        )
+        start = time.perf_counter()
+        self.session = runtime.start("bench")
+        return (time.perf_counter() - start) * 1000
+
+    def round(self) -> None:
+        self.inner.step_no += 1
+        self.inner.others_change_files()
+        start = time.perf_counter()
+        outcome = self.session.step()
+        self.times.append((time.perf_counter() - start) * 1000)
+        if outcome.kind.value != "executed":
+            raise SystemExit(f"the bench's run did not write: {outcome}")
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def bare_stat_walk(root: Path) -> int:
     """os.scandir + lstat of every file and nothing else: the floor of a per-file-stat scan."""
     count, stack = 0, [str(root)]
@@ -231,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                 for stepper in steppers:
                     stepper.round()
             report(modes, cold, files)
+            runs(base, files, steps)
             env_ms, bare_ms = scan_floor(modes["scan"][0])
             print()
             print(f"one warm environment() on {files:,} files: {env_ms:.1f} ms; a bare")
@@ -241,6 +337,37 @@ def main(argv: list[str] | None = None) -> int:
             for stepper in steppers:
                 stepper.close()
     return 0
+
+
+def runs(base: Path, files: int, steps: int) -> None:
+    """The same comparison for whole runtime steps (commits and snapshots included), watched."""
+    big = RunStepper(base, "run-big", files, CHANGED_PER_STEP)
+    small = RunStepper(base, "run-small", 10, 0)
+    try:
+        backdate(base)
+        started = {label: s.open() for label, s in (("big", big), ("small", small))}
+        time.sleep(RACY_WINDOW_NS / 1e9 + 0.2)
+        for _ in range(steps):
+            big.round()
+            small.round()
+    finally:
+        big.close()
+        small.close()
+    b, s = statistics.median(big.times), statistics.median(small.times)
+    print()
+    print("runtime, watched: session.step() of one write (observe, decide, gate, two commits,")
+    print("the write, the snapshot stored with the receipt)")
+    for label, stepper, med in ((f"{files:,} files", big, b), ("10 files", small, s)):
+        spread = statistics.quantiles(stepper.times, n=4)
+        print(
+            f"   {label:<14}: median {med:8.1f} ms/step (quartiles {spread[0]:.1f}-"
+            f"{spread[-1]:.1f}, min {min(stepper.times):.1f}, max {max(stepper.times):.1f})"
+        )
+    print(
+        f"   ratio big/small: {b / s:.2f}x of medians, {min(big.times) / min(small.times):.2f}x "
+        f"of minimums (target <= 2x); the run's start (whole-tree snapshot) took "
+        f"{started['big']:.0f} ms vs {started['small']:.0f} ms"
+    )
 
 
 def report(

@@ -208,31 +208,34 @@ def plan_restore(
 
 
 def snapshot_blobs(
-    root: str,
-    dirs_by_digest: Mapping[str, tuple[str, Mapping[str, Entry]]],
+    dirs: Mapping[str, Mapping[str, Entry]],
+    digests: Mapping[str, str],
     read_file: Callable[[str, str], bytes],
     have: Callable[[str], bool],
+    encode: Callable[[Mapping[str, Entry]], bytes] = tree_bytes,
 ) -> dict[str, bytes]:
-    """The blobs reachable from ``root`` that ``have`` says are missing.
+    """The blobs reachable from the root directory (prefix ``""``) that ``have`` says are missing.
 
-    ``dirs_by_digest`` maps a tree digest to ``(directory prefix, entries)``;
-    a subtree the store already holds is not entered, so the cost follows
-    what changed since the last snapshot.
+    ``dirs`` maps a directory prefix (``""``, ``"a/"``) to its entries and
+    ``digests`` to its tree digest. The walk goes down by prefix from the
+    root, and a subtree the store already holds is not entered, so the cost
+    follows what changed since the last snapshot, not the size of the tree.
     """
     found: dict[str, bytes] = {}
 
-    def visit(tree_digest: str) -> None:
+    def visit(prefix: str) -> None:
+        tree_digest = digests[prefix]
         if tree_digest in found or have(tree_digest):
             return
-        prefix, entries = dirs_by_digest[tree_digest]
-        found[tree_digest] = tree_bytes(entries)
+        entries = dirs[prefix]
+        found[tree_digest] = encode(entries)
         for name, (kind, value, _exec) in entries.items():
             if kind == DIR:
-                visit(value)
+                visit(prefix + name + "/")
             elif value not in found and not have(value):
                 found[value] = read_file(prefix + name, value)
 
-    visit(root)
+    visit("")
     return found
 
 

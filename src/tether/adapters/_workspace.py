@@ -71,7 +71,7 @@ from tether.adapters._filewrite import (
 from tether.adapters._journal import Journal, Prepared
 from tether.adapters._snapshot import plan_restore
 from tether.adapters._snapshot import snapshot_blobs as collect_blobs
-from tether.adapters._statcache import RACY_WINDOW_NS, Scan, StatCache
+from tether.adapters._statcache import RACY_WINDOW_NS, Scan, StatCache, encode_tree
 from tether.adapters._tree import Tree
 from tether.adapters._watch import Watcher, WatchMissedChangeWarning, unavailable_reason
 from tether.core import (
@@ -445,7 +445,7 @@ class FileWorkspace:
                     )
                 return data
 
-            return collect_blobs(root, scan.by_digest(), body, have)
+            return collect_blobs(scan.dirs, scan.digests, body, have, encode_tree)
 
     def restore_snapshot(
         self, root: str, get_blob: Callable[[str], bytes | None], fence: Fence | None = None

@@ -313,11 +313,19 @@ def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
-def snapshot_blobs(rt: Any, root: str) -> dict[str, bytes] | None:
-    """The snapshot blobs of the workspace at ``root`` the store lacks (``None``: it moved on)."""
+def snapshot_blobs(rt: Any, root: str, known: set[str]) -> dict[str, bytes] | None:
+    """The snapshot blobs of the workspace at ``root`` the store lacks (``None``: it moved on).
+
+    ``known`` holds digests this session saw committed: asked first, so an
+    unchanged file beside a changed one costs no store round trip.
+    """
     store = rt.store
+
+    def have(blob_digest: str) -> bool:
+        return blob_digest in known or store.has_blob(blob_digest)
+
     try:
-        return dict(rt.adapter.snapshot_blobs(root, store.has_blob))
+        return dict(rt.adapter.snapshot_blobs(root, have))
     except EnvironmentDriftError:
         return None  # the tree is no longer at root; a rewind here will say "no snapshot"
 

@@ -140,6 +140,8 @@ class RunSession(LeaseHolder):
         self.admissions_read: dict[int, str] = {}
         # The workspace root whose snapshot is known to be stored.
         self._snapshotted: str | None = None
+        # Blob digests this session saw committed (the snapshots' files and trees).
+        self._blobs_known: set[str] = set()
         #: Whether this epoch's reader may see the context's secret items (set by the runtime).
         self.release_secrets = False
 
@@ -219,7 +221,7 @@ class RunSession(LeaseHolder):
         if root != snapshotted and offers_snapshots(self.rt.adapter):
             # The workspace this checkpoint records, stored by content with
             # it: a later rewind to this generation restores exactly this.
-            found = _rewind.snapshot_blobs(self.rt, root)
+            found = _rewind.snapshot_blobs(self.rt, root, self._blobs_known)
             if found is not None:
                 blobs.update(found)
                 snapshotted = root
@@ -251,6 +253,9 @@ class RunSession(LeaseHolder):
         self.state = new
         self.digest = digest
         self._snapshotted = snapshotted
+        if len(self._blobs_known) > _BLOBS_REMEMBERED:
+            self._blobs_known.clear()  # a hint only: the store answers what it forgets
+        self._blobs_known.update(blobs)
         if sealed.entries:
             self.effects.update(replay_rules.known_effects(sealed.entries, self.effects))
         if granted is not None:
@@ -749,6 +754,10 @@ class RunSession(LeaseHolder):
         limit = bound if limit is None else min(limit, bound)
         return self.rt.store.trace(self.run_id, self.state.trace_head, limit)
 
+
+#: At most this many committed blob digests are remembered per session (a
+#: 250,000-file workspace's snapshot, with room): the store answers beyond it.
+_BLOBS_REMEMBERED = 1_000_000
 
 # A person or the adapter must act before another step can change anything.
 _WAITS = frozenset(
