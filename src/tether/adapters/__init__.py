@@ -44,6 +44,7 @@ from tether.adapters._httpfields import (
 )
 from tether.adapters._sandbox import Sandbox
 from tether.adapters._smtp import MaildirLookup, SmtpConfigError, SmtpEffect, message_id
+from tether.adapters._watch import WatchMissedChangeWarning
 from tether.adapters._workspace import FileWorkspace
 from tether.core import Capabilities
 
@@ -80,6 +81,7 @@ __all__ = [
     "UnresolvedWriteError",
     "UnsupportedEntryError",
     "VerifierResult",
+    "WatchMissedChangeWarning",
     "WorkspaceConfigError",
     "capabilities_of",
     "compensate_with",

@@ -192,9 +192,10 @@ def _offers(adapter: object, method: str) -> bool:
 def offers_snapshots(adapter: object) -> bool:
     """Whether ``adapter`` keeps content-addressed snapshots (so its workspace can be rewound).
 
-    Two methods: ``snapshot_blobs(root, have)`` returns the blobs of the
-    snapshot whose root digest is ``root`` (the environment's state
-    fingerprint) that ``have`` says the store lacks; ``restore_snapshot(root,
+    Two methods: ``snapshot_blobs(root, have, have_many=None)`` returns the
+    blobs of the snapshot whose root digest is ``root`` (the environment's
+    state fingerprint) that ``have`` (one digest) or ``have_many`` (which of
+    many digests, one store round trip) says the store lacks; ``restore_snapshot(root,
     get_blob)`` makes the environment that snapshot, writing only what
     differs, and returns the environment after.
     """

@@ -85,9 +85,18 @@ class Adapters:
             self.snapshot_blobs = self._snapshot_blobs
             self.restore_snapshot = self._restore_snapshot
 
-    def _snapshot_blobs(self, root: str, have: Callable[[str], bool]) -> dict[str, bytes]:
+    def _snapshot_blobs(
+        self,
+        root: str,
+        have: Callable[[str], bool],
+        have_many: Callable[[list[str]], set[str]] | None = None,
+    ) -> dict[str, bytes]:
         member: Any = self._state
-        blobs: dict[str, bytes] = member.snapshot_blobs(root, have)
+        blobs: dict[str, bytes] = (
+            member.snapshot_blobs(root, have)
+            if have_many is None
+            else member.snapshot_blobs(root, have, have_many)
+        )
         return blobs
 
     def _restore_snapshot(

@@ -302,8 +302,16 @@ class Sandbox:
 
     # --- snapshots (so a run on the sandbox can be rewound) --------------
 
-    def snapshot_blobs(self, root: str, have: Callable[[str], bool]) -> dict[str, bytes]:
-        """The blobs of the snapshot ``root`` (the files now) that ``have`` lacks."""
+    def snapshot_blobs(
+        self,
+        root: str,
+        have: Callable[[str], bool],
+        have_many: Callable[[list[str]], set[str]] | None = None,
+    ) -> dict[str, bytes]:
+        """The blobs of the snapshot ``root`` (the files now) that ``have`` lacks.
+
+        ``have_many`` is accepted for the protocol's sake: the sandbox's trees are small.
+        """
         with self._lock:
             hashes = self._hashes()
             files = dict(self._files)

@@ -213,29 +213,45 @@ def snapshot_blobs(
     read_file: Callable[[str, str], bytes],
     have: Callable[[str], bool],
     encode: Callable[[Mapping[str, Entry]], bytes] = tree_bytes,
+    have_many: Callable[[list[str]], set[str]] | None = None,
 ) -> dict[str, bytes]:
-    """The blobs reachable from the root directory (prefix ``""``) that ``have`` says are missing.
+    """The blobs reachable from the root directory (prefix ``""``) that the store lacks.
 
     ``dirs`` maps a directory prefix (``""``, ``"a/"``) to its entries and
-    ``digests`` to its tree digest. The walk goes down by prefix from the
-    root, and a subtree the store already holds is not entered, so the cost
-    follows what changed since the last snapshot, not the size of the tree.
+    ``digests`` to its tree digest. The walk goes down one level at a time
+    from the root, and a subtree the store already holds is not entered, so
+    the cost follows what changed since the last snapshot, not the size of
+    the tree. ``have_many`` (which of these digests are stored) asks the
+    store once per level instead of once per digest.
     """
+
+    def stored(candidates: list[str]) -> set[str]:
+        if have_many is not None:
+            return have_many(candidates) if candidates else set()
+        return {d for d in candidates if have(d)}
+
     found: dict[str, bytes] = {}
-
-    def visit(prefix: str) -> None:
-        tree_digest = digests[prefix]
-        if tree_digest in found or have(tree_digest):
-            return
-        entries = dirs[prefix]
-        found[tree_digest] = encode(entries)
-        for name, (kind, value, _exec) in entries.items():
-            if kind == DIR:
-                visit(prefix + name + "/")
-            elif value not in found and not have(value):
-                found[value] = read_file(prefix + name, value)
-
-    visit("")
+    level = [""]
+    while level:
+        held = stored([digests[prefix] for prefix in level])
+        below: list[str] = []
+        files: list[tuple[str, str]] = []
+        for prefix in level:
+            tree_digest = digests[prefix]
+            if tree_digest in found or tree_digest in held:
+                continue
+            entries = dirs[prefix]
+            found[tree_digest] = encode(entries)
+            for name, (kind, value, _exec) in entries.items():
+                if kind == DIR:
+                    below.append(prefix + name + "/")
+                else:
+                    files.append((prefix + name, value))
+        held = stored(sorted({value for _, value in files if value not in found}))
+        for path, value in files:
+            if value not in found and value not in held:
+                found[value] = read_file(path, value)
+        level = below
     return found
 
 

@@ -416,7 +416,12 @@ class FileWorkspace:
 
     # --- snapshots ----------------------------------------------------
 
-    def snapshot_blobs(self, root: str, have: Callable[[str], bool]) -> dict[str, bytes]:
+    def snapshot_blobs(
+        self,
+        root: str,
+        have: Callable[[str], bool],
+        have_many: Callable[[list[str]], set[str]] | None = None,
+    ) -> dict[str, bytes]:
         """The blobs of the snapshot ``root`` (file bodies, tree objects) that ``have`` lacks.
 
         ``root`` must be the tree's current fingerprint, or
@@ -445,7 +450,7 @@ class FileWorkspace:
                     )
                 return data
 
-            return collect_blobs(scan.dirs, scan.digests, body, have, encode_tree)
+            return collect_blobs(scan.dirs, scan.digests, body, have, encode_tree, have_many)
 
     def restore_snapshot(
         self, root: str, get_blob: Callable[[str], bytes | None], fence: Fence | None = None

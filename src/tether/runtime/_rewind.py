@@ -324,8 +324,14 @@ def snapshot_blobs(rt: Any, root: str, known: set[str]) -> dict[str, bytes] | No
     def have(blob_digest: str) -> bool:
         return blob_digest in known or store.has_blob(blob_digest)
 
+    def have_many(digests: list[str]) -> set[str]:
+        unknown = [d for d in digests if d not in known]
+        found = store.stored_blobs(unknown) if unknown else set()
+        known.update(found)  # a hint for the next snapshot of this session
+        return {d for d in digests if d in known} | found
+
     try:
-        return dict(rt.adapter.snapshot_blobs(root, have))
+        return dict(rt.adapter.snapshot_blobs(root, have, have_many))
     except EnvironmentDriftError:
         return None  # the tree is no longer at root; a rewind here will say "no snapshot"
 

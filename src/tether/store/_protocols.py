@@ -21,7 +21,7 @@ written by an attempt whose CAS never happened is simply unreachable.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -156,6 +156,10 @@ class ContentStore(Protocol):
 
     def has_blob(self, blob_digest: str) -> bool:
         """Whether bytes are stored under ``blob_digest``."""
+        ...
+
+    def stored_blobs(self, blob_digests: Collection[str]) -> set[str]:
+        """Which of ``blob_digests`` have bytes stored: one round trip for many."""
         ...
 
     def put_evidence(self, run_id: str, kind: str, document: dict[str, Any]) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -252,6 +252,24 @@ class SQLBase(LeaseSQL):
             lambda: self._one("SELECT 1 FROM tether_blobs WHERE digest = ?", (blob_digest,))
         )
         return row is not None
+
+    def stored_blobs(self, blob_digests: Collection[str]) -> set[str]:
+        """Which of ``blob_digests`` have bytes stored (in chunks of 500 per query)."""
+        wanted = sorted(set(blob_digests))
+        found: set[str] = set()
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            sql = (
+                "SELECT digest FROM tether_blobs WHERE digest IN ("
+                + ", ".join("?" for _ in chunk)
+                + ")"
+            )
+
+            def query(sql: str = sql, chunk: list[str] = chunk) -> list[tuple[Any, ...]]:
+                return self._all(sql, chunk)
+
+            found.update(str(row[0]) for row in self._read(query))
+        return found
 
     def trace(self, run_id: str, head: str, limit: int | None = None) -> list[TraceEvent]:
         """Walk the chain back from ``head``: events an orphaned attempt wrote are not on it.

@@ -256,6 +256,15 @@ def test_blobs_are_put_write_once_and_refused_unless_addressed(tether_store: Any
     expect_eq(tether_store.get_blob(address), body, "the stored blob is unchanged")
 
 
+def test_stored_blobs_answers_for_many_digests_at_once(tether_store: Any) -> None:
+    """stored_blobs names exactly the digests with bytes stored, however many are asked."""
+    bodies = [f"blob {i}".encode() for i in range(1200)]
+    addresses = ["sha256:" + hashlib.sha256(b).hexdigest() for b in bodies]
+    tether_store.put_blobs(dict(zip(addresses[::2], bodies[::2], strict=True)))
+    expect_eq(tether_store.stored_blobs(addresses), set(addresses[::2]), "stored of 1200")
+    expect_eq(tether_store.stored_blobs([]), set(), "stored of none")
+
+
 def test_a_digest_that_does_not_address_its_bytes_is_refused(tether_store: Any) -> None:
     """Content whose digest is not the SHA-256 of its bytes is refused and nothing is written."""
     good = make_commit("r", 1)
