@@ -218,9 +218,7 @@ class RunSession(LeaseHolder):
             state = state.evolve(agent_context_digest=context_digest)
         root = state.environment.state_fingerprint
         snapshotted = self._snapshotted
-        at_rest = (
-            state.phase is Phase.RUNNING and state.pending is None and state.rewinding is None
-        )
+        at_rest = state.phase is Phase.RUNNING and state.pending is None and state.rewinding is None
         if at_rest and root != snapshotted and offers_snapshots(self.rt.adapter):
             # The workspace this checkpoint records, stored by content with
             # it: a later rewind to this generation restores exactly this.
