@@ -12,6 +12,7 @@ from tests.conftest import ScriptedAgent, World, make_policy, write
 from tether.core import (
     REWIND_MEMORY_KEY,
     AdmissionRefusedError,
+    CheckpointCorruptError,
     EffectStatus,
     OutcomeKind,
     Phase,
@@ -224,23 +225,47 @@ def _phase_at(rt: Runtime, generation: int) -> str:
     return str(payload["phase"])
 
 
-def test_a_rewind_whose_snapshot_is_damaged_freezes_the_run_for_a_person(world: World) -> None:
-    """A missing file blob: nothing is written, the plan is dropped, the run goes to review."""
+def test_a_rewind_to_an_incomplete_snapshot_is_refused_before_anything_moves(
+    world: World,
+) -> None:
+    """A missing file blob is found by walking the snapshot: refused, nothing committed."""
     world.policy = make_policy(authority={"rewind": ["agent"]})
-    _rt, session, after = three_writes(world)
+    _, session, after = three_writes(world)
     first = min(after)
-    files = world.sandbox.files
+    files, before = world.sandbox.files, session.state.generation
     with sqlite3.connect(world.db) as conn:
         # The first write's content blob: the only blob the restore needs to write.
         wanted = digest_bytes(after[first].encode())
         conn.execute("DELETE FROM tether_blobs WHERE digest = ?", (wanted,))
-    outcome = session.rewind(first, "snapshot damaged")
+    with pytest.raises(RewindRefusedError, match="not whole"):
+        session.rewind(first, "snapshot damaged")
+    assert session.state.generation == before == mark(world)
+    assert world.sandbox.files == files
+
+
+def test_a_restore_that_fails_after_the_plan_freezes_the_run_in_one_commit(
+    world: World,
+) -> None:
+    """The plan is dropped and the run parked in ONE commit: it never runs on unreviewed."""
+    world.policy = make_policy(authority={"rewind": ["agent"]})
+    _, session, after = three_writes(world)
+    files, before = world.sandbox.files, session.state.generation
+
+    def damaged(*args: Any, **kwargs: Any) -> Any:
+        raise CheckpointCorruptError("snapshot blob sha256:00 is missing from the store")
+
+    world.sandbox.restore_snapshot = damaged  # type: ignore[method-assign]
+    outcome = session.rewind(min(after), "restore fails")
     assert outcome.kind is OutcomeKind.FROZEN
-    assert session.state.phase is Phase.NEEDS_REVIEW and session.state.rewinding is None
-    assert session.state.review_cases[-1].reason == "rewind_failed"
+    state = session.state
+    assert state.phase is Phase.NEEDS_REVIEW and state.rewinding is None
+    assert state.review_cases[-1].reason == "rewind_failed"
+    assert state.review_cases[-1].evidence[-1]["kind"] == "rewind_plan"
     kinds = [e.kind for e in session.trace()]
     assert kinds[-3:] == ["rewind_started", "rewind_abandoned", "needs_review"]
-    assert world.sandbox.files == files  # nothing was restored from a damaged snapshot
+    # The plan's commit, then ONE commit for the last two: the abandoned plan never stands alone.
+    assert state.generation == before + 2 == mark(world)
+    assert world.sandbox.files == files
 
 
 def test_a_point_inside_a_stretch_an_earlier_rewind_left_is_refused(world: World) -> None:

@@ -44,6 +44,7 @@ from tether.adapters._httpfields import (
 )
 from tether.adapters._sandbox import Sandbox
 from tether.adapters._smtp import MaildirLookup, SmtpConfigError, SmtpEffect, message_id
+from tether.adapters._snapshot import missing_blobs
 from tether.adapters._watch import WatchMissedChangeWarning
 from tether.adapters._workspace import FileWorkspace
 from tether.core import Capabilities
@@ -90,6 +91,7 @@ __all__ = [
     "fence_header",
     "look_up",
     "message_id",
+    "missing_blobs",
     "namespace_of",
     "offers_compensation",
     "offers_snapshots",

@@ -17,6 +17,7 @@ capabilities (:func:`~tether.adapters.capabilities_of`).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -92,12 +93,10 @@ class Adapters:
         have_many: Callable[[list[str]], set[str]] | None = None,
     ) -> dict[str, bytes]:
         member: Any = self._state
-        blobs: dict[str, bytes] = (
-            member.snapshot_blobs(root, have)
-            if have_many is None
-            else member.snapshot_blobs(root, have, have_many)
-        )
-        return blobs
+        method = member.snapshot_blobs
+        if have_many is not None and "have_many" in inspect.signature(method).parameters:
+            return dict(method(root, have, have_many=have_many))
+        return dict(method(root, have))
 
     def _restore_snapshot(
         self, root: str, get_blob: Callable[[str], bytes | None], fence: Fence | None = None

@@ -311,3 +311,36 @@ def flatten(root: str, get_blob: Callable[[str], bytes | None]) -> dict[str, tup
 
     visit(root, "")
     return files
+
+
+def missing_blobs(
+    root: str,
+    get_blob: Callable[[str], bytes | None],
+    stored: Callable[[list[str]], set[str]],
+) -> list[str]:
+    """Every blob of the snapshot ``root`` that ``stored`` does not hold, a tree level at a time.
+
+    A damaged tree object raises :class:`~tether.core.CheckpointCorruptError`:
+    whoever asks (a rewind) refuses whole rather than restores half.
+    """
+    missing: list[str] = []
+    level, seen = [root], {root}
+    while level:
+        held = stored(level)
+        below: list[str] = []
+        files: set[str] = set()
+        for tree in level:
+            if tree not in held:
+                missing.append(tree)
+                continue
+            for kind, value, _executable in parse_tree(tree, get_blob(tree)).values():
+                if kind == DIR:
+                    below.append(value)
+                else:
+                    files.add(value)
+        wanted = sorted(files)
+        held_files = stored(wanted) if wanted else set()
+        missing += [f for f in wanted if f not in held_files]
+        level = [d for d in dict.fromkeys(below) if d not in seen]
+        seen.update(level)
+    return missing

@@ -15,6 +15,7 @@ from tether.adapters import Adapter, capabilities_of, look_up
 from tether.core import (
     ActionClass,
     ActionKind,
+    CanonicalJSONError,
     EnvironmentState,
     EvidenceError,
     Phase,
@@ -32,6 +33,7 @@ from tether.core import (
     check_decision,
     compensated_effect,
     replay_rules,
+    strict_loads,
 )
 from tether.core import needs_approval as core_needs_approval
 from tether.core import people_rules as people
@@ -119,6 +121,8 @@ def consume_inbox(session: RunSession) -> None:
                 # opened this epoch is recorded as used; any other was refused
                 # then, or names an epoch that was admitted otherwise.
                 read = session.admissions_read.get(item.seq)
+                if read is None and _opened_this_epoch(session, item.document):
+                    read = "used"  # by a recovery whose session did not live to read the inbox
                 if read == "used":
                     _commit(session, people.noted_admission(session.state, item.seq))
                 else:
@@ -139,6 +143,20 @@ def consume_inbox(session: RunSession) -> None:
                 fork(session, item.document, cursor=item.seq)
             else:
                 review(session, item.document, cursor=item.seq)
+
+
+def _opened_this_epoch(session: RunSession, document: Any) -> bool:
+    """Whether ``document`` is the signed admission the current epoch's record holds."""
+    digest = session.state.admission
+    body = None if digest is None else session.rt.store.get_blob(digest)
+    if body is None:
+        return False
+    try:
+        record = strict_loads(body)
+    except CanonicalJSONError:
+        return False
+    used = record.get("document") if isinstance(record, dict) else None
+    return used is not None and people.evidence_digest(used) == people.evidence_digest(document)
 
 
 def _signers_of(policy: Policy, kind: str) -> set[str]:

@@ -20,10 +20,11 @@ trace, linked from the ``rewound`` event.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from tether.adapters import capabilities_of, offers_snapshots
+from tether.adapters import capabilities_of, missing_blobs, offers_snapshots
 from tether.core import (
     REWIND_MEMORY_KEY,
     AdapterUnavailableError,
@@ -208,8 +209,10 @@ def finish(session: RunSession) -> Outcome:
                 f"run {state.run_id}: the adapter now serves another environment instance",
                 run_id=state.run_id,
             )
-    except (AdapterUnavailableError, StoreUnavailableError, LeaseError):
-        raise  # passing: the next step tries the same restore again
+    except (AdapterUnavailableError, StoreUnavailableError, LeaseError, EnvironmentDriftError):
+        # Passing (the workspace changed under the restore, too): the plan stays
+        # and the next step restores again, which finishes the job.
+        raise
     except TetherError as exc:
         return _abandon(session, plan, exc)
     checkpointer = rt.checkpointer
@@ -291,22 +294,25 @@ def finish(session: RunSession) -> Outcome:
 
 
 def _abandon(session: RunSession, plan: RewindPlan, exc: Exception) -> Outcome:
-    """A restore that cannot be done (a missing or damaged snapshot blob, a workspace that
-    changed under it): the plan is dropped, traced, and the run frozen for a person."""
-    state = session.state
+    """A restore that cannot be done (a missing or damaged snapshot blob, a workspace in
+    another state than the plan allows): in ONE commit the plan is dropped, traced, and
+    the run frozen for a person, so no failure in between leaves it running unreviewed."""
     detail = f"{type(exc).__name__}: {exc}"[-500:]
-    session.commit(
-        state.evolve(rewinding=None),
-        [("rewind_abandoned", {"to_generation": plan.to_generation, "error": detail})],
-    )
     return _stopping.park(
         session,
         "rewind_failed",
         f"the rewind to generation {plan.to_generation} could not restore the workspace "
-        f"({detail}); it may be partly restored. Decide replan (go on from the workspace "
-        "as it is) or abort.",
-        evidence=({"kind": "rewind_plan", **plan.to_json()},),
+        f"({detail}); nothing may have been restored, or part of it. Decide replan (go on "
+        "from the workspace as it is) or abort.",
+        (),
     )
+
+
+def _accepts(method: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _text(value: object) -> str:
@@ -330,8 +336,13 @@ def snapshot_blobs(rt: Any, root: str, known: set[str]) -> dict[str, bytes] | No
         known.update(found)  # a hint for the next snapshot of this session
         return {d for d in digests if d in known} | found
 
+    method = rt.adapter.snapshot_blobs
     try:
-        return dict(rt.adapter.snapshot_blobs(root, have, have_many))
+        # An adapter written to the two-argument form still works; a store
+        # without the batch question is asked one digest at a time.
+        if _accepts(method, "have_many") and callable(getattr(store, "stored_blobs", None)):
+            return dict(method(root, have, have_many=have_many))
+        return dict(method(root, have))
     except EnvironmentDriftError:
         return None  # the tree is no longer at root; a rewind here will say "no snapshot"
 
@@ -355,6 +366,7 @@ def _refuse_unless_running(state: Any) -> None:
 
 
 def _refuse_without_snapshot(session: RunSession, target: Any) -> None:
+    """Refuse, before anything is committed, a target whose snapshot is not whole in the store."""
     rt = session.rt
     root = target.environment.state_fingerprint
     if not offers_snapshots(rt.adapter):
@@ -363,9 +375,19 @@ def _refuse_without_snapshot(session: RunSession, target: Any) -> None:
             "rewound (a context-only rewind needs a signed split)",
             run_id=target.run_id,
         )
-    if not rt.store.has_blob(root):
+    store = rt.store
+    batch = getattr(store, "stored_blobs", None)
+
+    def stored(digests: list[str]) -> set[str]:
+        if callable(batch):
+            return set(batch(digests))
+        return {d for d in digests if store.has_blob(d)}
+
+    missing = missing_blobs(root, store.get_blob, stored)
+    if missing:
         raise RewindRefusedError(
-            f"run {target.run_id}: no snapshot of generation {target.generation}'s workspace "
-            f"({root}) is stored",
+            f"run {target.run_id}: the snapshot of generation {target.generation}'s workspace "
+            f"({root}) is not whole in the store: {len(missing)} blob(s) missing, e.g. "
+            f"{missing[0]}",
             run_id=target.run_id,
         )

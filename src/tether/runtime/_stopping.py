@@ -26,6 +26,20 @@ if TYPE_CHECKING:
     from tether.runtime._session import RunSession
 
 
+def _without_rewind(session: RunSession) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
+    """The state with an unfinished rewind plan dropped, and the event that says so.
+
+    A run stopped on purpose does not finish a rewind first: the plan goes
+    into the trace (and a park's evidence) in the same commit that stops it.
+    """
+    state, plan = session.state, session.state.rewinding
+    if plan is None:
+        return state, []
+    return state.evolve(rewinding=None), [
+        ("rewind_abandoned", {"to_generation": plan.to_generation, "plan": plan.to_json()})
+    ]
+
+
 def cancel(session: RunSession, reason: str, by: str) -> Outcome:
     """Settle a write that may have been sent, then end the run in ``cancelled``."""
     session.guard()
@@ -39,7 +53,8 @@ def cancel(session: RunSession, reason: str, by: str) -> Outcome:
         )
         if session.state.phase is not Phase.RUNNING:
             return outcome  # frozen for review, or still in flight: not cancelled
-    return session.apply(step_rules.cancel(session.state, reason, by=by))
+    base, events = _without_rewind(session)
+    return session.apply(step_rules.cancel(base, reason, by=by), prefix=events)
 
 
 def park(
@@ -61,8 +76,11 @@ def park(
                 f"to the adapter ({answer.status}): {answer.detail}"
             )
         receipt = answer.receipt
+    base, events = _without_rewind(session)
+    if base is not session.state and session.state.rewinding is not None:
+        evidence = (*evidence, {"kind": "rewind_plan", **session.state.rewinding.to_json()})
     transition = step_rules.park(
-        session.state,
+        base,
         case_id=rt.ids.new_id("case"),
         reason=reason,
         detail=detail,
@@ -71,4 +89,4 @@ def park(
         receipt=receipt,
         evidence=evidence,
     )
-    return session.apply(transition)
+    return session.apply(transition, prefix=events)
