@@ -18,7 +18,7 @@ from typing import Any
 from tether._demo import SCENARIOS
 from tether.cli._crashtest import add_crashtest
 from tether.cli._demo_cmd import cmd_demo, cmd_demo_child
-from tether.cli._inspect import cmd_inspect, cmd_verify
+from tether.cli._inspect import add_reader, cmd_inspect, cmd_verify
 from tether.cli._recovery import add_recovery
 from tether.cli._sign import cmd_approve, cmd_fork, cmd_keys_new, cmd_review
 from tether.core import MAX_APPROVAL_TTL_S, IntegrityError, TetherError
@@ -133,19 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
             cmd_verify,
         ),
     ):
-        p = sub.add_parser(name, help=helptext, description=helptext)
-        p.add_argument("run_id", metavar="RUN")
-        where = p.add_mutually_exclusive_group(required=True)
-        where.add_argument("--db", type=Path, help="SQLite store file")
-        where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
-        p.add_argument("--marks", type=Path, help="separate SQLite file holding the mark")
-        p.add_argument(
-            "--keyring",
-            type=Path,
-            help="keyring file (default: $TETHER_KEYRING_FILE or $TETHER_KEYRING)",
-        )
-        p.add_argument("--json", action="store_true", help="print one JSON object")
-        p.set_defaults(func=func)
+        add_reader(sub, name, helptext, func)
     keys = sub.add_parser(
         "keys",
         help="make signing keys for approvers and reviewers",

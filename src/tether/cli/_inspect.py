@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 from tether.core import (
     format_time,
@@ -13,6 +15,23 @@ from tether.core import (
 from tether.crypto import Keyring
 from tether.runtime import Checkpointer
 from tether.store import SQLBase, SQLiteStore, open_store
+
+
+def add_reader(sub: Any, name: str, helptext: str, func: Any) -> None:
+    """A command that reads one run back, verified under the keyring (inspect, epochs, ...)."""
+    p = sub.add_parser(name, help=helptext, description=helptext)
+    p.add_argument("run_id", metavar="RUN")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", type=Path, help="SQLite store file")
+    where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
+    p.add_argument("--marks", type=Path, help="separate SQLite file holding the mark")
+    p.add_argument(
+        "--keyring",
+        type=Path,
+        help="keyring file (default: $TETHER_KEYRING_FILE or $TETHER_KEYRING)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=func)
 
 
 def _open(args: argparse.Namespace) -> Checkpointer:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tether.cli._inspect import _open
+from tether.cli._inspect import _open, add_reader
 from tether.cli._sign import _confirm, deliver, lifetime, load_state, open_existing
 from tether.core import (
     Phase,
@@ -92,19 +92,7 @@ def add_recovery(sub: Any, seconds: Any) -> None:
         ),
         ("ledger", "list a run's effect ledger: every effect, its status and receipt", cmd_ledger),
     ):
-        p = sub.add_parser(name, help=helptext, description=helptext)
-        p.add_argument("run_id", metavar="RUN")
-        where = p.add_mutually_exclusive_group(required=True)
-        where.add_argument("--db", type=Path, help="SQLite store file")
-        where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
-        p.add_argument("--marks", type=Path, help="separate SQLite file holding the mark")
-        p.add_argument(
-            "--keyring",
-            type=Path,
-            help="keyring file (default: $TETHER_KEYRING_FILE or $TETHER_KEYRING)",
-        )
-        p.add_argument("--json", action="store_true", help="print one JSON object")
-        p.set_defaults(func=func)
+        add_reader(sub, name, helptext, func)
 
 
 def cmd_rewind(args: argparse.Namespace) -> int:

@@ -23,13 +23,12 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from tether.core import (
     AdmissionRefusedError,
     Binding,
     EvidenceError,
-    Policy,
     PolicyChange,
     Purpose,
     RunState,
@@ -42,27 +41,8 @@ from tether.core import (
     new_admission,
     occurrence_of,
 )
-from tether.crypto import Signer, TrustRoots
-from tether.runtime._clock import Clock, IdSource
-
-
-class Runtime(Protocol):
-    """What admission reads of a runtime (structural)."""
-
-    @property
-    def policy(self) -> Policy: ...
-    @property
-    def binding(self) -> Binding: ...
-    @property
-    def trust(self) -> TrustRoots | None: ...
-    @property
-    def principal(self) -> Signer | None: ...
-    @property
-    def clock(self) -> Clock: ...
-    @property
-    def ids(self) -> IdSource: ...
-    @property
-    def worker(self) -> str: ...
+from tether.crypto import TrustRoots
+from tether.runtime._view import Runtime
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,6 @@ waited for a person's approval is carried out once the approval holds.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from tether.core import (
     ActionClass,
     ActionKind,
@@ -26,13 +24,11 @@ from tether.core import (
 )
 from tether.core import Rejection as GateRejection
 from tether.runtime._agent import AgentContext
-
-if TYPE_CHECKING:
-    from tether.runtime._session import Event, RunSession
+from tether.runtime._view import Event, Session
 
 
 def carry_out(
-    session: RunSession,
+    session: Session,
     base: RunState,
     context: AgentContext | None,
     proposal: Proposal,
@@ -92,7 +88,7 @@ def carry_out(
     return session.apply(transition, prefix=events, context=context)
 
 
-def carry_out_approved(session: RunSession, pending: PendingWrite) -> Outcome:
+def carry_out_approved(session: Session, pending: PendingWrite) -> Outcome:
     """A non-mutating action waiting for approval: carry it out once an approval holds."""
     rt = session.rt
     problem = approval_problem(

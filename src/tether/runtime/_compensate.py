@@ -16,18 +16,16 @@ look-up and reconcile as any write.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
-from tether.adapters import Adapter, capabilities_of, offers_compensation
+from tether.adapters import capabilities_of, offers_compensation
 from tether.core import (
     ActionClass,
     ActionKind,
     EffectDecision,
     EffectRecord,
     EvidenceError,
-    Policy,
     PolicyError,
-    RunState,
     RunTerminalError,
     Transition,
     check_effect_decision,
@@ -35,38 +33,8 @@ from tether.core import (
     risk_of,
 )
 from tether.core import people_rules as people
-from tether.crypto import Role, TrustRoots
-from tether.runtime._checkpointer import Checkpointer
-from tether.runtime._clock import Clock, IdSource
-
-
-class Runtime(Protocol):
-    """What an effect decision reads of a runtime (structural)."""
-
-    @property
-    def policy(self) -> Policy: ...
-    @property
-    def kinds(self) -> dict[str, ActionKind]: ...
-    @property
-    def trust(self) -> TrustRoots | None: ...
-    @property
-    def adapter(self) -> Adapter: ...
-    @property
-    def clock(self) -> Clock: ...
-    @property
-    def ids(self) -> IdSource: ...
-    @property
-    def checkpointer(self) -> Checkpointer: ...
-
-
-class Session(Protocol):
-    """What an effect decision uses of a session: its runtime, its state, and commit."""
-
-    @property
-    def rt(self) -> Runtime: ...
-    @property
-    def state(self) -> RunState: ...
-    def commit(self, state: RunState, events: list[tuple[str, dict[str, Any]]]) -> None: ...
+from tether.crypto import Role
+from tether.runtime._view import Session
 
 
 def decide(session: Session, document: Any, *, cursor: int | None) -> Transition:

@@ -9,9 +9,9 @@ refusal is traced.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Protocol
+from typing import Any
 
-from tether.adapters import Adapter, capabilities_of, look_up
+from tether.adapters import capabilities_of, look_up
 from tether.core import (
     ActionClass,
     ActionKind,
@@ -38,43 +38,7 @@ from tether.core import (
 from tether.core import needs_approval as core_needs_approval
 from tether.core import people_rules as people
 from tether.crypto import Role, TrustRoots
-from tether.runtime._clock import Clock, IdSource
-from tether.store import ContentStore
-
-
-class Runtime(Protocol):
-    """What the human gates read of a runtime (structural: no import of the session module)."""
-
-    @property
-    def policy(self) -> Policy: ...
-    @property
-    def kinds(self) -> dict[str, ActionKind]: ...
-    @property
-    def trust(self) -> TrustRoots | None: ...
-    @property
-    def store(self) -> ContentStore: ...
-    @property
-    def adapter(self) -> Adapter: ...
-    @property
-    def clock(self) -> Clock: ...
-    @property
-    def ids(self) -> IdSource: ...
-
-
-class RunSession(Protocol):
-    """What the human gates use of a session: its runtime, its state, and commit."""
-
-    @property
-    def rt(self) -> Runtime: ...
-    @property
-    def state(self) -> RunState: ...
-    @property
-    def effects(self) -> dict[str, replay_rules.EffectHistory]: ...
-    def commit(self, state: RunState, events: list[tuple[str, dict[str, Any]]]) -> None: ...
-    def effect_decision(self, document: Any, *, cursor: int | None) -> Any: ...
-    def rewind_from_inbox(self, document: Any, *, cursor: int) -> Any: ...
-    @property
-    def admissions_read(self) -> dict[int, str]: ...
+from tether.runtime._view import Runtime, Session
 
 
 def needs_approval(rt: Runtime, state: RunState) -> bool:
@@ -88,7 +52,7 @@ def needs_approval(rt: Runtime, state: RunState) -> bool:
     return core_needs_approval(rt.policy, kind)
 
 
-def consume_inbox(session: RunSession) -> None:
+def consume_inbox(session: Session) -> None:
     """Apply the signed evidence people left in the store's inbox since the last read.
 
     Each entry is read once: accepted or refused, the cursor moves past it in
@@ -145,7 +109,7 @@ def consume_inbox(session: RunSession) -> None:
                 review(session, item.document, cursor=item.seq)
 
 
-def _opened_this_epoch(session: RunSession, document: Any) -> bool:
+def _opened_this_epoch(session: Session, document: Any) -> bool:
     """Whether ``document`` is the signed admission the current epoch's record holds."""
     digest = session.state.admission
     body = None if digest is None else session.rt.store.get_blob(digest)
@@ -170,16 +134,12 @@ def _signers_of(policy: Policy, kind: str) -> set[str]:
     return set()
 
 
-def refuse(
-    session: RunSession, kind: str, document: Any, exc: Exception, cursor: int | None
-) -> None:
+def refuse(session: Session, kind: str, document: Any, exc: Exception, cursor: int | None) -> None:
     """Trace a refused document (public: the rewind and admission paths refuse the same way)."""
     _refuse(session, kind, document, exc, cursor)
 
 
-def _refuse(
-    session: RunSession, kind: str, document: Any, exc: Exception, cursor: int | None
-) -> None:
+def _refuse(session: Session, kind: str, document: Any, exc: Exception, cursor: int | None) -> None:
     """Trace a refused document the same way whichever path it came by (then the caller raises)."""
     state = session.state
     if state.phase.terminal:
@@ -187,12 +147,12 @@ def _refuse(
     _commit(session, people.refused(state, kind, document, exc, cursor=cursor))
 
 
-def _commit(session: RunSession, transition: Transition) -> None:
+def _commit(session: Session, transition: Transition) -> None:
     if transition.state is not None:
         session.commit(transition.state, list(transition.events))
 
 
-def approve(session: RunSession, document: Any, *, cursor: int | None = None) -> RunState:
+def approve(session: Session, document: Any, *, cursor: int | None = None) -> RunState:
     """Verify and record a signed approval for the pending write; a refusal is traced, then raised."""
     rt, state = session.rt, session.state
     try:
@@ -218,7 +178,7 @@ def approve(session: RunSession, document: Any, *, cursor: int | None = None) ->
     return session.state
 
 
-def review(session: RunSession, document: Any, *, cursor: int | None = None) -> RunState:
+def review(session: Session, document: Any, *, cursor: int | None = None) -> RunState:
     """Verify a signed reviewer decision and apply it; any doubt leaves the case frozen."""
     rt, state = session.rt, session.state
     drift: tuple[str, EnvironmentState, Receipt | None] | None = None
@@ -261,7 +221,7 @@ def review(session: RunSession, document: Any, *, cursor: int | None = None) -> 
     return session.state
 
 
-def fork(session: RunSession, document: Any, *, cursor: int | None = None) -> RunState:
+def fork(session: Session, document: Any, *, cursor: int | None = None) -> RunState:
     """Verify a signed fork and arm its effect for one new execution; a refusal is traced, then raised.
 
     Signed by a reviewer or an operator; bound to this run, its policy, the

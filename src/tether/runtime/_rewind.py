@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tether.adapters import capabilities_of, missing_blobs, offers_snapshots
 from tether.core import (
@@ -51,13 +51,11 @@ from tether.core import (
 )
 from tether.runtime import _stopping
 from tether.runtime._admit import admit
-
-if TYPE_CHECKING:
-    from tether.runtime._session import RunSession
+from tether.runtime._view import Session
 
 
 def rewind(
-    session: RunSession,
+    session: Session,
     to: int | None = None,
     reason: str = "",
     *,
@@ -169,7 +167,7 @@ def _as_signed(
     return signed[0], signed[1] if isinstance(signed[1], str) else "", signed[2] or scope
 
 
-def _refuse_split(session: RunSession, target: Any, to: int, scope: RewindScope) -> None:
+def _refuse_split(session: Session, target: Any, to: int, scope: RewindScope) -> None:
     """Context and workspace would point at different causal positions: traced, refused."""
     state = session.state
     context_env = (target if scope is RewindScope.CONTEXT else state).environment
@@ -189,7 +187,7 @@ def _refuse_split(session: RunSession, target: Any, to: int, scope: RewindScope)
     )
 
 
-def finish(session: RunSession) -> Outcome:
+def finish(session: Session) -> Outcome:
     """Restore the workspace as the checkpointed plan says and commit the rewound state."""
     rt = session.rt
     state = session.state
@@ -293,7 +291,7 @@ def finish(session: RunSession) -> Outcome:
     return Outcome(OutcomeKind.RECORDED, session.state, "rewound", plan.reason, "rewound")
 
 
-def _abandon(session: RunSession, plan: RewindPlan, exc: Exception) -> Outcome:
+def _abandon(session: Session, plan: RewindPlan, exc: Exception) -> Outcome:
     """A restore that cannot be done (a missing or damaged snapshot blob, a workspace in
     another state than the plan allows): in ONE commit the plan is dropped, traced, and
     the run frozen for a person, so no failure in between leaves it running unreviewed."""
@@ -365,7 +363,7 @@ def _refuse_unless_running(state: Any) -> None:
     )
 
 
-def _refuse_without_snapshot(session: RunSession, target: Any) -> None:
+def _refuse_without_snapshot(session: Session, target: Any) -> None:
     """Refuse, before anything is committed, a target whose snapshot is not whole in the store."""
     rt = session.rt
     root = target.environment.state_fingerprint

@@ -19,21 +19,17 @@ commits it, makes the one adapter call it names, and hands the answer on.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 from tether.adapters import (
-    Adapter,
     capabilities_of,
     namespace_of,
     offers_snapshots,
 )
 from tether.core import (
-    ActionKind,
     ActionResult,
-    Binding,
     CommitOutcomeUnknownError,
     ContractViolationError,
-    EffectTerms,
     EnvironmentDriftError,
     Execute,
     ExecuteAnswer,
@@ -49,14 +45,12 @@ from tether.core import (
     OutcomeKind,
     PendingWrite,
     Phase,
-    Policy,
     PolicyError,
     Proposal,
     RunFrozenError,
     RunState,
     RunTerminalError,
     SpecError,
-    TaskSpec,
     TraceEvent,
     Transition,
     approval_problem,
@@ -70,43 +64,13 @@ from tether.core import (
     with_subject_terms,
 )
 from tether.core import Rejection as GateRejection
-from tether.crypto import Signer, TrustRoots
 from tether.runtime import _calls as calls
 from tether.runtime import _carry, _compensate, _humans, _rewind, _stopping
-from tether.runtime._agent import Agent, AgentContext
-from tether.runtime._checkpointer import Checkpointer
-from tether.runtime._clock import Clock, IdSource
-from tether.runtime._crash import CrashPlan, CrashPoint
+from tether.runtime._agent import AgentContext
+from tether.runtime._crash import CrashPoint
 from tether.runtime._lease import LeaseHolder
-from tether.store import ContentStore, LeaseRequest
-
-
-class Runtime(Protocol):
-    """What a session reads of its runtime (structural: the runtime module imports this one)."""
-
-    store: ContentStore
-    adapter: Adapter
-    task: TaskSpec
-    policy: Policy
-    agent: Agent
-    clock: Clock
-    ids: IdSource
-    crash: CrashPlan
-    worker: str
-    trust: TrustRoots | None
-    lease_ttl_s: float | None
-    heartbeat_max_s: float
-    checkpointer: Checkpointer
-    kinds: dict[str, ActionKind]
-    binding: Binding
-    principal: Signer | None
-
-    def effect_terms(self, intent: Intent) -> EffectTerms: ...
-
-    def effect_digest(self, intent: Intent) -> str: ...
-
-
-Event = tuple[str, dict[str, Any]]
+from tether.runtime._view import Event, Runtime
+from tether.store import LeaseRequest
 
 
 class RunSession(LeaseHolder):

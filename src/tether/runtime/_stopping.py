@@ -8,7 +8,7 @@ the heartbeat around these.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tether.adapters import capabilities_of
 from tether.core import (
@@ -21,12 +21,10 @@ from tether.core import (
     settle_rules,
     step_rules,
 )
-
-if TYPE_CHECKING:
-    from tether.runtime._session import RunSession
+from tether.runtime._view import Session
 
 
-def _without_rewind(session: RunSession) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
+def _without_rewind(session: Session) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
     """The state with an unfinished rewind plan dropped, and the event that says so.
 
     A run stopped on purpose does not finish a rewind first: the plan goes
@@ -40,7 +38,7 @@ def _without_rewind(session: RunSession) -> tuple[Any, list[tuple[str, dict[str,
     ]
 
 
-def cancel(session: RunSession, reason: str, by: str) -> Outcome:
+def cancel(session: Session, reason: str, by: str) -> Outcome:
     """Settle a write that may have been sent, then end the run in ``cancelled``."""
     session.guard()
     pending = session.state.pending
@@ -58,7 +56,7 @@ def cancel(session: RunSession, reason: str, by: str) -> Outcome:
 
 
 def park(
-    session: RunSession, reason: str, detail: str, evidence: tuple[dict[str, Any], ...]
+    session: Session, reason: str, detail: str, evidence: tuple[dict[str, Any], ...]
 ) -> Outcome:
     """Freeze the run for a person, with the world as it is now as the case's evidence."""
     # The case records the world as it is now (and the receipt, if the
