@@ -140,10 +140,6 @@ class Scan:
                     found.append(prefix + name)
         return found
 
-    def by_digest(self) -> dict[str, tuple[str, dict[str, Entry]]]:
-        """Tree digest -> ``(prefix, entries)`` (equal subtrees share one digest)."""
-        return {self.digests[prefix]: (prefix, entries) for prefix, entries in self.dirs.items()}
-
     def root_with(self, relpath: str, file_hash: str, executable: bool) -> str:
         """The root digest after ``relpath`` holds ``file_hash``: O(depth) tree objects.
 

@@ -47,9 +47,8 @@ from tether.runtime._view import Runtime
 
 @dataclass(frozen=True, slots=True)
 class Admitted:
-    """An admission decision: its record (stored by digest) and what it changes."""
+    """An admission decision: its record (canonical bytes, stored by digest) and what it changes."""
 
-    record: dict[str, Any]
     digest: str
     body: bytes
     #: Applied to the state at the new epoch's first commit.
@@ -175,7 +174,7 @@ def admit(
         "occurrence_id": occurrence,
         "binding": rt.binding,
     }
-    return Admitted(record, digest, body_bytes, changes, event, may_read)
+    return Admitted(digest, body_bytes, changes, event, may_read)
 
 
 def _verified(
