@@ -20,6 +20,7 @@ from tether.cli._crashtest import add_crashtest
 from tether.cli._demo_cmd import cmd_demo, cmd_demo_child
 from tether.cli._inspect import add_reader, cmd_inspect, cmd_verify
 from tether.cli._recovery import add_recovery
+from tether.cli._serve import add_serve
 from tether.cli._sign import cmd_approve, cmd_fork, cmd_keys_new, cmd_review
 from tether.core import MAX_APPROVAL_TTL_S, IntegrityError, TetherError
 from tether.runtime import CrashPoint
@@ -314,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     retry.set_defaults(func=cmd_retry)
     add_recovery(sub, _seconds(MAX_APPROVAL_TTL_S))
     add_crashtest(sub, _count)
+    add_serve(sub)
     return parser
 
 
