@@ -20,8 +20,9 @@ from tether.cli._crashtest import add_crashtest
 from tether.cli._demo_cmd import cmd_demo, cmd_demo_child
 from tether.cli._inspect import add_reader, cmd_inspect, cmd_verify
 from tether.cli._recovery import add_recovery
+from tether.cli._runs import add_runs
 from tether.cli._serve import add_serve
-from tether.cli._sign import cmd_approve, cmd_fork, cmd_keys_new, cmd_review
+from tether.cli._sign import add_signing
 from tether.core import MAX_APPROVAL_TTL_S, IntegrityError, TetherError
 from tether.runtime import CrashPoint
 
@@ -135,113 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     ):
         add_reader(sub, name, helptext, func)
-    keys = sub.add_parser(
-        "keys",
-        help="make signing keys for approvers and reviewers",
-        description="Make signing keys for the people who approve writes or decide reviews.",
-    )
-    keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
-    new = keys_sub.add_parser(
-        "new",
-        help="write an Ed25519 key pair: NAME.key (0600) and NAME.trust.json (public)",
-        description="Write an Ed25519 key pair. The private key file is mode 0600 and stays "
-        "with the person; only NAME.trust.json (the public half) is given to the runtime.",
-    )
-    new.add_argument(
-        "--role",
-        choices=["approver", "reviewer", "operator", "worker"],
-        required=True,
-        help="what the key may sign: approver (approvals), reviewer (review decisions, "
-        "forks, rewinds), operator (forks, rewinds, admissions), worker (its own recoveries)",
-    )
-    new.add_argument("--id", required=True, help="the signer's id, e.g. alice")
-    new.add_argument("--out", default=".", help="directory for the two files (default: .)")
-    new.set_defaults(func=cmd_keys_new)
-
-    approve = sub.add_parser(
-        "approve",
-        help="sign an approval for a run's pending write",
-        description="Show the fields an approval binds, ask, sign with --key and leave the "
-        "signed approval in the store's inbox for the run's next step.",
-    )
-    approve.add_argument("run_id", metavar="RUN")
-    approve.add_argument("action", metavar="ACTION", help="the pending action id")
-    approve.add_argument("--key", type=Path, required=True, help="the approver's private key file")
-    where = approve.add_mutually_exclusive_group(required=True)
-    where.add_argument("--db", type=Path, help="SQLite store file")
-    where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
-    approve.add_argument(
-        "--ttl",
-        type=_seconds(MAX_APPROVAL_TTL_S),
-        help="seconds the approval lives (default: the policy's approval_ttl_s, at most 900)",
-    )
-    approve.add_argument(
-        "--policy", type=Path, help="the run's policy file: the ttl is checked against it"
-    )
-    approve.add_argument(
-        "--keyring", type=Path, help="verify the checkpoint before showing it (optional)"
-    )
-    approve.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
-    approve.set_defaults(func=cmd_approve)
-
-    review = sub.add_parser(
-        "review",
-        help="sign a decision (replan or abort) for an open review case",
-        description="Show the case, ask, sign the decision with --key and leave it in the "
-        "store's inbox; the runtime rereads the adapter's receipt before applying it.",
-    )
-    review.add_argument("run_id", metavar="RUN")
-    review.add_argument("case", metavar="CASE", help="the review case id")
-    review.add_argument(
-        "--decision",
-        choices=["replan", "abort"],
-        required=True,
-        help="replan: quarantine the key and plan anew; abort: fail the run",
-    )
-    review.add_argument("--key", type=Path, required=True, help="the reviewer's private key file")
-    review.add_argument(
-        "--ttl",
-        type=_seconds(MAX_APPROVAL_TTL_S),
-        help="seconds the decision stays valid (default: the policy's ttl, at most 900)",
-    )
-    review.add_argument(
-        "--policy", type=Path, help="the run's policy file: the ttl is checked against it"
-    )
-    where = review.add_mutually_exclusive_group(required=True)
-    where.add_argument("--db", type=Path, help="SQLite store file")
-    where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
-    review.add_argument(
-        "--keyring", type=Path, help="verify the checkpoint before showing it (optional)"
-    )
-    review.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
-    review.set_defaults(func=cmd_review)
-
-    fork = sub.add_parser(
-        "fork",
-        help="sign a fork: do an effect the run already committed once more, on purpose",
-        description="Without a fork, a proposal equal to an effect the run committed is "
-        "replayed (its receipt returned, nothing sent). Show the effect's earlier receipt, "
-        "ask, sign with --key (a reviewer's or operator's) and leave it in the store's inbox.",
-    )
-    fork.add_argument("run_id", metavar="RUN")
-    fork.add_argument("effect", metavar="EFFECT", help="the effect digest (see effect_replayed)")
-    fork.add_argument("--key", type=Path, required=True, help="the signer's private key file")
-    fork.add_argument(
-        "--ttl",
-        type=_seconds(MAX_APPROVAL_TTL_S),
-        help="seconds the fork stays valid (default: the policy's ttl, at most 900)",
-    )
-    fork.add_argument(
-        "--policy", type=Path, help="the run's policy file: the ttl is checked against it"
-    )
-    where = fork.add_mutually_exclusive_group(required=True)
-    where.add_argument("--db", type=Path, help="SQLite store file")
-    where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
-    fork.add_argument(
-        "--keyring", type=Path, help="verify the checkpoint and ledger before showing them"
-    )
-    fork.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
-    fork.set_defaults(func=cmd_fork)
+    add_signing(sub, _seconds(MAX_APPROVAL_TTL_S))
     worker = sub.add_parser(
         "worker",
         help="run a recovery worker that claims runs whose lease expired",
@@ -289,83 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--idle-exit", action="store_true", help="exit when no run is waiting to be claimed"
     )
     worker.set_defaults(func=cmd_worker)
-    cancel = sub.add_parser(
-        "cancel",
-        help="end a run in cancelled; a write it may have sent is settled first",
-        description="Take the run's lease, then end it in cancelled. A write that never left "
-        "is dropped (the ledger says so); one that may have been sent is looked up first: "
-        "committed -> recorded, absent -> dropped, unknowable -> needs_review. A cancelled run "
-        "can't be resumed. --app names factory(store, run_id, worker) -> Runtime.",
-    )
-    cancel.add_argument("run_id", help="the run to cancel")
-    cancel.add_argument("--store", required=True, help="sqlite:///path.sqlite or postgresql://...")
-    cancel.add_argument("--app", required=True, help="module:factory building the run's Runtime")
-    cancel.add_argument("--reason", required=True, help="why, for the trace")
-    cancel.set_defaults(func=cmd_cancel)
-    retry = sub.add_parser(
-        "retry",
-        help="clear a run's failed attempts so workers claim it again",
-        description="A run that failed --max-attempts times before it could even be restored "
-        "is parked at the mark: no claim takes it. Once the cause is fixed, this forgets its "
-        "attempts and back-off; the next worker poll claims it. A run under a live lease is "
-        "left alone.",
-    )
-    retry.add_argument("run_id", help="the run to try again")
-    retry.add_argument("--store", required=True, help="sqlite:///path.sqlite or postgresql://...")
-    retry.set_defaults(func=cmd_retry)
+    add_runs(sub, _seconds(MAX_APPROVAL_TTL_S))
     add_recovery(sub, _seconds(MAX_APPROVAL_TTL_S))
     add_crashtest(sub, _count)
     add_serve(sub)
     return parser
-
-
-def cmd_retry(args: argparse.Namespace) -> int:
-    from tether.cli._sign import open_existing
-
-    store = open_existing(args.store)
-    try:
-        before = store.get_mark(args.run_id)
-        mark = store.retry_now(args.run_id)
-    finally:
-        store.close()
-    tried = 0 if before is None else before.attempts
-    print(
-        f"tether retry: run {args.run_id} ({mark.phase}) had {tried} failed attempt(s); "
-        "cleared, workers claim it on their next poll"
-    )
-    return 0
-
-
-def cmd_cancel(args: argparse.Namespace) -> int:
-    import getpass
-    import os
-    import socket
-
-    from tether.core import OutcomeKind
-    from tether.runtime import load_factory
-    from tether.store import open_store
-
-    factory = load_factory(args.app)
-    worker_id = f"cancel-{socket.gethostname()}-{os.getpid()}"
-    with open_store(args.store) as store:
-        rt = factory(store, args.run_id, worker_id)
-        # The cancel runs under the run's lease: a worker busy with it makes this
-        # fail with LeaseHeldError rather than race it.
-        rt.lease_ttl_s = rt.lease_ttl_s or 30.0
-        session = rt.recover(args.run_id)
-        try:
-            outcome = session.cancel(args.reason, by=f"cli:{getpass.getuser()}")
-        finally:
-            session.release()
-    if outcome.kind is OutcomeKind.CANCELLED:
-        print(
-            f"tether cancel: run {args.run_id} is cancelled (generation {outcome.state.generation})"
-        )
-        return 0
-    _error(
-        f"run {args.run_id} is not cancelled: {outcome.kind} ({outcome.reason}): {outcome.message}"
-    )
-    return EXIT_ERROR
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -191,7 +191,7 @@ def _approve(paths: _demo.DemoPaths, ttl_s: float) -> dict[str, Any]:
         expires_at=now + timedelta(seconds=ttl_s),
         nonce=secrets.token_hex(16),
     )
-    _sign.deliver(paths.db, _demo.RUN_ID, "approval", signer.sign(body))
+    _sign.deliver_document(paths.db, _demo.RUN_ID, "approval", signer.sign(body))
     return body
 
 
@@ -249,7 +249,7 @@ def _conflict_story(paths: _demo.DemoPaths, story: list[str]) -> None:
         expires_at=now + timedelta(seconds=300),
         nonce=secrets.token_hex(16),
     )
-    _sign.deliver(paths.db, _demo.RUN_ID, "review_decision", signer.sign(body))
+    _sign.deliver_document(paths.db, _demo.RUN_ID, "review_decision", signer.sign(body))
     _stage(paths, "recover")
     final = _state(paths)
     story.append(
