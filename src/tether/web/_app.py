@@ -33,11 +33,13 @@ from tether.core import (
     Phase,
     Policy,
     PolicyError,
+    RunNotFoundError,
     StoreError,
     TetherError,
     format_time,
 )
 from tether.crypto import Keyring, Signer, TrustRoots
+from tether.runtime import InboxItem, StaleViewError, deliver, list_runs, open_run
 from tether.store import SQLBase, SQLiteStore, open_store
 from tether.web import _actions as actions
 from tether.web import _read as read
@@ -84,11 +86,13 @@ def create_app(config: WebConfig) -> Starlette:
     """The page as an ASGI app, behind the token guard."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["epoch_ms"] = _epoch_ms
+    templates.env.filters["when"] = _when
     sessions = Sessions(config.token)
     lock = threading.Lock()
-    # Prepared documents, by a random id: (session, when, document). Signing takes
-    # the body from here, never from the form, so what was shown is what is signed.
-    pending_docs: dict[str, tuple[str, float, actions.Prepared]] = {}
+    # Signed documents shown but not yet delivered, by a random id: (session, when,
+    # draft). Delivery takes the document from here, never from the form, so what
+    # was shown is what goes to the inbox.
+    drafts: dict[str, tuple[str, float, actions.Draft]] = {}
 
     @contextmanager
     def store(*, write: bool = False) -> Iterator[SQLBase]:
@@ -111,7 +115,7 @@ def create_app(config: WebConfig) -> Starlette:
         return templates.TemplateResponse(request, name, context, status_code=status)
 
     def failure(request: Request, exc: Exception) -> Response:
-        if isinstance(exc, MissingHighWaterMarkError):
+        if isinstance(exc, (MissingHighWaterMarkError, RunNotFoundError)):
             status, title = 404, "No such run"
         elif isinstance(exc, IntegrityError):
             status, title = 500, "Integrity failure: nothing of this run is shown"
@@ -134,7 +138,7 @@ def create_app(config: WebConfig) -> Starlette:
             phase = None
         try:
             with store() as s:
-                rows = read.list_rows(s, config.keyring, phase)
+                rows = list_runs(s, keyring=config.keyring, phase=phase)
         except TetherError as exc:
             return failure(request, exc)
         return render(request, "runs.html", rows=rows, phase=phase, phases=[p.value for p in Phase])
@@ -143,26 +147,28 @@ def create_app(config: WebConfig) -> Starlette:
         run_id = request.path_params["run_id"]
         try:
             with store() as s:
-                page = read.read_run(s, run_id, config.keyring)
+                page = read.arrange(open_run(s, run_id, keyring=config.keyring), s.evidence(run_id))
         except TetherError as exc:
             return failure(request, exc)
         return render(
             request,
             "run.html",
             page=page,
-            state=page.state,
+            view=page.view,
+            state=page.view.state,
             decisions=actions.decisions(),
+            can_cancel=actions.CANCEL_KIND is not None,
             pretty=read.pretty,
             done=request.query_params.get("done"),
         )
 
     def inbox(request: Request) -> Response:
-        items: list[tuple[str, read.InboxItem]] = []
+        items: list[tuple[str, InboxItem]] = []
         try:
             with store() as s:
-                for row in read.list_rows(s, config.keyring):
-                    page = read.read_run(s, row.run_id, config.keyring)
-                    items += [(row.run_id, item) for item in page.inbox]
+                for row in list_runs(s, keyring=config.keyring):
+                    view = open_run(s, row.run_id, keyring=config.keyring)
+                    items += [(row.run_id, item) for item in view.inbox]
         except TetherError as exc:
             return failure(request, exc)
         order = {"refused": 0, "waiting": 1, "applied": 2}
@@ -175,18 +181,23 @@ def create_app(config: WebConfig) -> Starlette:
         if refused is not None:
             return refused
         run_id = request.path_params["run_id"]
+        fields = {key: str(value) for key, value in form.items() if isinstance(value, str)}
         try:
-            prepared = _prepare(config, run_id, form)
+            with store() as s:
+                view = open_run(s, run_id, keyring=config.keyring)
+            draft = actions.prepare(
+                view, fields, list(config.signers), trust=config.trust, policy=config.policy
+            )
         except TetherError as exc:
             return failure(request, exc)
         pid = secrets.token_urlsafe(16)
         sid = request.scope["state"]["sid"]
         with lock:
             now = time.monotonic()
-            for key in [k for k, (_, at, _) in pending_docs.items() if now - at > PREPARED_TTL_S]:
-                del pending_docs[key]
-            pending_docs[pid] = (sid, now, prepared)
-        return render(request, "confirm.html", prepared=prepared, pid=pid, run_id=run_id)
+            for key in [k for k, (_, at, _) in drafts.items() if now - at > PREPARED_TTL_S]:
+                del drafts[key]
+            drafts[pid] = (sid, now, draft)
+        return render(request, "confirm.html", draft=draft, pid=pid, run_id=run_id)
 
     async def sign(request: Request) -> Response:
         form = await request.form()
@@ -196,12 +207,12 @@ def create_app(config: WebConfig) -> Starlette:
         run_id = request.path_params["run_id"]
         sid = request.scope["state"]["sid"]
         with lock:
-            entry = pending_docs.pop(str(form.get("prepared", "")), None)
-        if entry is None or entry[0] != sid or entry[2].run_id != run_id:
+            entry = drafts.pop(str(form.get("prepared", "")), None)
+        if entry is None or entry[0] != sid or entry[2].prepared.run_id != run_id:
             return failure(
                 request, actions.ActionRefusedError("nothing prepared to sign; start again")
             )
-        _, at, prepared = entry
+        _, at, draft = entry
         if time.monotonic() - at > PREPARED_TTL_S:
             return failure(
                 request, actions.ActionRefusedError("prepared too long ago; start again")
@@ -209,18 +220,18 @@ def create_app(config: WebConfig) -> Starlette:
         try:
             with store(write=True) as s:
                 mark = s.get_mark(run_id)
-                if mark is None or mark.generation != prepared.generation:
-                    now = None if mark is None else mark.generation
-                    raise actions.ActionRefusedError(
+                if mark is None or mark.generation != draft.generation:
+                    raise StaleViewError(
                         f"run {run_id} moved since the fields were shown (generation "
-                        f"{prepared.generation} -> {now}); nothing signed: look again"
+                        f"{draft.generation} -> {None if mark is None else mark.generation}); "
+                        "nothing delivered: look again",
+                        run_id=run_id,
                     )
-                seq = actions.sign_and_deliver(s, prepared, list(config.signers), config.trust)
+                seq = deliver(s, draft.prepared)
         except TetherError as exc:
             return failure(request, exc)
-        return RedirectResponse(
-            f"/runs/{run_id}?done={prepared.kind}+inbox+%23{seq}", status_code=303
-        )
+        kind = draft.prepared.kind
+        return RedirectResponse(f"/runs/{run_id}?done={kind}+inbox+%23{seq}", status_code=303)
 
     routes = [
         Route("/", home),
@@ -250,52 +261,11 @@ def _writable(
     return None
 
 
-def _prepare(config: WebConfig, run_id: str, form: FormData) -> actions.Prepared:
-    action = str(form.get("action", ""))
-    ttl = _ttl(form.get("ttl"))
-    signers = list(config.signers)
-    store = open_for(config.store, write=False)
-    try:
-        state, mark, _ = read.load(store, run_id, config.keyring)
-    finally:
-        store.close()
-    common: dict[str, Any] = {"trust": config.trust, "policy": config.policy, "ttl": ttl}
-    if action == "approve":
-        return actions.prepare_approval(state, str(form.get("action_id", "")), signers, **common)
-    if action == "review":
-        return actions.prepare_review(
-            state, str(form.get("case_id", "")), str(form.get("decision", "")), signers, **common
-        )
-    if action == "rewind":
-        try:
-            target = int(str(form.get("to", "")))
-        except ValueError:
-            raise actions.ActionRefusedError("rewind to: a generation number") from None
-        return actions.prepare_rewind(
-            state,
-            mark,
-            target,
-            str(form.get("reason", "")),
-            str(form.get("scope", "aligned")),
-            signers,
-            **common,
-        )
-    if action == "cancel":
-        raise actions.ActionRefusedError(
-            "cancel from the page needs the signed cancel document, which this tether does not "
-            "have yet; use tether cancel"
-        )
-    raise actions.ActionRefusedError(f"unknown action {action!r}")
-
-
-def _ttl(value: Any) -> float | None:
-    text = str(value or "").strip()
-    if not text:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise actions.ActionRefusedError(f"ttl {text!r} is not a number of seconds") from None
+def _when(value: Any) -> str:
+    """A time as evidence and traces write it (UTC, RFC 3339); '' for none."""
+    return (
+        format_time(value) if isinstance(value, datetime) else ("" if value is None else str(value))
+    )
 
 
 def _epoch_ms(value: Any) -> int:
