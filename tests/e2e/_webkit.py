@@ -154,3 +154,8 @@ def worker(paths: _demo.DemoPaths) -> subprocess.CompletedProcess[str]:
         env={**os.environ, "TETHER_DEMO_HOME": str(paths.home)},
         check=False,
     )
+
+
+def take_evidence(paths: _demo.DemoPaths) -> None:
+    """The demo run reads its inbox once and stops (a new checkpoint if it took anything)."""
+    _stage(paths, "take-evidence")
