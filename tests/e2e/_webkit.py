@@ -159,3 +159,15 @@ def worker(paths: _demo.DemoPaths) -> subprocess.CompletedProcess[str]:
 def take_evidence(paths: _demo.DemoPaths) -> None:
     """The demo run reads its inbox once and stops (a new checkpoint if it took anything)."""
     _stage(paths, "take-evidence")
+
+
+def running_run(home: Path) -> _demo.DemoPaths:
+    """A demo run at rest in phase running past its first generation (killed before its second proposal)."""
+    paths = _demo.DemoPaths.under(home)
+    _demo.prepare(paths, "repair")
+    killed = child(paths, "start", "before_proposal", 2)
+    if killed.returncode != -signal.SIGKILL:
+        raise AssertionError(
+            f"the start stage was to die before its second proposal: {killed.stderr}"
+        )
+    return paths

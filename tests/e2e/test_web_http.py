@@ -191,3 +191,61 @@ def test_serve_refuses_a_missing_store_and_a_short_token(tmp_path: Path) -> None
         )
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert not missing.exists()
+
+
+def test_a_rewind_signed_in_the_page_is_applied_by_the_runs_next_step(tmp_path: Path) -> None:
+    """The page shows a rewind's bound fields, delivers it, and the recovered run restores to that generation."""
+    paths = _webkit.running_run(tmp_path)
+    c = client(paths, "reviewer")
+    token, seen = csrf(c)
+    form = {"csrf": token, "seen": str(seen), "action": "rewind", "to": "1", "reason": "start over"}
+    shown = c.post("/runs/demo-run/prepare", data={**form, "scope": "aligned"})
+    assert shown.status_code == 200, shown.text
+    assert re.search(r"<th>purpose</th><td><code>rewind</code>", shown.text)
+    assert re.search(r"<th>target_generation</th><td><code>1</code>", shown.text)
+    draft = re.search(r'name="prepared" value="([^"]+)"', shown.text)
+    assert draft is not None
+    done = c.post(
+        "/runs/demo-run/sign",
+        data={"csrf": token, "prepared": draft.group(1)},
+        follow_redirects=False,
+    )
+    assert done.status_code == 303 and "rewind" in done.headers["location"]
+    (item,) = inbox(paths)
+    assert item.kind == "rewind"
+    _webkit.recover(paths)
+    page = c.get("/runs/demo-run").text
+    assert "rewind_started" in page and "inbox-applied" in page
+
+
+def test_the_inbox_page_lists_refused_evidence_with_why(waiting: _demo.DemoPaths) -> None:
+    """An approval signed by a key the runtime does not trust is listed as refused, with the runtime's reason."""
+    from datetime import UTC, datetime, timedelta
+
+    from tether.core import new_approval
+    from tether.runtime import open_run
+
+    store = SQLiteStore(waiting.db)
+    try:
+        state = open_run(store, "demo-run").state
+        now = datetime.now(UTC)
+        mallory = Signer.generate("mallory", "approver")
+        body = new_approval(
+            state, "mallory", issued_at=now, expires_at=now + timedelta(seconds=60), nonce="n" * 32
+        )
+        store.put_evidence("demo-run", "approval", mallory.sign(body))
+    finally:
+        store.close()
+    _webkit.take_evidence(waiting)
+    page = client(waiting).get("/inbox").text
+    row = re.search(r'<tr class="inbox-refused">(.*?)</tr>', page, re.S)
+    assert row is not None and "mallory" in row.group(1)
+    assert "UnknownSignerError" in row.group(1)
+
+
+def test_the_runs_page_filters_by_phase(waiting: _demo.DemoPaths) -> None:
+    """?phase= lists only runs in that phase; an unknown phase lists all."""
+    c = client(waiting)
+    assert 'data-run="demo-run"' in c.get("/runs?phase=pending").text
+    assert 'data-run="demo-run"' not in c.get("/runs?phase=completed").text
+    assert 'data-run="demo-run"' in c.get("/runs?phase=bogus").text
