@@ -2,7 +2,8 @@
 
 One browser for the module; each test starts its own `tether serve` child
 over a real SQLite store holding a demo run, and a fresh browser context.
-The screenshot of the approval test is kept in tests/e2e/artifacts/.
+Screenshots (the approval's signed fields, the approved run, a review case)
+are kept in tests/e2e/artifacts/ (ignored by git).
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ def test_approval_in_the_page_lets_a_worker_write_once_and_the_page_shows_it(
         )
         assert shown["idempotency_key"] == key and shown["action_id"] == "fix-calc"
         assert shown["approver_id"] == "demo-approver"
+        _webkit.ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(_webkit.ARTIFACTS / "approval-fields.png"), full_page=True)
         page.locator("#sign").click()
         expect(page.locator("#done")).to_contain_text("approval inbox #1")
 
@@ -138,6 +141,8 @@ def test_a_review_decision_signed_in_the_page_unfreezes_the_run(tmp_path: Path, 
         case = page.locator("section.case")
         expect(case).to_contain_text("The run's intent")
         expect(case).to_contain_text("sha256:c0ffee")  # the receipt's other intent, side by side
+        _webkit.ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(_webkit.ARTIFACTS / "review-case.png"), full_page=True)
         case.locator("button.decision-replan").click()
         shown = page.locator("#signed-fields")
         expect(shown).to_contain_text("receipt_fingerprint")
