@@ -22,7 +22,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -47,7 +47,7 @@ from tether.web._guard import Guard, Sessions
 
 HERE = Path(__file__).parent
 #: A prepared document must be signed within this many seconds, or prepared again.
-PREPARED_TTL_S = 300.0
+DRAFT_TTL_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +110,6 @@ def create_app(config: WebConfig) -> Starlette:
             signers=[(s.signer_id, s.role.value) for s in config.signers],
             verified_by_keyring=config.keyring is not None,
             refresh_s=config.refresh_s,
-            now=format_time(datetime.now().astimezone()),
         )
         return templates.TemplateResponse(request, name, context, status_code=status)
 
@@ -194,7 +193,7 @@ def create_app(config: WebConfig) -> Starlette:
         sid = request.scope["state"]["sid"]
         with lock:
             now = time.monotonic()
-            for key in [k for k, (_, at, _) in drafts.items() if now - at > PREPARED_TTL_S]:
+            for key in [k for k, (_, at, _) in drafts.items() if now - at > DRAFT_TTL_S]:
                 del drafts[key]
             drafts[pid] = (sid, now, draft)
         return render(request, "confirm.html", draft=draft, pid=pid, run_id=run_id)
@@ -213,7 +212,7 @@ def create_app(config: WebConfig) -> Starlette:
                 request, actions.ActionRefusedError("nothing prepared to sign; start again")
             )
         _, at, draft = entry
-        if time.monotonic() - at > PREPARED_TTL_S:
+        if time.monotonic() - at > DRAFT_TTL_S:
             return failure(
                 request, actions.ActionRefusedError("prepared too long ago; start again")
             )
@@ -251,8 +250,6 @@ def _writable(
     request: Request, form: FormData, sessions: Sessions, config: WebConfig
 ) -> Response | None:
     """None when this POST may act: a key was given and the form's CSRF token is the session's."""
-    from starlette.responses import PlainTextResponse
-
     if config.read_only:
         return PlainTextResponse("read-only: tether serve was started without --key\n", 403)
     sid = request.scope["state"]["sid"]
