@@ -9,6 +9,7 @@ are kept in tests/e2e/artifacts/ (ignored by git).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 from collections.abc import Iterator
@@ -98,6 +99,9 @@ def test_approval_in_the_page_lets_a_worker_write_once_and_the_page_shows_it(
         page.screenshot(path=str(_webkit.ARTIFACTS / "approval-fields.png"), full_page=True)
         page.locator("#sign").click()
         expect(page.locator("#done")).to_contain_text("approval inbox #1")
+        # The delivered approval waits in the inbox with a live countdown to its expiry.
+        countdown = page.locator("#run-inbox tr.inbox-waiting .countdown")
+        expect(countdown).to_contain_text(re.compile(r"1[45] min \d+ s left"))
 
         (delivered,) = inbox_of(paths.db)
         # The signed body is exactly what the page showed.
