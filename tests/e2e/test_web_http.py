@@ -249,3 +249,18 @@ def test_the_runs_page_filters_by_phase(waiting: _demo.DemoPaths) -> None:
     assert 'data-run="demo-run"' in c.get("/runs?phase=pending").text
     assert 'data-run="demo-run"' not in c.get("/runs?phase=completed").text
     assert 'data-run="demo-run"' in c.get("/runs?phase=bogus").text
+
+
+def test_the_web_package_exports_exactly_these_names() -> None:
+    """tether.web's public names are pinned; each has a docstring."""
+    import tether.web
+
+    assert sorted(tether.web.__all__) == [
+        "ActionRefusedError",
+        "Draft",
+        "WebConfig",
+        "create_app",
+        "serve",
+    ]
+    for name in tether.web.__all__:
+        assert getattr(tether.web, name).__doc__, name
