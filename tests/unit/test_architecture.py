@@ -59,6 +59,24 @@ def test_arrows_point_down_only() -> None:
                 assert target in {"core", layer}, f"{path} imports {name}"
 
 
+WEB_MAY_IMPORT = {"runtime", "core", "crypto", "store", "adapters"}
+
+
+def test_web_uses_only_the_public_api_and_only_the_cli_imports_web() -> None:
+    """web imports runtime, core, crypto, store and adapters by their packages; only `tether serve` imports web."""
+    for path in (SRC / "web").rglob("*.py"):
+        for name in imports_of(path):
+            parts = name.split(".")
+            if parts[0] != "tether" or len(parts) < 2 or parts[1] == "web":
+                continue
+            assert parts[1] in WEB_MAY_IMPORT and len(parts) == 2, f"{path} imports {name}"
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC)
+        if rel.parts[0] == "web" or rel == Path("cli/_serve.py"):
+            continue
+        assert not any(n.startswith("tether.web") for n in imports_of(path)), f"{path} imports web"
+
+
 def test_no_assert_in_src() -> None:
     """Runtime checks never use assert, so python -O behaves the same."""
     for path in SRC.rglob("*.py"):

@@ -21,6 +21,7 @@ from tether.cli._demo_cmd import cmd_demo, cmd_demo_child
 from tether.cli._inspect import add_reader, cmd_inspect, cmd_verify
 from tether.cli._recovery import add_recovery
 from tether.cli._runs import add_runs
+from tether.cli._serve import add_serve
 from tether.cli._sign import add_signing
 from tether.core import MAX_APPROVAL_TTL_S, IntegrityError, TetherError
 from tether.runtime import CrashPoint
@@ -186,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_runs(sub, _seconds(MAX_APPROVAL_TTL_S))
     add_recovery(sub, _seconds(MAX_APPROVAL_TTL_S))
     add_crashtest(sub, _count)
+    add_serve(sub)
     return parser
 
 

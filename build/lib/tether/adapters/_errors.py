@@ -1,0 +1,158 @@
+"""Errors the shipped adapters raise beyond the core's adapter family.
+
+They all derive from :class:`~tether.core.AdapterError`, so a caller that
+handles "the adapter refused or failed" handles these too.
+"""
+
+from __future__ import annotations
+
+from tether.core import AdapterError, IdempotencyConflictError, PreconditionFailedError
+
+
+class WorkspaceConfigError(AdapterError):
+    """The workspace was configured in a way that would defeat its guarantees.
+
+    The usual cause: the journal directory lies inside the workspace tree, where
+    a rewind of the tree could erase receipts. Move the journal outside ``root``.
+    """
+
+
+class JournalCorruptError(AdapterError):
+    """A journal row or meta record does not parse; nothing was trusted from it.
+
+    ``field`` is the dotted path of the offending field when one is known.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"journal record {field or 'document'}: {problem}")
+
+
+class UnsupportedEntryError(AdapterError):
+    """The tree holds an entry the workspace refuses to follow (symlink, device, ...).
+
+    Following a symlink could read or write outside the workspace, so the
+    workspace refuses instead. Remove or replace the entry at ``path``.
+    """
+
+    def __init__(self, path: str, kind: str) -> None:
+        self.path = path
+        self.kind = kind
+        super().__init__(f"{path}: refusing {kind}; only regular files and directories are managed")
+
+
+class UnresolvedWriteError(AdapterError):
+    """A write under ``key`` was prepared, and the target now matches neither side.
+
+    The workspace cannot tell whether its write landed and was overwritten or
+    never landed, so it will not guess: it neither replays nor issues a receipt.
+    Put ``target`` back to the before or after content, or send the case to review.
+    """
+
+    def __init__(
+        self, key: str, target: str, before: str | None, after: str, actual: str | None
+    ) -> None:
+        self.key = key
+        self.target = target
+        self.before = before
+        self.after = after
+        self.actual = actual
+        super().__init__(
+            f"write to {target} is unresolved: expected {before or 'absent'} (before) or "
+            f"{after} (after), found {actual or 'absent'}; resolve it or open a review"
+        )
+
+
+class NotQueryableError(AdapterError):
+    """The adapter cannot look up a write by key; an uncertain outcome needs review."""
+
+
+class FenceRejectedError(AdapterError):
+    """A write presented an expired fencing token, or one lower than the adapter has seen.
+
+    A newer lease holder has acted on the run; the caller's lease was taken over
+    and its write is refused. Stop working on the run.
+    """
+
+    def __init__(self, run_id: str, presented: int, highest: int | None) -> None:
+        self.run_id = run_id
+        self.presented = presented
+        self.highest = highest
+        why = "has expired" if highest is None else f"is older than {highest}"
+        super().__init__(
+            f"run {run_id}: fencing token {presented} {why}; "
+            "the lease is no longer yours, stop working on this run"
+        )
+
+
+class HttpConfigError(AdapterError):
+    """An HTTP adapter or service profile is configured in a way that cannot work.
+
+    Also raised when the service refuses the ``Idempotency-Key`` header itself
+    (a 400 about the key): no retry can fix that, the configuration must.
+    """
+
+
+class KeyInFlightError(UnresolvedWriteError):
+    """The service still runs a request under ``key`` (409): wait, then ask by the same key.
+
+    An unresolved write like the workspace's: the runtime neither resends nor
+    settles it until the service answers for the key.
+    """
+
+    def __init__(self, key: str, detail: str) -> None:
+        self.key = key
+        self.target = ""
+        self.before = None
+        self.after = ""
+        self.actual = None
+        AdapterError.__init__(self, f"key {key}: {detail}")
+
+
+class KeyReusedError(IdempotencyConflictError):
+    """The service says ``key`` was used with another payload (422): a person decides.
+
+    No receipt exists for the other payload; ``response`` is the service's answer.
+    """
+
+    def __init__(self, key: str, expected_digest: str, response: str) -> None:
+        self.key = key
+        self.expected_digest = expected_digest
+        self.receipt = None
+        self.response = response
+        AdapterError.__init__(
+            self,
+            f"the service refused key {key} as reused with another payload (422): {response}",
+        )
+
+
+class RequestRefusedError(PreconditionFailedError):
+    """The service refused the request (a 4xx other than 409/412/422): nothing was applied.
+
+    A refusal of a first send is a rejected effect; of a retry, an unknown
+    outcome (the first attempt may have landed).
+    """
+
+    def __init__(self, target: str, status: int, response: str) -> None:
+        self.target = target
+        self.expected = "2xx"
+        self.actual = str(status)
+        self.status = status
+        self.response = response
+        AdapterError.__init__(self, f"POST /{target} refused with {status}: {response[:500]}")
+
+
+class RestoreIncompleteError(AdapterError):
+    """A snapshot restore to ``root`` began and did not finish; the tree is part-way there.
+
+    The workspace refuses writes until it is finished: call
+    ``restore_snapshot(root, ...)`` again (it completes the job), or restore
+    another snapshot.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        super().__init__(
+            f"a restore to {root} did not finish; call restore_snapshot with it again first"
+        )

@@ -1,0 +1,556 @@
+"""HttpEffect: mutating HTTP requests under ``Idempotency-Key``, as the service's profile allows.
+
+Each ``http.post`` carries the idempotency key as a Structured Field string
+and the run's fencing token (``Tether-Fence``). Answers map onto the adapter
+protocol's typed outcomes:
+
+=========================  ====================================================
+the service answers        HttpEffect
+=========================  ====================================================
+2xx                        the receipt (the response is the authority)
+409 (same key in flight)   wait and ask again with the SAME key, bounded; then
+                           in progress (the run waits, then looks the key up)
+421 naming another         the service is another instance than the run's
+instance                   (``Tether-Instance``): drift, nothing was applied
+422 (key reused)           a key conflict: needs_review, the response as evidence
+400 about the key          a configuration error (never retried by the runtime)
+412 stale fence            the fencing token was superseded: stop
+other 4xx                  refused: no effect (a retry's refusal: outcome unknown)
+5xx, timeout, reset        outcome unknown: the runtime looks the key up
+=========================  ====================================================
+
+What the service promises is declared, not assumed (:class:`ServiceProfile`).
+An HTTP service is never called "idempotent" in the runtime's sense: a send
+whose first attempt may have landed goes again only after a look-up by key
+found nothing, and only where the profile promises that a second request
+with the key is deduplicated; without a look-up, an unknown outcome goes to
+review. A key older than the declared retention is never sent again.
+
+The environment is the service's identity (base URL and the instance id the
+service reports), not its state: what a remote service holds cannot be
+fingerprinted, so the effect ledger, not the environment, remembers it. No
+request goes to another instance that took over the URL (a restore, a
+failover to an empty replica): a service whose profile says it
+``verifies_instance`` is told the bound instance in ``Tether-Instance`` on
+every send and look-up and refuses one meant for another before it applies
+anything; any other service is asked for its identity again before each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from tether.adapters._base import Fence
+from tether.adapters._errors import (
+    FenceRejectedError,
+    HttpConfigError,
+    KeyInFlightError,
+    KeyReusedError,
+    NotQueryableError,
+    RequestRefusedError,
+)
+from tether.adapters._httpfields import (
+    FENCE,
+    IDEMPOTENCY_KEY,
+    INSTANCE,
+    HeaderFieldError,
+    fence_header,
+    parse_sf_string,
+    sf_string,
+)
+from tether.adapters._remote import RemoteEffect
+from tether.core import (
+    ActionClass,
+    ActionKind,
+    AdapterUnavailableError,
+    Capabilities,
+    Compensation,
+    ContractViolationError,
+    EnvironmentDriftError,
+    EnvironmentState,
+    Intent,
+    Receipt,
+    TargetKind,
+    TetherError,
+    canonical_bytes,
+    check_canonical_path,
+    compensated_effect,
+)
+
+ADAPTER_VERSION = "1"
+# What a POST created, a person can withdraw (close the ticket, refund the
+# charge); the draft gives no generic way for an adapter to undo it.
+HTTP_POST = ActionKind(
+    "http.post",
+    ActionClass.WRITE,
+    TargetKind.PATH,
+    frozenset({"json"}),
+    compensation=Compensation.HUMAN,
+)
+_REPLAYS = {"first_response", "conflict", "new_effect"}
+_KIND_NAME = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+")
+#: The part of a response body kept in a receipt (the ledger stores receipts).
+MAX_RECEIPT_BODY = 16_384
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceProfile:
+    """What a service promises about ``Idempotency-Key``, as its operators declare it.
+
+    ``replay``: what a second request with a completed key gets:
+    ``first_response`` (the draft), ``conflict`` (a 409) or ``new_effect``
+    (it executes again). ``refuses_in_flight``: a second request while the
+    first is still running gets 409. ``detects_mismatch``: the same key with
+    another payload gets 422. ``retention_s``: keys are kept at least this
+    long (``None``: for ever). ``in_flight_limit_s``: a key the service still
+    reports in flight this long after it was sent is stuck (a handler that
+    crashed holding it); the effect goes to review (``None``: wait for ever).
+    ``lookup``: the path, relative to the base URL,
+    that answers for a key (``{key}`` is replaced), in the reference service's
+    format; ``None``: the service cannot be asked. ``identity``: a path
+    answering ``{"instance_id": ...}``; ``None``: the base URL alone names
+    the service. ``verifies_instance``: the service refuses (``421``) a send
+    or a look-up whose ``Tether-Instance`` names another instance than its
+    own, before applying anything, and names itself in that header on every
+    answer; without it, the identity path is asked again before every send
+    and look-up (one more request each). ``fencing``: the service refuses a
+    lower ``Tether-Fence``. ``identity_ignores``: body fields that do not
+    make the effect (see :meth:`HttpEffect.effect_identity`).
+    """
+
+    replay: str = "first_response"
+    refuses_in_flight: bool = True
+    detects_mismatch: bool = True
+    retention_s: float | None = 24 * 3600.0
+    lookup: str | None = "idempotency/{key}"
+    identity: str | None = "instance"
+    verifies_instance: bool = False
+    fencing: bool = False
+    object_id_field: str = "id"
+    committed_at_field: str | None = None
+    in_flight_retries: int = 5
+    in_flight_wait_s: float = 0.1
+    in_flight_limit_s: float | None = 900.0
+    #: The path, relative to the base URL, that undoes what a POST created
+    #: (``{object_id}`` is replaced by the receipt's business object id): POSTed
+    #: under its own ``Idempotency-Key`` with ``{"compensates": ORIGINAL_KEY}``,
+    #: answered like a POST, and asked by key the same way. ``None``: only a
+    #: person can undo it (the kind declares ``human`` compensation).
+    compensate: str | None = None
+    #: Top-level fields of the JSON body that do not change what the request
+    #: does (a client request id, a client timestamp): two requests differing
+    #: only there are the same effect, and the second is replayed, not sent.
+    identity_ignores: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.replay not in _REPLAYS:
+            raise HttpConfigError(f"replay must be one of {sorted(_REPLAYS)}, not {self.replay!r}")
+        if self.retention_s is not None and not 0 < self.retention_s <= 10 * 366 * 86400:
+            raise HttpConfigError("retention_s must be positive and at most ten years")
+        if not 0 <= self.in_flight_retries <= 100 or not 0 <= self.in_flight_wait_s <= 60:
+            raise HttpConfigError("in_flight_retries must be 0-100 and in_flight_wait_s 0-60")
+        if self.in_flight_limit_s is not None and not 0 < self.in_flight_limit_s <= 30 * 86400:
+            raise HttpConfigError("in_flight_limit_s must be positive and at most 30 days")
+        if self.lookup is not None and "{key}" not in self.lookup:
+            raise HttpConfigError("a lookup path must contain {key}")
+        if self.compensate is not None and "{object_id}" not in self.compensate:
+            raise HttpConfigError("a compensate path must contain {object_id}")
+        if self.verifies_instance and self.identity is None:
+            raise HttpConfigError("verifies_instance needs an identity path to learn the instance")
+
+    @property
+    def deduplicates(self) -> bool:
+        """Whether a second request with a key can never be a second effect."""
+        return self.replay == "first_response" and self.refuses_in_flight and self.detects_mismatch
+
+
+#: The reference effects service that ships in ``tether.testing.effects_service``.
+REFERENCE_PROFILE = ServiceProfile(
+    verifies_instance=True,
+    fencing=True,
+    object_id_field="ticket_id",
+    committed_at_field="created_at",
+    compensate="tickets/{object_id}/cancel",
+)
+
+
+def reference_fingerprint(method: str, path: str, body: bytes) -> str:
+    """The payload fingerprint the reference service keeps: method, path and body bytes."""
+    hashed = hashlib.sha256(method.encode() + b" " + path.encode() + b"\n" + body)
+    return "sha256:" + hashed.hexdigest()
+
+
+class HttpEffect(RemoteEffect):
+    """An adapter for one HTTP service: ``http.post`` to paths under ``base_url``.
+
+    Two services in one run each need their own action kind and namespace:
+    ``HttpEffect(url, kind="stripe.post", namespace="stripe")``.
+    """
+
+    ADAPTER_VERSION = ADAPTER_VERSION
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        profile: ServiceProfile = REFERENCE_PROFILE,
+        namespace: str = "http",
+        kind: str = HTTP_POST.name,
+        timeout_s: float = 10.0,
+    ) -> None:
+        if not _KIND_NAME.fullmatch(kind):
+            raise HttpConfigError(
+                f"kind {kind!r} must be dotted lower-case words, like 'http.post' or 'stripe.post'"
+            )
+        if not base_url.startswith(("http://", "https://")):
+            raise HttpConfigError(f"base_url must be http:// or https://, not {base_url!r}")
+        if not 0 < timeout_s <= 3600:
+            raise HttpConfigError("timeout_s must be positive and at most an hour")
+        if not namespace:
+            raise HttpConfigError("namespace must not be empty")
+        self.base_url = base_url.rstrip("/")
+        self.profile = profile
+        self._namespace = namespace
+        # Undone by the adapter only where the service offers a way (a profile's
+        # compensate path); otherwise by a person, as before.
+        undo = Compensation.ADAPTER if profile.compensate is not None else Compensation.HUMAN
+        self._kind = replace(HTTP_POST, name=kind, compensation=undo)
+        self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        self._reported: str | None = None  # the instance id the service named, asked once
+        self._capabilities = Capabilities(
+            idempotent=False,
+            queryable=profile.lookup is not None,
+            conditional_writes=False,
+            fencing=profile.fencing,
+            absent_is_final=profile.deduplicates,
+            retention_s=profile.retention_s,
+            in_flight_limit_s=profile.in_flight_limit_s,
+            stateful=False,
+        )
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self._client.close()
+
+    def __enter__(self) -> HttpEffect:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- identity -----------------------------------------------------
+
+    @property
+    def instance_id(self) -> str:
+        """The base URL and the instance id the service reports (asked once per object)."""
+        return f"{self.base_url}#{self._bound()}"
+
+    def _bound(self) -> str:
+        """The instance id this adapter is bound to: the first one the service reported."""
+        if self._reported is None:
+            self._reported = self._ask_identity()
+        return self._reported
+
+    def _ask_identity(self) -> str:
+        if self.profile.identity is None:
+            return ""
+        body = self._get_json(self.profile.identity, "identity")
+        value = body.get("instance_id") if isinstance(body, dict) else None
+        if not isinstance(value, str) or not value:
+            raise AdapterUnavailableError(
+                f"{self.base_url}: the identity endpoint named no instance_id"
+            )
+        return value
+
+    def _same_service(self) -> dict[str, str]:
+        """Before every send and look-up: what keeps it from reaching another instance.
+
+        A long-lived adapter must not carry a ticket to a new database that took
+        over the address (a restore, a failover to an empty replica). A service
+        that verifies ``Tether-Instance`` checks the header itself, in the
+        transaction that would apply the request, so the headers returned here
+        are enough (and leave no gap between a check and the send); any other
+        is asked for its identity now, and a change is refused before sending.
+        """
+        if self.profile.identity is None:
+            return {}
+        bound = self._bound()
+        if self.profile.verifies_instance:
+            return {INSTANCE: sf_string(bound, "an instance id")}
+        now = self._ask_identity()
+        if now != bound:
+            raise self._drift(now, "nothing was sent")
+        return {}
+
+    def _check_instance(self, response: httpx.Response, *, acted_on: bool) -> None:
+        """A verifying service's answer must come from the bound instance.
+
+        ``421`` naming another instance: it refused before applying anything.
+        Any other answer naming another instance, or an answer the runtime acts
+        on (``acted_on``) naming none, means the service does not check what its
+        profile says: the request may have been applied unverified.
+        """
+        if not self.profile.verifies_instance:
+            return
+        bound, echoed = self._bound(), response.headers.get(INSTANCE)
+        if echoed is None:
+            if acted_on:
+                raise HttpConfigError(
+                    f"the profile says {self.base_url} verifies {INSTANCE}, but its "
+                    f"{response.status_code} answer names no instance: the request may have "
+                    "been applied by an unverified instance; fix the profile or the service"
+                )
+            return
+        try:
+            named = parse_sf_string(echoed, f"a {INSTANCE}")
+        except HeaderFieldError:
+            named = echoed  # not the bound instance in any form: drift
+        if named == bound:
+            return
+        if response.status_code == 421:
+            raise self._drift(named, "it refused the request before applying anything")
+        raise self._drift(named, "the request may have been applied there")
+
+    def _drift(self, now: str, what_happened: str) -> EnvironmentDriftError:
+        bound = f"{self.base_url}#{self._bound()}"
+        actual = f"{self.base_url}#{now}"
+        return EnvironmentDriftError(
+            f"{self.base_url} is now service instance {actual!r}, not {bound!r} that this "
+            f"run is bound to; {what_happened}",
+            expected=bound,
+            actual=actual,
+        )
+
+    # --- writing ------------------------------------------------------
+
+    def normalize(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
+        """``{"json": OBJECT}`` exactly; the target is a canonical path under the base URL."""
+        self._check_kind(kind)
+        check_canonical_path(target, "target")
+        if set(args) != {"json"} or not isinstance(args["json"], dict):
+            raise ContractViolationError(
+                "bad_args", f"{kind} takes exactly one argument, json: an object"
+            )
+        canonical_bytes(args["json"])  # refuses what has no canonical JSON form
+        return {"json": args["json"]}
+
+    def effect_identity(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Method and JSON body (the path is the target), less the profile's ``identity_ignores``.
+
+        Never the ``Idempotency-Key``: it names one attempt, not the effect.
+        """
+        body = args.get("json")
+        if isinstance(body, dict):
+            ignored = self.profile.identity_ignores
+            body = {k: v for k, v in body.items() if k not in ignored}
+        return {"method": "POST", "json": body}
+
+    def execute(
+        self, key: str, intent: Intent, prestate: EnvironmentState, fence: Fence | None = None
+    ) -> Receipt:
+        """POST ``intent`` under ``key``; a 409 is asked again with the same key, bounded."""
+        self._check_send(key, intent, prestate)
+        if compensated_effect(intent) is not None:
+            raise ContractViolationError(
+                "bad_args", "a compensation intent is carried out by compensate(), not execute()"
+            )
+        return self._post(key, intent, prestate, fence)
+
+    def compensate(self, key: str, intent: Intent, fence: Fence | None = None) -> Receipt:
+        """Undo what a POST created: POST the profile's compensate path under ``key``.
+
+        Answers map exactly as for :meth:`execute` (see the module's table), so
+        a lost reply is settled by looking ``key`` up, never by a second send
+        the service would not deduplicate.
+        """
+        prestate = self.environment()
+        self._check_send(key, intent, prestate)
+        self._request(intent)  # refuses what is not a compensation this service can carry out
+        return self._post(key, intent, prestate, fence)
+
+    def _request(self, intent: Intent) -> tuple[str, bytes]:
+        """The path and body the service receives for ``intent`` (a write or a compensation)."""
+        named = compensated_effect(intent)
+        if named is None:
+            return "/" + intent.target, canonical_bytes(intent.args["json"])
+        template = self.profile.compensate
+        object_id = str(named.get("business_object_id") or "")
+        if template is None or not object_id:
+            raise ContractViolationError(
+                "no_compensation",
+                f"{self.base_url} cannot undo this effect: "
+                + (
+                    "its profile declares no compensate path"
+                    if template is None
+                    else "no object id"
+                ),
+            )
+        body = canonical_bytes({"compensates": str(named.get("idempotency_key", ""))})
+        return "/" + template.replace("{object_id}", object_id).lstrip("/"), body
+
+    def _post(
+        self, key: str, intent: Intent, prestate: EnvironmentState, fence: Fence | None
+    ) -> Receipt:
+        """POST ``intent``'s request under ``key``; a 409 is asked again with the same key."""
+        path, body = self._request(intent)
+        headers = self._same_service()
+        headers |= {IDEMPOTENCY_KEY: sf_string(key), "content-type": "application/json"}
+        if fence is not None:
+            headers[FENCE] = fence_header(fence.run_id, fence.lease_version)
+        for attempt in range(self.profile.in_flight_retries + 1):
+            try:
+                response = self._client.post(path, content=body, headers=headers)
+            except httpx.HTTPError as exc:
+                raise AdapterUnavailableError(
+                    f"POST {path} under key {key}: {type(exc).__name__}: {exc}; the outcome is "
+                    "unknown (the request may have been applied)"
+                ) from exc
+            self._check_instance(response, acted_on=200 <= response.status_code < 300)
+            if response.status_code != 409:
+                return self._answer(key, intent, prestate, fence, response)
+            if attempt < self.profile.in_flight_retries:
+                time.sleep(self.profile.in_flight_wait_s * 2**attempt)
+        raise KeyInFlightError(key, f"POST {path} is still in flight at the service (409)")
+
+    def _answer(
+        self,
+        key: str,
+        intent: Intent,
+        prestate: EnvironmentState,
+        fence: Fence | None,
+        response: httpx.Response,
+    ) -> Receipt:
+        status = response.status_code
+        text = response.text[:2000]
+        if 200 <= status < 300:
+            try:
+                # 204 No Content (or any empty 2xx) is a success with nothing to keep.
+                body = None if not response.content.strip() else response.json()
+            except ValueError:
+                raise AdapterUnavailableError(
+                    f"POST under key {key} answered {status} without a JSON body; the outcome "
+                    "is unknown"
+                ) from None
+            return self._receipt(key, intent.digest, status, body, prestate)
+        if status == 422:
+            raise KeyReusedError(key, intent.digest, text)
+        if status == 412 and fence is not None:
+            raise FenceRejectedError(fence.run_id, fence.lease_version, None)
+        if status == 400 and "idempotency" in text.lower():
+            raise HttpConfigError(f"the service refused the Idempotency-Key header: {text}")
+        if 400 <= status < 500:
+            raise RequestRefusedError(intent.target, status, text)
+        raise AdapterUnavailableError(
+            f"POST under key {key} answered {status}: {text[:500]}; the outcome is unknown"
+        )
+
+    def _receipt(
+        self, key: str, intent_digest: str, status: int, body: Any, post: EnvironmentState
+    ) -> Receipt:
+        """The same fields whether built from the reply or from a later look-up."""
+        kept: Any = body
+        try:
+            encoded = canonical_bytes(body)
+        except TetherError:
+            # The effect landed; a body RFC 8785 cannot carry (an id past 2**53,
+            # a NaN) must not make it unrecordable. Its digest stands in for it,
+            # taken over a stable re-encoding both the reply and a look-up give.
+            encoded = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+            kept = {"body_sha256": "sha256:" + hashlib.sha256(encoded).hexdigest()}
+        if len(encoded) > MAX_RECEIPT_BODY:
+            kept = {"body_sha256": "sha256:" + hashlib.sha256(encoded).hexdigest()}
+        object_id = body.get(self.profile.object_id_field, "") if isinstance(body, dict) else ""
+        committed = ""
+        field_name = self.profile.committed_at_field
+        if field_name is not None and isinstance(body, dict):
+            committed = str(body.get(field_name) or "")
+        return Receipt(
+            namespace=self._namespace,
+            adapter_version=ADAPTER_VERSION,
+            receipt_id=f"{self.instance_id}/{key}",
+            idempotency_key=key,
+            intent_digest=intent_digest,
+            result={"status": status, "body": kept},
+            business_object_id=str(object_id),
+            committed_at=committed,
+            post_state=post,
+        )
+
+    # --- asking by key ------------------------------------------------
+
+    def lookup(self, key: str) -> Receipt | None:
+        """What the service recorded under ``key``, as evidence (its intent is not judged)."""
+        return self._look_up(key, None)
+
+    def lookup_intent(self, key: str, intent: Intent) -> Receipt | None:
+        """What the service recorded under ``key``, judged against ``intent`` (see LooksUpIntents)."""
+        return self._look_up(key, intent)
+
+    def _look_up(self, key: str, intent: Intent | None) -> Receipt | None:
+        template = self.profile.lookup
+        if template is None:
+            raise NotQueryableError(f"{self.base_url} declares no look-up by key")
+        record = self._get_json(
+            template.replace("{key}", key), "look-up", missing_ok=True, bound=self._same_service()
+        )
+        if record is None:
+            return None
+        if not isinstance(record, dict) or record.get("idempotency_key") != key:
+            raise AdapterUnavailableError(f"the look-up for key {key} answered another key")
+        if record.get("state") == "in_flight":
+            raise KeyInFlightError(key, "the service reports the request as still in flight")
+        response = record.get("response")
+        if not isinstance(response, dict) or not isinstance(response.get("status"), int):
+            raise AdapterUnavailableError(f"the look-up for key {key} returned no response")
+        status = response["status"]
+        ours = "sha256:service-" + str(record.get("fingerprint", ""))
+        if intent is not None:
+            path, body = self._request(intent)
+            sent = reference_fingerprint("POST", path, body)
+            if record.get("fingerprint") in (None, sent):
+                ours = intent.digest  # tether mints one key per intent: the record is this intent
+        if 400 <= status < 500 and intent is not None and ours == intent.digest:
+            # The service stored its refusal of this very request: nothing landed,
+            # and a resend would only be answered with the same refusal.
+            raise RequestRefusedError(intent.target, status, json.dumps(response.get("body")))
+        if not 200 <= status < 300:
+            return None  # nothing landed under this key for this request
+        return self._receipt(key, ours, status, response.get("body"), self.environment())
+
+    def _get_json(
+        self, path: str, what: str, *, missing_ok: bool = False, bound: dict[str, str] | None = None
+    ) -> Any:
+        """GET ``path`` as JSON; ``bound``: the instance headers of a look-up, checked on its answer."""
+        try:
+            response = self._client.get("/" + path.lstrip("/"), headers=bound)
+        except httpx.HTTPError as exc:
+            raise AdapterUnavailableError(
+                f"{self.base_url}: the {what} request failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        if bound is not None:
+            self._check_instance(response, acted_on=response.status_code in (200, 404))
+        if missing_ok and response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise AdapterUnavailableError(
+                f"{self.base_url}: the {what} request answered {response.status_code}"
+            )
+        try:
+            return json.loads(response.content)
+        except ValueError:
+            raise AdapterUnavailableError(
+                f"{self.base_url}: the {what} answer is not JSON"
+            ) from None

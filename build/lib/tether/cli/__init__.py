@@ -1,0 +1,269 @@
+"""The ``tether`` command: a thin layer over the public API.
+
+Library errors become CLI errors in one place (:func:`main`). Exit codes:
+0 success; 1 a tether error; 2 bad usage; 3 (``verify``) an integrity
+failure: the checkpoint is not sound; 4 (``crashtest``) the app repeated an
+effect, lost or invented a receipt, or a trial could not be judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tether._demo import SCENARIOS
+from tether.cli._crashtest import add_crashtest
+from tether.cli._demo_cmd import cmd_demo, cmd_demo_child
+from tether.cli._inspect import add_reader, cmd_inspect, cmd_verify
+from tether.cli._recovery import add_recovery
+from tether.cli._runs import add_runs
+from tether.cli._serve import add_serve
+from tether.cli._sign import add_signing
+from tether.core import MAX_APPROVAL_TTL_S, IntegrityError, TetherError
+from tether.runtime import CrashPoint
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTEGRITY = 3
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tether`` console script."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        code: int = args.func(args)
+        return code
+    except IntegrityError as exc:
+        _error(f"integrity: {type(exc).__name__}: {exc}")
+        return EXIT_INTEGRITY if args.command in {"verify", "inspect"} else EXIT_ERROR
+    except TetherError as exc:
+        _error(f"{type(exc).__name__}: {exc}")
+        return EXIT_ERROR
+
+
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    # Built once per process: parsing does not change it, and building it costs
+    # more than most commands (a caller that runs many commands in-process).
+    return build_parser()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tether",
+        description="Recoverable agent runs that never repeat a real-world side effect.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = sub.add_parser(
+        "demo",
+        help="repair a file in a real workspace, optionally crashing and recovering",
+        description="Run a scripted agent that repairs calc.py in a temporary workspace, "
+        "verifies it with a test command and finishes. With --crash-at it kills itself "
+        "(SIGKILL) at that point and recovers the run in a new process. "
+        "--scenario support-desk runs a reply file, a ticket service over HTTP and a mail "
+        "server over SMTP instead, and counts what each of them received.",
+    )
+    demo.add_argument(
+        "--crash-at",
+        metavar="POINT",
+        choices=[p.value for p in CrashPoint],
+        help="SIGKILL the run at this crash point, then recover it",
+    )
+    demo.add_argument(
+        "--crash-hit",
+        metavar="N",
+        type=int,
+        default=1,
+        help="fire at the N-th time the point is reached (default 1)",
+    )
+    demo.add_argument(
+        "--list-crash-points",
+        action="store_true",
+        help="print the crash point names, one a line, and exit",
+    )
+    demo.add_argument("--db", type=Path, help="SQLite store file (default: in a new temp dir)")
+    demo.add_argument(
+        "--marks", type=Path, help="keep the high-water mark in this separate SQLite file"
+    )
+    demo.add_argument("--workspace", type=Path, help="workspace directory (default: temp dir)")
+    demo.add_argument("--json", action="store_true", help="print one JSON object")
+    demo.add_argument(
+        "--scenario",
+        choices=list(SCENARIOS),
+        default="repair",
+        help="approval: an approval expires while the run is down and a person refreshes it; "
+        "conflict: same key, different intent, resolved by a signed replan; "
+        "support-desk: write a reply file, open a ticket over HTTP and email the customer "
+        "over SMTP (needs tether[demo]); notify: email a customer, fail, and have an "
+        "operator rewind context and workspace to before the send; the email is not sent "
+        "again (needs tether[demo])",
+    )
+    demo.add_argument(
+        "--mail-lookup",
+        action="store_true",
+        help="support-desk: let the SMTP adapter search the mail server's Maildir, so an "
+        "uncertain email is reconciled instead of going to review",
+    )
+    demo.set_defaults(func=cmd_demo)
+
+    child = sub.add_parser("_demo-child", help=argparse.SUPPRESS)
+    child.add_argument("stage", choices=["start", "recover", "take-evidence"])
+    child.add_argument("--db", type=Path, required=True)
+    child.add_argument("--marks", type=Path)
+    child.add_argument("--store", help="store URL instead of the SQLite file (e.g. PostgreSQL)")
+    child.add_argument("--lease-ttl", type=float, help="take the run's lease for this long")
+    child.add_argument("--workspace", type=Path, required=True)
+    child.add_argument("--crash-at", choices=[p.value for p in CrashPoint])
+    child.add_argument("--crash-hit", type=int, default=1)
+    child.add_argument("--scenario", choices=list(SCENARIOS), default="repair")
+    child.set_defaults(func=cmd_demo_child)
+
+    for name, helptext, func in (
+        ("inspect", "show a run's state, pending write, ledger and trace", cmd_inspect),
+        (
+            "verify",
+            "check a run's newest checkpoint against the key and the mark (exit 3 if unsound)",
+            cmd_verify,
+        ),
+    ):
+        add_reader(sub, name, helptext, func)
+    add_signing(sub, _seconds(MAX_APPROVAL_TTL_S))
+    worker = sub.add_parser(
+        "worker",
+        help="run a recovery worker that claims runs whose lease expired",
+        description="Claim runs whose lease has expired (PostgreSQL: FOR UPDATE SKIP LOCKED), "
+        "admit and resume them, renew the lease while working, and on SIGTERM finish the "
+        "current step and release the lease. --app names factory(store, run_id, worker) -> "
+        "Runtime.",
+    )
+    worker.add_argument("--store", required=True, help="sqlite:///path.sqlite or postgresql://...")
+    worker.add_argument("--app", required=True, help="module:factory building a Runtime per run")
+    worker.add_argument("--id", help="this worker's id (default: host-pid-random)")
+    worker.add_argument(
+        "--lease-ttl",
+        type=_seconds(24 * 3600, real=True),
+        default=15.0,
+        help="lease seconds (default 15, at most a day)",
+    )
+    worker.add_argument(
+        "--poll",
+        type=_seconds(3600, real=True),
+        default=0.5,
+        help="seconds between claims when idle (at most an hour)",
+    )
+    worker.add_argument("--max-runs", type=_count(10**9), help="stop after claiming this many runs")
+    worker.add_argument(
+        "--max-attempts",
+        type=_count(1000),
+        default=5,
+        help="park a run in needs_review (worker_error) after this many failed steps in a row "
+        "(default 5)",
+    )
+    worker.add_argument(
+        "--backoff",
+        type=_seconds(24 * 3600, real=True),
+        default=1.0,
+        help="first retry delay after a failed step, doubled per failure (default 1 s)",
+    )
+    worker.add_argument(
+        "--max-backoff",
+        type=_seconds(366 * 24 * 3600, real=True),
+        default=300.0,
+        help="cap on the retry delay (default 300 s)",
+    )
+    worker.add_argument(
+        "--idle-exit", action="store_true", help="exit when no run is waiting to be claimed"
+    )
+    worker.set_defaults(func=cmd_worker)
+    add_runs(sub, _seconds(MAX_APPROVAL_TTL_S))
+    add_recovery(sub, _seconds(MAX_APPROVAL_TTL_S))
+    add_crashtest(sub, _count)
+    add_serve(sub)
+    return parser
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import json
+    import logging
+    import os
+    import secrets
+    import socket
+
+    from tether.runtime import Worker, install_signal_handlers, load_factory
+    from tether.store import open_store
+
+    logging.basicConfig(level=logging.INFO, format="tether worker: %(message)s")
+    factory = load_factory(args.app)
+    worker_id = args.id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    with open_store(args.store) as store:
+        worker = Worker(
+            store,
+            factory,
+            worker_id,
+            lease_ttl_s=args.lease_ttl,
+            poll_s=args.poll,
+            max_attempts=args.max_attempts,
+            backoff_s=args.backoff,
+            max_backoff_s=args.max_backoff,
+        )
+        install_signal_handlers(worker)
+        stats = worker.serve(max_runs=args.max_runs, idle_exit=args.idle_exit)
+    print(
+        json.dumps(
+            {
+                "worker": worker_id,
+                "claimed": stats.claimed,
+                "completed": stats.completed,
+                "waiting": stats.waiting,
+                "lost": stats.lost,
+                "errors": stats.errors,
+                "parked": stats.parked,
+                "runs": stats.runs,
+            },
+            sort_keys=True,
+        )
+    )
+    return 0
+
+
+def _seconds(maximum: int, *, real: bool = False) -> Any:
+    """An argparse type: a positive number of seconds up to ``maximum`` (else a usage error)."""
+
+    def parse(text: str) -> float | int:
+        try:
+            value: float | int = float(text) if real else int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not 0 < value <= maximum:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"must be more than 0 and at most {maximum} seconds")
+        return value
+
+    return parse
+
+
+def _count(maximum: int) -> Any:
+    """An argparse type: a whole number from 1 to ``maximum`` (else a usage error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not 1 <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be from 1 to {maximum}")
+        return value
+
+    return parse
+
+
+def _error(message: str) -> None:
+    print(f"tether: error: {message}", file=sys.stderr)

@@ -1,0 +1,182 @@
+"""`tether inspect` and `tether verify`: read a run back and check it is sound."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tether.core import (
+    format_time,
+    validate_state,
+)
+from tether.crypto import Keyring
+from tether.runtime import Checkpointer
+from tether.store import SQLBase, SQLiteStore, open_store
+
+
+def add_reader(sub: Any, name: str, helptext: str, func: Any) -> None:
+    """A command that reads one run back, verified under the keyring (inspect, epochs, ...)."""
+    p = sub.add_parser(name, help=helptext, description=helptext)
+    p.add_argument("run_id", metavar="RUN")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", type=Path, help="SQLite store file")
+    where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
+    p.add_argument("--marks", type=Path, help="separate SQLite file holding the mark")
+    p.add_argument(
+        "--keyring",
+        type=Path,
+        help="keyring file (default: $TETHER_KEYRING_FILE or $TETHER_KEYRING)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=func)
+
+
+def _open(args: argparse.Namespace) -> Checkpointer:
+    keyring = Keyring.from_file(args.keyring) if args.keyring else Keyring.from_environ()
+    marks = SQLiteStore(args.marks, read_only=True) if args.marks else None
+    return Checkpointer(_store(args), keyring, marks=marks)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    checkpointer = _open(args)
+    restored = checkpointer.load(args.run_id)
+    state = restored.state
+    entries = checkpointer.verified_ledger(state)
+    ledger = [
+        {
+            "key": e.idempotency_key,
+            "seq": e.seq,
+            "status": e.status.value,
+            "action_id": e.action_id,
+            "intent_digest": e.intent_digest,
+            "receipt_id": None if e.receipt is None else e.receipt.get("receipt_id"),
+            "epoch": e.epoch,
+            "terms": None if e.terms is None else e.terms.to_json(),
+            "payload": e.payload,
+        }
+        for e in entries
+    ]
+    trace = [
+        {"seq": e.seq, "kind": e.kind, "at": e.body()["at"]}
+        for e in checkpointer.verified_trace(state)
+    ]
+    report = {
+        "mark": {
+            "generation": restored.mark.generation,
+            "checkpoint_digest": restored.mark.checkpoint_digest,
+            "attempts": restored.mark.attempts,
+            "retry_at": None
+            if restored.mark.retry_at is None
+            else format_time(restored.mark.retry_at),
+            "last_error": restored.mark.last_error,
+        },
+        "state": state.to_json(),
+        "ledger": ledger,
+        "trace": trace,
+    }
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+        return 0
+    print(
+        f"run {state.run_id}: {state.phase}"
+        + (f" ({state.stop_reason})" if state.stop_reason else "")
+    )
+    if restored.mark.attempts:
+        print(
+            f"  failing  {restored.mark.attempts} failed attempt(s), last: "
+            f"{restored.mark.last_error}"
+        )
+    print(
+        f"  task {state.binding.task_id} v{state.binding.task_version}, "
+        f"policy {state.binding.policy_id} v{state.binding.policy_version}"
+    )
+    print(
+        f"  generation {state.generation} (mark {restored.mark.generation}), epoch {state.epoch}, "
+        f"worker {state.worker}"
+    )
+    env = state.environment
+    print(f"  environment {env.namespace}/{env.instance_id} v{env.version} {env.state_fingerprint}")
+    print(
+        f"  spent proposals={state.spent.proposals} steps={state.spent.steps} "
+        f"cost={state.spent.cost}; writes committed {state.writes_committed}"
+    )
+    if state.pending is not None:
+        p = state.pending
+        print(
+            f"  pending {p.action_id}: {p.intent.kind} {p.intent.target} key={p.idempotency_key} "
+            f"intent={p.intent_digest}"
+        )
+        if not p.approvals:
+            print("    approval evidence: none")
+        now = format_time(datetime.now(UTC))
+        for document in p.approvals:
+            body = document.get("body", {})
+            status = "EXPIRED" if now >= str(body.get("expires_at")) else "valid"
+            print(
+                f"    approval by {document.get('signer')} ({document.get('alg')}), "
+                f"expires {body.get('expires_at')} [{status}], nonce {body.get('nonce')}"
+            )
+    for case in state.review_cases:
+        print(f"  review case {case.case_id}: {case.reason}: {case.detail}")
+        print(f"    action {case.action_id} key {case.idempotency_key} intent {case.intent_digest}")
+        if case.receipt is not None:
+            print(
+                f"    conflicting receipt {case.receipt.get('receipt_id')} for intent "
+                f"{case.receipt.get('intent_digest')} fingerprint {case.receipt_fingerprint}"
+            )
+        print(f"    environment v{case.environment.version} {case.environment.state_fingerprint}")
+    print(f"  ledger ({len(ledger)} entries)")
+    for entry in entries:
+        t = entry.terms
+        what = (
+            ""
+            if t is None
+            else f" {t.kind} {t.target} via {t.adapter} (retry: {t.retry}, "
+            f"compensation: {t.compensation}" + (", sensitive" if t.sensitive else "") + ")"
+        )
+        print(
+            f"    {entry.idempotency_key} #{entry.seq} {entry.status} {entry.action_id} "
+            f"epoch {entry.epoch}{what}"
+        )
+    print(f"  trace ({len(trace)} events)")
+    for row in trace:
+        print(f"    {row['seq']:>4} {row['at']} {row['kind']}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    checkpointer = _open(args)
+    restored = checkpointer.load(args.run_id)
+    checkpointer.check_generation(restored)
+    state = restored.state
+    validate_state(state)
+    events = checkpointer.verified_trace(state)
+    ledger = checkpointer.verified_ledger(state)
+    # Recovery refuses a run whose agent context or results are missing or damaged.
+    checkpointer.context(state)
+    checkpointer.results(state)
+    result = {
+        "run_id": state.run_id,
+        "sound": True,
+        "generation": state.generation,
+        "key_id": json.loads(restored.envelope)["key_id"],
+        "trace_events": len(events),
+        "ledger_entries": len(ledger),
+    }
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(
+            f"run {state.run_id}: sound at generation {state.generation} "
+            f"(signed by key id {result['key_id']}, {len(events)} trace events and {len(ledger)} ledger entries chained)"
+        )
+    return 0
+
+
+def _store(args: argparse.Namespace) -> SQLBase:
+    if args.store:
+        return open_store(args.store, read_only=True)  # like --db (SQLite URLs)
+    return SQLiteStore(args.db, read_only=True)

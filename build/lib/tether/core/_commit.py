@@ -1,0 +1,152 @@
+"""What one checkpoint commit writes, computed from values: the sealed trace and ledger.
+
+The session hands over the state before and after a step, the step's events
+and ledger notes, and the clock reading; :func:`seal_commit` checks the
+phase move and every effect-status move, chains the events onto the trace
+and the notes onto the ledger, and returns the next generation's state
+pinning both heads. The store then writes it all in one fenced transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from tether.core._errors import CheckpointCorruptError, IllegalTransitionError
+from tether.core._ledger import EffectTerms, LedgerEntry, seal_entry
+from tether.core._model import PendingWrite
+from tether.core._phases import EffectStatus, Phase, check_effect_move, check_phase_move
+from tether.core._state import RunState
+from tether.core._trace import TraceEvent, seal_event
+from tether.core._transition import Event, LedgerNote
+
+
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """A commit ready for the store: the new state, its trace events, its ledger entries."""
+
+    state: RunState
+    events: tuple[TraceEvent, ...]
+    entries: tuple[LedgerEntry, ...]
+
+
+def seal_commit(
+    before: RunState,
+    after: RunState,
+    events: Iterable[Event],
+    *,
+    now: datetime,
+    ledger: tuple[LedgerNote, ...] = (),
+    effect: PendingWrite | None = None,
+    terms: EffectTerms | None = None,
+) -> Sealed:
+    """Seal ``after`` as the generation following ``before``.
+
+    ``ledger`` notes record ``effect`` (the write pending before the step, or
+    the one it makes pending) under ``terms`` (what kind of effect it is);
+    an illegal phase or effect-status move raises
+    :class:`~tether.core.IllegalTransitionError` and nothing is sealed.
+    """
+    if before.generation:
+        check_phase_move(before.phase, after.phase)
+        pending = before.pending
+        if after.phase is Phase.COMPLETED and pending is not None and pending.mutating:
+            # pending -> completed exists for a held finish only; a write settles first.
+            raise IllegalTransitionError("a pending write cannot complete the run")
+    head, length = before.trace_head, before.trace_length
+    sealed: list[TraceEvent] = []
+    for kind, data in events:
+        event = seal_event(after.run_id, length + 1, kind, now, data, head)
+        sealed.append(event)
+        head, length = event.hash, length + 1
+    entries: list[LedgerEntry] = []
+    ledger_head, ledger_length = before.ledger_head, before.ledger_length
+    if ledger:
+        if effect is None and any(note.subject is None for note in ledger):
+            raise CheckpointCorruptError("ledger notes without the effect they record")
+        status = None if effect is None else _status(before, effect)
+        for note in ledger:
+            subject = note.subject
+            if subject is not None:
+                # Another effect's next status (a compensation's original): its
+                # own last status, never the pending write's, judges the move.
+                check_effect_move(subject.status, note.status)
+                entry = seal_entry(
+                    after.run_id,
+                    ledger_length + 1,
+                    ledger_head,
+                    idempotency_key=subject.idempotency_key,
+                    status=note.status,
+                    action_id=subject.action_id,
+                    intent_digest=subject.intent_digest,
+                    receipt=note.receipt,
+                    epoch=after.epoch,
+                    at=now,
+                    terms=subject.terms,
+                )
+                entries.append(entry)
+                ledger_head, ledger_length = entry.hash, ledger_length + 1
+                continue
+            if effect is None:  # refused above; keeps the type checker honest
+                raise CheckpointCorruptError("ledger notes without the effect they record")
+            check_effect_move(status, note.status)
+            status = note.status
+            entry = seal_entry(
+                after.run_id,
+                ledger_length + 1,
+                ledger_head,
+                idempotency_key=effect.idempotency_key,
+                status=note.status,
+                action_id=effect.action_id,
+                intent_digest=effect.intent_digest,
+                receipt=note.receipt,
+                epoch=after.epoch,
+                at=now,
+                terms=terms,
+                # The arguments once, with the entry that makes the effect known.
+                payload=dict(effect.intent.args) if note.status is EffectStatus.INTENDED else None,
+            )
+            entries.append(entry)
+            ledger_head, ledger_length = entry.hash, ledger_length + 1
+    state = after.evolve(
+        generation=before.generation + 1,
+        trace_head=head,
+        trace_length=length,
+        ledger_head=ledger_head,
+        ledger_length=ledger_length,
+        updated_at=max(now, after.started_at),
+    )
+    return Sealed(state, tuple(sealed), tuple(entries))
+
+
+def _status(before: RunState, effect: PendingWrite) -> EffectStatus | None:
+    """The ledger's last status for ``effect`` as the signed state knows it."""
+    current = before.pending
+    if current is not None and current.idempotency_key == effect.idempotency_key:
+        return current.status
+    return None  # a write becoming pending: its first entry is `intended`
+
+
+def with_subject_terms(
+    notes: tuple[LedgerNote, ...], entries: Iterable[LedgerEntry]
+) -> tuple[LedgerNote, ...]:
+    """``notes`` whose subjects carry their effect's own terms, found in the verified ``entries``.
+
+    A note about another effect (its ``compensated``) is recorded under that
+    effect's terms, so every reader of the ledger (the replay rule above all)
+    sees which effect moved.
+    """
+    terms: dict[str, EffectTerms] = {}
+    for entry in entries:
+        if entry.terms is not None:
+            terms.setdefault(entry.idempotency_key, entry.terms)
+    out: list[LedgerNote] = []
+    for note in notes:
+        subject = note.subject
+        if subject is not None and subject.terms is None:
+            found = terms.get(subject.idempotency_key)
+            out.append(replace(note, subject=replace(subject, terms=found)))
+        else:
+            out.append(note)
+    return tuple(out)

@@ -1,0 +1,476 @@
+"""One error root, shallow families, typed attributes.
+
+Every message says what went wrong and, where it can, what to do next. No
+message ever contains key material: errors name key *ids*, never secrets.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+
+class TetherError(Exception):
+    """Root of every error tether raises on purpose."""
+
+
+# --- input ---------------------------------------------------------------
+
+
+class SpecError(TetherError):
+    """A task spec, policy or scenario document is malformed.
+
+    ``field`` is the dotted path of the offending field ("budgets.steps").
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+class CanonicalJSONError(TetherError):
+    """A document is not strict JSON (duplicate key, NaN, bad UTF-8...)."""
+
+
+# --- integrity: restoring a checkpoint ------------------------------------
+
+
+class IntegrityError(TetherError):
+    """A checkpoint failed a restore check; nothing was loaded."""
+
+    def __init__(self, message: str, *, run_id: str | None = None) -> None:
+        self.run_id = run_id
+        super().__init__(message)
+
+
+class CheckpointCorruptError(IntegrityError):
+    """The bytes are not a well-formed envelope, or its checksum is wrong."""
+
+
+class SignatureError(IntegrityError):
+    """The checksum is intact but the HMAC does not verify: tampering."""
+
+
+class UnknownKeyError(IntegrityError):
+    """The envelope names a key id the keyring does not hold."""
+
+    def __init__(self, key_id: str, *, run_id: str | None = None) -> None:
+        self.key_id = key_id
+        super().__init__(f"checkpoint signed with unknown key id {key_id!r}", run_id=run_id)
+
+
+class WrongKeyError(IntegrityError):
+    """The keyring holds a different key under the envelope's key id."""
+
+    def __init__(self, key_id: str, *, run_id: str | None = None) -> None:
+        self.key_id = key_id
+        super().__init__(
+            f"key id {key_id!r} in the keyring is not the key that signed this checkpoint",
+            run_id=run_id,
+        )
+
+
+class RetiredKeyError(IntegrityError):
+    """The envelope's key id is retired: its signatures are no longer trusted."""
+
+    def __init__(self, key_id: str, *, run_id: str | None = None) -> None:
+        self.key_id = key_id
+        super().__init__(f"checkpoint signed with retired key id {key_id!r}", run_id=run_id)
+
+
+class SchemaVersionError(IntegrityError):
+    """The payload's schema version is not one this code reads."""
+
+
+class UnknownFieldError(IntegrityError):
+    """The payload carries a field this schema does not define (or lacks one)."""
+
+    def __init__(self, field: str, problem: str, *, run_id: str | None = None) -> None:
+        self.field = field
+        super().__init__(f"checkpoint field {field}: {problem}", run_id=run_id)
+
+
+class BindingMismatchError(IntegrityError):
+    """The checkpoint belongs to another task, policy or scenario than the caller named."""
+
+    def __init__(self, what: str, expected: Any, actual: Any, *, run_id: str | None = None) -> None:
+        self.what = what
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"{what} mismatch: caller expects {expected!r}, checkpoint has {actual!r}",
+            run_id=run_id,
+        )
+
+
+class TaskMismatchError(BindingMismatchError):
+    """The checkpoint was made for another task id or task version."""
+
+
+class PolicyMismatchError(BindingMismatchError):
+    """The checkpoint was made under another policy id or policy version."""
+
+
+class ScenarioMismatchError(BindingMismatchError):
+    """The checkpoint was made for another scenario (initial environment, verifier)."""
+
+
+class StaleCheckpointError(IntegrityError):
+    """The checkpoint's generation is not the store's high-water mark: a rollback."""
+
+    def __init__(self, run_id: str, expected: int, actual: int) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"run {run_id}: checkpoint generation {actual} is not the high-water mark {expected}",
+            run_id=run_id,
+        )
+
+
+class StaleMarkError(IntegrityError):
+    """The content store holds checkpoints beyond the mark's next generation: the mark was rolled back."""
+
+    def __init__(self, run_id: str, mark: int, newest: int) -> None:
+        self.expected = newest
+        self.actual = mark
+        super().__init__(
+            f"run {run_id}: the high-water mark is at generation {mark} but the content store "
+            f"holds generation {newest}; the mark was put back (only one generation past the "
+            "mark can be an orphan of a crash)",
+            run_id=run_id,
+        )
+
+
+class MissingHighWaterMarkError(IntegrityError):
+    """The generation store has no mark for the run: refuse rather than guess."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            f"run {run_id}: the generation store holds no high-water mark; refusing to restore",
+            run_id=run_id,
+        )
+
+
+class EnvironmentDriftError(IntegrityError):
+    """The live environment is neither the checkpointed state nor its one pending successor."""
+
+    def __init__(self, message: str, *, expected: Any = None, actual: Any = None) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(message)
+
+
+class LedgerIntegrityError(IntegrityError):
+    """The effect ledger does not chain to the head the signed checkpoint pins."""
+
+
+class TraceIntegrityError(IntegrityError):
+    """The trace is not one unbroken chain ending at the head the signed checkpoint pins."""
+
+
+class InvariantError(IntegrityError):
+    """Run state violates a cross-object invariant; it is never committed or loaded."""
+
+
+# --- store ---------------------------------------------------------------
+
+
+class StoreError(TetherError):
+    """The store refused or failed an operation."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store cannot be reached or opened; the driver error is chained."""
+
+
+class CommitOutcomeUnknownError(StoreUnavailableError):
+    """The connection was lost after a write was sent: it may or may not have landed.
+
+    Nothing may act on the run until its state is read back from the store
+    (:meth:`~tether.runtime.RunSession.reload` does that; a worker recovers
+    the run anew). ``generation`` and ``checkpoint_digest`` name the
+    checkpoint that was being committed, where known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        generation: int | None = None,
+        checkpoint_digest: str | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.generation = generation
+        self.checkpoint_digest = checkpoint_digest
+        super().__init__(message)
+
+
+class GenerationConflictError(StoreError):
+    """A compare-and-set on the generation lost: someone else advanced the run."""
+
+    def __init__(self, run_id: str, expected: int, actual: int | None) -> None:
+        self.run_id = run_id
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"run {run_id}: expected generation {expected}, store has {actual}; reload and retry"
+        )
+
+
+class RunExistsError(StoreError):
+    """A run with this id already exists."""
+
+
+class RunNotFoundError(StoreError):
+    """The store has no run with this id."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"no run {run_id!r} in this store")
+
+
+class WriteOnceError(StoreError):
+    """Content already written for this address differs: write-once was violated."""
+
+
+class MigrationError(StoreError):
+    """The database schema is newer than this code, or a migration failed."""
+
+
+# --- leases --------------------------------------------------------------
+
+
+class LeaseError(TetherError):
+    """The caller does not hold the run's lease (or it moved on)."""
+
+    def __init__(self, run_id: str, expected: int, actual: int | None) -> None:
+        self.run_id = run_id
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"run {run_id}: lease version {expected} is not current ({actual}); stop working on it"
+        )
+
+
+# --- policy / contract ---------------------------------------------------
+
+
+class PolicyError(TetherError):
+    """The runtime refused an input under the task's contract or policy."""
+
+    def __init__(self, message: str, *, run_id: str | None = None) -> None:
+        self.run_id = run_id
+        super().__init__(message)
+
+
+class ContractViolationError(PolicyError):
+    """A proposal failed the contract gate (schema, scope, permission, risk, ...)."""
+
+    def __init__(self, reason: str, message: str, *, run_id: str | None = None) -> None:
+        self.reason = reason
+        super().__init__(f"{reason}: {message}", run_id=run_id)
+
+
+class BudgetExhaustedError(PolicyError):
+    """A budget ran out; the run has moved to failed."""
+
+
+class RunTerminalError(PolicyError):
+    """The run is completed, failed or cancelled and refuses all further input."""
+
+
+class RunFrozenError(PolicyError):
+    """The run is in needs_review: no proposal or execution until a signed decision."""
+
+
+class IllegalTransitionError(PolicyError):
+    """A phase or effect-status move that the transition table does not allow."""
+
+
+class VerificationRequiredError(PolicyError):
+    """Completion needs a passing verifier event at the final environment version."""
+
+
+# --- evidence: approvals and reviewer decisions --------------------------
+
+
+class EvidenceError(PolicyError):
+    """Signed evidence (an approval or a reviewer decision) was refused; nothing changed."""
+
+
+class UnknownSignerError(EvidenceError):
+    """The signer is not a trusted root for this role."""
+
+    def __init__(self, signer_id: str, role: str) -> None:
+        self.signer_id = signer_id
+        self.role = role
+        super().__init__(f"{signer_id!r} is not a trusted {role}")
+
+
+class EvidenceSignatureError(EvidenceError):
+    """The evidence is malformed or its signature does not verify: tampered."""
+
+
+class EvidenceBindingError(EvidenceError):
+    """The evidence is bound to another run, task, policy, action, key, intent or state."""
+
+    def __init__(self, field: str, expected: Any, actual: Any) -> None:
+        self.field = field
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"evidence field {field}: bound to {actual!r}, the run needs {expected!r}")
+
+
+class ApprovalExpiredError(EvidenceError):
+    """The approval's expiry has passed on the runtime's clock; a fresh one is needed."""
+
+
+class NonceReusedError(EvidenceError):
+    """The evidence's one-time nonce was consumed before."""
+
+
+class ApprovalRequiredError(PolicyError):
+    """The pending write needs a valid approval before it may execute."""
+
+
+class ReviewDriftError(EvidenceError):
+    """The environment or the adapter's receipt changed since the decision was signed."""
+
+
+class AdmissionRefusedError(PolicyError):
+    """A recovery or rewind was not admitted: one of its five bindings does not hold now.
+
+    ``binding`` names which: ``checkpoint``, ``epoch``, ``principal``,
+    ``policy``, ``effects``, ``run`` (task, run or a run that is over) or
+    ``document`` (malformed, expired, replayed). Nothing changed.
+    """
+
+    def __init__(
+        self,
+        binding: str,
+        message: str,
+        *,
+        run_id: str | None = None,
+        expected: Any = None,
+        actual: Any = None,
+    ) -> None:
+        self.binding = binding
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"admission refused ({binding}): {message}", run_id=run_id)
+
+
+class TrustRootsRequiredError(IntegrityError):
+    """The checkpoint carries signed evidence but no trust roots were given to check it."""
+
+
+# --- adapter -------------------------------------------------------------
+
+
+class AdapterError(TetherError):
+    """An adapter refused or failed an operation."""
+
+
+class PreconditionFailedError(AdapterError):
+    """A conditional write found the target in another state than expected."""
+
+    def __init__(self, target: str, expected: str, actual: str) -> None:
+        self.target = target
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"{target}: expected content {expected}, found {actual}")
+
+
+class IdempotencyConflictError(AdapterError):
+    """The adapter holds a receipt for this key with a different intent digest."""
+
+    def __init__(self, key: str, expected_digest: str, receipt: Any) -> None:
+        self.key = key
+        self.expected_digest = expected_digest
+        self.receipt = receipt
+        super().__init__(
+            f"idempotency key already used for intent {receipt.intent_digest}, "
+            f"not {expected_digest}"
+        )
+
+
+class AdapterUnavailableError(AdapterError):
+    """The adapter could not be reached; the outcome of an in-flight write is unknown."""
+
+
+class VerifierRefusedError(AdapterError):
+    """The verifier command is not on the adapter's allowlist."""
+
+
+# --- leases: the typed cases ---------------------------------------------
+#
+# Each subclass sets the attributes of ``LeaseError`` (run_id, expected,
+# actual) so code that catches the family keeps working, and adds what the
+# case itself knows. Times are the store's clock, never the caller's.
+
+
+class LeaseLostError(LeaseError):
+    """The caller's lease version is no longer current: another worker took the run over,
+    or the lease was released. Stop working on the run; do not retry with the old version.
+
+    ``expected`` is the caller's version, ``actual`` the store's (``None`` when the
+    run has no mark), ``owner`` the current holder, if any.
+    """
+
+    def __init__(
+        self, run_id: str, expected: int, actual: int | None, owner: str | None = None
+    ) -> None:
+        self.run_id = run_id
+        self.expected = expected
+        self.actual = actual
+        self.owner = owner
+        if actual == expected:
+            why = "was released"
+        else:
+            holder = f" held by {owner!r}" if owner is not None else ""
+            why = f"was superseded by version {actual}{holder}"
+        TetherError.__init__(
+            self, f"run {run_id}: lease version {expected} {why}; stop working on this run"
+        )
+
+
+class LeaseExpiredError(LeaseError):
+    """The caller still holds the current lease version, but it expired by the store's clock.
+
+    Nobody has taken the run over yet: renew the lease before acting again.
+    ``expected`` and ``actual`` are both the lease version.
+    """
+
+    def __init__(self, run_id: str, lease_version: int, expires_at: datetime) -> None:
+        self.run_id = run_id
+        self.expected = lease_version
+        self.actual = lease_version
+        self.expires_at = expires_at
+        TetherError.__init__(
+            self,
+            f"run {run_id}: lease version {lease_version} expired at {expires_at.isoformat()} "
+            "(store clock); renew it before acting",
+        )
+
+
+class LeaseHeldError(LeaseError):
+    """Another worker holds a live lease on the run; try another run or wait for expiry.
+
+    ``owner``, ``lease_version`` and ``expires_at`` describe the holder's lease;
+    ``expected`` and ``actual`` are both its version.
+    """
+
+    def __init__(self, run_id: str, owner: str, lease_version: int, expires_at: datetime) -> None:
+        self.run_id = run_id
+        self.expected = lease_version
+        self.actual = lease_version
+        self.owner = owner
+        self.lease_version = lease_version
+        self.expires_at = expires_at
+        TetherError.__init__(
+            self,
+            f"run {run_id}: lease version {lease_version} is held by {owner!r} until "
+            f"{expires_at.isoformat()} (store clock); try another run or wait",
+        )

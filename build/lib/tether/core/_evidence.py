@@ -1,0 +1,296 @@
+"""What approvals and reviewer decisions must bind, and the checks that enforce it.
+
+Pure: signatures are checked in ``crypto``; here the *content* of a verified
+body is compared, field by field, with what the run needs right now. Every
+mismatch names its field, so an operator sees exactly which binding broke.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from tether.core._errors import (
+    ApprovalExpiredError,
+    EvidenceBindingError,
+    EvidenceSignatureError,
+    NonceReusedError,
+)
+from tether.core._model import (
+    EnvironmentState,
+    Receipt,
+    ReviewCase,
+    format_time,
+    parse_time_text,
+)
+from tether.core._state import RunState
+
+APPROVAL_FIELDS = (
+    "kind", "approver_id", "task_id", "run_id", "policy_version", "action_id",
+    "idempotency_key", "intent_digest", "environment_version", "environment_instance_id",
+    "state_fingerprint", "issued_at", "expires_at", "nonce",
+)  # fmt: skip
+
+DECISION_FIELDS = (
+    "kind", "reviewer_id", "task_id", "run_id", "policy_version", "case_id", "action_id",
+    "idempotency_key", "pending_intent_digest", "receipt_intent_digest", "receipt_fingerprint",
+    "environment_version", "environment_instance_id", "state_fingerprint", "decision",
+    "issued_at", "expires_at", "nonce",
+)  # fmt: skip
+
+
+# How far a signer's clock may run ahead of the runtime's.
+CLOCK_SKEW = timedelta(seconds=60)
+
+
+class ReviewDecision(StrEnum):
+    """The two ways out of needs_review."""
+
+    REPLAN = "replan"
+    ABORT = "abort"
+
+
+def approval_request(state: RunState) -> dict[str, Any]:
+    """The fields an approval of the run's pending write must carry.
+
+    They bind the pending write itself (its action, key, intent and the
+    environment it was proposed against), never the checkpoint generation:
+    a restore or a re-checkpoint leaves a valid approval valid.
+    """
+    pending = state.pending
+    if pending is None:
+        raise EvidenceBindingError("action_id", "a pending write", None)
+    env = pending.prestate
+    return {
+        "kind": "approval",
+        "task_id": state.binding.task_id,
+        "run_id": state.run_id,
+        "policy_version": state.binding.policy_version,
+        "action_id": pending.action_id,
+        "idempotency_key": pending.idempotency_key,
+        "intent_digest": pending.intent_digest,
+        "environment_version": env.version,
+        "environment_instance_id": env.instance_id,
+        "state_fingerprint": env.state_fingerprint,
+    }
+
+
+def decision_request(state: RunState, case: ReviewCase) -> dict[str, Any]:
+    """The fields a reviewer decision on ``case`` must carry."""
+    receipt_digest = None if case.receipt is None else case.receipt.get("intent_digest")
+    return {
+        "kind": "review_decision",
+        "task_id": state.binding.task_id,
+        "run_id": state.run_id,
+        "policy_version": state.binding.policy_version,
+        "case_id": case.case_id,
+        "action_id": case.action_id,
+        "idempotency_key": case.idempotency_key,
+        "pending_intent_digest": case.intent_digest,
+        "receipt_intent_digest": receipt_digest,
+        "receipt_fingerprint": case.receipt_fingerprint,
+        "environment_version": case.environment.version,
+        "environment_instance_id": case.environment.instance_id,
+        "state_fingerprint": case.environment.state_fingerprint,
+    }
+
+
+def _check_shape(body: dict[str, Any], fields: tuple[str, ...]) -> None:
+    missing = [f for f in fields if f not in body]
+    extra = sorted(set(body) - set(fields))
+    if missing or extra:
+        raise EvidenceSignatureError(
+            f"evidence body has missing fields {missing} or unknown fields {extra}"
+        )
+
+
+def _check_bound(body: dict[str, Any], expected: dict[str, Any]) -> None:
+    for name, want in expected.items():
+        have = body.get(name)
+        # bool is an int in Python; a bound integer must be a real integer.
+        if have != want or type(have) is not type(want):
+            raise EvidenceBindingError(name, want, have)
+
+
+def check_approval(
+    body: dict[str, Any],
+    signer_id: str,
+    state: RunState,
+    *,
+    now: datetime,
+    ttl_s: int,
+    consumed: tuple[str, ...] | frozenset[str],
+) -> None:
+    """Refuse an approval that is malformed, mis-bound, expired, too long-lived or replayed."""
+    _check_shape(body, APPROVAL_FIELDS)
+    if body["approver_id"] != signer_id:
+        raise EvidenceBindingError("approver_id", signer_id, body["approver_id"])
+    _check_bound(body, approval_request(state))
+    check_lifetime(body, now=now, ttl_s=ttl_s)
+    check_nonce(body, consumed)
+
+
+def check_lifetime(body: dict[str, Any], *, now: datetime, ttl_s: int) -> None:
+    """Issued no later than now (plus skew), alive now, and no longer-lived than the policy allows."""
+    issued, expires = parse_utc(body, "issued_at"), parse_utc(body, "expires_at")
+    if expires - issued > timedelta(seconds=ttl_s):
+        raise EvidenceBindingError(
+            "expires_at", f"at most {ttl_s}s after issued_at", body["expires_at"]
+        )
+    # Judged on the runtime's clock when recorded: evidence "issued" in the
+    # future would otherwise outlive the policy's lifetime by any amount.
+    if issued > now + CLOCK_SKEW:
+        raise EvidenceBindingError(
+            "issued_at", f"not after {format_time(now + CLOCK_SKEW)}", body["issued_at"]
+        )
+    if expires > now + timedelta(seconds=ttl_s) + CLOCK_SKEW:
+        raise EvidenceBindingError("expires_at", f"at most {ttl_s}s from now", body["expires_at"])
+    check_unexpired(body, now)
+
+
+def check_unexpired(body: dict[str, Any], now: datetime) -> None:
+    """Expiry is exclusive: an approval is valid strictly before ``expires_at``."""
+    if now >= parse_utc(body, "expires_at"):
+        raise ApprovalExpiredError(
+            f"approval {body.get('nonce')!r} expired at {body['expires_at']} "
+            f"(now {format_time(now)}); a fresh approval is needed"
+        )
+
+
+def check_nonce(body: dict[str, Any], consumed: tuple[str, ...] | frozenset[str]) -> None:
+    nonce = body.get("nonce")
+    if not isinstance(nonce, str) or len(nonce) < 16:
+        raise EvidenceSignatureError("evidence nonce must be a string of at least 16 characters")
+    if nonce in consumed:
+        raise NonceReusedError(f"nonce {nonce!r} was consumed before")
+
+
+def check_decision(
+    body: dict[str, Any],
+    signer_id: str,
+    state: RunState,
+    case: ReviewCase,
+    *,
+    now: datetime,
+    ttl_s: int,
+) -> ReviewDecision:
+    """Refuse a decision that is malformed, mis-bound, expired or too long-lived.
+
+    A decision closes its case, and a case id is never reused, so a replayed
+    decision finds no case: its nonce needs no record once the case is closed.
+    """
+    _check_shape(body, DECISION_FIELDS)
+    if body["reviewer_id"] != signer_id:
+        raise EvidenceBindingError("reviewer_id", signer_id, body["reviewer_id"])
+    _check_bound(body, decision_request(state, case))
+    check_lifetime(body, now=now, ttl_s=ttl_s)
+    check_nonce(body, ())
+    try:
+        return ReviewDecision(body["decision"])
+    except ValueError as exc:
+        raise EvidenceBindingError("decision", "replan or abort", body["decision"]) from exc
+
+
+def parse_utc(body: dict[str, Any], name: str) -> datetime:
+    """A ``...Z`` timestamp field of an evidence body."""
+    text = body.get(name)
+    try:
+        return parse_time_text(text)
+    except ValueError as exc:
+        raise EvidenceSignatureError(f"evidence field {name} is not a UTC time: {text!r}") from exc
+
+
+def new_approval(
+    state: RunState, approver_id: str, *, issued_at: datetime, expires_at: datetime, nonce: str
+) -> dict[str, Any]:
+    """The body an approver signs for the run's pending write (the nonce comes from outside)."""
+    return {
+        **approval_request(state),
+        "approver_id": approver_id,
+        "issued_at": format_time(issued_at),
+        "expires_at": format_time(expires_at),
+        "nonce": nonce,
+    }
+
+
+def new_decision(
+    state: RunState,
+    case: ReviewCase,
+    reviewer_id: str,
+    decision: ReviewDecision | str,
+    *,
+    issued_at: datetime,
+    expires_at: datetime,
+    nonce: str,
+) -> dict[str, Any]:
+    """The body a reviewer signs to decide ``case``."""
+    return {
+        **decision_request(state, case),
+        "reviewer_id": reviewer_id,
+        "decision": ReviewDecision(decision).value,
+        "issued_at": format_time(issued_at),
+        "expires_at": format_time(expires_at),
+        "nonce": nonce,
+    }
+
+
+def approval_problem(
+    state: RunState, *, needs: bool, now: datetime, live: EnvironmentState, idempotent: bool
+) -> tuple[str, str] | None:
+    """Why the pending write may not be sent now for want of approval, or ``None``.
+
+    Checked right before every send: an approval in force, unexpired on the
+    runtime's clock, for the environment as it is now. An idempotent adapter
+    that already applied the write dedups the retry by key, so its post-state
+    is not a change.
+    """
+    pending = state.pending
+    if not needs or pending is None:
+        return None
+    body = active_approval(state)
+    if body is None:
+        return (
+            "approval_required",
+            f"run {state.run_id}: the pending write needs an approval; sign one with "
+            f"`tether approve {state.run_id} {pending.action_id}`",
+        )
+    if now >= parse_utc(body, "expires_at"):
+        return (
+            "approval_expired",
+            f"approval {body.get('nonce')!r} expired at {body['expires_at']}; a fresh "
+            "approval is needed",
+        )
+    allowed = {body["state_fingerprint"]}
+    if idempotent:
+        allowed.add(pending.expected_post.state_fingerprint)
+    if live.state_fingerprint not in allowed or live.instance_id != body["environment_instance_id"]:
+        return (
+            "approval_stale",
+            f"run {state.run_id}: the environment changed since the approval was signed; "
+            "a fresh approval is needed",
+        )
+    return None
+
+
+def active_approval(state: RunState) -> dict[str, Any] | None:
+    """The body of the approval currently in force for the pending write, if any."""
+    pending = state.pending
+    if pending is None or not pending.approvals:
+        return None
+    body = pending.approvals[-1].get("body")
+    return body if isinstance(body, dict) else None
+
+
+def committed_within_approval(state: RunState, receipt: Receipt) -> str | None:
+    """Why a committed receipt cannot be reconciled under the approval, or None if it can."""
+    body = active_approval(state)
+    if body is None:
+        return "the write committed without an approval on record"
+    try:
+        committed = parse_time_text(receipt.committed_at)
+    except ValueError:
+        return "the receipt has no commit time to compare with the approval's expiry"
+    if committed >= parse_utc(body, "expires_at"):
+        return "the write committed after its approval expired"
+    return None

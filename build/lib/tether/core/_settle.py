@@ -1,0 +1,533 @@
+"""Settling a pending write, as pure functions of what is known.
+
+The one rule that makes the ledger trustworthy: a write is sent only while
+the SIGNED state says ``dispatched``, and that state is committed (with the
+ledger entry, in one fenced transaction) before the call. So ``intended``
+proves nothing was sent, and the decisions below read the signed state,
+never a ledger row anyone could insert.
+
+``settle`` (a pending write, what now?), then ``after_lookup`` /
+``after_execute`` with the adapter's answer:
+
+==========  =========  ===========  ==========================================
+status      queryable  idempotent   settle
+==========  =========  ===========  ==========================================
+intended    any        any          approval gate; commit ``dispatched``; send
+dispatched  yes        any          look up by key first
+dispatched  no         yes          approval gate; send again, same key
+dispatched  no         no           outcome unknown -> needs_review
+==========  =========  ===========  ==========================================
+
+==================================  ===========================================
+look-up answer                      after_lookup
+==================================  ===========================================
+committed, same intent digest       reconcile (below)
+committed, other intent digest      key_conflict -> needs_review
+in progress                         wait; never send while one may be in flight;
+                                    in flight past the adapter's limit since
+                                    dispatch: outcome unknown -> needs_review
+refused (recorded as refused)       sent once: rejected, the run goes on;
+                                    resent: outcome unknown -> needs_review
+unavailable                         retry later, nothing changes
+absent, final or idempotent        approval gate; send again, same key (a
+                                    retry: a refusal means outcome unknown);
+                                    a key past the adapter's retention:
+                                    outcome unknown -> needs_review
+absent, not final, not idempotent   outcome unknown -> needs_review
+==================================  ===========================================
+
+==================================  ===========================================
+execute answer                      after_execute
+==================================  ===========================================
+receipt                             reconcile (below)
+conflict (same key, other intent)   key_conflict -> needs_review
+precondition failed, first send     rejected; the run goes on
+precondition failed, a retry        outcome unknown -> needs_review (the first
+                                    attempt may have landed)
+in progress                         wait (past the limit: as for a look-up)
+unavailable, blind adapter          outcome unknown -> needs_review
+unavailable, otherwise              retry later (still ``dispatched``)
+==================================  ===========================================
+
+Reconcile: the receipt must carry our key and intent digest (else
+key_conflict), our adapter's namespace and exactly the post-state the intent
+produces (else committed + receipt_mismatch), and, where the policy needs
+an approval, a commit time inside the approval (else committed +
+approval_boundary). Otherwise the run advances with ``committed``. Every
+freeze after a commit records ``committed`` first: whatever a person decides,
+the ledger says the effect happened.
+
+Cancelling a dispatched write (``cancel_pending``) never sends it and never
+abandons it: the adapter is asked first where it can be; committed ->
+reconcile (then the run is cancelled with the effect on record); absent and
+in progress or unreachable -> the cancel waits; absent, or not queryable ->
+needs_review (``cancel_outcome_unknown``): a look-up that finds nothing
+cannot prove that an older worker is not still sending, and a cancel would
+make "never landed" final.
+
+The approval gate: where the policy needs one, an approval in force,
+unexpired on the runtime's clock, for the environment as it is now; without
+it the write waits (``waiting_for_approval``) and nothing is committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+
+from tether.core._canonical import digest
+from tether.core._compensation import compensated_note
+from tether.core._evidence import approval_problem, committed_within_approval
+from tether.core._model import CompletedWrite, PendingWrite, Receipt, ReviewCase
+from tether.core._phases import EffectStatus, Phase
+from tether.core._state import RunState
+from tether.core._transition import (
+    Event,
+    Execute,
+    ExecuteAnswer,
+    ExecuteStatus,
+    Facts,
+    LedgerNote,
+    Lookup,
+    LookupAnswer,
+    LookupStatus,
+    OutcomeKind,
+    Transition,
+)
+
+
+def _pending(state: RunState) -> PendingWrite:
+    pending = state.pending
+    if pending is None:
+        raise ValueError(f"run {state.run_id} has no pending write")  # a caller's bug
+    return pending
+
+
+def settle(state: RunState, facts: Facts) -> Transition:
+    """The first move for a pending write, from its signed status alone."""
+    pending = _pending(state)
+    caps = facts.capabilities
+    if pending.status is EffectStatus.INTENDED:
+        return dispatch(state, facts)
+    if caps.queryable:
+        return Transition(
+            OutcomeKind.IN_FLIGHT, call=Lookup(pending.idempotency_key, pending.intent)
+        )
+    if caps.idempotent:
+        return _past_retention(state, facts) or send_again(state, facts)
+    return freeze(
+        state,
+        facts,
+        "outcome_unknown",
+        None,
+        "a write that cannot be queried or deduplicated was dispatched and its outcome is "
+        "unknown; a person must decide",
+        ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
+    )
+
+
+def _waiting(state: RunState, facts: Facts) -> Transition | None:
+    problem = approval_problem(
+        state,
+        needs=facts.needs_approval,
+        now=facts.now,
+        live=facts.live,
+        idempotent=facts.capabilities.idempotent,
+    )
+    if problem is None:
+        return None
+    reason, message = problem
+    return Transition(OutcomeKind.WAITING_FOR_APPROVAL, reason=reason, message=message)
+
+
+def dispatch(state: RunState, facts: Facts) -> Transition:
+    """Commit ``dispatched`` (unless the signed state already says so), then send once."""
+    pending = _pending(state)
+    waiting = _waiting(state, facts)
+    if waiting is not None:
+        return waiting
+    call = Execute(pending.idempotency_key, pending.intent, pending.prestate, retry=False)
+    if pending.status is EffectStatus.DISPATCHED:
+        # Committed as dispatched by the step that made it pending, in this session.
+        return Transition(OutcomeKind.EXECUTED, call=call)
+    dispatched = state.evolve(
+        pending=replace(pending, status=EffectStatus.DISPATCHED, dispatched_at=facts.now)
+    )
+    return Transition(
+        OutcomeKind.EXECUTED,
+        state=dispatched,
+        events=(("effect_dispatched", {"action_id": pending.action_id}),),
+        ledger=(LedgerNote(EffectStatus.DISPATCHED),),
+        call=call,
+    )
+
+
+def send_again(state: RunState, facts: Facts, *, known_absent: bool = False) -> Transition:
+    """Send again under the same key, still ``dispatched``, after committing that it is resent.
+
+    An earlier attempt may have landed, so a refusal (a failed precondition)
+    is an unknown outcome, not a rejection, and so is a refusal a later
+    look-up finds stored (it may be the resend's): the commit first says
+    ``resent`` and when this send began (the in-flight limit counts from it),
+    and the ledger records the second dispatch. ``known_absent``: the
+    adapter's final look-up found nothing, so a receipt is a fresh commit.
+    """
+    pending = _pending(state)
+    waiting = _waiting(state, facts)
+    if waiting is not None:
+        return waiting
+    resending = replace(pending, resent=True, dispatched_at=facts.now)
+    return Transition(
+        OutcomeKind.EXECUTED,
+        state=state.evolve(pending=resending),
+        events=(("effect_resent", {"action_id": pending.action_id}),),
+        ledger=(LedgerNote(EffectStatus.DISPATCHED),),
+        call=Execute(
+            pending.idempotency_key,
+            pending.intent,
+            pending.prestate,
+            retry=True,
+            known_absent=known_absent,
+        ),
+    )
+
+
+def after_lookup(state: RunState, facts: Facts, answer: LookupAnswer) -> Transition:
+    """Act on what the adapter recorded under the pending write's key."""
+    pending = _pending(state)
+    caps = facts.capabilities
+    if answer.status is LookupStatus.COMMITTED and answer.receipt is not None:
+        return reconcile(state, facts, answer.receipt, fresh=False)
+    if answer.status is LookupStatus.IN_PROGRESS:
+        return _stuck(state, facts, answer.detail) or Transition(
+            OutcomeKind.IN_FLIGHT,
+            reason="in_flight",
+            message=answer.detail or "an earlier attempt under this key is still in flight",
+        )
+    if answer.status is LookupStatus.REFUSED:
+        if pending.resent:
+            # The refusal may be the resend's; the first attempt may have landed
+            # and been forgotten. The same reading as a refused resend's reply.
+            return freeze(
+                state,
+                facts,
+                "outcome_unknown",
+                None,
+                f"the adapter holds a refusal under key {pending.idempotency_key} "
+                f"({answer.detail}), but the write was sent more than once and the first "
+                "attempt may have landed; a person must decide",
+                ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
+            )
+        # Sent once, and the adapter recorded that it refused this very request:
+        # nothing landed, and a resend under the key would only be refused again.
+        return _rejected(state, "refused", answer.detail)
+    if answer.status is LookupStatus.UNAVAILABLE:
+        return Transition(
+            OutcomeKind.RETRY_LATER,
+            reason="adapter_unavailable",
+            message=answer.detail or "the adapter could not be asked; nothing changed",
+        )
+    if caps.absent_is_final or caps.idempotent:
+        # Still a retry: an adapter that lost a receipt it once gave would make
+        # a refused re-send look like a clean rejection of a write that landed.
+        return _past_retention(state, facts) or send_again(
+            state, facts, known_absent=caps.absent_is_final
+        )
+    return freeze(
+        state,
+        facts,
+        "outcome_unknown",
+        None,
+        f"the adapter has no receipt for key {pending.idempotency_key} yet, a look-up that "
+        "finds nothing is not final, and the write cannot be deduplicated",
+        ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
+    )
+
+
+def _past_retention(state: RunState, facts: Facts) -> Transition | None:
+    """A freeze when the key may have outlived the adapter's memory of it, else ``None``.
+
+    The key was minted with the intent, before any send, so its age is
+    measured from then: never younger than the adapter's oldest record of it.
+    """
+    pending = _pending(state)
+    return _aged_out(
+        state,
+        facts,
+        facts.capabilities.retention_s,
+        pending.proposed_at,
+        lambda age, limit: (
+            f"key {pending.idempotency_key} is {age:.0f} s old, past the "
+            f"{limit:g} s the adapter promises to remember keys: a look-up that finds nothing "
+            "proves nothing and a send could be a second effect; a person must decide"
+        ),
+    )
+
+
+def _stuck(state: RunState, facts: Facts, detail: str) -> Transition | None:
+    """A freeze when the key has been in flight past the adapter's limit, else ``None``."""
+    pending = _pending(state)
+    return _aged_out(
+        state,
+        facts,
+        facts.capabilities.in_flight_limit_s,
+        pending.dispatched_at or pending.proposed_at,
+        lambda age, limit: (
+            f"key {pending.idempotency_key} is still in flight {age:.0f} s "
+            f"after it was sent, past the {limit:g} s the adapter allows "
+            f"({detail or 'no detail'}): the request may never finish, or may have landed; "
+            "a person must decide"
+        ),
+    )
+
+
+def _aged_out(
+    state: RunState,
+    facts: Facts,
+    limit: float | None,
+    since: datetime,
+    why: Callable[[float, float], str],
+) -> Transition | None:
+    """Outcome unknown, for a person, once ``limit`` seconds have passed since ``since``."""
+    if limit is None:
+        return None
+    age = (facts.now - since).total_seconds()
+    if age <= limit:
+        return None
+    return freeze(
+        state,
+        facts,
+        "outcome_unknown",
+        None,
+        why(age, limit),
+        ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
+    )
+
+
+def _rejected(state: RunState, reason: str, detail: str) -> Transition:
+    """The pending write was refused and nothing landed: the run goes on without it."""
+    pending = _pending(state)
+    return Transition(
+        OutcomeKind.REJECTED,
+        state=state.evolve(phase=Phase.RUNNING, pending=None),
+        events=(("effect_rejected", {"action_id": pending.action_id, "reason": detail}),),
+        ledger=(LedgerNote(EffectStatus.REJECTED),),
+        reason=reason,
+        message=detail,
+    )
+
+
+def after_execute(
+    state: RunState, facts: Facts, call: Execute, answer: ExecuteAnswer
+) -> Transition:
+    """Act on the adapter's answer to a send."""
+    _pending(state)  # a caller bug to ask with nothing pending
+    if answer.status is ExecuteStatus.COMMITTED and answer.receipt is not None:
+        return reconcile(state, facts, answer.receipt, fresh=call.known_absent or not call.retry)
+    if answer.status is ExecuteStatus.CONFLICT:
+        return freeze(
+            state,
+            facts,
+            "key_conflict",
+            answer.receipt,
+            "the adapter holds a receipt for this key with a different intent digest",
+        )
+    if answer.status is ExecuteStatus.PRECONDITION_FAILED:
+        if call.retry:
+            return freeze(
+                state,
+                facts,
+                "outcome_unknown",
+                None,
+                f"a retried write found its precondition failed ({answer.detail}) and the "
+                "adapter holds no receipt; the first attempt may have landed",
+                ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
+            )
+        return _rejected(state, "precondition_failed", answer.detail)
+    if answer.status is ExecuteStatus.IN_PROGRESS:
+        return _stuck(state, facts, answer.detail) or Transition(
+            OutcomeKind.IN_FLIGHT, reason="in_flight", message=answer.detail
+        )
+    if facts.capabilities.blind:
+        return freeze(
+            state,
+            facts,
+            "outcome_unknown",
+            None,
+            f"the adapter failed mid-send ({answer.detail}) and can neither be asked nor "
+            "deduplicate; a person must decide",
+            ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
+        )
+    return Transition(
+        OutcomeKind.RETRY_LATER,
+        reason="adapter_unavailable",
+        message=answer.detail or "the adapter failed; the write stays dispatched",
+    )
+
+
+def reconcile(state: RunState, facts: Facts, receipt: Receipt, *, fresh: bool) -> Transition:
+    """Accept the adapter's receipt only if it is bound to exactly this intent."""
+    pending = _pending(state)
+    if (
+        receipt.idempotency_key != pending.idempotency_key
+        or receipt.intent_digest != pending.intent_digest
+    ):
+        return freeze(
+            state, facts, "key_conflict", receipt, "same idempotency key, different intent digest"
+        )
+    committed = (LedgerNote(EffectStatus.COMMITTED, receipt.to_json()),)
+    stateful = facts.capabilities.stateful
+    moved = stateful and receipt.post_state != pending.expected_post
+    if receipt.namespace != facts.namespace or moved:
+        return freeze(
+            state,
+            facts,
+            "receipt_mismatch",
+            receipt,
+            "the receipt is not for the post-state this intent produces",
+            ledger=committed,
+            status=EffectStatus.COMMITTED,
+        )
+    if facts.needs_approval:
+        outside = committed_within_approval(state, receipt)
+        if outside is not None:
+            return freeze(
+                state,
+                facts,
+                "approval_boundary",
+                receipt,
+                outside,
+                ledger=committed,
+                status=EffectStatus.COMMITTED,
+            )
+    return advance(state, receipt, fresh=fresh, stateful=stateful)
+
+
+def advance(state: RunState, receipt: Receipt, *, fresh: bool, stateful: bool = True) -> Transition:
+    """The deterministic state transition a committed receipt implies.
+
+    ``stateful``: the receipt's post-state is the run's environment now; a
+    remote effect (``False``) leaves the environment where it was.
+    """
+    pending = _pending(state)
+    kind = "effect_committed" if fresh else "effect_reconciled"
+    after = receipt.post_state if stateful else state.environment
+    # A compensation that landed also records, in the same commit, that the
+    # effect it undid is compensated (with this, its own, receipt).
+    undone = compensated_note(pending, receipt.to_json())
+    extra_notes: tuple[LedgerNote, ...] = () if undone is None else (undone,)
+    extra_events: tuple[Event, ...] = ()
+    if undone is not None and undone.subject is not None:
+        extra_events = (
+            (
+                "effect_compensated",
+                {
+                    "idempotency_key": undone.subject.idempotency_key,
+                    "action_id": undone.subject.action_id,
+                    "compensation_key": pending.idempotency_key,
+                    "receipt_id": receipt.receipt_id,
+                    "receipt_fingerprint": receipt.fingerprint,
+                },
+            ),
+        )
+    return Transition(
+        OutcomeKind.EXECUTED if fresh else OutcomeKind.REPLAYED,
+        state=state.evolve(
+            phase=Phase.RUNNING,
+            pending=None,
+            environment=after,
+            last_write=CompletedWrite(
+                action_id=pending.action_id,
+                idempotency_key=pending.idempotency_key,
+                intent_digest=pending.intent_digest,
+                receipt_id=receipt.receipt_id,
+                receipt_fingerprint=receipt.fingerprint,
+                result_digest=digest(receipt.result),
+                post_version=after.version,
+            ),
+            writes_committed=state.writes_committed + 1,
+            verification=None,  # any write invalidates earlier verifier evidence
+        ),
+        events=(
+            (
+                kind,
+                {
+                    "action_id": pending.action_id,
+                    "idempotency_key": pending.idempotency_key,
+                    "receipt_id": receipt.receipt_id,
+                    "receipt_fingerprint": receipt.fingerprint,
+                    "post_state": receipt.post_state.to_json(),
+                },
+            ),
+            *extra_events,
+        ),
+        ledger=(LedgerNote(EffectStatus.COMMITTED, receipt.to_json()), *extra_notes),
+    )
+
+
+def freeze(
+    state: RunState,
+    facts: Facts,
+    reason: str,
+    receipt: Receipt | None,
+    detail: str,
+    *,
+    ledger: tuple[LedgerNote, ...] = (),
+    status: EffectStatus | None = None,
+) -> Transition:
+    """Enter needs_review, keeping the pending intent and every piece of evidence."""
+    pending = _pending(state)
+    case = ReviewCase(
+        case_id=facts.case_id,
+        reason=reason,
+        action_id=pending.action_id,
+        idempotency_key=pending.idempotency_key,
+        intent_digest=pending.intent_digest,
+        receipt=None if receipt is None else receipt.to_json(),
+        receipt_fingerprint=None if receipt is None else receipt.fingerprint,
+        environment=facts.live,
+        opened_at=facts.now,
+        detail=detail,
+    )
+    if status is None and ledger:
+        status = ledger[-1].status
+    frozen_pending = pending if status is None else replace(pending, status=status)
+    return Transition(
+        OutcomeKind.FROZEN,
+        state=state.evolve(
+            phase=Phase.NEEDS_REVIEW,
+            pending=frozen_pending,
+            review_cases=(*state.review_cases, case),
+        ),
+        events=(("needs_review", case.to_json()),),
+        ledger=ledger,
+        reason=reason,
+        message=detail,
+    )
+
+
+def cancel_pending(state: RunState, facts: Facts, answer: LookupAnswer | None) -> Transition:
+    """Settle a dispatched write before a cancel; ``answer`` is ``None`` if it can't be asked.
+
+    A reconcile leaves the run running with the effect recorded (the caller
+    then cancels); anything else is the outcome to report instead.
+    """
+    pending = _pending(state)
+    if answer is not None and answer.status is LookupStatus.COMMITTED:
+        return after_lookup(state, facts, answer)
+    if answer is not None and answer.status in {LookupStatus.IN_PROGRESS, LookupStatus.UNAVAILABLE}:
+        return after_lookup(state, facts, answer)
+    # "Absent" is not proof here: a worker whose lease lapsed may still be
+    # inside the send, and unlike a re-send under the same key (deduplicated),
+    # a cancel would make "never landed" final. A person decides.
+    return freeze(
+        state,
+        facts,
+        "cancel_outcome_unknown",
+        None,
+        f"the run was asked to cancel while write {pending.action_id!r} (key "
+        f"{pending.idempotency_key}) may have been sent, and the adapter cannot prove whether "
+        "it landed; a person must decide",
+        ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
+    )

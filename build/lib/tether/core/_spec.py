@@ -1,0 +1,380 @@
+"""Task specs and policies, loaded strictly from JSON.
+
+A task spec is the external, versioned description of the work; a policy is
+the versioned rule set it runs under. Both are identified by a fingerprint
+(the digest of their canonical JSON), so a checkpoint can prove which exact
+documents it was made under, and a changed document is noticed even when
+someone forgot to bump its version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from tether.core._canonical import JSONValue, digest, strict_loads
+from tether.core._errors import CanonicalJSONError, SpecError
+from tether.core._fields import Fields
+
+#: The largest numbers a task or policy may name. Past these a value is a
+#: typo, and one that would overflow a time calculation later (a run must
+#: never load and then wedge on it).
+MAX_APPROVAL_TTL_S = 30 * 24 * 3600  # an approval lives at most 30 days
+MAX_TIMEOUT_S = 24 * 3600  # a verifier or test command runs at most a day
+MAX_WALL_TIME_S = 366 * 24 * 3600  # a run's wall-time budget: at most a year
+MAX_COUNT = 10**12  # proposals, steps, cost
+
+
+class Risk(StrEnum):
+    """Risk class of an action kind, in increasing order."""
+
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return _RISK_ORDER.index(self)
+
+
+_RISK_ORDER = (Risk.LOW, Risk.MEDIUM, Risk.HIGH, Risk.CRITICAL)
+
+
+def check_canonical_path(path: str, field: str, *, allow_dir: bool = False) -> str:
+    """Return ``path`` if it is a canonical relative POSIX path, else raise ``SpecError``.
+
+    Canonical: relative, ``/``-separated, no empty, ``.`` or ``..`` segment, no
+    backslash or NUL. With ``allow_dir`` a single trailing ``/`` marks a
+    directory prefix ("src/").
+    """
+    if not path:
+        raise SpecError(field, "path must not be empty")
+    if "\x00" in path or "\\" in path:
+        raise SpecError(field, f"path {path!r} contains a NUL or backslash")
+    if path.startswith("/"):
+        raise SpecError(field, f"path {path!r} must be relative")
+    body = path[:-1] if allow_dir and path.endswith("/") else path
+    for segment in body.split("/"):
+        if segment in {"", ".", ".."}:
+            raise SpecError(field, f"path {path!r} is not canonical (segment {segment!r})")
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """Limits on proposals, steps, wall time (seconds) and cost (integer units)."""
+
+    proposals: int
+    steps: int
+    wall_time_s: int
+    cost: int
+
+
+@dataclass(frozen=True, slots=True)
+class Verifier:
+    """A command the adapter runs from the task's allowlist: the verifier, or a test target."""
+
+    argv: tuple[str, ...]
+    timeout_s: int
+
+
+@dataclass(frozen=True, slots=True)
+class InitialEnvironment:
+    """What the environment must look like when a run starts."""
+
+    namespace: str
+    state_fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """The external, versioned description of one task."""
+
+    task_id: str
+    task_version: str
+    allowed_kinds: tuple[str, ...]
+    allowed_paths: tuple[str, ...]
+    permissions: tuple[str, ...]
+    budgets: Budgets
+    initial_environment: InitialEnvironment
+    verifier: Verifier
+    #: The test targets a ``tests.run`` action may name, each a command the
+    #: adapter runs (the verifier is what ``finish`` runs, and is not one).
+    tests: dict[str, Verifier] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, JSONValue]:
+        body: dict[str, JSONValue] = {
+            "task_id": self.task_id,
+            "task_version": self.task_version,
+            "allowed_kinds": list(self.allowed_kinds),
+            "allowed_paths": list(self.allowed_paths),
+            "permissions": list(self.permissions),
+            "budgets": {
+                "proposals": self.budgets.proposals,
+                "steps": self.budgets.steps,
+                "wall_time_s": self.budgets.wall_time_s,
+                "cost": self.budgets.cost,
+            },
+            "initial_environment": {
+                "namespace": self.initial_environment.namespace,
+                "state_fingerprint": self.initial_environment.state_fingerprint,
+            },
+            "verifier": {"argv": list(self.verifier.argv), "timeout_s": self.verifier.timeout_s},
+        }
+        if self.tests:
+            # Only when present, so a task without tests keeps its fingerprint.
+            body["tests"] = {
+                name: {"argv": list(test.argv), "timeout_s": test.timeout_s}
+                for name, test in sorted(self.tests.items())
+            }
+        return body
+
+    @property
+    def fingerprint(self) -> str:
+        return digest(self.to_json())
+
+    @property
+    def scenario_fingerprint(self) -> str:
+        """Digest of the fixed scenario: initial environment and verifier."""
+        body = self.to_json()
+        return digest(
+            {"initial_environment": body["initial_environment"], "verifier": body["verifier"]}
+        )
+
+    def allows_target(self, target: str) -> bool:
+        for allowed in self.allowed_paths:
+            if allowed.endswith("/") and target.startswith(allowed):
+                return True
+            if target == allowed:
+                return True
+        return False
+
+    @classmethod
+    def from_json(cls, data: bytes | str | dict[str, Any]) -> TaskSpec:
+        """Parse a task spec strictly; raise ``SpecError`` naming the bad field."""
+        f = Fields(_document(data), "", SpecError)
+        budgets = f.obj("budgets")
+        initial = f.obj("initial_environment")
+        verifier = f.obj("verifier")
+        paths = f.str_list("allowed_paths")
+        for index, path in enumerate(paths):
+            check_canonical_path(path, f"allowed_paths[{index}]", allow_dir=True)
+        tests: dict[str, Verifier] = {}
+        tests_obj = f.optional_obj("tests")
+        if tests_obj is not None:
+            for name in f.raw("tests"):
+                if not name:
+                    tests_obj.fail("tests", "a test target needs a non-empty name")
+                tests[name] = _command(tests_obj.obj(name))
+            tests_obj.done()
+        spec = cls(
+            task_id=f.str("task_id"),
+            task_version=f.str("task_version"),
+            allowed_kinds=f.str_list("allowed_kinds"),
+            allowed_paths=paths,
+            permissions=f.str_list("permissions"),
+            budgets=Budgets(
+                proposals=budgets.int("proposals", minimum=1, maximum=MAX_COUNT),
+                steps=budgets.int("steps", minimum=1, maximum=MAX_COUNT),
+                wall_time_s=budgets.int("wall_time_s", minimum=1, maximum=MAX_WALL_TIME_S),
+                cost=budgets.int("cost", minimum=0, maximum=MAX_COUNT),
+            ),
+            initial_environment=InitialEnvironment(
+                namespace=initial.str("namespace"),
+                state_fingerprint=initial.str("state_fingerprint"),
+            ),
+            verifier=_command(verifier),
+            tests=tests,
+        )
+        for part in (budgets, initial, f):
+            part.done()
+        return spec
+
+
+@dataclass(frozen=True, slots=True)
+class KindRule:
+    """What the policy says about one action kind."""
+
+    risk: Risk
+    permission: str
+    needs_approval: bool
+    #: The effect's payload is sensitive: the ledger keeps its digest, never
+    #: its body (the arguments, and the result inside the receipt).
+    sensitive: bool = False
+
+
+#: The roles a principal can hold in the deployment's trust roots, and
+#: ``agent`` (the run's own agent), which only a rewind can name.
+PRINCIPAL_ROLES = frozenset({"worker", "operator", "reviewer", "approver"})
+REWIND_ROLES = PRINCIPAL_ROLES | {"agent"}
+
+
+class WithheldSecrets(StrEnum):
+    """What a recovery by a principal without the read-secrets right gets."""
+
+    REDACT = "redact"  # the run resumes with secret items withheld; the agent is told
+    REFUSE = "refuse"  # the admission is refused
+
+
+class PolicyChange(StrEnum):
+    """What a recovery under another policy version than the checkpoint's is."""
+
+    REFUSE = "refuse"
+    NEW_OCCURRENCE = "new_occurrence"  # a new work occurrence, linked to the old one
+
+
+@dataclass(frozen=True, slots=True)
+class Authority:
+    """Who may recover, rewind and read secrets, by role, under this policy.
+
+    Admission checks these against the recovering principal's CURRENT roles
+    (the deployment's trust roots now), never the roles it had when the run
+    began: recovery is a new decision, not old authority thawed.
+    """
+
+    recover: frozenset[str] = frozenset({"worker", "operator"})
+    rewind: frozenset[str] = frozenset({"operator", "reviewer"})
+    read_secrets: frozenset[str] = frozenset({"worker", "operator"})
+    secrets_withheld: WithheldSecrets = WithheldSecrets.REDACT
+    policy_change: PolicyChange = PolicyChange.REFUSE
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "recover": sorted(self.recover),
+            "rewind": sorted(self.rewind),
+            "read_secrets": sorted(self.read_secrets),
+            "secrets_withheld": self.secrets_withheld.value,
+            "policy_change": self.policy_change.value,
+        }
+
+    @classmethod
+    def parse(cls, f: Fields) -> Authority:
+        default = cls()
+
+        def roles(key: str, allowed: frozenset[str], fallback: frozenset[str]) -> frozenset[str]:
+            if f.optional_raw(key) is None:
+                return fallback
+            names = f.str_list(key)
+            unknown = sorted(set(names) - allowed)
+            if unknown:
+                f.fail(f.name(key), f"unknown roles {unknown}; use {sorted(allowed)}")
+            return frozenset(names)
+
+        def choice(key: str, enum: Any, fallback: Any) -> Any:
+            if f.optional_raw(key) is None:
+                return fallback
+            text = f.str(key)
+            try:
+                return enum(text)
+            except ValueError:
+                f.fail(f.name(key), f"unknown value {text!r}; use one of {[e.value for e in enum]}")
+
+        authority = cls(
+            recover=roles("recover", PRINCIPAL_ROLES, default.recover),
+            rewind=roles("rewind", REWIND_ROLES, default.rewind),
+            read_secrets=roles("read_secrets", PRINCIPAL_ROLES, default.read_secrets),
+            secrets_withheld=choice("secrets_withheld", WithheldSecrets, default.secrets_withheld),
+            policy_change=choice("policy_change", PolicyChange, default.policy_change),
+        )
+        f.done()
+        return authority
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Versioned rules a run executes under."""
+
+    policy_id: str
+    policy_version: str
+    kinds: dict[str, KindRule]
+    max_risk: Risk
+    approval_ttl_s: int
+    #: Who may recover, rewind and read secrets (defaults when the policy is silent).
+    authority: Authority = field(default_factory=Authority)
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "policy_id": self.policy_id,
+            "policy_version": self.policy_version,
+            "kinds": {kind: _rule_json(rule) for kind, rule in sorted(self.kinds.items())},
+            "max_risk": self.max_risk.value,
+            "approval_ttl_s": self.approval_ttl_s,
+            # Written only when set, so a policy silent on it keeps its fingerprint.
+            **({} if self.authority == Authority() else {"authority": self.authority.to_json()}),
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        return digest(self.to_json())
+
+    @classmethod
+    def from_json(cls, data: bytes | str | dict[str, Any]) -> Policy:
+        """Parse a policy strictly; raise ``SpecError`` naming the bad field."""
+        f = Fields(_document(data), "", SpecError)
+        kinds_obj = f.obj("kinds")
+        kinds: dict[str, KindRule] = {}
+        raw_kinds = f.raw("kinds")
+        for kind in raw_kinds:
+            rule = kinds_obj.obj(kind)
+            kinds[kind] = KindRule(
+                risk=_risk(rule, "risk"),
+                permission=rule.str("permission"),
+                needs_approval=rule.bool("needs_approval"),
+                # Optional, but when given it is true or false (never null).
+                sensitive="sensitive" in raw_kinds[kind] and rule.bool("sensitive"),
+            )
+            rule.done()
+        policy = cls(
+            policy_id=f.str("policy_id"),
+            policy_version=f.str("policy_version"),
+            kinds=kinds,
+            max_risk=_risk(f, "max_risk"),
+            approval_ttl_s=f.int("approval_ttl_s", minimum=1, maximum=MAX_APPROVAL_TTL_S),
+            authority=Authority()
+            if f.optional_raw("authority") is None
+            else Authority.parse(f.obj("authority")),
+        )
+        kinds_obj.done()
+        f.done()
+        return policy
+
+
+def _rule_json(rule: KindRule) -> dict[str, JSONValue]:
+    body: dict[str, JSONValue] = {
+        "risk": rule.risk.value,
+        "permission": rule.permission,
+        "needs_approval": rule.needs_approval,
+    }
+    # Written only when set, so a policy that never names it keeps the
+    # fingerprint it had before the field existed (and its runs restore).
+    if rule.sensitive:
+        body["sensitive"] = True
+    return body
+
+
+def _command(f: Fields) -> Verifier:
+    argv = f.str_list("argv", unique=False)
+    if not argv:
+        f.fail(f.name("argv"), "must name a command")
+    command = Verifier(argv=argv, timeout_s=f.int("timeout_s", minimum=1, maximum=MAX_TIMEOUT_S))
+    f.done()
+    return command
+
+
+def _risk(f: Fields, key: str) -> Risk:
+    value = f.str(key)
+    try:
+        return Risk(value)
+    except ValueError:
+        f.fail(f.name(key), f"unknown risk class {value!r}; use one of {[r.value for r in Risk]}")
+
+
+def _document(data: bytes | str | dict[str, Any]) -> Any:
+    if isinstance(data, dict):
+        return data
+    try:
+        return strict_loads(data)
+    except CanonicalJSONError as exc:
+        raise SpecError("document", str(exc)) from exc

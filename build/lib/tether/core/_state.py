@@ -1,0 +1,352 @@
+"""Run state: what a checkpoint holds, its strict codec and its invariants.
+
+The state has a fixed size per step: the trace and the effect ledger live in
+the store and the state carries only their head, so a checkpoint at step
+10,000 costs what one at step 10 does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from tether.core._canonical import JSONValue, canonical_bytes
+from tether.core._contract import Contract
+from tether.core._errors import CanonicalJSONError, InvariantError, UnknownFieldError
+from tether.core._fields import Fields
+from tether.core._model import (
+    CompletedWrite,
+    EnvironmentState,
+    PendingWrite,
+    ReviewCase,
+    Verification,
+    format_time,
+    parse_time,
+)
+from tether.core._phases import EffectStatus, Phase
+from tether.core._rewind import RewindPlan
+from tether.core._spec import Policy, TaskSpec
+
+SCHEMA_VERSION = 3
+GENESIS_HASH = "sha256:" + "0" * 64
+# A write still in flight; committed or unknown outcomes only exist frozen for review.
+_LIVE_STATUSES = frozenset({EffectStatus.INTENDED, EffectStatus.DISPATCHED})
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """Which exact task, policy and scenario a run executes under."""
+
+    task_id: str
+    task_version: str
+    task_fingerprint: str
+    policy_id: str
+    policy_version: str
+    policy_fingerprint: str
+    scenario_fingerprint: str
+
+    @classmethod
+    def of(cls, task: TaskSpec, policy: Policy) -> Binding:
+        return cls(
+            task_id=task.task_id,
+            task_version=task.task_version,
+            task_fingerprint=task.fingerprint,
+            policy_id=policy.policy_id,
+            policy_version=policy.policy_version,
+            policy_fingerprint=policy.fingerprint,
+            scenario_fingerprint=task.scenario_fingerprint,
+        )
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "task_id": self.task_id,
+            "task_version": self.task_version,
+            "task_fingerprint": self.task_fingerprint,
+            "policy_id": self.policy_id,
+            "policy_version": self.policy_version,
+            "policy_fingerprint": self.policy_fingerprint,
+            "scenario_fingerprint": self.scenario_fingerprint,
+        }
+
+    @classmethod
+    def parse(cls, f: Fields) -> Binding:
+        binding = cls(
+            task_id=f.str("task_id"),
+            task_version=f.str("task_version"),
+            task_fingerprint=f.str("task_fingerprint"),
+            policy_id=f.str("policy_id"),
+            policy_version=f.str("policy_version"),
+            policy_fingerprint=f.str("policy_fingerprint"),
+            scenario_fingerprint=f.str("scenario_fingerprint"),
+        )
+        f.done()
+        return binding
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """Budgets consumed so far (wall time is derived from ``started_at``)."""
+
+    proposals: int = 0
+    steps: int = 0
+    cost: int = 0
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {"proposals": self.proposals, "steps": self.steps, "cost": self.cost}
+
+    @classmethod
+    def parse(cls, f: Fields) -> Spent:
+        spent = cls(proposals=f.int("proposals"), steps=f.int("steps"), cost=f.int("cost"))
+        f.done()
+        return spent
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    """Everything a checkpoint records about one run at one generation."""
+
+    run_id: str
+    generation: int
+    epoch: int
+    worker: str
+    binding: Binding
+    phase: Phase
+    stop_reason: str | None
+    started_at: datetime
+    updated_at: datetime
+    plan_cursor: int
+    agent_context_digest: str
+    spent: Spent
+    environment: EnvironmentState
+    adapter_version: str
+    observed_version: int
+    pending: PendingWrite | None
+    last_write: CompletedWrite | None
+    writes_committed: int
+    verification: Verification | None
+    review_cases: tuple[ReviewCase, ...]
+    quarantined_keys: tuple[str, ...]
+    trace_head: str
+    trace_length: int
+    # The effect ledger's chain: restore refuses a ledger that does not end here.
+    ledger_head: str
+    ledger_length: int
+    # Signed evidence arrives in the store's inbox; this is the last entry read.
+    inbox_cursor: int = 0
+    # The results of the last step's actions, stored by content digest: what
+    # the agent's next observation carries (also after a recovery).
+    results_digest: str | None = None
+    # Every signed reviewer decision this state was shaped by (a replan's
+    # quarantine, an abort's failure): restoring it needs the reviewers' trust
+    # roots again. One per closed review case, so it stays small.
+    decisions: tuple[dict[str, Any], ...] = ()
+    #: The epoch's own id (minted when it was admitted; ``epoch`` counts them).
+    epoch_id: str = ""
+    #: Digest of the admission record (a blob) that let this epoch begin
+    #: (``None`` for the first epoch, which the run's start admitted).
+    admission: str | None = None
+    #: The work occurrence: the run's id, until an admission under a changed
+    #: policy opens a new occurrence linked to the old one.
+    occurrence_id: str = ""
+    #: A rewind admitted and checkpointed, its workspace restore not yet
+    #: recorded: the next step finishes it before anything else.
+    rewinding: RewindPlan | None = None
+    # The deployment contract the run was begun under (see ``core._contract``);
+    # checkpoints written before it existed were all ``standard``.
+    contract: Contract = Contract.STANDARD
+    # Effect digests a signed fork allows once more (consumed by the write that
+    # uses it), and every fork nonce ever recorded, so a fork cannot be replayed.
+    forks: tuple[str, ...] = ()
+    fork_nonces: tuple[str, ...] = ()
+
+    def evolve(self, **changes: Any) -> RunState:
+        """A copy with ``changes`` applied (the state itself is immutable)."""
+        return replace(self, **changes)
+
+    def to_json(self) -> dict[str, JSONValue]:
+        body: dict[str, JSONValue] = {
+            "schema_version": SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "generation": self.generation,
+            "epoch": self.epoch,
+            "worker": self.worker,
+            "binding": self.binding.to_json(),
+            "phase": self.phase.value,
+            "stop_reason": self.stop_reason,
+            "started_at": format_time(self.started_at),
+            "updated_at": format_time(self.updated_at),
+            "plan_cursor": self.plan_cursor,
+            "agent_context_digest": self.agent_context_digest,
+            "spent": self.spent.to_json(),
+            "environment": self.environment.to_json(),
+            "adapter_version": self.adapter_version,
+            "observed_version": self.observed_version,
+            "pending": None if self.pending is None else self.pending.to_json(),
+            "last_write": None if self.last_write is None else self.last_write.to_json(),
+            "writes_committed": self.writes_committed,
+            "verification": None if self.verification is None else self.verification.to_json(),
+            "review_cases": [case.to_json() for case in self.review_cases],
+            "quarantined_keys": list(self.quarantined_keys),
+            "trace_head": self.trace_head,
+            "trace_length": self.trace_length,
+            "ledger_head": self.ledger_head,
+            "ledger_length": self.ledger_length,
+            "inbox_cursor": self.inbox_cursor,
+            "results_digest": self.results_digest,
+            "decisions": list(self.decisions),
+            "epoch_id": self.epoch_id,
+            "admission": self.admission,
+            "occurrence_id": self.occurrence_id,
+            "rewinding": None if self.rewinding is None else self.rewinding.to_json(),
+            "contract": self.contract.value,
+        }
+        # Written only once used, so a run that never forks keeps its payload as it was.
+        if self.forks:
+            body["forks"] = list(self.forks)
+        if self.fork_nonces:
+            body["fork_nonces"] = list(self.fork_nonces)
+        return body
+
+    @classmethod
+    def from_json(cls, data: Any) -> RunState:
+        """Parse a payload strictly. Schema version is checked by the caller first."""
+        f = Fields(data, "", lambda field, problem: UnknownFieldError(field, problem))
+        f.int("schema_version")
+        phase_text = f.str("phase")
+        try:
+            phase = Phase(phase_text)
+        except ValueError:
+            f.fail("phase", f"unknown phase {phase_text!r}")
+        pending = f.optional_obj("pending")
+        last_write = f.optional_obj("last_write")
+        verification = f.optional_obj("verification")
+        rewinding = f.optional_obj("rewinding")
+        state = cls(
+            run_id=f.str("run_id"),
+            generation=f.int("generation", minimum=1),
+            epoch=f.int("epoch", minimum=1),
+            worker=f.str("worker"),
+            binding=Binding.parse(f.obj("binding")),
+            phase=phase,
+            stop_reason=f.optional_str("stop_reason"),
+            started_at=parse_time(f, "started_at"),
+            updated_at=parse_time(f, "updated_at"),
+            plan_cursor=f.int("plan_cursor"),
+            agent_context_digest=f.str("agent_context_digest"),
+            spent=Spent.parse(f.obj("spent")),
+            environment=EnvironmentState.parse(f.obj("environment")),
+            adapter_version=f.str("adapter_version"),
+            observed_version=f.int("observed_version"),
+            pending=None if pending is None else PendingWrite.parse(pending),
+            last_write=None if last_write is None else CompletedWrite.parse(last_write),
+            writes_committed=f.int("writes_committed"),
+            verification=None if verification is None else Verification.parse(verification),
+            review_cases=tuple(ReviewCase.parse(c) for c in f.items("review_cases")),
+            quarantined_keys=f.str_list("quarantined_keys"),
+            trace_head=f.str("trace_head"),
+            trace_length=f.int("trace_length"),
+            ledger_head=f.str("ledger_head"),
+            ledger_length=f.int("ledger_length"),
+            inbox_cursor=f.int("inbox_cursor"),
+            results_digest=f.optional_str("results_digest"),
+            decisions=_documents(f, "decisions"),
+            # Absent from checkpoints written before admissions existed.
+            epoch_id=f.str("epoch_id", nonempty=False) if f.has("epoch_id") else "",
+            admission=f.optional_str("admission"),
+            occurrence_id=f.str("occurrence_id", nonempty=False) if f.has("occurrence_id") else "",
+            rewinding=None if rewinding is None else RewindPlan.parse(rewinding),
+            contract=_contract(f),
+            forks=f.str_list("forks") if f.has("forks") else (),
+            fork_nonces=f.str_list("fork_nonces") if f.has("fork_nonces") else (),
+        )
+        f.done()
+        return state
+
+
+def _contract(f: Fields) -> Contract:
+    value = f.optional_raw("contract")
+    if value is None:
+        return Contract.STANDARD  # absent from checkpoints written before the field existed
+    if not isinstance(value, str) or value not in {c.value for c in Contract}:
+        f.fail(f.name("contract"), f"unknown contract {value!r}")
+    return Contract(value)
+
+
+def _documents(f: Fields, name: str) -> tuple[dict[str, Any], ...]:
+    items = f.list(name)
+    if not all(isinstance(item, dict) for item in items):
+        f.fail(f.name(name), "expected a list of objects")
+    return tuple(items)
+
+
+def validate_state(state: RunState) -> bytes:
+    """Check cross-object invariants and serializability; return the canonical payload.
+
+    Called before every commit (so invalid state never moves the mark) and
+    after every restore. Raises :class:`InvariantError` at the first breach.
+    """
+
+    def breach(message: str) -> InvariantError:
+        return InvariantError(f"run {state.run_id}: {message}", run_id=state.run_id)
+
+    phase = state.phase
+    if phase is Phase.PENDING and state.pending is None:
+        raise breach("phase pending without a pending write")
+    if phase in {Phase.RUNNING, Phase.COMPLETED} and state.pending is not None:
+        raise breach(f"phase {phase} with a pending write")
+    open_cases = state.review_cases
+    if phase is Phase.NEEDS_REVIEW and not open_cases:
+        raise breach("needs_review without an open review case")
+    if phase is not Phase.NEEDS_REVIEW and phase is not Phase.FAILED and open_cases:
+        raise breach(f"open review case in phase {phase}")
+    if phase.terminal and not state.stop_reason:
+        raise breach(f"terminal phase {phase} without a stop reason")
+    if not phase.terminal and state.stop_reason is not None:
+        raise breach(f"stop reason set in live phase {phase}")
+    if phase is Phase.COMPLETED:
+        v = state.verification
+        if v is None or not v.passed:
+            raise breach("completed without a passing verifier event")
+        if (
+            v.env_version != state.environment.version
+            or v.state_fingerprint != state.environment.state_fingerprint
+        ):
+            raise breach("completed, but the verifier judged another environment version")
+    pending = state.pending
+    if pending is not None:
+        if pending.prestate.instance_id != state.environment.instance_id:
+            raise breach("pending write was proposed against another environment instance")
+        if pending.prestate != state.environment:
+            raise breach("pending write's prestate is not the checkpointed environment")
+        if pending.intent.digest != pending.intent_digest:
+            raise breach("pending write's intent digest does not match its intent")
+        if pending.generation > state.generation:
+            raise breach("pending write is newer than the checkpoint")
+        if pending.idempotency_key in state.quarantined_keys:
+            raise breach("pending write uses a quarantined key")
+    if state.rewinding is not None and (phase is not Phase.RUNNING or pending is not None):
+        raise breach(f"a rewind under way in phase {phase}")
+    if state.observed_version > state.environment.version:
+        raise breach("observed a version newer than the recorded environment")
+    if state.trace_length == 0 and state.trace_head != GENESIS_HASH:
+        raise breach("empty trace with a non-genesis head")
+    if state.updated_at < state.started_at:
+        raise breach("updated before it started")
+    if state.ledger_length == 0 and state.ledger_head != GENESIS_HASH:
+        raise breach("empty effect ledger with a non-genesis head")
+    if pending is not None:
+        if len(set(pending.nonces)) != len(pending.nonces):
+            raise breach("a nonce is recorded as consumed twice")
+        if phase is Phase.PENDING and pending.status not in _LIVE_STATUSES:
+            raise breach(f"pending write in status {pending.status}")
+        if not pending.mutating and (
+            phase is not Phase.PENDING
+            or pending.status is not EffectStatus.INTENDED
+            or pending.expected_post != pending.prestate
+        ):
+            raise breach("a non-mutating pending action must wait, unchanged, for its approval")
+    try:
+        return canonical_bytes(state.to_json())
+    except CanonicalJSONError as exc:
+        raise breach(f"state is not serializable: {exc}") from exc

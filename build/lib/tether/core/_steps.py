@@ -1,0 +1,476 @@
+"""The steps that are not a write's settling: reject, observe, finish, cancel, as pure values.
+
+Each returns a :class:`~tether.core.Transition` the session commits. A step
+that took a non-mutating action hands its result on in a results blob (by
+content digest, named in the signed state), so the agent's next observation
+carries it, after a recovery as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from tether.core._actions import ActionResult, Proposal, Rejection
+from tether.core._canonical import JSONValue, canonical_bytes, digest_bytes, strict_loads
+from tether.core._errors import CanonicalJSONError, CheckpointCorruptError
+from tether.core._fields import Fields
+from tether.core._model import (
+    Capabilities,
+    EnvironmentState,
+    Intent,
+    PendingWrite,
+    Receipt,
+    ReviewCase,
+    Verification,
+)
+from tether.core._phases import EffectStatus, Phase
+from tether.core._spec import Budgets
+from tether.core._state import RunState, Spent
+from tether.core._trace import TraceEvent
+from tether.core._transition import Event, LedgerNote, OutcomeKind, Transition
+
+#: Trace events that record an accepted action's id: recovery rebuilds the
+#: gate's "used before" from these (writes are also in the ledger).
+ACTION_EVENTS = frozenset(
+    {
+        "intent_persisted",
+        "approval_requested",
+        "action_observed",
+        "verifier_ran",
+        "run_cancelled",
+        "effect_replayed",
+    }
+)
+
+
+def action_id_of(kind: str, data: dict[str, JSONValue]) -> str | None:
+    """The action id a trace event records as taken (see ``ACTION_EVENTS``), else ``None``."""
+    action_id = data.get("action_id")
+    return action_id if kind in ACTION_EVENTS and isinstance(action_id, str) else None
+
+
+def actions_taken(events: Iterable[TraceEvent]) -> set[str]:
+    """The action ids the run has used, as the gate's "used before" must see them.
+
+    Ids used only in a suffix that a rewind left behind are free again: the
+    rewound agent regenerates them from the restored context, and whatever
+    effect they carried is either undone by the restore or guarded by the
+    replay rule (a re-proposed committed effect returns its receipt).
+    """
+    last_use: dict[str, int] = {}
+    for event in events:
+        if event.kind == "rewound":
+            low = event.data.get("prefix_length")
+            high = event.data.get("failed_suffix", {}).get("trace_length")
+            if isinstance(low, int) and isinstance(high, int):
+                for freed in [a for a, seq in last_use.items() if low < seq <= high]:
+                    del last_use[freed]
+            continue
+        taken = action_id_of(event.kind, event.data)
+        if taken is not None:
+            last_use[taken] = event.seq
+    return set(last_use)
+
+
+def encode_results(results: tuple[ActionResult, ...]) -> tuple[str, bytes]:
+    """``(digest, canonical bytes)`` of a step's results, as stored by content."""
+    body = canonical_bytes([r.to_json() for r in results])
+    return digest_bytes(body), body
+
+
+def decode_results(expected_digest: str, body: bytes) -> tuple[ActionResult, ...]:
+    """Parse stored results, refusing bytes whose digest is not ``expected_digest``."""
+    if digest_bytes(body) != expected_digest:
+        raise CheckpointCorruptError(f"action results {expected_digest} do not match their bytes")
+    try:
+        doc = strict_loads(body)
+    except CanonicalJSONError as exc:
+        raise CheckpointCorruptError(f"action results are not JSON: {exc}") from exc
+    if not isinstance(doc, list):
+        raise CheckpointCorruptError("action results: expected a list")
+
+    def error(fld: str, problem: str) -> Exception:
+        return CheckpointCorruptError(f"action results {fld}: {problem}")
+
+    return tuple(ActionResult.parse(Fields(item, f"[{i}]", error)) for i, item in enumerate(doc))
+
+
+def _with_result(
+    state: RunState, result: ActionResult
+) -> tuple[RunState, tuple[tuple[str, bytes], ...]]:
+    """``state`` naming ``result`` as the agent's next result, and the blob that holds it."""
+    results_digest, body = encode_results((result,))
+    return state.evolve(results_digest=results_digest), ((results_digest, body),)
+
+
+def _charged(spent: Spent, *, proposals: int = 0, cost: int = 0) -> Spent:
+    return Spent(proposals=spent.proposals + proposals, steps=spent.steps, cost=spent.cost + cost)
+
+
+def exhausted(state: RunState, budgets: Budgets, now: datetime) -> Transition | None:
+    """Fail the run when a budget is spent (the wall clock counts from its start)."""
+    spent = state.spent
+    if spent.steps >= budgets.steps:
+        which = "steps"
+    elif spent.proposals >= budgets.proposals:
+        which = "proposals"
+    elif spent.cost > budgets.cost:
+        which = "cost"
+    elif (now - state.started_at).total_seconds() > budgets.wall_time_s:
+        which = "wall_time"
+    else:
+        return None
+    reason = f"budget_exhausted:{which}"
+    return Transition(
+        OutcomeKind.FAILED,
+        state=state.evolve(phase=Phase.FAILED, stop_reason=reason),
+        events=(("failed", {"reason": reason}),),
+        reason=reason,
+    )
+
+
+def _pend(
+    state: RunState,
+    proposal: Proposal,
+    intent: Intent,
+    key: str,
+    now: datetime,
+    expected_post: EnvironmentState,
+    status: EffectStatus,
+    *,
+    mutating: bool,
+) -> RunState:
+    """``state`` with ``proposal`` as its pending action, charged one proposal and its cost."""
+    pending = PendingWrite(
+        action_id=proposal.action_id,
+        intent=intent,
+        intent_digest=intent.digest,
+        idempotency_key=key,
+        prestate=state.environment,
+        expected_post=expected_post,
+        generation=state.generation + 1,
+        proposed_at=now,
+        cost=proposal.cost,
+        status=status,
+        mutating=mutating,
+        dispatched_at=now if status is EffectStatus.DISPATCHED else None,
+    )
+    return state.evolve(
+        phase=Phase.PENDING,
+        pending=pending,
+        spent=_charged(state.spent, proposals=1, cost=proposal.cost),
+    )
+
+
+def propose_write(
+    state: RunState,
+    proposal: Proposal,
+    intent: Intent,
+    *,
+    key: str,
+    expected_post: EnvironmentState,
+    now: datetime,
+    needs_approval: bool,
+    capabilities: Capabilities,
+) -> Transition:
+    """A write passed the gate: its intent and freshly minted key become durable, pending.
+
+    Sent at once on an adapter that dedups, or whose look-up that finds
+    nothing proves the write never landed (``dispatched`` lands with the
+    intent: outcome ``in_flight``, the caller sends next): a crash before the
+    send is then settled by asking or resending. Otherwise (a blind adapter,
+    one whose absence proves nothing, like a mailbox search, or a person must
+    sign first) the commit says only ``intended``, and ``dispatched`` gets its
+    own commit right before the call, so a crash before the send is known to
+    have sent nothing; a write that needs approval waits, and nothing leaves
+    the process.
+    """
+    settles_by_key = capabilities.idempotent or (
+        capabilities.queryable and capabilities.absent_is_final
+    )
+    at_once = not needs_approval and settles_by_key
+    status = EffectStatus.DISPATCHED if at_once else EffectStatus.INTENDED
+    after = _pend(state, proposal, intent, key, now, expected_post, status, mutating=True)
+    pending = after.pending
+    if pending is None:  # _pend always sets it; keeps the type checker honest
+        raise ValueError("no pending action")
+    persisted: Event = (
+        "intent_persisted",
+        {
+            "action_id": pending.action_id,
+            "idempotency_key": key,
+            "intent_digest": pending.intent_digest,
+            "kind": intent.kind,
+            "target": intent.target,
+            "expected_post": expected_post.to_json(),
+        },
+    )
+    notes: tuple[LedgerNote, ...] = (LedgerNote(EffectStatus.INTENDED),)
+    if at_once:
+        notes = (*notes, LedgerNote(EffectStatus.DISPATCHED))
+    if not needs_approval:
+        return Transition(OutcomeKind.IN_FLIGHT, state=after, events=(persisted,), ledger=notes)
+    requested: Event = (
+        "approval_requested",
+        {"action_id": pending.action_id, "idempotency_key": key},
+    )
+    return Transition(
+        OutcomeKind.WAITING_FOR_APPROVAL,
+        state=after,
+        events=(persisted, requested),
+        ledger=notes,
+        reason="approval_required",
+        message=f"the write needs an approval: `tether approve {state.run_id} {pending.action_id}`",
+    )
+
+
+def hold(
+    state: RunState, proposal: Proposal, intent: Intent, *, key: str, now: datetime
+) -> Transition:
+    """A read, a test run or a finish the policy wants approved waits, durable, for a person.
+
+    It becomes the pending action with no ledger entries (it changes nothing)
+    and a key minted only to bind the approval to exactly this action.
+    """
+    after = _pend(
+        state, proposal, intent, key, now, state.environment, EffectStatus.INTENDED, mutating=False
+    )
+    requested: Event = (
+        "approval_requested",
+        {
+            "action_id": proposal.action_id,
+            "idempotency_key": key,
+            "intent_digest": intent.digest,
+            "kind": intent.kind,
+            "target": intent.target,
+        },
+    )
+    return Transition(
+        OutcomeKind.WAITING_FOR_APPROVAL,
+        state=after,
+        events=(requested,),
+        reason="approval_required",
+        message=f"{intent.kind} needs an approval: `tether approve {state.run_id} "
+        f"{proposal.action_id}`",
+    )
+
+
+def reject(
+    state: RunState,
+    proposal: Proposal,
+    rejection: Rejection,
+    budgets: Budgets,
+    *,
+    spent_already: bool = False,
+) -> Transition:
+    """Refuse a proposal: it costs one proposal, enters the trace, and is the agent's next result.
+
+    The last proposal the budget allows fails the run.
+    """
+    spent = state.spent if spent_already else _charged(state.spent, proposals=1)
+    after = state.evolve(spent=spent)
+    kind = OutcomeKind.REJECTED
+    if spent.proposals >= budgets.proposals:
+        after = after.evolve(phase=Phase.FAILED, stop_reason="budget_exhausted:proposals")
+        kind = OutcomeKind.FAILED
+    action_id = (
+        proposal.action_id if isinstance(proposal.action_id, str) else repr(proposal.action_id)
+    )
+    result = ActionResult(
+        action_id=action_id,
+        kind=str(proposal.kind),
+        target=str(proposal.target),
+        outcome=OutcomeKind.REJECTED.value,
+        reason=rejection.reason,
+        data={"message": rejection.message},
+    )
+    after, blobs = _with_result(after, result)
+    event = (
+        "proposal_rejected",
+        {"action_id": action_id, "reason": rejection.reason, "message": rejection.message},
+    )
+    return Transition(
+        kind,
+        state=after,
+        events=(event,),
+        blobs=blobs,
+        reason=rejection.reason,
+        message=rejection.message,
+    )
+
+
+def observed(
+    state: RunState, proposal: Proposal, data: dict[str, JSONValue], *, spent_already: bool = False
+) -> Transition:
+    """A read or a test run was carried out: its answer becomes the agent's next result."""
+    spent = state.spent if spent_already else _charged(state.spent, proposals=1, cost=proposal.cost)
+    result = ActionResult(
+        action_id=proposal.action_id,
+        kind=proposal.kind,
+        target=proposal.target,
+        outcome=OutcomeKind.OBSERVED.value,
+        data=data,
+    )
+    after, blobs = _with_result(
+        state.evolve(spent=spent, phase=Phase.RUNNING, pending=None), result
+    )
+    event = (
+        "action_observed",
+        {
+            "action_id": proposal.action_id,
+            "kind": proposal.kind,
+            "target": proposal.target,
+            "results_digest": after.results_digest,
+        },
+    )
+    return Transition(OutcomeKind.OBSERVED, state=after, events=(event,), blobs=blobs)
+
+
+def verified(
+    state: RunState,
+    proposal: Proposal,
+    verification: Verification,
+    *,
+    judged_here: bool,
+    output_tail: str,
+    summary: str,
+    spent_already: bool = False,
+) -> Transition:
+    """``finish`` ran the verifier: complete when it passed on exactly this state.
+
+    Otherwise the run goes on, and the agent's next result says why.
+    """
+    spent = state.spent if spent_already else _charged(state.spent, proposals=1, cost=proposal.cost)
+    ran = (
+        "verifier_ran",
+        {
+            **verification.to_json(),
+            "action_id": proposal.action_id,
+            "judged_current_state": judged_here,
+            "output_tail": output_tail[-500:],
+        },
+    )
+    after = state.evolve(spent=spent, verification=verification, phase=Phase.RUNNING, pending=None)
+    if verification.passed and judged_here:
+        return Transition(
+            OutcomeKind.FINISHED,
+            state=after.evolve(phase=Phase.COMPLETED, stop_reason="verified", results_digest=None),
+            events=(ran, ("completed", {"summary": summary})),
+            reason="verified",
+        )
+    reason = "verifier_failed" if judged_here else "verifier_judged_other_state"
+    result = ActionResult(
+        action_id=proposal.action_id,
+        kind=proposal.kind,
+        target=proposal.target,
+        outcome=OutcomeKind.VERIFIER_FAILED.value,
+        reason=reason,
+        data={
+            "passed": verification.passed,
+            "exit_code": verification.exit_code,
+            "output_tail": output_tail[-2000:],
+        },
+    )
+    after, blobs = _with_result(after, result)
+    return Transition(
+        OutcomeKind.VERIFIER_FAILED,
+        state=after,
+        events=(ran,),
+        blobs=blobs,
+        reason=reason,
+        message=output_tail[-500:],
+    )
+
+
+def cancel(
+    state: RunState,
+    reason: str,
+    *,
+    by: str,
+    action_id: str | None = None,
+    charge: int | None = None,
+) -> Transition:
+    """End a run in ``cancelled``; a pending write must be one that never left.
+
+    A write the signed state says was never sent (``intended``) is dropped
+    here and the ledger says ``cancelled``; a dispatched one is the caller's
+    to settle first (``settle_rules.cancel_pending``). ``charge``: the
+    agent's own cancel costs a proposal and its cost, like any action.
+    """
+    pending = state.pending
+    notes: tuple[LedgerNote, ...] = ()
+    data: dict[str, JSONValue] = {"reason": reason, "by": by}
+    if charge is not None:
+        state = state.evolve(spent=_charged(state.spent, proposals=1, cost=charge))
+    if action_id is not None:
+        data["action_id"] = action_id
+    if pending is not None:
+        if pending.mutating and pending.status is not EffectStatus.INTENDED:
+            raise ValueError("a dispatched write must be settled before a cancel")  # caller's bug
+        if pending.mutating:
+            notes = (LedgerNote(EffectStatus.CANCELLED),)
+        data["dropped"] = pending.action_id
+    return Transition(
+        OutcomeKind.CANCELLED,
+        state=state.evolve(
+            phase=Phase.CANCELLED,
+            stop_reason="cancelled",
+            pending=None,
+            results_digest=None,
+        ),
+        events=(("run_cancelled", data),),
+        ledger=notes,
+        reason="cancelled",
+        message=reason,
+    )
+
+
+def park(
+    state: RunState,
+    *,
+    case_id: str,
+    reason: str,
+    detail: str,
+    now: datetime,
+    live: EnvironmentState,
+    receipt: Receipt | None = None,
+    evidence: tuple[dict[str, Any], ...] = (),
+) -> Transition:
+    """Freeze a run no rule can decide for a person: a worker could not drive it, or
+    its environment is ahead of its checkpoint. ``evidence`` goes into the case whole.
+
+    The case names the pending write when there is one (so a decision binds
+    it, as any other); otherwise it is about the run. A held non-mutating
+    action is dropped: it changed nothing. A replan resumes the run, an abort
+    ends it, like any review case.
+    """
+    pending = state.pending
+    if pending is not None and not pending.mutating:
+        pending = None
+    case = ReviewCase(
+        case_id=case_id,
+        reason=reason,
+        action_id="" if pending is None else pending.action_id,
+        idempotency_key="" if pending is None else pending.idempotency_key,
+        intent_digest="" if pending is None else pending.intent_digest,
+        receipt=None if receipt is None else receipt.to_json(),
+        receipt_fingerprint=None if receipt is None else receipt.fingerprint,
+        environment=live,
+        opened_at=now,
+        detail=detail[-2000:],
+        evidence=tuple(evidence),
+    )
+    return Transition(
+        OutcomeKind.FROZEN,
+        state=state.evolve(
+            phase=Phase.NEEDS_REVIEW,
+            pending=pending,
+            review_cases=(*state.review_cases, case),
+            results_digest=None,
+        ),
+        events=(("needs_review", case.to_json()),),
+        reason=reason,
+        message=detail[-500:],
+    )

@@ -1,0 +1,196 @@
+"""What one protocol step returns: a transition value, and the outcome a caller reads.
+
+A :class:`Transition` says everything the session must do, in order:
+commit ``state`` (with ``events`` in the trace and ``ledger`` notes in the
+effect ledger, all in ONE fenced store transaction) when ``state`` is set,
+then make ``call`` (at most one adapter call) when it is set, and hand the
+answer to the next pure function. The session holds no rule of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from tether.core._ledger import EffectTerms
+from tether.core._model import Capabilities, EnvironmentState, Intent, Receipt
+from tether.core._phases import EffectStatus
+from tether.core._state import RunState
+
+Event = tuple[str, dict[str, Any]]
+
+
+class OutcomeKind(StrEnum):
+    """What a step did, in one word. Defined here and nowhere else."""
+
+    EXECUTED = "executed"  # a write was sent and its receipt recorded
+    REPLAYED = "replayed"  # a write found already committed; its receipt reused, nothing sent
+    REJECTED = "rejected"  # the gate or the adapter refused; nothing happened
+    WAITING_FOR_APPROVAL = "waiting_for_approval"  # a person must sign first
+    FROZEN = "frozen"  # needs_review: only a signed decision opens it
+    FINISHED = "finished"  # completed, with a passing verifier at the final state
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    WAITED = "waited"  # the agent asked for nothing this step
+    VERIFIER_FAILED = "verifier_failed"  # the agent said finished; the verifier disagreed
+    IN_FLIGHT = "in_flight"  # the adapter says an earlier attempt is still running
+    RETRY_LATER = "retry_later"  # the adapter could not be reached; nothing changed
+    RECORDED = "recorded"  # evidence (an approval, a decision) was recorded
+    RECOVERED = "recovered"  # a new epoch began
+    OBSERVED = "observed"  # a read or a test run was carried out; its answer is the next result
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A step's typed result: its kind, a stable reason word, and the trace event it produced.
+
+    ``event`` is the kind of the last trace event the step committed (``None``
+    when it committed nothing); ``state`` is the run state after the step.
+    """
+
+    kind: OutcomeKind
+    state: RunState
+    reason: str | None = None
+    message: str = ""
+    event: str | None = None
+
+    @property
+    def phase(self) -> Any:
+        """The run's phase after the step (shorthand for ``outcome.state.phase``)."""
+        return self.state.phase
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """Ask the adapter what it recorded under ``key`` (judged against ``intent``, if it can)."""
+
+    key: str
+    intent: Intent | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Execute:
+    """Send ``intent`` under ``key``. ``retry``: an earlier attempt may have landed.
+
+    ``known_absent``: the adapter's final look-up just found nothing, so a
+    receipt this send returns is a fresh commit (a refusal is still a retry's:
+    an adapter that lost a receipt would otherwise hide a landed write).
+    """
+
+    key: str
+    intent: Intent
+    prestate: EnvironmentState
+    retry: bool
+    known_absent: bool = False
+
+
+Call = Lookup | Execute
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerNote:
+    """A ledger status for the pending write's key, sealed into the chain at commit.
+
+    It belongs to the write pending BEFORE the transition, even when the
+    state it commits holds no pending write any more, unless ``subject``
+    names another effect.
+    """
+
+    status: EffectStatus
+    receipt: dict[str, Any] | None = None
+    #: Set only on a note about another effect than the pending write: the
+    #: ``compensated`` a compensation's commit records for the effect it undid.
+    subject: EffectRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRef:
+    """An effect already in the ledger, named by a note about it (see ``LedgerNote.subject``).
+
+    ``status`` is its last ledger status, as verified when the note was decided.
+    """
+
+    idempotency_key: str
+    action_id: str
+    intent_digest: str
+    status: EffectStatus
+    #: What the effect is (its own terms, from its first ledger entry): the
+    #: note's entry records them, so the replay rule knows which effect moved.
+    terms: EffectTerms | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One protocol step's whole effect on the world, as a value."""
+
+    outcome: OutcomeKind
+    state: RunState | None = None  # None: nothing to commit
+    events: tuple[Event, ...] = ()
+    ledger: tuple[LedgerNote, ...] = ()
+    call: Call | None = None
+    reason: str | None = None
+    message: str = ""
+    #: Content-addressed bytes the commit stores with ``state`` (a step's results).
+    blobs: tuple[tuple[str, bytes], ...] = ()
+
+    @property
+    def durable(self) -> bool:
+        """Whether this step needs a store commit before anything else happens."""
+        return self.state is not None
+
+
+class LookupStatus(StrEnum):
+    """What an adapter's look-up by key can say."""
+
+    COMMITTED = "committed"
+    ABSENT = "absent"
+    IN_PROGRESS = "in_progress"
+    UNAVAILABLE = "unavailable"
+    #: The adapter recorded this request under the key and refused it: nothing landed.
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True, slots=True)
+class LookupAnswer:
+    """The adapter's answer to :class:`Lookup` (``receipt`` when committed)."""
+
+    status: LookupStatus
+    receipt: Receipt | None = None
+    detail: str = ""
+
+
+class ExecuteStatus(StrEnum):
+    """What an adapter's execute can end in."""
+
+    COMMITTED = "committed"
+    CONFLICT = "conflict"  # same key, another intent: the adapter's receipt is evidence
+    PRECONDITION_FAILED = "precondition_failed"
+    UNAVAILABLE = "unavailable"
+    IN_PROGRESS = "in_progress"
+
+
+@dataclass(frozen=True, slots=True)
+class ExecuteAnswer:
+    """The adapter's answer to :class:`Execute`."""
+
+    status: ExecuteStatus
+    receipt: Receipt | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the session knows right now that a pure step may need.
+
+    ``case_id`` is minted by the session in advance and used only if the step
+    opens a review case; ``live`` is the adapter's environment as read now.
+    """
+
+    now: datetime
+    live: EnvironmentState
+    needs_approval: bool
+    case_id: str
+    capabilities: Capabilities
+    namespace: str

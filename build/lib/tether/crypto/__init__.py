@@ -1,0 +1,49 @@
+"""Keys and signatures: HMAC keyrings for checkpoints, AEAD boxes for secret context."""
+
+from tether.crypto._envelope import envelope_digest, open_envelope, seal
+from tether.crypto._keyring import (
+    ENV_KEYRING,
+    ENV_KEYRING_FILE,
+    MIN_KEY_BYTES,
+    Key,
+    Keyring,
+    KeyringError,
+    KeyStatus,
+)
+from tether.crypto._secrets import (
+    ENV_SECRET_KEYS,
+    ENV_SECRET_KEYS_FILE,
+    SealedSecret,
+    SecretAccessError,
+    SecretBox,
+    SecretIntegrityError,
+    SecretKey,
+    SecretKeyError,
+)
+from tether.crypto._signing import Alg, Role, Signer, TrustError, TrustRoots
+
+__all__ = [
+    "ENV_KEYRING",
+    "ENV_KEYRING_FILE",
+    "ENV_SECRET_KEYS",
+    "ENV_SECRET_KEYS_FILE",
+    "MIN_KEY_BYTES",
+    "Alg",
+    "Key",
+    "KeyStatus",
+    "Keyring",
+    "KeyringError",
+    "Role",
+    "SealedSecret",
+    "SecretAccessError",
+    "SecretBox",
+    "SecretIntegrityError",
+    "SecretKey",
+    "SecretKeyError",
+    "Signer",
+    "TrustError",
+    "TrustRoots",
+    "envelope_digest",
+    "open_envelope",
+    "seal",
+]

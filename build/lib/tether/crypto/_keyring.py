@@ -1,0 +1,220 @@
+"""Keyrings: named HMAC keys with one active signer, verify-only and retired keys.
+
+The secret bytes live only inside :class:`Key`; its ``repr`` and every error
+name the key id, never the secret. A keyring is supplied by the caller from a
+file or an environment variable and is never written into a checkpoint.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from tether.core import CanonicalJSONError, Fields, TetherError, canonical_bytes, strict_loads
+
+MIN_KEY_BYTES = 32
+ENV_KEYRING = "TETHER_KEYRING"
+ENV_KEYRING_FILE = "TETHER_KEYRING_FILE"
+_CHECK_LABEL = b"tether key check v1"
+
+
+class KeyringError(TetherError):
+    """A keyring document is malformed, a key too short, or no key is usable."""
+
+
+class KeyStatus(StrEnum):
+    """What a key may still do."""
+
+    ACTIVE = "active"  # signs and verifies; exactly one per keyring
+    VERIFY = "verify"  # verifies only: an older key kept through a rotation
+    RETIRED = "retired"  # trusted for nothing; signatures under it are refused
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One named key. The secret is never shown."""
+
+    key_id: str
+    status: KeyStatus
+    _secret: bytes = field(repr=False)
+
+    def __repr__(self) -> str:
+        return f"Key(key_id={self.key_id!r}, status={self.status.value!r})"
+
+    def mac(self, *parts: bytes) -> bytes:
+        h = hmac.new(self._secret, digestmod=hashlib.sha256)
+        for part in parts:
+            h.update(len(part).to_bytes(8, "big"))
+            h.update(part)
+        return h.digest()
+
+    @property
+    def check_value(self) -> str:
+        """A one-way tag that tells two keys with the same id apart, revealing neither."""
+        return hmac.new(self._secret, _CHECK_LABEL, hashlib.sha256).hexdigest()[:32]
+
+
+class Keyring:
+    """A set of named keys with exactly one active key (unless all are retired)."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, keys: Mapping[str, Key]) -> None:
+        active = [k for k in keys.values() if k.status is KeyStatus.ACTIVE]
+        if len(active) > 1:
+            raise KeyringError("a keyring has at most one active key")
+        self._keys = dict(keys)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}:{v.status.value}" for k, v in sorted(self._keys.items()))
+        return f"Keyring({inner})"
+
+    @property
+    def active(self) -> Key:
+        for key in self._keys.values():
+            if key.status is KeyStatus.ACTIVE:
+                return key
+        raise KeyringError("the keyring has no active key; rotate in a new one to sign")
+
+    def get(self, key_id: str) -> Key | None:
+        return self._keys.get(key_id)
+
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        return tuple(sorted(self._keys))
+
+    # -- building ----------------------------------------------------------
+
+    @classmethod
+    def generate(cls, key_id: str = "k1") -> Keyring:
+        """A new keyring with one fresh random active key."""
+        return cls({key_id: Key(key_id, KeyStatus.ACTIVE, secrets.token_bytes(MIN_KEY_BYTES))})
+
+    @classmethod
+    def single(cls, key_id: str, secret: bytes) -> Keyring:
+        """A keyring with one active key made from ``secret``."""
+        _check_secret(key_id, secret)
+        return cls({key_id: Key(key_id, KeyStatus.ACTIVE, secret)})
+
+    def rotate(self, key_id: str, secret: bytes | None = None) -> Keyring:
+        """A keyring where ``key_id`` signs and the previous active key only verifies."""
+        if key_id in self._keys:
+            raise KeyringError(f"key id {key_id!r} is already in the keyring")
+        secret = secrets.token_bytes(MIN_KEY_BYTES) if secret is None else secret
+        _check_secret(key_id, secret)
+        keys = {
+            kid: Key(kid, KeyStatus.VERIFY, k._secret) if k.status is KeyStatus.ACTIVE else k
+            for kid, k in self._keys.items()
+        }
+        keys[key_id] = Key(key_id, KeyStatus.ACTIVE, secret)
+        return Keyring(keys)
+
+    def retire(self, key_id: str) -> Keyring:
+        """A keyring where ``key_id`` is trusted for nothing."""
+        key = self._keys.get(key_id)
+        if key is None:
+            raise KeyringError(f"no key id {key_id!r} to retire")
+        keys = dict(self._keys)
+        keys[key_id] = Key(key_id, KeyStatus.RETIRED, b"")
+        return Keyring(keys)
+
+    # -- files and the environment ----------------------------------------
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Keyring:
+        """Parse ``{"keys": [{"id", "status", "secret"}...]}``; secrets are base64url."""
+        try:
+            doc = strict_loads(data)
+        except CanonicalJSONError as exc:
+            raise KeyringError(f"keyring is not strict JSON: {exc}") from exc
+        f = Fields(doc, "", lambda fld, problem: KeyringError(f"keyring {fld}: {problem}"))
+        keys: dict[str, Key] = {}
+        for entry in f.items("keys"):
+            key_id = entry.str("id")
+            status_text = entry.str("status")
+            try:
+                status = KeyStatus(status_text)
+            except ValueError:
+                entry.fail(entry.name("status"), f"unknown status {status_text!r}")
+            if status is KeyStatus.RETIRED:
+                entry.optional_raw("secret")
+                secret = b""
+            else:
+                secret = _decode_secret(key_id, entry.str("secret"))
+            entry.done()
+            if key_id in keys:
+                raise KeyringError(f"key id {key_id!r} appears twice")
+            keys[key_id] = Key(key_id, status, secret)
+        f.done()
+        if not keys:
+            raise KeyringError("the keyring holds no keys")
+        return cls(keys)
+
+    def to_json(self) -> bytes:
+        """The keyring document, secrets included: write it only to a 0600 file."""
+        entries: list[dict[str, Any]] = []
+        for key_id, key in sorted(self._keys.items()):
+            entry: dict[str, Any] = {"id": key_id, "status": key.status.value}
+            if key.status is not KeyStatus.RETIRED:
+                entry["secret"] = base64.urlsafe_b64encode(key._secret).decode("ascii")
+            entries.append(entry)
+        return canonical_bytes({"keys": entries})
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Keyring:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise KeyringError(
+                f"cannot read keyring file {os.fspath(path)!r}: {exc.strerror}"
+            ) from exc
+        return cls.from_json(data)
+
+    def write_file(self, path: str | os.PathLike[str]) -> None:
+        """Write the keyring to ``path`` with mode 0600, atomically."""
+        target = Path(path)
+        tmp = target.with_name(target.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, self.to_json())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Keyring:
+        """``TETHER_KEYRING`` (the document) or ``TETHER_KEYRING_FILE`` (its path)."""
+        env = os.environ if environ is None else environ
+        if env.get(ENV_KEYRING):
+            return cls.from_json(env[ENV_KEYRING])
+        if env.get(ENV_KEYRING_FILE):
+            return cls.from_file(env[ENV_KEYRING_FILE])
+        raise KeyringError(
+            f"no keyring: set {ENV_KEYRING_FILE} to a keyring file or {ENV_KEYRING} to its JSON"
+        )
+
+
+def _decode_secret(key_id: str, text: str) -> bytes:
+    try:
+        secret = base64.urlsafe_b64decode(text.encode("ascii"))
+    except (binascii.Error, UnicodeEncodeError, ValueError) as exc:
+        raise KeyringError(f"key {key_id!r}: secret is not base64url") from exc
+    _check_secret(key_id, secret)
+    return secret
+
+
+def _check_secret(key_id: str, secret: bytes) -> None:
+    if len(secret) < MIN_KEY_BYTES:
+        raise KeyringError(
+            f"key {key_id!r} is {len(secret)} bytes; keys shorter than {MIN_KEY_BYTES} are refused"
+        )

@@ -1,0 +1,79 @@
+"""The orchestration: propose, gate, persist, execute, reconcile, advance, recover."""
+
+from tether.runtime._agent import REDACTED, Agent, AgentContext, Decision, Withheld
+from tether.runtime._checkpointer import (
+    Checkpointer,
+    Restored,
+    check_binding,
+    check_environment,
+    environment_ahead,
+)
+from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
+from tether.runtime._crash import NO_CRASH, CrashPlan, CrashPoint, SimulatedCrash
+from tether.runtime._operator import (
+    InboxItem,
+    Prepared,
+    RunSummary,
+    RunView,
+    StaleViewError,
+    deliver,
+    list_runs,
+    open_run,
+    prepare_admission,
+    prepare_approval,
+    prepare_fork,
+    prepare_review,
+    prepare_rewind,
+)
+from tether.runtime._runtime import Runtime
+from tether.runtime._session import RunSession
+from tether.runtime._worker import (
+    AppLoadError,
+    RuntimeFactory,
+    Worker,
+    WorkerStats,
+    install_signal_handlers,
+    load_factory,
+)
+
+__all__ = [
+    "NO_CRASH",
+    "REDACTED",
+    "Agent",
+    "AgentContext",
+    "AppLoadError",
+    "Checkpointer",
+    "Clock",
+    "CrashPlan",
+    "CrashPoint",
+    "Decision",
+    "IdSource",
+    "InboxItem",
+    "Prepared",
+    "RandomIds",
+    "Restored",
+    "RunSession",
+    "RunSummary",
+    "RunView",
+    "Runtime",
+    "RuntimeFactory",
+    "SimulatedCrash",
+    "StaleViewError",
+    "SystemClock",
+    "Withheld",
+    "Worker",
+    "WorkerStats",
+    "check_binding",
+    "check_environment",
+    "deliver",
+    "environment_ahead",
+    "install_signal_handlers",
+    "list_runs",
+    "load_factory",
+    "open_run",
+    "prepare_admission",
+    "prepare_approval",
+    "prepare_fork",
+    "prepare_review",
+    "prepare_rewind",
+]

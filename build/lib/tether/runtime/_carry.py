@@ -1,0 +1,113 @@
+"""Carrying out the actions that change nothing: reads, test runs, a finish, a cancel.
+
+A read or a test run is observed and committed with what it found; a finish
+runs the task's verifier on the state the run is in now; an action that
+waited for a person's approval is carried out once the approval holds.
+"""
+
+from __future__ import annotations
+
+from tether.core import (
+    ActionClass,
+    ActionKind,
+    AdapterError,
+    AdapterUnavailableError,
+    ContractViolationError,
+    Outcome,
+    OutcomeKind,
+    PendingWrite,
+    Phase,
+    Proposal,
+    RunState,
+    approval_problem,
+    step_rules,
+)
+from tether.core import Rejection as GateRejection
+from tether.runtime._agent import AgentContext
+from tether.runtime._view import Event, Session
+
+
+def carry_out(
+    session: Session,
+    base: RunState,
+    context: AgentContext | None,
+    proposal: Proposal,
+    kind: ActionKind,
+    events: list[Event],
+    *,
+    spent_already: bool,
+) -> Outcome:
+    """Carry out a read, a test run, a finish or a cancel, and commit what it found.
+
+    An adapter that refuses the action (a directory named as a file, a
+    test command it won't run) is a rejection the agent hears about; one
+    that can't be reached changes nothing and says retry later.
+    """
+    rt = session.rt
+    if kind.action_class is ActionClass.CANCEL:
+        transition = step_rules.cancel(
+            base,
+            str(proposal.args["reason"]),
+            by="agent",
+            action_id=proposal.action_id,
+            charge=None if spent_already else proposal.cost,
+        )
+        return session.apply(transition, prefix=events, context=context)
+    session.guard()
+    try:
+        if kind.action_class is ActionClass.READ:
+            args = dict(proposal.args)
+            data = rt.adapter.read(kind.name, proposal.target, args, rt.task.allows_target)
+            transition = step_rules.observed(base, proposal, data, spent_already=spent_already)
+        elif kind.action_class is ActionClass.TEST:
+            test = rt.task.tests[proposal.target]
+            data = rt.adapter.verify(test.argv, test.timeout_s).summary()
+            transition = step_rules.observed(base, proposal, data, spent_already=spent_already)
+        else:  # finish: the task's verifier judges the state the run is in now
+            result = rt.adapter.verify(rt.task.verifier.argv, rt.task.verifier.timeout_s)
+            transition = step_rules.verified(
+                base,
+                proposal,
+                result.verification(rt.clock.now()),
+                judged_here=result.environment == base.environment,
+                output_tail=result.output_tail,
+                summary=str(proposal.args.get("summary", "")),
+                spent_already=spent_already,
+            )
+    except AdapterUnavailableError as exc:
+        return Outcome(OutcomeKind.RETRY_LATER, session.state, "adapter_unavailable", str(exc))
+    except (ContractViolationError, AdapterError) as exc:
+        reason = exc.reason if isinstance(exc, ContractViolationError) else "adapter_refused"
+        transition = step_rules.reject(
+            base,
+            proposal,
+            GateRejection(reason, str(exc)),
+            rt.task.budgets,
+            spent_already=spent_already,
+        )
+    return session.apply(transition, prefix=events, context=context)
+
+
+def carry_out_approved(session: Session, pending: PendingWrite) -> Outcome:
+    """A non-mutating action waiting for approval: carry it out once an approval holds."""
+    rt = session.rt
+    problem = approval_problem(
+        session.state,
+        needs=True,
+        now=rt.clock.now(),
+        live=rt.adapter.environment(),
+        idempotent=False,
+    )
+    if problem is not None:
+        return Outcome(OutcomeKind.WAITING_FOR_APPROVAL, session.state, problem[0], problem[1])
+    kind = rt.kinds[pending.intent.kind]
+    proposal = Proposal(
+        pending.action_id,
+        pending.intent.kind,
+        pending.intent.target,
+        args=dict(pending.intent.args),
+        cost=pending.cost,
+    )
+    # Whatever happens next (done, refused) the held action is no longer pending.
+    base = session.state.evolve(phase=Phase.RUNNING, pending=None)
+    return carry_out(session, base, None, proposal, kind, [], spent_already=True)

@@ -1,0 +1,340 @@
+"""The human gates: signed approvals for pending writes, signed decisions for review cases.
+
+Evidence is signed outside the runtime; here it is verified against trust
+roots, bound field by field to the run as it is now, and only then recorded.
+A refused decision leaves the run exactly as frozen as it was, and the
+refusal is traced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from tether.adapters import capabilities_of, look_up
+from tether.core import (
+    ActionClass,
+    ActionKind,
+    CanonicalJSONError,
+    EnvironmentState,
+    EvidenceError,
+    Phase,
+    Policy,
+    PolicyError,
+    PreconditionFailedError,
+    Receipt,
+    ReviewDriftError,
+    RunFrozenError,
+    RunState,
+    Transition,
+    TrustRootsRequiredError,
+    UnknownSignerError,
+    check_approval,
+    check_decision,
+    compensated_effect,
+    replay_rules,
+    strict_loads,
+)
+from tether.core import needs_approval as core_needs_approval
+from tether.core import people_rules as people
+from tether.crypto import Role, TrustRoots
+from tether.runtime._view import Runtime, Session
+
+
+def needs_approval(rt: Runtime, state: RunState) -> bool:
+    """Whether the policy requires an approval before the pending action is carried out."""
+    pending = state.pending
+    if pending is None or compensated_effect(pending.intent) is not None:
+        # A compensation's authority is the signed effect decision that ordered it.
+        return False
+    # A kind the catalog no longer declares is judged as the write it was.
+    kind = rt.kinds.get(pending.intent.kind) or ActionKind(pending.intent.kind, ActionClass.WRITE)
+    return core_needs_approval(rt.policy, kind)
+
+
+def consume_inbox(session: Session) -> None:
+    """Apply the signed evidence people left in the store's inbox since the last read.
+
+    Each entry is read once: accepted or refused, the cursor moves past it in
+    the same checkpoint that records the outcome, so a refused document is
+    traced once and never retried. A runtime given no trust roots reads
+    nothing, and one whose roots lack the role an entry needs stops at it
+    (:class:`TrustRootsRequiredError`): evidence is never consumed unread.
+    """
+    state = session.state
+    trust = session.rt.trust
+    if state.phase.terminal or trust is None:
+        return
+    roles = {role.value for role in trust.roles()}
+    for item in session.rt.store.evidence(session.state.run_id, after=session.state.inbox_cursor):
+        needed = _signers_of(session.rt.policy, item.kind)
+        if needed and not roles & needed:
+            # The runtime's configuration is at fault, not the document: refusing it
+            # would burn a valid signature. Stop here; the cursor stays put.
+            raise TrustRootsRequiredError(
+                f"run {state.run_id}: inbox entry #{item.seq} is {item.kind} evidence and this "
+                f"runtime's trust roots name no {' or '.join(r + 's' for r in sorted(needed))}; "
+                "add them, and it is read then",
+                run_id=state.run_id,
+            )
+        if session.state.phase.terminal:
+            return  # a rewind may not follow an abort in the same inbox read
+        with contextlib.suppress(EvidenceError, PolicyError):  # traced where refused
+            if item.kind == "admission":
+                # Admissions are read by a recovery, before any step. The one that
+                # opened this epoch is recorded as used; any other was refused
+                # then, or names an epoch that was admitted otherwise.
+                read = session.admissions_read.get(item.seq)
+                if read is None and _opened_this_epoch(session, item.document):
+                    read = "used"  # by a recovery whose session did not live to read the inbox
+                if read == "used":
+                    _commit(session, people.noted_admission(session.state, item.seq))
+                else:
+                    _refuse(
+                        session,
+                        item.kind,
+                        item.document,
+                        PolicyError(read or "an admission not used by a recovery: superseded"),
+                        item.seq,
+                    )
+            elif item.kind == "rewind":
+                session.rewind_from_inbox(item.document, cursor=item.seq)
+            elif item.kind == "approval":
+                approve(session, item.document, cursor=item.seq)
+            elif item.kind == "effect_decision":
+                session.effect_decision(item.document, cursor=item.seq)
+            elif item.kind == "fork":
+                fork(session, item.document, cursor=item.seq)
+            else:
+                review(session, item.document, cursor=item.seq)
+
+
+def _opened_this_epoch(session: Session, document: Any) -> bool:
+    """Whether ``document`` is the signed admission the current epoch's record holds."""
+    digest = session.state.admission
+    body = None if digest is None else session.rt.store.get_blob(digest)
+    if body is None:
+        return False
+    try:
+        record = strict_loads(body)
+    except CanonicalJSONError:
+        return False
+    used = record.get("document") if isinstance(record, dict) else None
+    return used is not None and people.evidence_digest(used) == people.evidence_digest(document)
+
+
+def _signers_of(policy: Policy, kind: str) -> set[str]:
+    """The roles that may sign an inbox entry of ``kind`` (none: read without a role check)."""
+    if kind == "approval":
+        return {Role.APPROVER.value}
+    if kind in {"review_decision", "effect_decision"}:
+        return {Role.REVIEWER.value}
+    if kind == "rewind":
+        return set(policy.authority.rewind) - {"agent"}
+    return set()
+
+
+def refuse(session: Session, kind: str, document: Any, exc: Exception, cursor: int | None) -> None:
+    """Trace a refused document (public: the rewind and admission paths refuse the same way)."""
+    _refuse(session, kind, document, exc, cursor)
+
+
+def _refuse(session: Session, kind: str, document: Any, exc: Exception, cursor: int | None) -> None:
+    """Trace a refused document the same way whichever path it came by (then the caller raises)."""
+    state = session.state
+    if state.phase.terminal:
+        return  # nothing may be committed to a finished run; the caller still raises
+    _commit(session, people.refused(state, kind, document, exc, cursor=cursor))
+
+
+def _commit(session: Session, transition: Transition) -> None:
+    if transition.state is not None:
+        session.commit(transition.state, list(transition.events))
+
+
+def approve(session: Session, document: Any, *, cursor: int | None = None) -> RunState:
+    """Verify and record a signed approval for the pending write; a refusal is traced, then raised."""
+    rt, state = session.rt, session.state
+    try:
+        _refuse_unless(state, Phase.PENDING, "approve")
+        if not needs_approval(rt, state):
+            raise PolicyError(f"run {state.run_id}: the pending write needs no approval")
+        pending = state.pending
+        if pending is None:  # checked by _refuse_unless; keeps the type checker honest
+            raise PolicyError("no pending write", run_id=state.run_id)
+        body = _trust(rt).verify(document, Role.APPROVER)
+        check_approval(
+            body,
+            document["signer"],
+            state,
+            now=rt.clock.now(),
+            ttl_s=rt.policy.approval_ttl_s,
+            consumed=frozenset(pending.nonces),
+        )
+    except (EvidenceError, PolicyError) as exc:
+        _refuse(session, "approval", document, exc, cursor)
+        raise
+    _commit(session, people.record_approval(state, document, body, cursor=cursor))
+    return session.state
+
+
+def review(session: Session, document: Any, *, cursor: int | None = None) -> RunState:
+    """Verify a signed reviewer decision and apply it; any doubt leaves the case frozen."""
+    rt, state = session.rt, session.state
+    drift: tuple[str, EnvironmentState, Receipt | None] | None = None
+    case = None
+    try:
+        _refuse_unless(state, Phase.NEEDS_REVIEW, "review")
+        body = _trust(rt).verify(document, Role.REVIEWER)
+        case = next((c for c in state.review_cases if c.case_id == body.get("case_id")), None)
+        if case is None:
+            raise ReviewDriftError(f"no open review case {body.get('case_id')!r}")
+        decision = check_decision(
+            body,
+            document["signer"],
+            state,
+            case,
+            now=rt.clock.now(),
+            ttl_s=rt.policy.approval_ttl_s,
+        )
+        drift = _reread(rt, state, case, body)
+        if drift is not None:
+            raise ReviewDriftError(drift[0])
+    except (EvidenceError, PolicyError) as exc:
+        _refuse(session, "review_decision", document, exc, cursor)
+        if drift is not None and case is not None:
+            why, live, receipt = drift
+            _commit(
+                session,
+                people.refresh_case(
+                    session.state,
+                    case,
+                    live=live,
+                    receipt=receipt,
+                    case_id=rt.ids.new_id("case"),
+                    now=rt.clock.now(),
+                    why=why,
+                ),
+            )
+        raise
+    _commit(session, people.apply_decision(state, case, decision, document, cursor=cursor))
+    return session.state
+
+
+def fork(session: Session, document: Any, *, cursor: int | None = None) -> RunState:
+    """Verify a signed fork and arm its effect for one new execution; a refusal is traced, then raised.
+
+    Signed by a reviewer or an operator; bound to this run, its policy, the
+    effect digest and the effect's current attempt (receipt id, fingerprint,
+    key), alive now, with a nonce never recorded before.
+    """
+    rt, state = session.rt, session.state
+    try:
+        if state.phase.terminal:
+            raise RunFrozenError(f"run {state.run_id} is {state.phase}; nothing to fork")
+        body = _verify_fork(_trust(rt), document)
+        replay_rules.check_fork(
+            body,
+            document["signer"],
+            state,
+            session.effects,
+            now=rt.clock.now(),
+            ttl_s=rt.policy.approval_ttl_s,
+        )
+    except (EvidenceError, PolicyError) as exc:
+        _refuse(session, "fork", document, exc, cursor)
+        raise
+    at = state.inbox_cursor if cursor is None else cursor
+    _commit(
+        session, replay_rules.record_fork(state, body, people.evidence_digest(document), cursor=at)
+    )
+    return session.state
+
+
+def _verify_fork(trust: TrustRoots, document: Any) -> dict[str, Any]:
+    """The fork's body, signed by a trusted reviewer, or else by a trusted operator."""
+    try:
+        return trust.verify(document, Role.REVIEWER)
+    except UnknownSignerError:
+        return trust.verify(document, Role.OPERATOR)
+
+
+def check_restorable(rt: Runtime, state: RunState) -> None:
+    """A checkpoint carrying signed evidence restores only where its signers are trusted again.
+
+    Approvals of the pending write need the approvers' roots; the reviewer
+    decisions the state was shaped by (a replan, an abort) the reviewers'.
+    """
+    pending = state.pending
+    approvals = () if pending is None else pending.approvals
+    for role, documents in ((Role.APPROVER, approvals), (Role.REVIEWER, state.decisions)):
+        if not documents:
+            continue
+        trust = rt.trust
+        if trust is None or role not in trust.roles():
+            raise TrustRootsRequiredError(
+                f"run {state.run_id} carries signed {role} evidence; pass the {role}s' trust "
+                "roots to restore it",
+                run_id=state.run_id,
+            )
+        for document in documents:
+            try:
+                trust.verify(document, role)
+            except EvidenceError as exc:
+                raise TrustRootsRequiredError(
+                    f"run {state.run_id}: {role} evidence does not verify under the given "
+                    f"trust roots: {exc}",
+                    run_id=state.run_id,
+                ) from exc
+
+
+def _reread(
+    rt: Runtime, state: RunState, case: Any, body: dict[str, Any]
+) -> tuple[str, EnvironmentState, Receipt | None] | None:
+    """Before a decision is consumed, the environment and the adapter's receipt must be
+    as the case recorded them; else why, and the world as it is now."""
+    live = rt.adapter.environment()
+    pending = state.pending
+    intent = (
+        pending.intent
+        if pending is not None and pending.idempotency_key == case.idempotency_key
+        else None
+    )
+    kind = None if intent is None else intent.kind
+    queryable = capabilities_of(rt.adapter, kind).queryable and bool(case.idempotency_key)
+    receipt = _receipt_under(rt, case.idempotency_key, intent) if queryable else None
+    if live != case.environment:
+        why = f"the environment changed since the case was opened (now version {live.version})"
+        return why, live, receipt
+    now = None if receipt is None else receipt.fingerprint
+    if queryable and now != body["receipt_fingerprint"]:
+        return (
+            "the adapter's authoritative receipt changed since the decision was signed",
+            live,
+            receipt,
+        )
+    return None
+
+
+def _receipt_under(rt: Runtime, key: str, intent: Any) -> Receipt | None:
+    """The adapter's receipt under ``key``; a request it recorded as refused has none."""
+    try:
+        return look_up(rt.adapter, key, intent)
+    except PreconditionFailedError:
+        return None
+
+
+def _trust(rt: Runtime) -> TrustRoots:
+    if rt.trust is None:
+        raise EvidenceError("this runtime was given no trust roots; it cannot accept evidence")
+    return rt.trust
+
+
+def _refuse_unless(state: RunState, phase: Phase, what: str) -> None:
+    if state.phase is not phase:
+        if state.phase.terminal:
+            raise RunFrozenError(f"run {state.run_id} is {state.phase}; nothing to {what}")
+        raise PolicyError(
+            f"run {state.run_id} is {state.phase}, not {phase}; nothing to {what}",
+            run_id=state.run_id,
+        )

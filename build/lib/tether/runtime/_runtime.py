@@ -1,0 +1,485 @@
+"""The runtime: what a run needs besides its state, and how a run begins or comes back.
+
+A :class:`Runtime` is configuration (stores, keys, adapter, task, policy,
+agent, clock). :meth:`Runtime.start` and :meth:`Runtime.recover` return a
+:class:`~tether.runtime.RunSession` (``_session``), one epoch of one run,
+which advances it step by step. Recovery runs every restore check, failing
+closed, before a session exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from secrets import token_hex  # the keyword `secrets` is the secret box
+from typing import Any
+
+from tether.adapters import (
+    Adapter,
+    ListsReceipts,
+    UnresolvedWriteError,
+    capabilities_of,
+    effect_identity,
+    external_effects,
+    look_up,
+    namespace_of,
+)
+from tether.core import (
+    GENESIS_HASH,
+    MAX_TIMEOUT_S,
+    ActionKind,
+    AdapterError,
+    AdmissionRefusedError,
+    Binding,
+    Compensation,
+    Contract,
+    EffectStatus,
+    EffectTerms,
+    EnvironmentDriftError,
+    Intent,
+    LedgerNote,
+    MissingHighWaterMarkError,
+    Phase,
+    Policy,
+    PolicyChange,
+    Purpose,
+    Receipt,
+    RunState,
+    SpecError,
+    Spent,
+    TaskSpec,
+    TetherError,
+    admission_request,
+    canonical_bytes,
+    catalog,
+    check_contract,
+    check_local_only,
+    check_recovery_contract,
+    effect_digest,
+    parse_contract,
+    replay_rules,
+    retry_semantics,
+    step_rules,
+)
+from tether.crypto import Keyring, SecretBox, Signer, TrustRoots
+from tether.runtime import _humans
+from tether.runtime._admit import Admitted, admit
+from tether.runtime._agent import Agent, AgentContext, Withheld
+from tether.runtime._checkpointer import Checkpointer, Restored
+from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
+from tether.runtime._crash import NO_CRASH, CrashPlan
+from tether.runtime._heartbeat import DEFAULT_MAX_S
+from tether.runtime._session import RunSession
+from tether.store import ContentStore, GenerationStore, Lease, LeaseRequest
+
+
+class Runtime:
+    """Everything a run needs besides its state."""
+
+    def __init__(
+        self,
+        *,
+        store: ContentStore,
+        keyring: Keyring,
+        adapter: Adapter,
+        task: TaskSpec,
+        policy: Policy,
+        agent: Agent,
+        marks: GenerationStore | None = None,
+        clock: Clock | None = None,
+        ids: IdSource | None = None,
+        crash: CrashPlan = NO_CRASH,
+        worker: str | None = None,
+        trust: TrustRoots | None = None,
+        lease_ttl_s: float | None = None,
+        heartbeat_max_s: float = DEFAULT_MAX_S,
+        principal: Signer | None = None,
+        secrets: SecretBox | None = None,
+        on_secrets_withheld: Withheld | str | None = None,
+        contract: Contract | str = Contract.STANDARD,
+    ) -> None:
+        self.store = store
+        self.adapter = adapter
+        self.task = task
+        self.policy = policy
+        self.agent = agent
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.ids: IdSource = ids if ids is not None else RandomIds()
+        self.crash = crash
+        # Unique per process by default: two processes never share a worker id.
+        self.worker = worker or f"{socket.gethostname()}-{os.getpid()}-{token_hex(3)}"
+        self.trust = trust
+        # Who this runtime recovers as: it signs its own admissions with this
+        # key, checked against ``trust`` (the deployment's roots now).
+        self.principal = principal
+        # None: one process owns its runs (no lease). A number: every start and
+        # recovery takes the run's lease for that long and renews it as it works.
+        self.lease_ttl_s = lease_ttl_s
+        # A step's heartbeat keeps the lease for at most this long (a stuck step loses it).
+        if isinstance(heartbeat_max_s, bool) or not 0 < heartbeat_max_s <= MAX_TIMEOUT_S:
+            raise SpecError(
+                "heartbeat_max_s",
+                f"must be between 0 and {MAX_TIMEOUT_S:g} s, not {heartbeat_max_s!r}",
+            )
+        self.heartbeat_max_s = heartbeat_max_s
+        # Secret context items are released on recovery only with a box, to a
+        # principal whose current roles hold the policy's read-secrets right.
+        self.secrets = secrets
+        # None: as the policy's authority.secrets_withheld says.
+        self.on_secrets_withheld = (
+            None
+            if on_secrets_withheld is None
+            else Withheld.of(on_secrets_withheld, "on_secrets_withheld")
+        )
+        self.checkpointer = Checkpointer(store, keyring, marks=marks, crash=crash, secrets=secrets)
+        self.binding = Binding.of(task, policy)
+        # Every kind the run may propose; a name nobody defines fails here, at load.
+        self.kinds: dict[str, ActionKind] = catalog(adapter.kinds)
+        check_contract(task, policy, self.kinds)
+        # The deployment contract (see tether.core._contract): recorded in every
+        # checkpoint; local-only is refused here for adapters that reach the world.
+        self.contract = parse_contract(contract)
+        check_local_only(self.contract, external_effects(adapter))
+
+    def effect_terms(self, intent: Intent) -> EffectTerms:
+        """What the ledger records about an effect of ``intent``: who, what, and its promises."""
+        declared = self.kinds.get(intent.kind)
+        rule = self.policy.kinds.get(intent.kind)
+        return EffectTerms(
+            adapter=namespace_of(self.adapter, intent.kind),
+            kind=intent.kind,
+            target=intent.target,
+            retry=retry_semantics(capabilities_of(self.adapter, intent.kind)),
+            compensation=Compensation.NONE if declared is None else declared.compensation,
+            sensitive=rule is not None and rule.sensitive,
+            effect=self.effect_digest(intent),
+        )
+
+    def effect_digest(self, intent: Intent) -> str:
+        """What ``intent`` does, whatever its action id or key: equal digests, the same effect."""
+        args = dict(intent.args)
+        identity = effect_identity(self.adapter, intent.kind, intent.target, args)
+        namespace = namespace_of(self.adapter, intent.kind)
+        return effect_digest(namespace, intent.kind, intent.target, identity)
+
+    def start(self, run_id: str | None = None, context: AgentContext | None = None) -> RunSession:
+        """Begin a new run in the task's expected initial environment."""
+        env = self.adapter.environment()
+        expected = self.task.initial_environment
+        if (
+            env.namespace != expected.namespace
+            or env.state_fingerprint != expected.state_fingerprint
+        ):
+            raise EnvironmentDriftError(
+                "the environment is not the task's expected initial state",
+                expected={
+                    "namespace": expected.namespace,
+                    "fingerprint": expected.state_fingerprint,
+                },
+                actual=env.to_json(),
+            )
+        now = self.clock.now()
+        run_id = run_id if run_id is not None else self.ids.new_id("run")
+        context = context if context is not None else AgentContext()
+        context = context.seal(run_id=run_id, box=self.secrets)
+        context_digest, body = context.encode()
+        genesis = RunState(
+            run_id=run_id,
+            generation=0,
+            epoch=1,
+            worker=self.worker,
+            binding=self.binding,
+            phase=Phase.RUNNING,
+            stop_reason=None,
+            started_at=now,
+            updated_at=now,
+            plan_cursor=context.plan_cursor,
+            agent_context_digest=context_digest,
+            spent=Spent(),
+            environment=env,
+            adapter_version=self.adapter.version,
+            observed_version=env.version,
+            pending=None,
+            last_write=None,
+            writes_committed=0,
+            verification=None,
+            review_cases=(),
+            quarantined_keys=(),
+            trace_head=GENESIS_HASH,
+            trace_length=0,
+            ledger_head=GENESIS_HASH,
+            ledger_length=0,
+            epoch_id=self.ids.new_id("epoch"),
+            occurrence_id=run_id,
+            contract=self.contract,
+        )
+        session = RunSession(self, genesis, context)
+        session.release_secrets = True  # the caller handed them in
+        # With leases on, the run is created already held: no claim gets in between.
+        ttl = self.lease_ttl_s
+        session.commit(
+            genesis,
+            [("run_started", {"task": self.binding.to_json(), "environment": env.to_json()})],
+            # The task and the policy, content-addressed by their fingerprints, so
+            # the people's tools check a document against the rules the run keeps.
+            blobs={
+                context_digest: body,
+                self.binding.task_fingerprint: canonical_bytes(self.task.to_json()),
+                self.binding.policy_fingerprint: canonical_bytes(self.policy.to_json()),
+            },
+            lease_to=None if ttl is None else LeaseRequest(self.worker, ttl),
+        )
+        return session
+
+    def start_or_recover(self, run_id: str, context: AgentContext | None = None) -> RunSession:
+        """Recover ``run_id``, or start it if its first checkpoint never landed.
+
+        A run with no mark whose content never got past generation 1 never
+        dispatched anything (a write needs a landed pending checkpoint after
+        the first), so starting it again is safe. Any later content without a
+        mark means the mark was lost: that fails closed.
+        """
+        if self.checkpointer.marks.get_mark(run_id) is None:
+            newest = self.store.newest_generation(run_id)
+            if newest is not None and newest > 1:
+                raise MissingHighWaterMarkError(run_id)
+            return self.start(run_id, context)
+        return self.recover(run_id)
+
+    def recover(
+        self, run_id: str, lease: Lease | None = None, *, admission: Any = None
+    ) -> RunSession:
+        """Restore the newest checkpoint (every check, failing closed) and open a new epoch.
+
+        The new epoch is admitted first (see :mod:`tether.runtime._admit`):
+        ``admission`` is a person's signed admission document; without one the
+        runtime's ``principal`` signs its own, and without that the worker
+        recovers unsigned, only while the trust roots name no worker principals.
+        A refusal raises :class:`~tether.core.AdmissionRefusedError`.
+
+        With leases on, the run's lease is taken first (or ``lease``, one the
+        caller already claimed, is used), so two recovering workers never both
+        advance the run: the loser gets :class:`~tether.core.LeaseHeldError`.
+        """
+        taken = None
+        if lease is None and self.lease_ttl_s is not None:
+            lease = taken = self.checkpointer.marks.acquire_lease(
+                run_id, self.worker, self.lease_ttl_s
+            )
+        try:
+            return self._restore(run_id, lease, admission)
+        except TetherError:
+            if taken is not None:
+                # A refused restore must not leave the run locked for a ttl
+                # (a process that dies here leaves it, as any death would).
+                with contextlib.suppress(TetherError):
+                    self.checkpointer.marks.release_lease(run_id, taken.owner, taken.lease_version)
+            raise
+
+    def admission_request(
+        self,
+        run_id: str,
+        *,
+        purpose: Purpose = Purpose.RECOVERY,
+        target_generation: int | None = None,
+        reason: str = "",
+        scope: str = "aligned",
+    ) -> dict[str, Any]:
+        """The fields a signed admission of ``run_id`` as it is now must carry.
+
+        Read from the verified checkpoint the mark names; a principal adds its
+        id, a lifetime and a nonce (:func:`tether.core.new_admission`) and signs.
+        """
+        restored = self.checkpointer.load(run_id)
+        self.checkpointer.check_generation(restored)
+        return admission_request(
+            restored.state,
+            checkpoint_digest=restored.mark.checkpoint_digest,
+            policy=self.binding,
+            purpose=purpose,
+            target_generation=target_generation,
+            reason=reason,
+            scope=scope,
+        )
+
+    def _restore(self, run_id: str, lease: Lease | None, admission: Any) -> RunSession:
+        restored = self.checkpointer.restore(
+            run_id,
+            self.binding,
+            self.adapter,
+            policy_may_change=self.policy.authority.policy_change is PolicyChange.NEW_OCCURRENCE,
+        )
+        state = restored.state
+        check_recovery_contract(run_id, state.contract, self.contract)
+        seen: dict[int, str] = {}
+        if state.phase.terminal:
+            admitted = None  # nothing resumes: an operator can still read everything
+            if admission is not None:
+                admit(
+                    self,
+                    state,
+                    checkpoint_digest=restored.mark.checkpoint_digest,
+                    document=admission,
+                )  # refused: a run that is over is never admitted
+        else:
+            admitted, seen = self._admit(state, restored.mark.checkpoint_digest, admission)
+        # Secret items go only to a principal with the read-secrets right now.
+        release = self.secrets is not None and admitted is not None and admitted.may_read_secrets
+        withheld = self.on_secrets_withheld
+        if withheld is None:
+            withheld = Withheld.of(self.policy.authority.secrets_withheld.value)
+        context = self.checkpointer.context(state, release=release, on_withheld=withheld)
+        _humans.check_restorable(self, state)
+        session = RunSession(self, state, context)
+        session.release_secrets = release
+        session.digest = restored.mark.checkpoint_digest
+        # The gate's "used before": every accepted action is in the signed trace
+        # (writes too, by intent_persisted). Read once per recovery, every hash
+        # recomputed, so an edited row fails closed instead of freeing an id.
+        session.actions = step_rules.actions_taken(self.checkpointer.verified_trace(state))
+        # Replay-or-fork matches against the effects the verified ledger records.
+        session.effects = replay_rules.known_effects(restored.ledger)
+        session.results()  # missing or damaged results fail closed here, not mid-run
+        if lease is not None:
+            session.hold(lease)
+        if admitted is None:
+            return session
+        opening = {
+            "from_generation": state.generation,
+            "previous_epoch": state.epoch,
+            "previous_worker": state.worker,
+            "phase": state.phase.value,
+            "maybe_sent": restored.maybe_sent,
+            **admitted.event,
+        }
+        if context.redacted:
+            opening["secrets_withheld"] = list(context.redacted)  # names only
+        # The new epoch is recorded with the first commit this session makes: a
+        # reclaim that changes nothing (the adapter still busy, nothing to do
+        # yet) writes nothing.
+        session.admissions_read = seen
+        session.open_epoch(opening, admitted.changes, {admitted.digest: admitted.body})
+        if state.phase is Phase.NEEDS_REVIEW:
+            return session  # frozen: the epoch lands with the decision that opens it
+        if restored.maybe_sent:
+            # Content beyond the mark said the pending write was dispatched:
+            # the ledger records that before anything else happens (a park too).
+            session.commit(
+                state,
+                [],
+                ledger=(LedgerNote(EffectStatus.DISPATCHED),),
+                effect=state.pending,
+            )
+        behind = self._behind_the_world(restored)
+        if behind is not None:
+            detail, evidence = behind
+            session.park("environment_ahead", detail, evidence=evidence)
+        return session
+
+    def _admit(
+        self, state: RunState, checkpoint_digest: str, document: Any
+    ) -> tuple[Admitted, dict[int, str]]:
+        """Admit the recovery: by ``document``, else a person's admission in the inbox, else itself.
+
+        Inbox admissions of this very checkpoint and epoch (``tether admit``)
+        are tried newest first; one that does not verify is skipped, never a
+        block on the run, and every one tried is reported (seq -> "used" or
+        why it was refused) so the step that reads the inbox records it.
+        """
+        seen: dict[int, str] = {}
+        if document is None:
+            for item in reversed(self.store.evidence(state.run_id, after=state.inbox_cursor)):
+                body = item.document.get("body") if isinstance(item.document, dict) else None
+                if not (
+                    item.kind == "admission"
+                    and isinstance(body, dict)
+                    and body.get("purpose") == Purpose.RECOVERY.value
+                    and body.get("checkpoint_digest") == checkpoint_digest
+                    and body.get("interrupted_epoch_id") == state.epoch_id
+                ):
+                    continue
+                try:
+                    admitted = admit(
+                        self, state, checkpoint_digest=checkpoint_digest, document=item.document
+                    )
+                except AdmissionRefusedError as exc:
+                    seen[item.seq] = str(exc)
+                    continue
+                seen[item.seq] = "used"
+                return admitted, seen
+        return admit(self, state, checkpoint_digest=checkpoint_digest, document=document), seen
+
+    def _behind_the_world(
+        self, restored: Restored
+    ) -> tuple[str, tuple[dict[str, Any], ...]] | None:
+        """Whether the restored history is behind what the adapter shows happened.
+
+        Two durable records outside the store can say so: the environment is
+        further along than the checkpoint can explain, or the adapter holds a
+        receipt for a pending write the signed state says never left (it is
+        sent only after ``dispatched`` commits). Either means the store was
+        put back (a backup restore) or another runtime acted here; no rule can
+        tell which, so a person decides, with the adapter's receipts the
+        ledger lacks as evidence. ``None`` when nothing says so.
+        """
+        state = restored.state
+        pending = state.pending
+        receipt = None
+        if (
+            pending is not None
+            and pending.mutating
+            and pending.status is EffectStatus.INTENDED
+            and capabilities_of(self.adapter, pending.intent.kind).queryable
+        ):
+            try:
+                receipt = look_up(self.adapter, pending.idempotency_key, pending.intent)
+            except (UnresolvedWriteError, AdapterError):
+                receipt = None  # cannot tell now; settling asks again, by the same key
+        if restored.ahead is None and receipt is None:
+            return None
+        live = restored.ahead if restored.ahead is not None else self.adapter.environment()
+        known = {entry.idempotency_key for entry in restored.ledger}
+        found: list[Receipt] = [] if receipt is None else [receipt]
+        if isinstance(self.adapter, ListsReceipts):
+            found += self.adapter.receipts_after(
+                state.environment.version, limit=_RECEIPTS_SHOWN + 1
+            )
+        # The pending write's key is in the ledger as intended only: its
+        # receipt is news too.
+        if receipt is not None:
+            known.discard(receipt.idempotency_key)
+        unknown: dict[str, Receipt] = {}
+        for each in found:
+            if each.idempotency_key not in known:
+                unknown.setdefault(each.idempotency_key, each)
+        evidence: list[dict[str, Any]] = [
+            {
+                "kind": "environment_ahead",
+                "checkpoint": state.environment.to_json(),
+                "live": live.to_json(),
+                "generation": state.generation,
+            }
+        ]
+        listed = list(unknown.values())
+        more = len(listed) > _RECEIPTS_SHOWN
+        evidence += [
+            {"kind": "unrecorded_receipt", **r.to_json()} for r in listed[:_RECEIPTS_SHOWN]
+        ]
+        count = (
+            f"more than {_RECEIPTS_SHOWN} (the first {_RECEIPTS_SHOWN} shown)"
+            if more
+            else str(len(listed))
+        )
+        detail = (
+            f"the environment is ahead of the restored checkpoint (version "
+            f"{state.environment.version} -> {live.version}) and the adapter holds "
+            f"{count} receipt(s) the ledger does not: the store was restored from an "
+            "older backup, or another runtime wrote here. Nothing is repeated; decide replan "
+            "(continue from the world as it is) or abort."
+        )
+        return detail, tuple(evidence)
+
+
+#: At most this many unrecorded receipts are copied into a review case.
+_RECEIPTS_SHOWN = 50

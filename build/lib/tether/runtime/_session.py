@@ -1,0 +1,731 @@
+"""One epoch of one run: observe -> ask the agent -> apply a transition -> call the adapter.
+
+The order of a write, and why (two durable commits where the adapter is
+queryable or idempotent):
+
+1. ONE commit: the checkpoint (phase pending) with the intent, its freshly
+   minted key and the ledger's ``intended`` + ``dispatched``, before anything
+   leaves the process (a blind adapter, or a write that waits for approval,
+   commits ``intended`` here and ``dispatched`` alone right before the call);
+2. the adapter executes with that key and returns its receipt;
+3. ONE commit: the ledger's ``committed`` with the receipt and the advanced
+   state (phase running).
+
+The session holds no rule of its own: every decision is a pure function in
+``tether.core`` that returns a :class:`~tether.core.Transition`; the session
+commits it, makes the one adapter call it names, and hands the answer on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from tether.adapters import (
+    capabilities_of,
+    namespace_of,
+    offers_snapshots,
+)
+from tether.core import (
+    ActionResult,
+    CommitOutcomeUnknownError,
+    ContractViolationError,
+    EnvironmentDriftError,
+    Execute,
+    ExecuteAnswer,
+    ExecuteStatus,
+    Facts,
+    GenerationConflictError,
+    Intent,
+    LedgerNote,
+    Lookup,
+    LookupAnswer,
+    Observation,
+    Outcome,
+    OutcomeKind,
+    PendingWrite,
+    Phase,
+    PolicyError,
+    Proposal,
+    RunFrozenError,
+    RunState,
+    RunTerminalError,
+    SpecError,
+    TraceEvent,
+    Transition,
+    approval_problem,
+    gate,
+    needs_approval,
+    replay_rules,
+    risk_of,
+    seal_commit,
+    settle_rules,
+    step_rules,
+    with_subject_terms,
+)
+from tether.core import Rejection as GateRejection
+from tether.runtime import _calls as calls
+from tether.runtime import _carry, _compensate, _humans, _rewind, _stopping
+from tether.runtime._agent import AgentContext
+from tether.runtime._crash import CrashPoint
+from tether.runtime._lease import LeaseHolder
+from tether.runtime._view import Event, Runtime
+from tether.store import LeaseRequest
+
+
+class RunSession(LeaseHolder):
+    """One epoch of one run: the current state and the agent's context."""
+
+    rt: Runtime
+
+    def __init__(self, runtime: Runtime, state: RunState, context: AgentContext) -> None:
+        self.rt = runtime
+        self.state = state
+        self.context = context
+        self._init_lease(runtime.clock.now())
+        # A recovery's "recovered" event, waiting for the session's first commit.
+        self._opening: dict[str, Any] | None = None
+        # What the admission changes in the state, and its record (a blob).
+        self._admitted: tuple[dict[str, Any], dict[str, bytes]] = ({}, {})
+        #: The digest of the checkpoint ``state`` is (``None`` before the first commit).
+        self.digest: str | None = None
+        # A commit whose outcome is unknown: nothing acts until reload() settles it.
+        self._unsettled: CommitOutcomeUnknownError | None = None
+        # Action ids of every write the verified ledger records (a pending one
+        # that never dispatched included): the gate's "used before", read from
+        # signed history, never from rows a store could hold unverified.
+        self.actions: set[str] = set()
+        #: Every effect digest the verified ledger records, and what it knows of
+        #: it (kept up to date as commits land): what replay-or-fork matches.
+        self.effects: dict[str, replay_rules.EffectHistory] = {}
+        self._results: tuple[str, tuple[ActionResult, ...]] | None = None
+        # Inbox admissions the recovery that opened this session tried: seq ->
+        # "used", or why it was refused (the next inbox read records them).
+        self.admissions_read: dict[int, str] = {}
+        # The workspace root whose snapshot is known to be stored.
+        self._snapshotted: str | None = None
+        # Blob digests this session saw committed (the snapshots' files and trees).
+        self._blobs_known: set[str] = set()
+        #: Whether this epoch's reader may see the context's secret items (set by the runtime).
+        self.release_secrets = False
+
+    @property
+    def run_id(self) -> str:
+        return self.state.run_id
+
+    def take_opening(self) -> tuple[dict[str, Any] | None, dict[str, bytes]]:
+        """The recovery's epoch opening not yet committed and its admission record, handed over.
+
+        A rewind applied right after a recovery is itself the admitted opening
+        of the new epoch; the recovery's facts travel inside its event, and its
+        record is stored with it.
+        """
+        opening, (_, blobs) = self._opening, self._admitted
+        self._opening, self._admitted = None, ({}, {})
+        return opening, blobs
+
+    # -- committing ----------------------------------------------------------
+
+    def open_epoch(
+        self,
+        recovered: dict[str, Any],
+        changes: dict[str, Any] | None = None,
+        blobs: dict[str, bytes] | None = None,
+    ) -> None:
+        """Begin a new epoch: its ``recovered`` event lands with the first commit.
+
+        ``changes`` (the new epoch id, the admission, the work occurrence) and
+        ``blobs`` (the admission record) land with it, in the same commit.
+        """
+        self._opening = dict(recovered)
+        self._admitted = (dict(changes or {}), dict(blobs or {}))
+
+    def commit(
+        self,
+        state: RunState,
+        events: list[Event],
+        *,
+        context: AgentContext | None = None,
+        blobs: dict[str, bytes] | None = None,
+        ledger: tuple[LedgerNote, ...] = (),
+        effect: PendingWrite | None = None,
+        lease_to: LeaseRequest | None = None,
+    ) -> None:
+        """Checkpoint ``state`` as the next generation, with its trace events and ledger entries.
+
+        ``ledger`` notes belong to ``effect`` (the write they record); they are
+        sealed into the run's ledger chain, whose new head the checkpoint pins,
+        and land in the same fenced transaction or not at all.
+        """
+        if self._unsettled is not None:
+            raise CommitOutcomeUnknownError(
+                f"run {self.run_id}: an earlier commit's outcome is unknown; reload() first",
+                run_id=self.run_id,
+                generation=self._unsettled.generation,
+                checkpoint_digest=self._unsettled.checkpoint_digest,
+            )
+        blobs = dict(blobs or {})
+        opening = self._opening
+        if opening is not None:
+            changes, admitted = self._admitted
+            state = state.evolve(epoch=self.state.epoch + 1, worker=self.rt.worker, **changes)
+            events = [("recovered", opening), *events]
+            blobs.update(admitted)
+        if context is not None:
+            # Unchanged secret items (withheld ones included) keep their ciphertext.
+            context = context.seal(
+                run_id=self.run_id, box=self.rt.checkpointer.secrets, previous=self.context
+            )
+            context_digest, body = context.encode()
+            if context_digest != self.state.agent_context_digest:
+                blobs[context_digest] = body
+            state = state.evolve(agent_context_digest=context_digest)
+        root = state.environment.state_fingerprint
+        snapshotted = self._snapshotted
+        at_rest = state.phase is Phase.RUNNING and state.pending is None and state.rewinding is None
+        if at_rest and root != snapshotted and offers_snapshots(self.rt.adapter):
+            # The workspace this checkpoint records, stored by content with
+            # it: a later rewind to this generation restores exactly this.
+            # Only a checkpoint at rest is a rewind point, so only those pay.
+            found = _rewind.snapshot_blobs(self.rt, root, self._blobs_known)
+            if found is not None:
+                blobs.update(found)
+                snapshotted = root
+        if any(n.subject is not None and n.subject.terms is None for n in ledger):
+            ledger = with_subject_terms(ledger, self.rt.checkpointer.verified_ledger(self.state))
+        sealed = seal_commit(
+            self.state,
+            state,
+            events,
+            now=self.rt.clock.now(),
+            ledger=ledger,
+            effect=effect,
+            terms=None if effect is None or not ledger else self.rt.effect_terms(effect.intent),
+        )
+        new = sealed.state
+        try:
+            digest, granted = self.rt.checkpointer.advance(
+                new,
+                self.state.generation,
+                list(sealed.events),
+                blobs or None,
+                expected_lease_version=0 if self.lease is None else self.lease.lease_version,
+                ledger=list(sealed.entries),
+                lease_to=lease_to,
+            )
+        except CommitOutcomeUnknownError as exc:
+            self._unsettled = exc  # landed or not, only the store can say
+            raise
+        self.state = new
+        self.digest = digest
+        self._snapshotted = snapshotted
+        if len(self._blobs_known) > _BLOBS_REMEMBERED:
+            self._blobs_known.clear()  # a hint only: the store answers what it forgets
+        self._blobs_known.update(blobs)
+        if sealed.entries:
+            self.effects.update(replay_rules.known_effects(sealed.entries, self.effects))
+        if granted is not None:
+            self.hold(granted)
+        self._opening = None
+        self._admitted = ({}, {})
+        if context is not None:
+            self.context = context
+
+    def reload(self) -> RunState:
+        """Read the run back from the store after a commit whose outcome was unknown.
+
+        The mark says which way it went: at the checkpoint that was being
+        committed (it landed: the session carries on from it), or still at
+        the one before (it did not: the step is simply taken again). Anything
+        else means another writer moved the run, and this session must stop.
+        Nothing left the process after the lost commit, so either way no
+        effect is repeated: a write made pending is settled by its key.
+        """
+        unknown = self._unsettled
+        if unknown is None:
+            return self.state
+        cp = self.rt.checkpointer
+        restored = cp.load(self.run_id)  # verified: signature, schema
+        cp.check_generation(restored)
+        digest = restored.mark.checkpoint_digest
+        if digest == unknown.checkpoint_digest:
+            state = restored.state
+            self.context = cp.context(state, release=self.release_secrets)
+            self.actions = step_rules.actions_taken(cp.verified_trace(state))
+            self.effects = replay_rules.known_effects(cp.verified_ledger(state))
+            self.state, self.digest, self._opening, self._results = state, digest, None, None
+            self._admitted = ({}, {})
+        elif digest != self.digest or restored.state.generation != self.state.generation:
+            raise GenerationConflictError(
+                self.run_id, self.state.generation, restored.state.generation
+            )
+        self._unsettled = None
+        return self.state
+
+    def _remember(self, transition: Transition) -> None:
+        """Keep what a committed transition recorded: its action id, its results."""
+        for kind, data in transition.events:
+            action_id = step_rules.action_id_of(kind, data)
+            if action_id is not None:
+                self.actions.add(action_id)
+        state = transition.state
+        if state is not None and state.results_digest is not None:
+            body = dict(transition.blobs).get(state.results_digest)
+            if body is not None:
+                self._results = (
+                    state.results_digest,
+                    step_rules.decode_results(state.results_digest, body),
+                )
+
+    # -- applying transitions --------------------------------------------------
+
+    def apply(
+        self,
+        transition: Transition,
+        *,
+        prefix: list[Event] | None = None,
+        context: AgentContext | None = None,
+    ) -> Outcome:
+        """Commit a transition, make the adapter call it names, and feed the answer on.
+
+        ``prefix`` (events the step saw before deciding) and ``context`` (the
+        agent's new context) land with the first commit.
+        """
+        while True:
+            # Notes record the write pending before the step, or the one it makes pending.
+            effect = self.state.pending
+            if effect is None and transition.state is not None:
+                effect = transition.state.pending
+            if transition.state is not None:
+                self.commit(
+                    transition.state,
+                    [*(prefix or ()), *transition.events],
+                    context=context,
+                    blobs=dict(transition.blobs),
+                    ledger=transition.ledger,
+                    effect=effect,
+                )
+                prefix, context = None, None
+                self._remember(transition)
+            call = transition.call
+            if call is None:
+                last = transition.events[-1][0] if transition.events else None
+                return Outcome(
+                    transition.outcome,
+                    self.state,
+                    transition.reason,
+                    transition.message,
+                    last if transition.state is not None else None,
+                )
+            if isinstance(call, Lookup):
+                answer = self.ask(call)
+                transition = self.decide(
+                    lambda facts, a=answer: settle_rules.after_lookup(self.state, facts, a)
+                )
+            else:
+                result = self._execute(call)
+                if result.status is ExecuteStatus.COMMITTED:
+                    self.rt.crash.hit(CrashPoint.EFFECT_SENT)
+                transition = self.decide(
+                    lambda facts, c=call, r=result: settle_rules.after_execute(
+                        self.state, facts, c, r
+                    )
+                )
+
+    def facts(self, *, live: bool = False) -> Facts:
+        """What a pure step may need now; the environment is read only where it matters."""
+        rt = self.rt
+        needs = _humans.needs_approval(rt, self.state)
+        env = rt.adapter.environment() if (live or needs) else self.state.environment
+        kind = None if self.state.pending is None else self.state.pending.intent.kind
+        return Facts(
+            now=rt.clock.now(),
+            live=env,
+            needs_approval=needs,
+            case_id=rt.ids.new_id("case"),
+            capabilities=capabilities_of(rt.adapter, kind),
+            namespace=namespace_of(rt.adapter, kind),
+        )
+
+    def decide(self, rule: Any) -> Transition:
+        """Evaluate a pure rule; a freeze is re-evaluated with the live environment read."""
+        facts = self.facts()
+        transition: Transition = rule(facts)
+        if transition.outcome is OutcomeKind.FROZEN and facts.live is self.state.environment:
+            transition = rule(self.facts(live=True))
+        return transition
+
+    def ask(self, call: Lookup) -> LookupAnswer:
+        """Ask the adapter about a write by its key (the lease is checked first)."""
+        self.guard()
+        return calls.ask(self.rt.adapter, call)
+
+    def _execute(self, call: Execute) -> ExecuteAnswer:
+        fence = self.guard()  # a worker whose lease moved on sends nothing
+        return calls.send(self.rt.adapter, call, fence)
+
+    # -- driving -------------------------------------------------------------
+
+    def run(self, max_steps: int | None = None) -> Outcome:
+        """Step until the run is terminal, frozen, or waits (or ``max_steps``); the last outcome."""
+        taken = 0
+        self.reload()
+        outcome = Outcome(OutcomeKind.WAITED, self.state)
+        if self.state.phase is Phase.NEEDS_REVIEW:
+            _humans.consume_inbox(self)  # a decision may open it; step() reads the inbox otherwise
+            outcome = Outcome(
+                OutcomeKind.FROZEN
+                if self.state.phase is Phase.NEEDS_REVIEW
+                else OutcomeKind.RECORDED,
+                self.state,
+            )
+        while not self.state.phase.terminal and self.state.phase is not Phase.NEEDS_REVIEW:
+            if max_steps is not None and taken >= max_steps:
+                break
+            outcome = self.step()
+            taken += 1
+            if outcome.kind in _WAITS:
+                break  # a person, or the adapter, has to act first; the run waits, durable
+        return outcome
+
+    def consume_inbox(self) -> RunState:
+        """Apply signed evidence waiting in the store's inbox (also done by every step)."""
+        self.reload()
+        _humans.consume_inbox(self)
+        return self.state
+
+    def approve(self, document: Any) -> RunState:
+        """Record a signed approval for the pending write (see ``tether.crypto.Signer``)."""
+        self.reload()
+        return _humans.approve(self, document)
+
+    def review(self, document: Any) -> RunState:
+        """Apply a signed reviewer decision (replan or abort) to the open review case."""
+        self.reload()
+        return _humans.review(self, document)
+
+    def rewind(
+        self,
+        to: int | None = None,
+        reason: str = "",
+        *,
+        document: Any = None,
+        scope: str = "aligned",
+    ) -> Outcome:
+        """Rewind context and workspace together to generation ``to``, as a new generation.
+
+        ``document`` is a person's signed rewind (an admission with purpose
+        ``rewind``: who, why, the target, bound to the run as it is now);
+        without one the agent selects the point, where the policy's
+        ``authority.rewind`` names ``agent``. See :mod:`tether.runtime._rewind`.
+        """
+        self.reload()
+        with self.working():
+            return _rewind.rewind(self, to, reason, document=document, scope=scope)
+
+    def rewind_from_inbox(self, document: Any, *, cursor: int) -> Outcome:
+        """A signed rewind read from the store's inbox (``tether rewind``); refusals are traced."""
+        try:
+            return _rewind.rewind(self, document=document, cursor=cursor)
+        except PolicyError as exc:
+            _humans.refuse(self, "rewind", document, exc, cursor)
+            raise
+
+    def decide_effect(self, document: Any) -> Outcome:
+        """Apply a signed effect decision (accept, or compensate) about one effect in the ledger.
+
+        ``accept`` is recorded (and closes an open review case about the
+        effect, as a replan does); ``compensate`` makes the compensation the
+        pending write, keyed and durable, and carries it out like any write.
+        A refused document is traced and raised (see ``runtime._compensate``).
+        """
+        self.reload()
+        with self.working():
+            return self.effect_decision(document, cursor=None)
+
+    def effect_decision(self, document: Any, *, cursor: int | None) -> Outcome:
+        """:meth:`decide_effect` as the inbox applies it (``cursor``: its inbox entry)."""
+        transition = _compensate.decide(self, document, cursor=cursor)
+        outcome = self.apply(transition)
+        if self.state.phase is not Phase.PENDING or outcome.reason != "compensation_ordered":
+            return outcome
+        self.rt.crash.hit(CrashPoint.INTENT_PERSISTED)
+        return self._decide_and_apply(settle_rules.dispatch)
+
+    def fork(self, document: Any) -> RunState:
+        """Record a signed fork: the next proposal of its effect runs as a new effect, once.
+
+        Without one, a write equal to an effect the run already committed is
+        replayed (its receipt returned, nothing sent). ``document`` is signed
+        by a reviewer or an operator over :func:`tether.core.new_fork`'s body.
+        """
+        self.reload()
+        return _humans.fork(self, document)
+
+    def cancel(self, reason: str, *, by: str = "operator") -> Outcome:
+        """End the run in ``cancelled``; a write pending now is settled first, never abandoned.
+
+        Never sent (``intended``): dropped, the ledger says so. Maybe sent: the
+        adapter is asked; committed -> recorded, then cancelled; in flight or
+        unreachable -> the outcome says wait and nothing changes; absent or
+        unknowable -> ``needs_review`` (nothing can prove an older worker is
+        not still sending). A frozen run is ended by a reviewer's signed
+        abort; a finished one cannot be cancelled.
+        """
+        self.reload()
+        self._refuse_if_stopped()
+        if not isinstance(reason, str) or not reason.strip():
+            raise SpecError("reason", "a cancel needs a reason a person can read later")
+        with self.working():
+            return _stopping.cancel(self, reason, by)
+
+    def park(
+        self, reason: str, detail: str, *, evidence: tuple[dict[str, Any], ...] = ()
+    ) -> Outcome:
+        """Freeze the run for a person: something keeps failing where no rule can decide.
+
+        A :class:`~tether.runtime.Worker` parks a run whose drive failed too
+        often (reason ``worker_error``), a recovery one whose environment is
+        ahead of its checkpoint (``environment_ahead``); ``evidence`` goes
+        into the case. A signed replan resumes it.
+        """
+        self.reload()
+        self._refuse_if_stopped()
+        with self.working():
+            return _stopping.park(self, reason, detail, evidence)
+
+    @property
+    def awaiting_approval(self) -> bool:
+        """Whether the pending write needs an approval it does not have (or whose time ran out)."""
+        if not _humans.needs_approval(self.rt, self.state):
+            return False
+        problem = approval_problem(
+            self.state,
+            needs=True,
+            now=self.rt.clock.now(),
+            live=self.state.environment,
+            idempotent=False,
+        )
+        return problem is not None and problem[0] != "approval_stale"
+
+    def step(self) -> Outcome:
+        """Advance the run by one action (or settle its pending one); the typed outcome.
+
+        The lease is kept alive by the heartbeat while the step works (a long
+        agent call, a slow adapter), within the runtime's ``heartbeat_max_s``.
+        """
+        self.reload()  # a commit whose outcome was unknown is settled first
+        with self.working():
+            return self._step()
+
+    def _step(self) -> Outcome:
+        _humans.consume_inbox(self)
+        self._refuse_if_stopped()
+        if self.state.rewinding is not None:
+            return _rewind.finish(self)  # a rewind admitted before a crash: finish it first
+        self.keep()  # renews a held lease when due; a lost one is refused at the commit
+        pending = self.state.pending
+        if self.state.phase is Phase.PENDING and pending is not None:
+            if not pending.mutating:
+                return _carry.carry_out_approved(self, pending)
+            return self._decide_and_apply(settle_rules.settle)
+        state = self.state
+        exhausted = step_rules.exhausted(state, self.rt.task.budgets, self.rt.clock.now())
+        if exhausted is not None:
+            return self.apply(exhausted)
+        env = self.rt.adapter.environment()
+        events: list[Event] = []
+        if env.instance_id != state.environment.instance_id:
+            raise EnvironmentDriftError(
+                "the adapter now serves another environment instance; refusing to act",
+                expected=state.environment.to_json(),
+                actual=env.to_json(),
+            )
+        if env != state.environment:
+            events.append(
+                ("environment_changed", {"from": state.environment.to_json(), "to": env.to_json()})
+            )
+        observation = Observation(env, self.results(), state.last_write)
+        self.rt.crash.hit(CrashPoint.BEFORE_PROPOSAL)
+        decision = self.rt.agent.decide(self.context, observation)
+        base = state.evolve(
+            environment=env,
+            observed_version=env.version,
+            plan_cursor=decision.context.plan_cursor,
+            spent=replace(state.spent, steps=state.spent.steps + 1),
+            results_digest=None,  # the agent has seen them
+            # Evidence about an older environment proves nothing about this one.
+            verification=state.verification
+            if state.verification is not None
+            and state.verification.env_version == env.version
+            and state.verification.state_fingerprint == env.state_fingerprint
+            else None,
+        )
+        proposal = decision.proposal
+        if decision.finished:
+            # "finished" is the finish action; its id names the generation it was taken at.
+            args = {"summary": decision.summary} if decision.summary else {}
+            proposal = Proposal(f"finish@{state.generation}", "finish", args=args)
+        if proposal is None:
+            self.commit(base, [*events, ("agent_waited", {})], context=decision.context)
+            return Outcome(OutcomeKind.WAITED, self.state, event="agent_waited")
+        return self._act(base, decision.context, proposal, events, runtime_finish=decision.finished)
+
+    def _decide_and_apply(self, rule: Any) -> Outcome:
+        return self.apply(self.decide(lambda facts: rule(self.state, facts)))
+
+    def results(self) -> tuple[ActionResult, ...]:
+        """The results of the actions the agent took at its previous step (from the checkpoint)."""
+        wanted = self.state.results_digest
+        if wanted is None:
+            return ()
+        cached = self._results
+        if cached is not None and cached[0] == wanted:
+            return cached[1]
+        results = self.rt.checkpointer.results(self.state)
+        self._results = (wanted, results)
+        return results
+
+    # -- acting --------------------------------------------------------------
+
+    def _act(
+        self,
+        base: RunState,
+        context: AgentContext,
+        proposal: Proposal,
+        events: list[Event],
+        *,
+        runtime_finish: bool = False,
+    ) -> Outcome:
+        """Gate one proposal, then carry it out the way its kind's class says."""
+        rt = self.rt
+        rejection = gate(
+            proposal,
+            kinds=rt.kinds,
+            task=rt.task,
+            policy=rt.policy,
+            phase=base.phase,
+            environment=base.environment,
+            now=rt.clock.now(),
+            # The runtime's own finish id is unique by generation; an agent
+            # cannot make it "used before" by borrowing it.
+            action_seen=proposal.action_id in self.actions and not runtime_finish,
+            cost_spent=base.spent.cost,
+        )
+        kind = rt.kinds.get(proposal.kind) if rejection is None else None
+        args: dict[str, Any] = {}
+        if kind is not None and kind.mutating:
+            try:
+                args = rt.adapter.normalize(proposal.kind, proposal.target, proposal.args)
+            except ContractViolationError as exc:
+                rejection = GateRejection(exc.reason, str(exc))
+        elif kind is not None:
+            args = dict(proposal.args)  # the gate checked it is an object
+        if rejection is not None or kind is None:
+            if rejection is None:  # unreachable: the gate refuses unknown kinds
+                rejection = GateRejection("unknown_kind", f"no kind {proposal.kind!r}")
+            return self.apply(
+                step_rules.reject(base, proposal, rejection, rt.task.budgets),
+                prefix=events,
+                context=context,
+            )
+        if kind.mutating:
+            return self._propose_write(base, context, proposal, args, events)
+        if needs_approval(rt.policy, kind):
+            intent = Intent(kind.name, proposal.target, args, risk_of(rt.policy, kind).value)
+            held = step_rules.hold(
+                base, proposal, intent, key=rt.ids.new_id("idem"), now=rt.clock.now()
+            )
+            return self.apply(held, prefix=events, context=context)
+        return _carry.carry_out(self, base, context, proposal, kind, events, spent_already=False)
+
+    def _propose_write(
+        self,
+        base: RunState,
+        context: AgentContext,
+        proposal: Proposal,
+        args: dict[str, Any],
+        events: list[Event],
+    ) -> Outcome:
+        rt = self.rt
+        kind = rt.kinds[proposal.kind]
+        intent = Intent(proposal.kind, proposal.target, args, risk_of(rt.policy, kind).value)
+        effect = rt.effect_digest(intent)
+        record = self.effects.get(effect)
+        if record is not None or effect in base.forks:
+            decided = self._replay_or_fork(base, proposal, effect, record)
+            if isinstance(decided, Transition):
+                if decided.state is None:
+                    return Outcome(decided.outcome, self.state, decided.reason, decided.message)
+                return self.apply(decided, prefix=events, context=context)
+            base, events = decided.state, [*events, *decided.events]
+        transition = step_rules.propose_write(
+            base,
+            proposal,
+            intent,
+            key=rt.ids.new_id("idem"),  # minted once, before anything is sent; never again
+            expected_post=rt.adapter.derive_post_state(base.environment, intent),
+            now=rt.clock.now(),
+            needs_approval=needs_approval(rt.policy, kind),
+            capabilities=capabilities_of(rt.adapter, proposal.kind),
+        )
+        outcome = self.apply(transition, prefix=events, context=context)
+        if outcome.kind is OutcomeKind.WAITING_FOR_APPROVAL:
+            return outcome  # it waits, durable, for a person; nothing leaves the process
+        rt.crash.hit(CrashPoint.INTENT_PERSISTED)
+        return self._decide_and_apply(settle_rules.dispatch)
+
+    def _replay_or_fork(
+        self,
+        base: RunState,
+        proposal: Proposal,
+        effect: str,
+        record: replay_rules.EffectHistory | None,
+    ) -> Transition | replay_rules.Proceed:
+        """The facts :func:`replay_rules.decide` needs: an unsettled attempt is asked by its key."""
+        caps = capabilities_of(self.rt.adapter, proposal.kind)
+        unsettled = None if record is None else record.unsettled
+        answer = None
+        if unsettled is not None and caps.queryable and effect not in base.forks:
+            answer = self.ask(Lookup(unsettled.idempotency_key))
+        return replay_rules.decide(
+            base,
+            proposal,
+            effect=effect,
+            record=record,
+            capabilities=caps,
+            answer=answer,
+            case_id=self.rt.ids.new_id("case"),
+            now=self.rt.clock.now(),
+            live=base.environment,
+        )
+
+    # -- failing -----------------------------------------------------------------
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _refuse_if_stopped(self) -> None:
+        phase = self.state.phase
+        if phase.terminal:
+            raise RunTerminalError(f"run {self.run_id} is {phase}", run_id=self.run_id)
+        if phase is Phase.NEEDS_REVIEW:
+            raise RunFrozenError(
+                f"run {self.run_id} is frozen for review; only a signed decision opens it",
+                run_id=self.run_id,
+            )
+
+    def trace(self, limit: int | None = None) -> list[TraceEvent]:
+        """The run's trace up to the current head (never walking past its signed length)."""
+        bound = self.state.trace_length + 1  # one more than signed: a cycle shows, never hangs
+        limit = bound if limit is None else min(limit, bound)
+        return self.rt.store.trace(self.run_id, self.state.trace_head, limit)
+
+
+#: At most this many committed blob digests are remembered per session (a
+#: 250,000-file workspace's snapshot, with room): the store answers beyond it.
+_BLOBS_REMEMBERED = 1_000_000
+
+# A person or the adapter must act before another step can change anything.
+_WAITS = frozenset(
+    {OutcomeKind.WAITING_FOR_APPROVAL, OutcomeKind.IN_FLIGHT, OutcomeKind.RETRY_LATER}
+)

@@ -1,0 +1,90 @@
+"""Stopping a run on purpose: cancelling it, or parking it for a person.
+
+Both settle a write that may have left first (by its key, never by sending
+again), then commit the transition a pure rule returns; the session's
+:meth:`~tether.runtime.RunSession.cancel` and ``park`` hold the lease and
+the heartbeat around these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tether.adapters import capabilities_of
+from tether.core import (
+    AdapterUnavailableError,
+    EffectStatus,
+    Lookup,
+    LookupStatus,
+    Outcome,
+    Phase,
+    settle_rules,
+    step_rules,
+)
+from tether.runtime._view import Session
+
+
+def _without_rewind(session: Session) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
+    """The state with an unfinished rewind plan dropped, and the event that says so.
+
+    A run stopped on purpose does not finish a rewind first: the plan goes
+    into the trace (and a park's evidence) in the same commit that stops it.
+    """
+    state, plan = session.state, session.state.rewinding
+    if plan is None:
+        return state, []
+    return state.evolve(rewinding=None), [
+        ("rewind_abandoned", {"to_generation": plan.to_generation, "plan": plan.to_json()})
+    ]
+
+
+def cancel(session: Session, reason: str, by: str) -> Outcome:
+    """Settle a write that may have been sent, then end the run in ``cancelled``."""
+    session.guard()
+    pending = session.state.pending
+    if pending is not None and pending.mutating and pending.status is not EffectStatus.INTENDED:
+        ask = Lookup(pending.idempotency_key, pending.intent)
+        caps = capabilities_of(session.rt.adapter, pending.intent.kind)
+        answer = session.ask(ask) if caps.queryable else None
+        outcome = session.apply(
+            session.decide(lambda facts: settle_rules.cancel_pending(session.state, facts, answer))
+        )
+        if session.state.phase is not Phase.RUNNING:
+            return outcome  # frozen for review, or still in flight: not cancelled
+    base, events = _without_rewind(session)
+    return session.apply(step_rules.cancel(base, reason, by=by), prefix=events)
+
+
+def park(
+    session: Session, reason: str, detail: str, evidence: tuple[dict[str, Any], ...]
+) -> Outcome:
+    """Freeze the run for a person, with the world as it is now as the case's evidence."""
+    # The case records the world as it is now (and the receipt, if the
+    # write landed), so the decision it asks for can be checked against it.
+    rt = session.rt
+    live = rt.adapter.environment()
+    receipt = None
+    pending = session.state.pending
+    kind = None if pending is None else pending.intent.kind
+    if pending is not None and pending.mutating and capabilities_of(rt.adapter, kind).queryable:
+        answer = session.ask(Lookup(pending.idempotency_key, pending.intent))
+        if answer.status in {LookupStatus.IN_PROGRESS, LookupStatus.UNAVAILABLE}:
+            raise AdapterUnavailableError(
+                f"run {session.run_id}: cannot park it while its write's outcome is unknown "
+                f"to the adapter ({answer.status}): {answer.detail}"
+            )
+        receipt = answer.receipt
+    base, events = _without_rewind(session)
+    if base is not session.state and session.state.rewinding is not None:
+        evidence = (*evidence, {"kind": "rewind_plan", **session.state.rewinding.to_json()})
+    transition = step_rules.park(
+        base,
+        case_id=rt.ids.new_id("case"),
+        reason=reason,
+        detail=detail,
+        now=rt.clock.now(),
+        live=live,
+        receipt=receipt,
+        evidence=evidence,
+    )
+    return session.apply(transition, prefix=events)

@@ -1,0 +1,312 @@
+"""A recovery worker: claims runs whose lease expired, admits and resumes them.
+
+Many workers, on many machines, point at one store (PostgreSQL for more than
+one machine). Each claim is a compare-and-set that bumps the run's lease
+version, so no two workers drive a run at once, and the version fences every
+commit and every adapter call of the one that does.
+
+The application is loaded by ``module:factory``: a callable
+``factory(store, run_id, worker) -> Runtime`` that builds the runtime for one
+run (its adapter, task, policy, agent, keys and trust roots).
+
+A run whose drive fails (any exception: tether's, the adapter's, the agent's
+own code) never captures a worker: it is deferred with exponential back-off
+(``backoff_s`` doubling per attempt, capped at ``max_backoff_s``), other runs
+are claimed meanwhile, and after ``max_attempts`` consecutive failures it is
+parked in ``needs_review`` (reason ``worker_error``, the error as evidence)
+where a person decides. A run that cannot even be restored is parked at the
+mark: claims no longer take it, ``inspect`` shows its last error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from tether.core import (
+    AdapterUnavailableError,
+    LeaseError,
+    OutcomeKind,
+    Phase,
+    StoreError,
+    StoreUnavailableError,
+    TetherError,
+    TrustRootsRequiredError,
+)
+from tether.runtime._runtime import Runtime
+from tether.store import Lease
+
+log = logging.getLogger("tether.worker")
+
+RuntimeFactory = Callable[[Any, str, str], Runtime]
+#: With ``idle_exit``, this many failed claims in a row end :meth:`Worker.serve`.
+IDLE_EXIT_CLAIM_FAILURES = 3
+
+
+class AppLoadError(TetherError):
+    """``module:factory`` does not name a callable that can be imported."""
+
+
+def load_factory(spec: str) -> RuntimeFactory:
+    """Import ``module:factory`` and return the callable."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise AppLoadError(f"--app must look like module:factory, not {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AppLoadError(f"cannot import {module_name!r}: {exc}") from exc
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise AppLoadError(f"{module_name}.{attr} is not a callable")
+    return factory  # type: ignore[no-any-return]
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did, for its log line and for tests."""
+
+    claimed: int = 0
+    completed: int = 0
+    waiting: int = 0
+    lost: int = 0
+    errors: int = 0
+    parked: int = 0
+    runs: list[str] = field(default_factory=list)
+
+
+class Worker:
+    """Claims and drives runs until stopped; one run at a time."""
+
+    def __init__(
+        self,
+        store: Any,
+        factory: RuntimeFactory,
+        worker_id: str,
+        *,
+        lease_ttl_s: float = 15.0,
+        poll_s: float = 0.5,
+        max_attempts: int = 5,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 300.0,
+    ) -> None:
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+            raise StoreError(f"max_attempts must be a whole number, not {max_attempts!r}")
+        if not 1 <= max_attempts <= 1000:
+            raise StoreError(f"max_attempts must be from 1 to 1000, not {max_attempts}")
+        # NaN fails every comparison, so each bound is written to refuse it.
+        for name, value, low, high in (
+            ("lease_ttl_s", lease_ttl_s, 0.0, 24 * 3600.0),
+            ("poll_s", poll_s, 0.0, 3600.0),
+            ("backoff_s", backoff_s, 0.0, 366 * 24 * 3600.0),
+            ("max_backoff_s", max_backoff_s, 0.0, 366 * 24 * 3600.0),
+        ):
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not (number and low <= value <= high) or (name == "lease_ttl_s" and value == 0):
+                raise StoreError(
+                    f"{name} must be a number of seconds in [{low:g}, {high:g}]"
+                    f" (lease_ttl_s above 0), not {value!r}"
+                )
+        self.store = store
+        self.factory = factory
+        self.worker_id = worker_id
+        self.lease_ttl_s = lease_ttl_s
+        self.poll_s = poll_s
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.stats = WorkerStats()
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Finish the current step, release the lease, and return from :meth:`serve`."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def serve(self, *, max_runs: int | None = None, idle_exit: bool = False) -> WorkerStats:
+        """Claim and drive runs until stopped (or ``max_runs`` claimed, or idle with ``idle_exit``)."""
+        failures = 0
+        while not self.stopping:
+            if max_runs is not None and self.stats.claimed >= max_runs:
+                break
+            try:
+                claimed = self.store.claim_expired(
+                    self.worker_id,
+                    self.lease_ttl_s,
+                    limit=1,
+                    phases=("running", "pending", "needs_review"),
+                    max_attempts=self.max_attempts,
+                )
+            except TetherError as exc:  # the store is down, or a row is damaged: wait, ask again
+                failures += 1
+                log.error("claiming failed: %s: %s", type(exc).__name__, exc)
+                if idle_exit and failures >= IDLE_EXIT_CLAIM_FAILURES:
+                    # A worker told to stop when idle must not loop on a store it can
+                    # never claim from (a malformed file): it ends with the error.
+                    raise
+                self._stop.wait(self.poll_s)
+                continue
+            failures = 0
+            if not claimed:
+                if idle_exit:
+                    break
+                self._stop.wait(self.poll_s)
+                continue
+            for lease in claimed:
+                self.drive(lease)
+        return self.stats
+
+    def drive(self, lease: Lease) -> Phase | None:
+        """Recover one claimed run and step it until it ends, freezes, waits, or we stop."""
+        self.stats.claimed += 1
+        self.stats.runs.append(lease.run_id)
+        session = None
+        progressed = False
+        try:
+            runtime = self.factory(self.store, lease.run_id, self.worker_id)
+            runtime.lease_ttl_s = self.lease_ttl_s
+            runtime.worker = self.worker_id
+            session = runtime.recover(lease.run_id, lease=lease)
+            while not self.stopping:
+                phase = session.state.phase
+                if phase.terminal:
+                    break
+                before = session.state.generation
+                outcome = session.run(max_steps=1)  # a frozen run reads its inbox here
+                held = session.lease.lease_version if session.lease is not None else 0
+                waits = outcome.kind is OutcomeKind.WAITING_FOR_APPROVAL
+                if waits or session.state.phase is Phase.NEEDS_REVIEW:
+                    # A person must act: park it (no lease, no checkpoints) until
+                    # evidence it has not read arrives in its inbox.
+                    cursor = session.state.inbox_cursor
+                    if runtime.trust is None and self.store.evidence(lease.run_id, after=cursor):
+                        # Evidence is waiting that this worker cannot read: a
+                        # configuration error, backed off and counted like one.
+                        raise TrustRootsRequiredError(
+                            f"run {lease.run_id} has signed evidence in its inbox and this "
+                            "worker's runtime has no trust roots to verify it",
+                            run_id=lease.run_id,
+                        )
+                    self.store.wait_for_evidence(lease.run_id, self.worker_id, held, cursor, 0)
+                    self.stats.waiting += 1
+                    return session.state.phase
+                if session.state.generation != before:
+                    progressed = True
+                if session.state.generation == before:
+                    # In flight, or the adapter said "later": come back after a
+                    # ttl, uncounted (an adapter down for long is waited out).
+                    self.store.defer(
+                        lease.run_id,
+                        self.worker_id,
+                        held,
+                        self.lease_ttl_s,
+                        f"{outcome.kind}: {outcome.message}",
+                        count=False,
+                    )
+                    self.stats.waiting += 1
+                    return session.state.phase
+            phase = session.state.phase
+            if phase is Phase.COMPLETED:
+                self.stats.completed += 1
+            session.release()
+            return phase
+        except LeaseError as exc:
+            self.stats.lost += 1
+            log.warning("run %s: lease lost (%s); leaving it to its new owner", lease.run_id, exc)
+            return None
+        except (AdapterUnavailableError, StoreUnavailableError) as exc:
+            # An outage (the service, the adapter or the store is down), not the run's
+            # fault: waited out like a step's "retry later", never counted toward parking.
+            self._outage(lease, session, exc)
+            return None
+        except Exception as exc:  # any per-run failure: the worker lives on
+            self._failed(lease, session, exc, progressed)
+            return None
+
+    def _outage(self, lease: Lease, session: Any, exc: Exception) -> None:
+        """Come back after the back-off, uncounted: an outage parks nothing."""
+        self.stats.waiting += 1
+        text = f"{type(exc).__name__}: {exc}"
+        log.warning("run %s: %s; trying again later", lease.run_id, text)
+        version = _held_version(lease, session)
+        delay = min(self.max_backoff_s, max(self.backoff_s, self.lease_ttl_s))
+        try:
+            self.store.defer(lease.run_id, self.worker_id, version, delay, text, count=False)
+        except TetherError as again:  # lease gone or store down: the ttl backs it off
+            log.warning("run %s: could not defer it: %s", lease.run_id, again)
+
+    def _failed(self, lease: Lease, session: Any, exc: Exception, progressed: bool) -> None:
+        """Back the run off (counted), or park it for a person after too many failures."""
+        self.stats.errors += 1
+        text = f"{type(exc).__name__}: {exc}"
+        log.error("run %s: %s", lease.run_id, text)
+        version = _held_version(lease, session)
+        try:
+            # The claim counted this attempt (a worker that died mid-run too).
+            mark = self.store.get_mark(lease.run_id)
+            attempts = 1 if progressed or mark is None else max(1, mark.attempts)
+            last_chance = attempts >= self.max_attempts
+            # A person can decide a run that keeps failing, unless it is already
+            # frozen or the failure is this worker's own configuration: then it
+            # is deferred, and at max_attempts no claim takes it (parked at the mark).
+            parkable = (
+                session is not None
+                and not (session.state.phase.terminal or session.state.phase is Phase.NEEDS_REVIEW)
+                and not isinstance(exc, TrustRootsRequiredError)
+            )
+            if last_chance and parkable and self._park(session, text):
+                return
+            delay = min(self.max_backoff_s, self.backoff_s * 2 ** min(attempts - 1, 40))
+            self.store.defer(
+                lease.run_id, self.worker_id, version, delay, text, progressed=progressed
+            )
+        except TetherError as again:  # lease gone or store down: the ttl backs it off
+            log.warning("run %s: could not defer it: %s", lease.run_id, again)
+
+    def _park(self, session: Any, text: str) -> bool:
+        """Freeze the run in needs_review (worker_error) until a decision; False if that failed.
+
+        The lease is not released cleanly (that would forget the failures): the
+        run waits for evidence, like any run waiting for a person.
+        """
+        try:
+            session.park("worker_error", text)
+            held = session.lease.lease_version if session.lease is not None else 0
+            self.store.wait_for_evidence(
+                session.run_id, self.worker_id, held, session.state.inbox_cursor, 0
+            )
+        except Exception as exc:  # the same fault may stop the park too: defer instead
+            log.warning("run %s: could not park it: %s", session.run_id, exc)
+            return False
+        self.stats.parked += 1
+        log.error(
+            "run %s: parked in needs_review after %d failures", session.run_id, self.max_attempts
+        )
+        return True
+
+
+def install_signal_handlers(worker: Worker) -> None:
+    """SIGTERM and SIGINT stop the worker cleanly: finish the step, release the lease."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %s: finishing the current step, then releasing the lease", signum)
+        worker.stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _held_version(lease: Lease, session: Any) -> int:
+    """The lease version the run is held under now (a session may have renewed it)."""
+    if session is not None and session.lease is not None:
+        return int(session.lease.lease_version)
+    return lease.lease_version

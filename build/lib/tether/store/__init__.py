@@ -1,0 +1,41 @@
+"""Stores: write-once checkpoint content, the compare-and-set generation mark, and leases.
+
+Open one from a URL with :func:`open_store` (or ``Store.from_url``):
+``sqlite:///relative.sqlite``, ``sqlite:////absolute.sqlite`` or
+``postgresql://...`` (the ``[postgres]`` extra).
+"""
+
+from tether.core import LedgerEntry
+from tether.store._postgres import PostgresStore
+from tether.store._protocols import (
+    BeforeCommit,
+    Commit,
+    CommitStore,
+    ContentStore,
+    Evidence,
+    GenerationStore,
+    Lease,
+    LeaseRequest,
+    Mark,
+)
+from tether.store._sql import SQLBase
+from tether.store._sqlite import SQLiteStore
+from tether.store._url import Store, open_store
+
+__all__ = [
+    "BeforeCommit",
+    "Commit",
+    "CommitStore",
+    "ContentStore",
+    "Evidence",
+    "GenerationStore",
+    "Lease",
+    "LeaseRequest",
+    "LedgerEntry",
+    "Mark",
+    "PostgresStore",
+    "SQLBase",
+    "SQLiteStore",
+    "Store",
+    "open_store",
+]

@@ -1,0 +1,175 @@
+"""How the SQL base talks to a database: connections, units of work, retries, errors.
+
+Every public store method runs as one unit of work through
+:meth:`SQLEngine._read` or :meth:`SQLEngine._write`: a connection is checked
+out, made current for this thread (so the statement helpers find it), and
+driver errors are translated into tether's typed errors at that one
+boundary. Transient failures (serialization failures, deadlocks, a
+connection found dead before any of a write was sent) are retried a bounded
+number of times by re-running the whole unit of work, so a unit of work must
+be safe to run again from the start.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from datetime import UTC, datetime
+from typing import Any, ClassVar, TypeVar
+
+from tether.core import CommitOutcomeUnknownError, StoreError, StoreUnavailableError, TetherError
+
+T = TypeVar("T")
+
+
+class SQLEngine:
+    """Units of work over DB-API connections; subclasses provide the dialect."""
+
+    blob_type: ClassVar[str] = "BLOB"
+    placeholder: ClassVar[str] = "?"
+    #: An SQL expression for the store's clock, in integer microseconds since the epoch.
+    clock_sql: ClassVar[str] = ""
+    #: Appended to the claim scan: lock the rows it picks and skip rows others hold.
+    skip_locked: ClassVar[str] = ""
+    #: How many times a transient failure re-runs a unit of work.
+    retries: int = 5
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    # -- dialect hooks -------------------------------------------------------
+
+    def _connection(self) -> AbstractContextManager[Any]:
+        """Check a connection out for one unit of work (and give it back)."""
+        raise NotImplementedError
+
+    def _transaction(self, conn: Any) -> AbstractContextManager[None]:
+        """A write transaction on ``conn``: committed on success, rolled back on any error."""
+        raise NotImplementedError
+
+    def _lock_migrations(self) -> None:
+        """Serialize concurrent migrators (inside the migration transaction)."""
+
+    def _lock_run(self, run_id: str) -> None:
+        """Serialize writers of one run's append-only rows (inside a write transaction)."""
+
+    def _insert_ignore(
+        self, table: str, columns: Sequence[str], values: Sequence[str] | None = None
+    ) -> str:
+        """An insert that does nothing if the row exists; ``values`` are SQL expressions (``?``)."""
+        raise NotImplementedError
+
+    def _translate(self, exc: Exception) -> TetherError | None:
+        """The typed error for a driver exception, or ``None`` if it is not a driver error."""
+        raise NotImplementedError
+
+    def _retryable(self, exc: Exception) -> bool:
+        """Whether re-running the whole unit of work may succeed (serialization, deadlock)."""
+        return False
+
+    def _probe(self, conn: Any) -> None:
+        """Raise a disconnected-class error if ``conn`` is known dead before anything is sent."""
+
+    def _disconnected(self, exc: Exception) -> bool:
+        """Whether ``exc`` says the connection was lost (safe to retry before any write)."""
+        return False
+
+    def _now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def close(self) -> None:
+        """Release the store's connections; using the store afterwards raises StoreError."""
+        raise NotImplementedError
+
+    def __enter__(self) -> SQLEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- units of work -------------------------------------------------------
+
+    def _read(self, body: Callable[[], T]) -> T:
+        return self._unit(body, write=False)
+
+    def _write(self, body: Callable[[], T]) -> T:
+        return self._unit(body, write=True)
+
+    def _statement(self, body: Callable[[], T]) -> T:
+        """A write that is ONE statement, its own transaction (no BEGIN/COMMIT round trips).
+
+        Retried like a write: never once the statement may have been sent.
+        """
+        return self._unit(body, write=True, transaction=False)
+
+    def _unit(self, body: Callable[[], T], *, write: bool, transaction: bool = True) -> T:
+        if getattr(self._local, "conn", None) is not None:
+            return body()  # nested: join the caller's connection and transaction
+        attempt = 0
+        while True:
+            sent = False
+            try:
+                with self._connection() as conn:
+                    self._local.conn = conn
+                    try:
+                        if not write:
+                            sent = True
+                            return body()
+                        if not transaction:
+                            # No BEGIN goes first to find a dead connection: ask
+                            # the dialect, so a stale one is retried, never sent.
+                            self._probe(conn)
+                            sent = True
+                            return body()
+                        with self._transaction(conn):
+                            sent = True
+                            return body()
+                    finally:
+                        self._local.conn = None
+            except TetherError:
+                raise
+            except Exception as exc:
+                # A lost connection is retried only if nothing of a write was sent
+                # yet: after that, a COMMIT may have landed and a blind retry would
+                # report a CAS it actually won as lost.
+                lost = self._disconnected(exc)
+                if lost and write and sent:
+                    # A COMMIT may have landed: never reported as "not committed".
+                    raise CommitOutcomeUnknownError(
+                        f"{self!r}: the connection was lost after a write was sent; it may "
+                        f"have landed. Read the run back before acting again ({exc})"
+                    ) from exc
+                transient = self._retryable(exc) or lost
+                if transient and attempt < self.retries:
+                    attempt += 1
+                    time.sleep(min(0.2, 0.002 * 2**attempt))
+                    continue
+                typed = self._translate(exc)
+                if typed is None:
+                    raise
+                if transient and isinstance(typed, StoreError):
+                    typed = StoreUnavailableError(
+                        f"{typed} (still failing after {attempt + 1} attempts; retry later)"
+                    )
+                raise typed from exc
+
+    def _execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            raise StoreError("store statement outside a unit of work (a bug in tether)")
+        return conn.execute(self._q(sql), tuple(params))
+
+    def _q(self, sql: str) -> str:
+        return sql if self.placeholder == "?" else sql.replace("?", self.placeholder)
+
+    def _all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return [tuple(row) for row in self._execute(sql, params).fetchall()]
+
+    def _one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        row = self._execute(sql, params).fetchone()
+        return None if row is None else tuple(row)
+
+    def _run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return int(self._execute(sql, params).rowcount)

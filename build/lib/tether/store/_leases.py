@@ -1,0 +1,316 @@
+"""Leases in SQL: take, renew, release, defer and claim runs, each one conditional statement.
+
+Half of the shared SQL base (:class:`~tether.store._sql.SQLBase` inherits it):
+every statement that moves a lease is written once here, against the mark
+row, and each is conditioned on the caller's lease version so a late worker
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from tether.core import (
+    CheckpointCorruptError,
+    LeaseExpiredError,
+    LeaseHeldError,
+    LeaseLostError,
+    RunNotFoundError,
+    StoreError,
+    StoreUnavailableError,
+)
+from tether.store._engine import SQLEngine
+from tether.store._protocols import (
+    Lease,
+    Mark,
+)
+from tether.store._rows import (
+    MARK_COLUMNS,
+    from_micros,
+    lease_of,
+    mark_columns,
+    mark_of,
+    phase_text,
+    ttl_micros,
+    whole,
+)
+
+log = logging.getLogger("tether.store")
+
+
+class LeaseSQL(SQLEngine):
+    """The lease statements of the SQL base (see :class:`~tether.store._sql.SQLBase`)."""
+
+    #: How to read a column so that a value the driver cannot decode (text
+    #: that is not UTF-8: SQLite does not check) comes back as bytes, and the
+    #: row is refused alone instead of failing the whole statement.
+    raw_column: ClassVar[str] = "{}"
+
+    def _mark_row(self, run_id: str) -> Mark | None:
+        row = self._one(f"SELECT {MARK_COLUMNS} FROM tether_marks WHERE run_id = ?", (run_id,))
+        return None if row is None else mark_of(row)
+
+    # -- leases --------------------------------------------------------------
+    #
+    # Each grant is ONE conditional UPDATE judged by the store's clock: atomic
+    # on its own under READ COMMITTED (row lock, re-check of the WHERE) and
+    # inside BEGIN IMMEDIATE on SQLite. RETURNING hands back the new lease.
+
+    def _lease_or_why(self, rows: list[tuple[Any, ...]], run_id: str, lease_version: int) -> Lease:
+        if rows:
+            return lease_of(mark_of(rows[0]))
+        current = self._mark_row(run_id)
+        if current is None:
+            raise RunNotFoundError(run_id)
+        raise LeaseLostError(run_id, lease_version, current.lease_version, current.lease_owner)
+
+    def acquire_lease(self, run_id: str, worker: str, ttl_s: float) -> Lease:
+        """Take the run's lease; every acquire increments the fencing token (see the protocol)."""
+        ttl = ttl_micros(ttl_s)
+        clock = self.clock_sql
+
+        def body() -> Lease:
+            # Under READ COMMITTED the holder may release between the refused
+            # UPDATE and the read that explains it: then simply try again.
+            for _ in range(3):
+                rows = self._all(
+                    # Every acquire is a new holder and a new fencing token, even
+                    # for the same worker id: a restarted worker must fence out
+                    # its own hung predecessor. Only renew_lease extends.
+                    "UPDATE tether_marks SET lease_version = lease_version + 1, "
+                    f"lease_owner = ?, lease_expires_at = {clock} + ?, waiting_after = NULL "
+                    "WHERE run_id = ? AND (lease_owner IS NULL OR lease_owner = ? "
+                    f"OR lease_expires_at <= {clock}) RETURNING {MARK_COLUMNS}",
+                    (worker, ttl, run_id, worker),
+                )
+                if rows:
+                    return lease_of(mark_of(rows[0]))
+                self._refuse_if_held(run_id)
+            raise StoreUnavailableError(f"run {run_id}: the lease kept changing hands; retry")
+
+        return self._write(body)
+
+    def _refuse_if_held(self, run_id: str) -> None:
+        """After a conditional update matched nothing: say who holds the run, if anyone."""
+        current = self._mark_row(run_id)
+        if current is None:
+            raise RunNotFoundError(run_id)
+        if current.lease_owner is not None and current.lease_expires_at is not None:
+            raise LeaseHeldError(
+                run_id, current.lease_owner, current.lease_version, current.lease_expires_at
+            )
+
+    def renew_lease(self, run_id: str, worker: str, lease_version: int, ttl_s: float) -> Lease:
+        """Extend a lease ``worker`` still holds at ``lease_version`` (even if it expired)."""
+        ttl = ttl_micros(ttl_s)
+
+        def body() -> Lease:
+            rows = self._all(
+                f"UPDATE tether_marks SET lease_expires_at = {self.clock_sql} + ? "
+                "WHERE run_id = ? AND lease_owner = ? AND lease_version = ? "
+                f"RETURNING {MARK_COLUMNS}",
+                (ttl, run_id, worker, lease_version),
+            )
+            return self._lease_or_why(rows, run_id, lease_version)
+
+        return self._write(body)
+
+    def release_lease(self, run_id: str, worker: str, lease_version: int) -> None:
+        """Give the lease up; a repeated release is a no-op, a lost lease raises LeaseLostError."""
+
+        def body() -> None:
+            # A clean release ends a run of failures too.
+            moved = self._run(
+                "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
+                "attempts = 0, retry_at = NULL, last_error = NULL, waiting_after = NULL "
+                "WHERE run_id = ? AND lease_owner = ? AND lease_version = ?",
+                (run_id, worker, lease_version),
+            )
+            if moved == 1:
+                return
+            current = self._mark_row(run_id)
+            if current is None:
+                raise RunNotFoundError(run_id)
+            if current.lease_version == lease_version and current.lease_owner is None:
+                return  # already released at this version
+            raise LeaseLostError(run_id, lease_version, current.lease_version, current.lease_owner)
+
+        self._write(body)
+
+    def defer(
+        self,
+        run_id: str,
+        worker: str,
+        lease_version: int,
+        delay_s: float,
+        error: str,
+        *,
+        count: bool = True,
+        progressed: bool = False,
+    ) -> Mark:
+        """Release after a failure: not claimable for ``delay_s`` (the claim counted the attempt)."""
+        if isinstance(delay_s, bool) or not math.isfinite(delay_s) or delay_s < 0:
+            raise StoreError(
+                f"a retry delay must be a non-negative number of seconds, not {delay_s!r}"
+            )
+        delay = round(min(delay_s, 366 * 24 * 3600) * 1_000_000)
+        text = error[:2000]
+        # The claim counted this attempt. A failure right after progress starts
+        # a new run of failures; an attempt that was not a failure is uncounted.
+        if progressed:
+            attempts = "1" if count else "0"
+        else:
+            attempts = (
+                "attempts" if count else "CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END"
+            )
+
+        def body() -> Mark:
+            rows = self._all(
+                "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
+                f"retry_at = {self.clock_sql} + ?, attempts = {attempts}, last_error = ? "
+                f"WHERE run_id = ? AND lease_owner = ? AND lease_version = ? RETURNING {MARK_COLUMNS}",
+                (delay, text, run_id, worker, lease_version),
+            )
+            if rows:
+                return mark_of(rows[0])
+            current = self._mark_row(run_id)
+            if current is None:
+                raise RunNotFoundError(run_id)
+            raise LeaseLostError(run_id, lease_version, current.lease_version, current.lease_owner)
+
+        return self._write(body)
+
+    def wait_for_evidence(
+        self, run_id: str, worker: str, lease_version: int, seen: int, floor_s: float
+    ) -> None:
+        """Park a run that waits for a person until evidence past ``seen`` arrives."""
+        if isinstance(seen, bool) or not isinstance(seen, int) or seen < 0:
+            raise StoreError(f"seen must be an inbox sequence number, not {seen!r}")
+        if isinstance(floor_s, bool) or not math.isfinite(floor_s) or floor_s < 0:
+            raise StoreError(f"floor_s must be a non-negative number of seconds, not {floor_s!r}")
+        floor = round(min(floor_s, 366 * 24 * 3600) * 1_000_000)
+
+        def body() -> None:
+            moved = self._run(
+                "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
+                f"waiting_after = ?, retry_at = {self.clock_sql} + ?, attempts = 0 "
+                "WHERE run_id = ? AND lease_owner = ? AND lease_version = ?",
+                (seen, floor, run_id, worker, lease_version),
+            )
+            if moved == 1:
+                return
+            current = self._mark_row(run_id)
+            if current is None:
+                raise RunNotFoundError(run_id)
+            raise LeaseLostError(run_id, lease_version, current.lease_version, current.lease_owner)
+
+        self._write(body)
+
+    def retry_now(self, run_id: str) -> Mark:
+        """An operator's "try again": forget the run's failed attempts and its back-off.
+
+        For a run parked at the mark (it failed ``max_attempts`` times before it
+        could even be restored) once its cause is fixed. A run someone holds
+        a live lease on is left alone (:class:`LeaseHeldError`).
+        """
+        clock = self.clock_sql
+
+        def body() -> Mark:
+            rows = self._all(
+                "UPDATE tether_marks SET attempts = 0, retry_at = NULL "
+                f"WHERE run_id = ? AND (lease_owner IS NULL OR lease_expires_at <= {clock}) "
+                f"RETURNING {MARK_COLUMNS}",
+                (run_id,),
+            )
+            if rows:
+                return mark_of(rows[0])
+            self._refuse_if_held(run_id)
+            raise StoreUnavailableError(f"run {run_id}: the lease changed hands; retry")
+
+        return self._write(body)
+
+    def check_lease(self, run_id: str, lease_version: int) -> None:
+        """Raise unless ``lease_version`` is current and live by the store's clock."""
+        row = self._read(
+            lambda: self._one(
+                f"SELECT lease_version, lease_owner, lease_expires_at, {self.clock_sql} "
+                "FROM tether_marks WHERE run_id = ?",
+                (run_id,),
+            )
+        )
+        if row is None:
+            raise RunNotFoundError(run_id)
+        try:
+            version, owner, expires, now = whole(row[0]), row[1], row[2], whole(row[3])
+            if expires is not None:
+                expires = whole(expires)
+                from_micros(expires)
+            if owner is not None and not isinstance(owner, str):
+                raise ValueError(f"the lease owner is {type(owner).__name__}")
+        except (ValueError, OverflowError) as exc:
+            raise CheckpointCorruptError(
+                f"run {run_id}: its lease columns are malformed: {exc}", run_id=run_id
+            ) from exc
+        if version != lease_version:
+            raise LeaseLostError(
+                run_id, lease_version, version, None if owner is None else str(owner)
+            )
+        if version == 0:
+            return  # never leased: single-process use
+        if owner is None or expires is None:
+            raise LeaseLostError(run_id, lease_version, version)
+        if expires <= now:
+            raise LeaseExpiredError(run_id, version, from_micros(expires))
+
+    def claim_expired(
+        self,
+        worker: str,
+        ttl_s: float,
+        limit: int = 1,
+        phases: Sequence[str] = ("running", "pending"),
+        max_attempts: int | None = None,
+    ) -> list[Lease]:
+        """Take up to ``limit`` unowned or expired runs in ``phases``; each gets a new version."""
+        ttl = ttl_micros(ttl_s)
+        wanted = sorted({phase_text(p) for p in phases})
+        if limit < 1 or not wanted:
+            return []
+        clock = self.clock_sql
+        # Free, due (a deferred run waits out its back-off) and not parked.
+        ceiling = 2**62 if max_attempts is None else int(max_attempts)
+        # A run parked for a person wakes only for evidence it has not read.
+        news = (
+            "(waiting_after IS NULL OR EXISTS (SELECT 1 FROM tether_inbox i "
+            "WHERE i.run_id = tether_marks.run_id AND i.seq > tether_marks.waiting_after))"
+        )
+        free = (
+            f"(lease_owner IS NULL OR lease_expires_at <= {clock}) "
+            f"AND (retry_at IS NULL OR retry_at <= {clock}) AND attempts < {ceiling} AND {news}"
+        )
+
+        def body() -> list[Lease]:
+            # The scan locks what it picks and skips rows other claimers (or
+            # committers) hold, so concurrent claimers never take the same run.
+            rows = self._all(
+                f"UPDATE tether_marks SET lease_owner = ?, lease_version = lease_version + 1, "
+                f"lease_expires_at = {clock} + ?, waiting_after = NULL, retry_at = NULL, "
+                f"attempts = attempts + 1 WHERE {free} AND run_id IN ("
+                f"SELECT run_id FROM tether_marks WHERE phase IN ({', '.join('?' for _ in wanted)}) "
+                f"AND {free} ORDER BY COALESCE(retry_at, lease_expires_at, 0), run_id LIMIT ?"
+                f"{self.skip_locked}) RETURNING {mark_columns(self.raw_column)}",
+                (worker, ttl, *wanted, limit),
+            )
+            leases = []
+            for row in rows:
+                try:
+                    leases.append(lease_of(mark_of(row)))
+                except CheckpointCorruptError as exc:
+                    # A damaged row stays claimed (by us, until the ttl) rather
+                    # than rolled back to the front of every worker's next claim.
+                    log.error("claim skipped a damaged mark: %s", exc)
+            return sorted(leases, key=lambda lease: lease.run_id)
+
+        return self._write(body)

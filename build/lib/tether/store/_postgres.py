@@ -1,0 +1,370 @@
+"""PostgresStore: many workers on many machines pointed at one PostgreSQL database.
+
+psycopg 3 with a ``psycopg_pool.ConnectionPool``; one connection is checked
+out per unit of work. The SQL is :class:`~tether.store.SQLBase`'s; this
+module only supplies the dialect.
+
+Transaction strategy: READ COMMITTED, and every statement that moves a mark
+or a lease is ONE conditional ``UPDATE`` (or an insert-if-absent on the
+primary key). PostgreSQL row-locks the mark for that statement's
+transaction, and a writer that waited for the lock re-checks its WHERE
+against the winner's committed row, so a compare-and-set on (generation,
+lease version) is exact without SERIALIZABLE. The claim scan locks what it
+picks with ``FOR UPDATE SKIP LOCKED`` and so never waits. The one
+read-then-write (the ledger's "last status, then append") takes a
+transaction-scoped advisory lock on the run first. SERIALIZABLE was the
+alternative; it was not chosen because its false-positive serialization
+failures (predicate locks on index pages, e.g. under the claim scan) would
+force whole-transaction retries, and a retry re-runs the caller's
+``before_commit`` hook; here retries are a safety net for deadlocks and
+serialization failures that this scheme does not expect to see.
+
+Expiry is judged by ``clock_timestamp()`` (the server's real time, not the
+transaction's start), so workers with skewed clocks agree.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from tether.core import (
+    StoreError,
+    StoreUnavailableError,
+    WriteOnceError,
+    format_time,
+)
+from tether.store._protocols import BeforeCommit, Commit, Lease, LeaseRequest
+from tether.store._rows import ledger_columns, phase_text
+from tether.store._sql import SQLBase
+
+if TYPE_CHECKING:
+    from psycopg import Connection
+    from psycopg_pool import ConnectionPool
+
+INSTALL_HINT = "pip install 'tether[postgres]'"
+
+# One checkpoint commit as ONE statement. Data-modifying CTEs share one
+# snapshot and one transaction; each insert selects from the CAS, so it
+# writes nothing unless the mark moved. Trace and ledger rows use plain
+# INSERTs: a conflict aborts everything. Blobs are shared by content, so an
+# existing one is simply there already.
+#
+# Rows travel as three JSON documents (trace, ledger, blobs) rather than one
+# array parameter per column: psycopg adapts a text parameter in one step,
+# where sixteen typed arrays cost more client CPU than the rest of the
+# commit's SQL work. Values arrive as JSON strings and numbers and are
+# stored as the same text (json_to_recordset does not re-encode a string),
+# so what the hashes cover is what lands; blob bodies travel as hex.
+_COMMIT_STATEMENT = """
+WITH cas AS (
+    UPDATE tether_marks SET generation = %s, checkpoint_digest = %s,
+           state_version = state_version + 1, phase = %s, updated_at = %s
+     WHERE run_id = %s AND generation = %s AND lease_version = %s
+       AND (lease_version = 0 OR lease_owner IS NOT NULL)
+    RETURNING run_id, generation, checkpoint_digest
+), checkpoint AS (
+    INSERT INTO tether_checkpoints (run_id, checkpoint_digest, generation, envelope)
+    SELECT run_id, checkpoint_digest, generation, %s::bytea FROM cas
+    RETURNING 1
+), trace AS (
+    INSERT INTO tether_trace (run_id, hash, prev_hash, seq, kind, at, data)
+    SELECT cas.run_id, e.h, e.p, e.s, e.k, e.a, e.d
+      FROM cas, json_to_recordset(%s::json) AS e(h text, p text, s bigint, k text, a text, d text)
+    RETURNING 1
+), ledger AS (
+    INSERT INTO tether_ledger (run_id, hash, prev_hash, seq, idempotency_key, status,
+                               action_id, intent_digest, receipt, epoch, at, terms, payload)
+    SELECT cas.run_id, l.h, l.p, l.s, l.k, l.st, l.ac, l.i, l.r, l.ep, l.a, l.t, l.y
+      FROM cas, json_to_recordset(%s::json)
+           AS l(h text, p text, s bigint, k text, st text, ac text, i text, r text,
+                ep bigint, a text, t text, y text)
+    RETURNING 1
+), blobs AS (
+    INSERT INTO tether_blobs (digest, body)
+    SELECT b.g, decode(b.b, 'hex') FROM cas, json_to_recordset(%s::json) AS b(g text, b text)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM cas), (SELECT count(*) FROM checkpoint),
+       (SELECT count(*) FROM trace), (SELECT count(*) FROM ledger), (SELECT count(*) FROM blobs)
+"""
+
+# Advisory lock keys. The two-key form (class, run hash) and the one-key form
+# are separate key spaces in PostgreSQL, so run locks never meet the migrator's.
+_MIGRATION_LOCK = 0x746574686572  # b"tether"
+_RUN_LOCK_CLASS = 0x74657468  # b"teth"
+
+# SQLSTATEs that mean the session is gone: connection exceptions (class 08) and
+# operator intervention (the server shut the backend down).
+_GONE_STATES = ("08", "57P01", "57P02", "57P03")
+
+
+def _describe(dsn: str) -> str:
+    """Host, port and database of a DSN, never its password."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        parts = conninfo_to_dict(dsn)
+    except Exception:
+        return "(unparseable DSN)"
+    host = parts.get("host") or "localhost"
+    port = parts.get("port") or "5432"
+    return f"postgresql://{host}:{port}/{parts.get('dbname') or ''}"
+
+
+def _read_committed(conn: Connection[Any]) -> None:
+    """Every pooled connection runs READ COMMITTED, whatever the server's default.
+
+    The compare-and-set scheme above is designed for it; a server configured
+    for SERIALIZABLE would add retries this store does not expect.
+    """
+    conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+
+class PostgresStore(SQLBase):
+    """Checkpoint content, marks and leases in PostgreSQL (needs the ``[postgres]`` extra)."""
+
+    blob_type = "BYTEA"
+    placeholder = "%s"
+    clock_sql = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT"
+    skip_locked = " FOR UPDATE SKIP LOCKED"
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        max_connections: int = 10,
+        timeout_s: float = 30.0,
+        retries: int = 5,
+    ) -> None:
+        """Open a pool (1 to ``max_connections``) on ``dsn`` and apply missing migrations.
+
+        ``dsn`` is a libpq URL or key=value string; set the schema with
+        ``options=-csearch_path=NAME``. ``timeout_s`` bounds both the first
+        connection and every wait for a free connection.
+        """
+        super().__init__()
+        try:
+            import psycopg  # noqa: F401
+            from psycopg_pool import ConnectionPool, PoolTimeout
+        except ImportError as exc:
+            raise StoreUnavailableError(
+                f"PostgresStore needs psycopg 3 and psycopg-pool: {INSTALL_HINT}"
+            ) from exc
+        if max_connections < 1:
+            raise StoreError(f"max_connections must be at least 1, not {max_connections}")
+        self.retries = retries
+        self._where = _describe(dsn)
+        self._pool: ConnectionPool[Connection[Any]] = ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=max_connections,
+            kwargs={"autocommit": True},
+            configure=_read_committed,
+            open=False,
+            timeout=timeout_s,
+            name="tether",
+        )
+        try:
+            self._pool.open(wait=True, timeout=timeout_s)
+        except PoolTimeout as exc:
+            self._pool.close()
+            raise StoreUnavailableError(
+                f"cannot reach PostgreSQL at {self._where} within {timeout_s:g} s; "
+                "check the DSN and that the server is up"
+            ) from exc
+        except Exception as exc:
+            self._pool.close()
+            raise StoreUnavailableError(
+                f"cannot open PostgreSQL store {self._where}: {exc}"
+            ) from exc
+        try:
+            self.migrate()
+        except BaseException:
+            self._pool.close()
+            raise
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self._where!r})"
+
+    def close(self) -> None:
+        """Close the pool (idempotent); later calls raise StoreUnavailableError."""
+        self._pool.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    # -- dialect hooks -------------------------------------------------------
+
+    @contextmanager
+    def _connection(self) -> Iterator[Connection[Any]]:
+        with self._pool.connection() as conn:
+            yield conn
+
+    @contextmanager
+    def _transaction(self, conn: Any) -> Iterator[None]:
+        with conn.transaction():
+            yield
+
+    def commit(
+        self,
+        commit: Commit,
+        expected_generation: int,
+        expected_lease_version: int = 0,
+        before_commit: BeforeCommit | None = None,
+        *,
+        lease_to: LeaseRequest | None = None,
+    ) -> Lease | None:
+        """Content and mark in ONE statement: one round trip, its own transaction.
+
+        The compare-and-set is the statement's first part and every insert
+        selects from it, so a refused CAS writes nothing; a row that already
+        exists (never expected here: hashes cover content) aborts the whole
+        statement. The diagnostic read runs only on the rare refused path.
+        The genesis commit (an insert-if-absent of the mark) takes the
+        general path.
+        """
+        if expected_generation == 0 or commit.generation != expected_generation + 1:
+            return super().commit(
+                commit,
+                expected_generation,
+                expected_lease_version,
+                before_commit,
+                lease_to=lease_to,
+            )
+        if lease_to is not None:
+            raise StoreError("a lease is granted with the run's first checkpoint only")
+        self._check_sealed(commit)
+        trace = [
+            {
+                "h": e.hash,
+                "p": e.prev_hash,
+                "s": e.seq,
+                "k": e.kind,
+                "a": format_time(e.at),
+                "d": e.encoded_data().decode("utf-8"),
+            }
+            for e in commit.events
+        ]
+        ledger = [
+            {
+                **dict(zip(("r", "t", "y"), ledger_columns(e), strict=True)),
+                "h": e.hash,
+                "p": e.prev_hash,
+                "s": e.seq,
+                "k": e.idempotency_key,
+                "st": e.status.value,
+                "ac": e.action_id,
+                "i": e.intent_digest,
+                "ep": e.epoch,
+                "a": format_time(e.at),
+            }
+            for e in commit.ledger
+        ]
+        blobs = [{"g": d, "b": b.hex()} for d, b in sorted((commit.blobs or {}).items())]
+        params = (
+            commit.generation,
+            commit.checkpoint_digest,
+            phase_text(commit.phase),
+            format_time(self._now()),
+            commit.run_id,
+            expected_generation,
+            expected_lease_version,
+            commit.envelope,
+            json.dumps(trace, ensure_ascii=False),
+            json.dumps(ledger, ensure_ascii=False),
+            json.dumps(blobs),
+        )
+
+        def body() -> tuple[Any, ...] | None:
+            if before_commit is not None:
+                before_commit()  # "inside the commit": nothing has been sent yet
+            return self._one(_COMMIT_STATEMENT, params)
+
+        row = self._statement(body)
+        if row is None or int(row[0]) != 1:
+            self._read(
+                lambda: self._cas_refused(
+                    commit.run_id, expected_generation, expected_lease_version
+                )
+            )
+        return None
+
+    def _lock_migrations(self) -> None:
+        # Taken before CREATE TABLE IF NOT EXISTS, which is itself not safe
+        # against a concurrent creator; released when the migration commits.
+        self._execute(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+
+    def _lock_run(self, run_id: str) -> None:
+        # A hash collision only serializes two runs' appends; it never unlocks one.
+        self._execute(f"SELECT pg_advisory_xact_lock({_RUN_LOCK_CLASS}, hashtext(?))", (run_id,))
+
+    def _insert_ignore(
+        self, table: str, columns: Sequence[str], values: Sequence[str] | None = None
+    ) -> str:
+        marks = ", ".join(values if values is not None else ["?" for _ in columns])
+        return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}) ON CONFLICT DO NOTHING"
+
+    def _retryable(self, exc: Exception) -> bool:
+        from psycopg import errors
+
+        return isinstance(exc, errors.SerializationFailure | errors.DeadlockDetected)
+
+    def _probe(self, conn: Any) -> None:
+        # An idle connection in autocommit has nothing to say; if its socket is
+        # readable the server closed it (or sent something unasked). Either way
+        # it is not trusted with a write: closed, so the pool replaces it.
+        import psycopg
+
+        # poll, not select: select() cannot take a descriptor >= 1024.
+        poller = select.poll()
+        poller.register(conn.pgconn.socket, select.POLLIN | select.POLLERR | select.POLLHUP)
+        if poller.poll(0):
+            conn.close()
+            raise psycopg.OperationalError("the server closed this idle connection")
+
+    def _disconnected(self, exc: Exception) -> bool:
+        import psycopg
+        from psycopg_pool import PoolClosed, PoolTimeout
+
+        if not isinstance(exc, psycopg.OperationalError) or isinstance(
+            exc, PoolClosed | PoolTimeout
+        ):
+            return False
+        state = exc.sqlstate
+        gone = state is None or state.startswith(_GONE_STATES)
+        if gone:
+            # Idle connections died with this one (a server restart): replace
+            # them now so the retry does not draw another dead one.
+            self._pool.check()
+        return gone
+
+    def _translate(self, exc: Exception) -> StoreError | None:
+        import psycopg
+        from psycopg import errors
+        from psycopg_pool import PoolClosed, PoolTimeout
+
+        where = self._where
+        if isinstance(exc, errors.UniqueViolation):
+            return WriteOnceError(f"PostgreSQL refused a write-once violation: {exc}")
+        if isinstance(exc, PoolClosed):
+            return StoreUnavailableError(f"PostgreSQL store {where} is closed")
+        if isinstance(exc, PoolTimeout):
+            return StoreUnavailableError(
+                f"no PostgreSQL connection to {where} became free in time; "
+                "raise max_connections or lower the load"
+            )
+        if isinstance(exc, errors.SerializationFailure | errors.DeadlockDetected):
+            return StoreUnavailableError(f"PostgreSQL store {where}: transaction conflict: {exc}")
+        if isinstance(exc, psycopg.OperationalError):
+            return StoreUnavailableError(
+                f"PostgreSQL store {where} failed: {exc}; if this was a write, "
+                "read the mark to learn whether it landed"
+            )
+        if isinstance(exc, psycopg.Error):
+            return StoreError(f"PostgreSQL store {where} failed: {exc}")
+        return None

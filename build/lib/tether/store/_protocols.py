@@ -1,0 +1,333 @@
+"""The two store protocols and the records they move.
+
+``ContentStore`` keeps what is written once and never changed: sealed
+checkpoints (addressed by digest), trace events, effect-ledger entries
+(hash-chained, written only inside a checkpoint's commit) and
+content-addressed blobs. ``GenerationStore`` keeps the one mutable thing, the
+high-water mark per run, and moves it only by compare-and-set.
+
+The generation store also keeps each run's lease: who may advance it now
+(``lease_owner``), until when (``lease_expires_at``, judged by the STORE's
+clock so workers with skewed clocks agree), and the fencing token
+(``lease_version``), which every new owner increments. Lease version 0 means
+"never leased": single-process use commits with ``expected_lease_version=0``
+and never touches leases.
+
+They may be one database (``CommitStore.commit`` moves both in one
+transaction) or two (content first, then CAS the mark). Because checkpoints
+are addressed by digest and the mark names the digest it accepted, content
+written by an attempt whose CAS never happened is simply unreachable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from tether.core import LedgerEntry, TraceEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """A run's high-water mark: the one checkpoint recovery may accept."""
+
+    run_id: str
+    generation: int
+    checkpoint_digest: str
+    state_version: int
+    lease_version: int
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    phase: str = "running"
+    #: Consecutive failed attempts to drive the run (reset by a clean release),
+    #: when it may be claimed again, and the last failure's text.
+    attempts: int = 0
+    retry_at: datetime | None = None
+    last_error: str | None = None
+    #: Set while the run waits for a person: the inbox entry it had read last.
+    waiting_after: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A worker's claim on a run: ``lease_version`` is the fencing token to pass on.
+
+    ``expires_at`` is by the store's clock; renew well before it (a third of
+    the ttl is a good cadence). ``state_version`` and ``generation`` are the
+    mark's at the moment the lease was granted.
+    """
+
+    run_id: str
+    owner: str
+    lease_version: int
+    expires_at: datetime
+    state_version: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """A signed document left in a run's inbox: an approval or a reviewer decision."""
+
+    run_id: str
+    seq: int
+    kind: str
+    document: dict[str, Any]
+    received_at: datetime
+
+
+EVIDENCE_KINDS = frozenset(
+    {"approval", "review_decision", "effect_decision", "fork", "rewind", "admission"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """Everything one checkpoint advance writes."""
+
+    run_id: str
+    generation: int
+    checkpoint_digest: str
+    envelope: bytes
+    events: Sequence[TraceEvent] = ()
+    blobs: Mapping[str, bytes] | None = None
+    phase: str = "running"
+    #: Effect-ledger entries, sealed into the run's chain; they land with the
+    #: checkpoint or not at all, under the same compare-and-set.
+    ledger: Sequence[LedgerEntry] = ()
+
+
+BeforeCommit = Callable[[], None]
+
+
+@runtime_checkable
+class ContentStore(Protocol):
+    """Write-once content: checkpoints, trace, ledger, blobs."""
+
+    def put_content(self, commit: Commit, before_commit: BeforeCommit | None = None) -> None:
+        """Write a commit's content (not the mark) in one transaction."""
+        ...
+
+    def get_checkpoint(self, run_id: str, checkpoint_digest: str) -> bytes | None:
+        """The sealed envelope stored under ``checkpoint_digest``, or ``None``."""
+        ...
+
+    def envelopes(self, run_id: str, generation: int | None = None) -> list[bytes]:
+        """Every sealed envelope stored for the run (of one ``generation``), landed or not.
+
+        Rarely needed: orphan proofs, and a rewind looking up its target.
+        """
+        ...
+
+    def newest_generation(self, run_id: str) -> int | None:
+        """The highest generation of any content written for the run (landed or not)."""
+        ...
+
+    def ledger(self, run_id: str) -> list[LedgerEntry]:
+        """Every effect-ledger row the store holds for the run, by sequence number.
+
+        Unverified: rows are trusted only after
+        :func:`tether.core.verify_ledger` chained them to a signed head.
+        """
+        ...
+
+    def action_seen(self, run_id: str, action_id: str) -> bool:
+        """Whether an intent with this action id was ever recorded for the run."""
+        ...
+
+    def trace(self, run_id: str, head: str, limit: int | None = None) -> list[TraceEvent]:
+        """The chain ending at ``head``, oldest first (the newest ``limit`` if given)."""
+        ...
+
+    def get_blob(self, blob_digest: str) -> bytes | None:
+        """Content-addressed bytes, or ``None``."""
+        ...
+
+    def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        """Store content-addressed bytes write-once, in one transaction.
+
+        Each key must be ``sha256:<hex>`` of its bytes; otherwise nothing is
+        written and :class:`~tether.core.WriteOnceError` is raised. A blob
+        already present is left as it is (same digest, same bytes).
+        """
+        ...
+
+    def has_blob(self, blob_digest: str) -> bool:
+        """Whether bytes are stored under ``blob_digest``."""
+        ...
+
+    def stored_blobs(self, blob_digests: Collection[str]) -> set[str]:
+        """Which of ``blob_digests`` have bytes stored: one round trip for many."""
+        ...
+
+    def put_evidence(self, run_id: str, kind: str, document: dict[str, Any]) -> int:
+        """Append signed evidence to the run's inbox; returns its sequence number (from 1)."""
+        ...
+
+    def evidence(self, run_id: str, after: int = 0) -> list[Evidence]:
+        """Inbox entries of the run with a sequence number above ``after``, oldest first."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRequest:
+    """Create a run already leased: to ``owner``, for ``ttl_s`` seconds by the store's clock."""
+
+    owner: str
+    ttl_s: float
+
+
+@runtime_checkable
+class GenerationStore(Protocol):
+    """The high-water mark per run, moved only by compare-and-set."""
+
+    def get_mark(self, run_id: str) -> Mark | None:
+        """The run's mark, or ``None`` when the store has never seen the run."""
+        ...
+
+    def cas_mark(
+        self,
+        run_id: str,
+        expected_generation: int,
+        new_generation: int,
+        checkpoint_digest: str,
+        expected_lease_version: int = 0,
+        *,
+        phase: str = "running",
+        lease_to: LeaseRequest | None = None,
+    ) -> Lease | None:
+        """Move the mark from ``expected_generation`` (0: create) and record ``phase``, or raise.
+
+        ``lease_to`` (allowed for the first generation only) creates the run
+        with its lease in the same statement, version 1, and returns it, so no
+        claim can take a run between its creation and its first holder.
+
+        Raises :class:`~tether.core.GenerationConflictError` when the mark is
+        elsewhere, :class:`~tether.core.LeaseLostError` when the lease version
+        is not the current one (taken over, or released). A lease that expired
+        but that nobody took over still commits: the version check is what
+        fences, and nobody else can have advanced the run.
+        """
+        ...
+
+    def runs(self) -> list[Mark]:
+        """Every run's mark."""
+        ...
+
+    def acquire_lease(self, run_id: str, worker: str, ttl_s: float) -> Lease:
+        """Take the run's lease for ``ttl_s`` seconds of the store's clock.
+
+        Succeeds when the run is unowned, its lease expired, or ``worker``
+        already holds it. Every acquire increments ``lease_version``, even by
+        the same worker id, so a restarted worker fences out its own hung
+        predecessor; only :meth:`renew_lease` extends a lease. Raises
+        :class:`~tether.core.LeaseHeldError` when another worker holds a live
+        lease, :class:`~tether.core.RunNotFoundError` for an unknown run.
+        """
+        ...
+
+    def renew_lease(self, run_id: str, worker: str, lease_version: int, ttl_s: float) -> Lease:
+        """Extend the lease to ``ttl_s`` from now if ``worker`` still holds ``lease_version``.
+
+        An expired lease renews as long as nobody took it over. Otherwise
+        raises :class:`~tether.core.LeaseLostError`.
+        """
+        ...
+
+    def release_lease(self, run_id: str, worker: str, lease_version: int) -> None:
+        """Give the lease up so another worker may claim the run at once.
+
+        Releasing an already released lease of the same version is a no-op;
+        releasing a lease that another worker has taken over raises
+        :class:`~tether.core.LeaseLostError`, because the caller's last
+        actions may have been superseded.
+        """
+        ...
+
+    def defer(
+        self,
+        run_id: str,
+        worker: str,
+        lease_version: int,
+        delay_s: float,
+        error: str,
+        *,
+        count: bool = True,
+        progressed: bool = False,
+    ) -> Mark:
+        """Give the lease up after a failure: no claim takes the run for ``delay_s``.
+
+        :meth:`claim_expired` counts every claim in ``Mark.attempts``; a clean
+        :meth:`release_lease` or :meth:`wait_for_evidence` resets it, so it
+        counts consecutive claims that ended badly (a worker that died
+        included). ``count=False`` uncounts this one (not a failure: the
+        adapter said "in flight"); ``progressed`` restarts the count at this
+        failure. Keeps ``error``. Raises :class:`~tether.core.LeaseLostError`
+        unless ``worker`` holds ``lease_version``.
+        """
+        ...
+
+    def wait_for_evidence(
+        self, run_id: str, worker: str, lease_version: int, seen: int, floor_s: float
+    ) -> None:
+        """Give the lease up while the run waits for a person; no claim takes it meanwhile.
+
+        ``seen`` is the last inbox entry the run has read: evidence past it (an
+        approval, a reviewer decision) makes the run claimable again, but not
+        before ``floor_s``. Raises :class:`~tether.core.LeaseLostError` unless
+        ``worker`` holds ``lease_version``.
+        """
+        ...
+
+    def check_lease(self, run_id: str, lease_version: int) -> None:
+        """Refuse to act on a lease that is no longer current or live (call before every effect).
+
+        Raises :class:`~tether.core.LeaseLostError` when the version moved or
+        the lease was released, :class:`~tether.core.LeaseExpiredError` when it
+        expired by the store's clock. Version 0 passes only while the run has
+        never been leased.
+        """
+        ...
+
+    def claim_expired(
+        self,
+        worker: str,
+        ttl_s: float,
+        limit: int = 1,
+        phases: Sequence[str] = ("running", "pending"),
+        max_attempts: int | None = None,
+    ) -> list[Lease]:
+        """Atomically take up to ``limit`` runs in ``phases`` whose lease is unowned or expired.
+
+        Each claim increments the run's lease version. Concurrent claimers never
+        get the same run. A deferred run is skipped until its ``retry_at``, and
+        one with ``max_attempts`` failed attempts or more is not taken at all
+        (parked); the longest-waiting run comes first.
+        """
+        ...
+
+
+@runtime_checkable
+class CommitStore(ContentStore, GenerationStore, Protocol):
+    """Both protocols in one database: a commit moves content and mark atomically."""
+
+    def commit(
+        self,
+        commit: Commit,
+        expected_generation: int,
+        expected_lease_version: int = 0,
+        before_commit: BeforeCommit | None = None,
+        *,
+        lease_to: LeaseRequest | None = None,
+    ) -> Lease | None:
+        """Write content and CAS the mark (recording ``commit.phase``) in ONE transaction.
+
+        ``lease_to`` is as for :meth:`GenerationStore.cas_mark`.
+
+        The CAS is on (generation, lease version), with the errors of
+        :meth:`GenerationStore.cas_mark`; if ``before_commit`` raises, nothing
+        lands.
+        """
+        ...

@@ -1,0 +1,263 @@
+"""Reading stored rows back: every column checked, every malformed value a typed error.
+
+A store is not trusted: a row may have been edited. Each parser here turns
+a row into a value object or raises an integrity error that names the run
+(never a bare ``ValueError`` or ``TypeError``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from tether.core import (
+    CanonicalJSONError,
+    CheckpointCorruptError,
+    Compensation,
+    EffectStatus,
+    EffectTerms,
+    Fields,
+    LedgerEntry,
+    LedgerIntegrityError,
+    Phase,
+    RetrySemantics,
+    StoreError,
+    TraceEvent,
+    TraceIntegrityError,
+    parse_time_text,
+    strict_loads,
+)
+from tether.store._protocols import Evidence, Lease, Mark
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MARK = (
+    "run_id",
+    "generation",
+    "checkpoint_digest",
+    "state_version",
+    "lease_version",
+    "lease_owner",
+    "lease_expires_at",
+    "phase",
+    "attempts",
+    "retry_at",
+    "last_error",
+    "waiting_after",
+)
+MARK_COLUMNS = ", ".join(_MARK)
+
+
+def mark_columns(raw: str) -> str:
+    """The mark's columns, each read through ``raw`` (a format string; see SQLBase.raw_column)."""
+    return ", ".join(raw.format(c) for c in _MARK)
+
+
+def from_micros(micros: Any) -> datetime:
+    return EPOCH + timedelta(microseconds=int(micros))
+
+
+def text_of(value: Any) -> str:
+    """A text column read back as exactly text (bytes are decoded strictly: damage raises)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        # Read raw (see SQLBase.raw_column) so one undecodable row fails alone.
+        return bytes(value).decode("utf-8")
+    if not isinstance(value, str):
+        raise ValueError(f"expected text, found {type(value).__name__}")
+    return value
+
+
+def parse_stored_time(text: Any) -> datetime:
+    return parse_time_text(text)
+
+
+def ttl_micros(ttl_s: float) -> int:
+    if isinstance(ttl_s, bool) or not math.isfinite(ttl_s) or ttl_s <= 0:
+        raise StoreError(f"a lease ttl must be a positive number of seconds, not {ttl_s!r}")
+    return max(1, round(ttl_s * 1_000_000))
+
+
+def phase_text(phase: str) -> str:
+    try:
+        return Phase(phase).value
+    except ValueError:
+        raise StoreError(
+            f"unknown phase {phase!r}; expected one of {[p.value for p in Phase]}"
+        ) from None
+
+
+def mark_of(row: Sequence[Any]) -> Mark:
+    run_id, generation, digest, state_version, lease_version, owner, expires, phase = row[:8]
+    attempts, retry_at, last_error, waiting_after = row[8:12]
+    try:
+        run_id = text_of(run_id)
+        return Mark(
+            run_id=run_id,
+            generation=whole(generation),
+            checkpoint_digest=text_of(digest),
+            state_version=whole(state_version),
+            lease_version=whole(lease_version),
+            lease_owner=None if owner is None else text_of(owner),
+            lease_expires_at=None if expires is None else from_micros(whole(expires)),
+            phase=Phase(text_of(phase)).value,
+            attempts=whole(attempts),
+            retry_at=None if retry_at is None else from_micros(whole(retry_at)),
+            last_error=None if last_error is None else text_of(last_error),
+            waiting_after=None if waiting_after is None else whole(waiting_after),
+        )
+    except (TypeError, ValueError, OverflowError, OSError) as exc:
+        shown = run_id if isinstance(run_id, str) else repr(run_id)
+        raise CheckpointCorruptError(
+            f"run {shown}: its high-water mark row is malformed: {exc}", run_id=shown
+        ) from exc
+
+
+def whole(value: Any) -> int:
+    """An integer column read back as exactly an integer (text or a float is damage)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, found {_short(value)}")
+    return value
+
+
+def stored_int(value: Any, what: str, *, run_id: str | None = None) -> int:
+    """An integer column (a count, a MAX) or a typed error naming what it is."""
+    try:
+        return whole(value)
+    except ValueError as exc:
+        raise CheckpointCorruptError(f"{what} is malformed: {exc}", run_id=run_id) from exc
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def evidence_of(run_id: str, row: Sequence[Any]) -> Evidence:
+    """An inbox row, or an integrity error naming the run and the entry."""
+    seq, kind, document, received_at = row
+    try:
+        number = whole(seq)
+        value = strict_loads(text_of(document))
+        if not isinstance(value, dict):
+            raise ValueError("its document is not an object")
+        return Evidence(run_id, number, text_of(kind), value, parse_stored_time(received_at))
+    except (TypeError, ValueError, OverflowError, CanonicalJSONError) as exc:
+        raise CheckpointCorruptError(
+            f"run {run_id}: inbox entry {_short(seq)} is malformed: {exc}", run_id=run_id
+        ) from exc
+
+
+def ledger_columns(entry: LedgerEntry) -> tuple[str | None, str | None, str | None]:
+    """The JSON text a ledger row stores for ``entry``'s receipt, terms and payload."""
+
+    # The columns need not be canonical: a reader parses them and re-encodes
+    # canonically before hashing. The values are plain JSON (a sealed entry's
+    # documents are read back from its sealed bytes), so the C encoder serves.
+    def text(value: Any) -> str | None:
+        if value is None:
+            return None
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+
+    terms = None if entry.terms is None else entry.terms.to_json()
+    return text(entry.receipt), text(terms), text(entry.payload)
+
+
+def ledger_entry_of(run_id: str, row: Sequence[Any]) -> LedgerEntry:
+    hash_, prev, seq, key, status, action_id, intent_digest, receipt, epoch, at, terms, payload = (
+        row
+    )
+
+    def broken(problem: str) -> LedgerIntegrityError:
+        return LedgerIntegrityError(f"run {run_id}: ledger row {hash_} {problem}", run_id=run_id)
+
+    def document(name: str, value: Any) -> dict[str, Any] | None:
+        try:
+            body = None if value is None else strict_loads(str(value))
+        except CanonicalJSONError as exc:
+            raise broken(f"has {name} that is not JSON: {exc}") from exc
+        if body is not None and not isinstance(body, dict):
+            raise broken(f"has {name} that is not an object")
+        return body
+
+    try:
+        effect = EffectStatus(str(status))
+        moment = parse_stored_time(at)
+        number, epoch_number = whole(seq), whole(epoch)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise broken(f"is malformed: {exc}") from exc
+    terms_body = document("terms", terms)
+    return LedgerEntry(
+        run_id=run_id,
+        idempotency_key=str(key),
+        seq=number,
+        status=effect,
+        action_id=str(action_id),
+        intent_digest=str(intent_digest),
+        receipt=document("a receipt", receipt),
+        epoch=epoch_number,
+        at=moment,
+        prev_hash=str(prev),
+        hash=str(hash_),
+        terms=None if terms_body is None else _terms_of(terms_body, broken),
+        payload=document("a payload", payload),
+    )
+
+
+def _terms_of(body: dict[str, Any], broken: Callable[[str], LedgerIntegrityError]) -> EffectTerms:
+    f = Fields(body, "terms", lambda field, problem: broken(f"has bad {field}: {problem}"))
+    retry, compensation = f.str("retry"), f.str("compensation")
+    try:
+        terms = EffectTerms(
+            adapter=f.str("adapter"),
+            kind=f.str("kind"),
+            target=f.str("target", nonempty=False),
+            retry=RetrySemantics(retry),
+            compensation=Compensation(compensation),
+            sensitive=f.bool("sensitive"),
+            effect=f.optional_str("effect"),
+        )
+    except ValueError as exc:
+        raise broken(f"has unknown terms: {exc}") from exc
+    f.done()
+    return terms
+
+
+def trace_event_of(run_id: str, row: Sequence[Any]) -> TraceEvent:
+    hash_, prev, seq, kind, at, data = row
+    try:
+        text = str(data)
+        value = strict_loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("its data is not an object")
+        return TraceEvent(
+            run_id=run_id,
+            seq=whole(seq),
+            kind=str(kind),
+            at=parse_stored_time(at),
+            data=value,
+            prev_hash=str(prev),
+            hash=str(hash_),
+            data_text=text.encode("utf-8"),  # the hash is checked over what was stored
+        )
+    except (TypeError, ValueError, OverflowError, CanonicalJSONError) as exc:
+        raise TraceIntegrityError(
+            f"run {run_id}: trace row {hash_} is malformed: {exc}", run_id=run_id
+        ) from exc
+
+
+def lease_of(mark: Mark) -> Lease:
+    if mark.lease_owner is None or mark.lease_expires_at is None:
+        # Only reachable if a statement that grants a lease left it unowned.
+        raise StoreError(f"run {mark.run_id}: the store granted a lease it does not record")
+    return Lease(
+        run_id=mark.run_id,
+        owner=mark.lease_owner,
+        lease_version=mark.lease_version,
+        expires_at=mark.lease_expires_at,
+        state_version=mark.state_version,
+        generation=mark.generation,
+    )

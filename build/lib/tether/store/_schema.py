@@ -1,0 +1,149 @@
+"""The numbered schema migrations every SQL store applies, in one place.
+
+Each dialect supplies only its byte-string column type. A migration is a
+list of statements applied in one transaction and recorded in
+``tether_migrations``; a database that records a version newer than the last
+one here is refused rather than written to.
+"""
+
+from __future__ import annotations
+
+
+def migrations(blob: str) -> list[tuple[int, list[str]]]:
+    """Numbered schema migrations; ``blob`` is the dialect's byte-string type."""
+    return [
+        (
+            1,
+            [
+                # lease_expires_at is microseconds since the epoch by the STORE's
+                # clock: expiry is judged where the lease lives, so workers whose
+                # clocks disagree still agree on who holds a run.
+                """CREATE TABLE tether_marks (
+                    run_id TEXT PRIMARY KEY,
+                    generation BIGINT NOT NULL CHECK (generation >= 1),
+                    checkpoint_digest TEXT NOT NULL,
+                    state_version BIGINT NOT NULL,
+                    lease_version BIGINT NOT NULL DEFAULT 0,
+                    lease_owner TEXT,
+                    lease_expires_at BIGINT,
+                    phase TEXT NOT NULL DEFAULT 'running',
+                    updated_at TEXT NOT NULL
+                )""",
+                # What claim_expired scans: runs in a phase, oldest expiry first.
+                """CREATE INDEX tether_marks_claim ON tether_marks (phase, lease_expires_at)""",
+                f"""CREATE TABLE tether_checkpoints (
+                    run_id TEXT NOT NULL,
+                    checkpoint_digest TEXT NOT NULL,
+                    generation BIGINT NOT NULL,
+                    envelope {blob} NOT NULL,
+                    PRIMARY KEY (run_id, checkpoint_digest)
+                )""",
+                """CREATE TABLE tether_trace (
+                    run_id TEXT NOT NULL,
+                    hash TEXT NOT NULL,
+                    prev_hash TEXT NOT NULL,
+                    seq BIGINT NOT NULL,
+                    kind TEXT NOT NULL,
+                    at TEXT NOT NULL,
+                    data TEXT NOT NULL,
+                    PRIMARY KEY (run_id, hash)
+                )""",
+                """CREATE TABLE tether_ledger (
+                    run_id TEXT NOT NULL,
+                    idempotency_key TEXT NOT NULL,
+                    seq BIGINT NOT NULL,
+                    status TEXT NOT NULL,
+                    action_id TEXT NOT NULL,
+                    intent_digest TEXT NOT NULL,
+                    receipt TEXT,
+                    epoch BIGINT NOT NULL,
+                    at TEXT NOT NULL,
+                    PRIMARY KEY (run_id, idempotency_key, seq)
+                )""",
+                # One intended entry per action id: a reused action id is refused
+                # by the database itself, not only by the gate.
+                """CREATE UNIQUE INDEX tether_ledger_action
+                    ON tether_ledger (run_id, action_id) WHERE status = 'intended'""",
+                f"""CREATE TABLE tether_blobs (
+                    digest TEXT PRIMARY KEY,
+                    body {blob} NOT NULL
+                )""",
+            ],
+        ),
+        (
+            2,
+            [
+                # Signed evidence (approvals, reviewer decisions) that people leave
+                # for a run. Appended, never changed; the run's checkpoint records
+                # how far it has read, so each entry is applied or refused once.
+                """CREATE TABLE tether_inbox (
+                    run_id TEXT NOT NULL,
+                    seq BIGINT NOT NULL,
+                    kind TEXT NOT NULL,
+                    document TEXT NOT NULL,
+                    received_at TEXT NOT NULL,
+                    PRIMARY KEY (run_id, seq)
+                )""",
+            ],
+        ),
+        (
+            3,
+            [
+                # The effect ledger becomes one hash chain per run, written only in
+                # the fenced commit of the checkpoint that pins its head. Rows are
+                # addressed by hash like trace events, so a commit that never landed
+                # (content and mark apart) leaves rows that no signed head reaches.
+                # Schema-1 checkpoints cannot be restored by this tether anyway.
+                "DROP TABLE tether_ledger",
+                """CREATE TABLE tether_ledger (
+                    run_id TEXT NOT NULL,
+                    hash TEXT NOT NULL,
+                    prev_hash TEXT NOT NULL,
+                    seq BIGINT NOT NULL,
+                    idempotency_key TEXT NOT NULL,
+                    status TEXT NOT NULL,
+                    action_id TEXT NOT NULL,
+                    intent_digest TEXT NOT NULL,
+                    receipt TEXT,
+                    epoch BIGINT NOT NULL,
+                    at TEXT NOT NULL,
+                    PRIMARY KEY (run_id, hash)
+                )""",
+                """CREATE INDEX tether_ledger_seq ON tether_ledger (run_id, seq)""",
+                """CREATE INDEX tether_ledger_action
+                    ON tether_ledger (run_id, action_id) WHERE status = 'intended'""",
+            ],
+        ),
+        (
+            4,
+            [
+                # A run whose step failed is deferred, not released for an
+                # immediate re-claim: claims skip it until retry_at (store clock,
+                # microseconds), and a worker parks it after too many attempts.
+                "ALTER TABLE tether_marks ADD COLUMN retry_at BIGINT",
+                "ALTER TABLE tether_marks ADD COLUMN attempts BIGINT NOT NULL DEFAULT 0",
+                "ALTER TABLE tether_marks ADD COLUMN last_error TEXT",
+            ],
+        ),
+        (
+            5,
+            [
+                # A run waiting for a person is not claimed: a worker parks it
+                # with the last inbox entry the run had read, and only evidence
+                # past that (an approval, a decision) makes it claimable again.
+                "ALTER TABLE tether_marks ADD COLUMN waiting_after BIGINT",
+            ],
+        ),
+        (
+            6,
+            [
+                # What each effect is (adapter, kind, target, retry semantics,
+                # compensation path, sensitivity) and, on its first entry, its
+                # arguments unless sensitive. Both are JSON and covered by the
+                # row's hash; rows written before this migration hold NULL and
+                # hash as they always did.
+                "ALTER TABLE tether_ledger ADD COLUMN terms TEXT",
+                "ALTER TABLE tether_ledger ADD COLUMN payload TEXT",
+            ],
+        ),
+    ]

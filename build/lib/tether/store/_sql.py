@@ -1,0 +1,588 @@
+"""The SQL shared by every relational store; dialects override a few hooks.
+
+A dialect supplies: how to check a connection out, how to open a write
+transaction, how to spell insert-if-absent, the blob column type, the
+store-clock expression, how to lock rows, and how to classify and translate
+its driver's errors. Everything else, including every statement that moves a
+mark or a lease, is written once here.
+
+Connections, units of work, retries and error translation live one layer
+down, in :class:`~tether.store._engine.SQLEngine`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Collection, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from tether.core import (
+    CheckpointCorruptError,
+    GenerationConflictError,
+    LeaseLostError,
+    LedgerEntry,
+    MigrationError,
+    StoreError,
+    TraceEvent,
+    WriteOnceError,
+    canonical_bytes,
+    chain_hash,
+    format_time,
+)
+from tether.store._leases import LeaseSQL
+from tether.store._protocols import (
+    EVIDENCE_KINDS,
+    BeforeCommit,
+    Commit,
+    Evidence,
+    Lease,
+    LeaseRequest,
+    Mark,
+)
+from tether.store._rows import (
+    MARK_COLUMNS,
+    evidence_of,
+    lease_of,
+    ledger_columns,
+    ledger_entry_of,
+    mark_of,
+    phase_text,
+    stored_int,
+    trace_event_of,
+    ttl_micros,
+)
+from tether.store._schema import migrations
+
+log = logging.getLogger("tether.store")
+
+
+class SQLBase(LeaseSQL):
+    """Every store statement, written once; subclasses provide the dialect hooks."""
+
+    # -- migrations ----------------------------------------------------------
+
+    def migrate(self) -> int:
+        """Apply every missing migration; returns the schema version now in force."""
+        return self._write(self._migrate)
+
+    def _migrate(self) -> int:
+        steps = migrations(self.blob_type)
+        self._lock_migrations()
+        self._execute(
+            "CREATE TABLE IF NOT EXISTS tether_migrations "
+            "(version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
+        )
+        applied = {_version(r[0]) for r in self._all("SELECT version FROM tether_migrations")}
+        newest = max(version for version, _ in steps)
+        if applied and max(applied) > newest:
+            raise MigrationError(
+                f"database schema version {max(applied)} is newer than this tether "
+                f"({newest}); upgrade tether"
+            )
+        for version, statements in steps:
+            if version in applied:
+                continue
+            for statement in statements:
+                self._execute(statement)
+            self._run(
+                "INSERT INTO tether_migrations (version, applied_at) VALUES (?, ?)",
+                (version, format_time(self._now())),
+            )
+        return newest
+
+    def schema_version(self) -> int:
+        """The newest migration recorded in the database (0: none)."""
+        row = self._read(lambda: self._one("SELECT MAX(version) FROM tether_migrations"))
+        return 0 if row is None or row[0] is None else _version(row[0])
+
+    # -- content -------------------------------------------------------------
+
+    def _check_sealed(self, commit: Commit) -> None:
+        """Refuse content whose addresses are not its content's (before anything is written)."""
+        if "sha256:" + hashlib.sha256(commit.envelope).hexdigest() != commit.checkpoint_digest:
+            raise WriteOnceError(
+                f"run {commit.run_id}: checkpoint digest does not address its envelope"
+            )
+        for event in commit.events:
+            if event.run_id != commit.run_id:
+                raise WriteOnceError(f"run {commit.run_id}: a commit carries another run's event")
+            # Rows are addressed by their hash: one whose hash is not its content's
+            # would make "already there" mean "something else is there".
+            if chain_hash(event.prev_hash, event.body_bytes()) != event.hash:
+                raise WriteOnceError(f"trace event {event.hash} is not sealed over its content")
+        for entry in commit.ledger:
+            if entry.run_id != commit.run_id:
+                raise WriteOnceError(f"run {commit.run_id}: a commit carries another run's ledger")
+            if chain_hash(entry.prev_hash, entry.body_bytes()) != entry.hash:
+                raise WriteOnceError(f"ledger entry {entry.hash} is not sealed over its content")
+
+    def _put_content(self, commit: Commit) -> None:
+        self._check_sealed(commit)
+        self._run(
+            self._insert_ignore(
+                "tether_checkpoints", ("run_id", "checkpoint_digest", "generation", "envelope")
+            ),
+            (commit.run_id, commit.checkpoint_digest, commit.generation, commit.envelope),
+        )
+        for event in commit.events:
+            self._put_event(event)
+        for entry in commit.ledger:
+            self._put_ledger(entry)
+        for blob_digest, body in (commit.blobs or {}).items():
+            self._run(self._insert_ignore("tether_blobs", ("digest", "body")), (blob_digest, body))
+
+    def _put_event(self, event: TraceEvent) -> None:
+        data_text = event.encoded_data()
+        inserted = self._run(
+            self._insert_ignore(
+                "tether_trace", ("run_id", "hash", "prev_hash", "seq", "kind", "at", "data")
+            ),
+            (
+                event.run_id,
+                event.hash,
+                event.prev_hash,
+                event.seq,
+                event.kind,
+                format_time(event.at),
+                data_text.decode("utf-8"),
+            ),
+        )
+        if inserted == 0:
+            # Hash-addressed: an existing row is the same event, or a collision.
+            row = self._one(
+                "SELECT prev_hash, seq FROM tether_trace WHERE run_id = ? AND hash = ?",
+                (event.run_id, event.hash),
+            )
+            if row is None or row[0] != event.prev_hash or row[1] != event.seq:
+                raise WriteOnceError(f"trace event {event.hash} exists with other content")
+
+    def put_content(self, commit: Commit, before_commit: BeforeCommit | None = None) -> None:
+        """Write a commit's content (checkpoint, events, blobs) write-once."""
+
+        def body() -> None:
+            self._put_content(commit)
+            if before_commit is not None:
+                before_commit()
+
+        self._write(body)
+
+    def get_checkpoint(self, run_id: str, checkpoint_digest: str) -> bytes | None:
+        """The sealed envelope stored under ``checkpoint_digest``, or ``None``."""
+        row = self._read(
+            lambda: self._one(
+                "SELECT envelope FROM tether_checkpoints WHERE run_id = ? AND checkpoint_digest = ?",
+                (run_id, checkpoint_digest),
+            )
+        )
+        if row is None:
+            return None
+        if not isinstance(row[0], bytes | bytearray | memoryview):
+            raise CheckpointCorruptError(
+                f"checkpoint {checkpoint_digest}: stored as {type(row[0]).__name__}", run_id=run_id
+            )
+        return bytes(row[0])
+
+    def envelopes(self, run_id: str, generation: int | None = None) -> list[bytes]:
+        """Every sealed envelope of the run (of one ``generation``), landed or not, in order."""
+        where, params = (
+            ("", (run_id,))
+            if generation is None
+            else (
+                " AND generation = ?",
+                (run_id, generation),
+            )
+        )
+        rows = self._read(
+            lambda: self._all(
+                f"SELECT envelope FROM tether_checkpoints WHERE run_id = ?{where} "
+                "ORDER BY generation, checkpoint_digest",
+                params,
+            )
+        )
+        for row in rows:
+            if not isinstance(row[0], bytes | bytearray | memoryview):
+                raise CheckpointCorruptError(
+                    f"run {run_id}: a checkpoint is stored as {type(row[0]).__name__}",
+                    run_id=run_id,
+                )
+        return [bytes(row[0]) for row in rows]
+
+    def newest_generation(self, run_id: str) -> int | None:
+        """The highest generation of any content written for the run (landed or not)."""
+        row = self._read(
+            lambda: self._one(
+                "SELECT MAX(generation) FROM tether_checkpoints WHERE run_id = ?", (run_id,)
+            )
+        )
+        if row is None or row[0] is None:
+            return None
+        return stored_int(row[0], f"run {run_id}: a checkpoint's generation", run_id=run_id)
+
+    def get_blob(self, blob_digest: str) -> bytes | None:
+        """Content-addressed bytes, or ``None``."""
+        row = self._read(
+            lambda: self._one("SELECT body FROM tether_blobs WHERE digest = ?", (blob_digest,))
+        )
+        if row is None:
+            return None
+        if not isinstance(row[0], bytes | bytearray | memoryview):
+            raise CheckpointCorruptError(f"blob {blob_digest}: stored as {type(row[0]).__name__}")
+        return bytes(row[0])
+
+    def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        """Store content-addressed bytes write-once; a key that is not its bytes' digest refuses all."""
+        for blob_digest, data in blobs.items():
+            if "sha256:" + hashlib.sha256(data).hexdigest() != blob_digest:
+                raise WriteOnceError(f"blob {blob_digest}: the digest does not address its bytes")
+        rows = sorted(blobs.items())  # one order, so two writers never deadlock on PostgreSQL
+
+        def insert() -> None:
+            sql = self._insert_ignore("tether_blobs", ("digest", "body"))
+            for blob_digest, data in rows:
+                self._run(sql, (blob_digest, data))
+
+        if rows:
+            self._write(insert)
+
+    def has_blob(self, blob_digest: str) -> bool:
+        """Whether bytes are stored under ``blob_digest``."""
+        row = self._read(
+            lambda: self._one("SELECT 1 FROM tether_blobs WHERE digest = ?", (blob_digest,))
+        )
+        return row is not None
+
+    def stored_blobs(self, blob_digests: Collection[str]) -> set[str]:
+        """Which of ``blob_digests`` have bytes stored (in chunks of 500 per query)."""
+        wanted = sorted(set(blob_digests))
+        found: set[str] = set()
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            sql = (
+                "SELECT digest FROM tether_blobs WHERE digest IN ("
+                + ", ".join("?" for _ in chunk)
+                + ")"
+            )
+
+            def query(sql: str = sql, chunk: list[str] = chunk) -> list[tuple[Any, ...]]:
+                return self._all(sql, chunk)
+
+            found.update(str(row[0]) for row in self._read(query))
+        return found
+
+    def trace(self, run_id: str, head: str, limit: int | None = None) -> list[TraceEvent]:
+        """Walk the chain back from ``head``: events an orphaned attempt wrote are not on it.
+
+        Each step back must go to a smaller ``seq``: an edited row that points
+        forward (a cycle, or a duplicate seq) ends the walk instead of making it
+        endless, and the shortened chain then fails verification.
+        """
+        rows = self._read(
+            lambda: self._all(
+                """WITH RECURSIVE chain(hash, prev_hash, seq, kind, at, data, depth) AS (
+                       SELECT hash, prev_hash, seq, kind, at, data, 1 FROM tether_trace
+                        WHERE run_id = ? AND hash = ?
+                       UNION ALL
+                       SELECT t.hash, t.prev_hash, t.seq, t.kind, t.at, t.data, c.depth + 1
+                         FROM tether_trace t JOIN chain c
+                           ON t.run_id = ? AND t.hash = c.prev_hash
+                        WHERE (? < 0 OR c.depth < ?) AND t.seq < c.seq
+                   )
+                   SELECT hash, prev_hash, seq, kind, at, data FROM chain ORDER BY seq""",
+                (run_id, head, run_id, -1 if limit is None else limit, limit or 0),
+            )
+        )
+        return [trace_event_of(run_id, row) for row in rows]
+
+    # -- inbox ---------------------------------------------------------------
+
+    def put_evidence(self, run_id: str, kind: str, document: dict[str, Any]) -> int:
+        """Append signed evidence for a run; the signer's tool writes nothing else."""
+        if kind not in EVIDENCE_KINDS:
+            raise StoreError(f"evidence kind must be one of {sorted(EVIDENCE_KINDS)}, not {kind!r}")
+        text = canonical_bytes(document).decode("utf-8")
+
+        def body() -> int:
+            self._lock_run(run_id)
+            row = self._one("SELECT MAX(seq) FROM tether_inbox WHERE run_id = ?", (run_id,))
+            if row is None or row[0] is None:
+                seq = 1
+            else:
+                seq = stored_int(row[0], f"run {run_id}: the inbox's last seq", run_id=run_id) + 1
+                if not 1 <= seq < 2**63:
+                    raise CheckpointCorruptError(
+                        f"run {run_id}: the inbox's last seq {seq - 1} cannot be followed; "
+                        "its rows were edited",
+                        run_id=run_id,
+                    )
+            self._run(
+                "INSERT INTO tether_inbox (run_id, seq, kind, document, received_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (run_id, seq, kind, text, format_time(datetime.now(UTC))),
+            )
+            return seq
+
+        return self._write(body)
+
+    def evidence(self, run_id: str, after: int = 0) -> list[Evidence]:
+        """Inbox entries above ``after``, oldest first."""
+        rows = self._read(
+            lambda: self._all(
+                "SELECT seq, kind, document, received_at FROM tether_inbox "
+                "WHERE run_id = ? AND seq > ? ORDER BY seq",
+                (run_id, after),
+            )
+        )
+        return [evidence_of(run_id, row) for row in rows]
+
+    # -- ledger --------------------------------------------------------------
+
+    def _put_ledger(self, entry: LedgerEntry) -> None:
+        receipt, terms, payload = ledger_columns(entry)
+        inserted = self._run(
+            self._insert_ignore(
+                "tether_ledger",
+                (
+                    "run_id",
+                    "hash",
+                    "prev_hash",
+                    "seq",
+                    "idempotency_key",
+                    "status",
+                    "action_id",
+                    "intent_digest",
+                    "receipt",
+                    "epoch",
+                    "at",
+                    "terms",
+                    "payload",
+                ),
+            ),
+            (
+                entry.run_id,
+                entry.hash,
+                entry.prev_hash,
+                entry.seq,
+                entry.idempotency_key,
+                entry.status.value,
+                entry.action_id,
+                entry.intent_digest,
+                receipt,
+                entry.epoch,
+                format_time(entry.at),
+                terms,
+                payload,
+            ),
+        )
+        if inserted == 0:
+            row = self._one(
+                "SELECT prev_hash, seq FROM tether_ledger WHERE run_id = ? AND hash = ?",
+                (entry.run_id, entry.hash),
+            )
+            if row is None or row[0] != entry.prev_hash or row[1] != entry.seq:
+                raise WriteOnceError(f"ledger entry {entry.hash} exists with other content")
+
+    def ledger(self, run_id: str) -> list[LedgerEntry]:
+        """Every ledger row of the run by sequence number, unverified (see the protocol)."""
+        rows = self._read(
+            lambda: self._all(
+                "SELECT hash, prev_hash, seq, idempotency_key, status, action_id, intent_digest, "
+                "receipt, epoch, at, terms, payload FROM tether_ledger WHERE run_id = ? ORDER BY seq, hash",
+                (run_id,),
+            )
+        )
+        return [ledger_entry_of(run_id, row) for row in rows]
+
+    def action_seen(self, run_id: str, action_id: str) -> bool:
+        """Whether an intent with this action id was ever recorded for the run."""
+        # Every key's first entry is `intended` and lands with the checkpoint
+        # that makes the write pending, so a write that never dispatched counts
+        # too; the partial index makes this one probe, not a scan.
+        row = self._read(
+            lambda: self._one(
+                "SELECT 1 FROM tether_ledger "
+                "WHERE run_id = ? AND action_id = ? AND status = 'intended' LIMIT 1",
+                (run_id, action_id),
+            )
+        )
+        return row is not None
+
+    # -- the mark ------------------------------------------------------------
+
+    def get_mark(self, run_id: str) -> Mark | None:
+        """The run's mark, or ``None`` when the store has never seen the run."""
+        return self._read(lambda: self._mark_row(run_id))
+
+    def runs(self) -> list[Mark]:
+        """Every run's mark, by run id."""
+        rows = self._read(
+            lambda: self._all(f"SELECT {MARK_COLUMNS} FROM tether_marks ORDER BY run_id")
+        )
+        return [mark_of(row) for row in rows]
+
+    def _cas_mark(
+        self,
+        run_id: str,
+        expected_generation: int,
+        new_generation: int,
+        checkpoint_digest: str,
+        expected_lease_version: int,
+        phase: str,
+        lease_to: LeaseRequest | None = None,
+    ) -> Lease | None:
+        phase = phase_text(phase)
+        if new_generation != expected_generation + 1:
+            raise GenerationConflictError(run_id, expected_generation, new_generation - 1)
+        if lease_to is not None and expected_generation != 0:
+            raise StoreError(
+                f"run {run_id}: a lease is granted with the run's first checkpoint only; "
+                "later ones take it with acquire_lease"
+            )
+        now = format_time(self._now())
+        if expected_generation == 0:
+            if expected_lease_version == 0:
+                columns = [
+                    "run_id",
+                    "generation",
+                    "checkpoint_digest",
+                    "state_version",
+                    "phase",
+                    "updated_at",
+                ]
+                params: list[Any] = [
+                    run_id,
+                    new_generation,
+                    checkpoint_digest,
+                    new_generation,
+                    phase,
+                    now,
+                ]
+                if lease_to is None:
+                    inserted = self._run(self._insert_ignore("tether_marks", columns), params)
+                    if inserted == 1:
+                        return None
+                else:
+                    # The run and its lease in ONE statement: no worker can claim
+                    # it between its creation and its first holder.
+                    values = ["?"] * len(columns) + ["?", "1", f"{self.clock_sql} + ?"]
+                    columns += ["lease_owner", "lease_version", "lease_expires_at"]
+                    params += [lease_to.owner, ttl_micros(lease_to.ttl_s)]
+                    rows = self._all(
+                        f"{self._insert_ignore('tether_marks', columns, values)} "
+                        f"RETURNING {MARK_COLUMNS}",
+                        params,
+                    )
+                    if rows:
+                        return lease_of(mark_of(rows[0]))
+            current = self._mark_row(run_id)
+            if current is None:
+                # Nobody can hold a lease on a run that does not exist yet.
+                raise LeaseLostError(run_id, expected_lease_version, None)
+            raise GenerationConflictError(run_id, expected_generation, current.generation)
+        # Version 0 means "never leased"; a positive version must still be held
+        # (released leases do not commit). On PostgreSQL this UPDATE takes the row
+        # lock, and a waiting writer re-checks the WHERE against the winner's row.
+        moved = self._run(
+            "UPDATE tether_marks SET generation = ?, checkpoint_digest = ?, "
+            "state_version = state_version + 1, phase = ?, updated_at = ? "
+            "WHERE run_id = ? AND generation = ? AND lease_version = ? "
+            "AND (lease_version = 0 OR lease_owner IS NOT NULL)",
+            (
+                new_generation,
+                checkpoint_digest,
+                phase,
+                now,
+                run_id,
+                expected_generation,
+                expected_lease_version,
+            ),
+        )
+        if moved == 1:
+            return None
+        self._cas_refused(run_id, expected_generation, expected_lease_version)
+        return None  # unreachable: _cas_refused raises
+
+    def _cas_refused(
+        self, run_id: str, expected_generation: int, expected_lease_version: int
+    ) -> None:
+        """Explain a refused compare-and-set (the rare path): raise the error that says why."""
+        current = self._mark_row(run_id)
+        if current is None:
+            raise GenerationConflictError(run_id, expected_generation, None)
+        # A lost lease is reported first even if the generation moved too: the
+        # caller must stop, not reload and retry.
+        if current.lease_version != expected_lease_version or (
+            current.lease_version != 0 and current.lease_owner is None
+        ):
+            raise LeaseLostError(
+                run_id, expected_lease_version, current.lease_version, current.lease_owner
+            )
+        raise GenerationConflictError(run_id, expected_generation, current.generation)
+
+    def cas_mark(
+        self,
+        run_id: str,
+        expected_generation: int,
+        new_generation: int,
+        checkpoint_digest: str,
+        expected_lease_version: int = 0,
+        *,
+        phase: str = "running",
+        lease_to: LeaseRequest | None = None,
+    ) -> Lease | None:
+        """Move the mark from ``expected_generation`` (0: create) and record ``phase``, or raise.
+
+        ``lease_to`` (first generation only) creates the run leased to that
+        worker; the granted lease is returned.
+        """
+        return self._write(
+            lambda: self._cas_mark(
+                run_id,
+                expected_generation,
+                new_generation,
+                checkpoint_digest,
+                expected_lease_version,
+                phase,
+                lease_to,
+            )
+        )
+
+    def commit(
+        self,
+        commit: Commit,
+        expected_generation: int,
+        expected_lease_version: int = 0,
+        before_commit: BeforeCommit | None = None,
+        *,
+        lease_to: LeaseRequest | None = None,
+    ) -> Lease | None:
+        """Content and mark in ONE transaction: both land or neither does."""
+
+        def body() -> Lease | None:
+            # The CAS goes first so a losing writer fails before writing content.
+            lease = self._cas_mark(
+                commit.run_id,
+                expected_generation,
+                commit.generation,
+                commit.checkpoint_digest,
+                expected_lease_version,
+                commit.phase,
+                lease_to,
+            )
+            self._put_content(commit)
+            if before_commit is not None:
+                before_commit()
+            return lease
+
+        return self._write(body)
+
+
+def _version(value: Any) -> int:
+    """A recorded migration version, or a typed error (the table was edited)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MigrationError(
+            f"tether_migrations records a version that is not an integer ({value!r:.60}); "
+            "the database was edited: restore it from a backup"
+        )
+    return value

@@ -1,0 +1,211 @@
+"""SQLiteStore: the embedded default.
+
+Opened for safe concurrency between processes: WAL journal, ``synchronous``
+FULL unless the caller asks otherwise, ``BEGIN IMMEDIATE`` on every write
+path (so two writers serialize instead of failing at commit), a busy
+timeout, and foreign keys on.
+
+``BEGIN IMMEDIATE`` takes the database's one write lock up front, so every
+write transaction (a CAS, a lease grant, a claim scan followed by its
+updates) runs alone: no row locks or retries are needed. The store clock is
+SQLite's own ``julianday('now')``; processes on one machine share it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tether.core import (
+    CheckpointCorruptError,
+    MigrationError,
+    StoreError,
+    StoreUnavailableError,
+    TetherError,
+    WriteOnceError,
+)
+from tether.store._schema import migrations
+from tether.store._sql import SQLBase
+
+_SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
+_UNDECODABLE = "Could not decode to UTF-8"
+_SQLITE_CORRUPT = 11  # sqlite3.SQLITE_CORRUPT, named in the module only from Python 3.11
+
+
+class SQLiteStore(SQLBase):
+    """Checkpoint content and the generation mark in one SQLite file (or either alone)."""
+
+    # Integer microseconds since the epoch; julianday('now') is stable within a statement.
+    clock_sql = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
+    # SQLite keeps whatever it is given, in any column, and text that is not
+    # UTF-8 too: integers and NULL come back as they are, anything else as bytes.
+    raw_column = "CASE WHEN typeof({0}) IN ('integer', 'null') THEN {0} ELSE CAST({0} AS BLOB) END"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: str = "FULL",
+        busy_timeout_ms: int = 30_000,
+        read_only: bool = False,
+        create: bool = True,
+    ) -> None:
+        super().__init__()
+        # One connection per store object, shared by its threads one unit of work at a time.
+        self._lock = threading.RLock()
+        mode = synchronous.upper()
+        if mode not in _SYNCHRONOUS:
+            raise StoreError(
+                f"synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}"
+            )
+        self.path = Path(path)
+        self.read_only = read_only
+        if (read_only or not create) and not self.path.is_file():
+            # Opening would create (and a migration fill) a database nobody asked for.
+            raise StoreUnavailableError(f"no SQLite store at {str(self.path)!r}")
+        try:
+            if read_only:
+                uri = f"{self.path.resolve().as_uri()}?mode=ro"
+                self._conn = sqlite3.connect(
+                    uri,
+                    uri=True,
+                    isolation_level=None,
+                    timeout=busy_timeout_ms / 1000,
+                    check_same_thread=False,
+                )
+                (journal,) = self._conn.execute("PRAGMA journal_mode").fetchone()
+            else:
+                self._conn = sqlite3.connect(
+                    self.path,
+                    isolation_level=None,
+                    timeout=busy_timeout_ms / 1000,
+                    check_same_thread=False,
+                )
+                (journal,) = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            self._conn.execute(f"PRAGMA synchronous={mode}")
+            self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            self._conn.execute("PRAGMA foreign_keys=ON")
+        except (sqlite3.Error, UnicodeError) as exc:
+            self._conn_close_quietly()
+            if _corrupt(exc):
+                raise CheckpointCorruptError(
+                    f"SQLite store {str(self.path)!r} is damaged: {exc}"
+                ) from exc
+            raise StoreUnavailableError(
+                f"cannot open SQLite store {str(self.path)!r}: {exc}"
+            ) from exc
+        if str(journal).lower() != "wal":
+            # The concurrency story (readers beside one writer, durable commits
+            # at synchronous=FULL) assumes WAL; a file system that refuses it
+            # (some network mounts) must fail here, not be silently slower or racy.
+            self._conn.close()
+            raise StoreUnavailableError(
+                f"SQLite store {str(self.path)!r} would not enter WAL mode (it is in "
+                f"{journal!r} mode); put it on a local file system"
+            )
+        try:
+            if read_only:
+                self._check_current()
+            else:
+                self.migrate()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({str(self.path)!r})"
+
+    def _check_current(self) -> None:
+        """A read-only store cannot migrate: its schema must already be this tether's."""
+        newest = max(version for version, _ in migrations(self.blob_type))
+        try:
+            (found,) = self._conn.execute("SELECT MAX(version) FROM tether_migrations").fetchone()
+        except sqlite3.Error as exc:
+            raise StoreUnavailableError(
+                f"{str(self.path)!r} is not a tether store (no migrations table): {exc}"
+            ) from exc
+        if isinstance(found, bool) or not isinstance(found, int):
+            raise StoreUnavailableError(f"{str(self.path)!r} records no tether schema version")
+        if found > newest:
+            raise MigrationError(
+                f"database schema version {found} is newer than this tether ({newest}); "
+                "upgrade tether"
+            )
+        if found < newest:
+            raise StoreUnavailableError(
+                f"{str(self.path)!r} is at schema version {found}, this tether needs {newest}: "
+                "open it once read-write (e.g. `tether worker`) to migrate it"
+            )
+
+    def _conn_close_quietly(self) -> None:
+        conn = getattr(self, "_conn", None)
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+
+    def close(self) -> None:
+        """Close the connection (idempotent); later calls raise StoreError."""
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> SQLiteStore:
+        return self
+
+    # -- dialect hooks -------------------------------------------------------
+
+    @contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            yield self._conn
+
+    @contextmanager
+    def _transaction(self, conn: Any) -> Iterator[None]:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException:
+            # Also after a failed COMMIT: never leave the shared connection mid-transaction.
+            if conn.in_transaction:
+                # The original error says more than a failed rollback would.
+                with contextlib.suppress(sqlite3.Error):
+                    conn.rollback()
+            raise
+
+    def _insert_ignore(
+        self, table: str, columns: Sequence[str], values: Sequence[str] | None = None
+    ) -> str:
+        marks = ", ".join(values if values is not None else ["?" for _ in columns])
+        return f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) VALUES ({marks})"
+
+    def _translate(self, exc: Exception) -> TetherError | None:
+        if isinstance(exc, sqlite3.IntegrityError):
+            return WriteOnceError(f"SQLite refused a write-once violation: {exc}")
+        if _corrupt(exc):
+            # "database disk image is malformed": the file's own pages are damaged.
+            return CheckpointCorruptError(f"SQLite store {str(self.path)!r} is damaged: {exc}")
+        if isinstance(exc, sqlite3.OperationalError) and _UNDECODABLE in str(exc):
+            # A stored text value that is not UTF-8 (SQLite never checks): the
+            # bytes were edited, which is damage, not an unavailable store.
+            return CheckpointCorruptError(
+                f"SQLite store {str(self.path)!r} holds damaged text: {exc}"
+            )
+        if isinstance(exc, sqlite3.OperationalError):
+            return StoreUnavailableError(f"SQLite store {str(self.path)!r} failed: {exc}")
+        if isinstance(exc, sqlite3.Error):
+            return StoreError(f"SQLite store {str(self.path)!r} failed: {exc}")
+        return None
+
+
+def _corrupt(exc: BaseException) -> bool:
+    """Whether SQLite said its file is damaged (errors raised while converting a value carry no code)."""
+    return (
+        isinstance(exc, sqlite3.DatabaseError)
+        and getattr(exc, "sqlite_errorcode", None) == _SQLITE_CORRUPT
+    )

@@ -1,0 +1,274 @@
+"""The operator page: runs, one run, the inbox, and the forms that sign documents.
+
+Every page is read from the store on request (one store connection per
+request, closed after it), so the page shows what workers committed a moment
+ago. Forms exist only when the server was given a key. A form never signs
+directly: it prepares the document and shows exactly the fields that will be
+signed; a second click signs that very body and leaves it in the inbox.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from tether.core import (
+    IntegrityError,
+    MissingHighWaterMarkError,
+    Phase,
+    Policy,
+    PolicyError,
+    RunNotFoundError,
+    StoreError,
+    TetherError,
+    format_time,
+)
+from tether.crypto import Keyring, Signer, TrustRoots
+from tether.runtime import InboxItem, StaleViewError, deliver, list_runs, open_run
+from tether.store import SQLBase, SQLiteStore, open_store
+from tether.web import _actions as actions
+from tether.web import _read as read
+from tether.web._guard import Guard, Sessions
+
+HERE = Path(__file__).parent
+#: A prepared document must be signed within this many seconds, or prepared again.
+PREPARED_TTL_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class WebConfig:
+    """What ``tether serve`` was given.
+
+    ``store``: a store URL or a SQLite file path. ``signers``: the operator's
+    own keys (none: read-only, no forms). ``keyring``: verify checkpoints and
+    chains before showing them. ``trust``: refuse to sign with a key the
+    runtime would not trust. ``policy``: the run's policy, to check lifetimes.
+    ``hosts``: the Host headers accepted, with their port (``None``: any).
+    """
+
+    store: str
+    token: str
+    signers: tuple[Signer, ...] = ()
+    keyring: Keyring | None = None
+    trust: TrustRoots | None = None
+    policy: Policy | None = None
+    hosts: tuple[str, ...] | None = None
+    refresh_s: float = 3.0
+
+    @property
+    def read_only(self) -> bool:
+        return not self.signers
+
+
+def open_for(where: str, *, write: bool) -> SQLBase:
+    """The store ``where`` names (a URL or a SQLite path); it must already exist."""
+    if "://" in where:
+        return open_store(where, existing=True, read_only=not write)
+    return SQLiteStore(where, create=False, read_only=not write)
+
+
+def create_app(config: WebConfig) -> Starlette:
+    """The page as an ASGI app, behind the token guard."""
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.filters["epoch_ms"] = _epoch_ms
+    templates.env.filters["when"] = _when
+    sessions = Sessions(config.token)
+    lock = threading.Lock()
+    # Signed documents shown but not yet delivered, by a random id: (session, when,
+    # draft). Delivery takes the document from here, never from the form, so what
+    # was shown is what goes to the inbox.
+    drafts: dict[str, tuple[str, float, actions.Draft]] = {}
+
+    @contextmanager
+    def store(*, write: bool = False) -> Iterator[SQLBase]:
+        opened = open_for(config.store, write=write)
+        try:
+            yield opened
+        finally:
+            opened.close()
+
+    def render(request: Request, name: str, status: int = 200, **context: Any) -> Response:
+        sid = request.scope["state"]["sid"]
+        context.update(
+            csrf=sessions.csrf(sid),
+            read_only=config.read_only,
+            signers=[(s.signer_id, s.role.value) for s in config.signers],
+            verified_by_keyring=config.keyring is not None,
+            refresh_s=config.refresh_s,
+            now=format_time(datetime.now().astimezone()),
+        )
+        return templates.TemplateResponse(request, name, context, status_code=status)
+
+    def failure(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, (MissingHighWaterMarkError, RunNotFoundError)):
+            status, title = 404, "No such run"
+        elif isinstance(exc, IntegrityError):
+            status, title = 500, "Integrity failure: nothing of this run is shown"
+        elif isinstance(exc, PolicyError):
+            status, title = 409, "Refused before signing"
+        elif isinstance(exc, StoreError):
+            status, title = 503, "Store unavailable"
+        else:
+            status, title = 400, "Refused"
+        return render(
+            request, "error.html", status, title=title, error=f"{type(exc).__name__}: {exc}"
+        )
+
+    async def home(request: Request) -> Response:
+        return RedirectResponse("/runs", status_code=303)
+
+    def runs(request: Request) -> Response:
+        phase = request.query_params.get("phase") or None
+        if phase is not None and phase not in {p.value for p in Phase}:
+            phase = None
+        try:
+            with store() as s:
+                rows = list_runs(s, keyring=config.keyring, phase=phase)
+        except TetherError as exc:
+            return failure(request, exc)
+        return render(request, "runs.html", rows=rows, phase=phase, phases=[p.value for p in Phase])
+
+    def run(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        try:
+            with store() as s:
+                page = read.arrange(open_run(s, run_id, keyring=config.keyring), s.evidence(run_id))
+        except TetherError as exc:
+            return failure(request, exc)
+        return render(
+            request,
+            "run.html",
+            page=page,
+            view=page.view,
+            state=page.view.state,
+            decisions=actions.decisions(),
+            can_cancel=actions.CANCEL_KIND is not None,
+            pretty=read.pretty,
+            done=request.query_params.get("done"),
+        )
+
+    def inbox(request: Request) -> Response:
+        items: list[tuple[str, InboxItem]] = []
+        try:
+            with store() as s:
+                for row in list_runs(s, keyring=config.keyring):
+                    view = open_run(s, row.run_id, keyring=config.keyring)
+                    items += [(row.run_id, item) for item in view.inbox]
+        except TetherError as exc:
+            return failure(request, exc)
+        order = {"refused": 0, "waiting": 1, "applied": 2}
+        items.sort(key=lambda pair: (order.get(pair[1].status, 3), pair[1].received_at))
+        return render(request, "inbox.html", items=items)
+
+    async def prepare(request: Request) -> Response:
+        form = await request.form()
+        refused = _writable(request, form, sessions, config)
+        if refused is not None:
+            return refused
+        run_id = request.path_params["run_id"]
+        fields = {key: str(value) for key, value in form.items() if isinstance(value, str)}
+        try:
+            with store() as s:
+                view = open_run(s, run_id, keyring=config.keyring)
+            draft = actions.prepare(
+                view, fields, list(config.signers), trust=config.trust, policy=config.policy
+            )
+        except TetherError as exc:
+            return failure(request, exc)
+        pid = secrets.token_urlsafe(16)
+        sid = request.scope["state"]["sid"]
+        with lock:
+            now = time.monotonic()
+            for key in [k for k, (_, at, _) in drafts.items() if now - at > PREPARED_TTL_S]:
+                del drafts[key]
+            drafts[pid] = (sid, now, draft)
+        return render(request, "confirm.html", draft=draft, pid=pid, run_id=run_id)
+
+    async def sign(request: Request) -> Response:
+        form = await request.form()
+        refused = _writable(request, form, sessions, config)
+        if refused is not None:
+            return refused
+        run_id = request.path_params["run_id"]
+        sid = request.scope["state"]["sid"]
+        with lock:
+            entry = drafts.pop(str(form.get("prepared", "")), None)
+        if entry is None or entry[0] != sid or entry[2].prepared.run_id != run_id:
+            return failure(
+                request, actions.ActionRefusedError("nothing prepared to sign; start again")
+            )
+        _, at, draft = entry
+        if time.monotonic() - at > PREPARED_TTL_S:
+            return failure(
+                request, actions.ActionRefusedError("prepared too long ago; start again")
+            )
+        try:
+            with store(write=True) as s:
+                mark = s.get_mark(run_id)
+                if mark is None or mark.generation != draft.generation:
+                    raise StaleViewError(
+                        f"run {run_id} moved since the fields were shown (generation "
+                        f"{draft.generation} -> {None if mark is None else mark.generation}); "
+                        "nothing delivered: look again",
+                        run_id=run_id,
+                    )
+                seq = deliver(s, draft.prepared)
+        except TetherError as exc:
+            return failure(request, exc)
+        kind = draft.prepared.kind
+        return RedirectResponse(f"/runs/{run_id}?done={kind}+inbox+%23{seq}", status_code=303)
+
+    routes = [
+        Route("/", home),
+        Route("/runs", runs),
+        Route("/runs/{run_id}", run),
+        Route("/inbox", inbox),
+        Route("/runs/{run_id}/prepare", prepare, methods=["POST"]),
+        Route("/runs/{run_id}/sign", sign, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+    ]
+    app = Starlette(routes=routes)
+    app.add_middleware(Guard, sessions=sessions, hosts=config.hosts)
+    return app
+
+
+def _writable(
+    request: Request, form: FormData, sessions: Sessions, config: WebConfig
+) -> Response | None:
+    """None when this POST may act: a key was given and the form's CSRF token is the session's."""
+    from starlette.responses import PlainTextResponse
+
+    if config.read_only:
+        return PlainTextResponse("read-only: tether serve was started without --key\n", 403)
+    sid = request.scope["state"]["sid"]
+    if not sessions.csrf_matches(sid, str(form.get("csrf", ""))):
+        return PlainTextResponse("forbidden: missing or wrong CSRF token\n", 403)
+    return None
+
+
+def _when(value: Any) -> str:
+    """A time as evidence and traces write it (UTC, RFC 3339); '' for none."""
+    return (
+        format_time(value) if isinstance(value, datetime) else ("" if value is None else str(value))
+    )
+
+
+def _epoch_ms(value: Any) -> int:
+    """An RFC 3339 time (as evidence carries it) as milliseconds, for the countdown script."""
+    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return int(moment.timestamp() * 1000)

@@ -1,0 +1,114 @@
+"""What the page shows of a run, shaped for templates.
+
+The reading itself is the operator layer's (``tether.runtime.open_run`` and
+``list_runs``, the same the CLI uses): verified under the keyring when one is
+given, fail closed on a damaged byte. Here the run view is only arranged for
+people: the ledger grouped by effect, each open review case as its two sides,
+and the expiry of documents still waiting in the inbox.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tether.core import LedgerEntry, RunState
+from tether.runtime import RunView
+from tether.store import Evidence
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    """Everything the run page shows: the operator layer's view, arranged."""
+
+    view: RunView
+    effects: list[dict[str, Any]]
+    cases: list[dict[str, Any]]
+    #: Inbox seq -> the ``expires_at`` its signed body carries (for the live countdown).
+    expiries: dict[int, str]
+
+
+def arrange(view: RunView, evidence: list[Evidence]) -> RunPage:
+    """The page's arrangement of ``view``; ``evidence`` is the run's inbox as stored."""
+    expiries: dict[int, str] = {}
+    for item in evidence:
+        body = item.document.get("body")
+        if isinstance(body, dict) and isinstance(body.get("expires_at"), str):
+            expiries[item.seq] = body["expires_at"]
+    return RunPage(
+        view=view,
+        effects=effects(list(view.ledger)),
+        cases=cases(view.state),
+        expiries=expiries,
+    )
+
+
+def effects(entries: list[LedgerEntry]) -> list[dict[str, Any]]:
+    """The ledger grouped by effect: its terms, its current state and the path it took."""
+    by_key: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        item = by_key.setdefault(
+            entry.idempotency_key,
+            {"key": entry.idempotency_key, "action_id": entry.action_id, "history": []},
+        )
+        if entry.terms is not None and "kind" not in item:
+            item.update(
+                kind=entry.terms.kind,
+                target=entry.terms.target,
+                adapter=entry.terms.adapter,
+                retry=entry.terms.retry.value,
+                compensation=entry.terms.compensation.value,
+            )
+        receipt = entry.receipt or {}
+        item["status"] = entry.status.value
+        item["epoch"] = entry.epoch
+        if receipt.get("receipt_id"):
+            item["receipt_id"] = receipt.get("receipt_id")
+        item["history"].append(entry.status.value)
+    return list(by_key.values())
+
+
+def cases(state: RunState) -> list[dict[str, Any]]:
+    """Open review cases with the two sides of each: the run's intent and the adapter's receipt."""
+    out: list[dict[str, Any]] = []
+    pending = state.pending
+    for case in state.review_cases:
+        ours = (
+            pending
+            if pending is not None and pending.idempotency_key == case.idempotency_key
+            else None
+        )
+        receipt = case.receipt or {}
+        out.append(
+            {
+                "case_id": case.case_id,
+                "reason": case.reason,
+                "detail": case.detail,
+                "action_id": case.action_id,
+                "key": case.idempotency_key,
+                "opened_at": case.opened_at,
+                "environment": case.environment,
+                "ours": {
+                    "intent_digest": case.intent_digest,
+                    "kind": None if ours is None else ours.intent.kind,
+                    "target": None if ours is None else ours.intent.target,
+                    "args": None if ours is None else pretty(ours.intent.args),
+                },
+                "theirs": {
+                    "intent_digest": receipt.get("intent_digest"),
+                    "receipt_id": receipt.get("receipt_id"),
+                    "business_object_id": receipt.get("business_object_id"),
+                    "committed_at": receipt.get("committed_at"),
+                    "result": None if not receipt else pretty(receipt.get("result")),
+                    "fingerprint": case.receipt_fingerprint,
+                },
+            }
+        )
+    return out
+
+
+def pretty(value: Any) -> str:
+    """JSON for people: sorted keys, indented, cut at 2,000 characters."""
+    text = json.dumps(value, sort_keys=True, indent=2, default=str)
+    return text if len(text) <= 2000 else text[:2000] + "\n..."

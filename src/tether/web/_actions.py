@@ -1,0 +1,129 @@
+"""The documents people sign from the page, by the operator layer's rules.
+
+The page adds only what a form needs: which of the operator's keys signs
+(the one whose role the action takes), the fields the form sent, and a
+title. Building, signing and every refusal the runtime would make (a wrong
+role, a key the trust roots lack, a lifetime over the policy's, a run that
+moved since the person looked) are ``tether.runtime``'s ``prepare_*``, the
+same the CLI calls. The signed document stays in this process until the
+person confirms; then :func:`tether.runtime.deliver` leaves it in the inbox.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from tether.core import Policy, PolicyError, ReviewDecision
+from tether.crypto import Signer, TrustRoots
+from tether.runtime import (
+    Prepared,
+    RunView,
+    prepare_approval,
+    prepare_review,
+    prepare_rewind,
+)
+
+#: Set once core knows a cancel document; until then the page's button stays disabled.
+CANCEL_KIND: str | None = None
+
+
+class ActionRefusedError(PolicyError):
+    """The page will not prepare this: no key of the role it takes, or a form it cannot read.
+
+    Raised before anything is signed; the message says what to do instead.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """A signed document shown to the person, not yet delivered."""
+
+    title: str
+    #: The run's generation when the person looked; delivery is refused if it moved.
+    generation: int
+    prepared: Prepared
+
+
+def decisions() -> list[str]:
+    """The review decisions core knows (``accept`` appears once core defines it)."""
+    return [d.value for d in ReviewDecision]
+
+
+def signer_for(signers: list[Signer], roles: set[str], what: str) -> Signer:
+    """The first of the operator's keys whose role may sign ``what``."""
+    for signer in signers:
+        if signer.role.value in roles:
+            return signer
+    held = ", ".join(f"{s.signer_id} ({s.role.value})" for s in signers) or "none"
+    raise ActionRefusedError(
+        f"to {what} the page needs a key of role {' or '.join(sorted(roles))}; "
+        f"tether serve was given: {held}"
+    )
+
+
+def prepare(
+    view: RunView,
+    form: dict[str, str],
+    signers: list[Signer],
+    *,
+    trust: TrustRoots | None,
+    policy: Policy | None,
+) -> Draft:
+    """The document ``form`` asks for, built and checked by the operator layer, signed."""
+    action = form.get("action", "")
+    seen = _number(form.get("seen"), "seen generation")
+    common: dict[str, Any] = {
+        "now": datetime.now(UTC),
+        "ttl_s": _number(form.get("ttl"), "ttl"),
+        "trust": trust,
+        "policy": policy,
+        "seen_generation": None if seen is None else int(seen),
+    }
+    generation = view.state.generation
+    if action == "approve":
+        signer = signer_for(signers, {"approver"}, "approve a write")
+        action_id = form.get("action_id", "")
+        prepared = prepare_approval(view, signer, action_id, **common)
+        return Draft(f"Approve {action_id}", generation, prepared)
+    if action == "review":
+        signer = signer_for(signers, {"reviewer"}, "decide a review")
+        case_id, decision = form.get("case_id", ""), form.get("decision", "")
+        if decision not in decisions():
+            raise ActionRefusedError(f"unknown decision {decision!r}; one of {decisions()}")
+        prepared = prepare_review(view, signer, case_id, decision, **common)
+        return Draft(f"Decide {decision} on case {case_id}", generation, prepared)
+    if action == "rewind":
+        rules = policy or view.policy
+        roles = {"operator", "reviewer"} if rules is None else set(rules.authority.rewind)
+        signer = signer_for(signers, roles - {"agent"}, "rewind a run")
+        target = _number(form.get("to"), "rewind target")
+        if target is None or target != int(target):
+            raise ActionRefusedError("rewind to: a generation number")
+        scope = form.get("scope", "aligned")
+        if scope not in {"aligned", "files", "context"}:
+            raise ActionRefusedError(f"unknown scope {scope!r}; aligned, files or context")
+        prepared = prepare_rewind(
+            view, signer, int(target), form.get("reason", ""), scope=scope, **common
+        )
+        return Draft(f"Rewind to generation {int(target)}", generation, prepared)
+    if action == "cancel":
+        raise ActionRefusedError(
+            "cancel from the page awaits the signed cancel document in core; use tether cancel"
+        )
+    raise ActionRefusedError(f"unknown action {action!r}")
+
+
+def _number(value: str | None, what: str) -> float | None:
+    text = (value or "").strip()
+    if not text:
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        raise ActionRefusedError(f"{what} {text!r} is not a number") from None
+    if not math.isfinite(number):
+        raise ActionRefusedError(f"{what} {text!r} is not a number")
+    return number
