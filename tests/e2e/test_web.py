@@ -9,6 +9,7 @@ are kept in tests/e2e/artifacts/ (ignored by git).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import threading
@@ -25,6 +26,9 @@ from tether.store import SQLiteStore
 pytestmark = pytest.mark.skipif(
     _webkit.why_no_browser() is not None, reason=str(_webkit.why_no_browser())
 )
+# CI installs chromium and sets this, so a missing browser fails there instead of skipping.
+if _webkit.why_no_browser() is not None and os.environ.get("TETHER_REQUIRE_BROWSER") == "1":
+    raise RuntimeError(f"TETHER_REQUIRE_BROWSER=1 but {_webkit.why_no_browser()}")
 
 TIMEOUT_MS = 20_000
 
