@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tether.cli import _render
 from tether.core import (
     format_time,
     validate_state,
@@ -31,6 +32,12 @@ def add_reader(sub: Any, name: str, helptext: str, func: Any) -> None:
         help="keyring file (default: $TETHER_KEYRING_FILE or $TETHER_KEYRING)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    if name == "inspect":
+        p.add_argument(
+            "--full",
+            action="store_true",
+            help="print every trace event's data whole (default: one bounded line each)",
+        )
     p.set_defaults(func=func)
 
 
@@ -60,7 +67,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         for e in entries
     ]
     trace = [
-        {"seq": e.seq, "kind": e.kind, "at": e.body()["at"]}
+        {"seq": e.seq, "kind": e.kind, "at": e.body()["at"], "data": e.data}
         for e in checkpointer.verified_trace(state)
     ]
     report = {
@@ -143,7 +150,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         )
     print(f"  trace ({len(trace)} events)")
     for row in trace:
-        print(f"    {row['seq']:>4} {row['at']} {row['kind']}")
+        data = _render.full(row["data"]) if args.full else _render.short(row["data"])
+        print(f"    {row['seq']:>4} {row['at']} {row['kind']}" + (f"  {data}" if data else ""))
     return 0
 
 
