@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,8 +22,10 @@ from tether.cli import _guard
 from tether.cli._crashtest import add_crashtest
 from tether.cli._demo_cmd import CHILD_COMMAND, child_parser, cmd_demo
 from tether.cli._inspect import add_reader, cmd_inspect, cmd_verify
+from tether.cli._onboard import add_onboarding
 from tether.cli._recovery import add_recovery
-from tether.cli._sign import cmd_approve, cmd_fork, cmd_keys_new, cmd_review
+from tether.cli._sign import cmd_approve, cmd_fork, cmd_review
+from tether.cli._start import add_start
 from tether.core import MAX_APPROVAL_TTL_S
 from tether.runtime import CrashPoint
 
@@ -128,28 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     ):
         add_reader(sub, name, helptext, func)
-    keys = sub.add_parser(
-        "keys",
-        help="make signing keys for approvers and reviewers",
-        description="Make signing keys for the people who approve writes or decide reviews.",
-    )
-    keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
-    new = keys_sub.add_parser(
-        "new",
-        help="write an Ed25519 key pair: NAME.key (0600) and NAME.trust.json (public)",
-        description="Write an Ed25519 key pair. The private key file is mode 0600 and stays "
-        "with the person; only NAME.trust.json (the public half) is given to the runtime.",
-    )
-    new.add_argument(
-        "--role",
-        choices=["approver", "reviewer", "operator", "worker"],
-        required=True,
-        help="what the key may sign: approver (approvals), reviewer (review decisions, "
-        "forks, rewinds), operator (forks, rewinds, admissions), worker (its own recoveries)",
-    )
-    new.add_argument("--id", required=True, help="the signer's id, e.g. alice")
-    new.add_argument("--out", default=".", help="directory for the two files (default: .)")
-    new.set_defaults(func=cmd_keys_new)
+    add_onboarding(sub)
+    add_start(sub)
 
     approve = sub.add_parser(
         "approve",
@@ -281,6 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--idle-exit", action="store_true", help="exit when no run is waiting to be claimed"
     )
+    worker.add_argument(
+        "--json",
+        action="store_true",
+        help="the summary at exit is one JSON object on stdout either way (logs go to stderr)",
+    )
     worker.set_defaults(func=cmd_worker)
     cancel = sub.add_parser(
         "cancel",
@@ -305,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     retry.add_argument("run_id", help="the run to try again")
     retry.add_argument("--store", required=True, help="sqlite:///path.sqlite or postgresql://...")
+    retry.add_argument("--json", action="store_true", help="print one JSON object")
     retry.set_defaults(func=cmd_retry)
     add_recovery(sub, _seconds(MAX_APPROVAL_TTL_S))
     add_crashtest(sub, _count)
@@ -321,6 +310,14 @@ def cmd_retry(args: argparse.Namespace) -> int:
     finally:
         store.close()
     tried = 0 if before is None else before.attempts
+    if args.json:
+        print(
+            json.dumps(
+                {"run_id": args.run_id, "phase": str(mark.phase), "attempts_cleared": tried},
+                sort_keys=True,
+            )
+        )
+        return 0
     print(
         f"tether retry: run {args.run_id} ({mark.phase}) had {tried} failed attempt(s); "
         "cleared, workers claim it on their next poll"
