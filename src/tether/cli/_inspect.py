@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tether.cli import _render
+from tether.cli import _progress, _render
 from tether.core import (
     format_time,
     validate_state,
@@ -156,16 +156,25 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    checkpointer = _open(args)
-    restored = checkpointer.load(args.run_id)
-    checkpointer.check_generation(restored)
-    state = restored.state
-    validate_state(state)
-    events = checkpointer.verified_trace(state)
-    ledger = checkpointer.verified_ledger(state)
-    # Recovery refuses a run whose agent context or results are missing or damaged.
-    checkpointer.context(state)
-    checkpointer.results(state)
+    with _progress.bar("verify", enabled=_progress.wanted(args.json)) as update:
+        # Stage by stage: on a long run the trace and the ledger are most of the work.
+        step = update or (lambda done, total, what: None)
+        step(0, 5, "the checkpoint at the mark")
+        checkpointer = _open(args)
+        restored = checkpointer.load(args.run_id)
+        checkpointer.check_generation(restored)
+        state = restored.state
+        validate_state(state)
+        step(1, 5, f"the trace ({state.trace_length} events)")
+        events = checkpointer.verified_trace(state)
+        step(2, 5, f"the ledger ({state.ledger_length} entries)")
+        ledger = checkpointer.verified_ledger(state)
+        # Recovery refuses a run whose agent context or results are missing or damaged.
+        step(3, 5, "the agent's context")
+        checkpointer.context(state)
+        step(4, 5, "the results")
+        checkpointer.results(state)
+        step(5, 5, "done")
     result = {
         "run_id": state.run_id,
         "sound": True,
