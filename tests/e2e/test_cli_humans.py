@@ -192,7 +192,7 @@ def test_approve_checks_the_ttl_against_the_runs_policy(tmp_path: Path) -> None:
     missing = tether(*common, "--policy", str(tmp_path / "nope.json"), "--yes", check=False)
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     fine = tether(*common, "--policy", policy, "--yes")
-    assert "approval recorded" in fine.stdout
+    assert "approval delivered" in fine.stdout
 
 
 def test_signing_commands_refuse_a_missing_store_named_by_url(tmp_path: Path) -> None:

@@ -30,7 +30,11 @@ def leaves(parser: argparse.ArgumentParser, prefix: str = "") -> list[tuple[str,
         if not isinstance(action, argparse._SubParsersAction):
             continue
         helps = {a.dest: a.help or "" for a in action._choices_actions}
+        seen: set[int] = set()
         for name, child in action.choices.items():
+            if id(child) in seen:
+                continue  # an alias (`retry` for `resume`): the same command again
+            seen.add(id(child))
             full = f"{prefix} {name}".strip()
             nested = leaves(child, full)
             found.extend(nested or [(full, child, helps.get(name, ""))])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +23,8 @@ from tether.cli._demo_cmd import CHILD_COMMAND, child_parser, cmd_demo
 from tether.cli._inspect import add_reader, cmd_inspect, cmd_verify
 from tether.cli._onboard import add_onboarding
 from tether.cli._recovery import add_recovery
-from tether.cli._sign import cmd_approve, cmd_fork, cmd_review
+from tether.cli._runs import add_runs
+from tether.cli._sign import add_signing
 from tether.cli._start import add_start
 from tether.core import MAX_APPROVAL_TTL_S
 from tether.runtime import CrashPoint
@@ -131,93 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     ):
         add_reader(sub, name, helptext, func)
+    add_signing(sub, _seconds(MAX_APPROVAL_TTL_S))
     add_onboarding(sub)
     add_start(sub)
-
-    approve = sub.add_parser(
-        "approve",
-        help="sign an approval for a run's pending write",
-        description="Show the fields an approval binds, ask, sign with --key and leave the "
-        "signed approval in the store's inbox for the run's next step.",
-    )
-    approve.add_argument("run_id", metavar="RUN")
-    approve.add_argument("action", metavar="ACTION", help="the pending action id")
-    approve.add_argument("--key", type=Path, required=True, help="the approver's private key file")
-    where = approve.add_mutually_exclusive_group(required=True)
-    where.add_argument("--db", type=Path, help="SQLite store file")
-    where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
-    approve.add_argument(
-        "--ttl",
-        type=_seconds(MAX_APPROVAL_TTL_S),
-        help="seconds the approval lives (default: the policy's approval_ttl_s, at most 900)",
-    )
-    approve.add_argument(
-        "--policy", type=Path, help="the run's policy file: the ttl is checked against it"
-    )
-    approve.add_argument(
-        "--keyring", type=Path, help="verify the checkpoint before showing it (optional)"
-    )
-    approve.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
-    approve.set_defaults(func=cmd_approve)
-
-    review = sub.add_parser(
-        "review",
-        help="sign a decision (replan or abort) for an open review case",
-        description="Show the case, ask, sign the decision with --key and leave it in the "
-        "store's inbox; the runtime rereads the adapter's receipt before applying it.",
-    )
-    review.add_argument("run_id", metavar="RUN")
-    review.add_argument("case", metavar="CASE", help="the review case id")
-    review.add_argument(
-        "--decision",
-        choices=["replan", "abort"],
-        required=True,
-        help="replan: quarantine the key and plan anew; abort: fail the run",
-    )
-    review.add_argument("--key", type=Path, required=True, help="the reviewer's private key file")
-    review.add_argument(
-        "--ttl",
-        type=_seconds(MAX_APPROVAL_TTL_S),
-        help="seconds the decision stays valid (default: the policy's ttl, at most 900)",
-    )
-    review.add_argument(
-        "--policy", type=Path, help="the run's policy file: the ttl is checked against it"
-    )
-    where = review.add_mutually_exclusive_group(required=True)
-    where.add_argument("--db", type=Path, help="SQLite store file")
-    where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
-    review.add_argument(
-        "--keyring", type=Path, help="verify the checkpoint before showing it (optional)"
-    )
-    review.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
-    review.set_defaults(func=cmd_review)
-
-    fork = sub.add_parser(
-        "fork",
-        help="sign a fork: do an effect the run already committed once more, on purpose",
-        description="Without a fork, a proposal equal to an effect the run committed is "
-        "replayed (its receipt returned, nothing sent). Show the effect's earlier receipt, "
-        "ask, sign with --key (a reviewer's or operator's) and leave it in the store's inbox.",
-    )
-    fork.add_argument("run_id", metavar="RUN")
-    fork.add_argument("effect", metavar="EFFECT", help="the effect digest (see effect_replayed)")
-    fork.add_argument("--key", type=Path, required=True, help="the signer's private key file")
-    fork.add_argument(
-        "--ttl",
-        type=_seconds(MAX_APPROVAL_TTL_S),
-        help="seconds the fork stays valid (default: the policy's ttl, at most 900)",
-    )
-    fork.add_argument(
-        "--policy", type=Path, help="the run's policy file: the ttl is checked against it"
-    )
-    where = fork.add_mutually_exclusive_group(required=True)
-    where.add_argument("--db", type=Path, help="SQLite store file")
-    where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
-    fork.add_argument(
-        "--keyring", type=Path, help="verify the checkpoint and ledger before showing them"
-    )
-    fork.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
-    fork.set_defaults(func=cmd_fork)
     worker = sub.add_parser(
         "worker",
         help="run a recovery worker that claims runs whose lease expired",
@@ -270,91 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the summary at exit is one JSON object on stdout either way (logs go to stderr)",
     )
     worker.set_defaults(func=cmd_worker)
-    cancel = sub.add_parser(
-        "cancel",
-        help="end a run in cancelled; a write it may have sent is settled first",
-        description="Take the run's lease, then end it in cancelled. A write that never left "
-        "is dropped (the ledger says so); one that may have been sent is looked up first: "
-        "committed -> recorded, absent -> dropped, unknowable -> needs_review. A cancelled run "
-        "can't be resumed. --app names factory(store, run_id, worker) -> Runtime.",
-    )
-    cancel.add_argument("run_id", help="the run to cancel")
-    cancel.add_argument("--store", required=True, help="sqlite:///path.sqlite or postgresql://...")
-    cancel.add_argument("--app", required=True, help="module:factory building the run's Runtime")
-    cancel.add_argument("--reason", required=True, help="why, for the trace")
-    cancel.set_defaults(func=cmd_cancel)
-    retry = sub.add_parser(
-        "retry",
-        help="clear a run's failed attempts so workers claim it again",
-        description="A run that failed --max-attempts times before it could even be restored "
-        "is parked at the mark: no claim takes it. Once the cause is fixed, this forgets its "
-        "attempts and back-off; the next worker poll claims it. A run under a live lease is "
-        "left alone.",
-    )
-    retry.add_argument("run_id", help="the run to try again")
-    retry.add_argument("--store", required=True, help="sqlite:///path.sqlite or postgresql://...")
-    retry.add_argument("--json", action="store_true", help="print one JSON object")
-    retry.set_defaults(func=cmd_retry)
+    add_runs(sub, _seconds(MAX_APPROVAL_TTL_S))
     add_recovery(sub, _seconds(MAX_APPROVAL_TTL_S))
     add_crashtest(sub, _count)
     return parser
-
-
-def cmd_retry(args: argparse.Namespace) -> int:
-    from tether.cli._sign import open_existing
-
-    store = open_existing(args.store)
-    try:
-        before = store.get_mark(args.run_id)
-        mark = store.retry_now(args.run_id)
-    finally:
-        store.close()
-    tried = 0 if before is None else before.attempts
-    if args.json:
-        print(
-            json.dumps(
-                {"run_id": args.run_id, "phase": str(mark.phase), "attempts_cleared": tried},
-                sort_keys=True,
-            )
-        )
-        return 0
-    print(
-        f"tether retry: run {args.run_id} ({mark.phase}) had {tried} failed attempt(s); "
-        "cleared, workers claim it on their next poll"
-    )
-    return 0
-
-
-def cmd_cancel(args: argparse.Namespace) -> int:
-    import getpass
-    import os
-    import socket
-
-    from tether.core import OutcomeKind
-    from tether.runtime import load_factory
-    from tether.store import open_store
-
-    factory = load_factory(args.app)
-    worker_id = f"cancel-{socket.gethostname()}-{os.getpid()}"
-    with open_store(args.store) as store:
-        rt = factory(store, args.run_id, worker_id)
-        # The cancel runs under the run's lease: a worker busy with it makes this
-        # fail with LeaseHeldError rather than race it.
-        rt.lease_ttl_s = rt.lease_ttl_s or 30.0
-        session = rt.recover(args.run_id)
-        try:
-            outcome = session.cancel(args.reason, by=f"cli:{getpass.getuser()}")
-        finally:
-            session.release()
-    if outcome.kind is OutcomeKind.CANCELLED:
-        print(
-            f"tether cancel: run {args.run_id} is cancelled (generation {outcome.state.generation})"
-        )
-        return 0
-    _error(
-        f"run {args.run_id} is not cancelled: {outcome.kind} ({outcome.reason}): {outcome.message}"
-    )
-    return EXIT_ERROR
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

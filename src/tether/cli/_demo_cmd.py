@@ -205,7 +205,7 @@ def _approve(paths: _demo.DemoPaths, ttl_s: float) -> dict[str, Any]:
         expires_at=now + timedelta(seconds=ttl_s),
         nonce=secrets.token_hex(16),
     )
-    _sign.deliver(paths.db, _demo.RUN_ID, "approval", signer.sign(body))
+    _sign.deliver_document(paths.db, _demo.RUN_ID, "approval", signer.sign(body))
     return body
 
 
@@ -280,7 +280,7 @@ def _conflict_story(paths: _demo.DemoPaths, story: list[str]) -> None:
         expires_at=now + timedelta(seconds=300),
         nonce=secrets.token_hex(16),
     )
-    _sign.deliver(paths.db, _demo.RUN_ID, "review_decision", signer.sign(body))
+    _sign.deliver_document(paths.db, _demo.RUN_ID, "review_decision", signer.sign(body))
     story.append(
         f"the reviewer {signer.signer_id} signed a replan bound to the case, both intent "
         f"digests and the receipt (what `{tether_command()} review {_demo.RUN_ID} "

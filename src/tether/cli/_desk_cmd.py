@@ -140,7 +140,7 @@ def _resolve_review(paths: _demo.DemoPaths, services: _desk.DeskServices) -> dic
         expires_at=now + timedelta(seconds=300),
         nonce=secrets.token_hex(16),
     )
-    _sign.deliver(paths.db, _demo.RUN_ID, "review_decision", signer.sign(body))
+    _sign.deliver_document(paths.db, _demo.RUN_ID, "review_decision", signer.sign(body))
     third = child(paths, "recover", None, 1, SCENARIO)
     if third.returncode != 0:
         raise TetherError(

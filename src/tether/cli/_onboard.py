@@ -1,4 +1,4 @@
-"""Getting started: `tether keys new`, `tether keyring new`, `tether trust add`, `tether init`.
+"""Getting started: `tether keyring new`, `tether trust add`, `tether init`.
 
 Each writes files a person then owns; none ever overwrites one, prints a
 key or leaves a half-written file behind. ``init`` writes a task and a policy
@@ -26,7 +26,7 @@ from tether.core import (
     canonical_bytes,
     strict_loads,
 )
-from tether.crypto import Keyring, Signer, TrustError, TrustRoots
+from tether.crypto import Keyring, TrustError, TrustRoots
 
 
 class FileExistsRefusedError(TetherError):
@@ -38,32 +38,7 @@ class FileExistsRefusedError(TetherError):
 
 
 def add_onboarding(sub: Any) -> None:
-    """Register ``keys``, ``keyring``, ``trust`` and ``init`` on the ``tether`` parser."""
-    keys = sub.add_parser(
-        "keys",
-        help="make signing keys for approvers and reviewers",
-        description="Make signing keys for the people who approve writes or decide reviews.",
-    )
-    keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
-    new = keys_sub.add_parser(
-        "new",
-        help="write an Ed25519 key pair: NAME.key (0600) and NAME.trust.json (public)",
-        description="Write an Ed25519 key pair. The private key file is mode 0600 and stays "
-        "with the person; only NAME.trust.json (the public half) is given to the runtime "
-        "(merge it into the runtime's trust file with `tether trust add`).",
-    )
-    new.add_argument(
-        "--role",
-        choices=["approver", "reviewer", "operator", "worker"],
-        required=True,
-        help="what the key may sign: approver (approvals), reviewer (review decisions, "
-        "forks, rewinds), operator (forks, rewinds, admissions), worker (its own recoveries)",
-    )
-    new.add_argument("--id", required=True, help="the signer's id, e.g. alice")
-    new.add_argument("--out", default=".", help="directory for the two files (default: .)")
-    new.add_argument("--json", action="store_true", help="print one JSON object")
-    new.set_defaults(func=cmd_keys_new)
-
+    """Register ``keyring``, ``trust`` and ``init`` on the ``tether`` parser."""
     keyring = sub.add_parser(
         "keyring",
         help="make the runtime's checkpoint keyring",
@@ -125,27 +100,6 @@ def add_onboarding(sub: Any) -> None:
     )
     init.add_argument("--json", action="store_true", help="print one JSON object")
     init.set_defaults(func=cmd_init)
-
-
-def cmd_keys_new(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    private = out / f"{args.id}.key"
-    public = out / f"{args.id}.trust.json"
-    for path in (private, public):
-        if path.exists():
-            raise FileExistsRefusedError(
-                path, f"{path} already exists; choose another --id or --out"
-            )
-    signer = Signer.generate(args.id, args.role)
-    signer.write_file(private)
-    _write_new(public, _pretty({"signers": [signer.trust_root()]}), mode=0o644)
-    if args.json:
-        _print_json({"id": args.id, "role": args.role, "key": str(private), "trust": str(public)})
-        return 0
-    print(f"{args.role} {args.id}: private key {private} (mode 0600; keep it with the person)")
-    print(f"  trust root {public} (public half only: give this to the runtime)")
-    return 0
 
 
 def cmd_keyring_new(args: argparse.Namespace) -> int:

@@ -12,26 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import secrets
-from dataclasses import replace
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from datetime import UTC, datetime
 from typing import Any
 
 from tether.cli._inspect import _open, add_reader
-from tether.cli._sign import _confirm, deliver, lifetime, load_state, open_existing
-from tether.core import (
-    Phase,
-    Policy,
-    PolicyError,
-    Purpose,
-    RewindRefusedError,
-    RunState,
-    TetherError,
-    admission_request,
-    new_admission,
-)
+from tether.cli._sign import add_signer_arguments, checks, confirm_and_deliver, read_view
 from tether.crypto import Signer
+from tether.runtime import prepare_admission, prepare_rewind
 
 
 def add_recovery(sub: Any, seconds: Any) -> None:
@@ -59,29 +46,12 @@ def add_recovery(sub: Any, seconds: Any) -> None:
         help="sign an admission so a run may be recovered (a person-admitted recovery)",
         description="Show what an admission binds (the checkpoint the mark names, the "
         "interrupted epoch, the policy, the ledger's head), ask, sign it with --key and leave "
-        "it in the store's inbox: the run's next recovery opens its new epoch under it.",
+        "it in the store's inbox: the run's next recovery opens its new epoch under it. "
+        "--policy names the policy the run continues under (default: the checkpoint's).",
     )
     admit.add_argument("run_id", metavar="RUN")
     for parser in (rewind, admit):
-        parser.add_argument("--key", type=Path, required=True, help="the signer's private key")
-        where = parser.add_mutually_exclusive_group(required=True)
-        where.add_argument("--db", type=Path, help="SQLite store file")
-        where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
-        parser.add_argument("--marks", type=Path, help="separate SQLite file holding the mark")
-        parser.add_argument(
-            "--ttl", type=seconds, help="seconds the document stays valid (default: policy's)"
-        )
-        parser.add_argument(
-            "--policy",
-            type=Path,
-            help="the policy the run continues under (default: the checkpoint's); the ttl is "
-            "checked against it",
-        )
-        parser.add_argument(
-            "--keyring", type=Path, help="verify the checkpoint before showing it (optional)"
-        )
-        parser.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
-        parser.add_argument("--json", action="store_true", help="print one JSON object")
+        add_signer_arguments(parser, seconds)
     rewind.set_defaults(func=cmd_rewind)
     admit.set_defaults(func=cmd_admit)
     for name, helptext, func in (
@@ -96,112 +66,37 @@ def add_recovery(sub: Any, seconds: Any) -> None:
 
 
 def cmd_rewind(args: argparse.Namespace) -> int:
-    state, verified = load_state(args.store or args.db, args.run_id, args.keyring, args.marks)
-    if state.phase is not Phase.RUNNING:
-        raise RewindRefusedError(
-            f"run {args.run_id} is {state.phase}: only a running run is rewound (settle a "
-            "pending write, or decide a review, first)",
-            run_id=args.run_id,
-        )
-    if not 1 <= args.to < state.generation:
-        raise RewindRefusedError(
-            f"--to {args.to}: name an earlier generation (the run is at {state.generation})",
-            run_id=args.run_id,
-        )
-    return _sign_and_deliver(
-        args, state, verified, Purpose.REWIND, "rewind", target=args.to, reason=args.reason
+    signer = Signer.from_file(args.key)
+    prepared = prepare_rewind(
+        read_view(args),
+        signer,
+        args.to,
+        args.reason,
+        scope=args.scope,
+        now=datetime.now(UTC),
+        **checks(args),
+    )
+    return confirm_and_deliver(
+        args,
+        prepared,
+        f"Sign this rewind as {signer.signer_id}?",
+        f"rewind to generation {args.to} signed (inbox #{{seq}}); run {{run}} restores "
+        "context and workspace on its next step",
+        "no rewind signed",
     )
 
 
 def cmd_admit(args: argparse.Namespace) -> int:
-    state, verified = load_state(args.store or args.db, args.run_id, args.keyring, args.marks)
-    if state.phase.terminal:
-        raise PolicyError(f"run {args.run_id} is {state.phase}; nothing may resume it")
-    return _sign_and_deliver(args, state, verified, Purpose.RECOVERY, "admission")
-
-
-def _sign_and_deliver(
-    args: argparse.Namespace,
-    state: RunState,
-    verified: bool,
-    purpose: Purpose,
-    kind: str,
-    *,
-    target: int | None = None,
-    reason: str = "",
-) -> int:
     signer = Signer.from_file(args.key)
-    binding = state.binding
-    if args.policy is not None:
-        try:
-            policy = Policy.from_json(Path(args.policy).read_bytes())
-        except OSError as exc:
-            raise PolicyError(f"cannot read the policy file {args.policy}: {exc}") from exc
-        binding = replace(
-            binding,
-            policy_id=policy.policy_id,
-            policy_version=policy.policy_version,
-            policy_fingerprint=policy.fingerprint,
-        )
-        # The ttl is checked against the policy the document will be judged by.
-        ttl = min(args.ttl or policy.approval_ttl_s, policy.approval_ttl_s)
-        if args.ttl is not None and args.ttl > policy.approval_ttl_s:
-            raise PolicyError(
-                f"--ttl {args.ttl:g} is longer than the policy's approval_ttl_s "
-                f"({policy.approval_ttl_s} s): the runtime would refuse it"
-            )
-    else:
-        ttl = lifetime(args, state)
-    mark_digest = _mark_digest(args.marks or args.store or args.db, args.run_id)
-    request = admission_request(
-        state,
-        checkpoint_digest=mark_digest,
-        policy=binding,
-        purpose=purpose,
-        target_generation=target,
-        reason=reason,
-        scope=getattr(args, "scope", "aligned"),
+    prepared = prepare_admission(read_view(args), signer, now=datetime.now(UTC), **checks(args))
+    return confirm_and_deliver(
+        args,
+        prepared,
+        f"Sign this recovery as {signer.signer_id}?",
+        "admission signed (inbox #{seq}); the next recovery of run {run} opens its new "
+        "epoch under it",
+        "no recovery signed",
     )
-    now = datetime.now(UTC)
-    body = new_admission(
-        request,
-        signer.signer_id,
-        issued_at=now,
-        expires_at=now + timedelta(seconds=ttl),
-        nonce=secrets.token_hex(16),
-    )
-    shown = {key: value for key, value in body.items() if key != "nonce"}
-    question = f"Sign this {purpose.value} as {signer.signer_id}?"
-    if args.json and not args.yes:
-        raise TetherError("--json prints one object and asks nothing: add --yes")
-    if not args.json and not _confirm(question, shown, verified, args.yes):
-        print(f"no {purpose.value} signed")
-        return 1
-    seq = deliver(args.store or args.db, args.run_id, kind, signer.sign(body))
-    if args.json:
-        print(json.dumps({"inbox": seq, "kind": kind, "signed": shown}, sort_keys=True))
-    elif purpose is Purpose.REWIND:
-        print(
-            f"rewind to generation {target} signed (inbox #{seq}); run {args.run_id} restores "
-            "context and workspace on its next step"
-        )
-    else:
-        print(
-            f"admission signed (inbox #{seq}); the next recovery of run {args.run_id} "
-            "opens its new epoch under it"
-        )
-    return 0
-
-
-def _mark_digest(where: Path | str, run_id: str) -> str:
-    store = open_existing(where)
-    try:
-        mark = store.get_mark(run_id)
-    finally:
-        store.close()
-    if mark is None:
-        raise TetherError(f"no high-water mark for run {run_id!r}")
-    return mark.checkpoint_digest
 
 
 def cmd_epochs(args: argparse.Namespace) -> int:

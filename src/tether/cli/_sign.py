@@ -1,42 +1,142 @@
-"""`tether keys new`, `tether approve`, `tether review`, `tether fork`: the tools of the people who sign.
+"""`tether keys new`, `approve`, `review`, `fork`: the tools of the people who sign.
 
 The signer's tool never holds the runtime's checkpoint key and never changes
-run state: it reads the bound fields, shows them, asks, signs with the
-person's own key and leaves the signed document in the store's inbox. The
-runtime verifies it against its trust roots at its next step.
+run state: it reads the run (:func:`tether.runtime.open_run`), builds and
+signs the document with the person's own key and checks it as the runtime
+will (:mod:`tether.runtime._operator`): a document the runtime would refuse
+is refused here, before anyone is asked. What is shown is what is signed.
+Only then does it ask and leave the document in the store's inbox; the
+runtime verifies it again against its own trust roots at its next step.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import secrets
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tether.core import (
-    CanonicalJSONError,
-    CheckpointCorruptError,
-    Phase,
-    Policy,
-    PolicyError,
-    RunState,
-    TetherError,
-    approval_request,
-    new_approval,
-    new_decision,
-    new_fork,
-    replay_rules,
-    strict_loads,
-    validate_state,
+from tether.core import Policy, PolicyError, ReviewDecision, TetherError
+from tether.crypto import Keyring, Signer, TrustRoots
+from tether.runtime import (
+    Prepared,
+    RunView,
+    open_run,
+    prepare_approval,
+    prepare_fork,
+    prepare_review,
 )
-from tether.crypto import Keyring, Signer
-from tether.runtime import Checkpointer
+from tether.runtime import (
+    deliver as deliver_prepared,
+)
 from tether.store import SQLBase, SQLiteStore, open_store
 
-DEFAULT_TTL_S = 900
+
+def add_signing(sub: Any, seconds: Any) -> None:
+    """Register ``keys``, ``approve``, ``review`` and ``fork`` on the ``tether`` parser."""
+    keys = sub.add_parser(
+        "keys",
+        help="make signing keys for approvers, reviewers, operators and workers",
+        description="Make signing keys for the people who approve writes, decide reviews, "
+        "rewind or admit runs, and for workers that sign their own recoveries.",
+    )
+    keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    new = keys_sub.add_parser(
+        "new",
+        help="write an Ed25519 key pair: NAME.key (0600) and NAME.trust.json (public)",
+        description="Write an Ed25519 key pair. The private key file is mode 0600 and stays "
+        "with the person; only NAME.trust.json (the public half) is given to the runtime.",
+    )
+    new.add_argument(
+        "--role",
+        choices=["approver", "reviewer", "operator", "worker"],
+        required=True,
+        help="what the key may sign: approver (approvals), reviewer (review decisions, "
+        "forks, rewinds), operator (forks, rewinds, admissions, cancels), worker (its own "
+        "recoveries)",
+    )
+    new.add_argument("--id", required=True, help="the signer's id, e.g. alice")
+    new.add_argument("--out", default=".", help="directory for the two files (default: .)")
+    new.add_argument("--json", action="store_true", help="print one JSON object")
+    new.set_defaults(func=cmd_keys_new)
+
+    approve = sub.add_parser(
+        "approve",
+        help="sign an approval for a run's pending write",
+        description="Show the fields an approval binds, check it as the runtime will (role, "
+        "trust, ttl against the run's policy, the generation you saw), ask, sign with --key "
+        "and leave the signed approval in the store's inbox for the run's next step.",
+    )
+    approve.add_argument("run_id", metavar="RUN")
+    approve.add_argument("action", metavar="ACTION", help="the pending action id")
+    review = sub.add_parser(
+        "review",
+        help="sign a decision (replan, abort or accept) for an open review case",
+        description="Show the case, check the decision as the runtime will, ask, sign it with "
+        "--key and leave it in the store's inbox; the runtime rereads the adapter's receipt "
+        "before applying it.",
+    )
+    review.add_argument("run_id", metavar="RUN")
+    review.add_argument("case", metavar="CASE", help="the review case id")
+    review.add_argument(
+        "--decision",
+        choices=[d.value for d in ReviewDecision],
+        required=True,
+        help="replan: quarantine the key and plan anew; abort: fail the run; accept: take "
+        "the environment as observed (a case about drift) and go on",
+    )
+    fork = sub.add_parser(
+        "fork",
+        help="sign a fork: do an effect the run already committed once more, on purpose",
+        description="Without a fork, a proposal equal to an effect the run committed is "
+        "replayed (its receipt returned, nothing sent). Show the effect's earlier receipt, "
+        "ask, sign with --key (a reviewer's or operator's) and leave it in the store's inbox.",
+    )
+    fork.add_argument("run_id", metavar="RUN")
+    fork.add_argument("effect", metavar="EFFECT", help="the effect digest (see effect_replayed)")
+    for parser, func in ((approve, cmd_approve), (review, cmd_review), (fork, cmd_fork)):
+        add_signer_arguments(parser, seconds)
+        parser.set_defaults(func=func)
+
+
+def add_signer_arguments(parser: argparse.ArgumentParser, seconds: Any) -> None:
+    """The arguments every signing command takes: key, store, checks, confirmation."""
+    parser.add_argument("--key", type=Path, required=True, help="the signer's private key file")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", type=Path, help="SQLite store file")
+    where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
+    parser.add_argument("--marks", type=Path, help="separate SQLite file holding the mark")
+    parser.add_argument(
+        "--ttl",
+        type=seconds,
+        help="seconds the document stays valid (default: the policy's approval_ttl_s, at "
+        "most 900); more than the policy allows is refused",
+    )
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        help="the policy file to check against (default: the run's own, kept in the store)",
+    )
+    parser.add_argument(
+        "--trust",
+        type=Path,
+        help="the runtime's trust file: refuse a key it does not trust for this role",
+    )
+    parser.add_argument(
+        "--generation",
+        type=int,
+        metavar="GEN",
+        help="the generation you looked at: refuse if the run has moved on since",
+    )
+    parser.add_argument(
+        "--keyring", type=Path, help="verify the checkpoint before showing it (optional)"
+    )
+    parser.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object (needs --yes: asks nothing)"
+    )
 
 
 def cmd_keys_new(args: argparse.Namespace) -> int:
@@ -49,224 +149,159 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
         raise TetherError(f"{private} or {public} already exists; choose another --id or --out")
     signer.write_file(private)
     public.write_text(json.dumps({"signers": [signer.trust_root()]}, indent=2) + "\n")
+    if args.json:
+        print(
+            json.dumps(
+                {"id": args.id, "role": args.role, "key": str(private), "trust": str(public)}
+            )
+        )
+        return 0
     print(f"{args.role} {args.id}: private key {private} (mode 0600; keep it with the person)")
     print(f"  trust root {public} (public half only: give this to the runtime)")
     return 0
 
 
-def open_existing(where: Path | str) -> SQLBase:
-    """The store named by ``--db`` or ``--store``; a SQLite file must already exist."""
-    return _store(where)
+def cmd_approve(args: argparse.Namespace) -> int:
+    signer = Signer.from_file(args.key)
+    prepared = prepare_approval(
+        read_view(args), signer, args.action, now=datetime.now(UTC), **checks(args)
+    )
+    return confirm_and_deliver(
+        args,
+        prepared,
+        f"Approve this write as {signer.signer_id}?",
+        "approval delivered (inbox #{seq}); run {run} checks it and carries the write out "
+        "on its next step",
+        "not approved",
+    )
 
 
-def _store(where: Path | str) -> SQLBase:
-    # Never a new database: evidence delivered where no worker looks is lost in plain sight.
-    if isinstance(where, str):
-        return open_store(where, existing=True)
-    return SQLiteStore(where, create=False)
+def cmd_review(args: argparse.Namespace) -> int:
+    signer = Signer.from_file(args.key)
+    prepared = prepare_review(
+        read_view(args), signer, args.case, args.decision, now=datetime.now(UTC), **checks(args)
+    )
+    return confirm_and_deliver(
+        args,
+        prepared,
+        f"Sign decision {args.decision!r} as {signer.signer_id}?",
+        "decision delivered (inbox #{seq}); run {run} rereads the adapter and applies it on "
+        "its next step",
+        "no decision recorded",
+    )
 
 
-def load_state(
-    db: Path | str, run_id: str, keyring_path: Path | None, marks_path: Path | None = None
-) -> tuple[RunState, bool]:
-    """The run's newest checkpoint; verified when a keyring is given, else read as shown.
+def cmd_fork(args: argparse.Namespace) -> int:
+    signer = Signer.from_file(args.key)
+    prepared = prepare_fork(
+        read_view(args), signer, args.effect, now=datetime.now(UTC), **checks(args)
+    )
+    return confirm_and_deliver(
+        args,
+        prepared,
+        f"Sign a fork as {signer.signer_id}: do this effect once more, on purpose?",
+        "fork delivered (inbox #{seq}); run {run} reads it on its next step",
+        "no fork recorded",
+    )
 
-    ``marks_path``: the SQLite file holding the high-water mark, where it is kept apart.
-    """
-    store = _store(db)
-    marks = None if marks_path is None else SQLiteStore(marks_path, create=False)
+
+def read_view(args: argparse.Namespace) -> RunView:
+    """The run as it is now, verified under ``--keyring`` when one is given."""
+    store = open_existing(args.store or args.db)
+    marks = None if args.marks is None else SQLiteStore(args.marks, read_only=True)
     try:
-        if keyring_path is not None:
-            keyring = Keyring.from_file(keyring_path)
-            return Checkpointer(store, keyring, marks=marks).load(run_id).state, True
-        mark = (marks or store).get_mark(run_id)
-        envelope = None if mark is None else store.get_checkpoint(run_id, mark.checkpoint_digest)
-        if envelope is None:
-            raise TetherError(f"no checkpoint for run {run_id!r} in {db}")
-        # Unverified display only: the runtime re-checks every bound field against
-        # its own verified state, so a doctored checkpoint yields a refused approval.
-        state = RunState.from_json(_unverified_payload(run_id, envelope))
-        # What is shown must at least be what is signed: the invariants tie the
-        # displayed intent to its digest, which the approval binds.
-        validate_state(state)
-        return state, False
+        keyring = None if args.keyring is None else Keyring.from_file(args.keyring)
+        return open_run(store, args.run_id, keyring=keyring, marks=marks)
     finally:
         store.close()
         if marks is not None:
             marks.close()
 
 
-def _unverified_payload(run_id: str, envelope: bytes) -> Any:
-    """The payload of an envelope read without its key: malformed bytes are corruption."""
-    try:
-        document = strict_loads(envelope)
-    except CanonicalJSONError as exc:
-        raise CheckpointCorruptError(
-            f"run {run_id}: the checkpoint is not a well-formed envelope: {exc}", run_id=run_id
-        ) from exc
-    if not isinstance(document, dict) or not isinstance(document.get("payload"), dict):
-        raise CheckpointCorruptError(
-            f"run {run_id}: the checkpoint envelope carries no payload object", run_id=run_id
-        )
-    return document["payload"]
-
-
-DEFAULT_TTL_S = 900
-
-
-def lifetime(args: argparse.Namespace, state: RunState) -> int | float:
-    """The ttl to sign: ``--ttl``, else the policy's (or 900 s), never above the policy's.
-
-    The runtime refuses evidence that outlives its policy's ``approval_ttl_s``;
-    with ``--policy`` the refusal happens here, before anything is signed.
-    """
-    if args.policy is None:
-        if args.ttl is None:
-            print(
-                "tether: note: without --policy the ttl is not checked against the run's "
-                f"policy; the runtime refuses one longer than its approval_ttl_s "
-                f"(signing {DEFAULT_TTL_S} s)",
-                file=sys.stderr,
-            )
-        return DEFAULT_TTL_S if args.ttl is None else args.ttl
-    try:
-        text = Path(args.policy).read_bytes()
-    except OSError as exc:
-        raise PolicyError(f"cannot read the policy file {args.policy}: {exc}") from exc
-    policy = Policy.from_json(text)
-    binding = state.binding
-    if policy.fingerprint != binding.policy_fingerprint:
-        raise PolicyError(
-            f"run {state.run_id} runs under policy {binding.policy_id} version "
-            f"{binding.policy_version} ({binding.policy_fingerprint}); {args.policy} is "
-            f"{policy.policy_id} version {policy.policy_version} ({policy.fingerprint})"
-        )
-    allowed = policy.approval_ttl_s
-    if args.ttl is None:
-        return min(DEFAULT_TTL_S, allowed)
-    if args.ttl > allowed:
-        raise PolicyError(
-            f"--ttl {args.ttl:g} is longer than the policy's approval_ttl_s ({allowed:g} s): "
-            "the runtime would refuse it"
-        )
-    return args.ttl  # type: ignore[no-any-return]
-
-
-def cmd_approve(args: argparse.Namespace) -> int:
-    signer = Signer.from_file(args.key)
-    state, verified = load_state(args.store or args.db, args.run_id, args.keyring)
-    pending = state.pending
-    if state.phase is not Phase.PENDING or pending is None:
-        raise PolicyError(f"run {args.run_id} is {state.phase}; it has no pending write to approve")
-    if pending.action_id != args.action:
-        raise PolicyError(
-            f"run {args.run_id}'s pending action is {pending.action_id!r}, not {args.action!r}"
-        )
-    now = datetime.now(UTC)
-    body = new_approval(
-        state,
-        signer.signer_id,
-        issued_at=now,
-        expires_at=now + timedelta(seconds=lifetime(args, state)),
-        nonce=secrets.token_hex(16),
-    )
-    args_text = json.dumps(pending.intent.args, sort_keys=True)
-    shown = {
-        **approval_request(state),
-        "kind_of_write": pending.intent.kind,
-        "target": pending.intent.target,
-        "arguments": args_text if len(args_text) <= 400 else args_text[:400] + " ...",
-        "expires_at": body["expires_at"],
+def checks(args: argparse.Namespace) -> dict[str, Any]:
+    """The checks a signing command's flags ask for, as keyword arguments of ``prepare_*``."""
+    policy = None
+    if args.policy is not None:
+        try:
+            policy = Policy.from_json(Path(args.policy).read_bytes())
+        except OSError as exc:
+            raise PolicyError(f"cannot read the policy file {args.policy}: {exc}") from exc
+    trust = None if args.trust is None else TrustRoots.from_file(args.trust)
+    return {
+        "ttl_s": args.ttl,
+        "trust": trust,
+        "policy": policy,
+        "seen_generation": args.generation,
     }
-    if not _confirm(f"Approve this write as {signer.signer_id}?", shown, verified, args.yes):
-        print("not approved")
-        return 1
-    seq = deliver(args.store or args.db, args.run_id, "approval", signer.sign(body))
-    print(f"approval recorded (inbox #{seq}); run {args.run_id} picks it up on its next step")
+
+
+def confirm_and_deliver(
+    args: argparse.Namespace,
+    prepared: Prepared,
+    question: str,
+    done: str,
+    declined: str = "nothing signed",
+) -> int:
+    """Show what will be signed, ask (unless ``--yes``), deliver; ``done`` names the outcome."""
+    if args.json and not args.yes:
+        raise TetherError("--json prints one object and asks nothing: add --yes")
+    if not args.json:
+        _show(prepared)
+        if not args.yes and not _ask(question):
+            print(declined)
+            return 1
+    seq = deliver(args.store or args.db, prepared)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "inbox": seq,
+                    "kind": prepared.kind,
+                    "run_id": prepared.run_id,
+                    "signed": prepared.shown,
+                    "checkpoint_verified": prepared.verified,
+                },
+                sort_keys=True,
+            )
+        )
+    else:
+        print(done.format(seq=seq, run=prepared.run_id))
     return 0
 
 
-def cmd_review(args: argparse.Namespace) -> int:
-    signer = Signer.from_file(args.key)
-    state, verified = load_state(args.store or args.db, args.run_id, args.keyring)
-    case = next((c for c in state.review_cases if c.case_id == args.case), None)
-    if state.phase is not Phase.NEEDS_REVIEW or case is None:
-        raise PolicyError(f"run {args.run_id} has no open review case {args.case!r}")
-    now = datetime.now(UTC)
-    body = new_decision(
-        state,
-        case,
-        signer.signer_id,
-        args.decision,
-        issued_at=now,
-        expires_at=now + timedelta(seconds=lifetime(args, state)),
-        nonce=secrets.token_hex(16),
-    )
-    shown = {**body, "reason": case.reason, "detail": case.detail}
-    shown.pop("nonce")
-    if not _confirm(
-        f"Sign decision {args.decision!r} as {signer.signer_id}?", shown, verified, args.yes
-    ):
-        print("no decision recorded")
-        return 1
-    seq = deliver(args.store or args.db, args.run_id, "review_decision", signer.sign(body))
-    print(f"decision recorded (inbox #{seq}); run {args.run_id} applies it on its next step")
-    return 0
+def _show(prepared: Prepared) -> None:
+    width = max(len(k) for k in prepared.shown)
+    for key, value in prepared.shown.items():
+        print(f"  {key:<{width}}  {value}")
+    if not prepared.verified:
+        print("  (checkpoint signature not checked: no --keyring given; the runtime checks it)")
 
 
-def cmd_fork(args: argparse.Namespace) -> int:
-    signer = Signer.from_file(args.key)
-    where = args.store or args.db
-    state, verified = load_state(where, args.run_id, args.keyring)
-    if state.phase.terminal:
-        raise PolicyError(f"run {args.run_id} is {state.phase}; nothing to fork")
-    store = _store(where)
+def _ask(question: str) -> bool:
+    print(f"{question} [y/N] ", end="", flush=True)
+    return sys.stdin.readline().strip().lower() in {"y", "yes"}
+
+
+def open_existing(where: Path | str) -> SQLBase:
+    """The store named by ``--db`` or ``--store``; a SQLite file must already exist."""
+    # Never a new database: evidence delivered where no worker looks is lost in plain sight.
+    if isinstance(where, str):
+        return open_store(where, existing=True)
+    return SQLiteStore(where, create=False)
+
+
+def deliver(where: Path | str, prepared: Prepared) -> int:
+    """Leave a prepared document in the inbox of the store at ``where``."""
+    store = open_existing(where)
     try:
-        if verified and args.keyring is not None:
-            entries = Checkpointer(store, Keyring.from_file(args.keyring)).verified_ledger(state)
-        else:  # shown unverified; the runtime binds the fork to its own verified ledger
-            entries = store.ledger(args.run_id)
+        return deliver_prepared(store, prepared)
     finally:
         store.close()
-    record = replay_rules.known_effects(entries).get(args.effect)
-    known = None if record is None else record.current
-    if known is None:
-        raise PolicyError(f"run {args.run_id}'s ledger records no effect {args.effect}")
-    now = datetime.now(UTC)
-    body = new_fork(
-        state,
-        known,
-        signer.signer_id,
-        issued_at=now,
-        expires_at=now + timedelta(seconds=lifetime(args, state)),
-        nonce=secrets.token_hex(16),
-    )
-    shown = {**body, "earlier_action": known.action_id}
-    shown.pop("nonce")
-    question = f"Sign a fork as {signer.signer_id}: do this effect once more, on purpose?"
-    if not _confirm(question, shown, verified, args.yes):
-        print("no fork recorded")
-        return 1
-    seq = deliver(where, args.run_id, "fork", signer.sign(body))
-    print(f"fork recorded (inbox #{seq}); run {args.run_id} reads it on its next step")
-    return 0
 
 
-def _confirm(question: str, fields: dict[str, Any], verified: bool, yes: bool) -> bool:
-    width = max(len(k) for k in fields)
-    for key, value in fields.items():
-        print(f"  {key:<{width}}  {value}")
-    if not verified:
-        print("  (checkpoint signature not checked: no --keyring given; the runtime checks it)")
-    if yes:
-        return True
-    print(f"{question} [y/N] ", end="", flush=True)
-    answer = sys.stdin.readline()
-    return answer.strip().lower() in {"y", "yes"}
-
-
-def deliver(db: Path | str, run_id: str, kind: str, document: dict[str, Any]) -> int:
-    store = _store(db)
+def deliver_document(where: Path | str, run_id: str, kind: str, document: dict[str, Any]) -> int:
+    """Leave an already signed document in the inbox (the demos, which sign their own)."""
+    store = open_existing(where)
     try:
         return store.put_evidence(run_id, kind, document)
     finally:

@@ -10,6 +10,21 @@ from tether.runtime._checkpointer import (
 )
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
 from tether.runtime._crash import NO_CRASH, CrashPlan, CrashPoint, SimulatedCrash
+from tether.runtime._operator import (
+    InboxItem,
+    Prepared,
+    RunSummary,
+    RunView,
+    StaleViewError,
+    deliver,
+    list_runs,
+    open_run,
+    prepare_admission,
+    prepare_approval,
+    prepare_fork,
+    prepare_review,
+    prepare_rewind,
+)
 from tether.runtime._runtime import Runtime
 from tether.runtime._session import RunSession
 from tether.runtime._worker import (
@@ -33,19 +48,32 @@ __all__ = [
     "CrashPoint",
     "Decision",
     "IdSource",
+    "InboxItem",
+    "Prepared",
     "RandomIds",
     "Restored",
     "RunSession",
+    "RunSummary",
+    "RunView",
     "Runtime",
     "RuntimeFactory",
     "SimulatedCrash",
+    "StaleViewError",
     "SystemClock",
     "Withheld",
     "Worker",
     "WorkerStats",
     "check_binding",
     "check_environment",
+    "deliver",
     "environment_ahead",
     "install_signal_handlers",
+    "list_runs",
     "load_factory",
+    "open_run",
+    "prepare_admission",
+    "prepare_approval",
+    "prepare_fork",
+    "prepare_review",
+    "prepare_rewind",
 ]

@@ -51,6 +51,7 @@ from tether.core import (
     TaskSpec,
     TetherError,
     admission_request,
+    canonical_bytes,
     catalog,
     check_contract,
     check_local_only,
@@ -220,7 +221,13 @@ class Runtime:
         session.commit(
             genesis,
             [("run_started", {"task": self.binding.to_json(), "environment": env.to_json()})],
-            blobs={context_digest: body},
+            # The task and the policy, content-addressed by their fingerprints, so
+            # the people's tools check a document against the rules the run keeps.
+            blobs={
+                context_digest: body,
+                self.binding.task_fingerprint: canonical_bytes(self.task.to_json()),
+                self.binding.policy_fingerprint: canonical_bytes(self.policy.to_json()),
+            },
             lease_to=None if ttl is None else LeaseRequest(self.worker, ttl),
         )
         return session

@@ -1,0 +1,217 @@
+"""`tether runs`, `tether resume`, `tether cancel`: which runs wait for whom, and moving them on.
+
+``runs`` answers "which runs need me?" from the store alone (verified when a
+keyring is given). ``resume`` makes a parked run claimable again and can
+admit its next recovery with a person's signature. ``cancel`` ends a run,
+in this process under the run's lease (``--app``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import socket
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tether.cli._sign import (
+    add_signer_arguments,
+    checks,
+    confirm_and_deliver,
+    open_existing,
+    read_view,
+)
+from tether.core import OutcomeKind, Phase, TetherError
+from tether.crypto import Keyring, Signer
+from tether.runtime import RunSummary, list_runs, load_factory, prepare_admission
+from tether.store import SQLiteStore, open_store
+
+
+def add_runs(sub: Any, seconds: Any) -> None:
+    """Register ``runs``, ``resume`` and ``cancel`` on the ``tether`` parser."""
+    runs = sub.add_parser(
+        "runs",
+        help="list runs: phase, generation, epoch, what each waits for and since when",
+        description="List the store's runs, those that need a person first (a pending write "
+        "waiting for an approval, an open review case, a run that keeps failing), then the "
+        "longest waiting. With --keyring every checkpoint is verified.",
+    )
+    where = runs.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", type=Path, help="SQLite store file")
+    where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
+    runs.add_argument("--marks", type=Path, help="separate SQLite file holding the marks")
+    runs.add_argument("--keyring", type=Path, help="verify each run's checkpoint (optional)")
+    runs.add_argument("--phase", choices=[p.value for p in Phase], help="only runs in this phase")
+    runs.add_argument("--needs-me", action="store_true", help="only runs that wait for a person")
+    runs.add_argument("--json", action="store_true", help="print one JSON object")
+    runs.set_defaults(func=cmd_runs)
+
+    resume = sub.add_parser(
+        "resume",
+        aliases=["retry"],
+        help="make a parked run claimable again; with --key, admit its next recovery",
+        description="A run that failed --max-attempts times in a row is parked: no worker "
+        "claims it. Once the cause is fixed, this forgets its failed attempts and back-off, "
+        "so the next worker poll claims it (a run under a live lease is left alone). With "
+        "--key, it also signs an admission (like `tether admit`) that the next recovery "
+        "opens its new epoch under.",
+    )
+    resume.add_argument("run_id", metavar="RUN")
+    add_signer_arguments(resume, seconds)
+    resume.set_defaults(func=cmd_resume)
+    _optional_key(resume)
+
+    cancel = sub.add_parser(
+        "cancel",
+        help="end a run in cancelled; a write it may have sent is settled first",
+        description="Take the run's lease, then end it in cancelled. A write that never left "
+        "is dropped (the ledger says so); one that may have been sent is looked up first: "
+        "committed -> recorded, absent -> dropped, unknowable -> needs_review. A cancelled run "
+        "can't be resumed. --app names factory(store, run_id, worker) -> Runtime.",
+    )
+    cancel.add_argument("run_id", metavar="RUN")
+    cancel.add_argument("--store", required=True, help="sqlite:///path.sqlite or postgresql://...")
+    cancel.add_argument("--app", required=True, help="module:factory building the run's Runtime")
+    cancel.add_argument("--reason", required=True, help="why, for the trace")
+    cancel.add_argument("--json", action="store_true", help="print one JSON object")
+    cancel.set_defaults(func=cmd_cancel)
+
+
+def _optional_key(parser: argparse.ArgumentParser) -> None:
+    # resume takes the signer's flags, but the key itself is optional there.
+    for action in parser._actions:
+        if action.dest == "key":
+            action.required = False
+            action.help = "sign an admission of the next recovery with this key (optional)"
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    store = open_existing(args.store or args.db)
+    marks = None if args.marks is None else SQLiteStore(args.marks, read_only=True)
+    try:
+        keyring = None if args.keyring is None else Keyring.from_file(args.keyring)
+        rows = list_runs(
+            store, keyring=keyring, marks=marks, phase=args.phase, needs_person=args.needs_me
+        )
+    finally:
+        store.close()
+        if marks is not None:
+            marks.close()
+    if args.json:
+        print(json.dumps({"runs": [row.to_json() for row in rows]}, sort_keys=True))
+        return 0
+    if not rows:
+        print("no runs" + (" need a person" if args.needs_me else ""))
+        return 0
+    print(_table(rows))
+    return 0
+
+
+def _table(rows: list[RunSummary]) -> str:
+    now = datetime.now(UTC)
+    lines = [("", "RUN", "PHASE", "GEN", "EPOCH", "SINCE", "WAITING FOR")]
+    for row in rows:
+        lines.append(
+            (
+                "!" if row.needs_person else "",
+                row.run_id,
+                row.phase,
+                str(row.generation),
+                "-" if row.epoch is None else str(row.epoch),
+                "-" if row.since is None else _ago(now, row.since),
+                row.waiting_for or "-",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(6)]
+    return "\n".join(
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line[:6])) + "  " + line[6]
+        for line in lines
+    )
+
+
+def _ago(now: datetime, then: datetime) -> str:
+    seconds = max(0, int((now - then).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    where = args.store or args.db
+    store = open_existing(where)
+    try:
+        before = store.get_mark(args.run_id)
+        if before is None:
+            raise TetherError(f"no run {args.run_id!r} in {where}")
+        mark = store.retry_now(args.run_id)
+    finally:
+        store.close()
+    report: dict[str, Any] = {
+        "run_id": args.run_id,
+        "phase": mark.phase,
+        "failed_attempts_cleared": before.attempts,
+    }
+    if args.key is not None:
+        signer = Signer.from_file(args.key)
+        prepared = prepare_admission(read_view(args), signer, now=datetime.now(UTC), **checks(args))
+        if not args.json:
+            _say_cleared(args.run_id, mark.phase, before.attempts)
+        return confirm_and_deliver(
+            args,
+            prepared,
+            f"Sign this recovery as {signer.signer_id}?",
+            "admission signed (inbox #{seq}); the next worker to claim run {run} opens its "
+            "new epoch under it",
+        )
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+        return 0
+    _say_cleared(args.run_id, mark.phase, before.attempts)
+    return 0
+
+
+def _say_cleared(run_id: str, phase: str, attempts: int) -> None:
+    print(
+        f"tether resume: run {run_id} ({phase}) had {attempts} failed attempt(s); cleared, "
+        "workers claim it on their next poll"
+    )
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    factory = load_factory(args.app)
+    worker_id = f"cancel-{socket.gethostname()}-{os.getpid()}"
+    with open_store(args.store) as store:
+        rt = factory(store, args.run_id, worker_id)
+        # The cancel runs under the run's lease: a worker busy with it makes this
+        # fail with LeaseHeldError rather than race it.
+        rt.lease_ttl_s = rt.lease_ttl_s or 30.0
+        session = rt.recover(args.run_id)
+        try:
+            outcome = session.cancel(args.reason, by=f"cli:{getpass.getuser()}")
+        finally:
+            session.release()
+    if outcome.kind is not OutcomeKind.CANCELLED:
+        raise TetherError(
+            f"run {args.run_id} is not cancelled: {outcome.kind} ({outcome.reason}): "
+            f"{outcome.message}"
+        )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "run_id": args.run_id,
+                    "phase": outcome.state.phase.value,
+                    "generation": outcome.state.generation,
+                },
+                sort_keys=True,
+            )
+        )
+    else:
+        print(
+            f"tether cancel: run {args.run_id} is cancelled (generation {outcome.state.generation})"
+        )
+    return 0

@@ -1,0 +1,104 @@
+"""`tether runs`, `resume`, and the signing commands' refusals, as real processes."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_cli import tether
+from tests.e2e.test_cli_humans import _frozen_pending
+from tether.crypto import Signer
+
+
+def _inbox(db: str) -> int:
+    with sqlite3.connect(db) as conn:
+        (count,) = conn.execute("SELECT count(*) FROM tether_inbox").fetchone()
+    return int(count)
+
+
+def test_runs_lists_a_run_waiting_for_an_approval_as_needing_a_person(tmp_path: Path) -> None:
+    """The waiting run is listed with its phase and the write it waits on, in text and JSON."""
+    run = _frozen_pending(tmp_path)
+    rows = json.loads(tether("runs", "--db", str(run["db"]), "--json").stdout)["runs"]
+    (row,) = rows
+    assert row["run_id"] == "demo-run" and row["phase"] == "pending"
+    assert row["needs_person"] and "approval of fix-calc" in row["waiting_for"]
+    text = tether("runs", "--db", str(run["db"]), "--needs-me").stdout
+    assert "demo-run" in text and "pending" in text and "!" in text
+    none = tether("runs", "--db", str(run["db"]), "--phase", "completed").stdout
+    assert none.strip() == "no runs"
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--key", "{reviewer}"], "takes an approver key"),
+        (["--trust", "{other_trust}"], "UnknownSignerError"),
+        (["--generation", "1"], "StaleViewError"),
+        (["--ttl", "901"], "longer than the policy's approval_ttl_s"),
+    ],
+)
+def test_approve_refuses_before_signing_what_the_runtime_would_refuse(
+    tmp_path: Path, extra: list[str], said: str
+) -> None:
+    """A reviewer's key, an untrusted key, a stale view or a too-long ttl: exit 1, inbox empty."""
+    run = _frozen_pending(tmp_path)
+    other = Signer.generate("someone", "approver")
+    other_trust = tmp_path / "other.trust.json"
+    other_trust.write_text(json.dumps({"signers": [other.trust_root()]}))
+    values = {
+        "reviewer": str(run["paths"].signer_key("reviewer")),  # type: ignore[attr-defined]
+        "other_trust": str(other_trust),
+    }
+    args = [a.format(**values) for a in extra]
+    key = [] if "--key" in args else ["--key", str(run["key"])]
+    result = tether(
+        "approve",
+        "demo-run",
+        "fix-calc",
+        "--db",
+        str(run["db"]),
+        *key,
+        *args,
+        "--yes",
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert said in result.stderr and "Traceback" not in result.stderr
+    assert _inbox(str(run["db"])) == 0
+
+
+def test_approve_with_the_runtimes_trust_file_delivers_one_document(tmp_path: Path) -> None:
+    """The approver named in the trust file signs; the JSON says what was signed."""
+    run = _frozen_pending(tmp_path)
+    trust = str(run["paths"].trust)  # type: ignore[attr-defined]
+    out = tether(
+        "approve",
+        "demo-run",
+        "fix-calc",
+        "--db",
+        str(run["db"]),
+        "--key",
+        str(run["key"]),
+        "--trust",
+        trust,
+        "--keyring",
+        str(run["keyring"]),
+        "--yes",
+        "--json",
+    )
+    report = json.loads(out.stdout)
+    assert report["inbox"] == 1 and report["kind"] == "approval"
+    assert report["signed"]["action_id"] == "fix-calc" and report["checkpoint_verified"]
+    assert _inbox(str(run["db"])) == 1
+
+
+def test_resume_of_an_unknown_run_is_one_line(tmp_path: Path) -> None:
+    """resume names the missing run without a traceback."""
+    run = _frozen_pending(tmp_path)
+    result = tether("resume", "nope", "--db", str(run["db"]), check=False)
+    assert result.returncode == 1 and "nope" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,149 @@
+"""The people's view of runs and the documents they sign, checked as the runtime checks them."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from tests.conftest import ScriptedAgent, World, finish, make_policy, write
+from tether.core import (
+    EvidenceSignatureError,
+    Phase,
+    PolicyError,
+    UnknownSignerError,
+    new_approval,
+)
+from tether.crypto import Signer, TrustRoots
+from tether.runtime import (
+    StaleViewError,
+    deliver,
+    list_runs,
+    open_run,
+    prepare_approval,
+)
+
+APPROVER = Signer.generate("amy", "approver")
+REVIEWER = Signer.generate("rev", "reviewer")
+STRANGER = Signer.generate("amy", "approver")  # same id, another key
+TRUST = TrustRoots.of(APPROVER.trust_root(), REVIEWER.trust_root())
+GUARDED = {"file.write": {"risk": "low", "permission": "workspace.write", "needs_approval": True}}
+
+
+@pytest.fixture
+def guarded(world: World) -> World:
+    world.policy = make_policy(kinds=GUARDED, approval_ttl_s=300)
+    return world
+
+
+def agent() -> ScriptedAgent:
+    return ScriptedAgent([write("notes.txt", "v1\n", action_id="w1"), finish])
+
+
+def waiting(world: World, run_id: str = "run-a") -> Any:
+    """A run whose write waits for an approval, and its runtime."""
+    rt = world.runtime(agent(), trust=TRUST)
+    session = rt.start(run_id)
+    session.step()
+    if session.state.phase is not Phase.PENDING:
+        raise RuntimeError(f"setup: the run is {session.state.phase}, not pending")
+    return rt
+
+
+def test_a_run_waiting_for_an_approval_is_listed_first_and_says_what_it_waits_for(
+    guarded: World,
+) -> None:
+    """list_runs puts the run that needs a person before a running one and names the write."""
+    waiting(guarded, "run-a")
+    free = guarded.runtime(ScriptedAgent([finish]), policy=make_policy()).start("run-b")
+    del free
+    rows = list_runs(guarded.store(), now=guarded.clock.now())
+    assert [r.run_id for r in rows] == ["run-a", "run-b"]
+    first = rows[0]
+    assert first.needs_person and first.phase == "pending"
+    assert first.waiting_for is not None and "approval of w1" in first.waiting_for
+    assert not rows[1].needs_person
+    assert [r.run_id for r in list_runs(guarded.store(), needs_person=True)] == ["run-a"]
+    assert [r.run_id for r in list_runs(guarded.store(), phase="running")] == ["run-b"]
+
+
+def test_the_runs_policy_is_kept_in_the_store_for_the_tools_to_check_against(
+    guarded: World,
+) -> None:
+    """open_run finds the run's own policy by its fingerprint, so a ttl check needs no file."""
+    waiting(guarded)
+    view = open_run(guarded.store(), "run-a", keyring=guarded.keyring)
+    assert view.verified
+    assert view.policy is not None and view.policy.fingerprint == guarded.policy.fingerprint
+
+
+@pytest.mark.parametrize(
+    ("signer", "options", "error"),
+    [
+        (REVIEWER, {}, PolicyError),  # a reviewer's key cannot approve
+        (STRANGER, {"trust": TRUST}, EvidenceSignatureError),  # a trusted id, another key
+        (Signer.generate("eve", "approver"), {"trust": TRUST}, UnknownSignerError),
+        (APPROVER, {"ttl_s": -5}, PolicyError),
+        (APPROVER, {"ttl_s": 0}, PolicyError),
+        (APPROVER, {"ttl_s": 301}, PolicyError),  # over the stored policy's 300 s
+        (APPROVER, {"seen_generation": 1}, StaleViewError),
+    ],
+)
+def test_an_approval_the_runtime_would_refuse_is_refused_before_signing(
+    guarded: World, signer: Signer, options: dict[str, Any], error: type[Exception]
+) -> None:
+    """Wrong role, untrusted key, bad ttl or a stale view: refused, and nothing is delivered."""
+    waiting(guarded)
+    store = guarded.store()
+    view = open_run(store, "run-a", keyring=guarded.keyring, now=guarded.clock.now())
+    with pytest.raises(error):
+        prepare_approval(view, signer, "w1", now=guarded.clock.now(), **options)
+    assert store.evidence("run-a") == []
+
+
+def test_a_prepared_approval_is_accepted_by_the_runtime_and_the_write_happens(
+    guarded: World,
+) -> None:
+    """What the tool checked and delivered, the runtime accepts: the run completes, one write."""
+    rt = waiting(guarded)
+    store = guarded.store()
+    view = open_run(store, "run-a", keyring=guarded.keyring, now=guarded.clock.now())
+    prepared = prepare_approval(
+        view,
+        APPROVER,
+        "w1",
+        now=guarded.clock.now(),
+        trust=TRUST,
+        seen_generation=view.state.generation,
+    )
+    assert prepared.shown["action_id"] == "w1" and "nonce" not in prepared.shown
+    assert deliver(store, prepared) == 1
+    assert open_run(store, "run-a").inbox[0].status == "waiting"
+    session = rt.recover("run-a")
+    while not session.state.phase.terminal:
+        session.step()
+    assert session.state.phase is Phase.COMPLETED
+    assert guarded.sandbox.files["notes.txt"] == "v1\n"
+    after = open_run(store, "run-a", keyring=guarded.keyring)
+    assert [(i.seq, i.status) for i in after.inbox] == [(1, "applied")]
+    assert not after.needs_person and after.waiting_for is None
+
+
+def test_a_refused_document_shows_in_the_inbox_with_the_reason(guarded: World) -> None:
+    """A document signed past the tools (an untrusted key) is refused by the run; the view says why."""
+    rt = waiting(guarded)
+    store = guarded.store()
+    state = open_run(store, "run-a").state
+    now = guarded.clock.now()
+    body = new_approval(
+        state, "eve", issued_at=now, expires_at=now + timedelta(seconds=60), nonce="n" * 32
+    )
+    store.put_evidence("run-a", "approval", Signer.generate("eve", "approver").sign(body))
+    session = rt.recover("run-a")
+    session.step()
+    view = open_run(store, "run-a", keyring=guarded.keyring, now=guarded.clock.now())
+    (item,) = view.inbox
+    assert item.status == "refused" and item.signer == "eve"
+    assert item.why is not None and "UnknownSignerError" in item.why
+    assert view.needs_person  # still waiting for a valid approval
