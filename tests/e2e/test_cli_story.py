@@ -257,3 +257,42 @@ def test_init_writes_a_task_and_policy_the_strict_loaders_accept(
     assert sorted(p.name for p in ws.rglob("*")) == ["app.py", "src"]  # nothing left in it
     code, _, err = run(capsys, "init", "--workspace", str(ws), "--out", str(out_dir))
     assert code == 1 and "already exists" in err
+
+
+def test_inspect_shows_the_inbox_and_why_a_document_was_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """An approval by an untrusted signer shows as refused with its reason, text and JSON."""
+    from datetime import UTC, datetime, timedelta
+
+    from tests.e2e.test_cli import demo_child
+    from tether import _demo
+    from tether.core import new_approval
+    from tether.crypto import Signer
+    from tether.runtime import Checkpointer
+    from tether.store import SQLiteStore
+
+    paths = _demo.DemoPaths.under(tmp_path)
+    _demo.prepare(paths, "approval")
+    demo_child(paths, "start")
+    mallory = Signer.generate("mallory", "approver")  # in no trust file
+    with SQLiteStore(paths.db) as store:
+        state = Checkpointer(store, _demo.keyring(paths)).load(_demo.RUN_ID).state
+        now = datetime.now(UTC)
+        body = new_approval(
+            state, "mallory", issued_at=now, expires_at=now + timedelta(seconds=300), nonce="n" * 32
+        )
+        store.put_evidence(_demo.RUN_ID, "approval", mallory.sign(body))
+    demo_child(paths, "take-evidence")
+    args = ["inspect", "demo-run", "--db", str(paths.db), "--keyring", str(paths.keyring)]
+    code, text, _ = run(capsys, *args)
+    assert code == 0
+    line = next(row for row in text.splitlines() if row.strip().startswith("#1 approval"))
+    assert "mallory" in line and "[refused]" in line and "trusted" in line
+    assert "waiting  for an approval of fix-calc" in text
+    refused = next(row for row in text.splitlines() if " evidence_refused " in row)
+    assert "mallory" in refused
+    _, raw, _ = run(capsys, *args, "--json")
+    report = json.loads(raw)
+    assert report["inbox"][0]["status"] == "refused" and "mallory" in report["inbox"][0]["why"]
+    assert report["needs_person"] is True
