@@ -19,9 +19,6 @@ from tether.cli import build_parser, main
 from tether.core import Policy, TaskSpec
 from tether.crypto import Keyring, TrustRoots
 
-#: Commands another engineer is giving --json on their branch; drop each once merged.
-_JSON_PENDING = {"approve", "review", "fork", "cancel"}
-
 
 def leaves(parser: argparse.ArgumentParser, prefix: str = "") -> list[tuple[str, Any, str]]:
     """Every runnable (sub)command of ``parser``: (name, its parser, its help)."""
@@ -55,8 +52,7 @@ def test_every_command_has_json_help_and_a_readme_mention() -> None:
     for name, parser, helptext in commands:
         assert helptext, f"tether {name} has no help"
         options = {o for a in parser._actions for o in a.option_strings}
-        if name not in _JSON_PENDING:
-            assert "--json" in options, f"tether {name} has no --json"
+        assert "--json" in options, f"tether {name} has no --json"
         assert re.search(rf"tether {re.escape(name)}\b", readme), f"README lacks tether {name}"
 
 
