@@ -15,6 +15,7 @@ import pytest
 
 from tests.e2e.test_cli import ROOT, demo
 from tether import __version__
+from tether.adapters import FileWorkspace
 from tether.cli import build_parser, main
 from tether.core import Policy, TaskSpec
 from tether.crypto import Keyring, TrustRoots
@@ -250,7 +251,11 @@ def test_init_writes_a_task_and_policy_the_strict_loaders_accept(
     task = TaskSpec.from_json((out_dir / "task.json").read_bytes())
     Policy.from_json((out_dir / "policy.json").read_bytes())
     assert task.initial_environment.state_fingerprint == json.loads(out)["state_fingerprint"]
+    # The same tree seen by the runtime's own workspace, its journal elsewhere.
+    with FileWorkspace(ws, tmp_path / "journal") as fw:
+        assert fw.environment().state_fingerprint == task.initial_environment.state_fingerprint
     assert sorted(p.name for p in ws.rglob("*")) == ["app.py", "src"]  # nothing left in it
+    assert task.verifier.argv == ("python", "-m", "unittest", "-q")
     code, _, err = run(capsys, "init", "--workspace", str(ws), "--out", str(out_dir))
     assert code == 1 and "already exists" in err
 
@@ -292,3 +297,44 @@ def test_inspect_shows_the_inbox_and_why_a_document_was_refused(
     report = json.loads(raw)
     assert report["inbox"][0]["status"] == "refused" and "mallory" in report["inbox"][0]["why"]
     assert report["needs_person"] is True
+
+
+@pytest.mark.postgres
+def test_start_creates_runs_a_worker_then_completes_on_postgresql(tmp_path: Path) -> None:
+    """`tether start` makes runs in PostgreSQL that one `tether worker --idle-exit` completes."""
+    from tests.conformance._pg import fresh_schema, pg_dsn, url_in_schema
+    from tether import _demo
+
+    dsn = pg_dsn()
+    home = tmp_path / "home"
+    demo(home)  # leaves the keyring, task, policy and trust roots the factory reads
+    env = {**os.environ, "TETHER_DEMO_HOME": str(home)}
+    app = ["--app", "tether._demo:worker_factory"]
+    with fresh_schema(dsn) as schema:
+        url = url_in_schema(dsn, schema)
+
+        def tether_cmd(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "tether.cli", *args],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=120,
+                check=False,
+            )
+
+        started = tether_cmd("start", "run-a", "run-b", "--store", url, *app, "--json")
+        assert started.returncode == 0, started.stderr
+        assert [r["run_id"] for r in json.loads(started.stdout)["started"]] == ["run-a", "run-b"]
+        again = tether_cmd("start", "run-a", "--store", url, *app, "--json")
+        assert (
+            again.returncode == 1
+            and "already exists" in json.loads(again.stdout)["error"]["message"]
+        )
+        worked = tether_cmd("worker", "--store", url, *app, "--idle-exit")
+        assert worked.returncode == 0, worked.stderr
+        summary = json.loads(worked.stdout.strip().splitlines()[-1])
+        assert sorted(summary["runs"]) == ["run-a", "run-b"] and summary["completed"] == 2
+    for run_id in ("run-a", "run-b"):
+        ws = home / "runs" / run_id
+        assert (ws / "calc.py").read_text() == _demo.FIXED
