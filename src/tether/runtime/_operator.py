@@ -69,7 +69,8 @@ class InboxItem:
     """One document in a run's inbox and what became of it.
 
     ``status``: ``waiting`` (the run has not read it yet), ``applied`` (read
-    and accepted) or ``refused`` (read and refused; ``why`` says why).
+    and accepted), ``refused`` (read and refused; ``why`` says why), or
+    ``read`` when the view was opened without its history.
     """
 
     seq: int
@@ -207,28 +208,35 @@ def open_run(
     keyring: Keyring | None = None,
     marks: GenerationStore | None = None,
     now: datetime | None = None,
+    history: bool = True,
 ) -> RunView:
     """Read ``run_id`` back: verified under ``keyring`` (every check), else read as stored.
 
     ``now`` (default: the system clock) is what approval expiry is judged by.
+    ``history=False`` reads the checkpoint alone (no trace, no ledger, and so
+    no reasons for refused documents): enough to say what the run waits for.
     """
+    trace: tuple[TraceEvent, ...] = ()
+    ledger: tuple[LedgerEntry, ...] = ()
     if keyring is not None:
         checkpointer = Checkpointer(store, keyring, marks=marks)
         restored = checkpointer.load(run_id)
         state, mark = restored.state, restored.mark
-        trace = tuple(checkpointer.verified_trace(state))
-        ledger = tuple(checkpointer.verified_ledger(state))
+        if history:
+            trace = tuple(checkpointer.verified_trace(state))
+            ledger = tuple(checkpointer.verified_ledger(state))
     else:
         state, mark = _unverified_state(store, run_id, marks)
-        trace = tuple(store.trace(run_id, state.trace_head))
-        ledger = tuple(store.ledger(run_id))
+        if history:
+            trace = tuple(store.trace(run_id, state.trace_head))
+            ledger = tuple(store.ledger(run_id))
     return RunView(
         state=state,
         mark=mark,
         verified=keyring is not None,
         trace=trace,
         ledger=ledger,
-        inbox=_inbox(store.evidence(run_id), state, trace),
+        inbox=_inbox(store.evidence(run_id), state, trace if history else None),
         policy=_stored_policy(store, state),
         read_at=now if now is not None else SystemClock().now(),
     )
@@ -254,7 +262,9 @@ def list_runs(
         if phase is not None and mark.phase != phase:
             continue
         try:
-            view = open_run(store, mark.run_id, keyring=keyring, marks=marks, now=now)
+            view = open_run(
+                store, mark.run_id, keyring=keyring, marks=marks, now=now, history=False
+            )
         except TetherError as exc:
             rows.append(
                 RunSummary(
@@ -643,11 +653,11 @@ def _stored_policy(store: ContentStore, state: RunState) -> Policy | None:
 
 
 def _inbox(
-    found: list[Evidence], state: RunState, trace: tuple[TraceEvent, ...]
+    found: list[Evidence], state: RunState, trace: tuple[TraceEvent, ...] | None
 ) -> tuple[InboxItem, ...]:
     refusals = {
         event.data.get("seq"): f"{event.data.get('error')}: {event.data.get('message')}"
-        for event in trace
+        for event in trace or ()
         if event.kind == "evidence_refused"
     }
     items = []
@@ -655,6 +665,8 @@ def _inbox(
         signer = item.document.get("signer")
         if item.seq > state.inbox_cursor:
             status, why = "waiting", None
+        elif trace is None:  # read, but without the trace nobody can say how it went
+            status, why = "read", None
         elif item.seq in refusals:
             status, why = "refused", refusals[item.seq]
         else:
