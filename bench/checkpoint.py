@@ -61,6 +61,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from _progress import rounds as progress_rounds
+
 from tether.adapters import Sandbox
 from tether.core import Observation, Policy, Proposal, TaskSpec
 from tether.crypto import Keyring
@@ -278,7 +280,7 @@ def measure_commits(base: Path, settings: Settings, keyring: Keyring) -> CommitR
         for commit in sides.values():
             timed(commit, settings.commits_per_round)  # warm caches and both WAL files
         rounds: dict[str, list[Timing]] = {"tether": [], "bare": []}
-        for index in range(settings.rounds):
+        for index in progress_rounds(range(settings.rounds), "commit rounds", settings.rounds):
             # Swap who goes first, so neither side always inherits the other's WAL checkpoint.
             order = ["tether", "bare"] if index % 2 == 0 else ["bare", "tether"]
             for name in order:
@@ -359,7 +361,7 @@ def measure_windows(
     """Late windows of ``long_run``, each paired with steps 5-15 of a fresh run in ``store``."""
     late_from = long_run.state.spent.steps + 1
     early, late = [], []
-    for _ in range(settings.windows):
+    for _ in progress_rounds(range(settings.windows), f"windows ({synchronous})", settings.windows):
         fresh = start_run(store, keyring)
         fresh.run(max_steps=EARLY_FIRST - 1)
         fresh_timing, long_timing = paired_window(fresh, long_run, EARLY_STEPS)

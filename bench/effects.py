@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _progress import rounds as progress_rounds
 
 from tether.adapters import REFERENCE_PROFILE, HttpEffect, ServiceProfile
 from tether.adapters._httpfields import IDEMPOTENCY_KEY, sf_string
@@ -260,7 +261,7 @@ def measure(svc: Service, bare: Bare, side: Tether, effects: int, rounds: int) -
         bare.effect()
         side.effect()
     result = Result([], [])
-    for r in range(rounds):
+    for r in progress_rounds(range(rounds), "effect rounds", rounds):
         order = [("bare", bare.effect), ("tether", side.effect)]
         if r % 2:
             order.reverse()  # whichever goes second meets a warmer (or busier) machine

@@ -37,6 +37,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from _progress import rounds as progress_rounds
+
 DEFAULT_DSN = os.environ.get("TETHER_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 VERIFIER = ("python", "-c", "pass")
 
@@ -404,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(x) for x in args.workers.split(",")):
         ratios: list[float] = []
         duplicates = 0.0
-        for _ in range(args.repeat):
+        for _ in progress_rounds(range(args.repeat), f"{n} worker(s)", args.repeat):
             tether = measure_tether(args.dsn, n, args.runs_per_worker, args.steps)
             window = max(2.0, min(tether["window"], 8.0))
             bare = measure_bare(args.dsn, n, int(tether["size"]), window)

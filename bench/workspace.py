@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _progress import rounds as progress_rounds
+
 from tether.adapters import FileWorkspace
 from tether.adapters._statcache import RACY_WINDOW_NS
 from tether.core import Intent, Observation, Policy, Proposal, TaskSpec
@@ -322,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                 cold[stepper] = (time.perf_counter() - start) * 1000, ws.files_hashed
                 stepper.snapshot_bytes.append(stepper.snapshot())
             time.sleep(RACY_WINDOW_NS / 1e9 + 0.2)  # the first snapshot's cache rows age too
-            for _ in range(steps):
+            for _ in progress_rounds(range(steps), "workspace steps", steps):
                 for stepper in steppers:
                     stepper.round()
             report(modes, cold, files)

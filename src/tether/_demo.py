@@ -346,7 +346,9 @@ def worker_factory(store: SQLBase, run_id: str, worker: str) -> Runtime:
     """``tether worker --app tether._demo:worker_factory`` with ``TETHER_DEMO_HOME`` set.
 
     Runs seeded with :func:`seed_run` get their own workspace; the demo run uses
-    the demo's workspace.
+    the demo's workspace. Any other run id with no workspace yet (``tether start``
+    creating it) gets one seeded with the buggy file: a run that exists in the
+    store but lost its workspace then fails closed on the new journal's identity.
     """
     home = os.environ.get("TETHER_DEMO_HOME")
     if not home:
@@ -355,6 +357,8 @@ def worker_factory(store: SQLBase, run_id: str, worker: str) -> Runtime:
     mine = run_workspace(paths, run_id)
     if mine.workspace.exists():
         paths = mine
+    elif run_id != RUN_ID:
+        paths = seed_run(paths, run_id)
     rt = runtime(paths, workspace(paths), store=store)
     rt.worker = worker
     return rt

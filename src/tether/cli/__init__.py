@@ -15,38 +15,45 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tether import __version__
 from tether._demo import SCENARIOS
+from tether.cli import _guard
 from tether.cli._crashtest import add_crashtest
-from tether.cli._demo_cmd import cmd_demo, cmd_demo_child
+from tether.cli._demo_cmd import CHILD_COMMAND, child_parser, cmd_demo
 from tether.cli._inspect import add_reader, cmd_inspect, cmd_verify
+from tether.cli._onboard import add_onboarding
 from tether.cli._recovery import add_recovery
 from tether.cli._runs import add_runs
 from tether.cli._serve import add_serve
 from tether.cli._sign import add_signing
-from tether.core import MAX_APPROVAL_TTL_S, IntegrityError, TetherError
+from tether.cli._start import add_start
+from tether.core import MAX_APPROVAL_TTL_S
 from tether.runtime import CrashPoint
 
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_INTEGRITY = 3
+EXIT_ERROR = _guard.EXIT_ERROR
+EXIT_USAGE = _guard.EXIT_USAGE
+EXIT_INTEGRITY = _guard.EXIT_INTEGRITY
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tether`` console script."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return EXIT_USAGE
-    try:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in[:1] == [CHILD_COMMAND]:
+        # The demo's own child process: not a command a person types, so not in --help.
+        parser = child_parser()
+        args_in = args_in[1:]
+    else:
+        parser = _parser()
+
+    def body() -> int:
+        args = parser.parse_args(args_in)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return EXIT_USAGE
         code: int = args.func(args)
         return code
-    except IntegrityError as exc:
-        _error(f"integrity: {type(exc).__name__}: {exc}")
-        return EXIT_INTEGRITY if args.command in {"verify", "inspect"} else EXIT_ERROR
-    except TetherError as exc:
-        _error(f"{type(exc).__name__}: {exc}")
-        return EXIT_ERROR
+
+    return _guard.guarded(args_in, body, json_out=_guard.wants_json(args_in))
 
 
 @functools.cache
@@ -57,10 +64,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _guard.Parser(
         prog="tether",
         description="Recoverable agent runs that never repeat a real-world side effect.",
     )
+    parser.add_argument("--version", action="version", version=f"tether {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     demo = sub.add_parser(
@@ -115,18 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(func=cmd_demo)
 
-    child = sub.add_parser("_demo-child", help=argparse.SUPPRESS)
-    child.add_argument("stage", choices=["start", "recover", "take-evidence"])
-    child.add_argument("--db", type=Path, required=True)
-    child.add_argument("--marks", type=Path)
-    child.add_argument("--store", help="store URL instead of the SQLite file (e.g. PostgreSQL)")
-    child.add_argument("--lease-ttl", type=float, help="take the run's lease for this long")
-    child.add_argument("--workspace", type=Path, required=True)
-    child.add_argument("--crash-at", choices=[p.value for p in CrashPoint])
-    child.add_argument("--crash-hit", type=int, default=1)
-    child.add_argument("--scenario", choices=list(SCENARIOS), default="repair")
-    child.set_defaults(func=cmd_demo_child)
-
     for name, helptext, func in (
         ("inspect", "show a run's state, pending write, ledger and trace", cmd_inspect),
         (
@@ -137,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         add_reader(sub, name, helptext, func)
     add_signing(sub, _seconds(MAX_APPROVAL_TTL_S))
+    add_onboarding(sub)
+    add_start(sub)
     worker = sub.add_parser(
         "worker",
         help="run a recovery worker that claims runs whose lease expired",
@@ -182,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument(
         "--idle-exit", action="store_true", help="exit when no run is waiting to be claimed"
+    )
+    worker.add_argument(
+        "--json",
+        action="store_true",
+        help="the summary at exit is one JSON object on stdout either way (logs go to stderr)",
     )
     worker.set_defaults(func=cmd_worker)
     add_runs(sub, _seconds(MAX_APPROVAL_TTL_S))

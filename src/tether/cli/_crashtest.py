@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tether.cli import _progress
 from tether.runtime import CrashPoint
 
 #: The harness found a duplicate or missing effect, a lost or phantom receipt, or a trial it
@@ -68,15 +69,17 @@ def cmd_crashtest(args: argparse.Namespace) -> int:
     # is not on the import path; an app module next to the user should load.
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    report = run_crash_harness(
-        args.app,
-        trials=args.trials,
-        points=None if args.points is None else [CrashPoint(p) for p in args.points],
-        store_url=args.store,
-        workdir=args.workdir,
-        jobs=args.jobs,
-        recoveries=args.recoveries,
-    )
+    with _progress.bar("crashtest", enabled=_progress.wanted(args.json)) as update:
+        report = run_crash_harness(
+            args.app,
+            trials=args.trials,
+            points=None if args.points is None else [CrashPoint(p) for p in args.points],
+            store_url=args.store,
+            workdir=args.workdir,
+            jobs=args.jobs,
+            recoveries=args.recoveries,
+            progress=update,
+        )
     if args.json:
         print(json.dumps(report.to_json(), sort_keys=True))
     else:

@@ -19,6 +19,7 @@ from typing import Any
 from tether import _demo, _desk, _notify
 from tether.cli import _desk_cmd, _sign
 from tether.cli._demo_child import child, report_unfired, unfired
+from tether.cli._render import tether_command
 from tether.core import Phase, RunState, TetherError, new_approval, new_decision
 from tether.crypto import Signer
 from tether.runtime import Checkpointer, CrashPlan, CrashPoint
@@ -105,9 +106,8 @@ def _notify_story(args: argparse.Namespace, paths: _demo.DemoPaths) -> int:
         who = epoch["principal"] or "the run's start"
         how = "" if epoch["signed"] is None else (" (signed)" if epoch["signed"] else " (unsigned)")
         print(f"  epoch opened by {epoch['event']}: {who}{how}")
-    print(
-        f"next: tether epochs {summary['run_id']} --db {summary['db']} --keyring {summary['keyring']}"
-    )
+    keyring = f" --keyring {summary['keyring']}" if summary["keyring"] else ""
+    print(f"next: {tether_command()} epochs {summary['run_id']} --db {summary['db']}{keyring}")
     return 0
 
 
@@ -156,7 +156,21 @@ def _demo_run(args: argparse.Namespace) -> int:
         crashed = {"point": args.crash_at, "hit": args.crash_hit, "signal": "SIGKILL"}
     summary = _summary(paths, crashed)
     summary["scenario"] = args.scenario
+    if args.scenario == "repair" and crashed is not None:
+        story = _repair_story(paths, crashed)
     summary["story"] = story
+    if args.scenario == "conflict":
+        summary["writes_explained"] = (
+            "the one write the workspace received is process 1's fix; its key was then "
+            "claimed by a different intent, so the run could not count that receipt as its "
+            "own; the reviewer's replan quarantined the key, the run read calc.py again, "
+            "found it fixed and finished without writing a second time"
+        )
+    keyring = f" --keyring {summary['keyring']}" if summary["keyring"] else ""
+    marks = f" --marks {summary['marks']}" if summary["marks"] else ""
+    summary["next"] = (
+        f"{tether_command()} inspect {summary['run_id']} --db {summary['db']}{marks}{keyring}"
+    )
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     else:
@@ -198,27 +212,33 @@ def _approve(paths: _demo.DemoPaths, ttl_s: float) -> dict[str, Any]:
 def _approval_story(paths: _demo.DemoPaths, story: list[str]) -> None:
     """An approval expires while the run is down; a person refreshes it; the write runs once."""
     _stage(paths, "start")
-    story.append(f"process 1: proposed the fix; phase {_state(paths).phase}, waiting for approval")
+    state = _state(paths)
+    story.append(
+        "process 1 read calc.py and proposed the fix; the policy says a person must approve "
+        f"every file write, so the write waits ({state.phase}) and process 1 exits"
+    )
     first = _approve(paths, ttl_s=1.0)
     _stage(paths, "take-evidence")
     story.append(
-        f"approver signed (expires {first['expires_at']}); process 2 recorded it and exited"
+        f"the approver signed an approval that lives 1 second (until {first['expires_at']}); "
+        "process 2 took it from the inbox into the checkpoint and exited before writing"
     )
     time.sleep(1.2)
     _stage(paths, "recover")
     state = _state(paths)
-    waiting = state.phase is Phase.PENDING
+    if state.phase is not Phase.PENDING:
+        raise TetherError(f"the approval demo expected the write still pending, got {state.phase}")
     story.append(
-        f"process 3: restored the checkpoint with its expired approval readable; phase "
-        f"{state.phase}: the write stays frozen"
-        if waiting
-        else f"unexpected phase {state.phase}"
+        "process 3 restored the checkpoint: the approval is there and readable but expired, "
+        "so the write stays frozen (an expired approval is not corruption; nothing is written)"
     )
     second = _approve(paths, ttl_s=900)
     _stage(paths, "recover")
+    final = _state(paths)
     story.append(
-        f"approver signed a fresh approval (expires {second['expires_at']}); "
-        f"process 4 sealed the old one into the trace, wrote once, verified, completed"
+        f"the approver signed a fresh approval (until {second['expires_at']}); process 4 "
+        "sealed the expired one into the trace, wrote calc.py once, ran the verifier and "
+        f"{'completed' if final.phase is Phase.COMPLETED else f'ended {final.phase}'}"
     )
 
 
@@ -228,16 +248,27 @@ def _conflict_story(paths: _demo.DemoPaths, story: list[str]) -> None:
     pending = _state(paths).pending
     if pending is None:
         raise TetherError("the conflict demo expected a pending write after the crash")
-    story.append("process 1: the workspace committed the fix, then SIGKILL before the receipt")
+    story.append(
+        "process 1 proposed the fix; the workspace received it and committed it (1 write "
+        "received), then the process was killed (SIGKILL) before it saved the receipt"
+    )
     with _demo.workspace(paths) as ws:
         ws.tamper_receipt(pending.idempotency_key, intent_digest="sha256:" + "c0ffee" * 10 + "c0ff")
-    story.append("another caller reused the idempotency key for a different payload")
+    story.append(
+        f"meanwhile the workspace's receipt for key {pending.idempotency_key} was made to "
+        "name a different payload, as if another caller had reused the key"
+    )
     _stage(paths, "recover")
     state = _state(paths)
     case = state.review_cases[0] if state.review_cases else None
     if state.phase is not Phase.NEEDS_REVIEW or case is None:
         raise TetherError(f"the conflict demo expected needs_review, got {state.phase}")
-    story.append(f"process 2: same key, different intent: {state.phase}, case {case.case_id}")
+    story.append(
+        "process 2 recovered and asked the workspace by key: same key, different intent. "
+        "It cannot tell who is right, so it writes nothing, keeps the pending write and the "
+        f"receipt as evidence, and freezes the run for a person ({state.phase}, case "
+        f"{case.case_id})"
+    )
     signer = Signer.from_file(paths.signer_key("reviewer"))
     now = datetime.now(UTC)
     body = new_decision(
@@ -250,13 +281,85 @@ def _conflict_story(paths: _demo.DemoPaths, story: list[str]) -> None:
         nonce=secrets.token_hex(16),
     )
     _sign.deliver_document(paths.db, _demo.RUN_ID, "review_decision", signer.sign(body))
+    story.append(
+        f"the reviewer {signer.signer_id} signed a replan bound to the case, both intent "
+        f"digests and the receipt (what `{tether_command()} review {_demo.RUN_ID} "
+        f"{case.case_id} --decision replan --key ...` does)"
+    )
     _stage(paths, "recover")
     final = _state(paths)
     story.append(
-        f"reviewer signed replan; process 3 reread the receipt, quarantined "
-        f"{final.quarantined_keys[0] if final.quarantined_keys else '?'}, observed anew and "
-        f"finished: {final.phase}"
+        "process 3 reread the receipt (unchanged since the decision), quarantined key "
+        f"{final.quarantined_keys[0] if final.quarantined_keys else '?'} for good, read "
+        "calc.py again, found it already fixed, wrote nothing and "
+        f"{'completed' if final.phase is Phase.COMPLETED else f'ended {final.phase}'}"
     )
+
+
+def _repair_story(paths: _demo.DemoPaths, crashed: dict[str, Any]) -> list[str]:
+    """The kill and the recovery of the repair run, from its verified trace."""
+    store = SQLiteStore(paths.db)
+    marks = SQLiteStore(paths.marks) if paths.marks is not None else None
+    try:
+        checkpointer = Checkpointer(store, _demo.keyring(paths), marks=marks)
+        events = checkpointer.verified_trace(checkpointer.load(_demo.RUN_ID).state)
+    finally:
+        store.close()
+        if marks is not None:
+            marks.close()
+    cut = next((i for i, e in enumerate(events) if e.kind == "recovered"), len(events))
+    point = crashed["point"]
+    story = [
+        f"process 1 {_did(events[:cut]) or 'started the run'}; then it was killed (SIGKILL) at "
+        f"{point}: {_desk_cmd.WINDOWS[point].format(effect='the write of calc.py')}",
+        f"process 2 restored the newest checkpoint (the one the high-water mark names) and "
+        f"{_did(events[cut:]) or 'carried on'}",
+    ]
+    return story
+
+
+#: What a trace event means in the repair story (events not named here are left out).
+_SAID = {
+    "run_started": "started the run",
+    "action_observed": "read calc.py",
+    "intent_persisted": "saved the write's intent and idempotency key",
+    "effect_dispatched": "sent the write",
+    "effect_committed": "wrote calc.py (the workspace's receipt saved)",
+    "effect_reconciled": "asked the workspace by key: the write had landed, so it reused the "
+    "receipt and wrote nothing again",
+    "verifier_ran": "ran the verifier",
+    "completed": "completed",
+}
+
+
+def _did(events: list[Any]) -> str:
+    said = [_SAID[e.kind] for e in events if e.kind in _SAID]
+    return ", ".join(said)
+
+
+#: The first argument that makes ``tether`` (``python -m tether.cli``) a demo child.
+CHILD_COMMAND = "_demo-child"
+
+
+def child_parser() -> argparse.ArgumentParser:
+    """The parser of ``tether _demo-child STAGE``: the process a demo may SIGKILL.
+
+    Kept apart from :func:`tether.cli.build_parser` so it never shows in ``--help``.
+    """
+    from tether.cli._guard import Parser
+
+    child = Parser(prog=f"tether {CHILD_COMMAND}", description="one stage of a demo run")
+    child.add_argument("stage", choices=["start", "recover", "take-evidence"])
+    child.add_argument("--db", type=Path, required=True)
+    child.add_argument("--marks", type=Path)
+    child.add_argument("--store", help="store URL instead of the SQLite file (e.g. PostgreSQL)")
+    child.add_argument("--lease-ttl", type=float, help="take the run's lease for this long")
+    child.add_argument("--workspace", type=Path, required=True)
+    child.add_argument("--crash-at", choices=[p.value for p in CrashPoint])
+    child.add_argument("--crash-hit", type=int, default=1)
+    child.add_argument("--scenario", choices=list(_demo.SCENARIOS), default="repair")
+    child.set_defaults(func=cmd_demo_child)
+    return child
 
 
 def cmd_demo_child(args: argparse.Namespace) -> int:
@@ -314,6 +417,7 @@ def _summary(paths: _demo.DemoPaths, crashed: dict[str, Any] | None) -> dict[str
             "marks": None if paths.marks is None else str(paths.marks),
             "workspace": str(paths.workspace),
             "keyring": None if os.environ.get("TETHER_KEYRING_FILE") else str(paths.keyring),
+            "writes_explained": None,
         }
     finally:
         store.close()
@@ -323,7 +427,9 @@ def _summary(paths: _demo.DemoPaths, crashed: dict[str, Any] | None) -> dict[str
 
 def _print_demo(s: dict[str, Any]) -> None:
     print(f"tether demo: run {s['run_id']} is {s['phase']} ({s['stop_reason']})")
-    if s["crash"]:
+    for number, line in enumerate(s["story"], start=1):
+        print(f"  {number}. {line}")
+    if s["crash"] and not s["story"]:
         print(
             f"  crash      SIGKILL at {s['crash']['point']}, recovered in a new process "
             f"(epoch {s['epoch']})"
@@ -335,7 +441,7 @@ def _print_demo(s: dict[str, Any]) -> None:
         f"  writes     {s['workspace_writes']} received by the workspace (counted by it), "
         f"{s['writes_committed']} committed by the run"
     )
+    if s["writes_explained"]:
+        print(f"             {s['writes_explained']}")
     print(f"  checkpoint generation {s['generation']}, {s['trace_events']} trace events")
-    keyring = f" --keyring {s['keyring']}" if s["keyring"] else ""
-    marks = f" --marks {s['marks']}" if s["marks"] else ""
-    print(f"  next       tether inspect {s['run_id']} --db {s['db']}{marks}{keyring}")
+    print(f"  next       {s['next']}")

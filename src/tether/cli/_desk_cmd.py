@@ -20,6 +20,7 @@ from typing import Any
 from tether import _demo, _desk
 from tether.cli import _sign
 from tether.cli._demo_child import child, unfired
+from tether.cli._render import tether_command
 from tether.core import (
     LedgerEntry,
     Phase,
@@ -152,7 +153,7 @@ def _resolve_review(paths: _demo.DemoPaths, services: _desk.DeskServices) -> dic
         "found_in_mailbox": found,
         "decision": decision,
         "reviewer": signer.signer_id,
-        "same_command": f"tether review {_demo.RUN_ID} {case.case_id} --decision {decision} "
+        "same_command": f"{tether_command()} review {_demo.RUN_ID} {case.case_id} --decision {decision} "
         f"--key {paths.signer_key('reviewer')} --db {paths.db}",
     }
 
@@ -339,7 +340,8 @@ def _print(s: dict[str, Any]) -> None:
         )
     marks = f" --marks {s['marks']}" if s["marks"] else ""
     print(
-        f"  next       tether inspect {s['run_id']} --db {s['db']}{marks} --keyring {s['keyring']}"
+        f"  next       {tether_command()} inspect {s['run_id']} --db {s['db']}{marks} "
+        f"--keyring {s['keyring']}"
     )
 
 

@@ -8,12 +8,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tether.cli import _progress, _render
 from tether.core import (
     format_time,
     validate_state,
 )
 from tether.crypto import Keyring
-from tether.runtime import Checkpointer
+from tether.runtime import Checkpointer, open_run
 from tether.store import SQLBase, SQLiteStore, open_store
 
 
@@ -31,6 +32,12 @@ def add_reader(sub: Any, name: str, helptext: str, func: Any) -> None:
         help="keyring file (default: $TETHER_KEYRING_FILE or $TETHER_KEYRING)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    if name == "inspect":
+        p.add_argument(
+            "--full",
+            action="store_true",
+            help="print every trace event's data whole (default: one bounded line each)",
+        )
     p.set_defaults(func=func)
 
 
@@ -41,10 +48,18 @@ def _open(args: argparse.Namespace) -> Checkpointer:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    checkpointer = _open(args)
-    restored = checkpointer.load(args.run_id)
-    state = restored.state
-    entries = checkpointer.verified_ledger(state)
+    keyring = Keyring.from_file(args.keyring) if args.keyring else Keyring.from_environ()
+    marks = SQLiteStore(args.marks, read_only=True) if args.marks else None
+    store = _store(args)
+    try:
+        # Verified under the keyring: the checkpoint, the trace chain and the ledger chain.
+        view = open_run(store, args.run_id, keyring=keyring, marks=marks)
+    finally:
+        store.close()
+        if marks is not None:
+            marks.close()
+    state = view.state
+    entries = list(view.ledger)
     ledger = [
         {
             "key": e.idempotency_key,
@@ -60,22 +75,33 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         for e in entries
     ]
     trace = [
-        {"seq": e.seq, "kind": e.kind, "at": e.body()["at"]}
-        for e in checkpointer.verified_trace(state)
+        {"seq": e.seq, "kind": e.kind, "at": e.body()["at"], "data": e.data} for e in view.trace
+    ]
+    inbox = [
+        {
+            "seq": item.seq,
+            "kind": item.kind,
+            "signer": item.signer,
+            "received_at": format_time(item.received_at),
+            "status": item.status,
+            "why": item.why,
+        }
+        for item in view.inbox
     ]
     report = {
         "mark": {
-            "generation": restored.mark.generation,
-            "checkpoint_digest": restored.mark.checkpoint_digest,
-            "attempts": restored.mark.attempts,
-            "retry_at": None
-            if restored.mark.retry_at is None
-            else format_time(restored.mark.retry_at),
-            "last_error": restored.mark.last_error,
+            "generation": view.mark.generation,
+            "checkpoint_digest": view.mark.checkpoint_digest,
+            "attempts": view.mark.attempts,
+            "retry_at": None if view.mark.retry_at is None else format_time(view.mark.retry_at),
+            "last_error": view.mark.last_error,
         },
         "state": state.to_json(),
         "ledger": ledger,
         "trace": trace,
+        "inbox": inbox,
+        "waiting_for": view.waiting_for,
+        "needs_person": view.needs_person,
     }
     if args.json:
         print(json.dumps(report, sort_keys=True))
@@ -84,17 +110,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         f"run {state.run_id}: {state.phase}"
         + (f" ({state.stop_reason})" if state.stop_reason else "")
     )
-    if restored.mark.attempts:
-        print(
-            f"  failing  {restored.mark.attempts} failed attempt(s), last: "
-            f"{restored.mark.last_error}"
-        )
+    if view.mark.attempts:
+        print(f"  failing  {view.mark.attempts} failed attempt(s), last: {view.mark.last_error}")
     print(
         f"  task {state.binding.task_id} v{state.binding.task_version}, "
         f"policy {state.binding.policy_id} v{state.binding.policy_version}"
     )
     print(
-        f"  generation {state.generation} (mark {restored.mark.generation}), epoch {state.epoch}, "
+        f"  generation {state.generation} (mark {view.mark.generation}), epoch {state.epoch}, "
         f"worker {state.worker}"
     )
     env = state.environment
@@ -128,6 +151,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 f"{case.receipt.get('intent_digest')} fingerprint {case.receipt_fingerprint}"
             )
         print(f"    environment v{case.environment.version} {case.environment.state_fingerprint}")
+    if view.waiting_for:
+        print(f"  waiting  for {view.waiting_for}")
+    waiting = sum(1 for item in inbox if item["status"] == "waiting")
+    refused = sum(1 for item in inbox if item["status"] == "refused")
+    print(f"  inbox ({len(inbox)} documents: {waiting} not read yet, {refused} refused)")
+    for item in inbox:
+        why = f": {item['why']}" if item["why"] else ""
+        print(
+            f"    #{item['seq']} {item['kind']} from {item['signer'] or '?'} "
+            f"received {item['received_at']} [{item['status']}]{why}"
+        )
     print(f"  ledger ({len(ledger)} entries)")
     for entry in entries:
         t = entry.terms
@@ -143,21 +177,31 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         )
     print(f"  trace ({len(trace)} events)")
     for row in trace:
-        print(f"    {row['seq']:>4} {row['at']} {row['kind']}")
+        data = _render.full(row["data"]) if args.full else _render.short(row["data"])
+        print(f"    {row['seq']:>4} {row['at']} {row['kind']}" + (f"  {data}" if data else ""))
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    checkpointer = _open(args)
-    restored = checkpointer.load(args.run_id)
-    checkpointer.check_generation(restored)
-    state = restored.state
-    validate_state(state)
-    events = checkpointer.verified_trace(state)
-    ledger = checkpointer.verified_ledger(state)
-    # Recovery refuses a run whose agent context or results are missing or damaged.
-    checkpointer.context(state)
-    checkpointer.results(state)
+    with _progress.bar("verify", enabled=_progress.wanted(args.json)) as update:
+        # Stage by stage: on a long run the trace and the ledger are most of the work.
+        step = update or (lambda done, total, what: None)
+        step(0, 5, "the checkpoint at the mark")
+        checkpointer = _open(args)
+        restored = checkpointer.load(args.run_id)
+        checkpointer.check_generation(restored)
+        state = restored.state
+        validate_state(state)
+        step(1, 5, f"the trace ({state.trace_length} events)")
+        events = checkpointer.verified_trace(state)
+        step(2, 5, f"the ledger ({state.ledger_length} entries)")
+        ledger = checkpointer.verified_ledger(state)
+        # Recovery refuses a run whose agent context or results are missing or damaged.
+        step(3, 5, "the agent's context")
+        checkpointer.context(state)
+        step(4, 5, "the results")
+        checkpointer.results(state)
+        step(5, 5, "done")
     result = {
         "run_id": state.run_id,
         "sound": True,

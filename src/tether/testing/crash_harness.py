@@ -64,6 +64,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -167,8 +168,12 @@ def run_crash_harness(
     jobs: int = 1,
     recoveries: int = 2,
     child_timeout_s: float = CHILD_TIMEOUT_S,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> CrashReport:
     """Put the app ``module:factory`` through every pass of every crash point (or ``points``).
+
+    ``progress(done, total, what)`` is called after the clean run and after each
+    trial (from the worker threads, one call at a time), for a progress bar.
 
     ``store_url`` defaults to a SQLite file in ``workdir``; ``workdir`` to a
     new temporary directory, removed afterwards if the report passed and kept
@@ -201,7 +206,7 @@ def run_crash_harness(
             recoveries=recoveries,
             timeout_s=child_timeout_s,
         )
-        report = harness.run(chosen, trials, jobs)
+        report = harness.run(chosen, trials, jobs, progress)
     finally:
         # A temporary directory outlives only a report that failed: its runs
         # are what a person opens next. An error says everything itself.
@@ -234,15 +239,34 @@ class _Harness:
         self.token = secrets.token_hex(3)
         self.env = _child_env(spec)
 
-    def run(self, chosen: list[CrashPoint], trials: int, jobs: int) -> CrashReport:
+    def run(
+        self,
+        chosen: list[CrashPoint],
+        trials: int,
+        jobs: int,
+        progress: Callable[[int, int, str], None] | None = None,
+    ) -> CrashReport:
         """The clean run, then ``trials`` trials at every pass of every chosen point."""
+        if progress is not None:
+            progress(0, 1, "clean run")
         baseline = self.clean_run()
         cells = [
             (point, hit) for point in chosen for hit in range(1, baseline.passes.get(point, 0) + 1)
         ]
         wanted = [(point, hit, n) for point, hit in cells for n in range(1, trials + 1)]
+        finished = [0]
+        lock = threading.Lock()
+
+        def one(point: CrashPoint, hit: int, n: int) -> Trial:
+            trial = self.trial(baseline, point, hit, n)
+            if progress is not None:
+                with lock:
+                    finished[0] += 1
+                    progress(finished[0], len(wanted), f"{point.value} hit {hit}")
+            return trial
+
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            done = list(pool.map(lambda each: self.trial(baseline, *each), wanted))
+            done = list(pool.map(lambda each: one(*each), wanted))
         return CrashReport(
             app=self.spec,
             store_url=self.store_url,
