@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import sys
@@ -53,6 +54,9 @@ def add_serve(sub: Any) -> None:
     serve.add_argument(
         "--token", help=f"the access token (default: ${TOKEN_ENV}, else a random one printed once)"
     )
+    serve.add_argument(
+        "--json", action="store_true", help="say where the page is as one JSON object"
+    )
     serve.set_defaults(func=cmd_serve)
 
 
@@ -96,7 +100,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config,
         args.host,
         args.port,
-        say=lambda line: print(line, flush=True),
+        say=lambda address, mode: print(
+            json.dumps({"url": address, "mode": mode})
+            if args.json
+            else f"tether serve: {address} ({mode})",
+            flush=True,
+        ),
         show_token=given is None,
     )
     return 0

@@ -28,13 +28,16 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8377,
     *,
-    say: Callable[[str], None] = print,
+    say: Callable[[str, str], None] = lambda address, mode: print(
+        f"tether serve: {address} ({mode})"
+    ),
     show_token: bool = True,
 ) -> None:
     """Serve the page on ``host:port`` (port 0: any free one) until SIGINT or SIGTERM.
 
-    ``say`` gets one line with the address, carrying the token when
-    ``show_token`` (a token the operator chose is not repeated).
+    ``say(address, mode)`` is told once where the page is, the address
+    carrying the token when ``show_token`` (a token the operator chose is
+    not repeated); by default it prints one line.
     """
     import uvicorn
 
@@ -59,6 +62,9 @@ def serve(
     address = f"http://{shown}:{bound}/"
     if show_token:
         address += f"?token={config.token}"
-    say(f"tether serve: {address} ({mode})")
+    if say is None:
+        print(f"tether serve: {address} ({mode})", flush=True)
+    else:
+        say(address, mode)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     server.run(sockets=[sock])
