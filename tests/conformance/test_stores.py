@@ -135,7 +135,7 @@ def test_postgres_urls_open_a_postgres_store() -> None:
         for variant in (url, url.replace("postgresql://", "postgres://", 1)):
             with Store.from_url(variant) as store:
                 assert isinstance(store, PostgresStore)
-                assert store.schema_version() == 6
+                assert store.schema_version() == 7
 
 
 # -- the driver is optional ----------------------------------------------------------
