@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import functools
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -351,10 +352,15 @@ class TetherSaver(BaseCheckpointSaver[int]):
             sql += f" LIMIT {int(limit)}"
         keys = self.store._read(lambda: self.store._all(sql, params))
         yielded = 0
+        heads: set[tuple[str, str]] = set()
         for thread_id, ns, checkpoint_id in keys:
             if limit is not None and yielded >= limit:
                 return
             key = (_str(thread_id, "thread_id"), _str(ns, "checkpoint_ns"))
+            if key not in heads:
+                # A history whose newest entry was deleted is a rollback too.
+                self.store._read(functools.partial(self._check_head, *key))
+                heads.add(key)
             found = self._load_one(*key, _str(checkpoint_id, "checkpoint_id"))
             if found is None:
                 continue  # deleted since the scan
@@ -533,6 +539,31 @@ class TetherSaver(BaseCheckpointSaver[int]):
             },
             pending_writes=writes,
         )
+
+    def _check_head(self, thread_id: str, ns: str) -> None:
+        """Refuse a thread whose mark is gone or names a row that is not there, as stored."""
+        mark = self._mark(thread_id, ns)
+        row = None
+        if mark is not None:
+            row = self.store._one(
+                "SELECT envelope FROM tether_lg_checkpoints "
+                "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
+                (thread_id, ns, mark.checkpoint_id),
+            )
+        if (
+            mark is None
+            or row is None
+            or not isinstance(row[0], bytes | bytearray | memoryview)
+            or envelope_digest(bytes(row[0])) != mark.envelope_digest
+        ):
+            raise CheckpointRollbackError(
+                f"thread {thread_id!r}: its high-water mark or the checkpoint it names is "
+                "missing or altered; refusing to list a history without its head",
+                thread_id=thread_id,
+                checkpoint_ns=ns,
+                expected=None if mark is None else mark.checkpoint_id,
+                actual=None,
+            )
 
     def _check_chain(self, sealed: CheckpointSeal, digest: str, mark: _Mark) -> None:
         """Refuse a checkpoint that is not on the thread's chain at or below the mark."""
