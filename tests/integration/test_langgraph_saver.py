@@ -25,7 +25,6 @@ from tether.core import (
     BindingMismatchError,
     CheckpointCorruptError,
     IntegrityError,
-    SignatureError,
     StoreError,
     UnknownKeyError,
     WrongKeyError,
@@ -371,8 +370,21 @@ def test_async_methods_round_trip(open_store: Callable[[], SQLBase]) -> None:
     asyncio.run(go())
 
 
-def test_every_refusal_is_a_tether_integrity_error() -> None:
-    """The saver's rollback error belongs to tether's integrity family; a signature error too."""
+def test_the_saver_errors_sit_in_tether_families() -> None:
+    """A rollback is an integrity error; a lost CAS and a write conflict are store errors."""
     assert issubclass(CheckpointRollbackError, IntegrityError)
-    assert issubclass(SignatureError, IntegrityError)
     assert issubclass(ThreadConflictError, StoreError)
+    assert issubclass(PendingWriteConflictError, StoreError)
+
+
+def test_the_integration_exports_exactly_these_names() -> None:
+    """tether.integrations.langgraph exports the saver and its three errors, each documented."""
+    import tether.integrations.langgraph as lg
+
+    assert sorted(lg.__all__) == [
+        "CheckpointRollbackError",
+        "PendingWriteConflictError",
+        "TetherSaver",
+        "ThreadConflictError",
+    ]
+    assert all(getattr(lg, name).__doc__ for name in lg.__all__)
