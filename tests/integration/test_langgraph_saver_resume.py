@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 import json
+import operator
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import pytest
 
 pytest.importorskip("langgraph.graph", reason="needs the [langgraph] extra")
 
+from langgraph.graph import END, START, StateGraph
+
 from tether.crypto import Keyring
+from tether.integrations.langgraph import TetherSaver, ThreadConflictError
+
+
+class Steps(TypedDict):
+    steps: Annotated[list[str], operator.add]
+
+
+def first(state: Steps) -> dict[str, list[str]]:
+    return {"steps": ["first"]}
+
+
+def second(state: Steps) -> dict[str, list[str]]:
+    return {"steps": ["second"]}
+
 
 CHILD = """
 import json, operator, sys
@@ -93,3 +110,28 @@ def test_a_graph_stopped_in_one_process_resumes_in_another_with_the_same_state(
     }
 
     assert _child("show", url, keyfile) == resumed
+
+
+def test_replaying_a_graph_from_an_older_checkpoint_is_refused_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """Time travel reads history, but re-running from an old checkpoint is a typed conflict."""
+    builder = StateGraph(Steps)
+    builder.add_node("first", first)
+    builder.add_node("second", second)
+    builder.add_edge(START, "first")
+    builder.add_edge("first", "second")
+    builder.add_edge("second", END)
+    url = f"sqlite:///{tmp_path / 'graph.sqlite'}"
+    with TetherSaver.from_url(url, Keyring.generate("k1")) as saver:
+        graph = builder.compile(checkpointer=saver)
+        config: Any = {"configurable": {"thread_id": "t"}}
+        assert graph.invoke({"steps": []}, config) == {"steps": ["first", "second"]}
+        history = list(graph.get_state_history(config))
+        assert [h.next for h in history] == [(), ("second",), ("first",), ("__start__",)]
+        assert history[2].values == {"steps": []}  # an older state, read by id
+        with pytest.raises(ThreadConflictError) as caught:
+            graph.invoke(None, history[2].config)
+        assert caught.value.older
+        assert graph.get_state(config).values == {"steps": ["first", "second"]}
+        assert len(list(graph.get_state_history(config))) == len(history)

@@ -38,16 +38,31 @@ class ThreadConflictError(StoreError):
     """
 
     def __init__(
-        self, *, thread_id: str, checkpoint_ns: str, expected: str | None, actual: str | None
+        self,
+        *,
+        thread_id: str,
+        checkpoint_ns: str,
+        expected: str | None,
+        actual: str | None,
+        older: bool = False,
     ) -> None:
         self.thread_id = thread_id
         self.checkpoint_ns = checkpoint_ns
         self.expected = expected
         self.actual = actual
+        #: ``expected`` is an older checkpoint of this thread: a fork in place (time travel).
+        self.older = older
         where = f"thread {thread_id!r}" + (f" ns {checkpoint_ns!r}" if checkpoint_ns else "")
+        why = (
+            "it is an older checkpoint of this thread, and writing from it would roll the "
+            "thread back; TetherSaver does not fork a thread in place"
+            if older
+            else "another writer advanced it first (or this replays the checkpoint before the "
+            "latest). Reload the thread's latest checkpoint and decide again"
+        )
         super().__init__(
             f"{where}: put expected latest checkpoint {expected!r}, the store has {actual!r}; "
-            "another writer won. Reload the thread's latest checkpoint and retry"
+            + why
         )
 
 

@@ -173,11 +173,20 @@ class TetherSaver(BaseCheckpointSaver[int]):
                 seq, lineage = 1, uuid.uuid4().hex
             else:
                 if parent != mark.checkpoint_id and (parent is not None or self.strict_parent):
+                    # Two or more behind the mark cannot be a writer that raced this
+                    # one from the same parent: it is a replay from history.
+                    row = store._one(
+                        "SELECT seq FROM tether_lg_checkpoints WHERE thread_id = ? AND "
+                        "checkpoint_ns = ? AND checkpoint_id = ?",
+                        (thread_id, ns, parent),
+                    )
+                    older = row is not None and isinstance(row[0], int) and row[0] < mark.seq - 1
                     raise ThreadConflictError(
                         thread_id=thread_id,
                         checkpoint_ns=ns,
                         expected=parent,
                         actual=mark.checkpoint_id,
+                        older=older,
                     )
                 seq, lineage = mark.seq + 1, mark.lineage
             envelope = seal_checkpoint(
