@@ -195,7 +195,7 @@ def test_concurrent_migrators_apply_each_migration_once(postgres: str) -> None:
 
         with psycopg.connect(postgres) as conn:
             rows = conn.execute("SELECT version FROM tether_migrations").fetchall()
-        assert rows == [(1,), (2,), (3,), (4,), (5,), (6,)]
+        assert rows == [(1,), (2,), (3,), (4,), (5,), (6,), (7,)]
     finally:
         for store in stores:
             store.close()
