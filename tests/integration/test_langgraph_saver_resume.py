@@ -135,3 +135,28 @@ def test_replaying_a_graph_from_an_older_checkpoint_is_refused_and_changes_nothi
         assert caught.value.older
         assert graph.get_state(config).values == {"steps": ["first", "second"]}
         assert len(list(graph.get_state_history(config))) == len(history)
+
+
+def test_a_node_that_failed_twice_with_different_errors_still_recovers(tmp_path: Path) -> None:
+    """LangGraph re-records a retried task's error under the same key; the saver accepts that."""
+    failures = iter(["first failure", "second failure"])
+
+    def flaky(state: Steps) -> dict[str, list[str]]:
+        message = next(failures, None)
+        if message is not None:
+            raise RuntimeError(message)
+        return {"steps": ["done"]}
+
+    builder = StateGraph(Steps)
+    builder.add_node("flaky", flaky)
+    builder.add_edge(START, "flaky")
+    builder.add_edge("flaky", END)
+    url = f"sqlite:///{tmp_path / 'graph.sqlite'}"
+    with TetherSaver.from_url(url, Keyring.generate("k1")) as saver:
+        graph = builder.compile(checkpointer=saver)
+        config: Any = {"configurable": {"thread_id": "t"}}
+        with pytest.raises(RuntimeError, match="first failure"):
+            graph.invoke({"steps": []}, config)
+        with pytest.raises(RuntimeError, match="second failure"):
+            graph.invoke(None, config)
+        assert graph.invoke(None, config) == {"steps": ["done"]}
