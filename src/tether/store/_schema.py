@@ -146,4 +146,56 @@ def migrations(blob: str) -> list[tuple[int, list[str]]]:
                 "ALTER TABLE tether_ledger ADD COLUMN payload TEXT",
             ],
         ),
+        (
+            7,
+            [
+                # TetherSaver (the [langgraph] extra): LangGraph checkpoints in
+                # tether's stores. New tables only. The mark per (thread, ns) is
+                # the one checkpoint "latest" may name; ``lineage`` is drawn when
+                # a thread starts, so rows of a deleted thread never verify again.
+                """CREATE TABLE tether_lg_marks (
+                    thread_id TEXT NOT NULL,
+                    checkpoint_ns TEXT NOT NULL,
+                    checkpoint_id TEXT NOT NULL,
+                    envelope_digest TEXT NOT NULL,
+                    seq BIGINT NOT NULL,
+                    lineage TEXT NOT NULL,
+                    PRIMARY KEY (thread_id, checkpoint_ns)
+                )""",
+                # One sealed envelope per checkpoint; its payload names the
+                # channel blobs by digest, so unchanged channels are stored once.
+                f"""CREATE TABLE tether_lg_checkpoints (
+                    thread_id TEXT NOT NULL,
+                    checkpoint_ns TEXT NOT NULL,
+                    checkpoint_id TEXT NOT NULL,
+                    seq BIGINT NOT NULL,
+                    envelope {blob} NOT NULL,
+                    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
+                )""",
+                # "Is anything stored past the mark?" on every latest read.
+                """CREATE INDEX tether_lg_checkpoints_seq
+                    ON tether_lg_checkpoints (thread_id, checkpoint_ns, seq)""",
+                f"""CREATE TABLE tether_lg_blobs (
+                    thread_id TEXT NOT NULL,
+                    checkpoint_ns TEXT NOT NULL,
+                    digest TEXT NOT NULL,
+                    kind TEXT NOT NULL,
+                    body {blob} NOT NULL,
+                    PRIMARY KEY (thread_id, checkpoint_ns, digest)
+                )""",
+                # Pending writes, keyed by (task_id, idx); each row carries its own
+                # sealed envelope binding the key to the value's digest.
+                f"""CREATE TABLE tether_lg_writes (
+                    thread_id TEXT NOT NULL,
+                    checkpoint_ns TEXT NOT NULL,
+                    checkpoint_id TEXT NOT NULL,
+                    task_id TEXT NOT NULL,
+                    idx BIGINT NOT NULL,
+                    kind TEXT NOT NULL,
+                    body {blob} NOT NULL,
+                    envelope {blob} NOT NULL,
+                    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+                )""",
+            ],
+        ),
     ]

@@ -1,0 +1,26 @@
+"""LangGraph on tether's stores (the ``[langgraph]`` extra): :class:`TetherSaver`.
+
+    from tether.crypto import Keyring
+    from tether.integrations.langgraph import TetherSaver
+
+    saver = TetherSaver.from_url("sqlite:///graph.sqlite", Keyring.from_environ())
+    graph = builder.compile(checkpointer=saver)
+
+Every checkpoint is sealed with the keyring's HMAC and verified on read; a
+high-water mark per thread refuses a rolled-back or tampered latest; puts
+are compare-and-set from the parent the config names.
+"""
+
+from tether.integrations.langgraph._errors import (
+    CheckpointRollbackError,
+    PendingWriteConflictError,
+    ThreadConflictError,
+)
+from tether.integrations.langgraph._saver import TetherSaver
+
+__all__ = [
+    "CheckpointRollbackError",
+    "PendingWriteConflictError",
+    "TetherSaver",
+    "ThreadConflictError",
+]
