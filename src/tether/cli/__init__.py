@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     review.add_argument("case", metavar="CASE", help="the review case id")
     review.add_argument(
         "--decision",
-        choices=["replan", "abort"],
+        choices=["replan", "abort", "accept"],
         required=True,
         help="replan: quarantine the key and plan anew; abort: fail the run",
     )
