@@ -443,12 +443,13 @@ from tether.core._cancel import (  # noqa: E402
     new_cancel,
 )
 from tether.core._evidence import DRIFT_REASONS, check_accept  # noqa: E402
-from tether.core._model import LastOutcome  # noqa: E402
+from tether.core._model import OUTCOME_OUTPUT_MAX, LastOutcome  # noqa: E402
 from tether.core._state import working_ms  # noqa: E402
 
 __all__ += [
     "CANCEL_FIELDS",
     "DRIFT_REASONS",
+    "OUTCOME_OUTPUT_MAX",
     "LastOutcome",
     "cancel_read",
     "cancel_request",

@@ -477,7 +477,7 @@ class LastOutcome:
         """One with each text cut to its bound (the end of an output is what explains it)."""
         return cls(
             kind=kind,
-            action_id=None if action_id is None else action_id[:200],
+            action_id=action_id[:200] if action_id else None,
             reason=None if reason is None else reason[:200],
             message=message[:OUTCOME_MESSAGE_MAX],
             output=output[-OUTCOME_OUTPUT_MAX:] if output else "",

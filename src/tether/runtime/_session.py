@@ -523,7 +523,12 @@ class RunSession(LeaseHolder):
             return self._step()
 
     def _step(self) -> Outcome:
+        was = self.state.phase
         _humans.consume_inbox(self)
+        if self.state.phase.terminal and not was.terminal:
+            # The inbox ended the run (a signed cancel, a review's abort): that is this step.
+            ended, event = _ENDED.get(self.state.phase, (OutcomeKind.FAILED, "failed"))
+            return Outcome(ended, self.state, self.state.stop_reason, event=event)
         self._refuse_if_stopped()
         if self.state.rewinding is not None:
             return _rewind.finish(self)  # a rewind admitted before a crash: finish it first
@@ -731,6 +736,12 @@ class RunSession(LeaseHolder):
 #: At most this many committed blob digests are remembered per session (a
 #: 250,000-file workspace's snapshot, with room): the store answers beyond it.
 _BLOBS_REMEMBERED = 1_000_000
+
+# How a run the inbox ended reads as a step's outcome.
+_ENDED = {
+    Phase.CANCELLED: (OutcomeKind.CANCELLED, "run_cancelled"),
+    Phase.FAILED: (OutcomeKind.FAILED, "failed"),
+}
 
 # A person or the adapter must act before another step can change anything.
 _WAITS = frozenset(
