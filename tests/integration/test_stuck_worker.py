@@ -7,6 +7,8 @@ real Worker loop claiming runs whose inbox holds evidence they have not read.
 from __future__ import annotations
 
 import secrets
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -37,6 +39,9 @@ CHECK = (
     "import sys; text = open('notes.txt').read(); print('notes.txt says', repr(text)); "
     "sys.exit(0 if text == 'two\\n' else 1)",
 )
+
+
+CLI = (sys.executable, "-m", "tether.cli")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -262,3 +267,43 @@ def test_the_agent_hears_the_verifiers_output_from_a_real_command(site: Site) ->
     heard = site.agent.observations[1].last_outcome
     assert heard is not None and heard.kind == "verifier_failed"
     assert "notes.txt says 'draft\\n'" in heard.output
+
+
+def test_tether_review_accept_from_the_command_line_unfreezes_a_drifted_run(
+    tmp_path: Path,
+) -> None:
+    """`tether review RUN CASE --decision accept` signs it; the worker applies it and finishes."""
+    db = tmp_path / "tether.sqlite"
+    site = Site(tmp_path, f"sqlite:///{db}")
+    try:
+        keys = tmp_path / "keys"
+        made = subprocess.run(
+            [*CLI, "keys", "new", "--role", "reviewer", "--id", "rev", "--out", str(keys)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert made.returncode == 0, made.stderr
+        site.reviewer = Signer.from_file(keys / "rev.key")
+        site.trust = TrustRoots.of(site.reviewer.trust_root(), site.operator.trust_root())
+        site.crash_after_first_write()
+        (site.root / "README").write_text("edited by hand\n")
+        site.serve(phase_is("needs_review"))
+        (case,) = site.state().review_cases
+        key = str(keys / "rev.key")
+        options = ["--decision", "accept", "--key", key, "--db", str(db), "--ttl", "300", "--yes"]
+        signed = subprocess.run(
+            [*CLI, "review", "r", case.case_id, *options],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+        assert signed.returncode == 0, signed.stderr
+        site.serve(phase_is("completed"))
+        assert site.state().phase is Phase.COMPLETED
+        assert (site.root / "notes.txt").read_text() == "two\n"
+    finally:
+        site.workspace.close()
