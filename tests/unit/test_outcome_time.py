@@ -232,3 +232,22 @@ def approval(world: World, state: RunState) -> Any:
             nonce=secrets.token_hex(16),
         )
     )
+
+
+def test_the_next_observation_carries_the_adapters_refusal_of_a_write(world: World) -> None:
+    """The adapter refuses a write (its target changed): the agent's next look says so."""
+    agent = Listening([write("notes.txt", "x"), finish])
+    session = world.runtime(agent).start("r1")
+    original = world.sandbox.execute
+
+    def moved_first(key, intent, prestate, fence=None):  # type: ignore[no-untyped-def]
+        world.sandbox.bypass_write("notes.txt", "changed by hand")
+        world.sandbox.execute = original  # type: ignore[method-assign]
+        return original(key, intent, prestate, fence)
+
+    world.sandbox.execute = moved_first  # type: ignore[method-assign]
+    assert session.step().kind is OutcomeKind.REJECTED
+    session.step()
+    heard = agent.observations[1].last_outcome
+    assert heard is not None and heard.kind == "rejected"
+    assert heard.reason == "precondition_failed" and heard.action_id == "a0"

@@ -28,6 +28,7 @@ from tether.core import (
     Policy,
     ReviewCase,
     ReviewDecision,
+    ReviewDriftError,
     RunState,
     SpecError,
     check_accept,
@@ -311,3 +312,20 @@ def test_the_cancel_authority_is_in_the_fingerprint_only_when_set() -> None:
         Policy.from_json({**plain.to_json(), "authority": {"cancel": []}})
     with pytest.raises(SpecError, match="unknown roles"):
         Policy.from_json({**plain.to_json(), "authority": {"cancel": ["agent"]}})
+
+
+def test_the_world_moving_again_under_a_drift_case_refreshes_it_and_accept_then_applies(
+    world: World,
+) -> None:
+    """An accept signed before a second edit is refused and the case refreshed; a new one lands."""
+    session = drifted(world)
+    stale = decide(world, session, "accept")
+    world.sandbox.bypass_write("notes.txt", "and a second edit\n")
+    with pytest.raises(ReviewDriftError):
+        session.review(stale)
+    (fresh,) = session.state.review_cases
+    assert fresh.reason == "environment_drift"
+    assert fresh.environment == world.sandbox.environment()
+    session.review(decide(world, session, "accept"))
+    assert session.state.phase is Phase.RUNNING
+    assert session.state.environment == world.sandbox.environment()
