@@ -490,9 +490,11 @@ def test_a_refused_recovery_leaves_no_lease_behind(world: World) -> None:
     """A recovery that fails a restore check releases the lease it took, so others can proceed."""
     session = world.runtime(ScriptedAgent([finish]), lease_ttl_s=30).start("r1")
     session.release()
-    world.sandbox.bypass_write("notes.txt", "edited by hand\n")
+    twin = Sandbox(world.sandbox.files, instance_id="sbx-other")  # another instance: fails closed
     with pytest.raises(TetherError):
-        world.runtime(ScriptedAgent([finish]), lease_ttl_s=30, worker="w2").recover("r1")
+        world.runtime(ScriptedAgent([finish]), lease_ttl_s=30, worker="w2", adapter=twin).recover(
+            "r1"
+        )
     mark = world.store().get_mark("r1")
     assert mark is not None and mark.lease_owner is None
 

@@ -362,13 +362,19 @@ def test_recovered_agent_gets_exactly_the_checkpointed_context(world: World) -> 
     assert world.sandbox.write_count() == 2
 
 
-def test_restore_refuses_same_version_with_a_different_state(world: World) -> None:
-    """A file changed outside the runtime (same version, new fingerprint) fails closed."""
+def test_restore_of_same_version_with_a_different_state_goes_to_review(world: World) -> None:
+    """A file changed outside the runtime (same version, new fingerprint) freezes the run for review."""
     agent = ScriptedAgent([write("notes.txt", "x"), finish])
     world.runtime(agent).start("r1").run(max_steps=1)
+    before = world.sandbox.environment()
     world.sandbox.bypass_write("notes.txt", "someone else")
-    with pytest.raises(EnvironmentDriftError, match="same version"):
-        world.runtime(agent).recover("r1")
+    session = world.runtime(agent).recover("r1")
+    assert session.state.phase is Phase.NEEDS_REVIEW
+    (case,) = session.state.review_cases
+    (evidence,) = case.evidence
+    assert case.reason == "environment_drift" and case.environment == world.sandbox.environment()
+    assert evidence["checkpoint"] == before.to_json()
+    assert evidence["observed"] == world.sandbox.environment().to_json()
 
 
 def test_restore_refuses_the_same_state_in_another_instance(world: World) -> None:

@@ -18,6 +18,7 @@ from tether.core._canonical import (
     strict_loads,
 )
 from tether.core._errors import (
+    AcceptRefusedError,
     AdapterError,
     AdapterUnavailableError,
     AdmissionRefusedError,
@@ -25,6 +26,7 @@ from tether.core._errors import (
     ApprovalRequiredError,
     BindingMismatchError,
     BudgetExhaustedError,
+    CancelRefusedError,
     CanonicalJSONError,
     CheckpointCorruptError,
     CommitOutcomeUnknownError,
@@ -144,6 +146,7 @@ __all__ = [
     "MAX_WALL_TIME_S",
     "REWIND_MEMORY_KEY",
     "SCHEMA_VERSION",
+    "AcceptRefusedError",
     "AdapterError",
     "AdapterUnavailableError",
     "AdmissionRefusedError",
@@ -154,6 +157,7 @@ __all__ = [
     "BindingMismatchError",
     "BudgetExhaustedError",
     "Budgets",
+    "CancelRefusedError",
     "CanonicalJSONError",
     "Capabilities",
     "CheckpointCorruptError",
@@ -430,3 +434,27 @@ from tether.core import _replay as replay_rules  # noqa: E402
 from tether.core._replay import EffectHistory, KnownEffect, effect_digest, new_fork  # noqa: E402
 
 __all__ += ["EffectHistory", "KnownEffect", "effect_digest", "new_fork", "replay_rules"]
+
+from tether.core._cancel import (  # noqa: E402
+    CANCEL_FIELDS,
+    cancel_read,
+    cancel_request,
+    check_cancel,
+    new_cancel,
+)
+from tether.core._evidence import DRIFT_REASONS, check_accept  # noqa: E402
+from tether.core._model import OUTCOME_OUTPUT_MAX, LastOutcome  # noqa: E402
+from tether.core._state import working_ms  # noqa: E402
+
+__all__ += [
+    "CANCEL_FIELDS",
+    "DRIFT_REASONS",
+    "OUTCOME_OUTPUT_MAX",
+    "LastOutcome",
+    "cancel_read",
+    "cancel_request",
+    "check_accept",
+    "check_cancel",
+    "new_cancel",
+    "working_ms",
+]

@@ -49,7 +49,7 @@ from typing import Any
 from tether.core._canonical import JSONValue, canonical_bytes
 from tether.core._errors import CanonicalJSONError, SpecError
 from tether.core._fields import Fields
-from tether.core._model import CompletedWrite, EnvironmentState
+from tether.core._model import CompletedWrite, EnvironmentState, LastOutcome
 from tether.core._phases import Compensation, Phase
 from tether.core._spec import KindRule, Policy, Risk, TaskSpec, check_canonical_path
 
@@ -404,11 +404,18 @@ class Observation:
     previous step (a read's text, a test run's exit code, a rejection's
     reason); ``last_write`` the newest write the run committed, with its
     receipt. A recovered run sees the same results its checkpoint recorded.
+    ``last_outcome`` says how the agent's last action ended, whatever kind
+    it was: the gate's or the adapter's refusal (reason word and message),
+    the verifier's verdict with the tail of its output, a write executed or
+    waiting for approval, a reviewer's decision; ``None`` when nothing has
+    ended since the agent last looked. It is checkpointed, so it survives a
+    crash between steps.
     """
 
     environment: EnvironmentState
     results: tuple[ActionResult, ...] = ()
     last_write: CompletedWrite | None = None
+    last_outcome: LastOutcome | None = None
 
     def result(self, action_id: str) -> ActionResult | None:
         """The result of the action ``action_id``, if the previous step took it."""

@@ -17,7 +17,7 @@ from tether.core._errors import CheckpointCorruptError, IllegalTransitionError
 from tether.core._ledger import EffectTerms, LedgerEntry, seal_entry
 from tether.core._model import PendingWrite
 from tether.core._phases import EffectStatus, Phase, check_effect_move, check_phase_move
-from tether.core._state import RunState
+from tether.core._state import RunState, working_ms
 from tether.core._trace import TraceEvent, seal_event
 from tether.core._transition import Event, LedgerNote
 
@@ -40,6 +40,7 @@ def seal_commit(
     ledger: tuple[LedgerNote, ...] = (),
     effect: PendingWrite | None = None,
     terms: EffectTerms | None = None,
+    resumed_at: datetime | None = None,
 ) -> Sealed:
     """Seal ``after`` as the generation following ``before``.
 
@@ -47,6 +48,8 @@ def seal_commit(
     the one it makes pending) under ``terms`` (what kind of effect it is);
     an illegal phase or effect-status move raises
     :class:`~tether.core.IllegalTransitionError` and nothing is sealed.
+    The working time since ``before`` (see :func:`~tether.core.working_ms`;
+    ``resumed_at``: when this epoch began) is added to ``spent``.
     """
     if before.generation:
         check_phase_move(before.phase, after.phase)
@@ -109,6 +112,11 @@ def seal_commit(
             )
             entries.append(entry)
             ledger_head, ledger_length = entry.hash, ledger_length + 1
+    worked = working_ms(before, now, resumed_at)
+    if worked:
+        after = after.evolve(
+            spent=replace(after.spent, wall_time_ms=after.spent.wall_time_ms + worked)
+        )
     state = after.evolve(
         generation=before.generation + 1,
         trace_head=head,

@@ -339,6 +339,25 @@ class ReviewDriftError(EvidenceError):
     """The environment or the adapter's receipt changed since the decision was signed."""
 
 
+class AcceptRefusedError(EvidenceError):
+    """A reviewer's ``accept`` was signed for a case it cannot close.
+
+    ``accept`` takes the environment as observed and goes on; it is for a
+    case about drift alone. A case that names a write (its outcome unknown,
+    a conflict, a receipt the ledger lacks) needs ``replan`` (its key
+    quarantined) or ``abort``: accepting would hide what that write did.
+    """
+
+    def __init__(self, message: str, *, case_id: str, reason: str) -> None:
+        self.case_id = case_id
+        self.reason = reason
+        super().__init__(message)
+
+
+class CancelRefusedError(EvidenceError):
+    """A signed cancel cannot end the run as it is now (frozen: a reviewer's abort ends it)."""
+
+
 class AdmissionRefusedError(PolicyError):
     """A recovery or rewind was not admitted: one of its five bindings does not hold now.
 

@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from tether.core._errors import (
+    AcceptRefusedError,
     ApprovalExpiredError,
     EvidenceBindingError,
     EvidenceSignatureError,
@@ -45,10 +46,48 @@ CLOCK_SKEW = timedelta(seconds=60)
 
 
 class ReviewDecision(StrEnum):
-    """The two ways out of needs_review."""
+    """The ways out of needs_review.
+
+    ``replan`` goes on from the case's environment with the case's key
+    quarantined; ``abort`` fails the run; ``accept`` (a drift case only, see
+    :func:`check_accept`) takes the environment as observed and goes on.
+    """
 
     REPLAN = "replan"
     ABORT = "abort"
+    ACCEPT = "accept"
+
+
+#: Review cases about the environment alone: it changed outside the run
+#: (``environment_drift``) or is ahead of the checkpoint (``environment_ahead``).
+DRIFT_REASONS = frozenset({"environment_drift", "environment_ahead"})
+
+
+def check_accept(case: ReviewCase) -> None:
+    """Refuse ``accept`` for a case it would close blind.
+
+    Accept means "the environment as observed is right; go on from it". That
+    is a judgement about the environment only, so it is allowed for a drift
+    case that names no write. A case naming a write (an outcome unknown, a
+    conflicting receipt, a drift found while a write was pending) would have
+    that write's outcome hidden by it: ``replan`` (which quarantines the key)
+    or ``abort`` is the way out there.
+    """
+    if case.reason not in DRIFT_REASONS:
+        raise AcceptRefusedError(
+            f"case {case.case_id} is {case.reason!r}, not a drift of the environment; "
+            "accept is only for environment_drift or environment_ahead: sign replan or abort",
+            case_id=case.case_id,
+            reason=case.reason,
+        )
+    if case.idempotency_key:
+        raise AcceptRefusedError(
+            f"case {case.case_id} names the write {case.action_id!r} (key "
+            f"{case.idempotency_key}); accepting the environment would hide what that write "
+            "did: sign replan (its key is quarantined) or abort",
+            case_id=case.case_id,
+            reason=case.reason,
+        )
 
 
 def approval_request(state: RunState) -> dict[str, Any]:
@@ -187,9 +226,12 @@ def check_decision(
     check_lifetime(body, now=now, ttl_s=ttl_s)
     check_nonce(body, ())
     try:
-        return ReviewDecision(body["decision"])
+        decision = ReviewDecision(body["decision"])
     except ValueError as exc:
-        raise EvidenceBindingError("decision", "replan or abort", body["decision"]) from exc
+        raise EvidenceBindingError("decision", "replan, abort or accept", body["decision"]) from exc
+    if decision is ReviewDecision.ACCEPT:
+        check_accept(case)
+    return decision
 
 
 def parse_utc(body: dict[str, Any], name: str) -> datetime:
@@ -224,11 +266,14 @@ def new_decision(
     expires_at: datetime,
     nonce: str,
 ) -> dict[str, Any]:
-    """The body a reviewer signs to decide ``case``."""
+    """The body a reviewer signs to decide ``case`` (``accept`` refused where it cannot apply)."""
+    chosen = ReviewDecision(decision)
+    if chosen is ReviewDecision.ACCEPT:
+        check_accept(case)
     return {
         **decision_request(state, case),
         "reviewer_id": reviewer_id,
-        "decision": ReviewDecision(decision).value,
+        "decision": chosen.value,
         "issued_at": format_time(issued_at),
         "expires_at": format_time(expires_at),
         "nonce": nonce,

@@ -438,3 +438,70 @@ class ReviewCase:
         )
         f.done()
         return case
+
+
+#: Bounds of a :class:`LastOutcome`, so a checkpoint stays the same size whatever happened.
+OUTCOME_MESSAGE_MAX = 1000
+OUTCOME_OUTPUT_MAX = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class LastOutcome:
+    """How the agent's last action ended, as its next observation carries it.
+
+    ``kind`` is an :class:`~tether.core.OutcomeKind` word (``rejected``,
+    ``verifier_failed``, ``executed``, ``waiting_for_approval``...),
+    ``reason`` its stable reason word (the gate's ``kind_not_allowed``, the
+    adapter's ``precondition_failed``...), ``message`` what a person would be
+    told, ``output`` the tail of what a verifier or test run printed. Each
+    text is bounded (the last 4 KB of output): the checkpoint holding it
+    stays flat, and a recovered agent hears the same thing.
+    """
+
+    kind: str
+    action_id: str | None = None
+    reason: str | None = None
+    message: str = ""
+    output: str = ""
+
+    @classmethod
+    def bounded(
+        cls,
+        kind: str,
+        *,
+        action_id: str | None = None,
+        reason: str | None = None,
+        message: str = "",
+        output: str = "",
+    ) -> LastOutcome:
+        """One with each text cut to its bound (the end of an output is what explains it)."""
+        return cls(
+            kind=kind,
+            action_id=action_id[:200] if action_id else None,
+            reason=None if reason is None else reason[:200],
+            message=message[:OUTCOME_MESSAGE_MAX],
+            output=output[-OUTCOME_OUTPUT_MAX:] if output else "",
+        )
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "kind": self.kind,
+            "action_id": self.action_id,
+            "reason": self.reason,
+            "message": self.message,
+            "output": self.output,
+        }
+
+    @classmethod
+    def parse(cls, f: Fields) -> LastOutcome:
+        outcome = cls(
+            kind=f.str("kind"),
+            action_id=f.optional_str("action_id"),
+            reason=f.optional_str("reason"),
+            message=f.str("message", nonempty=False),
+            output=f.str("output", nonempty=False),
+        )
+        if len(outcome.message) > OUTCOME_MESSAGE_MAX or len(outcome.output) > OUTCOME_OUTPUT_MAX:
+            f.fail(f.name("output"), "longer than a last outcome may be")
+        f.done()
+        return outcome

@@ -17,7 +17,7 @@ from typing import Any
 from tether.core._canonical import digest
 from tether.core._errors import CanonicalJSONError
 from tether.core._evidence import ReviewDecision
-from tether.core._model import EnvironmentState, Receipt, ReviewCase
+from tether.core._model import EnvironmentState, LastOutcome, Receipt, ReviewCase
 from tether.core._phases import Phase
 from tether.core._state import RunState
 from tether.core._transition import Event, OutcomeKind, Transition
@@ -76,7 +76,7 @@ def apply_decision(
     *,
     cursor: int | None,
 ) -> Transition:
-    """A verified reviewer decision closes its case: replan goes on, abort fails the run.
+    """A verified reviewer decision closes its case: replan or accept goes on, abort fails the run.
 
     Either way the case, the pending action and the decision are sealed into
     the trace, the pending action is cleared, and the run continues (or
@@ -106,10 +106,46 @@ def apply_decision(
     key = case.idempotency_key
     quarantined = (*state.quarantined_keys, key) if key else state.quarantined_keys
     quarantine: tuple[Event, ...] = (("key_quarantined", {"idempotency_key": key}),) if key else ()
+    if decision is ReviewDecision.ACCEPT:
+        # Only a drift case naming no write gets here (check_accept): nothing to
+        # quarantine. The observed environment (the one the decision is bound
+        # to) becomes the run's, and the run re-observes it at its next step.
+        accepted: Event = (
+            "environment_accepted",
+            {
+                "case_id": case.case_id,
+                "checkpoint": state.environment.to_json(),
+                "observed": case.environment.to_json(),
+            },
+        )
+        told = LastOutcome.bounded(
+            OutcomeKind.RECORDED.value,
+            reason="accepted",
+            message=f"a reviewer accepted the environment as observed (version "
+            f"{case.environment.version}, changed outside the run); look at it again before "
+            "acting",
+        )
+        return Transition(
+            OutcomeKind.RECORDED,
+            state=after.evolve(phase=Phase.RUNNING, last_outcome=told),
+            events=(sealed, accepted),
+            reason="accepted",
+        )
     if decision is ReviewDecision.REPLAN:
         return Transition(
             OutcomeKind.RECORDED,
-            state=after.evolve(phase=Phase.RUNNING, quarantined_keys=quarantined),
+            state=after.evolve(
+                phase=Phase.RUNNING,
+                quarantined_keys=quarantined,
+                last_outcome=LastOutcome.bounded(
+                    OutcomeKind.RECORDED.value,
+                    action_id=case.action_id or None,
+                    reason="replanned",
+                    message=f"a reviewer decided replan on {case.reason}: "
+                    + ("nothing pending was carried on (its key is quarantined); " if key else "")
+                    + "plan again from the environment as it is",
+                ),
+            ),
             events=(sealed, *quarantine),
             reason="replanned",
         )

@@ -64,12 +64,19 @@ def check_canonical_path(path: str, field: str, *, allow_dir: bool = False) -> s
 
 @dataclass(frozen=True, slots=True)
 class Budgets:
-    """Limits on proposals, steps, wall time (seconds) and cost (integer units)."""
+    """Limits on proposals, steps, wall time (seconds) and cost (integer units).
+
+    ``wall_time_s`` bounds the run's own working time (see
+    :class:`~tether.core.Spent`): downtime and waiting for a person do not
+    count. ``deadline_s``, when set, bounds the calendar: seconds from the
+    run's start, whatever it was doing.
+    """
 
     proposals: int
     steps: int
     wall_time_s: int
     cost: int
+    deadline_s: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +123,12 @@ class TaskSpec:
                 "steps": self.budgets.steps,
                 "wall_time_s": self.budgets.wall_time_s,
                 "cost": self.budgets.cost,
+                # Only when set, so a task without a deadline keeps its fingerprint.
+                **(
+                    {}
+                    if self.budgets.deadline_s is None
+                    else {"deadline_s": self.budgets.deadline_s}
+                ),
             },
             "initial_environment": {
                 "namespace": self.initial_environment.namespace,
@@ -180,6 +193,9 @@ class TaskSpec:
                 steps=budgets.int("steps", minimum=1, maximum=MAX_COUNT),
                 wall_time_s=budgets.int("wall_time_s", minimum=1, maximum=MAX_WALL_TIME_S),
                 cost=budgets.int("cost", minimum=0, maximum=MAX_COUNT),
+                deadline_s=budgets.int("deadline_s", minimum=1, maximum=MAX_WALL_TIME_S)
+                if budgets.optional_raw("deadline_s") is not None
+                else None,
             ),
             initial_environment=InitialEnvironment(
                 namespace=initial.str("namespace"),
@@ -209,6 +225,9 @@ class KindRule:
 #: ``agent`` (the run's own agent), which only a rewind can name.
 PRINCIPAL_ROLES = frozenset({"worker", "operator", "reviewer", "approver"})
 REWIND_ROLES = PRINCIPAL_ROLES | {"agent"}
+#: Who may sign a cancel: a person who runs the fleet, or one who reviews runs.
+CANCEL_ROLES = frozenset({"operator", "reviewer"})
+_CANCEL_DEFAULT = frozenset({"operator"})
 
 
 class WithheldSecrets(StrEnum):
@@ -239,15 +258,22 @@ class Authority:
     read_secrets: frozenset[str] = frozenset({"worker", "operator"})
     secrets_withheld: WithheldSecrets = WithheldSecrets.REDACT
     policy_change: PolicyChange = PolicyChange.REFUSE
+    #: Who may sign a cancel document (``tether cancel``): operators unless the
+    #: policy says otherwise (``["operator", "reviewer"]``, or only reviewers).
+    cancel: frozenset[str] = _CANCEL_DEFAULT
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {
+        body: dict[str, JSONValue] = {
             "recover": sorted(self.recover),
             "rewind": sorted(self.rewind),
             "read_secrets": sorted(self.read_secrets),
             "secrets_withheld": self.secrets_withheld.value,
             "policy_change": self.policy_change.value,
         }
+        # Written only when set, so a policy written before it keeps its fingerprint.
+        if self.cancel != _CANCEL_DEFAULT:
+            body["cancel"] = sorted(self.cancel)
+        return body
 
     @classmethod
     def parse(cls, f: Fields) -> Authority:
@@ -277,7 +303,10 @@ class Authority:
             read_secrets=roles("read_secrets", PRINCIPAL_ROLES, default.read_secrets),
             secrets_withheld=choice("secrets_withheld", WithheldSecrets, default.secrets_withheld),
             policy_change=choice("policy_change", PolicyChange, default.policy_change),
+            cancel=roles("cancel", CANCEL_ROLES, default.cancel),
         )
+        if not authority.cancel:
+            f.fail(f.name("cancel"), "name at least one role; a run must stay cancellable")
         f.done()
         return authority
 

@@ -8,7 +8,7 @@ the store and the state carries only their head, so a checkpoint at step
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from tether.core._canonical import JSONValue, canonical_bytes
@@ -18,6 +18,7 @@ from tether.core._fields import Fields
 from tether.core._model import (
     CompletedWrite,
     EnvironmentState,
+    LastOutcome,
     PendingWrite,
     ReviewCase,
     Verification,
@@ -86,18 +87,43 @@ class Binding:
 
 @dataclass(frozen=True, slots=True)
 class Spent:
-    """Budgets consumed so far (wall time is derived from ``started_at``)."""
+    """Budgets consumed so far.
+
+    ``wall_time_ms`` is the run's own working time: what passed between its
+    commits while it was running or had a write out. Time spent down (a
+    crash until the recovery) or waiting for a person (an approval, a review
+    case) is not in it; the calendar since ``started_at`` is bounded
+    separately, by the task's optional ``deadline_s``.
+    """
 
     proposals: int = 0
     steps: int = 0
     cost: int = 0
+    wall_time_ms: int = 0
+
+    @property
+    def wall_time_s(self) -> float:
+        """The working time in seconds."""
+        return self.wall_time_ms / 1000
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {"proposals": self.proposals, "steps": self.steps, "cost": self.cost}
+        body: dict[str, JSONValue] = {
+            "proposals": self.proposals,
+            "steps": self.steps,
+            "cost": self.cost,
+        }
+        if self.wall_time_ms:  # absent from checkpoints written before it was counted
+            body["wall_time_ms"] = self.wall_time_ms
+        return body
 
     @classmethod
     def parse(cls, f: Fields) -> Spent:
-        spent = cls(proposals=f.int("proposals"), steps=f.int("steps"), cost=f.int("cost"))
+        spent = cls(
+            proposals=f.int("proposals"),
+            steps=f.int("steps"),
+            cost=f.int("cost"),
+            wall_time_ms=f.int("wall_time_ms", minimum=0) if f.has("wall_time_ms") else 0,
+        )
         f.done()
         return spent
 
@@ -159,6 +185,9 @@ class RunState:
     # uses it), and every fork nonce ever recorded, so a fork cannot be replayed.
     forks: tuple[str, ...] = ()
     fork_nonces: tuple[str, ...] = ()
+    #: How the agent's last action ended (the gate's refusal, the adapter's,
+    #: the verifier's verdict and output): its next observation carries it.
+    last_outcome: LastOutcome | None = None
 
     def evolve(self, **changes: Any) -> RunState:
         """A copy with ``changes`` applied (the state itself is immutable)."""
@@ -206,6 +235,8 @@ class RunState:
             body["forks"] = list(self.forks)
         if self.fork_nonces:
             body["fork_nonces"] = list(self.fork_nonces)
+        if self.last_outcome is not None:
+            body["last_outcome"] = self.last_outcome.to_json()
         return body
 
     @classmethod
@@ -222,6 +253,7 @@ class RunState:
         last_write = f.optional_obj("last_write")
         verification = f.optional_obj("verification")
         rewinding = f.optional_obj("rewinding")
+        last_outcome = f.optional_obj("last_outcome") if f.has("last_outcome") else None
         state = cls(
             run_id=f.str("run_id"),
             generation=f.int("generation", minimum=1),
@@ -259,9 +291,36 @@ class RunState:
             contract=_contract(f),
             forks=f.str_list("forks") if f.has("forks") else (),
             fork_nonces=f.str_list("fork_nonces") if f.has("fork_nonces") else (),
+            last_outcome=None if last_outcome is None else LastOutcome.parse(last_outcome),
         )
         f.done()
         return state
+
+
+def working_ms(state: RunState, now: datetime, resumed_at: datetime | None = None) -> int:
+    """The run's working time since ``state`` was committed, in milliseconds.
+
+    Counted only while the run works: running, or with a write sent and its
+    outcome awaited. A run frozen for review, finished, or holding an action
+    that was never sent (where a person's approval is awaited) is not
+    working. ``resumed_at`` is when this epoch began: a recovery's session
+    counts from then, so the time the run was down is never counted.
+    """
+    if state.generation == 0:
+        return 0
+    pending = state.pending
+    working = state.phase is Phase.RUNNING or (
+        state.phase is Phase.PENDING
+        and pending is not None
+        and pending.status is not EffectStatus.INTENDED
+    )
+    if not working:
+        return 0
+    since = state.updated_at if resumed_at is None else max(state.updated_at, resumed_at)
+    return max(0, (now - since) // _MILLISECOND)
+
+
+_MILLISECOND = timedelta(milliseconds=1)
 
 
 def _contract(f: Fields) -> Contract:

@@ -9,6 +9,7 @@ carries it, after a recovery as well.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -17,9 +18,11 @@ from tether.core._canonical import JSONValue, canonical_bytes, digest_bytes, str
 from tether.core._errors import CanonicalJSONError, CheckpointCorruptError
 from tether.core._fields import Fields
 from tether.core._model import (
+    OUTCOME_OUTPUT_MAX,
     Capabilities,
     EnvironmentState,
     Intent,
+    LastOutcome,
     PendingWrite,
     Receipt,
     ReviewCase,
@@ -27,7 +30,7 @@ from tether.core._model import (
 )
 from tether.core._phases import EffectStatus, Phase
 from tether.core._spec import Budgets
-from tether.core._state import RunState, Spent
+from tether.core._state import RunState, Spent, working_ms
 from tether.core._trace import TraceEvent
 from tether.core._transition import Event, LedgerNote, OutcomeKind, Transition
 
@@ -106,20 +109,32 @@ def _with_result(
 
 
 def _charged(spent: Spent, *, proposals: int = 0, cost: int = 0) -> Spent:
-    return Spent(proposals=spent.proposals + proposals, steps=spent.steps, cost=spent.cost + cost)
+    return replace(spent, proposals=spent.proposals + proposals, cost=spent.cost + cost)
 
 
-def exhausted(state: RunState, budgets: Budgets, now: datetime) -> Transition | None:
-    """Fail the run when a budget is spent (the wall clock counts from its start)."""
+def exhausted(
+    state: RunState, budgets: Budgets, now: datetime, *, resumed_at: datetime | None = None
+) -> Transition | None:
+    """Fail the run when a budget is spent.
+
+    Wall time is the run's own working time (see :func:`working_ms`;
+    ``resumed_at``: when this epoch began, so downtime before it is not
+    counted); the optional ``deadline_s`` is calendar time from the start.
+    """
     spent = state.spent
+    worked_ms = spent.wall_time_ms + working_ms(state, now, resumed_at)
     if spent.steps >= budgets.steps:
         which = "steps"
     elif spent.proposals >= budgets.proposals:
         which = "proposals"
     elif spent.cost > budgets.cost:
         which = "cost"
-    elif (now - state.started_at).total_seconds() > budgets.wall_time_s:
+    elif worked_ms > budgets.wall_time_s * 1000:
         which = "wall_time"
+    elif budgets.deadline_s is not None and (
+        (now - state.started_at).total_seconds() > budgets.deadline_s
+    ):
+        which = "deadline"
     else:
         return None
     reason = f"budget_exhausted:{which}"
@@ -370,7 +385,7 @@ def verified(
         data={
             "passed": verification.passed,
             "exit_code": verification.exit_code,
-            "output_tail": output_tail[-2000:],
+            "output_tail": output_tail[-OUTCOME_OUTPUT_MAX:],
         },
     )
     after, blobs = _with_result(after, result)
@@ -391,6 +406,8 @@ def cancel(
     by: str,
     action_id: str | None = None,
     charge: int | None = None,
+    document: dict[str, Any] | None = None,
+    cursor: int | None = None,
 ) -> Transition:
     """End a run in ``cancelled``; a pending write must be one that never left.
 
@@ -398,10 +415,17 @@ def cancel(
     here and the ledger says ``cancelled``; a dispatched one is the caller's
     to settle first (``settle_rules.cancel_pending``). ``charge``: the
     agent's own cancel costs a proposal and its cost, like any action.
+    ``document``: a person's signed cancel (whole, into the trace), read
+    from the inbox entry ``cursor``.
     """
     pending = state.pending
     notes: tuple[LedgerNote, ...] = ()
     data: dict[str, JSONValue] = {"reason": reason, "by": by}
+    if document is not None:
+        data["evidence"] = document
+    if cursor is not None:
+        data["seq"] = cursor
+        state = state.evolve(inbox_cursor=max(state.inbox_cursor, cursor))
     if charge is not None:
         state = state.evolve(spent=_charged(state.spent, proposals=1, cost=charge))
     if action_id is not None:
@@ -474,3 +498,57 @@ def park(
         reason=reason,
         message=detail[-500:],
     )
+
+
+#: Outcomes that end what the agent asked for (or say why it has not ended):
+#: the agent's next observation carries the newest one.
+NOTED_OUTCOMES = frozenset(
+    {
+        OutcomeKind.EXECUTED,
+        OutcomeKind.REPLAYED,
+        OutcomeKind.REJECTED,
+        OutcomeKind.WAITING_FOR_APPROVAL,
+        OutcomeKind.FROZEN,
+        OutcomeKind.FAILED,
+        OutcomeKind.CANCELLED,
+        OutcomeKind.VERIFIER_FAILED,
+        OutcomeKind.OBSERVED,
+    }
+)
+
+
+def note_outcome(transition: Transition) -> Transition:
+    """``transition`` whose committed state records its outcome as the run's last.
+
+    Kind, reason word and message come from the transition; the output is
+    the tail a verifier or test run printed (from the step's results). An
+    outcome that is only a stage on the way (a write made durable, an
+    approval recorded) leaves the last one as it was.
+    """
+    state = transition.state
+    if state is None or transition.outcome not in NOTED_OUTCOMES:
+        return transition
+    action_id = next(
+        (
+            data["action_id"]
+            for _, data in transition.events
+            if isinstance(data.get("action_id"), str)
+        ),
+        None,
+    )
+    output = ""
+    wanted = state.results_digest
+    body = None if wanted is None else dict(transition.blobs).get(wanted)
+    if wanted is not None and body is not None:
+        for result in decode_results(wanted, body):
+            tail = result.data.get("output_tail")
+            if isinstance(tail, str):
+                output = tail
+    outcome = LastOutcome.bounded(
+        transition.outcome.value,
+        action_id=action_id,
+        reason=transition.reason,
+        message=transition.message,
+        output=output,
+    )
+    return replace(transition, state=state.evolve(last_outcome=outcome))

@@ -90,6 +90,10 @@ class Restored:
     #: store was put back, or another runtime wrote here). The run must go to
     #: review, not act.
     ahead: EnvironmentState | None = None
+    #: The live environment, when it is the checkpoint's own instance but not
+    #: a state the checkpoint explains (someone changed it outside the run).
+    #: The run must go to review with both states, not act.
+    drifted: EnvironmentState | None = None
 
 
 class Checkpointer:
@@ -271,8 +275,14 @@ class Checkpointer:
         self.check_generation(restored)
         live = adapter.environment()
         ahead = live if environment_ahead(state, live) else None
+        drifted = None
         if ahead is None:
-            check_environment(state, live)
+            if state.phase in {Phase.RUNNING, Phase.PENDING}:
+                # A live run whose world moved under it goes to a person; another
+                # instance (or a finished run's world) still fails closed.
+                drifted = live if drift_problem(state, live) is not None else None
+            else:
+                check_environment(state, live)
         validate_state(state)
         chain = self.verified_ledger(state)
         pending = state.pending
@@ -291,9 +301,14 @@ class Checkpointer:
             if beyond:
                 state = state.evolve(pending=replace(pending, status=EffectStatus.DISPATCHED))
                 return replace(
-                    restored, state=state, ledger=tuple(chain), maybe_sent=True, ahead=ahead
+                    restored,
+                    state=state,
+                    ledger=tuple(chain),
+                    maybe_sent=True,
+                    ahead=ahead,
+                    drifted=drifted,
                 )
-        return replace(restored, ledger=tuple(chain), ahead=ahead)
+        return replace(restored, ledger=tuple(chain), ahead=ahead, drifted=drifted)
 
     def at_generation(self, state: RunState, generation: int) -> tuple[RunState, str]:
         """The signed checkpoint of an earlier ``generation`` of this run, and its digest.
@@ -543,6 +558,23 @@ def check_environment(state: RunState, live: EnvironmentState) -> None:
     the same fingerprint in another instance, and drift of more than the one
     pending write all fail closed. ``live`` is the adapter's answer.
     """
+    problem = drift_problem(state, live)
+    if problem is not None:
+        raise EnvironmentDriftError(
+            f"run {state.run_id}: environment drifted: {problem}",
+            expected=state.environment.to_json(),
+            actual=live.to_json(),
+        )
+
+
+def drift_problem(state: RunState, live: EnvironmentState) -> str | None:
+    """What is wrong with ``live`` for the checkpoint, or ``None`` when it explains it.
+
+    Another environment instance is never drift: it raises
+    :class:`~tether.core.EnvironmentDriftError` here. The same instance in a
+    state the checkpoint and its pending write do not explain is drift (it
+    changed outside the run): the words say how.
+    """
     recorded = state.environment
     if live.namespace != recorded.namespace or live.instance_id != recorded.instance_id:
         raise EnvironmentDriftError(
@@ -553,29 +585,25 @@ def check_environment(state: RunState, live: EnvironmentState) -> None:
             actual=live.to_json(),
         )
     if live == recorded:
-        return
+        return None
     if state.rewinding is not None:
         # A rewind was admitted and checkpointed; its restore may have run, in
         # part or whole. The next step finishes it (restoring is idempotent).
-        return
+        return None
     pending = state.pending
     if pending is not None and live == pending.expected_post:
-        return
+        return None
     if state.phase is Phase.NEEDS_REVIEW:
         # Frozen, nothing acts: the same instance in any state may be restored,
         # so a person can still decide. A decision re-reads the world itself,
         # and one the world moved under is refused and its case refreshed.
-        return
+        return None
     if live.version == recorded.version:
-        problem = "same version, different state (changed outside the runtime)"
-    elif pending is not None and live.version == pending.expected_post.version:
-        problem = "the pending write's version, but not the state it produces"
-    else:
-        problem = f"version moved {recorded.version} -> {live.version}, not provable from the pending write"
-    raise EnvironmentDriftError(
-        f"run {state.run_id}: environment drifted: {problem}",
-        expected=recorded.to_json(),
-        actual=live.to_json(),
+        return "same version, different state (changed outside the runtime)"
+    if pending is not None and live.version == pending.expected_post.version:
+        return "the pending write's version, but not the state it produces"
+    return (
+        f"version moved {recorded.version} -> {live.version}, not provable from the pending write"
     )
 
 

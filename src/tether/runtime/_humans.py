@@ -38,6 +38,7 @@ from tether.core import (
 from tether.core import needs_approval as core_needs_approval
 from tether.core import people_rules as people
 from tether.crypto import Role, TrustRoots
+from tether.runtime import _cancel
 from tether.runtime._view import Runtime, Session
 
 
@@ -105,6 +106,10 @@ def consume_inbox(session: Session) -> None:
                 session.effect_decision(item.document, cursor=item.seq)
             elif item.kind == "fork":
                 fork(session, item.document, cursor=item.seq)
+            elif item.kind == "cancel":
+                _cancel.from_inbox(session, item.document, cursor=item.seq)
+                if session.state.inbox_cursor < item.seq:
+                    return  # not landed yet (a write in flight): read again next step
             else:
                 review(session, item.document, cursor=item.seq)
 
@@ -131,6 +136,8 @@ def _signers_of(policy: Policy, kind: str) -> set[str]:
         return {Role.REVIEWER.value}
     if kind == "rewind":
         return set(policy.authority.rewind) - {"agent"}
+    if kind == "cancel":
+        return set(policy.authority.cancel)
     return set()
 
 

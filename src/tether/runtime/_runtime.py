@@ -375,6 +375,9 @@ class Runtime:
         if behind is not None:
             detail, evidence = behind
             session.park("environment_ahead", detail, evidence=evidence)
+        elif restored.drifted is not None:
+            reason, detail, evidence = drift_case(session.state, restored.drifted)
+            session.park(reason, detail, evidence=evidence)
         return session
 
     def _admit(
@@ -479,6 +482,40 @@ class Runtime:
             "(continue from the world as it is) or abort."
         )
         return detail, tuple(evidence)
+
+
+def drift_case(state: RunState, live: Any) -> tuple[str, str, tuple[dict[str, Any], ...]]:
+    """The review case a drift opens: its reason, what a person is told, both states.
+
+    The environment changed outside the run (a colleague's edit, a ticket
+    filed by hand) between the checkpoint and this recovery. No rule can say
+    whether the run's plan still holds, so a person decides: ``accept`` the
+    observed state (the run re-observes and goes on from it), ``replan`` or
+    ``abort``. A decision is bound to the observed environment, so if the
+    world moves again before it lands, the case is refreshed.
+    """
+    recorded = state.environment
+    pending = state.pending
+    evidence = {
+        "kind": "environment_drift",
+        "checkpoint": recorded.to_json(),
+        "observed": live.to_json(),
+        "generation": state.generation,
+    }
+    if pending is not None and pending.mutating:
+        evidence["pending_expected_post"] = pending.expected_post.to_json()
+    detail = (
+        f"the environment changed outside the run since generation {state.generation} "
+        f"(version {recorded.version} -> {live.version}, fingerprint "
+        f"{recorded.state_fingerprint[:19]} -> {live.state_fingerprint[:19]}). Nothing was "
+        "done about it; decide "
+        + (
+            "replan (the pending write's key is quarantined) or abort."
+            if pending is not None and pending.mutating
+            else "accept (go on from the environment as observed), replan or abort."
+        )
+    )
+    return "environment_drift", detail, (evidence,)
 
 
 #: At most this many unrecorded receipts are copied into a review case.

@@ -108,6 +108,8 @@ class RunSession(LeaseHolder):
         self._blobs_known: set[str] = set()
         #: Whether this epoch's reader may see the context's secret items (set by the runtime).
         self.release_secrets = False
+        #: When this session began: its working time counts from here, never the downtime before.
+        self.resumed_at = runtime.clock.now()
 
     @property
     def run_id(self) -> str:
@@ -201,6 +203,7 @@ class RunSession(LeaseHolder):
             ledger=ledger,
             effect=effect,
             terms=None if effect is None or not ledger else self.rt.effect_terms(effect.intent),
+            resumed_at=self.resumed_at,
         )
         new = sealed.state
         try:
@@ -292,6 +295,7 @@ class RunSession(LeaseHolder):
         agent's new context) land with the first commit.
         """
         while True:
+            transition = step_rules.note_outcome(transition)  # the agent hears how it ended
             # Notes record the write pending before the step, or the one it makes pending.
             effect = self.state.pending
             if effect is None and transition.state is not None:
@@ -519,7 +523,12 @@ class RunSession(LeaseHolder):
             return self._step()
 
     def _step(self) -> Outcome:
+        was = self.state.phase
         _humans.consume_inbox(self)
+        if self.state.phase.terminal and not was.terminal:
+            # The inbox ended the run (a signed cancel, a review's abort): that is this step.
+            ended, event = _ENDED.get(self.state.phase, (OutcomeKind.FAILED, "failed"))
+            return Outcome(ended, self.state, self.state.stop_reason, event=event)
         self._refuse_if_stopped()
         if self.state.rewinding is not None:
             return _rewind.finish(self)  # a rewind admitted before a crash: finish it first
@@ -530,7 +539,9 @@ class RunSession(LeaseHolder):
                 return _carry.carry_out_approved(self, pending)
             return self._decide_and_apply(settle_rules.settle)
         state = self.state
-        exhausted = step_rules.exhausted(state, self.rt.task.budgets, self.rt.clock.now())
+        exhausted = step_rules.exhausted(
+            state, self.rt.task.budgets, self.rt.clock.now(), resumed_at=self.resumed_at
+        )
         if exhausted is not None:
             return self.apply(exhausted)
         env = self.rt.adapter.environment()
@@ -545,7 +556,7 @@ class RunSession(LeaseHolder):
             events.append(
                 ("environment_changed", {"from": state.environment.to_json(), "to": env.to_json()})
             )
-        observation = Observation(env, self.results(), state.last_write)
+        observation = Observation(env, self.results(), state.last_write, state.last_outcome)
         self.rt.crash.hit(CrashPoint.BEFORE_PROPOSAL)
         decision = self.rt.agent.decide(self.context, observation)
         base = state.evolve(
@@ -554,6 +565,7 @@ class RunSession(LeaseHolder):
             plan_cursor=decision.context.plan_cursor,
             spent=replace(state.spent, steps=state.spent.steps + 1),
             results_digest=None,  # the agent has seen them
+            last_outcome=None,
             # Evidence about an older environment proves nothing about this one.
             verification=state.verification
             if state.verification is not None
@@ -724,6 +736,12 @@ class RunSession(LeaseHolder):
 #: At most this many committed blob digests are remembered per session (a
 #: 250,000-file workspace's snapshot, with room): the store answers beyond it.
 _BLOBS_REMEMBERED = 1_000_000
+
+# How a run the inbox ended reads as a step's outcome.
+_ENDED = {
+    Phase.CANCELLED: (OutcomeKind.CANCELLED, "run_cancelled"),
+    Phase.FAILED: (OutcomeKind.FAILED, "failed"),
+}
 
 # A person or the adapter must act before another step can change anything.
 _WAITS = frozenset(

@@ -18,6 +18,7 @@ from tether.core import (
     LookupStatus,
     Outcome,
     Phase,
+    cancel_read,
     settle_rules,
     step_rules,
 )
@@ -38,21 +39,38 @@ def _without_rewind(session: Session) -> tuple[Any, list[tuple[str, dict[str, An
     ]
 
 
-def cancel(session: Session, reason: str, by: str) -> Outcome:
-    """Settle a write that may have been sent, then end the run in ``cancelled``."""
+def cancel(
+    session: Session,
+    reason: str,
+    by: str,
+    *,
+    document: dict[str, Any] | None = None,
+    cursor: int | None = None,
+) -> Outcome:
+    """Settle a write that may have been sent, then end the run in ``cancelled``.
+
+    ``document``: a person's signed cancel, read from inbox entry ``cursor``;
+    it goes into the trace with the commit that ends the run (or freezes it).
+    """
     session.guard()
     pending = session.state.pending
     if pending is not None and pending.mutating and pending.status is not EffectStatus.INTENDED:
         ask = Lookup(pending.idempotency_key, pending.intent)
         caps = capabilities_of(session.rt.adapter, pending.intent.kind)
         answer = session.ask(ask) if caps.queryable else None
-        outcome = session.apply(
-            session.decide(lambda facts: settle_rules.cancel_pending(session.state, facts, answer))
+        settled = session.decide(
+            lambda facts: settle_rules.cancel_pending(session.state, facts, answer)
         )
+        frozen = settled.state is not None and settled.state.phase is not Phase.RUNNING
+        if document is not None and frozen:
+            settled = cancel_read(settled, document, cursor)
+        outcome = session.apply(settled)
         if session.state.phase is not Phase.RUNNING:
             return outcome  # frozen for review, or still in flight: not cancelled
     base, events = _without_rewind(session)
-    return session.apply(step_rules.cancel(base, reason, by=by), prefix=events)
+    return session.apply(
+        step_rules.cancel(base, reason, by=by, document=document, cursor=cursor), prefix=events
+    )
 
 
 def park(

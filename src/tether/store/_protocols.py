@@ -79,7 +79,7 @@ class Evidence:
 
 
 EVIDENCE_KINDS = frozenset(
-    {"approval", "review_decision", "effect_decision", "fork", "rewind", "admission"}
+    {"approval", "review_decision", "effect_decision", "fork", "rewind", "admission", "cancel"}
 )
 
 
