@@ -102,3 +102,41 @@ def test_resume_of_an_unknown_run_is_one_line(tmp_path: Path) -> None:
     result = tether("resume", "nope", "--db", str(run["db"]), check=False)
     assert result.returncode == 1 and "nope" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_cancel_signs_a_cancel_for_an_operator_and_refuses_other_keys(tmp_path: Path) -> None:
+    """Neither --key nor --app is a one-line error, an approver's key is refused, an operator's delivers."""
+    run = _frozen_pending(tmp_path)
+    db = str(run["db"])
+    neither = tether("cancel", "demo-run", "--reason", "r", "--db", db, check=False)
+    assert neither.returncode == 1 and "--key" in neither.stderr
+    approver = tether(
+        "cancel",
+        "demo-run",
+        "--reason",
+        "r",
+        "--db",
+        db,
+        "--key",
+        str(run["key"]),
+        "--yes",
+        check=False,
+    )
+    assert approver.returncode == 1 and "operator" in approver.stderr
+    assert _inbox(db) == 0
+    tether("keys", "new", "--role", "operator", "--id", "ops", "--out", str(tmp_path))
+    out = tether(
+        "cancel",
+        "demo-run",
+        "--reason",
+        "duplicate ticket",
+        "--db",
+        db,
+        "--key",
+        str(tmp_path / "ops.key"),
+        "--yes",
+        "--json",
+    )
+    report = json.loads(out.stdout)
+    assert report["kind"] == "cancel" and report["signed"]["reason"] == "duplicate ticket"
+    assert _inbox(db) == 1

@@ -264,3 +264,35 @@ def test_the_web_package_exports_exactly_these_names() -> None:
     ]
     for name in tether.web.__all__:
         assert getattr(tether.web, name).__doc__, name
+
+
+def test_a_cancel_signed_in_the_page_ends_the_run_at_its_next_step(tmp_path: Path) -> None:
+    """An operator's cancel from the page: its bound fields are shown, it is delivered, the run ends cancelled."""
+    import json
+
+    paths = _webkit.approval_run(tmp_path)
+    operator = Signer.generate("demo-operator", "operator")
+    operator.write_file(paths.signer_key("operator"))
+    roots = json.loads(paths.trust.read_text())
+    roots["signers"].append(operator.trust_root())
+    paths.trust.write_text(json.dumps(roots))
+    c = client(paths, "approver", "operator")
+    token, seen = csrf(c)
+    form = {"csrf": token, "seen": str(seen), "action": "cancel", "reason": "wrong customer"}
+    shown = c.post("/runs/demo-run/prepare", data=form)
+    assert shown.status_code == 200, shown.text
+    assert re.search(r"<th>reason</th><td><code>wrong customer</code>", shown.text)
+    draft = re.search(r'name="prepared" value="([^"]+)"', shown.text)
+    assert draft is not None
+    done = c.post(
+        "/runs/demo-run/sign",
+        data={"csrf": token, "prepared": draft.group(1)},
+        follow_redirects=False,
+    )
+    assert done.status_code == 303
+    (item,) = inbox(paths)
+    assert item.kind == "cancel" and item.document["signer"] == "demo-operator"
+    _webkit.recover(paths)
+    page = c.get("/runs/demo-run").text
+    assert "run_cancelled" in page and "inbox-applied" in page
+    assert (paths.workspace / "calc.py").read_text() != _demo.FIXED  # the write never happened

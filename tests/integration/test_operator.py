@@ -22,6 +22,7 @@ from tether.runtime import (
     list_runs,
     open_run,
     prepare_approval,
+    prepare_cancel,
 )
 
 APPROVER = Signer.generate("amy", "approver")
@@ -147,3 +148,41 @@ def test_a_refused_document_shows_in_the_inbox_with_the_reason(guarded: World) -
     assert item.status == "refused" and item.signer == "eve"
     assert item.why is not None and "UnknownSignerError" in item.why
     assert view.needs_person  # still waiting for a valid approval
+
+
+OPERATOR = Signer.generate("ops", "operator")
+
+
+def test_a_cancel_is_refused_before_signing_unless_an_operator_signs_it(guarded: World) -> None:
+    """An approver's key cannot cancel (the policy's authority.cancel names operators); an operator's ends the run."""
+    rt = waiting(guarded)
+    store = guarded.store()
+    view = open_run(store, "run-a", keyring=guarded.keyring, now=guarded.clock.now())
+    with pytest.raises(PolicyError):
+        prepare_cancel(view, APPROVER, "not needed", now=guarded.clock.now())
+    prepared = prepare_cancel(
+        view,
+        OPERATOR,
+        "not needed",
+        now=guarded.clock.now(),
+        trust=TrustRoots.of(OPERATOR.trust_root()),
+    )
+    assert prepared.kind == "cancel" and prepared.shown["reason"] == "not needed"
+    deliver(store, prepared)
+    session = world_recover(guarded, rt)
+    assert session.state.phase is Phase.CANCELLED
+    assert (
+        "notes.txt" not in guarded.sandbox.files or guarded.sandbox.files["notes.txt"] == "draft\n"
+    )
+
+
+def world_recover(world: World, rt: Any) -> Any:
+    """Recover the run under a runtime that trusts the operator too, and take one step."""
+    trusting = world.runtime(
+        agent(),
+        trust=TrustRoots.of(APPROVER.trust_root(), REVIEWER.trust_root(), OPERATOR.trust_root()),
+    )
+    del rt
+    session = trusting.recover("run-a")
+    session.step()
+    return session

@@ -26,8 +26,14 @@ from tether.cli._sign import (
 )
 from tether.core import OutcomeKind, Phase, TetherError
 from tether.crypto import Keyring, Signer
-from tether.runtime import RunSummary, list_runs, load_factory, prepare_admission
-from tether.store import SQLiteStore, open_store
+from tether.runtime import (
+    RunSummary,
+    list_runs,
+    load_factory,
+    prepare_admission,
+    prepare_cancel,
+)
+from tether.store import SQLiteStore
 
 
 def add_runs(sub: Any, seconds: Any) -> None:
@@ -62,30 +68,35 @@ def add_runs(sub: Any, seconds: Any) -> None:
     resume.add_argument("run_id", metavar="RUN")
     add_signer_arguments(resume, seconds)
     resume.set_defaults(func=cmd_resume)
-    _optional_key(resume)
+    _optional_key(resume, "sign an admission of the next recovery with this key (optional)")
 
     cancel = sub.add_parser(
         "cancel",
-        help="end a run in cancelled; a write it may have sent is settled first",
-        description="Take the run's lease, then end it in cancelled. A write that never left "
-        "is dropped (the ledger says so); one that may have been sent is looked up first: "
-        "committed -> recorded, absent -> dropped, unknowable -> needs_review. A cancelled run "
-        "can't be resumed. --app names factory(store, run_id, worker) -> Runtime.",
+        help="end a run in cancelled: sign a cancel for its next step (--key), or do it here "
+        "(--app); a write it may have sent is settled first",
+        description="With --key: show what the cancel binds, check it as the runtime will (an "
+        "operator's key, or a role the policy's authority.cancel names), ask, sign and leave "
+        "it in the store's inbox; the run's next step (or the worker that claims it for it) "
+        "ends it. With --app: take the run's lease in this process and end it now "
+        "(factory(store, run_id, worker) -> Runtime). Either way a write that never left is "
+        "dropped (the ledger says so), one that may have been sent is looked up first: "
+        "committed -> recorded, absent -> dropped, unknowable -> needs_review. A run frozen "
+        "for review is ended by a reviewer's abort instead. A cancelled run can't be resumed.",
     )
     cancel.add_argument("run_id", metavar="RUN")
-    cancel.add_argument("--store", required=True, help="sqlite:///path.sqlite or postgresql://...")
-    cancel.add_argument("--app", required=True, help="module:factory building the run's Runtime")
     cancel.add_argument("--reason", required=True, help="why, for the trace")
-    cancel.add_argument("--json", action="store_true", help="print one JSON object")
+    cancel.add_argument("--app", help="module:factory building the run's Runtime: cancel here, now")
+    add_signer_arguments(cancel, seconds)
+    _optional_key(cancel, "the canceller's private key: sign a cancel for the run's next step")
     cancel.set_defaults(func=cmd_cancel)
 
 
-def _optional_key(parser: argparse.ArgumentParser) -> None:
-    # resume takes the signer's flags, but the key itself is optional there.
+def _optional_key(parser: argparse.ArgumentParser, helptext: str) -> None:
+    # resume and cancel take the signer's flags, but the key itself is optional there.
     for action in parser._actions:
         if action.dest == "key":
             action.required = False
-            action.help = "sign an admission of the next recovery with this key (optional)"
+            action.help = helptext
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -182,9 +193,27 @@ def _say_cleared(run_id: str, phase: str, attempts: int) -> None:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    if (args.key is None) == (args.app is None):
+        raise TetherError(
+            "name one way to cancel: --key F (sign a cancel for the run's next step) or "
+            "--app module:factory (cancel here, now)"
+        )
+    if args.key is not None:
+        signer = Signer.from_file(args.key)
+        prepared = prepare_cancel(
+            read_view(args), signer, args.reason, now=datetime.now(UTC), **checks(args)
+        )
+        return confirm_and_deliver(
+            args,
+            prepared,
+            f"Sign this cancel as {signer.signer_id}?",
+            "cancel delivered (inbox #{seq}); run {run} ends at its next step, after "
+            "settling any write it may have sent",
+            "no cancel signed",
+        )
     factory = load_factory(args.app)
     worker_id = f"cancel-{socket.gethostname()}-{os.getpid()}"
-    with open_store(args.store) as store:
+    with open_existing(args.store or args.db) as store:
         rt = factory(store, args.run_id, worker_id)
         # The cancel runs under the run's lease: a worker busy with it makes this
         # fail with LeaseHeldError rather than race it.

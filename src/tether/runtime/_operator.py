@@ -23,6 +23,7 @@ from typing import Any
 from tether.core import (
     ActionClass,
     ActionKind,
+    CancelRefusedError,
     CanonicalJSONError,
     CheckpointCorruptError,
     LedgerEntry,
@@ -39,12 +40,14 @@ from tether.core import (
     admission_request,
     check_admission,
     check_approval,
+    check_cancel,
     check_decision,
     digest_bytes,
     format_time,
     needs_approval,
     new_admission,
     new_approval,
+    new_cancel,
     new_decision,
     new_fork,
     replay_rules,
@@ -466,6 +469,47 @@ def prepare_admission(
     if state.phase.terminal:
         raise PolicyError(f"run {state.run_id} is {state.phase}; nothing may resume it")
     return _admission(view, signer, Purpose.RECOVERY, "admission", now, ttl_s, trust, policy)
+
+
+def prepare_cancel(
+    view: RunView,
+    signer: Signer,
+    reason: str,
+    *,
+    now: datetime,
+    ttl_s: float | None = None,
+    trust: TrustRoots | None = None,
+    policy: Policy | None = None,
+    seen_generation: int | None = None,
+) -> Prepared:
+    """A signed cancel (an operator's, or whoever the policy's ``authority.cancel`` names).
+
+    A frozen run is refused here as the runtime refuses it: a reviewer's
+    signed abort is what ends a run in review.
+    """
+    state = _fresh(view, seen_generation)
+    if state.phase.terminal:
+        raise PolicyError(f"run {state.run_id} is {state.phase}; nothing to cancel")
+    if state.phase is Phase.NEEDS_REVIEW:
+        raise CancelRefusedError(
+            f"run {state.run_id} is frozen for review; a reviewer's signed abort ends it",
+            run_id=state.run_id,
+        )
+    rules = _policy(view, policy)
+    allowed = ("operator",) if rules is None else tuple(sorted(rules.authority.cancel))
+    role = _role(signer, tuple(Role(name) for name in allowed), "cancel a run")
+    body = new_cancel(
+        state,
+        signer.signer_id,
+        reason=reason,
+        issued_at=now,
+        expires_at=now + timedelta(seconds=_ttl(ttl_s, rules)),
+        nonce=_secrets.token_hex(16),
+    )
+    document = _signed(signer, body, role, trust)
+    if rules is not None:
+        check_cancel(body, signer.signer_id, state, now=now, ttl_s=rules.approval_ttl_s)
+    return Prepared(state.run_id, "cancel", document, _bound(body), view.verified)
 
 
 def deliver(store: ContentStore, prepared: Prepared) -> int:

@@ -22,12 +22,13 @@ from tether.runtime import (
     Prepared,
     RunView,
     prepare_approval,
+    prepare_cancel,
     prepare_review,
     prepare_rewind,
 )
 
-#: Set once core knows a cancel document; until then the page's button stays disabled.
-CANCEL_KIND: str | None = None
+#: The inbox kind of a signed cancel (the page's cancel button signs one).
+CANCEL_KIND = "cancel"
 
 
 class ActionRefusedError(PolicyError):
@@ -110,9 +111,11 @@ def prepare(
         )
         return Draft(f"Rewind to generation {int(target)}", generation, prepared)
     if action == "cancel":
-        raise ActionRefusedError(
-            "cancel from the page awaits the signed cancel document in core; use tether cancel"
-        )
+        rules = policy or view.policy
+        roles = {"operator"} if rules is None else set(rules.authority.cancel)
+        signer = signer_for(signers, roles, "cancel a run")
+        prepared = prepare_cancel(view, signer, form.get("reason", ""), **common)
+        return Draft("Cancel the run", generation, prepared)
     raise ActionRefusedError(f"unknown action {action!r}")
 
 

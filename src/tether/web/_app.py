@@ -156,7 +156,6 @@ def create_app(config: WebConfig) -> Starlette:
             view=page.view,
             state=page.view.state,
             decisions=actions.decisions(),
-            can_cancel=actions.CANCEL_KIND is not None,
             pretty=read.pretty,
             done=request.query_params.get("done"),
         )
