@@ -250,7 +250,7 @@ def test_init_writes_a_task_and_policy_the_strict_loaders_accept(
     with FileWorkspace(ws, tmp_path / "journal") as fw:
         assert fw.environment().state_fingerprint == task.initial_environment.state_fingerprint
     assert sorted(p.name for p in ws.rglob("*")) == ["app.py", "src"]  # nothing left in it
-    assert task.verifier.argv == ("python", "-m", "unittest", "-q")
+    assert task.verifier is not None and task.verifier.argv == ("python", "-m", "unittest", "-q")
     code, _, err = run(capsys, "init", "--workspace", str(ws), "--out", str(out_dir))
     assert code == 1 and "already exists" in err
 

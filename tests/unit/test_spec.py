@@ -188,3 +188,16 @@ def test_authority_refuses_unknown_roles_and_values(authority: Any, field: str) 
     """Only the agent may be named beyond the principal roles, and only for a rewind."""
     with pytest.raises(SpecError, match=field.replace(".", r"\.")):
         make_policy(authority=authority)
+
+
+def test_a_task_may_name_no_verifier_and_a_task_that_names_one_keeps_its_fingerprint() -> None:
+    """Leaving the verifier out parses (None) and changes both fingerprints; naming one is as before."""
+    named = make_task("sha256:" + "a" * 64)
+    body = named.to_json()
+    assert body["verifier"] == {"argv": ["python", "-c", "pass"], "timeout_s": 30}
+    body.pop("verifier")
+    bare = TaskSpec.from_json(json.dumps(body))
+    assert bare.verifier is None and "verifier" not in bare.to_json()
+    assert bare.fingerprint != named.fingerprint
+    assert bare.scenario_fingerprint != named.scenario_fingerprint
+    assert TaskSpec.from_json(json.dumps(named.to_json())).fingerprint == named.fingerprint

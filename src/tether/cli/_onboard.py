@@ -96,7 +96,8 @@ def add_onboarding(sub: Any) -> None:
         "--verifier",
         default="python -m unittest -q",
         help="the command that proves the work is done, run in the workspace "
-        "(default: 'python -m unittest -q'); split on spaces",
+        "(default: 'python -m unittest -q'); split on spaces; 'none' for a task with nothing "
+        "to test (the run then completes on the agent's finish, said so in its trace)",
     )
     init.add_argument("--json", action="store_true", help="print one JSON object")
     init.set_defaults(func=cmd_init)
@@ -163,12 +164,15 @@ def cmd_init(args: argparse.Namespace) -> int:
             raise FileExistsRefusedError(path, f"{path} already exists; give --out another dir")
     argv = args.verifier.split()
     if not argv:
-        raise TetherError("--verifier must name a command")
+        raise TetherError("--verifier must name a command, or 'none'")
+    unverified = argv == ["none"]
     # The journal lives beside a workspace, never in it; a throwaway one here
     # gives the same content fingerprint the runtime's workspace will compute.
     with (
         tempfile.TemporaryDirectory(prefix="tether-init-") as journal,
-        FileWorkspace(ws, Path(journal) / "journal", verifier_allowlist=[tuple(argv)]) as fw,
+        FileWorkspace(
+            ws, Path(journal) / "journal", verifier_allowlist=[] if unverified else [tuple(argv)]
+        ) as fw,
     ):
         env = fw.environment()
     task = {
@@ -182,8 +186,9 @@ def cmd_init(args: argparse.Namespace) -> int:
             "namespace": env.namespace,
             "state_fingerprint": env.state_fingerprint,
         },
-        "verifier": {"argv": argv, "timeout_s": 600},
     }
+    if not unverified:
+        task["verifier"] = {"argv": argv, "timeout_s": 600}
     policy = {
         "policy_id": f"{args.task_id}-policy",
         "policy_version": "1",
@@ -229,7 +234,8 @@ _EXPLAINED = (
     "  permissions         the permissions the task grants (each policy rule names one)",
     "  budgets             proposals, steps, wall_time_s and cost the run may spend",
     "  initial_environment the workspace's fingerprint now: a run starts only from this tree",
-    "  verifier            the command `finish` runs; completed needs it to pass",
+    "  verifier            the command `finish` runs; completed needs it to pass (leave it",
+    "                      out for a task with nothing to test: --verifier none)",
     "policy.json: the rules it runs under",
     "  kinds               per action kind: risk, permission, needs_approval (a person signs)",
     "  max_risk            the riskiest kind allowed at all",

@@ -106,7 +106,10 @@ class TaskSpec:
     permissions: tuple[str, ...]
     budgets: Budgets
     initial_environment: InitialEnvironment
-    verifier: Verifier
+    #: What ``finish`` runs to judge the final state; ``None``: the task names
+    #: nothing to test, and the run completes on the agent's finish, recorded
+    #: as such (``no_verifier`` in the trace, stop reason ``finished_unverified``).
+    verifier: Verifier | None
     #: The test targets a ``tests.run`` action may name, each a command the
     #: adapter runs (the verifier is what ``finish`` runs, and is not one).
     tests: dict[str, Verifier] = field(default_factory=dict)
@@ -134,8 +137,13 @@ class TaskSpec:
                 "namespace": self.initial_environment.namespace,
                 "state_fingerprint": self.initial_environment.state_fingerprint,
             },
-            "verifier": {"argv": list(self.verifier.argv), "timeout_s": self.verifier.timeout_s},
         }
+        if self.verifier is not None:
+            # Only when named, so a task without a verifier says so in its fingerprint.
+            body["verifier"] = {
+                "argv": list(self.verifier.argv),
+                "timeout_s": self.verifier.timeout_s,
+            }
         if self.tests:
             # Only when present, so a task without tests keeps its fingerprint.
             body["tests"] = {
@@ -152,9 +160,10 @@ class TaskSpec:
     def scenario_fingerprint(self) -> str:
         """Digest of the fixed scenario: initial environment and verifier."""
         body = self.to_json()
-        return digest(
-            {"initial_environment": body["initial_environment"], "verifier": body["verifier"]}
-        )
+        scenario = {"initial_environment": body["initial_environment"]}
+        if "verifier" in body:
+            scenario["verifier"] = body["verifier"]
+        return digest(scenario)
 
     def allows_target(self, target: str) -> bool:
         for allowed in self.allowed_paths:
@@ -170,7 +179,7 @@ class TaskSpec:
         f = Fields(_document(data), "", SpecError)
         budgets = f.obj("budgets")
         initial = f.obj("initial_environment")
-        verifier = f.obj("verifier")
+        verifier = f.optional_obj("verifier")
         paths = f.str_list("allowed_paths")
         for index, path in enumerate(paths):
             check_canonical_path(path, f"allowed_paths[{index}]", allow_dir=True)
@@ -201,7 +210,7 @@ class TaskSpec:
                 namespace=initial.str("namespace"),
                 state_fingerprint=initial.str("state_fingerprint"),
             ),
-            verifier=_command(verifier),
+            verifier=None if verifier is None else _command(verifier),
             tests=tests,
         )
         for part in (budgets, initial, f):

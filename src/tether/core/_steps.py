@@ -352,14 +352,18 @@ def verified(
     output_tail: str,
     summary: str,
     spent_already: bool = False,
+    named: bool = True,
 ) -> Transition:
     """``finish`` ran the verifier: complete when it passed on exactly this state.
 
     Otherwise the run goes on, and the agent's next result says why.
+    ``named=False``: the task names no verifier, ``verification`` records
+    the state the agent finished in, and the run completes on its word, said
+    so in the trace (``no_verifier``) and in the stop reason.
     """
     spent = state.spent if spent_already else _charged(state.spent, proposals=1, cost=proposal.cost)
     ran = (
-        "verifier_ran",
+        "verifier_ran" if named else "no_verifier",
         {
             **verification.to_json(),
             "action_id": proposal.action_id,
@@ -369,11 +373,12 @@ def verified(
     )
     after = state.evolve(spent=spent, verification=verification, phase=Phase.RUNNING, pending=None)
     if verification.passed and judged_here:
+        stop = "verified" if named else "finished_unverified"
         return Transition(
             OutcomeKind.FINISHED,
-            state=after.evolve(phase=Phase.COMPLETED, stop_reason="verified", results_digest=None),
+            state=after.evolve(phase=Phase.COMPLETED, stop_reason=stop, results_digest=None),
             events=(ran, ("completed", {"summary": summary})),
-            reason="verified",
+            reason=stop,
         )
     reason = "verifier_failed" if judged_here else "verifier_judged_other_state"
     result = ActionResult(
