@@ -14,7 +14,7 @@ from tether.core import (
     validate_state,
 )
 from tether.crypto import Keyring
-from tether.runtime import Checkpointer, open_run
+from tether.runtime import Checkpointer, RunView, open_run
 from tether.store import SQLBase, SQLiteStore, open_store
 
 
@@ -47,17 +47,21 @@ def _open(args: argparse.Namespace) -> Checkpointer:
     return Checkpointer(_store(args), keyring, marks=marks)
 
 
-def cmd_inspect(args: argparse.Namespace) -> int:
+def open_view(args: argparse.Namespace) -> RunView:
+    """The run verified under the keyring: the checkpoint, the trace chain and the ledger chain."""
     keyring = Keyring.from_file(args.keyring) if args.keyring else Keyring.from_environ()
     marks = SQLiteStore(args.marks, read_only=True) if args.marks else None
     store = _store(args)
     try:
-        # Verified under the keyring: the checkpoint, the trace chain and the ledger chain.
-        view = open_run(store, args.run_id, keyring=keyring, marks=marks)
+        return open_run(store, args.run_id, keyring=keyring, marks=marks)
     finally:
         store.close()
         if marks is not None:
             marks.close()
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    view = open_view(args)
     state = view.state
     entries = list(view.ledger)
     ledger = [

@@ -15,7 +15,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from tether.cli._inspect import _open, add_reader
+from tether.cli._inspect import add_reader, open_view
 from tether.cli._sign import add_signer_arguments, checks, confirm_and_deliver, read_view
 from tether.crypto import Signer
 from tether.runtime import prepare_admission, prepare_rewind
@@ -100,32 +100,9 @@ def cmd_admit(args: argparse.Namespace) -> int:
 
 
 def cmd_epochs(args: argparse.Namespace) -> int:
-    checkpointer = _open(args)
-    state = checkpointer.load(args.run_id).state
-    epochs: list[dict[str, Any]] = []
-    for event in checkpointer.verified_trace(state):
-        data = event.data
-        if event.kind == "run_started":
-            epochs.append(
-                {"epoch": 1, "opened_by": "start", "at": event.body()["at"], "generation": None}
-            )
-        elif event.kind in {"recovered", "rewind_started"}:
-            epochs.append(
-                {
-                    "epoch": len(epochs) + 1,
-                    "opened_by": "recovery" if event.kind == "recovered" else "rewind",
-                    "at": event.body()["at"],
-                    "epoch_id": data.get("epoch_id"),
-                    "previous_epoch_id": data.get("previous_epoch_id"),
-                    "principal": data.get("principal"),
-                    "role": data.get("role"),
-                    "signed": data.get("signed"),
-                    "admission": data.get("admission"),
-                    "generation": data.get("from_generation"),
-                    "to_generation": data.get("to_generation"),
-                    "reason": data.get("reason") or None,
-                }
-            )
+    view = open_view(args)
+    state = view.state
+    epochs = view.epochs()
     if args.json:
         print(json.dumps({"run_id": args.run_id, "epochs": epochs}, sort_keys=True))
         return 0
@@ -146,32 +123,7 @@ def cmd_epochs(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
-    checkpointer = _open(args)
-    state = checkpointer.load(args.run_id).state
-    effects: dict[str, dict[str, Any]] = {}
-    for entry in checkpointer.verified_ledger(state):
-        item = effects.setdefault(
-            entry.idempotency_key,
-            {"key": entry.idempotency_key, "action_id": entry.action_id, "history": []},
-        )
-        if entry.terms is not None and "kind" not in item:
-            item.update(
-                kind=entry.terms.kind,
-                target=entry.terms.target,
-                adapter=entry.terms.adapter,
-                retry=entry.terms.retry.value,
-                compensation=entry.terms.compensation.value,
-            )
-        receipt = entry.receipt or {}
-        item["status"] = entry.status.value
-        item["history"].append(
-            {
-                "seq": entry.seq,
-                "status": entry.status.value,
-                "epoch": entry.epoch,
-                "receipt_id": receipt.get("receipt_id"),
-            }
-        )
+    effects = {item["key"]: item for item in open_view(args).effects()}
     if args.json:
         print(
             json.dumps({"run_id": args.run_id, "effects": list(effects.values())}, sort_keys=True)

@@ -155,6 +155,63 @@ class RunView:
     def refused(self) -> tuple[InboxItem, ...]:
         return tuple(item for item in self.inbox if item.status == "refused")
 
+    def epochs(self) -> list[dict[str, Any]]:
+        """Every epoch of the run, from its trace: how it was opened, by whom, from where, why."""
+        epochs: list[dict[str, Any]] = []
+        for event in self.trace:
+            data = event.data
+            at = format_time(event.at)
+            if event.kind == "run_started":
+                epochs.append({"epoch": 1, "opened_by": "start", "at": at, "generation": None})
+            elif event.kind in {"recovered", "rewind_started"}:
+                epochs.append(
+                    {
+                        "epoch": len(epochs) + 1,
+                        "opened_by": "recovery" if event.kind == "recovered" else "rewind",
+                        "at": at,
+                        "epoch_id": data.get("epoch_id"),
+                        "previous_epoch_id": data.get("previous_epoch_id"),
+                        "principal": data.get("principal"),
+                        "role": data.get("role"),
+                        "signed": data.get("signed"),
+                        "admission": data.get("admission"),
+                        "generation": data.get("from_generation"),
+                        "to_generation": data.get("to_generation"),
+                        "reason": data.get("reason") or None,
+                    }
+                )
+        return epochs
+
+    def effects(self) -> list[dict[str, Any]]:
+        """The ledger grouped by effect: its terms, its status now and every status it had."""
+        by_key: dict[str, dict[str, Any]] = {}
+        for entry in self.ledger:
+            item = by_key.setdefault(
+                entry.idempotency_key,
+                {"key": entry.idempotency_key, "action_id": entry.action_id, "history": []},
+            )
+            if entry.terms is not None and "kind" not in item:
+                item.update(
+                    kind=entry.terms.kind,
+                    target=entry.terms.target,
+                    adapter=entry.terms.adapter,
+                    retry=entry.terms.retry.value,
+                    compensation=entry.terms.compensation.value,
+                )
+            receipt_id = (entry.receipt or {}).get("receipt_id")
+            item.update(status=entry.status.value, epoch=entry.epoch)
+            if receipt_id:
+                item["receipt_id"] = receipt_id
+            item["history"].append(
+                {
+                    "seq": entry.seq,
+                    "status": entry.status.value,
+                    "epoch": entry.epoch,
+                    "receipt_id": receipt_id,
+                }
+            )
+        return list(by_key.values())
+
 
 @dataclass(frozen=True, slots=True)
 class RunSummary:

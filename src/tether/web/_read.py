@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tether.core import LedgerEntry, RunState
+from tether.core import RunState
 from tether.runtime import RunView
 from tether.store import Evidence
 
@@ -38,35 +38,10 @@ def arrange(view: RunView, evidence: list[Evidence]) -> RunPage:
             expiries[item.seq] = body["expires_at"]
     return RunPage(
         view=view,
-        effects=effects(list(view.ledger)),
+        effects=view.effects(),
         cases=cases(view.state),
         expiries=expiries,
     )
-
-
-def effects(entries: list[LedgerEntry]) -> list[dict[str, Any]]:
-    """The ledger grouped by effect: its terms, its current state and the path it took."""
-    by_key: dict[str, dict[str, Any]] = {}
-    for entry in entries:
-        item = by_key.setdefault(
-            entry.idempotency_key,
-            {"key": entry.idempotency_key, "action_id": entry.action_id, "history": []},
-        )
-        if entry.terms is not None and "kind" not in item:
-            item.update(
-                kind=entry.terms.kind,
-                target=entry.terms.target,
-                adapter=entry.terms.adapter,
-                retry=entry.terms.retry.value,
-                compensation=entry.terms.compensation.value,
-            )
-        receipt = entry.receipt or {}
-        item["status"] = entry.status.value
-        item["epoch"] = entry.epoch
-        if receipt.get("receipt_id"):
-            item["receipt_id"] = receipt.get("receipt_id")
-        item["history"].append(entry.status.value)
-    return list(by_key.values())
 
 
 def cases(state: RunState) -> list[dict[str, Any]]:
