@@ -136,7 +136,7 @@ def test_a_document_shown_is_not_delivered_once_the_run_moved(waiting: _demo.Dem
     )
     _webkit.take_evidence(waiting)
     late = c.post("/runs/demo-run/sign", data={"csrf": token, "prepared": draft.group(1)})
-    assert late.status_code == 409 and "moved since the fields were shown" in late.text
+    assert late.status_code == 409 and "moved since the document was prepared" in late.text
     assert len(inbox(waiting)) == 1
     again = c.post("/runs/demo-run/sign", data={"csrf": token, "prepared": draft.group(1)})
     assert again.status_code == 409 and "nothing prepared" in again.text  # a draft is used once

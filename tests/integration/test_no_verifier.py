@@ -42,3 +42,15 @@ def test_init_with_verifier_none_writes_a_task_without_one(
     capsys.readouterr()
     task = TaskSpec.from_json((tmp_path / "task.json").read_bytes())
     assert task.verifier is None
+
+
+def test_init_refuses_to_write_into_the_workspace_it_fingerprints(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--out inside the workspace would change the recorded fingerprint: refused, nothing written."""
+    ws = tmp_path / "proj"
+    ws.mkdir()
+    (ws / "a.py").write_text("x = 1\n")
+    assert main(["init", "--workspace", str(ws), "--out", str(ws)]) == 1
+    assert "inside the workspace" in capsys.readouterr().err
+    assert sorted(p.name for p in ws.iterdir()) == ["a.py"]

@@ -119,7 +119,7 @@ def test_a_prepared_approval_is_accepted_by_the_runtime_and_the_write_happens(
         seen_generation=view.state.generation,
     )
     assert prepared.shown["action_id"] == "w1" and "nonce" not in prepared.shown
-    assert deliver(store, prepared) == 1
+    assert deliver(store, prepared, now=guarded.clock.now()) == 1
     assert open_run(store, "run-a").inbox[0].status == "waiting"
     session = rt.recover("run-a")
     while not session.state.phase.terminal:
@@ -168,7 +168,7 @@ def test_a_cancel_is_refused_before_signing_unless_an_operator_signs_it(guarded:
         trust=TrustRoots.of(OPERATOR.trust_root()),
     )
     assert prepared.kind == "cancel" and prepared.shown["reason"] == "not needed"
-    deliver(store, prepared)
+    deliver(store, prepared, now=guarded.clock.now())
     session = world_recover(guarded, rt)
     assert session.state.phase is Phase.CANCELLED
     assert (
@@ -186,3 +186,81 @@ def world_recover(world: World, rt: Any) -> Any:
     session = trusting.recover("run-a")
     session.step()
     return session
+
+
+def test_a_run_a_worker_holds_is_not_said_to_need_a_person(guarded: World) -> None:
+    """A claim counts an attempt; only an attempt that ended in an error flags the run."""
+    guarded.runtime(ScriptedAgent([finish]), policy=make_policy()).start("run-b")
+    store = guarded.store()
+    (lease,) = store.claim_expired("w-busy", 60)
+    (row,) = list_runs(store)
+    assert row.attempts == 1 and not row.needs_person and row.waiting_for is None
+    store.defer("run-b", "w-busy", lease.lease_version, 0.0, "adapter down")
+    (row,) = list_runs(store)
+    assert row.needs_person and row.waiting_for is not None and "adapter down" in row.waiting_for
+
+
+def test_an_approval_of_a_write_that_takes_none_is_refused_before_signing(world: World) -> None:
+    """The policy lets the write through unapproved: the runtime would refuse the approval, so does the tool."""
+    from tether.runtime import CrashPlan, CrashPoint, SimulatedCrash
+
+    rt = world.runtime(agent(), crash=CrashPlan(CrashPoint.INTENT_PERSISTED))
+    session = rt.start("run-a")
+    with pytest.raises(SimulatedCrash):
+        session.step()
+    view = open_run(world.store(), "run-a", keyring=world.keyring, now=world.clock.now())
+    assert view.state.phase is Phase.PENDING and not view.needs_approval
+    with pytest.raises(PolicyError, match="takes no approval"):
+        prepare_approval(view, APPROVER, "w1", now=world.clock.now())
+
+
+def test_delivery_rechecks_expiry_and_the_generation_but_a_cancel_lands_on_a_moving_run(
+    guarded: World,
+) -> None:
+    """An approval that expired or whose run moved is not delivered; a cancel made earlier still is."""
+    waiting(guarded)
+    store = guarded.store()
+    now = guarded.clock.now()
+    view = open_run(store, "run-a", keyring=guarded.keyring, now=now)
+    approval = prepare_approval(view, APPROVER, "w1", now=now, ttl_s=5)
+    cancel = prepare_cancel(view, OPERATOR, "stop", now=now, ttl_s=300)
+    with pytest.raises(PolicyError, match="expired before it was delivered"):
+        deliver(store, approval, now=now + timedelta(seconds=6))
+    # Another approval lands and the run moves on: the first one would now bind nothing live.
+    other = prepare_approval(view, APPROVER, "w1", now=now)
+    deliver(store, other, now=now)
+    guarded.runtime(agent(), trust=TRUST).recover("run-a").step()
+    assert open_run(store, "run-a").state.generation > approval.generation
+    with pytest.raises(StaleViewError):
+        deliver(store, approval, now=now)
+    assert deliver(store, cancel, now=now) == 2
+
+
+def test_a_cancel_no_trusted_role_may_sign_is_refused_and_blocks_nothing(guarded: World) -> None:
+    """Without canceller roots the cancel is traced as refused and the approval behind it is read."""
+    rt = waiting(guarded)
+    store = guarded.store()
+    view = open_run(store, "run-a", keyring=guarded.keyring, now=guarded.clock.now())
+    now = guarded.clock.now()
+    deliver(store, prepare_cancel(view, OPERATOR, "stop", now=now), now=now)
+    deliver(store, prepare_approval(view, APPROVER, "w1", now=now), now=now)
+    session = rt.recover("run-a")
+    session.step()
+    after = open_run(store, "run-a", keyring=guarded.keyring, now=guarded.clock.now())
+    assert [(i.kind, i.status) for i in after.inbox] == [
+        ("cancel", "refused"),
+        ("approval", "applied"),
+    ]
+    assert after.inbox[0].why is not None and "operators" in after.inbox[0].why
+    assert guarded.sandbox.files["notes.txt"] == "v1\n"
+
+
+def test_a_run_that_goes_on_under_a_new_policy_is_judged_by_it(world: World) -> None:
+    """After a new work occurrence under policy v2, open_run reads v2, whose ttl the tools enforce."""
+    world.runtime(agent()).start("run-a")
+    v2 = make_policy(
+        policy_version="2", approval_ttl_s=60, authority={"policy_change": "new_occurrence"}
+    )
+    world.runtime(agent(), policy=v2).recover("run-a").step()
+    view = open_run(world.store(), "run-a", keyring=world.keyring)
+    assert view.policy is not None and view.policy.fingerprint == v2.fingerprint

@@ -132,6 +132,18 @@ def test_accept_is_refused_where_it_would_hide_a_write_or_is_not_drift(
     assert caught.value.case_id == "case-1" and caught.value.reason == reason
 
 
+def test_accept_is_refused_for_an_ahead_case_listing_receipts_the_ledger_never_recorded() -> None:
+    """Accepting would leave effects out of the ledger for good: refused, replan or abort instead."""
+    from dataclasses import replace
+
+    listed = replace(
+        case("environment_ahead"),
+        evidence=({"kind": "unrecorded_receipt", "receipt_id": "r-9"},),
+    )
+    with pytest.raises(AcceptRefusedError, match="never recorded"):
+        check_accept(listed)
+
+
 # -- drift at recovery --------------------------------------------------------------
 
 

@@ -85,11 +85,12 @@ def add_onboarding(sub: Any) -> None:
         "fingerprint of --workspace as FileWorkspace computes it, so a run starts only from "
         "exactly that tree.",
     )
+    init.add_argument("--workspace", type=Path, required=True, help="the workspace directory")
     init.add_argument(
-        "--workspace", type=Path, default=Path("."), help="the workspace directory (default: .)"
-    )
-    init.add_argument(
-        "--out", type=Path, default=Path("."), help="directory for the two files (default: .)"
+        "--out",
+        type=Path,
+        default=Path("."),
+        help="directory for the two files, outside the workspace (default: .)",
     )
     init.add_argument("--task-id", default="my-task", help="the task's id (default: my-task)")
     init.add_argument(
@@ -158,6 +159,12 @@ def cmd_init(args: argparse.Namespace) -> int:
     if not ws.is_dir():
         raise TetherError(f"workspace {ws} is not a directory")
     out: Path = args.out
+    if out.resolve().is_relative_to(ws.resolve()):
+        # Written into the tree, they would change the fingerprint they record.
+        raise TetherError(
+            f"--out {out} is inside the workspace {ws}: task.json and policy.json there would "
+            "change the fingerprint they record; give --out a directory outside it"
+        )
     task_path, policy_path = out / "task.json", out / "policy.json"
     for path in (task_path, policy_path):
         if path.exists():

@@ -153,33 +153,37 @@ def _ago(now: datetime, then: datetime) -> str:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     where = args.store or args.db
-    store = open_existing(where)
-    try:
-        before = store.get_mark(args.run_id)
-        if before is None:
-            raise TetherError(f"no run {args.run_id!r} in {where}")
-        mark = store.retry_now(args.run_id)
-    finally:
-        store.close()
-    report: dict[str, Any] = {
-        "run_id": args.run_id,
-        "phase": mark.phase,
-        "failed_attempts_cleared": before.attempts,
-    }
     if args.key is not None:
+        # Everything is checked, asked and delivered before anything is cleared.
         signer = Signer.from_file(args.key)
         prepared = prepare_admission(read_view(args), signer, now=datetime.now(UTC), **checks(args))
-        if not args.json:
-            _say_cleared(args.run_id, mark.phase, before.attempts)
-        return confirm_and_deliver(
+        code = confirm_and_deliver(
             args,
             prepared,
             f"Sign this recovery as {signer.signer_id}?",
             "admission signed (inbox #{seq}); the next worker to claim run {run} opens its "
             "new epoch under it",
+            "no recovery signed; nothing cleared",
         )
+        if code != 0:
+            return code
+    # The attempts live with the mark: in the marks file where it is kept apart.
+    store = open_existing(args.marks or where)
+    try:
+        before = store.get_mark(args.run_id)
+        if before is None:
+            raise TetherError(f"no run {args.run_id!r} in {args.marks or where}")
+        mark = store.retry_now(args.run_id)
+    finally:
+        store.close()
     if args.json:
-        print(json.dumps(report, sort_keys=True))
+        if args.key is None:  # with a key, the admission's JSON was the one object printed
+            report = {
+                "run_id": args.run_id,
+                "phase": mark.phase,
+                "failed_attempts_cleared": before.attempts,
+            }
+            print(json.dumps(report, sort_keys=True))
         return 0
     _say_cleared(args.run_id, mark.phase, before.attempts)
     return 0

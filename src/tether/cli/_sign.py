@@ -250,7 +250,8 @@ def confirm_and_deliver(
         if not args.yes and not _ask(question):
             print(declined)
             return 1
-    seq = deliver(args.store or args.db, prepared)
+    # After the question: if the run moved or the document expired meanwhile, nothing goes.
+    seq = deliver(args.store or args.db, prepared, args.marks)
     if args.json:
         print(
             json.dumps(
@@ -290,13 +291,16 @@ def open_existing(where: Path | str) -> SQLBase:
     return SQLiteStore(where, create=False)
 
 
-def deliver(where: Path | str, prepared: Prepared) -> int:
-    """Leave a prepared document in the inbox of the store at ``where``."""
+def deliver(where: Path | str, prepared: Prepared, marks_path: Path | None = None) -> int:
+    """Leave a prepared document in the inbox of the store at ``where`` (re-checked first)."""
     store = open_existing(where)
+    marks = None if marks_path is None else SQLiteStore(marks_path, read_only=True)
     try:
-        return deliver_prepared(store, prepared)
+        return deliver_prepared(store, prepared, marks=marks)
     finally:
         store.close()
+        if marks is not None:
+            marks.close()
 
 
 def deliver_document(where: Path | str, run_id: str, kind: str, document: dict[str, Any]) -> int:

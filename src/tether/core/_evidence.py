@@ -80,6 +80,17 @@ def check_accept(case: ReviewCase) -> None:
             case_id=case.case_id,
             reason=case.reason,
         )
+    unrecorded = [
+        e for e in case.evidence if isinstance(e, dict) and e.get("kind") == "unrecorded_receipt"
+    ]
+    if unrecorded:
+        raise AcceptRefusedError(
+            f"case {case.case_id} lists {len(unrecorded)} receipt(s) of effects the ledger never "
+            "recorded; accepting the environment would leave them out of it for good: sign "
+            "replan or abort, with the receipts in the sealed evidence",
+            case_id=case.case_id,
+            reason=case.reason,
+        )
     if case.idempotency_key:
         raise AcceptRefusedError(
             f"case {case.case_id} names the write {case.action_id!r} (key "

@@ -11,14 +11,9 @@ from tether.runtime._checkpointer import (
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
 from tether.runtime._crash import NO_CRASH, CrashPlan, CrashPoint, SimulatedCrash
 from tether.runtime._operator import (
-    InboxItem,
     Prepared,
-    RunSummary,
-    RunView,
     StaleViewError,
     deliver,
-    list_runs,
-    open_run,
     prepare_admission,
     prepare_approval,
     prepare_cancel,
@@ -27,6 +22,7 @@ from tether.runtime._operator import (
     prepare_rewind,
 )
 from tether.runtime._runtime import Runtime
+from tether.runtime._runview import InboxItem, RunSummary, RunView, list_runs, open_run
 from tether.runtime._session import RunSession
 from tether.runtime._worker import (
     AppLoadError,

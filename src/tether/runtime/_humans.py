@@ -61,6 +61,8 @@ def consume_inbox(session: Session) -> None:
     traced once and never retried. A runtime given no trust roots reads
     nothing, and one whose roots lack the role an entry needs stops at it
     (:class:`TrustRootsRequiredError`): evidence is never consumed unread.
+    A cancel is the exception: the run does not wait for one, so a cancel no
+    trusted role may sign is refused like any other bad document.
     """
     state = session.state
     trust = session.rt.trust
@@ -69,6 +71,20 @@ def consume_inbox(session: Session) -> None:
     roles = {role.value for role in trust.roles()}
     for item in session.rt.store.evidence(session.state.run_id, after=session.state.inbox_cursor):
         needed = _signers_of(session.rt.policy, item.kind)
+        if needed and not roles & needed and item.kind == "cancel":
+            # A cancel is not what the run waits for: one nobody here may sign is
+            # refused, never left to block the documents behind it (a reviewer's abort).
+            _refuse(
+                session,
+                item.kind,
+                item.document,
+                EvidenceError(
+                    f"this runtime's trust roots name no "
+                    f"{' or '.join(r + 's' for r in sorted(needed))}, who may cancel"
+                ),
+                item.seq,
+            )
+            continue
         if needed and not roles & needed:
             # The runtime's configuration is at fault, not the document: refusing it
             # would burn a valid signature. Stop here; the cursor stays put.

@@ -1,15 +1,12 @@
-"""What the people around a run see of it, and the documents they sign.
+"""The documents the people around a run sign: built, signed and checked before delivery.
 
-One set of rules for every tool a person uses (the ``tether`` command and
-the operator page): :func:`open_run` reads a run back (verified when a
-keyring is given), :func:`list_runs` says which runs wait for whom, and the
-``prepare_*`` functions build, sign and check a document BEFORE it goes
-anywhere, with the same core checks the runtime applies when it reads the
-document from the inbox. A document the runtime would refuse (a wrong role,
-an untrusted key, a ttl the policy does not allow, a run that moved on since
-the person looked) is refused here, with the same typed error, and never
-delivered. Nothing here holds the checkpoint key or changes run state:
-:func:`deliver` only appends to the inbox.
+The ``prepare_*`` functions build a document, sign it with the person's key
+and check it with the same core checks the runtime applies when it reads
+the document from the inbox. A document the runtime would refuse (a wrong
+role, an untrusted key, a ttl the policy does not allow, a run that moved
+on since the person looked) is refused here, with the same typed error,
+and never delivered. Nothing here holds the checkpoint key or changes run
+state: :func:`deliver` only appends to the inbox, after checking again.
 """
 
 from __future__ import annotations
@@ -21,43 +18,30 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from tether.core import (
-    ActionClass,
-    ActionKind,
     CancelRefusedError,
-    CanonicalJSONError,
-    CheckpointCorruptError,
-    LedgerEntry,
     Phase,
     Policy,
     PolicyError,
     Purpose,
     RewindRefusedError,
-    RunNotFoundError,
     RunState,
-    SpecError,
-    TetherError,
-    TraceEvent,
     admission_request,
     check_admission,
     check_approval,
     check_cancel,
     check_decision,
-    digest_bytes,
     format_time,
-    needs_approval,
     new_admission,
     new_approval,
     new_cancel,
     new_decision,
     new_fork,
     replay_rules,
-    strict_loads,
-    validate_state,
 )
-from tether.crypto import Keyring, Role, Signer, TrustRoots
-from tether.runtime._checkpointer import Checkpointer
+from tether.crypto import Role, Signer, TrustRoots
 from tether.runtime._clock import SystemClock
-from tether.store import ContentStore, Evidence, GenerationStore, Mark
+from tether.runtime._runview import RunView, marks_of
+from tether.store import ContentStore, GenerationStore
 
 #: The lifetime a document gets when the person names none (never above the policy's).
 DEFAULT_TTL_S = 900
@@ -65,180 +49,6 @@ DEFAULT_TTL_S = 900
 
 class StaleViewError(PolicyError):
     """The run moved on since the person looked: what they saw is not what would be signed."""
-
-
-@dataclass(frozen=True, slots=True)
-class InboxItem:
-    """One document in a run's inbox and what became of it.
-
-    ``status``: ``waiting`` (the run has not read it yet), ``applied`` (read
-    and accepted), ``refused`` (read and refused; ``why`` says why), or
-    ``read`` when the view was opened without its history.
-    """
-
-    seq: int
-    kind: str
-    signer: str | None
-    received_at: datetime
-    status: str
-    why: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RunView:
-    """A run as a person sees it: its checkpoint, trace, ledger and inbox.
-
-    ``verified`` says whether the checkpoint, the trace chain and the ledger
-    chain were checked under the keyring; unverified views are for display
-    only (the runtime re-checks everything a signed document binds).
-    ``policy`` is the run's policy when the store holds it (runs started
-    by this version keep it, content-addressed by its fingerprint).
-    """
-
-    state: RunState
-    mark: Mark
-    verified: bool
-    trace: tuple[TraceEvent, ...]
-    ledger: tuple[LedgerEntry, ...]
-    inbox: tuple[InboxItem, ...]
-    policy: Policy | None
-    #: When it was read: what "expired" and "waiting since" are measured against.
-    read_at: datetime
-
-    @property
-    def run_id(self) -> str:
-        return self.state.run_id
-
-    @property
-    def waiting_for(self) -> str | None:
-        """Who or what the run waits for, in a few words (``None``: nothing, or it ended)."""
-        state = self.state
-        if state.phase is Phase.NEEDS_REVIEW:
-            cases = ", ".join(f"{c.case_id} ({c.reason})" for c in state.review_cases)
-            return f"a reviewer's decision on {cases or 'the run'}"
-        if state.phase is Phase.PENDING and state.pending is not None:
-            pending = state.pending
-            if self.needs_approval:
-                return f"an approval of {pending.action_id} ({pending.intent.kind} {pending.intent.target})"
-            return f"a worker to settle {pending.action_id}"
-        if state.phase.terminal:
-            return None
-        if self.mark.attempts:
-            return f"a retry after {self.mark.attempts} failed attempt(s): {self.mark.last_error}"
-        return None
-
-    @property
-    def needs_approval(self) -> bool:
-        """The pending write waits for an approval no valid document gives yet."""
-        pending = self.state.pending
-        if self.state.phase is not Phase.PENDING or pending is None:
-            return False
-        if self.policy is not None:
-            kind = ActionKind(pending.intent.kind, ActionClass.WRITE)
-            if not needs_approval(self.policy, kind):
-                return False
-        # An approval in force that has not expired: the worker goes on by itself.
-        return not any(
-            # Compared as the canonical UTC text they are signed in.
-            str(document.get("body", {}).get("expires_at", "")) > format_time(self.read_at)
-            for document in pending.approvals
-        )
-
-    @property
-    def needs_person(self) -> bool:
-        """Nothing happens to this run until a person acts (or it keeps failing)."""
-        if self.state.phase is Phase.NEEDS_REVIEW or self.needs_approval:
-            return True
-        return not self.state.phase.terminal and self.mark.attempts > 0
-
-    @property
-    def refused(self) -> tuple[InboxItem, ...]:
-        return tuple(item for item in self.inbox if item.status == "refused")
-
-    def epochs(self) -> list[dict[str, Any]]:
-        """Every epoch of the run, from its trace: how it was opened, by whom, from where, why."""
-        epochs: list[dict[str, Any]] = []
-        for event in self.trace:
-            data = event.data
-            at = format_time(event.at)
-            if event.kind == "run_started":
-                epochs.append({"epoch": 1, "opened_by": "start", "at": at, "generation": None})
-            elif event.kind in {"recovered", "rewind_started"}:
-                epochs.append(
-                    {
-                        "epoch": len(epochs) + 1,
-                        "opened_by": "recovery" if event.kind == "recovered" else "rewind",
-                        "at": at,
-                        "epoch_id": data.get("epoch_id"),
-                        "previous_epoch_id": data.get("previous_epoch_id"),
-                        "principal": data.get("principal"),
-                        "role": data.get("role"),
-                        "signed": data.get("signed"),
-                        "admission": data.get("admission"),
-                        "generation": data.get("from_generation"),
-                        "to_generation": data.get("to_generation"),
-                        "reason": data.get("reason") or None,
-                    }
-                )
-        return epochs
-
-    def effects(self) -> list[dict[str, Any]]:
-        """The ledger grouped by effect: its terms, its status now and every status it had."""
-        by_key: dict[str, dict[str, Any]] = {}
-        for entry in self.ledger:
-            item = by_key.setdefault(
-                entry.idempotency_key,
-                {"key": entry.idempotency_key, "action_id": entry.action_id, "history": []},
-            )
-            if entry.terms is not None and "kind" not in item:
-                item.update(
-                    kind=entry.terms.kind,
-                    target=entry.terms.target,
-                    adapter=entry.terms.adapter,
-                    retry=entry.terms.retry.value,
-                    compensation=entry.terms.compensation.value,
-                )
-            receipt_id = (entry.receipt or {}).get("receipt_id")
-            item.update(status=entry.status.value, epoch=entry.epoch)
-            if receipt_id:
-                item["receipt_id"] = receipt_id
-            item["history"].append(
-                {
-                    "seq": entry.seq,
-                    "status": entry.status.value,
-                    "epoch": entry.epoch,
-                    "receipt_id": receipt_id,
-                }
-            )
-        return list(by_key.values())
-
-
-@dataclass(frozen=True, slots=True)
-class RunSummary:
-    """One line of ``tether runs``: where a run is and what it waits for, since when."""
-
-    run_id: str
-    phase: str
-    generation: int
-    epoch: int | None
-    waiting_for: str | None
-    since: datetime | None
-    needs_person: bool
-    attempts: int
-    last_error: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "phase": self.phase,
-            "generation": self.generation,
-            "epoch": self.epoch,
-            "waiting_for": self.waiting_for,
-            "since": None if self.since is None else self.since.isoformat(),
-            "needs_person": self.needs_person,
-            "attempts": self.attempts,
-            "last_error": self.last_error,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,109 +64,13 @@ class Prepared:
     document: dict[str, Any]
     shown: dict[str, Any]
     verified: bool
+    #: The run's generation when it was prepared (delivery re-checks it).
+    generation: int
 
     @property
     def body(self) -> dict[str, Any]:
         body: dict[str, Any] = self.document["body"]
         return body
-
-
-def open_run(
-    store: ContentStore,
-    run_id: str,
-    *,
-    keyring: Keyring | None = None,
-    marks: GenerationStore | None = None,
-    now: datetime | None = None,
-    history: bool = True,
-) -> RunView:
-    """Read ``run_id`` back: verified under ``keyring`` (every check), else read as stored.
-
-    ``now`` (default: the system clock) is what approval expiry is judged by.
-    ``history=False`` reads the checkpoint alone (no trace, no ledger, and so
-    no reasons for refused documents): enough to say what the run waits for.
-    """
-    trace: tuple[TraceEvent, ...] = ()
-    ledger: tuple[LedgerEntry, ...] = ()
-    if keyring is not None:
-        checkpointer = Checkpointer(store, keyring, marks=marks)
-        restored = checkpointer.load(run_id)
-        state, mark = restored.state, restored.mark
-        if history:
-            trace = tuple(checkpointer.verified_trace(state))
-            ledger = tuple(checkpointer.verified_ledger(state))
-    else:
-        state, mark = _unverified_state(store, run_id, marks)
-        if history:
-            trace = tuple(store.trace(run_id, state.trace_head))
-            ledger = tuple(store.ledger(run_id))
-    return RunView(
-        state=state,
-        mark=mark,
-        verified=keyring is not None,
-        trace=trace,
-        ledger=ledger,
-        inbox=_inbox(store.evidence(run_id), state, trace if history else None),
-        policy=_stored_policy(store, state),
-        read_at=now if now is not None else SystemClock().now(),
-    )
-
-
-def list_runs(
-    store: ContentStore,
-    *,
-    keyring: Keyring | None = None,
-    marks: GenerationStore | None = None,
-    phase: str | None = None,
-    needs_person: bool = False,
-    now: datetime | None = None,
-) -> list[RunSummary]:
-    """Every run the store holds, those that need a person first, then the longest waiting.
-
-    A run that cannot be read back (a damaged checkpoint, a key the keyring
-    lacks) is listed too, as needing a person, with the reason.
-    """
-    found = (marks if marks is not None else _marks_of(store)).runs()
-    rows: list[RunSummary] = []
-    for mark in found:
-        if phase is not None and mark.phase != phase:
-            continue
-        try:
-            view = open_run(
-                store, mark.run_id, keyring=keyring, marks=marks, now=now, history=False
-            )
-        except TetherError as exc:
-            rows.append(
-                RunSummary(
-                    mark.run_id,
-                    mark.phase,
-                    mark.generation,
-                    None,
-                    f"a person: cannot read it ({type(exc).__name__}: {exc})",
-                    None,
-                    True,
-                    mark.attempts,
-                    mark.last_error,
-                )
-            )
-            continue
-        rows.append(
-            RunSummary(
-                view.run_id,
-                view.state.phase.value,
-                view.state.generation,
-                view.state.epoch,
-                view.waiting_for,
-                view.state.updated_at,
-                view.needs_person,
-                mark.attempts,
-                mark.last_error,
-            )
-        )
-    if needs_person:
-        rows = [row for row in rows if row.needs_person]
-    rows.sort(key=lambda r: (not r.needs_person, r.since is None, r.since or 0, r.run_id))
-    return rows
 
 
 def prepare_approval(
@@ -383,6 +97,12 @@ def prepare_approval(
         )
     _role(signer, Role.APPROVER, "approve a write")
     rules = _policy(view, policy)
+    if not replace(view, policy=rules).approvable:
+        raise PolicyError(
+            f"run {state.run_id}: the pending write {pending.action_id!r} takes no approval "
+            f"(it is {pending.status.value}, or its policy lets it through unapproved)",
+            run_id=state.run_id,
+        )
     body = new_approval(
         state,
         signer.signer_id,
@@ -406,7 +126,7 @@ def prepare_approval(
         "write": f"{pending.intent.kind} {pending.intent.target}",
         "arguments": _short(pending.intent.args),
     }
-    return Prepared(state.run_id, "approval", document, shown, view.verified)
+    return Prepared(state.run_id, "approval", document, shown, view.verified, state.generation)
 
 
 def prepare_review(
@@ -441,7 +161,9 @@ def prepare_review(
     if rules is not None:
         check_decision(body, signer.signer_id, state, case, now=now, ttl_s=rules.approval_ttl_s)
     shown = {**_bound(body), "reason": case.reason, "detail": case.detail}
-    return Prepared(state.run_id, "review_decision", document, shown, view.verified)
+    return Prepared(
+        state.run_id, "review_decision", document, shown, view.verified, state.generation
+    )
 
 
 def prepare_fork(
@@ -475,7 +197,7 @@ def prepare_fork(
     )
     document = _signed(signer, body, role, trust)
     shown = {**_bound(body), "earlier_action": known.action_id}
-    return Prepared(state.run_id, "fork", document, shown, view.verified)
+    return Prepared(state.run_id, "fork", document, shown, view.verified, state.generation)
 
 
 def prepare_rewind(
@@ -566,11 +288,38 @@ def prepare_cancel(
     document = _signed(signer, body, role, trust)
     if rules is not None:
         check_cancel(body, signer.signer_id, state, now=now, ttl_s=rules.approval_ttl_s)
-    return Prepared(state.run_id, "cancel", document, _bound(body), view.verified)
+    return Prepared(state.run_id, "cancel", document, _bound(body), view.verified, state.generation)
 
 
-def deliver(store: ContentStore, prepared: Prepared) -> int:
-    """Leave the signed document in the run's inbox; its sequence number there."""
+def deliver(
+    store: ContentStore,
+    prepared: Prepared,
+    *,
+    now: datetime | None = None,
+    marks: GenerationStore | None = None,
+) -> int:
+    """Leave the signed document in the run's inbox; its sequence number there.
+
+    Checked again first, since a person may have taken their time: a document
+    that has expired meanwhile is refused, and so is one bound to a run that
+    moved past the generation it was prepared at (a cancel is not bound to
+    one: it must land on a moving run).
+    """
+    moment = now if now is not None else SystemClock().now()
+    if str(prepared.body.get("expires_at", "")) <= format_time(moment):
+        raise PolicyError(
+            f"the {prepared.kind} expired before it was delivered: prepare it again",
+            run_id=prepared.run_id,
+        )
+    if prepared.kind != "cancel":
+        mark = (marks if marks is not None else marks_of(store)).get_mark(prepared.run_id)
+        if mark is None or mark.generation != prepared.generation:
+            raise StaleViewError(
+                f"run {prepared.run_id} moved since the document was prepared (generation "
+                f"{prepared.generation} -> {None if mark is None else mark.generation}); "
+                "nothing delivered: look again",
+                run_id=prepared.run_id,
+            )
     return store.put_evidence(prepared.run_id, prepared.kind, prepared.document)
 
 
@@ -600,10 +349,11 @@ def _admission(
     if rules is not None:
         allowed = rules.authority.rewind if purpose is Purpose.REWIND else rules.authority.recover
         if signer.role.value not in allowed:
+            verb = "rewind it" if purpose is Purpose.REWIND else "admit its recovery"
             raise PolicyError(
-                f"{signer.signer_id} is a {signer.role.value}; under policy "
-                f"{rules.policy_id} v{rules.policy_version} only {sorted(allowed)} may "
-                f"{purpose.value}",
+                f"{signer.signer_id}'s key is {_a(signer.role.value)} key; under policy "
+                f"{rules.policy_id} v{rules.policy_version} only {' or '.join(sorted(allowed))} "
+                f"keys may {verb}",
                 run_id=state.run_id,
             )
     request = admission_request(
@@ -627,7 +377,7 @@ def _admission(
         check_admission(
             body, signer.signer_id, request, now=now, ttl_s=rules.approval_ttl_s, run_id=view.run_id
         )
-    return Prepared(state.run_id, kind, document, _bound(body), view.verified)
+    return Prepared(state.run_id, kind, document, _bound(body), view.verified, state.generation)
 
 
 def _fresh(view: RunView, seen_generation: int | None) -> RunState:
@@ -645,13 +395,16 @@ def _fresh(view: RunView, seen_generation: int | None) -> RunState:
 def _role(signer: Signer, wanted: Role | tuple[Role, ...], what: str) -> Role:
     roles = wanted if isinstance(wanted, tuple) else (wanted,)
     if signer.role not in roles:
-        names = " or ".join(
-            f"an {r.value}" if r.value[0] in "aeiou" else f"a {r.value}" for r in roles
-        )
+        names = " or ".join(_a(r.value) for r in roles)
         raise PolicyError(
-            f"{signer.signer_id}'s key is a {signer.role.value} key; to {what} it takes {names} key"
+            f"{signer.signer_id}'s key is {_a(signer.role.value)} key; to {what} it takes "
+            f"{names} key"
         )
     return signer.role
+
+
+def _a(word: str) -> str:
+    return f"an {word}" if word[0] in "aeiou" else f"a {word}"
 
 
 def _signed(
@@ -705,81 +458,3 @@ def _bound(body: dict[str, Any]) -> dict[str, Any]:
 def _short(value: Any, limit: int = 400) -> str:
     text = json.dumps(value, sort_keys=True)
     return text if len(text) <= limit else text[:limit] + " ..."
-
-
-def _marks_of(store: ContentStore) -> GenerationStore:
-    if not isinstance(store, GenerationStore):
-        raise TetherError("this store keeps no high-water marks: name the marks store")
-    return store
-
-
-def _unverified_state(
-    store: ContentStore, run_id: str, marks: GenerationStore | None
-) -> tuple[RunState, Mark]:
-    mark = (marks if marks is not None else _marks_of(store)).get_mark(run_id)
-    if mark is None:
-        raise RunNotFoundError(run_id)
-    envelope = store.get_checkpoint(run_id, mark.checkpoint_digest)
-    if envelope is None:
-        raise CheckpointCorruptError(
-            f"run {run_id}: the checkpoint the mark names is missing", run_id=run_id
-        )
-    try:
-        document = strict_loads(envelope)
-    except CanonicalJSONError as exc:
-        raise CheckpointCorruptError(
-            f"run {run_id}: the checkpoint is not a well-formed envelope: {exc}", run_id=run_id
-        ) from exc
-    if not isinstance(document, dict) or not isinstance(document.get("payload"), dict):
-        raise CheckpointCorruptError(
-            f"run {run_id}: the checkpoint envelope carries no payload object", run_id=run_id
-        )
-    state = RunState.from_json(document["payload"])
-    # What is shown must at least be what is signed: the invariants tie the
-    # displayed intent to its digest, which the documents bind.
-    validate_state(state)
-    return state, mark
-
-
-def _stored_policy(store: ContentStore, state: RunState) -> Policy | None:
-    fingerprint = state.binding.policy_fingerprint
-    data = store.get_blob(fingerprint)
-    if data is None or digest_bytes(data) != fingerprint:
-        return None
-    try:
-        policy = Policy.from_json(data)
-    except SpecError:
-        return None
-    return policy if policy.fingerprint == fingerprint else None
-
-
-def _inbox(
-    found: list[Evidence], state: RunState, trace: tuple[TraceEvent, ...] | None
-) -> tuple[InboxItem, ...]:
-    refusals = {
-        event.data.get("seq"): f"{event.data.get('error')}: {event.data.get('message')}"
-        for event in trace or ()
-        if event.kind == "evidence_refused"
-    }
-    items = []
-    for item in found:
-        signer = item.document.get("signer")
-        if item.seq > state.inbox_cursor:
-            status, why = "waiting", None
-        elif trace is None:  # read, but without the trace nobody can say how it went
-            status, why = "read", None
-        elif item.seq in refusals:
-            status, why = "refused", refusals[item.seq]
-        else:
-            status, why = "applied", None
-        items.append(
-            InboxItem(
-                item.seq,
-                item.kind,
-                signer if isinstance(signer, str) else None,
-                item.received_at,
-                status,
-                why,
-            )
-        )
-    return tuple(items)

@@ -223,11 +223,7 @@ class Runtime:
             [("run_started", {"task": self.binding.to_json(), "environment": env.to_json()})],
             # The task and the policy, content-addressed by their fingerprints, so
             # the people's tools check a document against the rules the run keeps.
-            blobs={
-                context_digest: body,
-                self.binding.task_fingerprint: canonical_bytes(self.task.to_json()),
-                self.binding.policy_fingerprint: canonical_bytes(self.policy.to_json()),
-            },
+            blobs={context_digest: body, **self._rules()},
             lease_to=None if ttl is None else LeaseRequest(self.worker, ttl),
         )
         return session
@@ -268,7 +264,7 @@ class Runtime:
                 run_id, self.worker, self.lease_ttl_s
             )
         try:
-            return self._restore(run_id, lease, admission)
+            session = self._restore(run_id, lease, admission)
         except TetherError:
             if taken is not None:
                 # A refused restore must not leave the run locked for a ttl
@@ -276,6 +272,18 @@ class Runtime:
                 with contextlib.suppress(TetherError):
                     self.checkpointer.marks.release_lease(run_id, taken.owner, taken.lease_version)
             raise
+        if not self.store.has_blob(self.binding.policy_fingerprint):
+            # A run that goes on under another policy (a new work occurrence): the
+            # people's tools judge its documents by the rules it now runs under.
+            self.store.put_blobs(self._rules())
+        return session
+
+    def _rules(self) -> dict[str, bytes]:
+        """The task and the policy, content-addressed by their fingerprints (see :meth:`start`)."""
+        return {
+            self.binding.task_fingerprint: canonical_bytes(self.task.to_json()),
+            self.binding.policy_fingerprint: canonical_bytes(self.policy.to_json()),
+        }
 
     def admission_request(
         self,

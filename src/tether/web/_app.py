@@ -39,7 +39,7 @@ from tether.core import (
     format_time,
 )
 from tether.crypto import Keyring, Signer, TrustRoots
-from tether.runtime import InboxItem, StaleViewError, deliver, list_runs, open_run
+from tether.runtime import InboxItem, deliver, list_runs, open_run
 from tether.store import SQLBase, SQLiteStore, open_store
 from tether.web import _actions as actions
 from tether.web import _read as read
@@ -125,7 +125,12 @@ def create_app(config: WebConfig) -> Starlette:
         else:
             status, title = 400, "Refused"
         return render(
-            request, "error.html", status, title=title, error=f"{type(exc).__name__}: {exc}"
+            request,
+            "error.html",
+            status,
+            title=title,
+            error=f"{type(exc).__name__}: {exc}",
+            run_id=request.path_params.get("run_id"),
         )
 
     async def home(request: Request) -> Response:
@@ -165,7 +170,10 @@ def create_app(config: WebConfig) -> Starlette:
         try:
             with store() as s:
                 for row in list_runs(s, keyring=config.keyring):
-                    view = open_run(s, row.run_id, keyring=config.keyring)
+                    try:
+                        view = open_run(s, row.run_id, keyring=config.keyring)
+                    except TetherError:
+                        continue  # listed on /runs as unreadable; one damaged run hides no other
                     items += [(row.run_id, item) for item in view.inbox]
         except TetherError as exc:
             return failure(request, exc)
@@ -217,14 +225,7 @@ def create_app(config: WebConfig) -> Starlette:
             )
         try:
             with store(write=True) as s:
-                mark = s.get_mark(run_id)
-                if mark is None or mark.generation != draft.generation:
-                    raise StaleViewError(
-                        f"run {run_id} moved since the fields were shown (generation "
-                        f"{draft.generation} -> {None if mark is None else mark.generation}); "
-                        "nothing delivered: look again",
-                        run_id=run_id,
-                    )
+                # Re-checked at delivery: expired meanwhile, or (all but a cancel) the run moved.
                 seq = deliver(s, draft.prepared)
         except TetherError as exc:
             return failure(request, exc)
@@ -264,7 +265,18 @@ def _when(value: Any) -> str:
     )
 
 
-def _epoch_ms(value: Any) -> int:
-    """An RFC 3339 time (as evidence carries it) as milliseconds, for the countdown script."""
-    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+def _epoch_ms(value: Any) -> int | str:
+    """An RFC 3339 time (as evidence carries it) as milliseconds, for the countdown script.
+
+    Inbox documents are shown unverified, so a malformed time is shown as no
+    time (the countdown script leaves it alone), never an error page.
+    """
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    try:
+        moment = datetime.fromisoformat(str(value))
+    except ValueError:
+        return ""
+    if moment.tzinfo is None:
+        return ""
     return int(moment.timestamp() * 1000)

@@ -12,7 +12,12 @@
   function tick() {
     var now = Date.now();
     document.querySelectorAll("[data-expires]").forEach(function (el) {
-      var left = Number(el.getAttribute("data-expires")) - now;
+      var at = el.getAttribute("data-expires");
+      if (!at) {
+        el.textContent = "(no readable expiry)";
+        return;
+      }
+      var left = Number(at) - now;
       el.textContent = left > 0 ? remaining(left) : "expired";
       el.classList.toggle("expired", left <= 0);
     });
