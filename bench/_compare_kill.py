@@ -329,8 +329,6 @@ def dbos_child(args: argparse.Namespace) -> None:
     DBOS.destroy()
 
 
-
-
 def child(args: argparse.Namespace) -> None:
     if args.framework.startswith("tether-"):
         tether_child(args)
@@ -393,11 +391,21 @@ def trial(framework: str, index: int, base: Path, dsn: str, url: str) -> dict[st
     env = {**os.environ, "COMPARE_ARMED": "1"}
     try:
         first = subprocess.run(
-            [*common, "--phase", "first"], env=env, capture_output=True, text=True, timeout=120
+            [*common, "--phase", "first"],
+            env=env,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         rest = {k: v for k, v in os.environ.items() if k != "COMPARE_ARMED"}
         second = subprocess.run(
-            [*common, "--phase", "resume"], env=rest, capture_output=True, text=True, timeout=120
+            [*common, "--phase", "resume"],
+            env=rest,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     finally:
         if uses_pg:

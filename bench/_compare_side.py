@@ -32,14 +32,17 @@ does one durable step per command unit:
 from __future__ import annotations
 
 import argparse
+import base64
 import itertools
 import json
+import operator
+import os
 import sqlite3
 import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
 SIDES = (
     "tether-sqlite",
@@ -57,9 +60,14 @@ SIDES = (
 
 
 def state_text(step: int, size: int) -> str:
-    """The user state after ``step``: ``size`` characters, different at every step."""
+    """The user state after ``step``: ``size`` characters, different at every step.
+
+    Random base64 after the step's name, so neither PostgreSQL's TOAST nor any
+    other compression can make one side's bytes look smaller than they are.
+    """
     head = f"step {step:09d} "
-    return (head + "x" * size)[:size]
+    body = base64.b64encode(os.urandom(size)).decode()
+    return (head + body)[:size]
 
 
 def with_schema(dsn: str, schema: str) -> str:
@@ -125,7 +133,9 @@ class Side:
 class TetherSide(Side):
     """One run of the real ``Runtime``; each step one gated, executed, recorded write."""
 
-    def __init__(self, store_kind: str, base: Path, dsn: str, schema: str, size: int) -> None:
+    def __init__(
+        self, store_kind: str, base: Path, dsn: str, schema: str, size: int, growing: bool
+    ) -> None:
         from tether.adapters import Sandbox
         from tether.core import Observation, Policy, Proposal, TaskSpec
         from tether.crypto import Keyring
@@ -137,8 +147,12 @@ class TetherSide(Side):
 
             def decide(self, context: AgentContext, observation: Observation) -> Decision:
                 cursor = context.plan_cursor + 1
+                if growing:
+                    new = AgentContext((*context.messages, state_text(cursor, size)), {}, cursor)
+                else:
+                    new = AgentContext((), {"state": state_text(cursor, size)}, cursor)
                 return Decision(
-                    context=AgentContext((), {"state": state_text(cursor, size)}, cursor),
+                    context=new,
                     proposal=Proposal(
                         action_id=f"w{cursor}",
                         kind="file.write",
@@ -227,19 +241,33 @@ class GraphState(TypedDict):
     state: str
 
 
+class GrowingState(TypedDict):
+    """The graph's state in the growing workload: one message appended per step."""
+
+    count: int
+    target: int
+    messages: Annotated[list[str], operator.add]
+
+
 class GraphSide(Side):
     """A one-node ``StateGraph`` looping on itself; one super-step (one checkpoint) per step."""
 
-    def __init__(self, saver: str, base: Path, dsn: str, schema: str, size: int) -> None:
+    def __init__(
+        self, saver: str, base: Path, dsn: str, schema: str, size: int, growing: bool
+    ) -> None:
         from langgraph.graph import END, START, StateGraph
 
-        def node(s: GraphState) -> dict[str, Any]:
-            return {"count": s["count"] + 1, "state": state_text(s["count"] + 1, size)}
+        field = "messages" if growing else "state"
 
-        def route(s: GraphState) -> str:
+        def node(s: dict[str, Any]) -> dict[str, Any]:
+            new = state_text(s["count"] + 1, size)
+            return {"count": s["count"] + 1, field: [new] if growing else new}
+
+        def route(s: dict[str, Any]) -> str:
             return "node" if s["count"] < s["target"] else END
 
-        builder = StateGraph(GraphState)
+        self.empty: dict[str, Any] = {"count": 0, field: [] if growing else ""}
+        builder: Any = StateGraph(GrowingState if growing else GraphState)
         builder.add_node("node", node)
         builder.add_edge(START, "node")
         builder.add_conditional_edges("node", route)
@@ -296,7 +324,7 @@ class GraphSide(Side):
         return made
 
     def steps(self, k: int) -> None:
-        start = {"count": 0, "state": ""} if self.count == 0 else {}
+        start = self.empty if self.count == 0 else {}
         self.count += k
         out = self.graph.invoke(
             {**start, "target": self.count},
@@ -322,7 +350,9 @@ class GraphSide(Side):
 class DbosSide(Side):
     """DBOS Transact: a workflow of K ``@DBOS.step`` calls, each returning the new state."""
 
-    def __init__(self, store_kind: str, base: Path, dsn: str, schema: str, size: int) -> None:
+    def __init__(
+        self, store_kind: str, base: Path, dsn: str, schema: str, size: int, growing: bool
+    ) -> None:
         from dbos import DBOS
 
         self.path = base / "dbos.sqlite"
@@ -343,10 +373,12 @@ class DbosSide(Side):
 
         @DBOS.workflow()
         def run_steps(first: int, k: int) -> int:
-            state = ""
+            # Growing: the messages live in the workflow's variables, rebuilt from the
+            # recorded step outputs on recovery, so each step records its own message only.
+            messages: list[str] = []
             for step in range(first, first + k):
-                state = one_step(step)
-            return len(state)
+                messages.append(one_step(step))
+            return len(messages)
 
         self.dbos = DBOS(config=config)
         DBOS.launch()
@@ -401,11 +433,15 @@ class BareSide(Side):
     def steps(self, k: int) -> None:
         if self.kind == "bare-pg":
             for _ in range(k):
-                self.pg.execute("INSERT INTO t (gen, body) VALUES (%s, %s)", (next(self.gen), self.body))
+                self.pg.execute(
+                    "INSERT INTO t (gen, body) VALUES (%s, %s)", (next(self.gen), self.body)
+                )
             return
         for _ in range(k):
             self.conn.execute("BEGIN IMMEDIATE")
-            self.conn.execute("INSERT INTO t (gen, body) VALUES (?, ?)", (next(self.gen), self.body))
+            self.conn.execute(
+                "INSERT INTO t (gen, body) VALUES (?, ?)", (next(self.gen), self.body)
+            )
             self.conn.execute("COMMIT")
 
     def size(self) -> int:
@@ -420,15 +456,15 @@ class BareSide(Side):
             self.conn.close()
 
 
-def make(name: str, base: Path, dsn: str, schema: str, size: int) -> Side:
+def make(name: str, base: Path, dsn: str, schema: str, size: int, growing: bool) -> Side:
     """The side called ``name``, its store fresh in ``base`` or in ``schema``."""
     store = "sqlite" if name.endswith("sqlite") else "pg"
     if name.startswith("tether-"):
-        return TetherSide(store, base, dsn, schema, size)
+        return TetherSide(store, base, dsn, schema, size, growing)
     if name.startswith(("langgraph-", "tethersaver-")):
-        return GraphSide(name, base, dsn, schema, size)
+        return GraphSide(name, base, dsn, schema, size, growing)
     if name.startswith("dbos-"):
-        return DbosSide(store, base, dsn, schema, size)
+        return DbosSide(store, base, dsn, schema, size, growing)
     return BareSide(name, base, dsn, schema, size)
 
 
@@ -465,8 +501,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pg", default="")
     parser.add_argument("--schema", default=f"compare_{uuid.uuid4().hex[:8]}")
     parser.add_argument("--state-bytes", type=int, default=2048)
+    parser.add_argument(
+        "--workload",
+        choices=["fixed", "messages"],
+        default="fixed",
+        help="fixed: the state is rewritten each step; messages: one message of "
+        "--state-bytes is appended to a growing list each step",
+    )
     args = parser.parse_args(argv)
-    serve(make(args.side, args.dir, args.pg, args.schema, args.state_bytes))
+    growing = args.workload == "messages"
+    serve(make(args.side, args.dir, args.pg, args.schema, args.state_bytes, growing))
     return 0
 
 
