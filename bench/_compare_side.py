@@ -20,6 +20,10 @@ does one durable step per command unit:
   ``Sandbox`` adapter: a write gated, its key minted and intent persisted
   (checkpoint commit), executed, its receipt recorded and the state advanced
   (checkpoint commit). The agent keeps the state in ``AgentContext.memory``.
+- ``tethercommit-*``: one ``RunSession.commit`` of that run (after one real
+  write): the next signed generation with the state rewritten in its
+  context and one trace event, and no effect: tether's unit of durability,
+  the one ``bench/checkpoint.py`` measures.
 - ``langgraph-*``, ``tethersaver-*``: one super-step of a compiled
   ``StateGraph`` whose single node loops on itself, invoked with
   ``durability="sync"`` (each checkpoint written before the next step runs).
@@ -47,6 +51,8 @@ from typing import Annotated, Any, TypedDict
 SIDES = (
     "tether-sqlite",
     "tether-pg",
+    "tethercommit-sqlite",
+    "tethercommit-pg",
     "tethersaver-sqlite",
     "tethersaver-pg",
     "langgraph-sqlite",
@@ -134,7 +140,14 @@ class TetherSide(Side):
     """One run of the real ``Runtime``; each step one gated, executed, recorded write."""
 
     def __init__(
-        self, store_kind: str, base: Path, dsn: str, schema: str, size: int, growing: bool
+        self,
+        store_kind: str,
+        base: Path,
+        dsn: str,
+        schema: str,
+        size: int,
+        growing: bool,
+        commit_only: bool = False,
     ) -> None:
         from tether.adapters import Sandbox
         from tether.core import Observation, Policy, Proposal, TaskSpec
@@ -212,10 +225,37 @@ class TetherSide(Side):
         )
         self.session = runtime.start("compare-run")
         self.kind = store_kind
+        self.commit_only = commit_only
+        self.growing, self.state_size = growing, size
+        if commit_only:
+            self.steps(1)  # one real write first, as a mid-run state has
+
+    def commit(self) -> None:
+        """One checkpoint commit of the next generation, the state rewritten, no effect."""
+        from tether.runtime import AgentContext
+
+        session = self.session
+        state, context = session.state, session.context
+        cursor = context.plan_cursor + 1
+        text = state_text(cursor, self.state_size)
+        if self.growing:
+            new = AgentContext((*context.messages, text), {}, cursor)
+        else:
+            new = AgentContext((), {"state": text}, cursor)
+        version = state.environment.version
+        session.commit(
+            state.evolve(observed_version=version),
+            [("agent_waited", {"observed_version": version})],
+            context=new,
+        )
 
     def steps(self, k: int) -> None:
         from tether.core import OutcomeKind
 
+        if self.commit_only and self.session.state.spent.steps > 0:
+            for _ in range(k):
+                self.commit()
+            return
         for _ in range(k):
             outcome = self.session.step()
             if outcome.kind is not OutcomeKind.EXECUTED:
@@ -461,6 +501,8 @@ def make(name: str, base: Path, dsn: str, schema: str, size: int, growing: bool)
     store = "sqlite" if name.endswith("sqlite") else "pg"
     if name.startswith("tether-"):
         return TetherSide(store, base, dsn, schema, size, growing)
+    if name.startswith("tethercommit-"):
+        return TetherSide(store, base, dsn, schema, size, growing, commit_only=True)
     if name.startswith(("langgraph-", "tethersaver-")):
         return GraphSide(name, base, dsn, schema, size, growing)
     if name.startswith("dbos-"):
