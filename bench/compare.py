@@ -446,6 +446,32 @@ def report(results: Results, header: list[str]) -> str:
 # -- main ----------------------------------------------------------------------------------
 
 
+def profile(base: Path, args: argparse.Namespace, n: int = 1000) -> None:
+    """Where one tether Runtime step's time goes (cProfile, SQLite, this process)."""
+    import cProfile
+    import pstats
+    import time
+
+    import _compare_side
+
+    side = _compare_side.TetherSide(
+        "sqlite", base, args.pg, "", args.state_bytes, args.workload == "messages"
+    )
+    side.steps(100)
+    profiler = cProfile.Profile()
+    wall, cpu = time.perf_counter(), time.process_time()
+    profiler.runcall(side.steps, n)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    side.close()
+    print(
+        f"profile of {n} tether Runtime steps on SQLite (synchronous=FULL), under cProfile: "
+        f"{wall * 1e3 / n:.2f} ms wall, {cpu * 1e3 / n:.2f} ms CPU per step"
+    )
+    stats = pstats.Stats(profiler, stream=sys.stdout)
+    stats.sort_stats("tottime").print_stats(15)
+    stats.sort_stats("cumulative").print_stats(30)
+
+
 @contextmanager
 def bench_dir(parent: Path) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="tether-compare-", dir=parent))
@@ -488,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
         default=REPO.parent,  # not /tmp: a tmpfs makes fsync free
         help="where the temp dir for the databases goes (default: the repo's parent)",
     )
+    parser.add_argument(
+        "--profile", action="store_true", help="only profile tether Runtime steps (cProfile)"
+    )
     parser.add_argument("--only", nargs="*", help="these sides only (names as in the table keys)")
     parser.add_argument(
         "--out", type=Path, default=HERE / "compare.md", help="where the Markdown goes"
@@ -499,6 +528,10 @@ def main(argv: list[str] | None = None) -> int:
     needed = {ROWS[n][2] for n in names}
     names += [b for b in BARES if b in needed]
     results = Results(names)
+    if args.profile:
+        with bench_dir(args.dir) as base:
+            profile(base, args)
+        return 0
     with bench_dir(args.dir) as base:
         header = machine(args, base)
         print("\n".join(header), flush=True)
