@@ -418,6 +418,8 @@ def trial(framework: str, index: int, base: Path, dsn: str, url: str) -> dict[st
         error = f"first child not killed (exit {first.returncode}): {first.stderr[-300:]}"
     elif second.returncode != 0:
         error = f"resume failed (exit {second.returncode}): {second.stderr[-300:]}"
+    elif count == 0:
+        error = "the service never saw the effect: the trial measured nothing"
     return {"framework": framework, "seen": count, "error": error}
 
 

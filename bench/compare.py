@@ -432,9 +432,9 @@ def verdicts(results: Results) -> list[str]:
     return lines
 
 
-def report(results: Results, header: list[str]) -> str:
+def report(results: Results, header: list[str], command: str) -> str:
     """The Markdown the run prints and writes: header, table, durability, verdicts."""
-    parts = ["### tether, LangGraph and DBOS side by side (`make bench-compare`)", ""]
+    parts = ["### tether, LangGraph and DBOS side by side", "", f"- command: `{command}`"]
     parts += [*header, "", *table(results), ""]
     parts += ["Durability each side ran with (read from the live connection where it can be):", ""]
     parts += [f"- {name}: {text}" for name, text in results.durability.items()]
@@ -543,7 +543,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.trials > 0:
             frameworks = [n for n in kill.FRAMEWORKS if n in names]
             results.trials = run_trials(base, args, frameworks)
-    text = report(results, header)
+    shown = sys.argv[1:] if argv is None else argv
+    text = report(results, header, " ".join(["bench/compare.py", *shown]))
     print()
     print(text)
     for name, rows in results.trials.items():
