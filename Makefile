@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint types unit optimized bench clean
+.PHONY: demo test lint types unit optimized bench bench-compare clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,14 @@ bench: $(STAMP)
 	$(BIN)/python bench/workers.py
 	$(BIN)/python bench/effects.py
 	$(BIN)/python bench/workspace.py
+
+# tether side by side with LangGraph and DBOS (bench/compare.py). The peers are
+# installed here only, never by `make test`; the run writes bench/compare.md.
+PEERS := langgraph-checkpoint-sqlite langgraph-checkpoint-postgres dbos
+
+bench-compare: $(STAMP)
+	$(BIN)/pip install --quiet $(PEERS)
+	$(BIN)/python bench/compare.py $(COMPARE_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

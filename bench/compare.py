@@ -1,0 +1,560 @@
+"""tether side by side with LangGraph and DBOS: durable steps/s, bytes per step, duplicate effects.
+
+All in ONE run, on one disk and one PostgreSQL server
+(``postgresql://postgres@127.0.0.1:5432/test`` unless ``--pg``), each side
+in a child process of its own over a fresh SQLite file or a fresh schema
+(see ``bench/_compare_side.py`` for exactly what one step of each side is):
+
+- **tether**: one ``RunSession.step()`` of the real ``Runtime`` over the
+  ``Sandbox``: a write gated, its key minted and its intent persisted (one
+  checkpoint commit), the adapter's execute, the receipt and the advanced
+  state (a second checkpoint commit). That is the step whose effect tether
+  promises never to repeat, so it is what tether's "one durable step" costs;
+  it does two durable commits where the peers' steps do one or two.
+- **LangGraph** ``SqliteSaver`` / ``PostgresSaver``, and tether's own
+  ``TetherSaver`` as an extra row: one super-step of a one-node
+  ``StateGraph`` looping on itself, ``durability="sync"``.
+- **DBOS** on SQLite / PostgreSQL: one ``@DBOS.step`` of a workflow.
+
+Every side carries the same ~2 KB user state, rewritten at every step.
+
+1. **Durable steps/s**, each side also divided by the bare commit rate of
+   its store in the same run: one ``BEGIN IMMEDIATE; INSERT; COMMIT`` of a
+   2 KB row on SQLite at the journal mode the side runs with
+   (``synchronous=FULL``), one autocommit INSERT on PostgreSQL. The sides
+   step in interleaved rounds (the order rotates each round) so disk noise
+   lands on all; ratios are medians over rounds of same-round pairs.
+2. **Bytes per step**: what the side's store grows by per step (SQLite:
+   pages in use after folding the WAL in; PostgreSQL: the schema's tables
+   with indexes and TOAST), over a window of steps from step ~100 and
+   from step ~2,000 of ONE history. Workload: the fixed ~2 KB state.
+3. **Duplicates**: ``--trials`` SIGKILL-after-effect trials per framework
+   (``bench/_compare_kill.py``); the service counts the requests it saw.
+
+Target: tether >= 5x each peer's durable steps/s on the same store, tether's
+bytes per step flat in history, 0 duplicates for tether where every peer has
+more than 0. The script prints the ratios, whether each target is met, and
+writes the Markdown table to ``--out`` (default ``bench/compare.md``).
+
+Run: ``make bench-compare`` (installs the peers), or
+``.venv/bin/python bench/compare.py [--rounds 10] [--steps 100] [--late 2000]
+[--trials 10] [--jobs 2] [--pg DSN] [--dir PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import _compare_kill as kill
+from _progress import rounds as progress_rounds
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
+SPEED_TARGET = 5.0
+FLAT_TARGET = 1.25  # bytes/step late over early; pages make small windows lumpy
+# The rows of the table, what they run on, and the bare store each is divided by.
+ROWS = {
+    "tether-sqlite": ("tether Runtime", "SQLite", "bare-sqlite-wal"),
+    "langgraph-sqlite": ("LangGraph SqliteSaver", "SQLite", "bare-sqlite-wal"),
+    "dbos-sqlite": ("DBOS", "SQLite", "bare-sqlite-delete"),
+    "tethersaver-sqlite": ("LangGraph on TetherSaver", "SQLite", "bare-sqlite-wal"),
+    "tethercommit-sqlite": ("tether checkpoint commit, no effect", "SQLite", "bare-sqlite-wal"),
+    "tether-pg": ("tether Runtime", "PostgreSQL", "bare-pg"),
+    "langgraph-pg": ("LangGraph PostgresSaver", "PostgreSQL", "bare-pg"),
+    "dbos-pg": ("DBOS", "PostgreSQL", "bare-pg"),
+    "tethersaver-pg": ("LangGraph on TetherSaver", "PostgreSQL", "bare-pg"),
+    "tethercommit-pg": ("tether checkpoint commit, no effect", "PostgreSQL", "bare-pg"),
+}
+BARES = ("bare-sqlite-wal", "bare-sqlite-delete", "bare-pg")
+STEP_WORDS = [
+    "- tether Runtime: one `RunSession.step()` over the `Sandbox` adapter: the write gated, "
+    "its key minted and intent persisted (checkpoint commit 1), executed, receipt and "
+    "advanced state recorded (checkpoint commit 2); the state lives in `AgentContext`",
+    "- tether checkpoint commit (informational): one `RunSession.commit` of the next signed "
+    "generation with the state rewritten in the agent context and one trace event, no "
+    "effect (the unit `bench/checkpoint.py` measures)",
+    "- LangGraph (SqliteSaver, PostgresSaver, TetherSaver): one super-step of a one-node "
+    '`StateGraph` looping on itself, `durability="sync"`',
+    "- DBOS: one `@DBOS.step` in a `@DBOS.workflow` of --steps steps (its output recorded)",
+    "- bare: one committed single-row INSERT of the state's size",
+    "- duplicates: SIGKILL right after a real `POST /tickets` to a loopback service, "
+    "then recovery/resume in a new process; the service counts the requests it saw",
+]
+PEERS = {
+    "tether-sqlite": ("langgraph-sqlite", "dbos-sqlite"),
+    "tether-pg": ("langgraph-pg", "dbos-pg"),
+}
+# Printed beside the targets, not judged: tether's unit of durability against the same peers.
+INFORMATIONAL = {
+    "tethercommit-sqlite": ("langgraph-sqlite", "dbos-sqlite"),
+    "tethercommit-pg": ("langgraph-pg", "dbos-pg"),
+}
+
+
+# -- the side processes --------------------------------------------------------------------
+
+
+class SideProcess:
+    """A side's child process and the lines it answers."""
+
+    def __init__(
+        self, name: str, base: Path, dsn: str, schema: str, state_bytes: int, workload: str
+    ) -> None:
+        self.name = name
+        where = base / name
+        where.mkdir()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "_compare_side.py"),
+                name,
+                "--dir",
+                str(where),
+                "--pg",
+                dsn,
+                "--schema",
+                schema,
+                "--state-bytes",
+                str(state_bytes),
+                "--workload",
+                workload,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.ask_line()  # {"ready": true}
+        self.at = 0
+
+    def ask_line(self, command: str | None = None) -> dict[str, Any]:
+        if self.process.stdin is None or self.process.stdout is None:
+            raise SystemExit("side process without pipes")
+        if command is not None:
+            self.process.stdin.write(command + "\n")
+            self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"side {self.name} died (exit {self.process.wait()})")
+        return dict(json.loads(line))
+
+    def steps(self, k: int) -> float:
+        """Wall seconds for ``k`` more steps, timed inside the side's process."""
+        answer = self.ask_line(f"steps {k}")
+        self.at = int(answer["at"])
+        return float(answer["wall"])
+
+    def size(self) -> int:
+        return int(self.ask_line("size")["bytes"])
+
+    def close(self) -> None:
+        if self.process.poll() is None and self.process.stdin is not None:
+            self.process.stdin.write("quit\n")
+            self.process.stdin.close()
+        self.process.wait(timeout=60)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+@contextmanager
+def sides(
+    names: list[str], base: Path, dsn: str, state_bytes: int, workload: str
+) -> Iterator[dict[str, SideProcess]]:
+    """Every side started, each over a fresh file or schema; schemas dropped afterwards."""
+    import psycopg
+
+    schemas: list[str] = []
+    started: dict[str, SideProcess] = {}
+    try:
+        for name in names:
+            schema = f"compare_{name.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
+            if name.endswith("-pg"):
+                with psycopg.connect(dsn, autocommit=True) as admin:
+                    if not name.startswith("dbos-"):  # DBOS creates its own schema
+                        admin.execute(f"CREATE SCHEMA {schema}")
+                schemas.append(schema)
+            started[name] = SideProcess(name, base, dsn, schema, state_bytes, workload)
+        yield started
+    finally:
+        for side in started.values():
+            side.close()
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            for schema in schemas:
+                admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+# -- the measurements ----------------------------------------------------------------------
+
+
+@dataclass
+class Results:
+    """Everything one run measured."""
+
+    names: list[str]
+    durability: dict[str, str] = field(default_factory=dict)
+    rates: dict[str, list[float]] = field(default_factory=dict)  # steps/s per round
+    early: dict[str, tuple[int, float]] = field(default_factory=dict)  # (from step, bytes/step)
+    late: dict[str, tuple[int, float]] = field(default_factory=dict)
+    trials: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def rate(self, name: str) -> float:
+        return statistics.median(self.rates[name])
+
+    def paired(self, a: str, b: str) -> float:
+        """Median over rounds of a's rate / b's rate in the same round."""
+        return statistics.median(x / y for x, y in zip(self.rates[a], self.rates[b], strict=True))
+
+
+def bytes_window(side: SideProcess, until: int, window: int) -> tuple[int, float]:
+    """Drive ``side`` to step ``until``, then its store's growth per step over ``window`` steps."""
+    while side.at < until:
+        side.steps(min(250, until - side.at))
+    before = side.size()
+    side.steps(window)
+    return until, (side.size() - before) / window
+
+
+def measure(running: dict[str, SideProcess], args: argparse.Namespace, results: Results) -> None:
+    names = list(running)
+    for name, side in running.items():
+        results.durability[name] = str(side.ask_line("info")["durability"])
+        side.steps(20)  # imports, connections, first pages: not measured
+    for name in progress_rounds(names, "bytes at step ~100", len(names)):
+        results.early[name] = bytes_window(running[name], args.early, args.window)
+    results.rates = {name: [] for name in names}
+    for index in progress_rounds(range(args.rounds), "interleaved rounds", args.rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            results.rates[name].append(args.steps / running[name].steps(args.steps))
+    for name in progress_rounds(names, f"bytes at step ~{args.late}", len(names)):
+        if name not in BARES:
+            results.late[name] = bytes_window(running[name], args.late, args.window)
+
+
+def run_trials(base: Path, args: argparse.Namespace, frameworks: list[str]) -> dict[str, Any]:
+    """``args.trials`` kill trials per framework, ``args.jobs`` at a time."""
+    found: dict[str, list[dict[str, Any]]] = {name: [] for name in frameworks}
+    work = [(name, i) for i in range(args.trials) for name in frameworks]
+    where = base / "kill"
+    where.mkdir()
+    with kill.service(where) as url, ThreadPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(kill.trial, name, i, where, args.pg, url) for name, i in work]
+        for future in progress_rounds(futures, "kill trials", len(futures)):
+            row = future.result()
+            found[row["framework"]].append(row)
+    return found
+
+
+# -- the report ----------------------------------------------------------------------------
+
+
+def machine(args: argparse.Namespace, base: Path) -> list[str]:
+    """Date and machine lines: the figures mean little without them."""
+    import psycopg
+
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    with psycopg.connect(args.pg, autocommit=True) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+        pg_version = str(row[0]) if row else "?"
+        row = conn.execute("SHOW synchronous_commit").fetchone()
+        sync_commit = str(row[0]) if row else "?"
+        row = conn.execute("SHOW fsync").fetchone()
+        fsync = str(row[0]) if row else "?"
+    from importlib.metadata import PackageNotFoundError, version
+
+    def ver(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return [
+        f"- date: {now}",
+        f"- machine: {os.cpu_count()} cores, {cpu}, {platform.platform()}",
+        f"- Python {sys.version.split()[0]}, SQLite {sqlite3.sqlite_version}, "
+        f"PostgreSQL {pg_version} (synchronous_commit={sync_commit}, fsync={fsync})",
+        f"- disk: {filesystem(base)}",
+        f"- tether {ver('tether')}, langgraph {ver('langgraph')}, "
+        f"langgraph-checkpoint-sqlite {ver('langgraph-checkpoint-sqlite')}, "
+        f"langgraph-checkpoint-postgres {ver('langgraph-checkpoint-postgres')}, dbos {ver('dbos')}",
+        f"- settings: {args.rounds} interleaved rounds x {args.steps} steps per side, "
+        f"workload {workload(args)}, bytes/step over {args.window} steps from step "
+        f"{args.early} and from step {args.late}, {args.trials} kill trials per framework",
+    ]
+
+
+def workload(args: argparse.Namespace) -> str:
+    """The workload in words, for the header."""
+    if args.workload == "fixed":
+        return f"'fixed' (a {args.state_bytes}-byte state rewritten every step)"
+    return f"'messages' (a {args.state_bytes}-byte message appended to a growing list every step)"
+
+
+def filesystem(path: Path) -> str:
+    """The file-system type of the mount holding ``path``, from /proc/mounts."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return "file system unknown"
+    resolved, best, kind = str(path.resolve()), "", "file system unknown"
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount = fields[1]
+        inside = resolved == mount or resolved.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, kind = mount, f"{fields[2]} on {mount}"
+    return kind
+
+
+def duplicates(rows: list[dict[str, Any]]) -> tuple[int, int, int]:
+    """(trials that saw the effect more than once, extra requests in all, failed trials)."""
+    good = [r for r in rows if not r["error"]]
+    return (
+        sum(1 for r in good if r["seen"] > 1),
+        sum(max(0, r["seen"] - 1) for r in good),
+        len(rows) - len(good),
+    )
+
+
+def table(results: Results) -> list[str]:
+    early = next(iter(results.early.values()))[0]
+    late = next(iter(results.late.values()))[0]
+    lines = [
+        "| framework | store | durable steps/s | ÷ bare commits/s | bytes/step @~"
+        f"{early:,} | bytes/step @~{late:,} | duplicates (trials) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for name, (label, store, bare) in ROWS.items():
+        if name not in results.rates:
+            continue
+        rows = results.trials.get(name, [])
+        if rows:
+            dup, extra, failed = duplicates(rows)
+            dups = f"{dup} of {len(rows) - failed} ({extra} extra requests)"
+            if failed:
+                dups += f", {failed} failed"
+        else:
+            dups = "not run"
+        early = results.early[name][1]
+        late = results.late[name][1] if name in results.late else float("nan")
+        lines.append(
+            f"| {label} | {store} | {results.rate(name):,.0f} | "
+            f"{results.paired(name, bare):.2f}x | {early:,.0f} | {late:,.0f} | {dups} |"
+        )
+    for bare in BARES:
+        if bare in results.rates:
+            lines.append(
+                f"| bare commit ({bare.removeprefix('bare-')}) | "
+                f"{'PostgreSQL' if bare == 'bare-pg' else 'SQLite'} | "
+                f"{results.rate(bare):,.0f} | 1.00x | {results.early[bare][1]:,.0f} | | |"
+            )
+    return lines
+
+
+def speeds(results: Results, pairs: dict[str, tuple[str, ...]], judged: bool) -> list[str]:
+    """One line per (tether row, peer): the paired steps/s ratio, and in bare units."""
+    lines = []
+    for ours, peers in pairs.items():
+        if ours not in results.rates:
+            continue
+        for peer in peers:
+            if peer not in results.rates:
+                continue
+            speed = results.paired(ours, peer)
+            normal = results.paired(ours, ROWS[ours][2]) / results.paired(peer, ROWS[peer][2])
+            if judged:
+                met = "met" if speed >= SPEED_TARGET else "MISSED"
+                tail = f"target ≥ {SPEED_TARGET:.0f}x: **{met}**"
+            else:
+                tail = "informational"
+            lines.append(
+                f"- {ROWS[ours][0]} / {ROWS[peer][0]} on {ROWS[ours][1]}: {speed:.2f}x steps/s "
+                f"({normal:.2f}x in units of each one's bare store); {tail}"
+            )
+    return lines
+
+
+def verdicts(results: Results) -> list[str]:
+    lines = speeds(results, PEERS, judged=True)
+    for ours in PEERS:
+        if ours in results.late:
+            (at_early, early), (at_late, late) = results.early[ours], results.late[ours]
+            ratio = late / early if early else float("inf")
+            met = "met" if ratio <= FLAT_TARGET else "MISSED"
+            lines.append(
+                f"- {ROWS[ours][0]} on {ROWS[ours][1]}: bytes/step at ~{at_late:,} / at "
+                f"~{at_early:,} = "
+                f"{ratio:.2f} (flat: ≤ {FLAT_TARGET}): **{met}**"
+            )
+    if results.trials:
+        ours_zero = all(
+            duplicates(results.trials[n])[0] == 0 and duplicates(results.trials[n])[2] == 0
+            for n in results.trials
+            if n.startswith("tether-")
+        )
+        peers_all = all(
+            duplicates(results.trials[n])[0] > 0
+            for n in results.trials
+            if n.startswith(("langgraph-", "dbos-"))
+        )
+        met = "met" if ours_zero and peers_all else "MISSED"
+        lines.append(
+            f"- duplicates: tether Runtime 0 in every trial: {ours_zero}; every peer > 0: "
+            f"{peers_all}: **{met}**"
+        )
+    return lines
+
+
+def report(results: Results, header: list[str], command: str) -> str:
+    """The Markdown the run prints and writes: header, table, durability, verdicts."""
+    parts = ["### tether, LangGraph and DBOS side by side", "", f"- command: `{command}`"]
+    parts += [*header, "", *table(results), ""]
+    parts += ["Durability each side ran with (read from the live connection where it can be):", ""]
+    parts += [f"- {name}: {text}" for name, text in results.durability.items()]
+    parts += ["", "One durable step, per side:", "", *STEP_WORDS]
+    parts += ["", "Targets:", "", *verdicts(results), *speeds(results, INFORMATIONAL, False), ""]
+    return "\n".join(parts)
+
+
+# -- main ----------------------------------------------------------------------------------
+
+
+def profile(base: Path, args: argparse.Namespace, n: int = 1000) -> None:
+    """Where one tether Runtime step's time goes (cProfile, SQLite, this process)."""
+    import cProfile
+    import pstats
+    import time
+
+    import _compare_side
+
+    side = _compare_side.TetherSide(
+        "sqlite", base, args.pg, "", args.state_bytes, args.workload == "messages"
+    )
+    side.steps(100)
+    profiler = cProfile.Profile()
+    wall, cpu = time.perf_counter(), time.process_time()
+    profiler.runcall(side.steps, n)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    side.close()
+    print(
+        f"profile of {n} tether Runtime steps on SQLite (synchronous=FULL), under cProfile: "
+        f"{wall * 1e3 / n:.2f} ms wall, {cpu * 1e3 / n:.2f} ms CPU per step"
+    )
+    stats = pstats.Stats(profiler, stream=sys.stdout)
+    stats.sort_stats("tottime").print_stats(15)
+    stats.sort_stats("cumulative").print_stats(30)
+
+
+@contextmanager
+def bench_dir(parent: Path) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="tether-compare-", dir=parent))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")
+    parser.add_argument("--steps", type=int, default=100, help="steps per side per round")
+    parser.add_argument("--early", type=int, default=100, help="first bytes window from here")
+    parser.add_argument("--late", type=int, default=2000, help="second bytes window from here")
+    parser.add_argument("--window", type=int, default=100, help="steps per bytes window")
+    parser.add_argument(
+        "--state-bytes",
+        type=int,
+        help="the user state's size (fixed, default 2048) or each message's (messages, "
+        "default 100)",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=["fixed", "messages"],
+        default="fixed",
+        help="fixed (default): ~2 KB state rewritten every step; messages: a message "
+        "appended to a growing list every step (the history-growth workload)",
+    )
+    parser.add_argument("--trials", type=int, default=10, help="kill trials per framework")
+    parser.add_argument("--jobs", type=int, default=2, help="kill trials run side by side")
+    parser.add_argument(
+        "--pg",
+        default=os.environ.get("TETHER_TEST_PG_DSN", DEFAULT_PG),
+        help=f"the PostgreSQL server (default $TETHER_TEST_PG_DSN or {DEFAULT_PG})",
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=REPO.parent,  # not /tmp: a tmpfs makes fsync free
+        help="where the temp dir for the databases goes (default: the repo's parent)",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="only profile tether Runtime steps (cProfile)"
+    )
+    parser.add_argument("--only", nargs="*", help="these sides only (names as in the table keys)")
+    parser.add_argument(
+        "--out", type=Path, default=HERE / "compare.md", help="where the Markdown goes"
+    )
+    args = parser.parse_args(argv)
+    if args.state_bytes is None:
+        args.state_bytes = 2048 if args.workload == "fixed" else 100
+    names = [n for n in ROWS if not args.only or n in args.only]
+    needed = {ROWS[n][2] for n in names}
+    names += [b for b in BARES if b in needed]
+    results = Results(names)
+    if args.profile:
+        with bench_dir(args.dir) as base:
+            profile(base, args)
+        return 0
+    with bench_dir(args.dir) as base:
+        header = machine(args, base)
+        print("\n".join(header), flush=True)
+        with ExitStack() as stack:
+            running = stack.enter_context(
+                sides(names, base, args.pg, args.state_bytes, args.workload)
+            )
+            measure(running, args, results)
+        if args.trials > 0:
+            frameworks = [n for n in kill.FRAMEWORKS if n in names]
+            results.trials = run_trials(base, args, frameworks)
+    shown = sys.argv[1:] if argv is None else argv
+    text = report(results, header, " ".join(["bench/compare.py", *shown]))
+    print()
+    print(text)
+    for name, rows in results.trials.items():
+        for row in rows:
+            if row["error"]:
+                print(f"trial error ({name}): {row['error']}", file=sys.stderr)
+    args.out.write_text(text)
+    print(f"(written to {args.out})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
