@@ -311,6 +311,22 @@ def test_a_cancel_of_a_frozen_run_is_refused_a_review_abort_ends_it(world: World
     assert refused.data["error"] == CancelRefusedError.__name__
 
 
+def test_a_cancel_refused_while_frozen_is_never_read_again(world: World) -> None:
+    """Its nonce is recorded when it is refused, so delivering it again after the review is refused too."""
+    session = drifted(world)
+    document = cancel_doc(world, session.state)
+    world.store().put_evidence("r1", "cancel", document)
+    session.consume_inbox()
+    assert document["body"]["nonce"] in session.state.cancel_nonces
+    session.review(decide(world, session, "accept"))
+    assert session.state.phase is Phase.RUNNING
+    world.store().put_evidence("r1", "cancel", document)  # the same signed document, replayed
+    session.consume_inbox()
+    assert session.state.phase is Phase.RUNNING
+    refused = session.trace()[-1]
+    assert refused.kind == "evidence_refused" and "nonce" in refused.data["message"]
+
+
 def test_the_cancel_authority_is_in_the_fingerprint_only_when_set() -> None:
     """A policy silent on authority.cancel keeps its fingerprint; naming reviewers changes it."""
     plain = make_policy()

@@ -441,6 +441,7 @@ from tether.core._cancel import (  # noqa: E402
     cancel_request,
     check_cancel,
     new_cancel,
+    spent_cancel,
 )
 from tether.core._evidence import DRIFT_REASONS, check_accept  # noqa: E402
 from tether.core._model import OUTCOME_OUTPUT_MAX, LastOutcome  # noqa: E402
@@ -456,5 +457,6 @@ __all__ += [
     "check_accept",
     "check_cancel",
     "new_cancel",
+    "spent_cancel",
     "working_ms",
 ]

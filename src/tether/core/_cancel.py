@@ -8,9 +8,12 @@ the reason, an expiry and a one-time nonce, and NOT the generation: the run
 keeps moving while the document travels, and a cancel must still land.
 
 A cancel that lands ends the run, so its nonce needs no record: a replayed
-document finds the run finished. One that cannot land yet (a write whose
-outcome is still in flight) leaves the inbox cursor where it is, so it is
-read again at the next step, until it lands or expires.
+document finds the run finished. One the run read without ending (refused
+because the run was frozen for review, or acted on by freezing it) has its
+nonce recorded in the state, so the same document delivered again later is
+refused. One that cannot land yet (a write whose outcome is still in
+flight) leaves the inbox cursor where it is, so it is read again at the
+next step, until it lands or expires.
 """
 
 from __future__ import annotations
@@ -83,8 +86,13 @@ def check_cancel(
     reason = body["reason"]
     _check_reason(reason)
     check_lifetime(body, now=now, ttl_s=ttl_s)
-    check_nonce(body, ())
+    check_nonce(body, frozenset(state.cancel_nonces))
     return str(reason)
+
+
+def spent_cancel(state: RunState, body: dict[str, Any]) -> RunState:
+    """``state`` with the verified cancel's nonce recorded: it was read, and is never read again."""
+    return state.evolve(cancel_nonces=(*state.cancel_nonces, str(body["nonce"])))
 
 
 def _check_reason(reason: Any) -> None:
@@ -104,6 +112,9 @@ def cancel_read(transition: Transition, document: dict[str, Any], cursor: int | 
     state = transition.state
     if state is None:
         return transition  # nothing committed (in flight): read again next step
+    body = document.get("body")
+    if isinstance(body, dict) and isinstance(body.get("nonce"), str):
+        state = spent_cancel(state, body)  # verified before it froze the run
     data: dict[str, Any] = {"evidence": document, "outcome": transition.reason}
     if cursor is not None:
         data["seq"] = cursor

@@ -185,6 +185,9 @@ class RunState:
     # uses it), and every fork nonce ever recorded, so a fork cannot be replayed.
     forks: tuple[str, ...] = ()
     fork_nonces: tuple[str, ...] = ()
+    #: Nonces of signed cancels the run read without ending (refused while it
+    #: was frozen, or acted on by a freeze): such a cancel is never read twice.
+    cancel_nonces: tuple[str, ...] = ()
     #: How the agent's last action ended (the gate's refusal, the adapter's,
     #: the verifier's verdict and output): its next observation carries it.
     last_outcome: LastOutcome | None = None
@@ -235,6 +238,8 @@ class RunState:
             body["forks"] = list(self.forks)
         if self.fork_nonces:
             body["fork_nonces"] = list(self.fork_nonces)
+        if self.cancel_nonces:
+            body["cancel_nonces"] = list(self.cancel_nonces)
         if self.last_outcome is not None:
             body["last_outcome"] = self.last_outcome.to_json()
         return body
@@ -291,6 +296,7 @@ class RunState:
             contract=_contract(f),
             forks=f.str_list("forks") if f.has("forks") else (),
             fork_nonces=f.str_list("fork_nonces") if f.has("fork_nonces") else (),
+            cancel_nonces=f.str_list("cancel_nonces") if f.has("cancel_nonces") else (),
             last_outcome=None if last_outcome is None else LastOutcome.parse(last_outcome),
         )
         f.done()

@@ -20,6 +20,7 @@ from tether.core import (
     PolicyError,
     UnknownSignerError,
     check_cancel,
+    spent_cancel,
 )
 from tether.core import people_rules as people
 from tether.crypto import Role
@@ -30,24 +31,29 @@ from tether.runtime._view import Session
 def from_inbox(session: Session, document: Any, *, cursor: int) -> Outcome:
     """Apply the signed cancel at inbox entry ``cursor``; a refusal is traced, then raised."""
     rt, state = session.rt, session.state
+    verified: dict[str, Any] | None = None
     try:
-        if state.phase is Phase.NEEDS_REVIEW:
-            raise CancelRefusedError(
-                f"run {state.run_id} is frozen for review; a reviewer's signed abort ends it "
-                "(`tether review --decision abort`)",
-                run_id=state.run_id,
-            )
         if rt.trust is None:
             raise EvidenceError("this runtime was given no trust roots; it cannot accept evidence")
         body, role = _verify(rt.trust, document, sorted(rt.policy.authority.cancel))
         reason = check_cancel(
             body, document["signer"], state, now=rt.clock.now(), ttl_s=rt.policy.approval_ttl_s
         )
+        verified = body
+        if state.phase is Phase.NEEDS_REVIEW:
+            raise CancelRefusedError(
+                f"run {state.run_id} is frozen for review; a reviewer's signed abort ends it "
+                "(`tether review --decision abort`)",
+                run_id=state.run_id,
+            )
     except (EvidenceError, PolicyError) as exc:
         if not session.state.phase.terminal:
             refused = people.refused(session.state, "cancel", document, exc, cursor=cursor)
             if refused.state is not None:
-                session.commit(refused.state, list(refused.events))
+                after = refused.state
+                if verified is not None:  # authentic, read, refused: never read again
+                    after = spent_cancel(after, verified)
+                session.commit(after, list(refused.events))
         raise
     return _stopping.cancel(
         session, reason, f"{role}:{document['signer']}", document=document, cursor=cursor
