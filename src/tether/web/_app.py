@@ -170,6 +170,8 @@ def create_app(config: WebConfig) -> Starlette:
         try:
             with store() as s:
                 for row in list_runs(s, keyring=config.keyring):
+                    if not s.evidence(row.run_id):
+                        continue  # nothing delivered: no history to walk for it
                     try:
                         view = open_run(s, row.run_id, keyring=config.keyring)
                     except TetherError:
