@@ -107,7 +107,7 @@ def test_refusals_come_before_signing_and_reach_no_inbox(
 
 
 def test_a_document_shown_is_not_delivered_once_the_run_moved(waiting: _demo.DemoPaths) -> None:
-    """Confirming a draft after the run took another approval and moved on is refused; only the other one is in the inbox."""
+    """Confirming a draft after the run took another approval and wrote is refused; only the other one is in the inbox."""
     c = client(waiting, "approver")
     token, seen = csrf(c)
     form = {"csrf": token, "seen": str(seen), "action": "approve", "action_id": "fix-calc"}
@@ -135,8 +135,10 @@ def test_a_document_shown_is_not_delivered_once_the_run_moved(waiting: _demo.Dem
         stdin=subprocess.DEVNULL,
     )
     _webkit.take_evidence(waiting)
+    done = _webkit.worker(waiting)  # the write goes out under the other approval: no pending write
+    assert done.returncode == 0, done.stderr
     late = c.post("/runs/demo-run/sign", data={"csrf": token, "prepared": draft.group(1)})
-    assert late.status_code == 409 and "moved since the document was prepared" in late.text
+    assert late.status_code == 409 and "moved since the approval was prepared" in late.text
     assert len(inbox(waiting)) == 1
     again = c.post("/runs/demo-run/sign", data={"csrf": token, "prepared": draft.group(1)})
     assert again.status_code == 409 and "nothing prepared" in again.text  # a draft is used once

@@ -12,6 +12,7 @@ from tether.core import (
     EvidenceSignatureError,
     Phase,
     PolicyError,
+    TrustRootsRequiredError,
     UnknownSignerError,
     new_approval,
 )
@@ -214,45 +215,42 @@ def test_an_approval_of_a_write_that_takes_none_is_refused_before_signing(world:
         prepare_approval(view, APPROVER, "w1", now=world.clock.now())
 
 
-def test_delivery_rechecks_expiry_and_the_generation_but_a_cancel_lands_on_a_moving_run(
-    guarded: World,
-) -> None:
-    """An approval that expired or whose run moved is not delivered; a cancel made earlier still is."""
-    waiting(guarded)
+def test_delivery_rechecks_what_the_document_binds_not_the_generation(guarded: World) -> None:
+    """Expired meanwhile: refused. A re-checkpointed run keeps an approval valid; an ended one refuses a cancel."""
+    rt = waiting(guarded)
     store = guarded.store()
     now = guarded.clock.now()
     view = open_run(store, "run-a", keyring=guarded.keyring, now=now)
     approval = prepare_approval(view, APPROVER, "w1", now=now, ttl_s=5)
+    lasting = prepare_approval(view, APPROVER, "w1", now=now)
     cancel = prepare_cancel(view, OPERATOR, "stop", now=now, ttl_s=300)
     with pytest.raises(PolicyError, match="expired before it was delivered"):
         deliver(store, approval, now=now + timedelta(seconds=6))
-    # Another approval lands and the run moves on: the first one would now bind nothing live.
-    other = prepare_approval(view, APPROVER, "w1", now=now)
-    deliver(store, other, now=now)
-    guarded.runtime(agent(), trust=TRUST).recover("run-a").step()
-    assert open_run(store, "run-a").state.generation > approval.generation
-    with pytest.raises(StaleViewError):
-        deliver(store, approval, now=now)
-    assert deliver(store, cancel, now=now) == 2
+    # Somebody's junk document is read and refused: the run re-checkpoints, still pending.
+    store.put_evidence("run-a", "approval", {"not": "signed"})
+    rt.recover("run-a").step()
+    moved = open_run(store, "run-a")
+    assert moved.state.generation > lasting.generation and moved.state.pending is not None
+    assert deliver(store, lasting, now=now) == 2  # binds the pending write, which is the same
+    rt.recover("run-a").run(max_steps=5)
+    assert open_run(store, "run-a").state.phase is Phase.COMPLETED
+    with pytest.raises(StaleViewError, match="completed"):
+        deliver(store, cancel, now=now)
 
 
-def test_a_cancel_no_trusted_role_may_sign_is_refused_and_blocks_nothing(guarded: World) -> None:
-    """Without canceller roots the cancel is traced as refused and the approval behind it is read."""
+def test_a_cancel_nobody_here_may_sign_stops_the_inbox_unread_on_a_live_run(
+    guarded: World,
+) -> None:
+    """Without canceller roots the runtime stops at the cancel, unread: a valid cancel is not burned."""
     rt = waiting(guarded)
     store = guarded.store()
-    view = open_run(store, "run-a", keyring=guarded.keyring, now=guarded.clock.now())
     now = guarded.clock.now()
+    view = open_run(store, "run-a", keyring=guarded.keyring, now=now)
     deliver(store, prepare_cancel(view, OPERATOR, "stop", now=now), now=now)
-    deliver(store, prepare_approval(view, APPROVER, "w1", now=now), now=now)
-    session = rt.recover("run-a")
-    session.step()
-    after = open_run(store, "run-a", keyring=guarded.keyring, now=guarded.clock.now())
-    assert [(i.kind, i.status) for i in after.inbox] == [
-        ("cancel", "refused"),
-        ("approval", "applied"),
-    ]
-    assert after.inbox[0].why is not None and "operators" in after.inbox[0].why
-    assert guarded.sandbox.files["notes.txt"] == "v1\n"
+    with pytest.raises(TrustRootsRequiredError):
+        rt.recover("run-a").step()
+    after = open_run(store, "run-a", keyring=guarded.keyring, now=now)
+    assert [(i.kind, i.status) for i in after.inbox] == [("cancel", "waiting")]
 
 
 def test_a_run_that_goes_on_under_a_new_policy_is_judged_by_it(world: World) -> None:
@@ -264,3 +262,41 @@ def test_a_run_that_goes_on_under_a_new_policy_is_judged_by_it(world: World) -> 
     world.runtime(agent(), policy=v2).recover("run-a").step()
     view = open_run(world.store(), "run-a", keyring=world.keyring)
     assert view.policy is not None and view.policy.fingerprint == v2.fingerprint
+
+
+def test_a_sent_write_whose_approval_lapsed_can_be_approved_again(guarded: World) -> None:
+    """The adapter was down when the approved write went out; once the approval lapses the tools make a fresh one the runtime takes."""
+    rt = waiting(guarded)
+    store = guarded.store()
+    now = guarded.clock.now()
+    view = open_run(store, "run-a", now=now)
+    deliver(store, prepare_approval(view, APPROVER, "w1", now=now, ttl_s=60), now=now)
+    guarded.sandbox.fail_next(after_commit=False)
+    rt.recover("run-a").step()
+    guarded.clock.advance(120)
+    rt.recover("run-a").step()
+    now = guarded.clock.now()
+    view = open_run(store, "run-a", keyring=guarded.keyring, now=now)
+    assert view.state.pending is not None and view.state.pending.status.value == "dispatched"
+    assert view.approvable
+    deliver(store, prepare_approval(view, APPROVER, "w1", now=now), now=now)
+    session = rt.recover("run-a")
+    while not session.state.phase.terminal:
+        session.step()
+    assert session.state.phase is Phase.COMPLETED and guarded.sandbox.write_count() == 1
+
+
+def test_a_run_whose_worker_died_holding_it_needs_a_person(guarded: World) -> None:
+    """A claim whose lease ran out with no error recorded (the worker was killed) counts as a failure."""
+    guarded.runtime(ScriptedAgent([finish]), policy=make_policy()).start("run-b")
+    store = guarded.store()
+    store.claim_expired("w-dead", 0.05)
+    import time
+
+    time.sleep(0.1)  # the worker died; its lease runs out
+    (row,) = list_runs(store)
+    assert (
+        row.needs_person
+        and row.waiting_for is not None
+        and "stopped while holding" in row.waiting_for
+    )

@@ -327,6 +327,20 @@ def test_a_cancel_refused_while_frozen_is_never_read_again(world: World) -> None
     assert refused.kind == "evidence_refused" and "nonce" in refused.data["message"]
 
 
+def test_a_cancel_nobody_may_sign_does_not_block_a_frozen_runs_review(world: World) -> None:
+    """A frozen run refuses cancels anyway: one no trusted role may sign is refused, the abort behind it applies."""
+    session = drifted(world)
+    no_operators = TrustRoots.of(REVIEWER.trust_root(), APPROVER.trust_root())
+    world.store().put_evidence("r1", "cancel", cancel_doc(world, session.state))
+    world.store().put_evidence("r1", "review_decision", decide(world, session, "abort"))
+    agent = ScriptedAgent([write("notes.txt", "x"), finish])
+    again = runtime(world, agent, trust=no_operators).recover("r1")
+    again.consume_inbox()
+    assert again.state.phase is Phase.FAILED
+    refused = next(e for e in again.trace() if e.kind == "evidence_refused")
+    assert refused.data["kind"] == "cancel" and "operators" in refused.data["message"]
+
+
 def test_the_cancel_authority_is_in_the_fingerprint_only_when_set() -> None:
     """A policy silent on authority.cancel keeps its fingerprint; naming reviewers changes it."""
     plain = make_policy()

@@ -61,8 +61,9 @@ def consume_inbox(session: Session) -> None:
     traced once and never retried. A runtime given no trust roots reads
     nothing, and one whose roots lack the role an entry needs stops at it
     (:class:`TrustRootsRequiredError`): evidence is never consumed unread.
-    A cancel is the exception: the run does not wait for one, so a cancel no
-    trusted role may sign is refused like any other bad document.
+    A cancel reaching a run frozen for review is the exception: the run
+    refuses it anyway, so it is refused at once rather than left to block the
+    reviewer's decision behind it.
     """
     state = session.state
     trust = session.rt.trust
@@ -71,9 +72,15 @@ def consume_inbox(session: Session) -> None:
     roles = {role.value for role in trust.roles()}
     for item in session.rt.store.evidence(session.state.run_id, after=session.state.inbox_cursor):
         needed = _signers_of(session.rt.policy, item.kind)
-        if needed and not roles & needed and item.kind == "cancel":
-            # A cancel is not what the run waits for: one nobody here may sign is
-            # refused, never left to block the documents behind it (a reviewer's abort).
+        if (
+            needed
+            and not roles & needed
+            and item.kind == "cancel"
+            and session.state.phase is Phase.NEEDS_REVIEW
+        ):
+            # A frozen run refuses every cancel anyway: one nobody here may sign must
+            # not block the reviewer's decision behind it. Elsewhere it stops as below,
+            # unread, so a valid cancel is never burned by a configuration gap.
             _refuse(
                 session,
                 item.kind,

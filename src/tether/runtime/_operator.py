@@ -26,10 +26,12 @@ from tether.core import (
     RewindRefusedError,
     RunState,
     admission_request,
+    approval_request,
     check_admission,
     check_approval,
     check_cancel,
     check_decision,
+    decision_request,
     format_time,
     new_admission,
     new_approval,
@@ -40,7 +42,7 @@ from tether.core import (
 )
 from tether.crypto import Role, Signer, TrustRoots
 from tether.runtime._clock import SystemClock
-from tether.runtime._runview import RunView, marks_of
+from tether.runtime._runview import RunView, read_state
 from tether.store import ContentStore, GenerationStore
 
 #: The lifetime a document gets when the person names none (never above the policy's).
@@ -301,9 +303,8 @@ def deliver(
     """Leave the signed document in the run's inbox; its sequence number there.
 
     Checked again first, since a person may have taken their time: a document
-    that has expired meanwhile is refused, and so is one bound to a run that
-    moved past the generation it was prepared at (a cancel is not bound to
-    one: it must land on a moving run).
+    that expired meanwhile is refused, and so is one whose bindings no longer
+    hold for the run as it is now (see :func:`_still_bound`).
     """
     moment = now if now is not None else SystemClock().now()
     if str(prepared.body.get("expires_at", "")) <= format_time(moment):
@@ -311,16 +312,49 @@ def deliver(
             f"the {prepared.kind} expired before it was delivered: prepare it again",
             run_id=prepared.run_id,
         )
-    if prepared.kind != "cancel":
-        mark = (marks if marks is not None else marks_of(store)).get_mark(prepared.run_id)
-        if mark is None or mark.generation != prepared.generation:
-            raise StaleViewError(
-                f"run {prepared.run_id} moved since the document was prepared (generation "
-                f"{prepared.generation} -> {None if mark is None else mark.generation}); "
-                "nothing delivered: look again",
-                run_id=prepared.run_id,
-            )
+    state, _ = read_state(store, prepared.run_id, marks)
+    _still_bound(prepared, state)
     return store.put_evidence(prepared.run_id, prepared.kind, prepared.document)
+
+
+def _still_bound(prepared: Prepared, state: RunState) -> None:
+    """Refuse a document whose bindings the run has moved away from since it was prepared.
+
+    Only what the document binds is compared, as the runtime will: an
+    admission or a rewind binds the checkpoint generation; an approval the
+    pending write and the environment it was proposed against; a decision
+    its open case. A run that merely re-checkpointed (it read and refused
+    somebody's document, say) leaves an approval valid. A cancel binds no
+    generation, but lands only on a run still live and not frozen.
+    """
+    run_id, body, kind = prepared.run_id, prepared.body, prepared.kind
+    moved: str | None = None
+    if kind in {"admission", "rewind"} and state.generation != prepared.generation:
+        moved = f"it is at generation {state.generation}, not {prepared.generation}"
+    elif kind == "approval":
+        if state.phase is not Phase.PENDING or state.pending is None:
+            moved = f"it is {state.phase}, with no pending write"
+        elif any(body.get(k) != v for k, v in approval_request(state).items()):
+            moved = "its pending write is another now"
+    elif kind == "review_decision":
+        case = next((c for c in state.review_cases if c.case_id == body.get("case_id")), None)
+        if state.phase is not Phase.NEEDS_REVIEW or case is None:
+            moved = f"case {body.get('case_id')} is closed"
+        elif any(body.get(k) != v for k, v in decision_request(state, case).items()):
+            moved = f"case {case.case_id} records another world now"
+    elif kind in {"fork", "cancel"} and state.phase.terminal:
+        moved = f"it is {state.phase}"
+    elif kind == "cancel" and state.phase is Phase.NEEDS_REVIEW:
+        raise CancelRefusedError(
+            f"run {run_id} is frozen for review now; a reviewer's signed abort ends it",
+            run_id=run_id,
+        )
+    if moved is not None:
+        raise StaleViewError(
+            f"run {run_id} moved since the {kind} was prepared: {moved}; nothing delivered, "
+            "look again",
+            run_id=run_id,
+        )
 
 
 def _admission(

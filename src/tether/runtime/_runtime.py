@@ -265,6 +265,10 @@ class Runtime:
             )
         try:
             session = self._restore(run_id, lease, admission)
+            if not self.store.has_blob(self.binding.policy_fingerprint):
+                # A run that goes on under another policy (a new work occurrence): the
+                # people's tools judge its documents by the rules it now runs under.
+                self.store.put_blobs(self._rules())
         except TetherError:
             if taken is not None:
                 # A refused restore must not leave the run locked for a ttl
@@ -272,10 +276,6 @@ class Runtime:
                 with contextlib.suppress(TetherError):
                     self.checkpointer.marks.release_lease(run_id, taken.owner, taken.lease_version)
             raise
-        if not self.store.has_blob(self.binding.policy_fingerprint):
-            # A run that goes on under another policy (a new work occurrence): the
-            # people's tools judge its documents by the rules it now runs under.
-            self.store.put_blobs(self._rules())
         return session
 
     def _rules(self) -> dict[str, bytes]:

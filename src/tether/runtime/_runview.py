@@ -96,19 +96,34 @@ class RunView:
         if state.phase.terminal:
             return None
         if self.failing:
-            return f"a retry after {self.mark.attempts} failed attempt(s): {self.mark.last_error}"
+            why = self.mark.last_error or "a worker stopped while holding it"
+            return f"a retry after {self.mark.attempts} failed attempt(s): {why}"
         return None
 
     @property
+    def held(self) -> bool:
+        """A worker holds a live lease on the run now."""
+        expires = self.mark.lease_expires_at
+        return self.mark.lease_owner is not None and expires is not None and expires > self.read_at
+
+    @property
     def failing(self) -> bool:
-        """Claims of the run keep ending in an error (a claim being worked on is not one)."""
-        return self.mark.attempts > 0 and self.mark.last_error is not None
+        """Claims of the run keep ending badly: in an error, or in a worker that died holding it.
+
+        A claim counts an attempt when it is taken, so a claim being worked on
+        (a live lease, no error yet) is not a failure.
+        """
+        return self.mark.attempts > 0 and (self.mark.last_error is not None or not self.held)
 
     @property
     def needs_approval(self) -> bool:
         """The pending write waits for an approval no valid document gives yet."""
         pending = self.state.pending
         if self.state.phase is not Phase.PENDING or pending is None or not self.approvable:
+            return False
+        if pending.status is not EffectStatus.INTENDED and self.mark.waiting_after is None:
+            # Sent: the adapter settles it, and a fresh approval is asked for only if it
+            # must go again (the run then waits for a person, and the mark says so).
             return False
         # An approval in force that has not expired: the worker goes on by itself.
         return not any(
@@ -119,15 +134,15 @@ class RunView:
 
     @property
     def approvable(self) -> bool:
-        """An approval of the pending write is something the runtime would take now.
+        """An approval of the pending write is something the runtime would take.
 
-        Not for a write already sent (its outcome is settled by the adapter,
-        never by a person's approval), a compensation (the signed decision
-        that ordered it is its authority), or a kind the run's policy lets
-        through unapproved.
+        Not for a compensation (the signed decision that ordered it is its
+        authority) or a kind the run's policy lets through unapproved. A write
+        already sent takes one too: if the adapter cannot settle it, it goes
+        again only under an approval in force.
         """
         pending = self.state.pending
-        if pending is None or pending.status is not EffectStatus.INTENDED:
+        if pending is None:
             return False
         if compensated_effect(pending.intent) is not None:
             return False
@@ -257,7 +272,7 @@ def open_run(
             trace = tuple(checkpointer.verified_trace(state))
             ledger = tuple(checkpointer.verified_ledger(state))
     else:
-        state, mark = _unverified_state(store, run_id, marks)
+        state, mark = read_state(store, run_id, marks)
         if history:
             trace = tuple(store.trace(run_id, state.trace_head))
             ledger = tuple(store.ledger(run_id))
@@ -336,9 +351,10 @@ def marks_of(store: ContentStore) -> GenerationStore:
     return store
 
 
-def _unverified_state(
+def read_state(
     store: ContentStore, run_id: str, marks: GenerationStore | None
 ) -> tuple[RunState, Mark]:
+    """The run's newest checkpoint as stored (unverified: for display and re-checks only)."""
     mark = (marks if marks is not None else marks_of(store)).get_mark(run_id)
     if mark is None:
         raise RunNotFoundError(run_id)

@@ -114,7 +114,10 @@ def prepare(
         rules = policy or view.policy
         roles = {"operator"} if rules is None else set(rules.authority.cancel)
         signer = signer_for(signers, roles, "cancel a run")
-        prepared = prepare_cancel(view, signer, form.get("reason", ""), **common)
+        # A cancel binds no generation: it must land on a run that keeps moving.
+        prepared = prepare_cancel(
+            view, signer, form.get("reason", ""), **{**common, "seen_generation": None}
+        )
         return Draft("Cancel the run", generation, prepared)
     raise ActionRefusedError(f"unknown action {action!r}")
 
