@@ -85,7 +85,6 @@ def test_refusals_come_before_signing_and_reach_no_inbox(
     assert wrong_role.status_code == 409 and "approver" in wrong_role.text
 
     stranger = Signer.generate("mallory", "approver")
-    stranger.write_file(tmp_path / "mallory.key")
     untrusted = client(waiting, "approver", trust=TrustRoots.of(stranger.trust_root()))
     token, seen = csrf(untrusted)
     refused = untrusted.post("/runs/demo-run/prepare", data={**form, "csrf": token})

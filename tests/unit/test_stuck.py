@@ -27,7 +27,6 @@ from tether.core import (
     Phase,
     Policy,
     ReviewCase,
-    ReviewDecision,
     ReviewDriftError,
     RunState,
     SpecError,
@@ -110,8 +109,7 @@ def case(reason: str, key: str = "") -> ReviewCase:
 @pytest.mark.parametrize("reason", ["environment_drift", "environment_ahead"])
 def test_accept_is_allowed_for_a_drift_case_that_names_no_write(reason: str) -> None:
     """check_accept lets a drift case about the environment alone be accepted."""
-    check_accept(case(reason))  # no error
-    assert ReviewDecision("accept") is ReviewDecision.ACCEPT
+    check_accept(case(reason))  # returns nothing: the refusals below are the other half
 
 
 @pytest.mark.parametrize(

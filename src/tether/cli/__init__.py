@@ -266,7 +266,3 @@ def _count(maximum: int) -> Any:
         return value
 
     return parse
-
-
-def _error(message: str) -> None:
-    print(f"tether: error: {message}", file=sys.stderr)

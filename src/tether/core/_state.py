@@ -101,11 +101,6 @@ class Spent:
     cost: int = 0
     wall_time_ms: int = 0
 
-    @property
-    def wall_time_s(self) -> float:
-        """The working time in seconds."""
-        return self.wall_time_ms / 1000
-
     def to_json(self) -> dict[str, JSONValue]:
         body: dict[str, JSONValue] = {
             "proposals": self.proposals,

@@ -20,6 +20,7 @@ from tether.runtime._operator import (
     prepare_fork,
     prepare_review,
     prepare_rewind,
+    signer_roles,
 )
 from tether.runtime._runtime import Runtime
 from tether.runtime._runview import InboxItem, RunSummary, RunView, list_runs, open_run
@@ -74,4 +75,5 @@ __all__ = [
     "prepare_fork",
     "prepare_review",
     "prepare_rewind",
+    "signer_roles",
 ]

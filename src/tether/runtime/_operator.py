@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from tether.core import (
+    Authority,
     CancelRefusedError,
     Phase,
     Policy,
@@ -73,6 +74,27 @@ class Prepared:
     def body(self) -> dict[str, Any]:
         body: dict[str, Any] = self.document["body"]
         return body
+
+
+def signer_roles(kind: str, view: RunView, policy: Policy | None = None) -> frozenset[str]:
+    """The roles whose key may sign a document of ``kind`` for this run.
+
+    From the run's policy (or ``policy``, where the person names one); its
+    ``authority`` defaults where the policy is not known.
+    """
+    rules = policy or view.policy
+    authority = Authority() if rules is None else rules.authority
+    roles = {
+        "approval": frozenset({Role.APPROVER.value}),
+        "review_decision": frozenset({Role.REVIEWER.value}),
+        "fork": frozenset({Role.REVIEWER.value, Role.OPERATOR.value}),
+        "rewind": authority.rewind - {"agent"},
+        "admission": authority.recover,
+        "cancel": authority.cancel,
+    }.get(kind)
+    if roles is None:
+        raise PolicyError(f"no document of kind {kind!r} is signed by a person")
+    return frozenset(roles)
 
 
 def prepare_approval(
@@ -277,7 +299,7 @@ def prepare_cancel(
             run_id=state.run_id,
         )
     rules = _policy(view, policy)
-    allowed = ("operator",) if rules is None else tuple(sorted(rules.authority.cancel))
+    allowed = sorted(signer_roles("cancel", view, rules))
     role = _role(signer, tuple(Role(name) for name in allowed), "cancel a run")
     body = new_cancel(
         state,

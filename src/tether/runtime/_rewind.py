@@ -336,9 +336,8 @@ def snapshot_blobs(rt: Any, root: str, known: set[str]) -> dict[str, bytes] | No
 
     method = rt.adapter.snapshot_blobs
     try:
-        # An adapter written to the two-argument form still works; a store
-        # without the batch question is asked one digest at a time.
-        if _accepts(method, "have_many") and callable(getattr(store, "stored_blobs", None)):
+        # An adapter written to the two-argument form still works.
+        if _accepts(method, "have_many"):
             return dict(method(root, have, have_many=have_many))
         return dict(method(root, have))
     except EnvironmentDriftError:
@@ -374,14 +373,7 @@ def _refuse_without_snapshot(session: Session, target: Any) -> None:
             run_id=target.run_id,
         )
     store = rt.store
-    batch = getattr(store, "stored_blobs", None)
-
-    def stored(digests: list[str]) -> set[str]:
-        if callable(batch):
-            return set(batch(digests))
-        return {d for d in digests if store.has_blob(d)}
-
-    missing = missing_blobs(root, store.get_blob, stored)
+    missing = missing_blobs(root, store.get_blob, store.stored_blobs)
     if missing:
         raise RewindRefusedError(
             f"run {target.run_id}: the snapshot of generation {target.generation}'s workspace "

@@ -157,10 +157,6 @@ class RunView:
             return True
         return not self.state.phase.terminal and self.failing
 
-    @property
-    def refused(self) -> tuple[InboxItem, ...]:
-        return tuple(item for item in self.inbox if item.status == "refused")
-
     def epochs(self) -> list[dict[str, Any]]:
         """Every epoch of the run, from its trace: how it was opened, by whom, from where, why."""
         epochs: list[dict[str, Any]] = []

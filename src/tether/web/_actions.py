@@ -12,6 +12,7 @@ person confirms; then :func:`tether.runtime.deliver` leaves it in the inbox.
 from __future__ import annotations
 
 import math
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -25,10 +26,8 @@ from tether.runtime import (
     prepare_cancel,
     prepare_review,
     prepare_rewind,
+    signer_roles,
 )
-
-#: The inbox kind of a signed cancel (the page's cancel button signs one).
-CANCEL_KIND = "cancel"
 
 
 class ActionRefusedError(PolicyError):
@@ -43,8 +42,6 @@ class Draft:
     """A signed document shown to the person, not yet delivered."""
 
     title: str
-    #: The run's generation when the person looked; delivery is refused if it moved.
-    generation: int
     prepared: Prepared
 
 
@@ -53,7 +50,7 @@ def decisions() -> list[str]:
     return [d.value for d in ReviewDecision]
 
 
-def signer_for(signers: list[Signer], roles: set[str], what: str) -> Signer:
+def signer_for(signers: list[Signer], roles: AbstractSet[str], what: str) -> Signer:
     """The first of the operator's keys whose role may sign ``what``."""
     for signer in signers:
         if signer.role.value in roles:
@@ -83,23 +80,20 @@ def prepare(
         "policy": policy,
         "seen_generation": None if seen is None else int(seen),
     }
-    generation = view.state.generation
     if action == "approve":
-        signer = signer_for(signers, {"approver"}, "approve a write")
+        signer = signer_for(signers, signer_roles("approval", view), "approve a write")
         action_id = form.get("action_id", "")
         prepared = prepare_approval(view, signer, action_id, **common)
-        return Draft(f"Approve {action_id}", generation, prepared)
+        return Draft(f"Approve {action_id}", prepared)
     if action == "review":
-        signer = signer_for(signers, {"reviewer"}, "decide a review")
+        signer = signer_for(signers, signer_roles("review_decision", view), "decide a review")
         case_id, decision = form.get("case_id", ""), form.get("decision", "")
         if decision not in decisions():
             raise ActionRefusedError(f"unknown decision {decision!r}; one of {decisions()}")
         prepared = prepare_review(view, signer, case_id, decision, **common)
-        return Draft(f"Decide {decision} on case {case_id}", generation, prepared)
+        return Draft(f"Decide {decision} on case {case_id}", prepared)
     if action == "rewind":
-        rules = policy or view.policy
-        roles = {"operator", "reviewer"} if rules is None else set(rules.authority.rewind)
-        signer = signer_for(signers, roles - {"agent"}, "rewind a run")
+        signer = signer_for(signers, signer_roles("rewind", view, policy), "rewind a run")
         target = _number(form.get("to"), "rewind target")
         if target is None or target != int(target):
             raise ActionRefusedError("rewind to: a generation number")
@@ -109,16 +103,14 @@ def prepare(
         prepared = prepare_rewind(
             view, signer, int(target), form.get("reason", ""), scope=scope, **common
         )
-        return Draft(f"Rewind to generation {int(target)}", generation, prepared)
+        return Draft(f"Rewind to generation {int(target)}", prepared)
     if action == "cancel":
-        rules = policy or view.policy
-        roles = {"operator"} if rules is None else set(rules.authority.cancel)
-        signer = signer_for(signers, roles, "cancel a run")
+        signer = signer_for(signers, signer_roles("cancel", view, policy), "cancel a run")
         # A cancel binds no generation: it must land on a run that keeps moving.
         prepared = prepare_cancel(
             view, signer, form.get("reason", ""), **{**common, "seen_generation": None}
         )
-        return Draft("Cancel the run", generation, prepared)
+        return Draft("Cancel the run", prepared)
     raise ActionRefusedError(f"unknown action {action!r}")
 
 
