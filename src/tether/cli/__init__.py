@@ -19,7 +19,8 @@ from tether import __version__
 from tether._demo import SCENARIOS
 from tether.cli import _guard
 from tether.cli._crashtest import add_crashtest
-from tether.cli._demo_cmd import CHILD_COMMAND, child_parser, cmd_demo
+from tether.cli._demo_child import CHILD_COMMAND
+from tether.cli._demo_cmd import child_parser, cmd_demo
 from tether.cli._inspect import add_reader, cmd_inspect, cmd_verify
 from tether.cli._onboard import add_onboarding
 from tether.cli._recovery import add_recovery
@@ -123,15 +124,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(func=cmd_demo)
 
-    for name, helptext, func in (
-        ("inspect", "show a run's state, pending write, ledger and trace", cmd_inspect),
-        (
-            "verify",
-            "check a run's newest checkpoint against the key and the mark (exit 3 if unsound)",
-            cmd_verify,
-        ),
-    ):
-        add_reader(sub, name, helptext, func)
+    inspect = add_reader(
+        sub, "inspect", "show a run's state, pending write, ledger and trace", cmd_inspect
+    )
+    inspect.add_argument(
+        "--full",
+        action="store_true",
+        help="print every trace event's data whole (default: one bounded line each)",
+    )
+    add_reader(
+        sub,
+        "verify",
+        "check a run's newest checkpoint against the key and the mark (exit 3 if unsound)",
+        cmd_verify,
+    )
     add_signing(sub, _seconds(MAX_APPROVAL_TTL_S))
     add_onboarding(sub)
     add_start(sub)

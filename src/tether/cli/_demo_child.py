@@ -9,6 +9,9 @@ import sys
 from tether import _demo
 from tether.runtime import CrashPlan
 
+#: The hidden command a demo runs its stages as (kept out of --help).
+CHILD_COMMAND = "_demo-child"
+
 
 def child(
     paths: _demo.DemoPaths,
@@ -22,7 +25,7 @@ def child(
         sys.executable,
         "-m",
         "tether.cli",
-        "_demo-child",
+        CHILD_COMMAND,
         stage,
         "--db",
         str(paths.db),

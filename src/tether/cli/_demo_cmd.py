@@ -18,7 +18,7 @@ from typing import Any
 
 from tether import _demo, _desk, _notify
 from tether.cli import _desk_cmd, _sign
-from tether.cli._demo_child import child, report_unfired, unfired
+from tether.cli._demo_child import CHILD_COMMAND, child, report_unfired, unfired
 from tether.cli._render import tether_command
 from tether.core import Phase, RunState, TetherError, new_approval, new_decision
 from tether.crypto import Signer
@@ -338,7 +338,6 @@ def _did(events: list[Any]) -> str:
 
 
 #: The first argument that makes ``tether`` (``python -m tether.cli``) a demo child.
-CHILD_COMMAND = "_demo-child"
 
 
 def child_parser() -> argparse.ArgumentParser:

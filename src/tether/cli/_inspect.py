@@ -18,9 +18,9 @@ from tether.runtime import Checkpointer, RunView, open_run
 from tether.store import SQLBase, SQLiteStore, open_store
 
 
-def add_reader(sub: Any, name: str, helptext: str, func: Any) -> None:
+def add_reader(sub: Any, name: str, helptext: str, func: Any) -> argparse.ArgumentParser:
     """A command that reads one run back, verified under the keyring (inspect, epochs, ...)."""
-    p = sub.add_parser(name, help=helptext, description=helptext)
+    p: argparse.ArgumentParser = sub.add_parser(name, help=helptext, description=helptext)
     p.add_argument("run_id", metavar="RUN")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--db", type=Path, help="SQLite store file")
@@ -32,13 +32,8 @@ def add_reader(sub: Any, name: str, helptext: str, func: Any) -> None:
         help="keyring file (default: $TETHER_KEYRING_FILE or $TETHER_KEYRING)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    if name == "inspect":
-        p.add_argument(
-            "--full",
-            action="store_true",
-            help="print every trace event's data whole (default: one bounded line each)",
-        )
     p.set_defaults(func=func)
+    return p
 
 
 def _open(args: argparse.Namespace) -> Checkpointer:

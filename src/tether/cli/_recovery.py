@@ -87,6 +87,11 @@ def cmd_rewind(args: argparse.Namespace) -> int:
 
 
 def cmd_admit(args: argparse.Namespace) -> int:
+    return sign_admission(args, "no recovery signed")
+
+
+def sign_admission(args: argparse.Namespace, declined: str) -> int:
+    """Check, show, ask, sign with ``--key`` and deliver an admission of the run's next recovery."""
     signer = Signer.from_file(args.key)
     prepared = prepare_admission(read_view(args), signer, now=datetime.now(UTC), **checks(args))
     return confirm_and_deliver(
@@ -95,7 +100,7 @@ def cmd_admit(args: argparse.Namespace) -> int:
         f"Sign this recovery as {signer.signer_id}?",
         "admission signed (inbox #{seq}); the next recovery of run {run} opens its new "
         "epoch under it",
-        "no recovery signed",
+        declined,
     )
 
 
@@ -123,14 +128,12 @@ def cmd_epochs(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
-    effects = {item["key"]: item for item in open_view(args).effects()}
+    effects = open_view(args).effects()
     if args.json:
-        print(
-            json.dumps({"run_id": args.run_id, "effects": list(effects.values())}, sort_keys=True)
-        )
+        print(json.dumps({"run_id": args.run_id, "effects": effects}, sort_keys=True))
         return 0
     print(f"run {args.run_id}: {len(effects)} effect(s) in the ledger")
-    for item in effects.values():
+    for item in effects:
         path = " -> ".join(h["status"] for h in item["history"])
         receipts = [h["receipt_id"] for h in item["history"] if h["receipt_id"]]
         last = receipts[-1] if receipts else None

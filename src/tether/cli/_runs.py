@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tether.cli._recovery import sign_admission
 from tether.cli._sign import (
     add_signer_arguments,
     checks,
@@ -30,7 +31,6 @@ from tether.runtime import (
     RunSummary,
     list_runs,
     load_factory,
-    prepare_admission,
     prepare_cancel,
 )
 from tether.store import SQLiteStore
@@ -66,9 +66,13 @@ def add_runs(sub: Any, seconds: Any) -> None:
         "opens its new epoch under.",
     )
     resume.add_argument("run_id", metavar="RUN")
-    add_signer_arguments(resume, seconds)
+    add_signer_arguments(
+        resume,
+        seconds,
+        key_help="sign an admission of the next recovery with this key (optional)",
+        key_required=False,
+    )
     resume.set_defaults(func=cmd_resume)
-    _optional_key(resume, "sign an admission of the next recovery with this key (optional)")
 
     cancel = sub.add_parser(
         "cancel",
@@ -86,17 +90,13 @@ def add_runs(sub: Any, seconds: Any) -> None:
     cancel.add_argument("run_id", metavar="RUN")
     cancel.add_argument("--reason", required=True, help="why, for the trace")
     cancel.add_argument("--app", help="module:factory building the run's Runtime: cancel here, now")
-    add_signer_arguments(cancel, seconds)
-    _optional_key(cancel, "the canceller's private key: sign a cancel for the run's next step")
+    add_signer_arguments(
+        cancel,
+        seconds,
+        key_help="the canceller's private key: sign a cancel for the run's next step",
+        key_required=False,
+    )
     cancel.set_defaults(func=cmd_cancel)
-
-
-def _optional_key(parser: argparse.ArgumentParser, helptext: str) -> None:
-    # resume and cancel take the signer's flags, but the key itself is optional there.
-    for action in parser._actions:
-        if action.dest == "key":
-            action.required = False
-            action.help = helptext
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -155,16 +155,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     where = args.store or args.db
     if args.key is not None:
         # Everything is checked, asked and delivered before anything is cleared.
-        signer = Signer.from_file(args.key)
-        prepared = prepare_admission(read_view(args), signer, now=datetime.now(UTC), **checks(args))
-        code = confirm_and_deliver(
-            args,
-            prepared,
-            f"Sign this recovery as {signer.signer_id}?",
-            "admission signed (inbox #{seq}); the next worker to claim run {run} opens its "
-            "new epoch under it",
-            "no recovery signed; nothing cleared",
-        )
+        code = sign_admission(args, "no recovery signed; nothing cleared")
         if code != 0:
             return code
     # The attempts live with the mark: in the marks file where it is kept apart.

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tether.core import Policy, PolicyError, TetherError
+from tether.cli._sign import load_policy
+from tether.core import TetherError
 
 TOKEN_ENV = "TETHER_SERVE_TOKEN"
 
@@ -74,12 +75,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     token = given or secrets.token_urlsafe(24)
     if len(token) < 16:
         raise TetherError("the access token must be at least 16 characters")
-    policy = None
-    if args.policy is not None:
-        try:
-            policy = Policy.from_json(args.policy.read_bytes())
-        except OSError as exc:
-            raise PolicyError(f"cannot read the policy file {args.policy}: {exc}") from exc
+    policy = load_policy(args.policy)
     config = WebConfig(
         store=args.store,
         token=token,

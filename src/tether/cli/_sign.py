@@ -101,9 +101,15 @@ def add_signing(sub: Any, seconds: Any) -> None:
         parser.set_defaults(func=func)
 
 
-def add_signer_arguments(parser: argparse.ArgumentParser, seconds: Any) -> None:
+def add_signer_arguments(
+    parser: argparse.ArgumentParser,
+    seconds: Any,
+    *,
+    key_help: str = "the signer's private key file",
+    key_required: bool = True,
+) -> None:
     """The arguments every signing command takes: key, store, checks, confirmation."""
-    parser.add_argument("--key", type=Path, required=True, help="the signer's private key file")
+    parser.add_argument("--key", type=Path, required=key_required, help=key_help)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--db", type=Path, help="SQLite store file")
     where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
@@ -220,19 +226,23 @@ def read_view(args: argparse.Namespace) -> RunView:
 
 def checks(args: argparse.Namespace) -> dict[str, Any]:
     """The checks a signing command's flags ask for, as keyword arguments of ``prepare_*``."""
-    policy = None
-    if args.policy is not None:
-        try:
-            policy = Policy.from_json(Path(args.policy).read_bytes())
-        except OSError as exc:
-            raise PolicyError(f"cannot read the policy file {args.policy}: {exc}") from exc
     trust = None if args.trust is None else TrustRoots.from_file(args.trust)
     return {
         "ttl_s": args.ttl,
         "trust": trust,
-        "policy": policy,
+        "policy": load_policy(args.policy),
         "seen_generation": args.generation,
     }
+
+
+def load_policy(path: Path | None) -> Policy | None:
+    """The policy file a command names, strictly parsed (``None``: none named)."""
+    if path is None:
+        return None
+    try:
+        return Policy.from_json(Path(path).read_bytes())
+    except OSError as exc:
+        raise PolicyError(f"cannot read the policy file {path}: {exc}") from exc
 
 
 def confirm_and_deliver(

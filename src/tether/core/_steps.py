@@ -54,6 +54,22 @@ def action_id_of(kind: str, data: dict[str, JSONValue]) -> str | None:
     return action_id if kind in ACTION_EVENTS and isinstance(action_id, str) else None
 
 
+def abandoned_stretch(event: TraceEvent) -> tuple[int, int] | None:
+    """The trace lengths ``(low, high]`` a ``rewound`` event left behind, else ``None``.
+
+    Events past ``low`` and up to ``high`` are the failed suffix the rewind
+    abandoned; they stay in the chain as evidence.
+    """
+    if event.kind != "rewound":
+        return None
+    low = event.data.get("prefix_length")
+    suffix = event.data.get("failed_suffix")
+    high = suffix.get("trace_length") if isinstance(suffix, dict) else None
+    if isinstance(low, int) and isinstance(high, int):
+        return low, high
+    return None
+
+
 def actions_taken(events: Iterable[TraceEvent]) -> set[str]:
     """The action ids the run has used, as the gate's "used before" must see them.
 
@@ -65,9 +81,9 @@ def actions_taken(events: Iterable[TraceEvent]) -> set[str]:
     last_use: dict[str, int] = {}
     for event in events:
         if event.kind == "rewound":
-            low = event.data.get("prefix_length")
-            high = event.data.get("failed_suffix", {}).get("trace_length")
-            if isinstance(low, int) and isinstance(high, int):
+            stretch = abandoned_stretch(event)
+            if stretch is not None:
+                low, high = stretch
                 for freed in [a for a, seq in last_use.items() if low < seq <= high]:
                     del last_use[freed]
             continue

@@ -489,12 +489,8 @@ def _refuse_unsettled(target: RunState, trace: list[TraceEvent]) -> None:
             run_id=run_id,
         )
     for event in trace:
-        if event.kind != "rewound":
-            continue
-        low = event.data.get("prefix_length")
-        suffix = event.data.get("failed_suffix")
-        high = suffix.get("trace_length") if isinstance(suffix, dict) else None
-        if isinstance(low, int) and isinstance(high, int) and low < target.trace_length <= high:
+        stretch = step_rules.abandoned_stretch(event)
+        if stretch is not None and stretch[0] < target.trace_length <= stretch[1]:
             raise RewindRefusedError(
                 f"run {run_id}: generation {target.generation} lies in the stretch the rewind "
                 f"at trace event {event.seq} left behind; rewind to a point on the history "

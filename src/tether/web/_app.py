@@ -169,14 +169,14 @@ def create_app(config: WebConfig) -> Starlette:
         items: list[tuple[str, InboxItem]] = []
         try:
             with store() as s:
-                for row in list_runs(s, keyring=config.keyring):
-                    if not s.evidence(row.run_id):
+                for mark in s.runs():
+                    if not s.evidence(mark.run_id):
                         continue  # nothing delivered: no history to walk for it
                     try:
-                        view = open_run(s, row.run_id, keyring=config.keyring)
+                        view = open_run(s, mark.run_id, keyring=config.keyring)
                     except TetherError:
                         continue  # listed on /runs as unreadable; one damaged run hides no other
-                    items += [(row.run_id, item) for item in view.inbox]
+                    items += [(mark.run_id, item) for item in view.inbox]
         except TetherError as exc:
             return failure(request, exc)
         order = {"refused": 0, "waiting": 1, "applied": 2}
