@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_cli import tether
+from tests.e2e.test_cli import demo, tether
 from tests.integration._services import smtp_server
 from tether import _demo, _notify
 from tether.adapters import Adapters, FileWorkspace, SmtpEffect
@@ -19,18 +19,7 @@ from tether.crypto import Role, TrustRoots
 
 
 def notify(tmp_path: Path) -> dict[str, Any]:
-    out = tether(
-        "demo",
-        "--scenario",
-        "notify",
-        "--json",
-        "--db",
-        str(tmp_path / "t.sqlite"),
-        "--workspace",
-        str(tmp_path / "ws"),
-    )
-    report: dict[str, Any] = json.loads(out.stdout)
-    return report
+    return dict(demo(tmp_path, "--scenario", "notify"))
 
 
 def test_the_notify_demo_leaves_one_message_and_both_epochs_in_the_trace(tmp_path: Path) -> None:

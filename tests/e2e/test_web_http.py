@@ -160,7 +160,7 @@ def test_a_damaged_checkpoint_is_shown_as_such_and_nothing_of_it(waiting: _demo.
     assert page.status_code == 500 and "Integrity" in page.text
     assert pending_key.group(1) not in page.text and "calx.py" not in page.text
     listed = c.get("/runs")
-    assert listed.status_code == 200 and "needs a person" in listed.text
+    assert listed.status_code == 200 and "cannot read it" in listed.text
 
 
 def test_an_unknown_run_is_404(waiting: _demo.DemoPaths) -> None:
@@ -171,7 +171,11 @@ def test_an_unknown_run_is_404(waiting: _demo.DemoPaths) -> None:
 def test_serve_refuses_a_missing_store_and_a_short_token(tmp_path: Path) -> None:
     """`tether serve` on a path with no database exits 1 and creates nothing; a short token is refused."""
     missing = tmp_path / "typo.sqlite"
-    for extra in ([], ["--token", "short"]):
+    real = _webkit.approval_run(tmp_path / "real").db
+    for store, extra, said in (
+        (missing, [], "typo.sqlite"),
+        (real, ["--token", "short"], "at least 16 characters"),
+    ):
         done = subprocess.run(
             [
                 sys.executable,
@@ -179,7 +183,7 @@ def test_serve_refuses_a_missing_store_and_a_short_token(tmp_path: Path) -> None
                 "tether.cli",
                 "serve",
                 "--store",
-                str(missing),
+                str(store),
                 "--port",
                 "0",
                 *extra,
@@ -191,6 +195,7 @@ def test_serve_refuses_a_missing_store_and_a_short_token(tmp_path: Path) -> None
             check=False,
         )
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert said in done.stderr
     assert not missing.exists()
 
 

@@ -90,7 +90,9 @@ def test_a_rewind_killed_mid_restore_is_finished_by_the_next_process(tmp_path: P
         [
             sys.executable,
             "-c",
-            CHILD.format(root=str(Path.cwd()), tmp=str(tmp_path), to=after_first),
+            CHILD.format(
+                root=str(Path(__file__).resolve().parents[2]), tmp=str(tmp_path), to=after_first
+            ),
         ],
         capture_output=True,
         text=True,

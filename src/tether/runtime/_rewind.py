@@ -220,7 +220,10 @@ def finish(session: Session) -> Outcome:
         for e in checkpointer.verified_trace(state)
         if plan.prefix_length < e.seq <= plan.suffix_length
     ]
-    beyond = crossed_effects(checkpointer.verified_ledger(state), plan.boundary)
+    ledger = checkpointer.verified_ledger(state)
+    beyond = crossed_effects(ledger, plan.boundary)
+    # Each note carries its effect's own terms, from the ledger read here once.
+    terms = {e.idempotency_key: e.terms for e in reversed(ledger) if e.terms is not None}
     # Writes to the restored workspace were taken back by the restore itself:
     # the ledger says so (committed -> compensated), so none is ever replayed
     # as if it still held. Everything else crossed the boundary for good.
@@ -246,6 +249,7 @@ def finish(session: Session) -> Outcome:
                 _text(c["action_id"]),
                 _text(c["intent_digest"]),
                 EffectStatus.COMMITTED,
+                terms.get(_text(c["idempotency_key"])),
             ),
         )
         for c in undone

@@ -194,6 +194,8 @@ class RunSession(LeaseHolder):
                 blobs.update(found)
                 snapshotted = root
         if any(n.subject is not None and n.subject.terms is None for n in ledger):
+            # A landed compensation's note names the effect it undid, not its terms
+            # (core settles it from the pending write alone): read them once, here.
             ledger = with_subject_terms(ledger, self.rt.checkpointer.verified_ledger(self.state))
         sealed = seal_commit(
             self.state,
