@@ -115,6 +115,8 @@ class Trial:
     pending_kind: str | None
     reason: str | None
     received: tuple[int, int, int]
+    #: The killed child's own stderr: why it ended, when it was not the SIGKILL.
+    start_stderr: str = ""
 
 
 def trial(world: World, point: CrashPoint, hit: int, *, blind_mail: bool = False) -> Trial:
@@ -130,6 +132,7 @@ def trial(world: World, point: CrashPoint, hit: int, *, blind_mail: bool = False
         killed=killed.returncode,
         recovered=recovered.returncode,
         stderr=recovered.stderr[-2000:],
+        start_stderr=killed.stderr[-2000:],
         phase=state.phase,
         pending_kind=None if state.pending is None else state.pending.intent.kind,
         reason=cases[0].reason if cases else None,
