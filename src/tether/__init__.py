@@ -4,6 +4,7 @@ Known effects are not repeated, unknown effects are not silently replayed,
 and unreconcilable cases enter an explicit human gate.
 """
 
+from tether import effects
 from tether.adapters import (
     Adapter,
     Capabilities,
@@ -30,6 +31,7 @@ from tether.core import (
     TetherError,
 )
 from tether.crypto import Keyring, SecretBox, Signer, TrustRoots
+from tether.effects import effect
 from tether.runtime import (
     Agent,
     AgentContext,
@@ -77,5 +79,7 @@ __all__ = [
     "VerifierResult",
     "Worker",
     "__version__",
+    "effect",
+    "effects",
     "open_store",
 ]

@@ -128,8 +128,13 @@ def test_public_api_is_pinned() -> None:
             "VerifierResult",
             "Worker",
             "__version__",
+            "effect",
+            "effects",
             "open_store",
         ]
+    )
+    assert sorted(tether.effects.__all__) == sorted(
+        ["FIRST_PARAMETER", "CallResult", "GuardedRun", "call", "current", "effect", "run"]
     )
     for name in tether.__all__:
         assert getattr(tether, name) is not None

@@ -285,6 +285,44 @@ class RunFrozenError(PolicyError):
     """The run is in needs_review: no proposal or execution until a signed decision."""
 
 
+class NeedsReviewError(RunFrozenError):
+    """An effect's call froze the run for a person (an unknown outcome, a conflict).
+
+    ``case_id``, ``reason`` and ``detail`` name the open review case; nothing
+    is sent until a signed decision (``tether review``) settles it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        case_id: str | None = None,
+        reason: str | None = None,
+        detail: str = "",
+    ) -> None:
+        self.case_id = case_id
+        self.reason = reason
+        self.detail = detail
+        super().__init__(message, run_id=run_id)
+
+
+class EffectRejectedError(PolicyError):
+    """The gate or the adapter refused an effect's call; nothing was sent.
+
+    ``reason`` is the same stable word an :class:`~tether.core.Outcome` of a
+    rejected step carries.
+    """
+
+    def __init__(self, reason: str, message: str, *, run_id: str | None = None) -> None:
+        self.reason = reason
+        super().__init__(f"{reason}: {message}", run_id=run_id)
+
+
+class NotInRunError(PolicyError):
+    """An effect was called outside a run: it is refused, never performed unguarded."""
+
+
 class IllegalTransitionError(PolicyError):
     """A phase or effect-status move that the transition table does not allow."""
 
@@ -332,7 +370,24 @@ class NonceReusedError(EvidenceError):
 
 
 class ApprovalRequiredError(PolicyError):
-    """The pending write needs a valid approval before it may execute."""
+    """The pending write needs a valid approval before it may execute.
+
+    ``request`` holds the fields a person's approval must carry (see
+    :func:`~tether.core.approval_request`): sign them, deliver the document,
+    and call again; the write waits, durable, with its key.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        action_id: str | None = None,
+        request: dict[str, Any] | None = None,
+    ) -> None:
+        self.action_id = action_id
+        self.request = dict(request or {})
+        super().__init__(message, run_id=run_id)
 
 
 class ReviewDriftError(EvidenceError):
@@ -417,6 +472,19 @@ class IdempotencyConflictError(AdapterError):
 
 class AdapterUnavailableError(AdapterError):
     """The adapter could not be reached; the outcome of an in-flight write is unknown."""
+
+
+class EffectNotSettledError(AdapterError):
+    """An earlier attempt at the call's effect is still in flight, or the adapter is unreachable.
+
+    Nothing was sent and nothing moved: call again later (``reason`` is
+    ``in_flight`` or ``adapter_unavailable``).
+    """
+
+    def __init__(self, reason: str, message: str, *, run_id: str | None = None) -> None:
+        self.reason = reason
+        self.run_id = run_id
+        super().__init__(f"{reason}: {message}")
 
 
 class VerifierRefusedError(AdapterError):

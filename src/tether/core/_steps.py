@@ -15,7 +15,11 @@ from typing import Any
 
 from tether.core._actions import ActionResult, Proposal, Rejection
 from tether.core._canonical import JSONValue, canonical_bytes, digest_bytes, strict_loads
-from tether.core._errors import CanonicalJSONError, CheckpointCorruptError
+from tether.core._errors import (
+    CanonicalJSONError,
+    CheckpointCorruptError,
+    EnvironmentDriftError,
+)
 from tether.core._fields import Fields
 from tether.core._model import (
     OUTCOME_OUTPUT_MAX,
@@ -126,6 +130,41 @@ def _with_result(
 
 def _charged(spent: Spent, *, proposals: int = 0, cost: int = 0) -> Spent:
     return replace(spent, proposals=spent.proposals + proposals, cost=spent.cost + cost)
+
+
+def begin_step(state: RunState, env: EnvironmentState) -> tuple[RunState, list[Event]]:
+    """The state a new step starts from, with the environment just read, and what it noticed.
+
+    The step is counted; the previous results are spent (the agent has seen
+    them); verifier evidence about another environment is dropped. Another
+    instance than the run's is refused: nothing acts on it.
+    """
+    if env.instance_id != state.environment.instance_id:
+        raise EnvironmentDriftError(
+            "the adapter now serves another environment instance; refusing to act",
+            expected=state.environment.to_json(),
+            actual=env.to_json(),
+        )
+    events: list[Event] = []
+    if env != state.environment:
+        events.append(
+            ("environment_changed", {"from": state.environment.to_json(), "to": env.to_json()})
+        )
+    verification = state.verification
+    if verification is not None and (
+        verification.env_version != env.version
+        or verification.state_fingerprint != env.state_fingerprint
+    ):
+        verification = None  # evidence about an older environment proves nothing about this one
+    base = state.evolve(
+        environment=env,
+        observed_version=env.version,
+        spent=replace(state.spent, steps=state.spent.steps + 1),
+        results_digest=None,
+        last_outcome=None,
+        verification=verification,
+    )
+    return base, events
 
 
 def exhausted(

@@ -75,7 +75,12 @@ from tether.store import ContentStore, GenerationStore, Lease, LeaseRequest
 
 
 class Runtime:
-    """Everything a run needs besides its state."""
+    """Everything a run needs besides its state.
+
+    ``agent`` is the code that decides each step (:meth:`RunSession.step`);
+    leave it out for a run driven by the caller's own loop, whose effects go
+    through :func:`tether.effects.call` (see :mod:`tether.runtime._effects`).
+    """
 
     def __init__(
         self,
@@ -85,7 +90,7 @@ class Runtime:
         adapter: Adapter,
         task: TaskSpec,
         policy: Policy,
-        agent: Agent,
+        agent: Agent | None = None,
         marks: GenerationStore | None = None,
         clock: Clock | None = None,
         ids: IdSource | None = None,
@@ -158,10 +163,12 @@ class Runtime:
 
     def effect_digest(self, intent: Intent) -> str:
         """What ``intent`` does, whatever its action id or key: equal digests, the same effect."""
-        args = dict(intent.args)
-        identity = effect_identity(self.adapter, intent.kind, intent.target, args)
-        namespace = namespace_of(self.adapter, intent.kind)
-        return effect_digest(namespace, intent.kind, intent.target, identity)
+        return self.effect_of(intent.kind, intent.target, intent.args)
+
+    def effect_of(self, kind: str, target: str, args: dict[str, Any]) -> str:
+        """The effect digest of a write of ``kind`` to ``target`` with normalized ``args``."""
+        identity = effect_identity(self.adapter, kind, target, dict(args))
+        return effect_digest(namespace_of(self.adapter, kind), kind, target, identity)
 
     def start(self, run_id: str | None = None, context: AgentContext | None = None) -> RunSession:
         """Begin a new run in the task's expected initial environment."""

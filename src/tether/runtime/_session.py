@@ -30,7 +30,6 @@ from tether.core import (
     ActionResult,
     CommitOutcomeUnknownError,
     ContractViolationError,
-    EnvironmentDriftError,
     Execute,
     ExecuteAnswer,
     ExecuteStatus,
@@ -525,6 +524,66 @@ class RunSession(LeaseHolder):
             return self._step()
 
     def _step(self) -> Outcome:
+        settled = self._settle_first()
+        if settled is not None:
+            return settled
+        observed = self._observe()
+        if isinstance(observed, Outcome):
+            return observed
+        base, events, observation = observed
+        self.rt.crash.hit(CrashPoint.BEFORE_PROPOSAL)
+        agent = self.rt.agent
+        if agent is None:
+            raise SpecError(
+                "agent",
+                "this runtime drives no agent: its effects go through tether.effects.call",
+            )
+        decision = agent.decide(self.context, observation)
+        if decision.context.plan_cursor != base.plan_cursor:
+            base = base.evolve(plan_cursor=decision.context.plan_cursor)
+        proposal = decision.proposal
+        if decision.finished:
+            proposal = self.finish_proposal(decision.summary)
+        if proposal is None:
+            self.commit(base, [*events, ("agent_waited", {})], context=decision.context)
+            return Outcome(OutcomeKind.WAITED, self.state, event="agent_waited")
+        return self._act(base, decision.context, proposal, events, runtime_finish=decision.finished)
+
+    def act(self, proposal: Proposal, *, finish: bool = False) -> Outcome:
+        """Carry out one proposal made by the caller's own loop, not by an :class:`Agent`.
+
+        The same step as :meth:`step`, with ``proposal`` where the agent's
+        decision would be: the inbox read, a write left pending by a crash
+        settled first (by its key, never sent blindly again), the budgets
+        charged, the environment observed, then the gate, the pending intent
+        and its key, the adapter's call and the receipt. The context is kept
+        as it is. A proposal without ``based_on_version`` is built on the
+        version observed here. ``finish``: ``proposal`` is :meth:`finish_proposal`'s.
+        """
+        self.reload()
+        with self.working():
+            settled = self._settle_first()
+            if settled is not None and self.state.pending is None:
+                settled = self._settle_first()  # one settled; a rewind or the next may follow
+            if settled is not None:
+                return settled
+            observed = self._observe()
+            if isinstance(observed, Outcome):
+                return observed
+            base, events, _ = observed
+            if proposal.based_on_version is None and not finish:
+                # The caller's loop saw the world through its own tools, not an
+                # Observation: the call is built on the version read just now.
+                proposal = replace(proposal, based_on_version=base.environment.version)
+            return self._act(base, self.context, proposal, events, runtime_finish=finish)
+
+    def finish_proposal(self, summary: str = "") -> Proposal:
+        """The runtime's finish action: its id names the generation it is taken at."""
+        args = {"summary": summary} if summary else {}
+        return Proposal(f"finish@{self.state.generation}", "finish", args=args)
+
+    def _settle_first(self) -> Outcome | None:
+        """What a step must do before anything new: the inbox, a rewind, a pending write."""
         was = self.state.phase
         _humans.consume_inbox(self)
         if self.state.phase.terminal and not was.terminal:
@@ -540,6 +599,10 @@ class RunSession(LeaseHolder):
             if not pending.mutating:
                 return _carry.carry_out_approved(self, pending)
             return self._decide_and_apply(settle_rules.settle)
+        return None
+
+    def _observe(self) -> Outcome | tuple[RunState, list[Event], Observation]:
+        """The budgets checked, then the environment read: the state a new action starts from."""
         state = self.state
         exhausted = step_rules.exhausted(
             state, self.rt.task.budgets, self.rt.clock.now(), resumed_at=self.resumed_at
@@ -547,43 +610,9 @@ class RunSession(LeaseHolder):
         if exhausted is not None:
             return self.apply(exhausted)
         env = self.rt.adapter.environment()
-        events: list[Event] = []
-        if env.instance_id != state.environment.instance_id:
-            raise EnvironmentDriftError(
-                "the adapter now serves another environment instance; refusing to act",
-                expected=state.environment.to_json(),
-                actual=env.to_json(),
-            )
-        if env != state.environment:
-            events.append(
-                ("environment_changed", {"from": state.environment.to_json(), "to": env.to_json()})
-            )
+        base, events = step_rules.begin_step(state, env)
         observation = Observation(env, self.results(), state.last_write, state.last_outcome)
-        self.rt.crash.hit(CrashPoint.BEFORE_PROPOSAL)
-        decision = self.rt.agent.decide(self.context, observation)
-        base = state.evolve(
-            environment=env,
-            observed_version=env.version,
-            plan_cursor=decision.context.plan_cursor,
-            spent=replace(state.spent, steps=state.spent.steps + 1),
-            results_digest=None,  # the agent has seen them
-            last_outcome=None,
-            # Evidence about an older environment proves nothing about this one.
-            verification=state.verification
-            if state.verification is not None
-            and state.verification.env_version == env.version
-            and state.verification.state_fingerprint == env.state_fingerprint
-            else None,
-        )
-        proposal = decision.proposal
-        if decision.finished:
-            # "finished" is the finish action; its id names the generation it was taken at.
-            args = {"summary": decision.summary} if decision.summary else {}
-            proposal = Proposal(f"finish@{state.generation}", "finish", args=args)
-        if proposal is None:
-            self.commit(base, [*events, ("agent_waited", {})], context=decision.context)
-            return Outcome(OutcomeKind.WAITED, self.state, event="agent_waited")
-        return self._act(base, decision.context, proposal, events, runtime_finish=decision.finished)
+        return base, events, observation
 
     def _decide_and_apply(self, rule: Any) -> Outcome:
         return self.apply(self.decide(lambda facts: rule(self.state, facts)))

@@ -46,7 +46,7 @@ class Runtime(Protocol):
     adapter: Adapter
     task: TaskSpec
     policy: Policy
-    agent: Agent
+    agent: Agent | None
     clock: Clock
     ids: IdSource
     crash: CrashPlan
@@ -62,6 +62,8 @@ class Runtime(Protocol):
     def effect_terms(self, intent: Intent) -> EffectTerms: ...
 
     def effect_digest(self, intent: Intent) -> str: ...
+
+    def effect_of(self, kind: str, target: str, args: dict[str, Any]) -> str: ...
 
 
 class Session(Protocol):

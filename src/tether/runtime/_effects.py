@@ -1,0 +1,338 @@
+"""Effects from any loop: the whole protocol for code that tether does not drive.
+
+An agent written as :class:`~tether.runtime.Agent` hands tether one decision
+per step. Most agents are not written that way: a LangGraph graph, a
+PydanticAI agent or a hand-written loop calls its tools itself, and a host
+framework that resumes after a crash calls them again. Here the caller keeps
+its loop and routes each effect through the run:
+
+    with tether.effects.run(runtime, "ticket-42") as run:
+        receipt = tether.effects.call("http.post", "/tickets", {"title": "..."})
+
+or, on a tool function, ``@tether.effect("email.send")``.
+
+Every call is one step of the same protocol the :class:`~tether.runtime.Agent`
+style uses (``RunSession.act``): the gate; the key minted and the intent
+persisted before anything leaves the process; the owning adapter's call; the
+receipt recorded. A framework that re-executes a tool after a crash proposes
+the same effect again, and the replay-or-fork rule recognises it by its
+normalized intent within the run (never by the framework's call ids): the
+recorded receipt comes back and nothing is sent. What the protocol cannot
+settle alone is raised, typed: :class:`~tether.core.ApprovalRequiredError`
+(carrying the fields a person signs), :class:`~tether.core.NeedsReviewError`
+(an unknown outcome is never sent again), :class:`~tether.core.EffectRejectedError`,
+:class:`~tether.core.EffectNotSettledError`.
+
+The decorated function's body is never run: the adapter that owns the kind
+performs the effect, and the function's signature says what the call's
+target and arguments are (a tool's schema, for the model that calls it).
+Outside a run the call is refused (:class:`~tether.core.NotInRunError`), so
+an effect is never performed unguarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar, Token
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether.core import (
+    ActionResult,
+    ApprovalRequiredError,
+    EffectNotSettledError,
+    EffectRejectedError,
+    JSONValue,
+    NeedsReviewError,
+    NotInRunError,
+    Outcome,
+    OutcomeKind,
+    Phase,
+    Proposal,
+    RunFrozenError,
+    RunTerminalError,
+    SpecError,
+    approval_request,
+)
+from tether.runtime._agent import AgentContext
+from tether.runtime._runtime import Runtime
+from tether.runtime._session import RunSession
+
+
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    """What an effect's call came back with.
+
+    ``outcome`` is ``executed`` (sent now), ``replayed`` (it had happened
+    already: the recorded receipt, nothing sent) or ``observed`` (a read).
+    ``receipt`` is the adapter's receipt as the ledger records it (a
+    sensitive kind's result as a digest); ``data`` a read's answer.
+    """
+
+    action_id: str
+    kind: str
+    target: str
+    outcome: str
+    effect_digest: str | None = None
+    receipt: dict[str, Any] | None = None
+    data: dict[str, JSONValue] = field(default_factory=dict)
+
+    @property
+    def replayed(self) -> bool:
+        """Whether the effect had happened before this call (nothing was sent)."""
+        return self.outcome == OutcomeKind.REPLAYED.value
+
+    @property
+    def result(self) -> Any:
+        """The write's result from its receipt, or a read's answer."""
+        if self.receipt is not None:
+            return self.receipt.get("result")
+        return self.data
+
+
+class GuardedRun:
+    """One run driven by the caller's own loop: each effect one step of tether's protocol.
+
+    Calls are serialized (a framework may run tools in parallel threads; a
+    run takes one step at a time). Entering it makes it the run
+    :func:`call` and ``@effect`` use in this context; leaving it gives the
+    lease up, and the run stays resumable: a crash or an exception inside is
+    recovered by entering it again.
+    """
+
+    def __init__(self, session: RunSession) -> None:
+        self.session = session
+        self._lock = threading.Lock()
+        self._tokens: list[Token[GuardedRun | None]] = []
+
+    @property
+    def run_id(self) -> str:
+        return self.session.run_id
+
+    @property
+    def phase(self) -> Phase:
+        return self.session.state.phase
+
+    def call(self, kind: str, target: str = "", args: dict[str, Any] | None = None) -> CallResult:
+        """Carry out one effect (or read) through the protocol; its result or a typed refusal."""
+        if not isinstance(kind, str) or not isinstance(target, str):
+            raise SpecError("call", "kind and target must be strings")
+        if args is not None and not isinstance(args, dict):
+            raise SpecError("args", f"must be a JSON object, not {type(args).__name__}")
+        session = self.session
+        with self._lock:
+            action_id = session.rt.ids.new_id("call")
+            proposal = Proposal(action_id, kind, target, args=dict(args or {}))
+            try:
+                outcome = session.act(proposal)
+            except RunFrozenError as exc:
+                raise self._frozen(str(exc)) from exc
+            return self._answer(proposal, outcome)
+
+    def finish(self, summary: str = "") -> Outcome:
+        """End the run: the task's verifier runs at the final state (``finished`` or not)."""
+        with self._lock:
+            session = self.session
+            return session.act(session.finish_proposal(summary), finish=True)
+
+    def approve(self, document: Any) -> None:
+        """Record a person's signed approval of the pending write; call the effect again after."""
+        with self._lock:
+            self.session.approve(document)
+
+    def review(self, document: Any) -> None:
+        """Apply a reviewer's signed decision to the open review case."""
+        with self._lock:
+            self.session.review(document)
+
+    def close(self) -> None:
+        """Give the run's lease up, so another worker may take it at once."""
+        self.session.release()
+
+    def __enter__(self) -> GuardedRun:
+        self._tokens.append(_current.set(self))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _current.reset(self._tokens.pop())
+        self.close()
+
+    def _answer(self, proposal: Proposal, outcome: Outcome) -> CallResult:
+        session = self.session
+        kind = outcome.kind
+        if kind in {OutcomeKind.EXECUTED, OutcomeKind.REPLAYED}:
+            intent_args = session.rt.adapter.normalize(
+                proposal.kind, proposal.target, proposal.args
+            )
+            effect = session.rt.effect_of(proposal.kind, proposal.target, intent_args)
+            record = session.effects.get(effect)
+            known = None if record is None else record.committed
+            return CallResult(
+                proposal.action_id,
+                proposal.kind,
+                proposal.target,
+                kind.value,
+                effect_digest=effect,
+                receipt=None if known is None else known.receipt,
+            )
+        if kind is OutcomeKind.OBSERVED:
+            mine = _result_of(session.results(), proposal.action_id)
+            return CallResult(
+                proposal.action_id,
+                proposal.kind,
+                proposal.target,
+                kind.value,
+                data={} if mine is None else dict(mine.data),
+            )
+        state = outcome.state
+        if kind is OutcomeKind.WAITING_FOR_APPROVAL and state.pending is not None:
+            raise ApprovalRequiredError(
+                f"run {self.run_id}: the write {state.pending.action_id!r} waits for a person's "
+                "signed approval (`tether approve`); call again once it is delivered",
+                run_id=self.run_id,
+                action_id=state.pending.action_id,
+                request=approval_request(state),
+            )
+        if kind is OutcomeKind.FROZEN:
+            raise self._frozen(outcome.message)
+        if kind is OutcomeKind.REJECTED:
+            raise EffectRejectedError(
+                outcome.reason or "rejected", outcome.message, run_id=self.run_id
+            )
+        if kind in {OutcomeKind.IN_FLIGHT, OutcomeKind.RETRY_LATER}:
+            raise EffectNotSettledError(
+                outcome.reason or kind.value, outcome.message, run_id=self.run_id
+            )
+        if state.phase.terminal:
+            raise RunTerminalError(
+                f"run {self.run_id} ended ({state.phase}: {state.stop_reason})",
+                run_id=self.run_id,
+            )
+        # Earlier work settled (a write a crash left pending, a person's
+        # decision) and the caller's own proposal never ran: nothing was sent.
+        raise EffectNotSettledError(
+            outcome.reason or kind.value,
+            f"the run settled earlier work first ({outcome.message or kind.value}); call again",
+            run_id=self.run_id,
+        )
+
+    def _frozen(self, message: str) -> NeedsReviewError:
+        state = self.session.state
+        case = state.review_cases[-1] if state.review_cases else None
+        return NeedsReviewError(
+            message or f"run {self.run_id} is frozen for review",
+            run_id=self.run_id,
+            case_id=None if case is None else case.case_id,
+            reason=None if case is None else case.reason,
+            detail="" if case is None else case.detail,
+        )
+
+
+def _result_of(results: tuple[ActionResult, ...], action_id: str) -> ActionResult | None:
+    for result in results:
+        if result.action_id == action_id:
+            return result
+    return None
+
+
+_current: ContextVar[GuardedRun | None] = ContextVar("tether_guarded_run", default=None)
+
+
+@contextmanager
+def run(
+    runtime: Runtime, run_id: str, *, context: AgentContext | None = None
+) -> Iterator[GuardedRun]:
+    """Start ``run_id``, or recover it (every restore check, an admitted new epoch), for this block.
+
+    Inside the block :func:`call` and ``@effect`` act on this run. The lease
+    (with leases on) is given up on the way out; the run is not ended: call
+    :meth:`GuardedRun.finish` when the work is done.
+    """
+    with GuardedRun(runtime.start_or_recover(run_id, context)) as guarded:
+        yield guarded
+
+
+def current() -> GuardedRun:
+    """The run this context's effects go through; :class:`~tether.core.NotInRunError` if none."""
+    guarded = _current.get()
+    if guarded is None:
+        raise NotInRunError(
+            "no tether run is active here: open one with `with tether.effects.run(runtime, "
+            "run_id):` (an effect is never performed unguarded)"
+        )
+    return guarded
+
+
+def call(kind: str, target: str = "", args: dict[str, Any] | None = None) -> CallResult:
+    """Carry out one effect through the current run (see :meth:`GuardedRun.call`)."""
+    return current().call(kind, target, args)
+
+
+class _First:
+    """The decorator's default target: the function's first parameter."""
+
+
+FIRST_PARAMETER = _First()
+
+
+def effect(
+    kind: str, *, target: str | _First | None = FIRST_PARAMETER
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Route a tool function's calls through the current run as effects of ``kind``.
+
+    The function's parameters are the call: ``target`` names the one that
+    holds the target (default: the first; ``None``: the kind takes none), the
+    others, defaults applied, are the arguments. The body is never run (the
+    owning adapter performs the effect); a coroutine function gets an async
+    wrapper that does the call in a worker thread.
+    """
+    if not isinstance(kind, str) or not kind:
+        raise SpecError("kind", "an effect needs its action kind, e.g. 'email.send'")
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(fn)
+        names = list(signature.parameters)
+        if isinstance(target, _First):
+            if not names:
+                raise SpecError("target", f"{fn.__name__} has no parameter to hold the target")
+            holder: str | None = names[0]
+        else:
+            holder = target
+        if holder is not None and holder not in signature.parameters:
+            raise SpecError("target", f"{fn.__name__} has no parameter {holder!r}")
+
+        def split(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise SpecError(fn.__name__, str(exc)) from None
+            bound.apply_defaults()
+            values = dict(bound.arguments)
+            where = "" if holder is None else values.pop(holder)
+            if not isinstance(where, str):
+                raise SpecError(str(holder), f"the target must be a string, not {where!r}")
+            return where, values
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def guarded_async(*args: Any, **kwargs: Any) -> CallResult:
+                where, values = split(args, kwargs)
+                run = current()  # read here: the worker thread gets a copy of this context
+                return await asyncio.to_thread(run.call, kind, where, values)
+
+            return guarded_async
+
+        @functools.wraps(fn)
+        def guarded(*args: Any, **kwargs: Any) -> CallResult:
+            where, values = split(args, kwargs)
+            return call(kind, where, values)
+
+        return guarded
+
+    return wrap

@@ -1,0 +1,210 @@
+"""tether.effects: a caller's own loop routes each effect through the protocol, on a real SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+import tether
+from tether import effects
+from tether.adapters import Sandbox
+from tether.core import (
+    ApprovalRequiredError,
+    EffectRejectedError,
+    NeedsReviewError,
+    NotInRunError,
+    OutcomeKind,
+    Phase,
+    SpecError,
+    new_approval,
+)
+from tether.crypto import Signer, TrustRoots
+from tether.runtime import CrashPlan, CrashPoint, Runtime, SimulatedCrash
+
+from ..conftest import World, make_policy, make_task
+
+ALICE = Signer.generate("alice", "approver")
+GUARDED = {"file.write": {"risk": "low", "permission": "workspace.write", "needs_approval": True}}
+
+
+def loop_runtime(world: World, crash: CrashPlan | None = None, **kw: Any) -> Runtime:
+    """A runtime with no agent: the test's own code is the loop."""
+    return world.runtime(None, crash=crash, **kw)
+
+
+def test_a_call_sends_the_write_once_and_returns_the_adapters_receipt(world: World) -> None:
+    """effects.call gates, persists and sends the write; the receipt comes back from the ledger."""
+    with effects.run(loop_runtime(world), "r1") as run:
+        done = effects.call("file.write", "notes.txt", {"content": "hello\n"})
+        assert run.phase is Phase.RUNNING
+    assert done.outcome == "executed" and not done.replayed
+    assert done.receipt is not None and done.receipt["idempotency_key"]
+    assert world.sandbox.write_count() == 1
+    assert world.sandbox.files["notes.txt"] == "hello\n"
+
+
+def test_the_same_effect_called_again_in_a_new_process_is_replayed(world: World) -> None:
+    """A host framework re-running the tool gets the recorded receipt; nothing is sent again."""
+    with effects.run(loop_runtime(world), "r1"):
+        first = effects.call("file.write", "notes.txt", {"content": "hello\n"})
+    with effects.run(loop_runtime(world), "r1"):
+        again = effects.call("file.write", "notes.txt", {"content": "hello\n"})
+    assert again.replayed and again.receipt == first.receipt
+    assert world.sandbox.write_count() == 1
+
+
+@pytest.mark.parametrize("point", [CrashPoint.INTENT_PERSISTED, CrashPoint.EFFECT_SENT])
+def test_a_call_killed_mid_write_and_called_again_sends_once(
+    world: World, point: CrashPoint
+) -> None:
+    """Killed with the intent persisted or the effect sent: the next call settles it, never twice."""
+    with (
+        pytest.raises(SimulatedCrash),
+        effects.run(loop_runtime(world, CrashPlan(point)), "r1"),
+    ):
+        effects.call("file.write", "notes.txt", {"content": "hello\n"})
+    with effects.run(loop_runtime(world), "r1"):
+        again = effects.call("file.write", "notes.txt", {"content": "hello\n"})
+    assert again.replayed
+    assert world.sandbox.write_count() == 1
+    assert world.sandbox.files["notes.txt"] == "hello\n"
+
+
+def test_a_call_whose_outcome_cannot_be_known_raises_needs_review(world: World) -> None:
+    """A blind adapter killed after the send: the call freezes the run instead of sending again."""
+    world.sandbox = Sandbox(
+        {"notes.txt": "draft\n"}, instance_id="sbx-1", idempotent=False, queryable=False
+    )
+    world.task = make_task(world.sandbox.environment().state_fingerprint)
+    with (
+        pytest.raises(SimulatedCrash),
+        effects.run(loop_runtime(world, CrashPlan(CrashPoint.EFFECT_SENT)), "r1"),
+    ):
+        effects.call("file.write", "notes.txt", {"content": "hello\n"})
+    with effects.run(loop_runtime(world), "r1") as run, pytest.raises(NeedsReviewError) as caught:
+        effects.call("file.write", "notes.txt", {"content": "hello\n"})
+    assert caught.value.case_id is not None and caught.value.reason
+    assert run.phase is Phase.NEEDS_REVIEW
+    assert world.sandbox.write_count() == 1
+
+
+def test_a_write_that_needs_approval_raises_what_a_person_must_sign(world: World) -> None:
+    """The call raises with the approval's fields; once a signed approval is given it sends once."""
+    world.policy = make_policy(kinds=GUARDED)
+    runtime = loop_runtime(world, trust=TrustRoots.of(ALICE.trust_root()))
+    with effects.run(runtime, "r1") as run:
+        with pytest.raises(ApprovalRequiredError) as caught:
+            effects.call("file.write", "notes.txt", {"content": "hello\n"})
+        request = caught.value.request
+        assert request["run_id"] == "r1" and request["intent_digest"]
+        assert world.sandbox.write_count() == 0
+        with pytest.raises(ApprovalRequiredError):  # called again without one: still waiting
+            effects.call("file.write", "notes.txt", {"content": "hello\n"})
+        now = world.clock.now()
+        body = new_approval(
+            run.session.state,
+            ALICE.signer_id,
+            issued_at=now,
+            expires_at=now + timedelta(seconds=300),
+            nonce=secrets.token_hex(16),
+        )
+        run.approve(ALICE.sign(body))
+        done = effects.call("file.write", "notes.txt", {"content": "hello\n"})
+    assert done.receipt is not None
+    assert world.sandbox.write_count() == 1
+
+
+def test_a_call_the_gate_refuses_raises_and_sends_nothing(world: World) -> None:
+    """A path outside the task's scope is refused with the gate's reason; the sandbox is untouched."""
+    with effects.run(loop_runtime(world), "r1"), pytest.raises(EffectRejectedError) as caught:
+        effects.call("file.write", "secrets.txt", {"content": "x"})
+    assert caught.value.reason == "scope_target"
+    assert world.sandbox.write_count() == 0
+
+
+def test_a_read_returns_the_adapters_answer(world: World) -> None:
+    """A read kind is observed, and its data comes back to the caller."""
+    with effects.run(loop_runtime(world), "r1"):
+        read = effects.call("file.read", "notes.txt")
+    assert read.outcome == "observed"
+    assert read.result["text"] == "draft\n"
+
+
+def test_finish_runs_the_verifier_and_ends_the_run(world: World) -> None:
+    """finish() is the runtime's finish action: the verifier passes and the run completes."""
+    with effects.run(loop_runtime(world), "r1") as run:
+        effects.call("file.write", "notes.txt", {"content": "hello\n"})
+        outcome = run.finish("done")
+    assert outcome.kind is OutcomeKind.FINISHED and run.phase is Phase.COMPLETED
+
+
+def test_an_effect_outside_a_run_is_refused_and_never_performed(world: World) -> None:
+    """Without an open run the call raises NotInRunError; the decorated body never runs."""
+    ran: list[str] = []
+
+    @tether.effect("file.write")
+    def save(path: str, content: str) -> None:
+        ran.append(path)
+
+    with pytest.raises(NotInRunError):
+        effects.call("file.write", "notes.txt", {"content": "x"})
+    with pytest.raises(NotInRunError):
+        save("notes.txt", "x")
+    assert ran == [] and world.sandbox.write_count() == 0
+
+
+def test_the_decorator_maps_the_signature_to_the_call(world: World) -> None:
+    """The first parameter is the target, the rest (defaults applied) the arguments."""
+
+    @tether.effect("file.write")
+    def save(path: str, content: str = "default\n") -> None:
+        """Save a note."""
+
+    with effects.run(loop_runtime(world), "r1"):
+        save("notes.txt")
+        again = save(path="notes.txt", content="default\n")
+    assert again.replayed
+    assert world.sandbox.files["notes.txt"] == "default\n"
+    assert save.__doc__ == "Save a note." and save.__name__ == "save"
+
+
+def test_the_decorator_checks_its_target_parameter_and_the_call(world: World) -> None:
+    """A target naming no parameter fails at decoration; a bad call fails typed, nothing sent."""
+    with pytest.raises(SpecError):
+
+        @tether.effect("file.write", target="where")
+        def save(path: str, content: str) -> None: ...
+
+    @tether.effect("file.write", target="path")
+    def save_to(content: str, path: str) -> None: ...
+
+    with effects.run(loop_runtime(world), "r1"):
+        with pytest.raises(SpecError):
+            save_to("x")  # no path
+        with pytest.raises(SpecError):
+            save_to("x", path=3)
+        save_to("hello\n", "notes.txt")
+    assert world.sandbox.write_count() == 1
+
+
+def test_an_async_tool_is_called_through_a_worker_thread(world: World) -> None:
+    """A coroutine function gets an async wrapper that acts on the context's run."""
+
+    @tether.effect("file.write")
+    async def save(path: str, content: str) -> None: ...
+
+    with effects.run(loop_runtime(world), "r1"):
+        done = asyncio.run(save("notes.txt", "async\n"))
+    assert done.outcome == "executed"
+    assert world.sandbox.files["notes.txt"] == "async\n"
+
+
+def test_a_runtime_without_an_agent_cannot_step(world: World) -> None:
+    """step() needs an agent; a runtime without one says to use effects.call."""
+    session = loop_runtime(world).start("r1")
+    with pytest.raises(SpecError, match=r"effects\.call"):
+        session.step()
