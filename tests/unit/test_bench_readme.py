@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +13,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
-sys.path.insert(0, str(BENCH))
-
-import _compare_report as compare_report  # noqa: E402
+# Loaded from its file: putting bench/ on sys.path would let its scripts shadow other modules.
+_spec = importlib.util.spec_from_file_location("_compare_report", BENCH / "_compare_report.py")
+assert _spec is not None and _spec.loader is not None
+compare_report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(compare_report)
 
 FIGURES = compare_report.load(BENCH / "compare.json")
 BEFORE = "# A README\n\nSome text above.\n\n"
