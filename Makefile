@@ -40,7 +40,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/workspace.py
 
 # tether side by side with LangGraph and DBOS (bench/compare.py). The peers are
-# installed here only, never by `make test`; the run writes bench/compare.md.
+# installed here only, never by `make test`; the run writes bench/compare.md,
+# bench/compare.json and the README's compare-marked table.
 PEERS := langgraph-checkpoint-sqlite langgraph-checkpoint-postgres dbos
 
 bench-compare: $(STAMP)

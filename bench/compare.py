@@ -34,7 +34,12 @@ Every side carries the same ~2 KB user state, rewritten at every step.
 Target: tether >= 5x each peer's durable steps/s on the same store, tether's
 bytes per step flat in history, 0 duplicates for tether where every peer has
 more than 0. The script prints the ratios, whether each target is met, and
-writes the Markdown table to ``--out`` (default ``bench/compare.md``).
+writes the Markdown report to ``--out`` (default ``bench/compare.md``), the
+run's figures beside it as JSON (``bench/compare.json``) and, when ``--out``
+is the default, the table between the README's ``<!-- compare:begin`` and
+``<!-- compare:end`` lines (all three rendered by ``bench/_compare_report.py``
+from those figures). ``--readme-only`` measures nothing and renders the
+README's table again from the saved JSON.
 
 Run: ``make bench-compare`` (installs the peers), or
 ``.venv/bin/python bench/compare.py [--rounds 10] [--steps 100] [--late 2000]
@@ -63,11 +68,13 @@ from pathlib import Path
 from typing import Any
 
 import _compare_kill as kill
+import _compare_report as compare_report
 from _progress import rounds as progress_rounds
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
+DEFAULT_OUT = HERE / "compare.md"
 SPEED_TARGET = 5.0
 FLAT_TARGET = 1.25  # bytes/step late over early; pages make small windows lumpy
 # The rows of the table, what they run on, and the bare store each is divided by.
@@ -85,17 +92,17 @@ ROWS = {
 }
 BARES = ("bare-sqlite-wal", "bare-sqlite-delete", "bare-pg")
 STEP_WORDS = [
-    "- tether Runtime: one `RunSession.step()` over the `Sandbox` adapter: the write gated, "
+    "tether Runtime: one `RunSession.step()` over the `Sandbox` adapter: the write gated, "
     "its key minted and intent persisted (checkpoint commit 1), executed, receipt and "
     "advanced state recorded (checkpoint commit 2); the state lives in `AgentContext`",
-    "- tether checkpoint commit (informational): one `RunSession.commit` of the next signed "
+    "tether checkpoint commit (informational): one `RunSession.commit` of the next signed "
     "generation with the state rewritten in the agent context and one trace event, no "
     "effect (the unit `bench/checkpoint.py` measures)",
-    "- LangGraph (SqliteSaver, PostgresSaver, TetherSaver): one super-step of a one-node "
+    "LangGraph (SqliteSaver, PostgresSaver, TetherSaver): one super-step of a one-node "
     '`StateGraph` looping on itself, `durability="sync"`',
-    "- DBOS: one `@DBOS.step` in a `@DBOS.workflow` of --steps steps (its output recorded)",
-    "- bare: one committed single-row INSERT of the state's size",
-    "- duplicates: SIGKILL right after a real `POST /tickets` to a loopback service, "
+    "DBOS: one `@DBOS.step` in a `@DBOS.workflow` of --steps steps (its output recorded)",
+    "bare: one committed single-row INSERT of the state's size",
+    "duplicates: SIGKILL right after a real `POST /tickets` to a loopback service, "
     "then recovery/resume in a new process; the service counts the requests it saw",
 ]
 PEERS = {
@@ -265,7 +272,7 @@ def run_trials(base: Path, args: argparse.Namespace, frameworks: list[str]) -> d
 # -- the report ----------------------------------------------------------------------------
 
 
-def machine(args: argparse.Namespace, base: Path) -> list[str]:
+def machine(args: argparse.Namespace, base: Path) -> dict[str, str]:
     """Date and machine lines: the figures mean little without them."""
     import psycopg
 
@@ -293,19 +300,19 @@ def machine(args: argparse.Namespace, base: Path) -> list[str]:
             return "not installed"
 
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return [
-        f"- date: {now}",
-        f"- machine: {os.cpu_count()} cores, {cpu}, {platform.platform()}",
-        f"- Python {sys.version.split()[0]}, SQLite {sqlite3.sqlite_version}, "
+    return {
+        "date": now,
+        "machine": f"{os.cpu_count()} cores, {cpu}, {platform.platform()}",
+        "stack": f"Python {sys.version.split()[0]}, SQLite {sqlite3.sqlite_version}, "
         f"PostgreSQL {pg_version} (synchronous_commit={sync_commit}, fsync={fsync})",
-        f"- disk: {filesystem(base)}",
-        f"- tether {ver('tether')}, langgraph {ver('langgraph')}, "
+        "disk": filesystem(base),
+        "versions": f"tether {ver('tether')}, langgraph {ver('langgraph')}, "
         f"langgraph-checkpoint-sqlite {ver('langgraph-checkpoint-sqlite')}, "
         f"langgraph-checkpoint-postgres {ver('langgraph-checkpoint-postgres')}, dbos {ver('dbos')}",
-        f"- settings: {args.rounds} interleaved rounds x {args.steps} steps per side, "
+        "settings": f"{args.rounds} interleaved rounds x {args.steps} steps per side, "
         f"workload {workload(args)}, bytes/step over {args.window} steps from step "
         f"{args.early} and from step {args.late}, {args.trials} kill trials per framework",
-    ]
+    }
 
 
 def workload(args: argparse.Namespace) -> str:
@@ -343,39 +350,58 @@ def duplicates(rows: list[dict[str, Any]]) -> tuple[int, int, int]:
     )
 
 
-def table(results: Results) -> list[str]:
+def table(results: Results) -> tuple[list[str], list[list[str]]]:
+    """The table's column names and its rows of formatted cells."""
     early = next(iter(results.early.values()))[0]
     late = next(iter(results.late.values()))[0]
-    lines = [
-        "| framework | store | durable steps/s | ÷ bare commits/s | bytes/step @~"
-        f"{early:,} | bytes/step @~{late:,} | duplicates (trials) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+    columns = [
+        "framework",
+        "store",
+        "durable steps/s",
+        "÷ bare commits/s",
+        f"bytes/step @~{early:,}",
+        f"bytes/step @~{late:,}",
+        "duplicates (trials)",
     ]
+    rows = []
     for name, (label, store, bare) in ROWS.items():
         if name not in results.rates:
             continue
-        rows = results.trials.get(name, [])
-        if rows:
-            dup, extra, failed = duplicates(rows)
-            dups = f"{dup} of {len(rows) - failed} ({extra} extra requests)"
+        trials = results.trials.get(name, [])
+        if trials:
+            dup, extra, failed = duplicates(trials)
+            dups = f"{dup} of {len(trials) - failed} ({extra} extra requests)"
             if failed:
                 dups += f", {failed} failed"
         else:
             dups = "not run"
-        early = results.early[name][1]
-        late = results.late[name][1] if name in results.late else float("nan")
-        lines.append(
-            f"| {label} | {store} | {results.rate(name):,.0f} | "
-            f"{results.paired(name, bare):.2f}x | {early:,.0f} | {late:,.0f} | {dups} |"
+        early_bytes = results.early[name][1]
+        late_bytes = results.late[name][1] if name in results.late else float("nan")
+        rows.append(
+            [
+                label,
+                store,
+                f"{results.rate(name):,.0f}",
+                f"{results.paired(name, bare):.2f}x",
+                f"{early_bytes:,.0f}",
+                f"{late_bytes:,.0f}",
+                dups,
+            ]
         )
     for bare in BARES:
         if bare in results.rates:
-            lines.append(
-                f"| bare commit ({bare.removeprefix('bare-')}) | "
-                f"{'PostgreSQL' if bare == 'bare-pg' else 'SQLite'} | "
-                f"{results.rate(bare):,.0f} | 1.00x | {results.early[bare][1]:,.0f} | | |"
+            rows.append(
+                [
+                    f"bare commit ({bare.removeprefix('bare-')})",
+                    "PostgreSQL" if bare == "bare-pg" else "SQLite",
+                    f"{results.rate(bare):,.0f}",
+                    "1.00x",
+                    f"{results.early[bare][1]:,.0f}",
+                    "",
+                    "",
+                ]
             )
-    return lines
+    return columns, rows
 
 
 def speeds(results: Results, pairs: dict[str, tuple[str, ...]], judged: bool) -> list[str]:
@@ -395,7 +421,7 @@ def speeds(results: Results, pairs: dict[str, tuple[str, ...]], judged: bool) ->
             else:
                 tail = "informational"
             lines.append(
-                f"- {ROWS[ours][0]} / {ROWS[peer][0]} on {ROWS[ours][1]}: {speed:.2f}x steps/s "
+                f"{ROWS[ours][0]} / {ROWS[peer][0]} on {ROWS[ours][1]}: {speed:.2f}x steps/s "
                 f"({normal:.2f}x in units of each one's bare store); {tail}"
             )
     return lines
@@ -409,7 +435,7 @@ def verdicts(results: Results) -> list[str]:
             ratio = late / early if early else float("inf")
             met = "met" if ratio <= FLAT_TARGET else "MISSED"
             lines.append(
-                f"- {ROWS[ours][0]} on {ROWS[ours][1]}: bytes/step at ~{at_late:,} / at "
+                f"{ROWS[ours][0]} on {ROWS[ours][1]}: bytes/step at ~{at_late:,} / at "
                 f"~{at_early:,} = "
                 f"{ratio:.2f} (flat: ≤ {FLAT_TARGET}): **{met}**"
             )
@@ -426,21 +452,31 @@ def verdicts(results: Results) -> list[str]:
         )
         met = "met" if ours_zero and peers_all else "MISSED"
         lines.append(
-            f"- duplicates: tether Runtime 0 in every trial: {ours_zero}; every peer > 0: "
+            f"duplicates: tether Runtime 0 in every trial: {ours_zero}; every peer > 0: "
             f"{peers_all}: **{met}**"
         )
     return lines
 
 
-def report(results: Results, header: list[str], command: str) -> str:
-    """The Markdown the run prints and writes: header, table, durability, verdicts."""
-    parts = ["### tether, LangGraph and DBOS side by side", "", f"- command: `{command}`"]
-    parts += [*header, "", *table(results), ""]
-    parts += ["Durability each side ran with (read from the live connection where it can be):", ""]
-    parts += [f"- {name}: {text}" for name, text in results.durability.items()]
-    parts += ["", "One durable step, per side:", "", *STEP_WORDS]
-    parts += ["", "Targets:", "", *verdicts(results), *speeds(results, INFORMATIONAL, False), ""]
-    return "\n".join(parts)
+def figures(results: Results, header: dict[str, str], command: str) -> dict[str, Any]:
+    """What the run found, formatted: the one source of bench/compare.md and the README table."""
+    columns, rows = table(results)
+    return {
+        "command": command,
+        **header,
+        "columns": columns,
+        "rows": rows,
+        "durability": [[name, text] for name, text in results.durability.items()],
+        "steps": STEP_WORDS,
+        "targets": verdicts(results),
+        "informational": speeds(results, INFORMATIONAL, False),
+        "measured": {
+            "rates": results.rates,
+            "early": results.early,
+            "late": results.late,
+            "trials": results.trials,
+        },
+    }
 
 
 # -- main ----------------------------------------------------------------------------------
@@ -518,10 +554,33 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", action="store_true", help="only profile tether Runtime steps (cProfile)"
     )
     parser.add_argument("--only", nargs="*", help="these sides only (names as in the table keys)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the Markdown goes")
     parser.add_argument(
-        "--out", type=Path, default=HERE / "compare.md", help="where the Markdown goes"
+        "--readme",
+        type=Path,
+        help="the README whose compare-marked table the run rewrites (default: README.md "
+        "when --out is bench/compare.md, none otherwise)",
+    )
+    parser.add_argument(
+        "--readme-only",
+        action="store_true",
+        help="measure nothing: render the README's table again from the figures saved "
+        "beside --out (bench/compare.json)",
     )
     args = parser.parse_args(argv)
+    saved = args.out.with_suffix(".json")
+    readme = args.readme
+    if readme is None and args.out.resolve() == DEFAULT_OUT.resolve():
+        readme = REPO / "README.md"
+    try:
+        if args.readme_only:
+            rewrite_readme(readme or REPO / "README.md", compare_report.load(saved))
+            return 0
+        if readme is not None:  # refuse before an hour of measuring, not after
+            compare_report.check_markers(readme.read_text())
+    except (compare_report.ReadmeMarkersError, compare_report.FiguresError, OSError) as exc:
+        print(f"bench/compare.py: {exc}", file=sys.stderr)
+        return 2
     if args.state_bytes is None:
         args.state_bytes = 2048 if args.workload == "fixed" else 100
     names = [n for n in ROWS if not args.only or n in args.only]
@@ -534,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with bench_dir(args.dir) as base:
         header = machine(args, base)
-        print("\n".join(header), flush=True)
+        print("\n".join(f"- {key}: {value}" for key, value in header.items()), flush=True)
         with ExitStack() as stack:
             running = stack.enter_context(
                 sides(names, base, args.pg, args.state_bytes, args.workload)
@@ -544,7 +603,8 @@ def main(argv: list[str] | None = None) -> int:
             frameworks = [n for n in kill.FRAMEWORKS if n in names]
             results.trials = run_trials(base, args, frameworks)
     shown = sys.argv[1:] if argv is None else argv
-    text = report(results, header, " ".join(["bench/compare.py", *shown]))
+    found = figures(results, header, " ".join(["bench/compare.py", *shown]))
+    text = compare_report.report(found)
     print()
     print(text)
     for name, rows in results.trials.items():
@@ -552,8 +612,20 @@ def main(argv: list[str] | None = None) -> int:
             if row["error"]:
                 print(f"trial error ({name}): {row['error']}", file=sys.stderr)
     args.out.write_text(text)
-    print(f"(written to {args.out})")
+    compare_report.save(saved, found)
+    print(f"(written to {args.out} and {saved})")
+    if readme is not None:
+        rewrite_readme(readme, found)
     return 0
+
+
+def rewrite_readme(readme: Path, found: dict[str, Any]) -> None:
+    """Render the README's compare-marked table from ``found``; the rest stays as it was."""
+    text = readme.read_text()
+    new = compare_report.readme_with(text, found)
+    if new != text:
+        readme.write_text(new)
+    print(f"({readme}: the comparison table {'rewritten' if new != text else 'already current'})")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,18 @@ def test_the_tether_row_is_measured_and_its_killed_effect_is_seen_once(tmp_path:
     assert "- date: " in text and "SQLite " in text and "PostgreSQL " in text
 
 
+def test_the_run_saves_the_figures_its_report_is_rendered_from(tmp_path: Path) -> None:
+    """A run writes compare.json beside compare.md, and the JSON renders that same Markdown."""
+    text = _compare(tmp_path, "--only", "tether-sqlite", "--trials", "0")
+    spec = importlib.util.spec_from_file_location("_compare_report", BENCH / "_compare_report.py")
+    assert spec is not None and spec.loader is not None
+    compare_report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare_report)
+    figures = compare_report.load(tmp_path / "compare.json")
+    assert compare_report.report(figures) == text
+    assert figures["measured"]["rates"]["tether-sqlite"]
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("langgraph.checkpoint.sqlite") is None,
     reason="needs langgraph-checkpoint-sqlite (make bench-compare installs it)",

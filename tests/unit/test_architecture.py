@@ -140,3 +140,22 @@ def test_public_api_is_pinned() -> None:
         assert getattr(tether, name) is not None
         if name != "__version__":
             assert getattr(tether, name).__doc__, f"{name} has no docstring"
+
+
+def test_integrations_use_only_the_stores_public_names() -> None:
+    """No integration module reaches a private method or attribute of tether's SQL stores."""
+    from tether.store import PostgresStore, SQLiteStore
+
+    private = {
+        name
+        for cls in (PostgresStore, SQLiteStore)
+        for name in dir(cls)
+        if name.startswith("_") and not name.startswith("__")
+    }
+    for path in (SRC / "integrations").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                owner = node.value
+                assert isinstance(owner, ast.Name) and owner.id == "self", (
+                    f"{path}:{node.lineno} uses {node.attr}"
+                )

@@ -6,6 +6,7 @@ Open one from a URL with :func:`open_store` (or ``Store.from_url``):
 """
 
 from tether.core import LedgerEntry
+from tether.store._engine import SQLStatements
 from tether.store._postgres import PostgresStore
 from tether.store._protocols import (
     BeforeCommit,
@@ -35,6 +36,7 @@ __all__ = [
     "Mark",
     "PostgresStore",
     "SQLBase",
+    "SQLStatements",
     "SQLiteStore",
     "Store",
     "open_store",

@@ -8,6 +8,10 @@ boundary. Transient failures (serialization failures, deadlocks, a
 connection found dead before any of a write was sent) are retried a bounded
 number of times by re-running the whole unit of work, so a unit of work must
 be safe to run again from the start.
+
+:meth:`SQLEngine.transaction` and :meth:`SQLEngine.read` are the same units
+of work for code outside the store (an integration's own tables): the body
+gets a :class:`SQLStatements` instead of reaching for the private helpers.
 """
 
 from __future__ import annotations
@@ -88,6 +92,31 @@ class SQLEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- units of work: the public surface ----------------------------------
+
+    def transaction(self, body: Callable[[SQLStatements], T]) -> T:
+        """Run ``body`` in ONE write transaction of this store and return what it returns.
+
+        For integrations that keep tables of their own in tether's database
+        (``TetherSaver``'s ``tether_lg_*``): ``body`` gets a
+        :class:`SQLStatements` for its statements; they commit together when
+        it returns and roll back together when it raises. Driver errors come
+        back as tether's typed store errors. A transient failure
+        (serialization failure, deadlock, a connection found dead before
+        anything was sent) runs ``body`` again from the start, so ``body``
+        must be safe to run more than once and must not act outside the
+        store. Called inside another unit of work, it joins that one.
+        """
+        return self._write(lambda: body(SQLStatements(self)))
+
+    def read(self, body: Callable[[SQLStatements], T]) -> T:
+        """Run ``body``'s reads on one connection of this store and return what it returns.
+
+        Like :meth:`transaction` without a write transaction: for ``SELECT``
+        statements only. Retried and translated the same way.
+        """
+        return self._read(lambda: body(SQLStatements(self)))
 
     # -- units of work -------------------------------------------------------
 
@@ -173,3 +202,50 @@ class SQLEngine:
 
     def _run(self, sql: str, params: Sequence[Any] = ()) -> int:
         return int(self._execute(sql, params).rowcount)
+
+
+class SQLStatements:
+    """The statements a body passed to :meth:`SQLEngine.transaction` or ``read`` may run.
+
+    Valid only inside the unit of work it was handed to (using it afterwards
+    raises :class:`~tether.core.StoreError`). SQL is written with ``?``
+    placeholders whatever the dialect; each store translates them.
+    """
+
+    __slots__ = ("_conn", "_engine")
+
+    def __init__(self, engine: SQLEngine) -> None:
+        self._engine = engine
+        # The engine and its statements share this module: the handle reads the
+        # engine's per-thread connection to know it is still inside its unit.
+        self._conn = getattr(engine._local, "conn", None)
+
+    def _live(self) -> SQLEngine:
+        if self._conn is None or getattr(self._engine._local, "conn", None) is not self._conn:
+            raise StoreError(
+                "store statements used outside the transaction or read they were handed to; "
+                "run them inside the body"
+            )
+        return self._engine
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        """The first row ``sql`` returns, or ``None``."""
+        return self._live()._one(sql, params)
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Every row ``sql`` returns."""
+        return self._live()._all(sql, params)
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Execute ``sql``; the number of rows it changed."""
+        return self._live()._run(sql, params)
+
+    def insert_ignore(
+        self, table: str, columns: Sequence[str], values: Sequence[str] | None = None
+    ) -> str:
+        """This dialect's insert that does nothing when the row exists (run it with :meth:`run`).
+
+        ``values`` are SQL expressions, one per column (default ``?`` each);
+        :meth:`run` returns 1 when the row was inserted, 0 when it was there.
+        """
+        return self._live()._insert_ignore(table, columns, values)

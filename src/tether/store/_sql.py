@@ -59,7 +59,13 @@ log = logging.getLogger("tether.store")
 
 
 class SQLBase(LeaseSQL):
-    """Every store statement, written once; subclasses provide the dialect hooks."""
+    """Every store statement, written once; subclasses provide the dialect hooks.
+
+    An integration that keeps tables of its own in the store's database runs
+    its statements through the public :meth:`transaction` and :meth:`read`
+    (each hands its body a :class:`~tether.store.SQLStatements`), never
+    through the underscored helpers the store uses itself.
+    """
 
     # -- migrations ----------------------------------------------------------
 

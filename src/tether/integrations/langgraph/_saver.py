@@ -68,7 +68,7 @@ from tether.integrations.langgraph._seal import (
     seal_write,
     value_digest,
 )
-from tether.store import SQLBase, open_store
+from tether.store import SQLBase, SQLStatements, open_store
 
 _MARK_COLUMNS = ("thread_id", "checkpoint_ns", "checkpoint_id", "envelope_digest", "seq", "lineage")
 _WRITE_COLUMNS = (
@@ -161,10 +161,9 @@ class TetherSaver(BaseCheckpointSaver[int]):
         head_typed = self._dump(head)
         meta_typed = self._dump(get_checkpoint_metadata(config, metadata))
         checkpoint_id = str(checkpoint["id"])
-        store = self.store
 
-        def body() -> None:
-            mark = self._mark(thread_id, ns)
+        def body(tx: SQLStatements) -> None:
+            mark = self._mark(tx, thread_id, ns)
             if mark is None:
                 if parent is not None:
                     raise ThreadConflictError(
@@ -175,7 +174,7 @@ class TetherSaver(BaseCheckpointSaver[int]):
                 if parent != mark.checkpoint_id and (parent is not None or self.strict_parent):
                     # Two or more behind the mark cannot be a writer that raced this
                     # one from the same parent: it is a replay from history.
-                    row = store._one(
+                    row = tx.one(
                         "SELECT seq FROM tether_lg_checkpoints WHERE thread_id = ? AND "
                         "checkpoint_ns = ? AND checkpoint_id = ?",
                         (thread_id, ns, parent),
@@ -205,36 +204,36 @@ class TetherSaver(BaseCheckpointSaver[int]):
             )
             digest = envelope_digest(envelope)
             if mark is None:
-                moved = store._run(
-                    store._insert_ignore("tether_lg_marks", _MARK_COLUMNS),
+                moved = tx.run(
+                    tx.insert_ignore("tether_lg_marks", _MARK_COLUMNS),
                     (thread_id, ns, checkpoint_id, digest, seq, lineage),
                 )
             else:
-                moved = store._run(
+                moved = tx.run(
                     "UPDATE tether_lg_marks SET checkpoint_id = ?, envelope_digest = ?, seq = ? "
                     "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? AND seq = ?",
                     (checkpoint_id, digest, seq, thread_id, ns, mark.checkpoint_id, mark.seq),
                 )
             if moved != 1:
-                now = self._mark(thread_id, ns)
+                now = self._mark(tx, thread_id, ns)
                 raise ThreadConflictError(
                     thread_id=thread_id,
                     checkpoint_ns=ns,
                     expected=parent,
                     actual=None if now is None else now.checkpoint_id,
                 )
-            store._run(
+            tx.run(
                 "INSERT INTO tether_lg_checkpoints "
                 "(thread_id, checkpoint_ns, checkpoint_id, seq, envelope) VALUES (?, ?, ?, ?, ?)",
                 (thread_id, ns, checkpoint_id, seq, envelope),
             )
-            insert_blob = store._insert_ignore(
+            insert_blob = tx.insert_ignore(
                 "tether_lg_blobs", ("thread_id", "checkpoint_ns", "digest", "kind", "body")
             )
             for digest_, (kind, raw) in blobs.items():
-                store._run(insert_blob, (thread_id, ns, digest_, kind, raw))
+                tx.run(insert_blob, (thread_id, ns, digest_, kind, raw))
 
-        store._write(body)
+        self.store.transaction(body)
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -278,15 +277,14 @@ class TetherSaver(BaseCheckpointSaver[int]):
                 value=value_digest(kind, raw),
             )
             prepared.append((sealed, kind, raw, seal_write(sealed, self.keyring)))
-        store = self.store
 
-        def body() -> None:
-            insert = store._insert_ignore("tether_lg_writes", _WRITE_COLUMNS)
+        def body(tx: SQLStatements) -> None:
+            insert = tx.insert_ignore("tether_lg_writes", _WRITE_COLUMNS)
             for sealed, kind, raw, envelope in prepared:
                 keys = (thread_id, ns, checkpoint_id, task_id, sealed.idx)
-                if store._run(insert, (*keys, kind, raw, envelope)) == 1:
+                if tx.run(insert, (*keys, kind, raw, envelope)) == 1:
                     continue
-                row = store._one(
+                row = tx.one(
                     "SELECT envelope FROM tether_lg_writes WHERE thread_id = ? AND "
                     "checkpoint_ns = ? AND checkpoint_id = ? AND task_id = ? AND idx = ?",
                     keys,
@@ -305,7 +303,7 @@ class TetherSaver(BaseCheckpointSaver[int]):
                 if stored.channel == sealed.channel and stored.value == sealed.value:
                     continue
                 if sealed.channel in WRITES_IDX_MAP and stored.channel == sealed.channel:
-                    store._run(
+                    tx.run(
                         "UPDATE tether_lg_writes SET kind = ?, body = ?, envelope = ? "
                         "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? "
                         "AND task_id = ? AND idx = ?",
@@ -319,14 +317,14 @@ class TetherSaver(BaseCheckpointSaver[int]):
                     idx=sealed.idx,
                 )
 
-        store._write(body)
+        self.store.transaction(body)
 
     # -- reads ---------------------------------------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The thread's latest checkpoint (the one its mark names), or the one asked for by id."""
         thread_id, ns, checkpoint_id = _ids(config)
-        return self.store._read(lambda: self._load(thread_id, ns, checkpoint_id))
+        return self.store.read(lambda tx: self._load(tx, thread_id, ns, checkpoint_id))
 
     def list(
         self,
@@ -359,7 +357,7 @@ class TetherSaver(BaseCheckpointSaver[int]):
         sql += " ORDER BY checkpoint_id DESC"
         if limit is not None and not filter:
             sql += f" LIMIT {int(limit)}"
-        keys = self.store._read(lambda: self.store._all(sql, params))
+        keys = self.store.read(lambda tx: tx.all(sql, params))
         yielded = 0
         heads: set[tuple[str, str]] = set()
         for thread_id, ns, checkpoint_id in keys:
@@ -368,7 +366,7 @@ class TetherSaver(BaseCheckpointSaver[int]):
             key = (_str(thread_id, "thread_id"), _str(ns, "checkpoint_ns"))
             if key not in heads:
                 # A history whose newest entry was deleted is a rollback too.
-                self.store._read(functools.partial(self._check_head, *key))
+                self.store.read(functools.partial(self._check_head, thread_id=key[0], ns=key[1]))
                 heads.add(key)
             found = self._load_one(*key, _str(checkpoint_id, "checkpoint_id"))
             if found is None:
@@ -379,18 +377,17 @@ class TetherSaver(BaseCheckpointSaver[int]):
             yield found
 
     def _load_one(self, thread_id: str, ns: str, checkpoint_id: str) -> CheckpointTuple | None:
-        return self.store._read(lambda: self._load(thread_id, ns, checkpoint_id))
+        return self.store.read(lambda tx: self._load(tx, thread_id, ns, checkpoint_id))
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, write, blob and mark of the thread (all namespaces)."""
-        store = self.store
 
-        def body() -> None:
+        def body(tx: SQLStatements) -> None:
             for table in ("tether_lg_writes", "tether_lg_checkpoints", "tether_lg_blobs"):
-                store._run(f"DELETE FROM {table} WHERE thread_id = ?", (str(thread_id),))
-            store._run("DELETE FROM tether_lg_marks WHERE thread_id = ?", (str(thread_id),))
+                tx.run(f"DELETE FROM {table} WHERE thread_id = ?", (str(thread_id),))
+            tx.run("DELETE FROM tether_lg_marks WHERE thread_id = ?", (str(thread_id),))
 
-        store._write(body)
+        self.store.transaction(body)
 
     # -- async: the sync methods in a worker thread ------------------------
 
@@ -441,8 +438,8 @@ class TetherSaver(BaseCheckpointSaver[int]):
 
     # -- inside a unit of work ----------------------------------------------
 
-    def _mark(self, thread_id: str, ns: str) -> _Mark | None:
-        row = self.store._one(
+    def _mark(self, tx: SQLStatements, thread_id: str, ns: str) -> _Mark | None:
+        row = tx.one(
             "SELECT checkpoint_id, envelope_digest, seq, lineage FROM tether_lg_marks "
             "WHERE thread_id = ? AND checkpoint_ns = ?",
             (thread_id, ns),
@@ -461,11 +458,12 @@ class TetherSaver(BaseCheckpointSaver[int]):
             _str(row[3], "mark lineage"),
         )
 
-    def _load(self, thread_id: str, ns: str, checkpoint_id: str | None) -> CheckpointTuple | None:
-        store = self.store
-        mark = self._mark(thread_id, ns)
+    def _load(
+        self, tx: SQLStatements, thread_id: str, ns: str, checkpoint_id: str | None
+    ) -> CheckpointTuple | None:
+        mark = self._mark(tx, thread_id, ns)
         if mark is None:
-            if store._one(
+            if tx.one(
                 "SELECT checkpoint_id FROM tether_lg_checkpoints "
                 "WHERE thread_id = ? AND checkpoint_ns = ? LIMIT 1",
                 (thread_id, ns),
@@ -481,7 +479,7 @@ class TetherSaver(BaseCheckpointSaver[int]):
             return None
         latest = checkpoint_id is None
         target = mark.checkpoint_id if checkpoint_id is None else checkpoint_id
-        row = store._one(
+        row = tx.one(
             "SELECT seq, envelope FROM tether_lg_checkpoints "
             "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
             (thread_id, ns, target),
@@ -507,7 +505,7 @@ class TetherSaver(BaseCheckpointSaver[int]):
             )
         self._check_chain(sealed, envelope_digest(bytes(row[1])), mark)
         if latest:
-            beyond = store._one(
+            beyond = tx.one(
                 "SELECT checkpoint_id FROM tether_lg_checkpoints "
                 "WHERE thread_id = ? AND checkpoint_ns = ? AND seq > ? LIMIT 1",
                 (thread_id, ns, mark.seq),
@@ -521,8 +519,8 @@ class TetherSaver(BaseCheckpointSaver[int]):
                     expected=mark.checkpoint_id,
                     actual=_str(beyond[0], "checkpoint_id"),
                 )
-        values = self._channel_values(thread_id, ns, sealed)
-        writes = self._pending_writes(thread_id, ns, target)
+        values = self._channel_values(tx, thread_id, ns, sealed)
+        writes = self._pending_writes(tx, thread_id, ns, target)
         head = self._load_typed(sealed.head, thread_id, "checkpoint")
         if not isinstance(head, dict):
             raise CheckpointCorruptError(f"thread {thread_id!r}: checkpoint head is not a map")
@@ -549,12 +547,12 @@ class TetherSaver(BaseCheckpointSaver[int]):
             pending_writes=writes,
         )
 
-    def _check_head(self, thread_id: str, ns: str) -> None:
+    def _check_head(self, tx: SQLStatements, thread_id: str, ns: str) -> None:
         """Refuse a thread whose mark is gone or names a row that is not there, as stored."""
-        mark = self._mark(thread_id, ns)
+        mark = self._mark(tx, thread_id, ns)
         row = None
         if mark is not None:
-            row = self.store._one(
+            row = tx.one(
                 "SELECT envelope FROM tether_lg_checkpoints "
                 "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
                 (thread_id, ns, mark.checkpoint_id),
@@ -594,12 +592,14 @@ class TetherSaver(BaseCheckpointSaver[int]):
                 actual=sealed.checkpoint_id,
             )
 
-    def _channel_values(self, thread_id: str, ns: str, sealed: CheckpointSeal) -> dict[str, Any]:
+    def _channel_values(
+        self, tx: SQLStatements, thread_id: str, ns: str, sealed: CheckpointSeal
+    ) -> dict[str, Any]:
         if not sealed.channels:
             return {}
         digests = sorted(set(sealed.channels.values()))
         marks = ", ".join("?" for _ in digests)
-        rows = self.store._all(
+        rows = tx.all(
             "SELECT digest, kind, body FROM tether_lg_blobs WHERE thread_id = ? AND "
             f"checkpoint_ns = ? AND digest IN ({marks})",
             (thread_id, ns, *digests),
@@ -621,9 +621,9 @@ class TetherSaver(BaseCheckpointSaver[int]):
         return values
 
     def _pending_writes(
-        self, thread_id: str, ns: str, checkpoint_id: str
+        self, tx: SQLStatements, thread_id: str, ns: str, checkpoint_id: str
     ) -> builtins.list[tuple[str, str, Any]]:
-        rows = self.store._all(
+        rows = tx.all(
             "SELECT task_id, idx, kind, body, envelope FROM tether_lg_writes "
             "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
             (thread_id, ns, checkpoint_id),
