@@ -54,6 +54,7 @@ def test_the_same_effect_called_again_in_a_new_process_is_replayed(world: World)
     with effects.run(loop_runtime(world), "r1"):
         again = effects.call("file.write", "notes.txt", {"content": "hello\n"})
     assert again.replayed and again.receipt == first.receipt
+    assert again.data["replay_of"] == first.action_id and again.result == first.result
     assert world.sandbox.write_count() == 1
 
 

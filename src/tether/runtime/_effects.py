@@ -71,7 +71,8 @@ class CallResult:
     ``outcome`` is ``executed`` (sent now), ``replayed`` (it had happened
     already: the recorded receipt, nothing sent) or ``observed`` (a read).
     ``receipt`` is the adapter's receipt as the ledger records it (a
-    sensitive kind's result as a digest); ``data`` a read's answer.
+    sensitive kind's result as a digest); ``data`` a read's answer, or what
+    a replay stood on (the earlier action, key, receipt id and result).
     """
 
     action_id: str
@@ -92,6 +93,8 @@ class CallResult:
         """The write's result from its receipt, or a read's answer."""
         if self.receipt is not None:
             return self.receipt.get("result")
+        if self.outcome == OutcomeKind.REPLAYED.value:
+            return self.data.get("result")  # the adapter's receipt, as the replay read it
         return self.data
 
 
@@ -165,11 +168,16 @@ class GuardedRun:
     def _answer(self, proposal: Proposal, outcome: Outcome) -> CallResult:
         session = self.session
         kind = outcome.kind
-        if kind in {OutcomeKind.EXECUTED, OutcomeKind.REPLAYED}:
-            intent_args = session.rt.adapter.normalize(
-                proposal.kind, proposal.target, proposal.args
-            )
-            effect = session.rt.effect_of(proposal.kind, proposal.target, intent_args)
+        if kind in {OutcomeKind.EXECUTED, OutcomeKind.REPLAYED, OutcomeKind.OBSERVED}:
+            # A read's answer, or a replay's facts (the receipt it stands on).
+            mine = _result_of(session.results(), proposal.action_id)
+            data = {} if mine is None else dict(mine.data)
+            if kind is OutcomeKind.OBSERVED:
+                return CallResult(
+                    proposal.action_id, proposal.kind, proposal.target, kind.value, data=data
+                )
+            args = session.rt.adapter.normalize(proposal.kind, proposal.target, proposal.args)
+            effect = session.rt.effect_of(proposal.kind, proposal.target, args)
             record = session.effects.get(effect)
             known = None if record is None else record.committed
             return CallResult(
@@ -178,16 +186,9 @@ class GuardedRun:
                 proposal.target,
                 kind.value,
                 effect_digest=effect,
+                # A replay settled by asking the adapter has no committed entry to read.
                 receipt=None if known is None else known.receipt,
-            )
-        if kind is OutcomeKind.OBSERVED:
-            mine = _result_of(session.results(), proposal.action_id)
-            return CallResult(
-                proposal.action_id,
-                proposal.kind,
-                proposal.target,
-                kind.value,
-                data={} if mine is None else dict(mine.data),
+                data=data,
             )
         state = outcome.state
         if kind is OutcomeKind.WAITING_FOR_APPROVAL and state.pending is not None:
