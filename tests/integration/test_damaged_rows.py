@@ -157,6 +157,21 @@ def test_one_undecodable_mark_row_does_not_fail_every_claim(
     assert store.claim_expired("w2", 30.0, limit=4) == []  # the damaged one stays claimed
 
 
+def test_one_malformed_mark_row_is_listed_and_hides_no_other_run(home: Path) -> None:
+    """`tether runs` lists the damaged run as needing a person, beside every healthy one."""
+    edit(home, "UPDATE tether_marks SET state_version = 'x' WHERE run_id = 'live'")
+    db = str(home / "store.sqlite")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = main(["runs", "--db", db, "--keyring", str(home / "keyring.json"), "--json"])
+    rows = {row["run_id"]: row for row in json.loads(out.getvalue())["runs"]}
+    assert code == 0
+    assert set(rows) == set(_fuzzkit.RUNS)
+    assert rows["live"]["needs_person"] and "malformed" in rows["live"]["waiting_for"]
+    assert rows["live"]["generation"] is None
+    assert all(row["generation"] is not None for name, row in rows.items() if name != "live")
+
+
 def test_a_worker_ends_when_the_only_waiting_run_is_damaged(home: Path) -> None:
     """tether worker --idle-exit exits instead of retrying a failing claim forever."""
     url = f"sqlite:///{home / 'store.sqlite'}"

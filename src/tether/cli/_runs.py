@@ -130,7 +130,7 @@ def _table(rows: list[RunSummary]) -> str:
                 "!" if row.needs_person else "",
                 row.run_id,
                 row.phase,
-                str(row.generation),
+                "?" if row.generation is None else str(row.generation),
                 "-" if row.epoch is None else str(row.epoch),
                 "-" if row.since is None else _ago(now, row.since),
                 row.waiting_for or "-",

@@ -221,7 +221,7 @@ class RunSummary:
 
     run_id: str
     phase: str
-    generation: int
+    generation: int | None
     epoch: int | None
     waiting_for: str | None
     since: datetime | None
@@ -298,8 +298,10 @@ def list_runs(
     A run that cannot be read back (a damaged checkpoint, a key the keyring
     lacks) is listed too, as needing a person, with the reason.
     """
-    found = (marks if marks is not None else marks_of(store)).runs()
-    rows: list[RunSummary] = []
+    damaged: list[CheckpointCorruptError] = []
+    found = (marks if marks is not None else marks_of(store)).runs(damaged=damaged)
+    # A run whose mark row is malformed is listed, in any phase filter: its phase is unknown.
+    rows = [_unreadable(str(exc.run_id), "unknown", None, exc) for exc in damaged]
     for mark in found:
         if phase is not None and mark.phase != phase:
             continue
@@ -308,19 +310,7 @@ def list_runs(
                 store, mark.run_id, keyring=keyring, marks=marks, now=now, history=False
             )
         except TetherError as exc:
-            rows.append(
-                RunSummary(
-                    mark.run_id,
-                    mark.phase,
-                    mark.generation,
-                    None,
-                    f"a person: cannot read it ({type(exc).__name__}: {exc})",
-                    None,
-                    True,
-                    mark.attempts,
-                    mark.last_error,
-                )
-            )
+            rows.append(_unreadable(mark.run_id, mark.phase, mark, exc))
             continue
         rows.append(
             RunSummary(
@@ -339,6 +329,21 @@ def list_runs(
         rows = [row for row in rows if row.needs_person]
     rows.sort(key=lambda r: (not r.needs_person, r.since is None, r.since or 0, r.run_id))
     return rows
+
+
+def _unreadable(run_id: str, phase: str, mark: Mark | None, exc: TetherError) -> RunSummary:
+    """A run that cannot be read back, listed as needing a person, with the reason."""
+    return RunSummary(
+        run_id,
+        phase,
+        None if mark is None else mark.generation,
+        None,
+        f"a person: cannot read it ({type(exc).__name__}: {exc})",
+        None,
+        True,
+        0 if mark is None else mark.attempts,
+        None if mark is None else mark.last_error,
+    )
 
 
 def marks_of(store: ContentStore) -> GenerationStore:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from tether.core import LedgerEntry, TraceEvent
+from tether.core import CheckpointCorruptError, LedgerEntry, TraceEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,8 +212,8 @@ class GenerationStore(Protocol):
         """
         ...
 
-    def runs(self) -> list[Mark]:
-        """Every run's mark."""
+    def runs(self, *, damaged: list[CheckpointCorruptError] | None = None) -> list[Mark]:
+        """Every run's mark; a malformed row raises, or goes into ``damaged`` when given."""
         ...
 
     def acquire_lease(self, run_id: str, worker: str, ttl_s: float) -> Lease:

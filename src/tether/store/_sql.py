@@ -420,12 +420,25 @@ class SQLBase(LeaseSQL):
         """The run's mark, or ``None`` when the store has never seen the run."""
         return self._read(lambda: self._mark_row(run_id))
 
-    def runs(self) -> list[Mark]:
-        """Every run's mark, by run id."""
+    def runs(self, *, damaged: list[CheckpointCorruptError] | None = None) -> list[Mark]:
+        """Every run's mark, by run id.
+
+        A malformed row raises :class:`~tether.core.CheckpointCorruptError`;
+        with ``damaged`` given, it is added there instead, so a listing
+        shows every other run and names the damaged one.
+        """
         rows = self._read(
             lambda: self._all(f"SELECT {MARK_COLUMNS} FROM tether_marks ORDER BY run_id")
         )
-        return [mark_of(row) for row in rows]
+        marks: list[Mark] = []
+        for row in rows:
+            try:
+                marks.append(mark_of(row))
+            except CheckpointCorruptError as exc:
+                if damaged is None:
+                    raise
+                damaged.append(exc)
+        return marks
 
     def _cas_mark(
         self,

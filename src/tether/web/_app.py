@@ -169,7 +169,7 @@ def create_app(config: WebConfig) -> Starlette:
         items: list[tuple[str, InboxItem]] = []
         try:
             with store() as s:
-                for mark in s.runs():
+                for mark in s.runs(damaged=[]):  # a damaged mark is listed on /runs
                     if not s.evidence(mark.run_id):
                         continue  # nothing delivered: no history to walk for it
                     try:
