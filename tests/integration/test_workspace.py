@@ -455,6 +455,18 @@ def test_verifier_leaves_no_bytecode_in_the_tree(ws: FileWorkspace) -> None:
     assert not (ws.root / "__pycache__").exists()
 
 
+def test_a_pytest_verifier_leaves_no_cache_in_the_tree(dirs: tuple[Path, Path]) -> None:
+    """pytest run as the verifier writes no .pytest_cache: the tree it judged is the tree after."""
+    pytest_argv = ("python", "-m", "pytest", "-q", "test_one.py")
+    with FileWorkspace(*dirs, verifier_allowlist=[pytest_argv]) as workspace:
+        workspace.bypass_write("test_one.py", "def test_one():\n    pass\n")
+        before = workspace.environment()
+        result = workspace.verify(pytest_argv, 60)
+        assert result.passed, result.output_tail
+        assert result.environment == before
+        assert not (workspace.root / ".pytest_cache").exists()
+
+
 def test_verifier_timeout_fails_with_exit_code_minus_one(ws: FileWorkspace) -> None:
     """A verifier that outruns its timeout is a failure with exit code -1."""
     started = time.monotonic()

@@ -379,8 +379,10 @@ class FileWorkspace:
     def verify(self, argv: tuple[str, ...], timeout_s: int) -> VerifierResult:
         """Run an allowlisted command in ``root`` and report it against the state it judged.
 
-        ``argv[0] == "python"`` runs this interpreter. Bytecode writing is
-        disabled so the verifier cannot add ``__pycache__`` files to the tree.
+        ``argv[0] == "python"`` runs this interpreter. Bytecode writing and
+        pytest's cache are disabled so the verifier cannot add
+        ``__pycache__`` or ``.pytest_cache`` files to the tree (a tree the
+        verifier changed reads, after a crash, as changed outside the run).
         A timeout counts as a failure with exit code -1.
         """
         argv = tuple(argv)
@@ -389,7 +391,8 @@ class FileWorkspace:
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, int) or timeout_s <= 0:
             raise ContractViolationError("bad_verifier", "timeout_s must be a positive integer")
         command = [sys.executable, *argv[1:]] if argv[0] == "python" else list(argv)
-        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        addopts = f"{os.environ.get('PYTEST_ADDOPTS', '')} -p no:cacheprovider".strip()
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_ADDOPTS": addopts}
         # Held for the whole run so no write lands between the run and its report.
         with self._exclusive():
             try:
