@@ -15,10 +15,12 @@ from tether.adapters import Sandbox
 from tether.core import (
     ApprovalRequiredError,
     EffectRejectedError,
+    LeaseLostError,
     NeedsReviewError,
     NotInRunError,
     OutcomeKind,
     Phase,
+    Proposal,
     SpecError,
     new_approval,
 )
@@ -209,3 +211,171 @@ def test_a_runtime_without_an_agent_cannot_step(world: World) -> None:
     session = loop_runtime(world).start("r1")
     with pytest.raises(SpecError, match=r"effects\.call"):
         session.step()
+
+
+def test_an_approved_read_is_answered_by_the_call_that_asks_again(world: World) -> None:
+    """A read held for approval is carried out once approved and answers the next call, once."""
+    world.policy = make_policy(
+        kinds={"file.read": {"risk": "low", "permission": "workspace.read", "needs_approval": True}}
+    )
+    runtime = loop_runtime(world, trust=TrustRoots.of(ALICE.trust_root()))
+    with effects.run(runtime, "r1") as run:
+        with pytest.raises(ApprovalRequiredError):
+            effects.call("file.read", "notes.txt")
+        now = world.clock.now()
+        body = new_approval(
+            run.session.state,
+            ALICE.signer_id,
+            issued_at=now,
+            expires_at=now + timedelta(seconds=300),
+            nonce=secrets.token_hex(16),
+        )
+        run.approve(ALICE.sign(body))
+        read = effects.call("file.read", "notes.txt")
+        kinds = [event.kind for event in run.session.trace()]
+    assert read.outcome == "observed" and read.result["text"] == "draft\n"
+    assert kinds.count("approval_requested") == 1 and kinds.count("action_observed") == 1
+
+
+def test_each_call_gets_its_own_receipt_and_a_copy_of_it(world: World) -> None:
+    """Two writes get their own receipts; editing a returned receipt changes no later replay."""
+    with effects.run(loop_runtime(world), "r1") as run:
+        first = effects.call("file.write", "notes.txt", {"content": "one\n"})
+        second = effects.call("file.write", "notes.txt", {"content": "two\n"})
+        assert run.session.state.last_write is not None
+        assert second.receipt is not None and first.receipt is not None
+        assert second.receipt["receipt_id"] == run.session.state.last_write.receipt_id
+        assert first.receipt["receipt_id"] != second.receipt["receipt_id"]
+        kept = second.receipt["receipt_id"]
+        second.receipt["receipt_id"] = "forged"
+        again = effects.call("file.write", "notes.txt", {"content": "two\n"})
+    assert again.replayed and again.receipt is not None
+    assert again.receipt["receipt_id"] == kept
+
+
+def test_run_level_kinds_are_not_calls_and_finish_reports_the_verifier(world: World) -> None:
+    """call('finish') is refused before anything; a failing verifier is finish()'s outcome."""
+    world.sandbox = Sandbox(
+        {"notes.txt": "draft\n"}, instance_id="sbx-1", verifier=lambda files: False
+    )
+    world.task = make_task(world.sandbox.environment().state_fingerprint)
+    with effects.run(loop_runtime(world), "r1") as run:
+        with pytest.raises(SpecError, match="finish"):
+            effects.call("finish")
+        outcome = run.finish("done")
+        assert outcome.kind is OutcomeKind.VERIFIER_FAILED
+        assert run.phase is Phase.RUNNING
+
+
+def test_finish_on_a_frozen_run_raises_needs_review_like_a_call(world: World) -> None:
+    """The same refusal, the same type: finish() on a frozen run names the open case."""
+    world.sandbox = Sandbox(
+        {"notes.txt": "draft\n"}, instance_id="sbx-1", idempotent=False, queryable=False
+    )
+    world.task = make_task(world.sandbox.environment().state_fingerprint)
+    with (
+        pytest.raises(SimulatedCrash),
+        effects.run(loop_runtime(world, CrashPlan(CrashPoint.EFFECT_SENT)), "r1"),
+    ):
+        effects.call("file.write", "notes.txt", {"content": "hello\n"})
+    with effects.run(loop_runtime(world), "r1") as run:
+        with pytest.raises(NeedsReviewError):
+            effects.call("file.write", "notes.txt", {"content": "hello\n"})
+        with pytest.raises(NeedsReviewError) as caught:
+            run.finish()
+    assert caught.value.case_id is not None
+
+
+def test_a_closed_run_refuses_calls_and_its_session_sends_nothing(world: World) -> None:
+    """After its block, a run refuses calls; a session whose lease was given up cannot send."""
+    runtime = loop_runtime(world, lease_ttl_s=30.0)
+    with effects.run(runtime, "r1") as run:
+        pass
+    with pytest.raises(NotInRunError):
+        run.call("file.write", "notes.txt", {"content": "x"})
+    with pytest.raises(LeaseLostError):
+        run.session.act(Proposal("late", "file.write", "notes.txt", args={"content": "x"}))
+    assert world.sandbox.write_count() == 0
+
+
+def test_the_same_run_cannot_be_opened_twice_in_one_context(world: World) -> None:
+    """A nested block for the run already open is refused; re-entering one block keeps its lease."""
+    runtime = loop_runtime(world, lease_ttl_s=30.0)
+    with effects.run(runtime, "r1") as run:
+        with pytest.raises(SpecError, match="already open"), effects.run(runtime, "r1"):
+            pass
+        with run:
+            effects.call("file.write", "notes.txt", {"content": "inner\n"})
+        done = effects.call("file.write", "notes.txt", {"content": "outer\n"})
+    assert done.outcome == "executed" and world.sandbox.write_count() == 2
+
+
+def test_the_blocks_own_exception_is_not_masked_by_a_lost_lease(world: World) -> None:
+    """Leaving a block because of an error, a lease lost meanwhile does not replace that error."""
+    runtime = loop_runtime(world, lease_ttl_s=30.0)
+    with pytest.raises(ValueError, match="the tool broke"), effects.run(runtime, "r1") as run:
+        lease = run.session.lease
+        assert lease is not None
+        runtime.checkpointer.marks.release_lease("r1", lease.owner, lease.lease_version)
+        world.clock.advance(1)
+        runtime.checkpointer.marks.acquire_lease("r1", "someone-else", 30.0)
+        raise ValueError("the tool broke")
+
+
+def test_the_decorator_leaves_out_self_spreads_extra_and_refuses_star_args(world: World) -> None:
+    """A method's self is not an argument, **extra becomes arguments, *args is refused."""
+
+    class Notes:
+        @tether.effect("file.write")
+        def save(self, path: str, **extra: Any) -> None: ...
+
+    with pytest.raises(SpecError):
+
+        @tether.effect("file.write")
+        def spread(path: str, *parts: str) -> None: ...
+
+    with effects.run(loop_runtime(world), "r1"):
+        done = Notes().save("notes.txt", content="method\n")
+    assert done.outcome == "executed" and world.sandbox.files["notes.txt"] == "method\n"
+
+
+def test_arguments_that_are_not_json_are_refused_before_spending_budget(world: World) -> None:
+    """A programming error (bytes, NaN) raises SpecError and the run's budgets do not move."""
+    with effects.run(loop_runtime(world), "r1") as run:
+        before = run.session.state.spent
+        for bad in ({"content": b"x"}, {"content": float("nan")}):
+            with pytest.raises(SpecError):
+                effects.call("file.write", "notes.txt", bad)
+        assert run.session.state.spent == before
+
+
+def test_the_before_proposal_window_fires_on_the_call_path(world: World) -> None:
+    """A crash test can fire before_proposal for a call, and the next call sends once."""
+    with (
+        pytest.raises(SimulatedCrash),
+        effects.run(loop_runtime(world, CrashPlan(CrashPoint.BEFORE_PROPOSAL)), "r1"),
+    ):
+        effects.call("file.write", "notes.txt", {"content": "hello\n"})
+    assert world.sandbox.write_count() == 0
+    with effects.run(loop_runtime(world), "r1"):
+        done = effects.call("file.write", "notes.txt", {"content": "hello\n"})
+    assert done.outcome == "executed" and world.sandbox.write_count() == 1
+
+
+def test_an_approval_error_says_whether_it_is_for_this_call_or_the_write_ahead(
+    world: World,
+) -> None:
+    """Asking again for the waiting write is 'this call'; another write waits behind it."""
+    world.policy = make_policy(kinds=GUARDED)
+    runtime = loop_runtime(world, trust=TrustRoots.of(ALICE.trust_root()))
+    with effects.run(runtime, "r1"):
+        with pytest.raises(ApprovalRequiredError) as first:
+            effects.call("file.write", "notes.txt", {"content": "x\n"})
+        with pytest.raises(ApprovalRequiredError) as again:
+            effects.call("file.write", "notes.txt", {"content": "x\n"})
+        with pytest.raises(ApprovalRequiredError) as other:
+            effects.call("file.write", "notes.txt", {"content": "y\n"})
+    assert first.value.for_this_call and again.value.for_this_call
+    assert not other.value.for_this_call
+    assert other.value.action_id == first.value.action_id == again.value.action_id
+    assert world.sandbox.write_count() == 0

@@ -375,6 +375,8 @@ class ApprovalRequiredError(PolicyError):
     ``request`` holds the fields a person's approval must carry (see
     :func:`~tether.core.approval_request`): sign them, deliver the document,
     and call again; the write waits, durable, with its key.
+    ``for_this_call`` is false when the write waiting (``action_id``) is
+    another one than the call that raised: that call waits behind it.
     """
 
     def __init__(
@@ -384,9 +386,11 @@ class ApprovalRequiredError(PolicyError):
         run_id: str | None = None,
         action_id: str | None = None,
         request: dict[str, Any] | None = None,
+        for_this_call: bool = True,
     ) -> None:
         self.action_id = action_id
         self.request = dict(request or {})
+        self.for_this_call = for_this_call
         super().__init__(message, run_id=run_id)
 
 

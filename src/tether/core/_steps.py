@@ -296,6 +296,15 @@ def propose_write(
     )
 
 
+def asks_for(intent: Intent, proposal: Proposal) -> bool:
+    """Whether ``proposal`` asks for exactly the held (non-write) action ``intent`` records."""
+    return (intent.kind, intent.target, intent.args) == (
+        proposal.kind,
+        proposal.target,
+        dict(proposal.args),
+    )
+
+
 def hold(
     state: RunState, proposal: Proposal, intent: Intent, *, key: str, now: datetime
 ) -> Transition:

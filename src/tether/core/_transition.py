@@ -14,7 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from tether.core._ledger import EffectTerms
+from tether.core._ledger import EffectTerms, LedgerEntry
 from tether.core._model import Capabilities, EnvironmentState, Intent, Receipt
 from tether.core._phases import EffectStatus
 from tether.core._state import RunState
@@ -55,6 +55,12 @@ class Outcome:
     reason: str | None = None
     message: str = ""
     event: str | None = None
+    #: The ledger entry of the write this step committed (its receipt as the
+    #: ledger records it), when it committed one.
+    committed: LedgerEntry | None = None
+    #: The action the outcome answers, when it is not the one the caller proposed
+    #: (an approved held action carried out by the step; see ``RunSession.act``).
+    action_id: str | None = None
 
     @property
     def phase(self) -> Any:

@@ -33,6 +33,7 @@ an effect is never performed unguarded.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import inspect
 import threading
@@ -40,11 +41,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from tether.core import (
+    ActionClass,
     ActionResult,
     ApprovalRequiredError,
+    CanonicalJSONError,
     EffectNotSettledError,
     EffectRejectedError,
     JSONValue,
@@ -52,12 +55,16 @@ from tether.core import (
     NotInRunError,
     Outcome,
     OutcomeKind,
+    PendingWrite,
     Phase,
     Proposal,
     RunFrozenError,
     RunTerminalError,
     SpecError,
+    TetherError,
     approval_request,
+    canonical_bytes,
+    step_rules,
 )
 from tether.runtime._agent import AgentContext
 from tether.runtime._runtime import Runtime
@@ -103,15 +110,20 @@ class GuardedRun:
 
     Calls are serialized (a framework may run tools in parallel threads; a
     run takes one step at a time). Entering it makes it the run
-    :func:`call` and ``@effect`` use in this context; leaving it gives the
-    lease up, and the run stays resumable: a crash or an exception inside is
-    recovered by entering it again.
+    :func:`call` and ``@effect`` use in this context (a thread pool that does
+    not copy the context, unlike ``asyncio.to_thread``, must be handed the
+    run and call :meth:`call` on it); leaving it gives the lease up, and the
+    run stays resumable: a crash or an exception inside is recovered by
+    entering it again, in a new block.
     """
 
     def __init__(self, session: RunSession) -> None:
         self.session = session
         self._lock = threading.Lock()
         self._tokens: list[Token[GuardedRun | None]] = []
+        self._closed = False
+        #: The block this one was opened inside, in this context.
+        self._outer: GuardedRun | None = None
 
     @property
     def run_id(self) -> str:
@@ -127,100 +139,166 @@ class GuardedRun:
             raise SpecError("call", "kind and target must be strings")
         if args is not None and not isinstance(args, dict):
             raise SpecError("args", f"must be a JSON object, not {type(args).__name__}")
-        session = self.session
+        try:
+            canonical_bytes(args or {})  # a programming error costs no budget
+        except CanonicalJSONError as exc:
+            raise SpecError("args", f"must be JSON: {exc}") from None
+        declared = self.session.rt.kinds.get(kind)
+        if declared is not None and declared.action_class in _RUN_LEVEL:
+            raise SpecError(
+                "kind", f"{kind!r} ends the run: use run.finish() or `tether cancel`, not a call"
+            )
         with self._lock:
-            action_id = session.rt.ids.new_id("call")
-            proposal = Proposal(action_id, kind, target, args=dict(args or {}))
-            try:
-                outcome = session.act(proposal)
-            except RunFrozenError as exc:
-                raise self._frozen(str(exc)) from exc
-            return self._answer(proposal, outcome)
+            session = self._open()
+            proposal = Proposal(session.rt.ids.new_id("call"), kind, target, args=dict(args or {}))
+            return self._answer(proposal, self._act(proposal))
 
     def finish(self, summary: str = "") -> Outcome:
-        """End the run: the task's verifier runs at the final state (``finished`` or not)."""
+        """End the run: the task's verifier runs at the final state.
+
+        Returns the outcome, ``finished`` or ``verifier_failed`` (the run goes
+        on: fix what the verifier reports, then finish again); a refusal is
+        raised as :meth:`call` raises it.
+        """
         with self._lock:
-            session = self.session
-            return session.act(session.finish_proposal(summary), finish=True)
+            session = self._open()
+            proposal = session.finish_proposal(summary)
+            outcome = self._act(proposal, finish=True)
+            if outcome.kind not in {OutcomeKind.FINISHED, OutcomeKind.VERIFIER_FAILED}:
+                self._refuse(outcome, proposal)
+            return outcome
 
     def approve(self, document: Any) -> None:
         """Record a person's signed approval of the pending write; call the effect again after."""
         with self._lock:
-            self.session.approve(document)
+            self._open().approve(document)
 
     def review(self, document: Any) -> None:
         """Apply a reviewer's signed decision to the open review case."""
         with self._lock:
-            self.session.review(document)
+            self._open().review(document)
 
     def close(self) -> None:
-        """Give the run's lease up, so another worker may take it at once."""
-        self.session.release()
+        """Give the run's lease up, so another worker may take it at once (after any call in flight)."""
+        with self._lock:
+            self._closed = True
+            self.session.release()
 
     def __enter__(self) -> GuardedRun:
+        if not self._tokens:
+            _refuse_if_open(self.run_id)
+            self._outer = _current.get()
         self._tokens.append(_current.set(self))
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         _current.reset(self._tokens.pop())
-        self.close()
+        if self._tokens:
+            return  # entered again inside: the outermost block gives the lease up
+        try:
+            self.close()
+        except TetherError:
+            if kind is None:
+                raise
+            # The block's own exception is what the caller must see.
+
+    def _open(self) -> RunSession:
+        if self._closed:
+            raise NotInRunError(f"run {self.run_id}: its block has ended; open it again")
+        return self.session
+
+    def _act(self, proposal: Proposal, *, finish: bool = False) -> Outcome:
+        try:
+            return self.session.act(proposal, finish=finish)
+        except RunFrozenError as exc:
+            raise self._frozen(str(exc)) from exc
 
     def _answer(self, proposal: Proposal, outcome: Outcome) -> CallResult:
         session = self.session
         kind = outcome.kind
-        if kind in {OutcomeKind.EXECUTED, OutcomeKind.REPLAYED, OutcomeKind.OBSERVED}:
-            # A read's answer, or a replay's facts (the receipt it stands on).
-            mine = _result_of(session.results(), proposal.action_id)
-            data = {} if mine is None else dict(mine.data)
-            if kind is OutcomeKind.OBSERVED:
-                return CallResult(
-                    proposal.action_id, proposal.kind, proposal.target, kind.value, data=data
-                )
-            args = session.rt.adapter.normalize(proposal.kind, proposal.target, proposal.args)
-            effect = session.rt.effect_of(proposal.kind, proposal.target, args)
-            record = session.effects.get(effect)
+        answers = outcome.action_id or proposal.action_id
+        if answers != proposal.action_id and kind is not OutcomeKind.OBSERVED:
+            self._refuse(outcome, proposal)
+        if kind is OutcomeKind.EXECUTED and outcome.committed is not None:
+            entry = outcome.committed
+            return CallResult(
+                proposal.action_id,
+                proposal.kind,
+                proposal.target,
+                kind.value,
+                effect_digest=None if entry.terms is None else entry.terms.effect,
+                receipt=copy.deepcopy(entry.receipt),
+            )
+        mine = _result_of(session.results(), answers)
+        data = {} if mine is None else copy.deepcopy(mine.data)
+        if kind is OutcomeKind.OBSERVED and mine is not None:
+            return CallResult(answers, proposal.kind, proposal.target, kind.value, data=data)
+        if kind is OutcomeKind.REPLAYED and mine is not None:
+            effect = data.get("effect_digest")
+            record = session.effects.get(effect) if isinstance(effect, str) else None
             known = None if record is None else record.committed
             return CallResult(
                 proposal.action_id,
                 proposal.kind,
                 proposal.target,
                 kind.value,
-                effect_digest=effect,
+                effect_digest=effect if isinstance(effect, str) else None,
                 # A replay settled by asking the adapter has no committed entry to read.
-                receipt=None if known is None else known.receipt,
+                receipt=None if known is None else copy.deepcopy(known.receipt),
                 data=data,
             )
-        state = outcome.state
-        if kind is OutcomeKind.WAITING_FOR_APPROVAL and state.pending is not None:
+        self._refuse(outcome, proposal)
+
+    def _refuse(self, outcome: Outcome, proposal: Proposal) -> NoReturn:
+        """Raise what ``outcome`` means for a caller whose ``proposal`` did not complete."""
+        kind, state = outcome.kind, outcome.state
+        pending = state.pending
+        if kind is OutcomeKind.WAITING_FOR_APPROVAL and pending is not None:
+            mine = pending.action_id == proposal.action_id or self._asks_for(pending, proposal)
             raise ApprovalRequiredError(
-                f"run {self.run_id}: the write {state.pending.action_id!r} waits for a person's "
-                "signed approval (`tether approve`); call again once it is delivered",
+                f"run {self.run_id}: {pending.action_id!r} waits for a person's signed "
+                "approval (`tether approve`); call again once it is delivered"
+                + ("" if mine else f" ({proposal.action_id!r}, another call, waits behind it)"),
                 run_id=self.run_id,
-                action_id=state.pending.action_id,
+                action_id=pending.action_id,
                 request=approval_request(state),
+                for_this_call=mine,
             )
-        if kind is OutcomeKind.FROZEN:
+        if kind is OutcomeKind.FROZEN or state.phase is Phase.NEEDS_REVIEW:
             raise self._frozen(outcome.message)
         if kind is OutcomeKind.REJECTED:
             raise EffectRejectedError(
                 outcome.reason or "rejected", outcome.message, run_id=self.run_id
-            )
-        if kind in {OutcomeKind.IN_FLIGHT, OutcomeKind.RETRY_LATER}:
-            raise EffectNotSettledError(
-                outcome.reason or kind.value, outcome.message, run_id=self.run_id
             )
         if state.phase.terminal:
             raise RunTerminalError(
                 f"run {self.run_id} ended ({state.phase}: {state.stop_reason})",
                 run_id=self.run_id,
             )
+        if kind in {OutcomeKind.IN_FLIGHT, OutcomeKind.RETRY_LATER}:
+            raise EffectNotSettledError(
+                outcome.reason or kind.value, outcome.message, run_id=self.run_id
+            )
         # Earlier work settled (a write a crash left pending, a person's
-        # decision) and the caller's own proposal never ran: nothing was sent.
+        # decision) and the caller's own action never ran: nothing was sent for it.
         raise EffectNotSettledError(
-            outcome.reason or kind.value,
-            f"the run settled earlier work first ({outcome.message or kind.value}); call again",
+            "settled_earlier_work",
+            f"the run settled earlier work first ({outcome.message or kind.value}); "
+            f"{proposal.action_id!r} was not carried out: call again",
             run_id=self.run_id,
         )
+
+    def _asks_for(self, pending: PendingWrite, proposal: Proposal) -> bool:
+        """Whether ``proposal`` is the same action as the held ``pending`` one (the same effect)."""
+        if not pending.mutating:
+            return step_rules.asks_for(pending.intent, proposal)
+        rt = self.session.rt
+        try:
+            args = rt.adapter.normalize(proposal.kind, proposal.target, dict(proposal.args))
+        except TetherError:
+            return False  # what the gate refuses is no held write's twin
+        mine = rt.effect_of(proposal.kind, proposal.target, args)
+        return mine == rt.effect_digest(pending.intent)
 
     def _frozen(self, message: str) -> NeedsReviewError:
         state = self.session.state
@@ -234,6 +312,13 @@ class GuardedRun:
         )
 
 
+#: The first parameter of a method, left out of the call.
+_RECEIVERS = frozenset({"self", "cls"})
+
+#: Kinds that end the run: not effects a call makes.
+_RUN_LEVEL = frozenset({ActionClass.FINISH, ActionClass.CANCEL})
+
+
 def _result_of(results: tuple[ActionResult, ...], action_id: str) -> ActionResult | None:
     for result in results:
         if result.action_id == action_id:
@@ -242,6 +327,17 @@ def _result_of(results: tuple[ActionResult, ...], action_id: str) -> ActionResul
 
 
 _current: ContextVar[GuardedRun | None] = ContextVar("tether_guarded_run", default=None)
+
+
+def _refuse_if_open(run_id: str) -> None:
+    """Refuse a second block for a run already open in this context (it would take the lease)."""
+    outer = _current.get()
+    while outer is not None:
+        if outer.run_id == run_id:
+            raise SpecError(
+                "run", f"run {run_id} is already open in this context; use that block's run"
+            )
+        outer = outer._outer
 
 
 @contextmanager
@@ -254,6 +350,7 @@ def run(
     (with leases on) is given up on the way out; the run is not ended: call
     :meth:`GuardedRun.finish` when the work is done.
     """
+    _refuse_if_open(run_id)  # before recovering: that would take the open block's lease
     with GuardedRun(runtime.start_or_recover(run_id, context)) as guarded:
         yield guarded
 
@@ -288,7 +385,8 @@ def effect(
 
     The function's parameters are the call: ``target`` names the one that
     holds the target (default: the first; ``None``: the kind takes none), the
-    others, defaults applied, are the arguments. The body is never run (the
+    others, defaults applied, are the arguments (``**extra`` spread among
+    them; a method's ``self`` or ``cls`` left out). The body is never run (the
     owning adapter performs the effect); a coroutine function gets an async
     wrapper that does the call in a worker thread.
     """
@@ -297,14 +395,21 @@ def effect(
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(fn)
-        names = list(signature.parameters)
+        params = signature.parameters
+        spread = [p.name for p in params.values() if p.kind is p.VAR_POSITIONAL]
+        if spread:
+            raise SpecError(
+                fn.__name__, f"*{spread[0]} has no name to become an argument; name each one"
+            )
+        # A method's receiver is not part of the call.
+        names = [n for n in params if not (n in _RECEIVERS and n == next(iter(params)))]
         if isinstance(target, _First):
             if not names:
                 raise SpecError("target", f"{fn.__name__} has no parameter to hold the target")
             holder: str | None = names[0]
         else:
             holder = target
-        if holder is not None and holder not in signature.parameters:
+        if holder is not None and holder not in names:
             raise SpecError("target", f"{fn.__name__} has no parameter {holder!r}")
 
         def split(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -313,7 +418,14 @@ def effect(
             except TypeError as exc:
                 raise SpecError(fn.__name__, str(exc)) from None
             bound.apply_defaults()
-            values = dict(bound.arguments)
+            values: dict[str, Any] = {}
+            for name, value in bound.arguments.items():
+                if name not in names:
+                    continue  # the receiver
+                if params[name].kind is inspect.Parameter.VAR_KEYWORD:
+                    values.update(value)  # **extra: each one an argument of its own
+                else:
+                    values[name] = value
             where = "" if holder is None else values.pop(holder)
             if not isinstance(where, str):
                 raise SpecError(str(holder), f"the target must be a string, not {where!r}")

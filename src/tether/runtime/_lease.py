@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Protocol
 
 from tether.adapters import Adapter, Fence
+from tether.core import LeaseLostError
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import Clock
 from tether.runtime._heartbeat import Heartbeat
@@ -51,6 +52,8 @@ class LeaseHolder:
 
     def _init_lease(self, now: datetime) -> None:
         self.lease = None
+        # The version given up by release(): nothing acts under it any more.
+        self._released: int | None = None
         self._renewed = now
         # The heartbeat thread and the step share the lease; this orders them.
         self._lease_lock = threading.RLock()
@@ -81,6 +84,7 @@ class LeaseHolder:
             self._heartbeat.stop()
         with self._lease_lock:
             if self.lease is not None:
+                self._released = self.lease.lease_version
                 self.rt.checkpointer.marks.release_lease(
                     self.run_id, self.lease.owner, self.lease.lease_version
                 )
@@ -131,6 +135,9 @@ class LeaseHolder:
         self.renew_if_due()
         lease = self.lease
         if lease is None:
+            if self._released is not None:
+                # Given up (another thread left its block): whoever holds it now acts.
+                raise LeaseLostError(self.run_id, self._released, self._released)
             return None
         self.rt.checkpointer.marks.check_lease(self.run_id, lease.lease_version)
         if not self.rt.adapter.capabilities.fencing:

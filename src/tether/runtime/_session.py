@@ -30,12 +30,14 @@ from tether.core import (
     ActionResult,
     CommitOutcomeUnknownError,
     ContractViolationError,
+    EffectStatus,
     Execute,
     ExecuteAnswer,
     ExecuteStatus,
     Facts,
     GenerationConflictError,
     Intent,
+    LedgerEntry,
     LedgerNote,
     Lookup,
     LookupAnswer,
@@ -151,12 +153,13 @@ class RunSession(LeaseHolder):
         ledger: tuple[LedgerNote, ...] = (),
         effect: PendingWrite | None = None,
         lease_to: LeaseRequest | None = None,
-    ) -> None:
+    ) -> tuple[LedgerEntry, ...]:
         """Checkpoint ``state`` as the next generation, with its trace events and ledger entries.
 
         ``ledger`` notes belong to ``effect`` (the write they record); they are
         sealed into the run's ledger chain, whose new head the checkpoint pins,
-        and land in the same fenced transaction or not at all.
+        and land in the same fenced transaction or not at all. The sealed
+        entries are returned.
         """
         if self._unsettled is not None:
             raise CommitOutcomeUnknownError(
@@ -234,6 +237,7 @@ class RunSession(LeaseHolder):
         self._admitted = ({}, {})
         if context is not None:
             self.context = context
+        return sealed.entries
 
     def reload(self) -> RunState:
         """Read the run back from the store after a commit whose outcome was unknown.
@@ -295,6 +299,7 @@ class RunSession(LeaseHolder):
         ``prefix`` (events the step saw before deciding) and ``context`` (the
         agent's new context) land with the first commit.
         """
+        committed: LedgerEntry | None = None
         while True:
             transition = step_rules.note_outcome(transition)  # the agent hears how it ended
             # Notes record the write pending before the step, or the one it makes pending.
@@ -302,7 +307,7 @@ class RunSession(LeaseHolder):
             if effect is None and transition.state is not None:
                 effect = transition.state.pending
             if transition.state is not None:
-                self.commit(
+                entries = self.commit(
                     transition.state,
                     [*(prefix or ()), *transition.events],
                     context=context,
@@ -310,6 +315,9 @@ class RunSession(LeaseHolder):
                     ledger=transition.ledger,
                     effect=effect,
                 )
+                for entry in entries:
+                    if entry.status is EffectStatus.COMMITTED:
+                        committed = entry
                 prefix, context = None, None
                 self._remember(transition)
             call = transition.call
@@ -321,6 +329,7 @@ class RunSession(LeaseHolder):
                     transition.reason,
                     transition.message,
                     last if transition.state is not None else None,
+                    committed=committed,
                 )
             if isinstance(call, Lookup):
                 answer = self.ask(call)
@@ -562,8 +571,16 @@ class RunSession(LeaseHolder):
         """
         self.reload()
         with self.working():
+            held = self.state.pending
             settled = self._settle_first()
             if settled is not None and self.state.pending is None:
+                if (
+                    held is not None
+                    and not held.mutating
+                    and step_rules.asks_for(held.intent, proposal)
+                ):
+                    # The call a person approved, carried out now: this is its answer.
+                    return replace(settled, action_id=held.action_id)
                 settled = self._settle_first()  # one settled; a rewind or the next may follow
             if settled is not None:
                 return settled
@@ -571,6 +588,7 @@ class RunSession(LeaseHolder):
             if isinstance(observed, Outcome):
                 return observed
             base, events, _ = observed
+            self.rt.crash.hit(CrashPoint.BEFORE_PROPOSAL)
             if proposal.based_on_version is None and not finish:
                 # The caller's loop saw the world through its own tools, not an
                 # Observation: the call is built on the version read just now.

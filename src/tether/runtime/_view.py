@@ -17,6 +17,7 @@ from tether.core import (
     Binding,
     EffectTerms,
     Intent,
+    LedgerEntry,
     LedgerNote,
     Lookup,
     LookupAnswer,
@@ -91,7 +92,7 @@ class Session(Protocol):
         ledger: tuple[LedgerNote, ...] = (),
         effect: PendingWrite | None = None,
         lease_to: LeaseRequest | None = None,
-    ) -> None: ...
+    ) -> tuple[LedgerEntry, ...]: ...
 
     def apply(
         self,
