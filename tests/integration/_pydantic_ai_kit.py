@@ -110,11 +110,11 @@ def agent(model: FunctionModel, toolset: Any) -> Agent[None, str | DeferredToolR
     return Agent(model, toolsets=[toolset], output_type=[str, DeferredToolRequests])
 
 
-def task(adapter: Adapter) -> TaskSpec:
+def task(adapter: Adapter, kinds: tuple[str, ...] = ("http.post", "email.send")) -> TaskSpec:
     """A task allowing the ticket and the customer's mail, from ``adapter``'s environment."""
     return make_task(
         adapter.environment().state_fingerprint,
-        allowed_kinds=["http.post", "email.send"],
+        allowed_kinds=list(kinds),
         allowed_paths=["tickets", CUSTOMER],
         permissions=["service.write", "mail.send"],
         initial_environment={"namespace": adapter.namespace},
@@ -144,7 +144,7 @@ def phase(request: dict[str, Any]) -> None:
                 store=store,
                 keyring=keyring,
                 adapter=http,
-                task=task(http),
+                task=task(http, ("http.post",)),
                 policy=policy(),
                 agent=None,
                 crash=CrashPlan(CrashPoint.EFFECT_SENT, mode="kill") if armed else CrashPlan(),
@@ -153,14 +153,15 @@ def phase(request: dict[str, Any]) -> None:
             guarded = TetherToolset(tools(calls), kinds=KINDS)
             model = scripted("open_ticket", {"title": title, "detail": "paper jam"})
             with effects.run(runtime, request["run_id"]):
-                agent(model, guarded).run_sync("open a ticket for the printer")
+                result = agent(model, guarded).run_sync("open a ticket for the printer")
         http.close()
     else:
         os.environ[ARMED] = "1" if armed else "0"
         model = scripted("post_ticket", {"title": title, "detail": "paper jam"})
-        agent(model, tools(calls, request["url"])).run_sync("open a ticket for the printer")
+        result = agent(model, tools(calls, request["url"])).run_sync("open a ticket")
     if armed:
         raise SystemExit("the armed child was not killed")
+    Path(request["answer"]).write_text(str(result.output))  # what the model was told
 
 
 def zygote() -> None:
