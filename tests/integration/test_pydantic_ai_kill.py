@@ -26,6 +26,8 @@ from typing import Any, TextIO
 
 import pytest
 
+pytest.importorskip("pydantic_ai", reason="needs the [pydantic-ai] extra")
+
 from tests.integration._services import REPO, EffectsService, effects_service
 from tether.crypto import Keyring
 

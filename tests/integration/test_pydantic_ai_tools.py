@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("pydantic_ai", reason="needs the [pydantic-ai] extra")
+
 from pydantic_ai.messages import ToolReturnPart
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
 
