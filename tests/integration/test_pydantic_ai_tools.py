@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -12,7 +13,8 @@ import pytest
 
 pytest.importorskip("pydantic_ai", reason="needs the [pydantic-ai] extra")
 
-from pydantic_ai.messages import ToolReturnPart
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
 
 from tests.conftest import World, make_policy
@@ -267,3 +269,24 @@ def test_the_effects_api_names_only_the_callers_own_write_as_waiting_for_approva
         except TetherError:
             pass  # any other typed refusal names no one else's write
     assert world.sandbox.write_count() == 0
+
+
+def test_parallel_tool_calls_of_an_async_run_each_send_once(desk: Desk) -> None:
+    """Two guarded calls in one model response, run concurrently by agent.run, send one each."""
+
+    def both(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if any(isinstance(p, ToolReturnPart) for p in messages[-1].parts):
+            return ModelResponse(parts=[TextPart("done")])
+        return ModelResponse(
+            parts=[
+                ToolCallPart("open_ticket", dict(TICKET)),
+                ToolCallPart("send_email", dict(MAIL)),
+            ]
+        )
+
+    bot = agent(FunctionModel(both), TetherToolset(tools([]), kinds=KINDS))
+    with effects.run(desk.runtime(), "r1"):
+        first = asyncio.run(bot.run("printer, and tell the customer"))
+        again = asyncio.run(bot.run("printer, and tell the customer"))
+    assert len(desk.tickets()) == 1 and len(delivered(desk.maildir)) == 1
+    assert sorted(map(str, tool_returns(again))) == sorted(map(str, tool_returns(first)))
