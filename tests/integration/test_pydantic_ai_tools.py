@@ -205,7 +205,9 @@ def test_an_approval_is_deferred_the_pydantic_ai_way_and_a_signed_one_sends_once
             metadata={call.tool_call_id: {APPROVAL_METADATA_KEY: ALICE.sign(body)}},
         )
         done = bot.run_sync(message_history=history, deferred_tool_results=signed)
-    assert isinstance(done.output, str)
+        # The continuation run again (a crash before its caller saw it): replayed, not re-approved.
+        again = bot.run_sync(message_history=history, deferred_tool_results=signed)
+    assert isinstance(done.output, str) and again.output == done.output
     assert len(delivered(desk.maildir)) == 1
 
 

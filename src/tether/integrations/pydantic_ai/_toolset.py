@@ -150,7 +150,9 @@ class TetherToolset(WrapperToolset[AgentDepsT]):
             raise SpecError(name, f"the tool's arguments have no JSON form: {exc}") from None
         target, args = guard.split(name, plain)
         document = _signed_approval(ctx)
-        if document is not None:
+        if document is not None and run.session.awaiting_approval:
+            # Only while the run waits: the same continuation run again after the
+            # write went (a crash before its caller saw it) replays, it is not re-approved.
             await asyncio.to_thread(run.approve, document)
         try:
             done = await asyncio.to_thread(run.call, guard.kind, target, args)
