@@ -72,7 +72,9 @@ def test_a_call_killed_mid_write_and_called_again_sends_once(
         effects.call("file.write", "notes.txt", {"content": "hello\n"})
     with effects.run(loop_runtime(world), "r1"):
         again = effects.call("file.write", "notes.txt", {"content": "hello\n"})
-    assert again.replayed
+    # Never sent before the crash: this call sends it. Sent: its receipt is read back.
+    assert again.replayed is (point is CrashPoint.EFFECT_SENT)
+    assert again.receipt is not None
     assert world.sandbox.write_count() == 1
     assert world.sandbox.files["notes.txt"] == "hello\n"
 
@@ -117,7 +119,7 @@ def test_a_write_that_needs_approval_raises_what_a_person_must_sign(world: World
         )
         run.approve(ALICE.sign(body))
         done = effects.call("file.write", "notes.txt", {"content": "hello\n"})
-    assert done.receipt is not None
+    assert done.outcome == "executed" and done.receipt is not None  # this call sent it
     assert world.sandbox.write_count() == 1
 
 

@@ -55,7 +55,6 @@ from tether.core import (
     NotInRunError,
     Outcome,
     OutcomeKind,
-    PendingWrite,
     Phase,
     Proposal,
     RunFrozenError,
@@ -64,7 +63,6 @@ from tether.core import (
     TetherError,
     approval_request,
     canonical_bytes,
-    step_rules,
 )
 from tether.runtime._agent import AgentContext
 from tether.runtime._runtime import Runtime
@@ -216,13 +214,13 @@ class GuardedRun:
     def _answer(self, proposal: Proposal, outcome: Outcome) -> CallResult:
         session = self.session
         kind = outcome.kind
+        # Set when the step carried out the held action this call asks for.
         answers = outcome.action_id or proposal.action_id
-        if answers != proposal.action_id and kind is not OutcomeKind.OBSERVED:
-            self._refuse(outcome, proposal)
-        if kind is OutcomeKind.EXECUTED and outcome.committed is not None:
+        if kind in {OutcomeKind.EXECUTED, OutcomeKind.REPLAYED} and outcome.committed is not None:
+            # Sent by this step, or an attempt a crash left settled by its receipt.
             entry = outcome.committed
             return CallResult(
-                proposal.action_id,
+                answers,
                 proposal.kind,
                 proposal.target,
                 kind.value,
@@ -254,7 +252,9 @@ class GuardedRun:
         kind, state = outcome.kind, outcome.state
         pending = state.pending
         if kind is OutcomeKind.WAITING_FOR_APPROVAL and pending is not None:
-            mine = pending.action_id == proposal.action_id or self._asks_for(pending, proposal)
+            mine = pending.action_id == proposal.action_id or self.session.rt.same_action(
+                pending, proposal
+            )
             raise ApprovalRequiredError(
                 f"run {self.run_id}: {pending.action_id!r} waits for a person's signed "
                 "approval (`tether approve`); call again once it is delivered"
@@ -287,18 +287,6 @@ class GuardedRun:
             f"{proposal.action_id!r} was not carried out: call again",
             run_id=self.run_id,
         )
-
-    def _asks_for(self, pending: PendingWrite, proposal: Proposal) -> bool:
-        """Whether ``proposal`` is the same action as the held ``pending`` one (the same effect)."""
-        if not pending.mutating:
-            return step_rules.asks_for(pending.intent, proposal)
-        rt = self.session.rt
-        try:
-            args = rt.adapter.normalize(proposal.kind, proposal.target, dict(proposal.args))
-        except TetherError:
-            return False  # what the gate refuses is no held write's twin
-        mine = rt.effect_of(proposal.kind, proposal.target, args)
-        return mine == rt.effect_digest(pending.intent)
 
     def _frozen(self, message: str) -> NeedsReviewError:
         state = self.session.state

@@ -40,9 +40,11 @@ from tether.core import (
     Intent,
     LedgerNote,
     MissingHighWaterMarkError,
+    PendingWrite,
     Phase,
     Policy,
     PolicyChange,
+    Proposal,
     Purpose,
     Receipt,
     RunState,
@@ -164,6 +166,18 @@ class Runtime:
     def effect_digest(self, intent: Intent) -> str:
         """What ``intent`` does, whatever its action id or key: equal digests, the same effect."""
         return self.effect_of(intent.kind, intent.target, intent.args)
+
+    def same_action(self, held: PendingWrite, proposal: Proposal) -> bool:
+        """Whether ``proposal`` asks for the action ``held`` pending (a write: the same effect)."""
+        if not held.mutating:
+            return step_rules.asks_for(held.intent, proposal)
+        try:
+            args = self.adapter.normalize(proposal.kind, proposal.target, dict(proposal.args))
+        except TetherError:
+            return False  # what the gate refuses is no held write's twin
+        return self.effect_of(proposal.kind, proposal.target, args) == self.effect_digest(
+            held.intent
+        )
 
     def effect_of(self, kind: str, target: str, args: dict[str, Any]) -> str:
         """The effect digest of a write of ``kind`` to ``target`` with normalized ``args``."""

@@ -574,12 +574,9 @@ class RunSession(LeaseHolder):
             held = self.state.pending
             settled = self._settle_first()
             if settled is not None and self.state.pending is None:
-                if (
-                    held is not None
-                    and not held.mutating
-                    and step_rules.asks_for(held.intent, proposal)
-                ):
-                    # The call a person approved, carried out now: this is its answer.
+                if held is not None and self.rt.same_action(held, proposal):
+                    # The action this call asks for (a person approved it), carried
+                    # out now: its answer is this call's, never a "replay" of itself.
                     return replace(settled, action_id=held.action_id)
                 settled = self._settle_first()  # one settled; a rewind or the next may follow
             if settled is not None:

@@ -24,6 +24,7 @@ from tether.core import (
     Outcome,
     PendingWrite,
     Policy,
+    Proposal,
     RunState,
     TaskSpec,
     Transition,
@@ -65,6 +66,8 @@ class Runtime(Protocol):
     def effect_digest(self, intent: Intent) -> str: ...
 
     def effect_of(self, kind: str, target: str, args: dict[str, Any]) -> str: ...
+
+    def same_action(self, held: PendingWrite, proposal: Proposal) -> bool: ...
 
 
 class Session(Protocol):

@@ -40,7 +40,7 @@ from pydantic_ai.toolsets import ToolsetTool, WrapperToolset
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from tether import effects
-from tether.core import ApprovalRequiredError, SpecError, TetherError
+from tether.core import ApprovalRequiredError, SpecError
 
 APPROVAL_METADATA_KEY = "tether_approval"
 """Where a person's signed approval travels in ``DeferredToolResults.metadata[tool_call_id]``."""
@@ -159,7 +159,7 @@ class TetherToolset(WrapperToolset[AgentDepsT]):
         except ApprovalRequiredError as exc:
             if ctx.tool_call_approved:
                 raise  # approved in PydanticAI, but no signed approval reached tether
-            if not _waits_for(run, guard.kind, target, args):
+            if not exc.for_this_call:
                 # The run waits for another write's approval (one a person denied in
                 # PydanticAI, say): deferring *this* call would show the person this
                 # tool while the request they would sign is the other write's.
@@ -181,22 +181,3 @@ def _signed_approval(ctx: RunContext[Any]) -> Any:
     if not ctx.tool_call_approved or not isinstance(ctx.tool_call_metadata, Mapping):
         return None
     return ctx.tool_call_metadata.get(APPROVAL_METADATA_KEY)
-
-
-def _waits_for(run: effects.GuardedRun, kind: str, target: str, args: dict[str, Any]) -> bool:
-    """Whether the write the run waits to have approved is this call's effect.
-
-    Compared as the replay-or-fork rule compares effects: kind, target and
-    the adapter's effect identity of the normalized arguments.
-    """
-    session = run.session
-    pending = session.state.pending
-    if pending is None:
-        return False
-    rt = session.rt
-    try:
-        mine = rt.effect_of(kind, target, rt.adapter.normalize(kind, target, args))
-    except TetherError:
-        return False
-    intent = pending.intent
-    return mine == rt.effect_of(intent.kind, intent.target, dict(intent.args))
