@@ -17,10 +17,15 @@ from tether.integrations.langgraph._errors import (
     ThreadConflictError,
 )
 from tether.integrations.langgraph._saver import TetherSaver
+from tether.integrations.langgraph._tools import FIRST_FIELD, GuardedTool, guard, sign_answer
 
 __all__ = [
+    "FIRST_FIELD",
     "CheckpointRollbackError",
+    "GuardedTool",
     "PendingWriteConflictError",
     "TetherSaver",
     "ThreadConflictError",
+    "guard",
+    "sign_answer",
 ]
