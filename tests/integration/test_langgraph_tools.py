@@ -24,7 +24,6 @@ from tether.core import (
     Phase,
     RunTerminalError,
     SpecError,
-    new_approval,
 )
 from tether.crypto import Signer, TrustRoots
 from tether.integrations.langgraph import GuardedTool, TetherSaver, guard, sign_answer
@@ -183,7 +182,9 @@ def test_guard_keeps_a_tools_schema_and_checks_its_target() -> None:
     guarded = guard(email, kind="email.send", target="to")
     assert isinstance(guarded, GuardedTool)
     assert guarded.name == "email" and guarded.description == "Send an email."
-    assert guarded.tool_call_schema.model_json_schema() == email.tool_call_schema.model_json_schema()  # type: ignore[union-attr]
+    assert (
+        guarded.tool_call_schema.model_json_schema() == email.tool_call_schema.model_json_schema()
+    )  # type: ignore[union-attr]
     with pytest.raises(SpecError):
         guard(email, kind="email.send", target="cc")
     with pytest.raises(SpecError):

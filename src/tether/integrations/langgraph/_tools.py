@@ -111,6 +111,7 @@ def guard(
     kind: str,
     *,
     target: str | _FirstField | None = FIRST_FIELD,
+    to_effect: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]] | None = None,
     name: str | None = None,
     description: str | None = None,
 ) -> GuardedTool:
@@ -119,8 +120,11 @@ def guard(
     ``tool`` is a LangChain tool or a plain function (its signature and
     docstring become the schema, as with ``@tool``). ``target`` names the
     argument holding the effect's target (default: the first; ``None``: the
-    kind takes none); the other arguments are the effect's. The result the
-    model sees is ``{"outcome": "executed"|"replayed"|"observed", "result": ...}``.
+    kind takes none); the other arguments are the effect's. Where the
+    model's arguments are not the adapter's, ``to_effect`` maps them
+    (validated, by name) to ``(target, args)``, e.g. for ``http.post``:
+    ``lambda a: ("tickets", {"json": a})``; ``target`` is then unused. The
+    result the model sees is ``{"outcome": "executed"|"replayed"|"observed", "result": ...}``.
     """
     if not isinstance(kind, str) or not kind:
         raise SpecError("kind", "a guarded tool needs its action kind, e.g. 'email.send'")
@@ -131,13 +135,15 @@ def guard(
     else:
         raise SpecError("tool", f"expected a LangChain tool or a function, not {tool!r}")
     fields = _field_names(inner)
-    if isinstance(target, _FirstField):
+    if to_effect is not None:
+        holder: str | None = None
+    elif isinstance(target, _FirstField):
         if not fields:
             raise SpecError("target", f"tool {inner.name!r} has no argument to hold the target")
-        holder: str | None = fields[0]
+        holder = fields[0]
     else:
         holder = target
-    if holder is not None and holder not in fields:
+    if to_effect is None and holder is not None and holder not in fields:
         raise SpecError("target", f"tool {inner.name!r} has no argument {holder!r}")
     return GuardedTool(
         name=name or inner.name,
@@ -147,6 +153,7 @@ def guard(
         kind=kind,
         target_field=holder,
         effect_fields=tuple(fields),
+        to_effect=to_effect,
     )
 
 
@@ -210,6 +217,8 @@ class GuardedTool(BaseTool):
     """The argument holding the effect's target (``None``: the kind takes no target)."""
     effect_fields: tuple[str, ...] = ()
     """The arguments that make up the effect (the schema's, without injected ones)."""
+    to_effect: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]] | None = None
+    """Maps the model's arguments to the effect's ``(target, args)`` (see :func:`guard`)."""
 
     def _call_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         values = dict(kwargs)
@@ -218,12 +227,19 @@ class GuardedTool(BaseTool):
                 raise SpecError(self.name, "a guarded tool takes its arguments by name")
             values.setdefault(self.effect_fields[0], args[0])
         known = set(self.effect_fields)
+        where: Any
         effect_args = {k: _plain(v) for k, v in values.items() if k in known}
-        where: Any = "" if self.target_field is None else effect_args.pop(self.target_field, None)
+        if self.to_effect is not None:
+            mapped = self.to_effect(effect_args)
+            if not (isinstance(mapped, tuple) and len(mapped) == 2 and isinstance(mapped[1], dict)):
+                raise SpecError(self.name, f"to_effect must return (target, args), not {mapped!r}")
+            where, effect_args = mapped
+        elif self.target_field is None:
+            where = ""
+        else:
+            where = effect_args.pop(self.target_field, None)
         if not isinstance(where, str):
-            raise SpecError(
-                str(self.target_field), f"the target must be a string, not {where!r}"
-            )
+            raise SpecError(str(self.target_field), f"the target must be a string, not {where!r}")
         return where, effect_args
 
     def _run(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -342,4 +358,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     return value
-
