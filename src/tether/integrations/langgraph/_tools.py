@@ -28,7 +28,7 @@ context the call is refused (:class:`~tether.core.NotInRunError`) and
 nothing is sent.
 
 **People.** "Waiting for approval" and "needs review" become LangGraph
-``interrupt()``\\ s (a checkpointer is needed, as for any interrupt). The
+``interrupt()`` calls (a checkpointer is needed, as for any interrupt). The
 interrupt's value is a JSON object a person can act on:
 
 - ``{"tether": "approval_required", "run_id", "action_id", "tool",
