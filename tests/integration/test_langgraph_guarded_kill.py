@@ -9,13 +9,16 @@ plain tool the resumed node sends again (the control: the test checks it
 does, every time, so the other half measures something); with
 ``TetherSaver`` and the tool guarded by tether, the service sees each ticket
 once. 30 trials a side (10 under ``python -O``, the suite's second pass,
-which sets TETHER_CRASH_TRIALS lower), two at a time.
+which sets TETHER_CRASH_TRIALS lower), two at a time. Each process of a
+trial is forked from a zygote that imported LangGraph and tether once and
+opened nothing (see ``_lgkill.zygote``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -37,6 +40,7 @@ from tether.crypto import Keyring
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
+CHILD_TIMEOUT_S = 120
 TRIALS = max(10, int(os.environ.get("TETHER_CRASH_TRIALS", "20")) * 3 // 2)
 
 
@@ -70,6 +74,7 @@ class Zygote:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            start_new_session=True,  # its forked children share its group: one kill ends all
         )
 
     def run(self, mode: str, phase: str, url: str, title: str, where: Path) -> int:
@@ -79,6 +84,10 @@ class Zygote:
             raise RuntimeError("the zygote has no pipes")
         self.process.stdin.write(json.dumps(job) + "\n")
         self.process.stdin.flush()
+        ready, _, _ = select.select([self.process.stdout], [], [], CHILD_TIMEOUT_S)
+        if not ready:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            raise RuntimeError(f"{phase} of {title} did not end in {CHILD_TIMEOUT_S} s")
         answer = self.process.stdout.readline()
         if not answer:
             raise RuntimeError(f"the zygote ended (exit {self.process.wait(timeout=10)})")

@@ -186,11 +186,19 @@ def test_guard_keeps_a_tools_schema_and_checks_its_target() -> None:
     assert guarded.name == "email" and guarded.description == "Send an email."
     assert (
         guarded.tool_call_schema.model_json_schema() == email.tool_call_schema.model_json_schema()
-    )  # type: ignore[union-attr]
+    )
     with pytest.raises(SpecError):
         guard(email, kind="email.send", target="cc")
     with pytest.raises(SpecError):
         guard(email, kind="")
+    mapped = guard(email, kind="http.post", to_effect=lambda a: ("mail", {"json": a}))
+    assert mapped._call_of((), {"to": "a@b", "subject": "s"}) == (
+        "mail",
+        {"json": {"to": "a@b", "subject": "s"}},
+    )
+    broken = guard(email, kind="http.post", to_effect=lambda a: a)  # type: ignore[arg-type,return-value]
+    with pytest.raises(SpecError):
+        broken._call_of((), {"to": "a@b", "subject": "s"})
 
 
 # -- people: approvals and reviews as interrupts ---------------------------------------------
