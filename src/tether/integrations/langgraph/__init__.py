@@ -27,10 +27,9 @@ from tether.integrations.langgraph._errors import (
     ThreadConflictError,
 )
 from tether.integrations.langgraph._saver import TetherSaver
-from tether.integrations.langgraph._tools import FIRST_FIELD, GuardedTool, guard, sign_answer
+from tether.integrations.langgraph._tools import GuardedTool, guard, sign_answer
 
 __all__ = [
-    "FIRST_FIELD",
     "CheckpointRollbackError",
     "GuardedTool",
     "PendingWriteConflictError",
