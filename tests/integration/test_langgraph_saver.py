@@ -378,13 +378,16 @@ def test_the_saver_errors_sit_in_tether_families() -> None:
 
 
 def test_the_integration_exports_exactly_these_names() -> None:
-    """tether.integrations.langgraph exports the saver and its three errors, each documented."""
+    """tether.integrations.langgraph exports the saver, its three errors and the tool guard, each documented."""
     import tether.integrations.langgraph as lg
 
     assert sorted(lg.__all__) == [
         "CheckpointRollbackError",
+        "GuardedTool",
         "PendingWriteConflictError",
         "TetherSaver",
         "ThreadConflictError",
+        "guard",
+        "sign_answer",
     ]
     assert all(getattr(lg, name).__doc__ for name in lg.__all__)

@@ -1,4 +1,4 @@
-"""LangGraph on tether's stores (the ``[langgraph]`` extra): :class:`TetherSaver`.
+"""LangGraph on tether (the ``[langgraph]`` extra): :class:`TetherSaver` and :func:`guard`.
 
     from tether.crypto import Keyring
     from tether.integrations.langgraph import TetherSaver
@@ -9,6 +9,16 @@
 Every checkpoint is sealed with the keyring's HMAC and verified on read; a
 high-water mark per thread refuses a rolled-back or tampered latest; puts
 are compare-and-set from the parent the config names.
+
+    tools = ToolNode([guard(send_email, kind="email.send", target="to")])
+    with tether.effects.run(runtime, "ticket-42"):
+        graph.invoke(inputs, {"configurable": {"thread_id": "ticket-42"}})
+
+A guarded tool's effect is one call of the run: sent once under a key
+persisted first, and the recorded receipt when LangGraph re-executes the
+node after a crash or a resume. Approvals and reviews surface as
+``interrupt()`` calls; :func:`sign_answer` signs one, ``Command(resume=...)``
+delivers it (see :mod:`tether.integrations.langgraph._tools`).
 """
 
 from tether.integrations.langgraph._errors import (
@@ -17,10 +27,14 @@ from tether.integrations.langgraph._errors import (
     ThreadConflictError,
 )
 from tether.integrations.langgraph._saver import TetherSaver
+from tether.integrations.langgraph._tools import GuardedTool, guard, sign_answer
 
 __all__ = [
     "CheckpointRollbackError",
+    "GuardedTool",
     "PendingWriteConflictError",
     "TetherSaver",
     "ThreadConflictError",
+    "guard",
+    "sign_answer",
 ]
