@@ -26,6 +26,7 @@ left in doubt is asked after by its key first.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import tether
@@ -50,7 +51,11 @@ def send_email(to: str, subject: str, body: str) -> Any:
     """Email one address."""
 
 
-TOOLS = {"write_file": write_file, "open_ticket": open_ticket, "send_email": send_email}
+TOOLS: dict[str, Callable[..., Any]] = {
+    "write_file": write_file,
+    "open_ticket": open_ticket,
+    "send_email": send_email,
+}
 
 
 def agent_loop(asked: dict[str, str]) -> str:

@@ -63,17 +63,17 @@ def fresh_case(base: Path, version: str, env: dict[str, str]) -> dict[str, str]:
 
 
 def world(config: Config, case: str) -> dict[str, Any]:
-    """What the systems hold for ``case``: the reply file, ticket titles, email subjects."""
+    """What the systems hold for ``case``: the reply file, its tickets (``#id title``), email subjects."""
     answer = httpx.get(config.tickets_url + "/tickets", timeout=10)
     answer.raise_for_status()
-    bodies = [json.loads(t["body"]) for t in answer.json()["tickets"]]
+    tickets = [(t["ticket_id"], json.loads(t["body"])["title"]) for t in answer.json()["tickets"]]
     subjects = []
     if config.maildir.exists():
         box = mailbox.Maildir(config.maildir, create=False)
         subjects = [str(box.get_message(key)["Subject"]) for key in box.iterkeys()]
     return {
         "reply.txt": (config.workspace / "reply.txt").read_text(),
-        "tickets": sorted(b["title"] for b in bodies if b["title"].startswith(f"[{case}]")),
+        "tickets": sorted(f"#{n} {title}" for n, title in tickets if title.startswith(f"[{case}]")),
         "emails": sorted(s for s in subjects if s.startswith(f"[{case}]")),
     }
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import smtplib
 import sys
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -54,7 +55,11 @@ def send_email(to: str, subject: str, body: str) -> Any:
         return smtp.sendmail(CONFIG.sender, [to], f"Subject: {subject}\n\n{body}")
 
 
-TOOLS = {"write_file": write_file, "open_ticket": open_ticket, "send_email": send_email}
+TOOLS: dict[str, Callable[..., Any]] = {
+    "write_file": write_file,
+    "open_ticket": open_ticket,
+    "send_email": send_email,
+}
 
 
 def agent_loop(asked: dict[str, str]) -> str:
