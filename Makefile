@@ -16,11 +16,11 @@ demo: $(STAMP)
 	$(BIN)/tether demo --crash-at effect_sent
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests $(wildcard bench)
-	$(BIN)/ruff format --check src tests $(wildcard bench)
+	$(BIN)/ruff check src tests $(wildcard bench) examples
+	$(BIN)/ruff format --check src tests $(wildcard bench) examples
 
 types: $(STAMP)
-	$(BIN)/mypy -p tether
+	$(BIN)/mypy -p tether -p examples
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q

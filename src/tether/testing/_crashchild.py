@@ -9,6 +9,9 @@
   of ``POINT``. Reaching the end instead exits 0, which the harness reports.
 - ``recover``: ``start_or_recover`` the run and run it as far as it goes.
 
+An app with its own loop (:class:`~tether.testing.crash_harness.LoopCrashApp`)
+is driven by its ``drive`` at every stage instead of an agent's ``run``.
+
 ``clean`` and ``recover`` write what the run's signed state and ledger say
 to ``FILE`` (JSON, replaced whole). Any error leaves the file unwritten and
 the exit status non-zero, with the error on stderr for the harness to show.
@@ -28,7 +31,7 @@ from tether.core import EffectStatus, Phase
 from tether.runtime import CrashPlan, CrashPoint, Runtime
 from tether.store import open_store
 from tether.testing._crashreport import UNCERTAIN, Settled
-from tether.testing.crash_harness import load_app
+from tether.testing.crash_harness import CrashApp, LoopCrashApp, load_app
 
 #: The kind of a committed effect whose intent the signed trace does not name.
 UNNAMED = "(unknown kind)"
@@ -65,6 +68,21 @@ def settled(rt: Runtime, run_id: str) -> Settled:
     return Settled(state.phase.value, reviews, dict(committed), dict(held))
 
 
+def drive(app: CrashApp, rt: Runtime, run_id: str, *, recover: bool) -> None:
+    """Run ``run_id`` as far as it goes: the app's own loop, or its agent's steps."""
+    if isinstance(app, LoopCrashApp):
+        app.drive(rt, run_id)  # its effects.run starts or recovers the run, and lets go
+        return
+    if not recover:
+        rt.start(run_id).run()
+        return
+    session = rt.start_or_recover(run_id)
+    try:
+        session.run()
+    finally:
+        session.release()
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tether.testing._crashchild")
     parser.add_argument("stage", choices=["clean", "start", "recover"])
@@ -82,21 +100,17 @@ def main(argv: list[str]) -> int:
             plan = CrashPlan(CrashPoint(args.point), nth=args.hit, mode="kill")
             rt = app.runtime(store, args.run, plan)
             rt.lease_ttl_s = None  # a lease left by the killed child would block recovery
-            rt.start(args.run).run()
+            drive(app, rt, args.run, recover=False)
             return 0
         if args.stage == "clean":
             counter = PassCounter()
             rt = app.runtime(store, args.run, counter)
             rt.lease_ttl_s = None
-            rt.start(args.run).run()
+            drive(app, rt, args.run, recover=False)
             report = {**settled(rt, args.run).to_json(), "passes": dict(counter.passes)}
         else:
             rt = app.runtime(store, args.run, CrashPlan())
-            session = rt.start_or_recover(args.run)
-            try:
-                session.run()
-            finally:
-                session.release()
+            drive(app, rt, args.run, recover=True)
             report = settled(rt, args.run).to_json()
     temp = args.report.with_name(args.report.name + ".tmp")
     temp.write_text(json.dumps(report, sort_keys=True))

@@ -22,6 +22,22 @@ directory) that returns a :class:`CrashApp`::
 then ``tether crashtest --app mymodule:MyApp`` or
 ``run_crash_harness("mymodule:MyApp").passed``.
 
+An app whose own loop makes its effects (``tether.effects.run`` and
+``@tether.effect``, no :class:`~tether.runtime.Agent`) adds a ``drive``
+method, making it a :class:`LoopCrashApp`; each child then calls it where an
+agent's run would be stepped::
+
+        def drive(self, runtime: Runtime, run_id: str) -> None:
+            # the app's loop, run to its end (or as far as the run allows)
+            with tether.effects.run(runtime, run_id) as run:
+                if not run.phase.terminal:
+                    my_loop(...)
+                    run.finish("done")
+
+It is called for the fresh run and for every recovery alike, so it opens
+the run with ``tether.effects.run`` (which starts or recovers it) and
+leaves a run that already ended alone.
+
 What it does: one clean run first, in a child process, to learn how often
 the run passes each :class:`~tether.runtime.CrashPoint` and what the world
 receives when nothing goes wrong (it must end the same way every time, and
@@ -90,6 +106,7 @@ __all__ = [
     "CrashHarnessError",
     "CrashReport",
     "Judgement",
+    "LoopCrashApp",
     "Settled",
     "Trial",
     "Verdict",
@@ -121,6 +138,15 @@ class CrashApp(Protocol):
 
     def effects(self, run_id: str) -> Mapping[str, int]:
         """What the real systems received for ``run_id``, by action kind, from their own books."""
+        ...
+
+
+@runtime_checkable
+class LoopCrashApp(CrashApp, Protocol):
+    """A :class:`CrashApp` whose own loop makes the run's effects (see the module docstring)."""
+
+    def drive(self, runtime: Runtime, run_id: str) -> None:
+        """Start or recover ``run_id`` on ``runtime`` with ``tether.effects.run`` and run the loop."""
         ...
 
 

@@ -1,0 +1,1 @@
+"""A hand-written tool-calling loop, as written today (unguarded) and made crash-safe (guarded)."""

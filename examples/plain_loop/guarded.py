@@ -1,0 +1,80 @@
+"""A support desk's tool-calling loop, twice: ``unguarded.py`` and ``guarded.py`` differ only
+where tether comes in (a test keeps that under 20 changed lines).
+
+The "model" (``desk.next_step``) asks for a tool; the loop calls it and
+hands the answer back as text, until the model answers. The tools write
+the reply into the workspace, open a ticket over HTTP and email the
+customer.
+
+``unguarded.py`` is the loop as people write it today: each tool does its
+work itself. Kill it after the ticket went out and run the case again, and
+the customer gets a second ticket (a fresh ``Idempotency-Key`` per call
+does not survive the process) and a second email.
+
+``guarded.py`` marks each tool ``@tether.effect(kind)`` and runs the loop
+inside ``tether.effects.run``: a call persists the intent and its key, then
+the adapter that owns the kind (``tether_config.adapters``) performs it and
+its receipt is recorded. The tool's body is never run, so it is gone. Run
+the case again after a crash and the loop proposes the same calls: each one
+that happened returns its recorded receipt and sends nothing; one a crash
+left in doubt is asked after by its key first.
+
+    python -m examples.plain_loop.unguarded CASE
+    python -m examples.plain_loop.guarded CASE
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import tether
+from examples.plain_loop.desk import Config, next_step, request
+from examples.plain_loop.tether_config import runtime
+
+CONFIG = Config.from_env()
+
+
+@tether.effect("file.write")
+def write_file(path: str, content: str) -> Any:
+    """Replace the file ``path`` in the support workspace with ``content``."""
+
+
+@tether.effect("http.post", target="path")
+def open_ticket(json: dict[str, Any], path: str = "tickets") -> Any:
+    """Open a ticket on the ticket service: ``json`` is the ticket (title, customer)."""
+
+
+@tether.effect("email.send")
+def send_email(to: str, subject: str, body: str) -> Any:
+    """Email one address."""
+
+
+TOOLS: dict[str, Callable[..., Any]] = {
+    "write_file": write_file,
+    "open_ticket": open_ticket,
+    "send_email": send_email,
+}
+
+
+def agent_loop(asked: dict[str, str]) -> str:
+    """Ask the model for a tool call, make it, give it the answer; until the model answers."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": asked}]
+    while True:
+        step = next_step(messages)
+        if "answer" in step:
+            return str(step["answer"])
+        output = TOOLS[step["tool"]](**step["args"])
+        messages.append({"role": "tool", "name": step["tool"], "content": str(output)})
+
+
+def main(case: str) -> None:
+    """Answer the complaint filed as ``case``."""
+    with tether.effects.run(runtime(CONFIG), case) as run:
+        print(agent_loop(request(case)))
+        run.finish("customer answered")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "case-1")
