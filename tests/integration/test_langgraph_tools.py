@@ -381,12 +381,6 @@ def test_an_approval_interrupt_and_its_resume_on_postgresql(world: World) -> Non
     assert world.sandbox.files["notes.txt"] == "pg\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="effects API defect (tether.runtime._effects / RunSession.act): the call that "
-    "delivers an approved write settles it in _settle_first, then acts on the caller's own "
-    "proposal, finds it committed and answers 'replayed', though this very call sent it",
-)
 def test_the_call_that_sends_an_approved_write_reports_it_executed(world: World) -> None:
     """After approve(), the call that sends the write says executed, not replayed."""
     world.policy = make_policy(kinds=GUARDED)
