@@ -1,6 +1,6 @@
 """Run both loops against real services on loopback, kill each after its ticket went out, rerun.
 
-    python -m examples.plain_loop.run_demo [--dir DIR]
+    python -m examples.plain_loop.run_demo [--dir DIR] [--crashtest]
 
 (from the repository root, after ``make .venv/.installed``; ``.venv/bin/python``).
 It starts the reference ticket service (``python -m
@@ -12,6 +12,8 @@ is killed with SIGKILL right after the ticket was sent (the unguarded tool
 returned; the guarded call's adapter committed, before tether recorded the
 receipt), a second process runs the same case again, and what the ticket
 service and the mailbox hold for the case is counted from their own books.
+``--crashtest`` runs ``tether crashtest`` on the guarded loop instead, with
+the same services started for it.
 """
 
 from __future__ import annotations
@@ -125,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         "--dir", type=Path, help="where services and workspaces live (default: a temp dir)"
     )
     parser.add_argument(
+        "--crashtest",
+        action="store_true",
+        help="instead: run `tether crashtest` on the guarded loop, every window of every effect",
+    )
+    parser.add_argument(
         "--kill-after-ticket", nargs=2, metavar=("VERSION", "CASE"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
@@ -132,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         kill_after_ticket(*args.kill_after_ticket)
         return 0
     base = args.dir if args.dir is not None else Path(tempfile.mkdtemp(prefix="plain-loop-"))
+    if args.crashtest:
+        with services(base) as env:
+            tether = [sys.executable, "-m", "tether.cli", "crashtest"]
+            app = ["--app", "examples.plain_loop.crash_app:app"]
+            child = {**os.environ, **env, "PYTHONPATH": str(REPO)}
+            return subprocess.run([*tether, *app], env=child, cwd=REPO, check=False).returncode
     with services(base) as env:
         for version in VERSIONS:
             got = crash_then_rerun(version, f"{version}-1", fresh_case(base, version, env))
