@@ -160,10 +160,39 @@ def post_ticket(url: str, title: str) -> None:
 # -- one process of a trial, per framework -------------------------------------------------
 
 
+def ticket_rules(fingerprint: str, task_id: str) -> tuple[Any, Any]:
+    """The task and policy of a run that may POST tickets to the counting service, unapproved."""
+    from tether.core import Policy, TaskSpec
+
+    task = TaskSpec.from_json(
+        {
+            "task_id": task_id,
+            "task_version": "1",
+            "allowed_kinds": ["http.post"],
+            "allowed_paths": ["tickets"],
+            "permissions": ["service.write"],
+            "budgets": {"proposals": 10, "steps": 10, "wall_time_s": 3600, "cost": 0},
+            "initial_environment": {"namespace": "http", "state_fingerprint": fingerprint},
+            "verifier": {"argv": ["true"], "timeout_s": 5},
+        }
+    )
+    rule = {"risk": "low", "permission": "service.write", "needs_approval": False}
+    policy = Policy.from_json(
+        {
+            "policy_id": task_id,
+            "policy_version": "1",
+            "kinds": {"http.post": rule},
+            "max_risk": "medium",
+            "approval_ttl_s": 900,
+        }
+    )
+    return task, policy
+
+
 def tether_child(args: argparse.Namespace) -> None:
     """tether's Runtime over HttpEffect; killed at EFFECT_SENT, then recovered."""
     from tether.adapters import HttpEffect
-    from tether.core import Observation, Policy, Proposal, TaskSpec
+    from tether.core import Observation, Proposal
     from tether.crypto import Keyring
     from tether.runtime import AgentContext, CrashPlan, CrashPoint, Decision, Runtime
     from tether.store import open_store
@@ -194,36 +223,7 @@ def tether_child(args: argparse.Namespace) -> None:
     keyring = Keyring.from_file(keyfile)
     store = open_store(args.store)
     with HttpEffect(args.url) as http:
-        task = TaskSpec.from_json(
-            {
-                "task_id": "compare-kill",
-                "task_version": "1",
-                "allowed_kinds": ["http.post"],
-                "allowed_paths": ["tickets"],
-                "permissions": ["service.write"],
-                "budgets": {"proposals": 10, "steps": 10, "wall_time_s": 3600, "cost": 0},
-                "initial_environment": {
-                    "namespace": "http",
-                    "state_fingerprint": http.environment().state_fingerprint,
-                },
-                "verifier": {"argv": ["true"], "timeout_s": 5},
-            }
-        )
-        policy = Policy.from_json(
-            {
-                "policy_id": "compare",
-                "policy_version": "1",
-                "kinds": {
-                    "http.post": {
-                        "risk": "low",
-                        "permission": "service.write",
-                        "needs_approval": False,
-                    }
-                },
-                "max_risk": "medium",
-                "approval_ttl_s": 900,
-            }
-        )
+        task, policy = ticket_rules(http.environment().state_fingerprint, "compare-kill")
         armed = args.phase == "first"
         runtime = Runtime(
             store=store,

@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench._compare_kill import post_ticket
+from bench._compare_kill import post_ticket, ticket_rules
 from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -34,7 +34,6 @@ from langgraph.prebuilt import ToolNode
 
 from tether import effects
 from tether.adapters import HttpEffect
-from tether.core import Policy, TaskSpec
 from tether.crypto import Keyring
 from tether.integrations.langgraph import TetherSaver, guard
 from tether.runtime import CrashPlan, CrashPoint, Runtime
@@ -91,40 +90,13 @@ def guarded(first: bool, url: str, title: str, where: Path) -> Any:
         TetherSaver.from_url(url_of_store, keyring) as saver,
     ):
         store = open_store(url_of_store)
+        task, policy = ticket_rules(http.environment().state_fingerprint, "lg-kill")
         runtime = Runtime(
             store=store,
             keyring=keyring,
             adapter=http,
-            task=TaskSpec.from_json(
-                {
-                    "task_id": "lg-kill",
-                    "task_version": "1",
-                    "allowed_kinds": ["http.post"],
-                    "allowed_paths": ["tickets"],
-                    "permissions": ["service.write"],
-                    "budgets": {"proposals": 10, "steps": 10, "wall_time_s": 3600, "cost": 0},
-                    "initial_environment": {
-                        "namespace": "http",
-                        "state_fingerprint": http.environment().state_fingerprint,
-                    },
-                    "verifier": {"argv": ["true"], "timeout_s": 5},
-                }
-            ),
-            policy=Policy.from_json(
-                {
-                    "policy_id": "lg-kill",
-                    "policy_version": "1",
-                    "kinds": {
-                        "http.post": {
-                            "risk": "low",
-                            "permission": "service.write",
-                            "needs_approval": False,
-                        }
-                    },
-                    "max_risk": "medium",
-                    "approval_ttl_s": 900,
-                }
-            ),
+            task=task,
+            policy=policy,
             crash=CrashPlan(CrashPoint.EFFECT_SENT, mode="kill") if first else CrashPlan(),
         )
         graph = graph_with(tool, saver, title)

@@ -38,6 +38,19 @@ def loop_runtime(world: World, crash: CrashPlan | None = None, **kw: Any) -> Run
     return world.runtime(None, crash=crash, **kw)
 
 
+def alice_approves(world: World, run: effects.GuardedRun) -> dict[str, Any]:
+    """Alice's signed approval of the run's pending action, alive for five minutes."""
+    now = world.clock.now()
+    body = new_approval(
+        run.session.state,
+        ALICE.signer_id,
+        issued_at=now,
+        expires_at=now + timedelta(seconds=300),
+        nonce=secrets.token_hex(16),
+    )
+    return ALICE.sign(body)
+
+
 def test_a_call_sends_the_write_once_and_returns_the_adapters_receipt(world: World) -> None:
     """effects.call gates, persists and sends the write; the receipt comes back from the ledger."""
     with effects.run(loop_runtime(world), "r1") as run:
@@ -109,15 +122,7 @@ def test_a_write_that_needs_approval_raises_what_a_person_must_sign(world: World
         assert world.sandbox.write_count() == 0
         with pytest.raises(ApprovalRequiredError):  # called again without one: still waiting
             effects.call("file.write", "notes.txt", {"content": "hello\n"})
-        now = world.clock.now()
-        body = new_approval(
-            run.session.state,
-            ALICE.signer_id,
-            issued_at=now,
-            expires_at=now + timedelta(seconds=300),
-            nonce=secrets.token_hex(16),
-        )
-        run.approve(ALICE.sign(body))
+        run.approve(alice_approves(world, run))
         done = effects.call("file.write", "notes.txt", {"content": "hello\n"})
     assert done.outcome == "executed" and done.receipt is not None  # this call sent it
     assert world.sandbox.write_count() == 1
@@ -224,15 +229,7 @@ def test_an_approved_read_is_answered_by_the_call_that_asks_again(world: World) 
     with effects.run(runtime, "r1") as run:
         with pytest.raises(ApprovalRequiredError):
             effects.call("file.read", "notes.txt")
-        now = world.clock.now()
-        body = new_approval(
-            run.session.state,
-            ALICE.signer_id,
-            issued_at=now,
-            expires_at=now + timedelta(seconds=300),
-            nonce=secrets.token_hex(16),
-        )
-        run.approve(ALICE.sign(body))
+        run.approve(alice_approves(world, run))
         read = effects.call("file.read", "notes.txt")
         kinds = [event.kind for event in run.session.trace()]
     assert read.outcome == "observed" and read.result["text"] == "draft\n"
