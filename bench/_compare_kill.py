@@ -22,6 +22,7 @@ the framework re-runs has no way to know the key it used before), tether's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -249,9 +250,16 @@ def graph_child(args: argparse.Namespace) -> None:
     from langgraph.graph import END, START, StateGraph
 
     url = args.url
+    guarded = args.framework.startswith("tethersaver")
 
     def send(state: TicketState) -> dict[str, Any]:
-        post_ticket(url, state["title"])
+        if guarded:
+            # tether's way: the effect goes through the run (key and intent first).
+            from tether import effects
+
+            effects.call("http.post", "tickets", {"json": {"title": state["title"]}})
+        else:
+            post_ticket(url, state["title"])
         return {"done": True}
 
     builder = StateGraph(TicketState)
@@ -260,6 +268,7 @@ def graph_child(args: argparse.Namespace) -> None:
     builder.add_edge("send", END)
     config: Any = {"configurable": {"thread_id": args.run_id}}
     closers: list[Any] = []
+    block: Any = contextlib.nullcontext()
     if args.framework == "langgraph-sqlite":
         from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -282,18 +291,44 @@ def graph_child(args: argparse.Namespace) -> None:
         if args.phase == "first":
             keyfile.write_bytes(Keyring.generate("compare-kill").to_json())
             keyfile.chmod(0o600)
-        saver = TetherSaver.from_url(args.store, Keyring.from_file(keyfile))
+        keyring = Keyring.from_file(keyfile)
+        saver = TetherSaver.from_url(args.store, keyring)
         closers.append(saver.close)
+        block = guarded_run(args, keyring, closers)
     if args.phase == "first" and hasattr(saver, "setup"):
         saver.setup()
     graph = builder.compile(checkpointer=saver)
-    graph.invoke(
-        {"title": args.title, "done": False} if args.phase == "first" else None,
-        config,
-        durability="sync",
-    )
+    with block:
+        graph.invoke(
+            {"title": args.title, "done": False} if args.phase == "first" else None,
+            config,
+            durability="sync",
+        )
     for close in closers:
         close()
+
+
+def guarded_run(args: argparse.Namespace, keyring: Any, closers: list[Any]) -> Any:
+    """The tether run the TetherSaver graph's effect goes through (killed at EFFECT_SENT when armed)."""
+    from tether import effects
+    from tether.adapters import HttpEffect
+    from tether.runtime import CrashPlan, CrashPoint, Runtime
+    from tether.store import open_store
+
+    http = HttpEffect(args.url)
+    store = open_store(args.store)
+    closers += [http.close, store.close]
+    task, policy = ticket_rules(http.environment().state_fingerprint, "compare-kill")
+    armed = os.environ.get("COMPARE_ARMED") == "1"
+    runtime = Runtime(
+        store=store,
+        keyring=keyring,
+        adapter=http,
+        task=task,
+        policy=policy,
+        crash=CrashPlan(CrashPoint.EFFECT_SENT, mode="kill") if armed else CrashPlan(),
+    )
+    return effects.run(runtime, args.run_id)
 
 
 def dbos_child(args: argparse.Namespace) -> None:

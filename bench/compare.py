@@ -103,7 +103,9 @@ STEP_WORDS = [
     "DBOS: one `@DBOS.step` in a `@DBOS.workflow` of --steps steps (its output recorded)",
     "bare: one committed single-row INSERT of the state's size",
     "duplicates: SIGKILL right after a real `POST /tickets` to a loopback service, "
-    "then recovery/resume in a new process; the service counts the requests it saw",
+    "then recovery/resume in a new process; the service counts the requests it saw. "
+    "LangGraph on TetherSaver sends it through `tether.effects` (a guarded call), as "
+    "tether's LangGraph integration is used; the other LangGraph rows with a plain POST",
 ]
 PEERS = {
     "tether-sqlite": ("langgraph-sqlite", "dbos-sqlite"),

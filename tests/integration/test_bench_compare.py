@@ -84,3 +84,10 @@ def test_the_sqlitesaver_control_really_repeats_the_killed_effect(tmp_path: Path
     text = _compare(tmp_path, "--only", "langgraph-sqlite", "--trials", "1")
     row = next(line for line in text.splitlines() if line.startswith("| LangGraph SqliteSaver"))
     assert row.rstrip(" |").split("|")[-1].strip().startswith("1 of 1 ")
+
+
+def test_langgraph_on_tethersaver_with_a_guarded_effect_sends_it_once(tmp_path: Path) -> None:
+    """The TetherSaver row's graph sends through tether.effects: killed after the send, no repeat."""
+    text = _compare(tmp_path, "--only", "tethersaver-sqlite", "--trials", "2")
+    row = next(line for line in text.splitlines() if line.startswith("| LangGraph on TetherSaver"))
+    assert row.rstrip(" |").split("|")[-1].strip().startswith("0 of 2 ")
