@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -287,6 +288,30 @@ def test_two_approvals_in_one_node_each_send_once(world: World, saver: TetherSav
     assert answers == 2
     assert world.sandbox.write_count() == 2
     assert world.sandbox.files == {"notes.txt": "one\n", "src/two.txt": "two\n"}
+
+
+def test_a_call_blocked_behind_another_write_shows_that_write_not_its_own_name(
+    world: World, saver: TetherSaver
+) -> None:
+    """The interrupt names the waiting write (kind, target, args), not the tool blocked behind it."""
+    world.policy = make_policy(kinds=GUARDED)
+
+    def writer(state: MessagesState) -> dict[str, Any]:
+        with contextlib.suppress(ApprovalRequiredError):  # notes.txt now waits for a person
+            effects.call("file.write", "notes.txt", {"content": "first\n"})
+        SAVE.invoke({"path": "src/two.txt", "content": "two\n"})
+        return {}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("writer", writer)
+    builder.add_edge(START, "writer")
+    graph = builder.compile(checkpointer=saver)
+    with effects.run(loop(world), "r1"):
+        (ask,) = interrupts(graph.invoke({"messages": []}, thread()))
+    assert ask["for_this_call"] is False and ask["tool"] is None
+    assert (ask["kind"], ask["target"]) == ("file.write", "notes.txt")
+    assert ask["args"]["content"] == "first\n"
+    assert world.sandbox.write_count() == 0
 
 
 def test_outside_a_graph_a_needed_approval_is_the_typed_error(world: World) -> None:

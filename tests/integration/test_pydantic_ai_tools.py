@@ -15,7 +15,7 @@ pytest.importorskip("pydantic_ai", reason="needs the [pydantic-ai] extra")
 
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
 
 from tests.conftest import World, make_policy
 from tests.integration._pydantic_ai_kit import CUSTOMER, KINDS, agent, policy, scripted, task, tools
@@ -30,6 +30,7 @@ from tether import effects
 from tether.adapters import Adapters, HttpEffect
 from tether.core import (
     ApprovalRequiredError,
+    EvidenceBindingError,
     NeedsReviewError,
     NotInRunError,
     SpecError,
@@ -282,3 +283,32 @@ def test_parallel_tool_calls_of_an_async_run_each_send_once(desk: Desk) -> None:
         again = asyncio.run(bot.run("printer, and tell the customer"))
     assert len(desk.tickets()) == 1 and len(delivered(desk.maildir)) == 1
     assert sorted(map(str, tool_returns(again))) == sorted(map(str, tool_returns(first)))
+
+
+def test_an_approval_with_edited_arguments_sends_neither_version(desk: Desk) -> None:
+    """A signed approval of the write as asked, given with override_args, is refused typed."""
+    gated = policy(
+        **{"email.send": {"risk": "medium", "permission": "mail.send", "needs_approval": True}}
+    )
+    runtime = desk.runtime(policy=gated, trust=TrustRoots.of(ALICE.trust_root()))
+    bot = agent(scripted("send_email", MAIL), TetherToolset(tools([]), kinds=KINDS))
+    with effects.run(runtime, "r1") as run:
+        waiting = bot.run_sync("tell the customer")
+        (call,) = waiting.output.approvals
+        now = datetime.now(UTC)
+        body = new_approval(
+            run.session.state,
+            ALICE.signer_id,
+            issued_at=now,
+            expires_at=now + timedelta(seconds=300),
+            nonce=secrets.token_hex(16),
+        )
+        edited = ToolApproved(override_args={**MAIL, "subject": "something else"})
+        answer = DeferredToolResults(
+            approvals={call.tool_call_id: edited},
+            metadata={call.tool_call_id: {APPROVAL_METADATA_KEY: ALICE.sign(body)}},
+        )
+        with pytest.raises(EvidenceBindingError):
+            bot.run_sync(message_history=waiting.all_messages(), deferred_tool_results=answer)
+        assert run.session.awaiting_approval  # the write as asked still waits, unsent
+    assert delivered(desk.maildir) == []

@@ -151,6 +151,12 @@ class GuardedRun:
             proposal = Proposal(session.rt.ids.new_id("call"), kind, target, args=dict(args or {}))
             return self._answer(proposal, self._act(proposal))
 
+    def waits_for(self, kind: str, target: str = "", args: dict[str, Any] | None = None) -> bool:
+        """Whether the action the run holds for a person is this call's (the same effect)."""
+        pending = self.session.state.pending
+        proposal = Proposal("waits-for", kind, target, args=dict(args or {}))
+        return pending is not None and self.session.rt.same_action(pending, proposal)
+
     def finish(self, summary: str = "") -> Outcome:
         """End the run: the task's verifier runs at the final state.
 

@@ -32,7 +32,11 @@ nothing is sent.
 interrupt's value is a JSON object a person can act on:
 
 - ``{"tether": "approval_required", "run_id", "action_id", "tool",
-  "request": {the fields an approval must carry}, "refused"}``
+  "for_this_call", "kind", "target", "args", "request": {the fields an
+  approval must carry}, "refused"}``: ``kind``, ``target`` and ``args`` (left
+  out for a kind the policy marks sensitive) are the write waiting; when
+  another write than this tool's call waits (``for_this_call`` false,
+  ``tool`` null), this call goes on once that one is settled
 - ``{"tether": "needs_review", "run_id", "case_id", "reason", "detail",
   "tool", "request": {the fields a reviewer decision must carry}, "refused"}``
 
@@ -294,7 +298,11 @@ def _payload(
             "tether": APPROVAL,
             "run_id": exc.run_id,
             "action_id": exc.action_id,
-            "tool": tool,
+            # Another write may be the one waiting (this tool's call waits behind
+            # it): the person is shown what is signed, never this tool's name on it.
+            "tool": tool if exc.for_this_call else None,
+            "for_this_call": exc.for_this_call,
+            **_what_waits(run),
             "request": dict(exc.request),
             "refused": refused,
         }
@@ -310,6 +318,19 @@ def _payload(
         "request": None if case is None else decision_request(state, case),
         "refused": refused,
     }
+
+
+def _what_waits(run: GuardedRun) -> dict[str, Any]:
+    """The held action a person reads before signing: kind, target, arguments (unless sensitive)."""
+    pending = run.session.state.pending
+    if pending is None:
+        return {}
+    intent = pending.intent
+    rule = run.session.rt.policy.kinds.get(intent.kind)
+    shown: dict[str, Any] = {"kind": intent.kind, "target": intent.target}
+    if rule is None or not rule.sensitive:
+        shown["args"] = dict(intent.args)
+    return shown
 
 
 def _interrupt(ask: _Ask) -> Any:

@@ -40,7 +40,7 @@ from pydantic_ai.toolsets import ToolsetTool, WrapperToolset
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from tether import effects
-from tether.core import ApprovalRequiredError, SpecError
+from tether.core import ApprovalRequiredError, EvidenceBindingError, SpecError
 
 APPROVAL_METADATA_KEY = "tether_approval"
 """Where a person's signed approval travels in ``DeferredToolResults.metadata[tool_call_id]``."""
@@ -153,6 +153,12 @@ class TetherToolset(WrapperToolset[AgentDepsT]):
         if document is not None and run.session.awaiting_approval:
             # Only while the run waits: the same continuation run again after the
             # write went (a crash before its caller saw it) replays, it is not re-approved.
+            if not run.waits_for(guard.kind, target, args):
+                # Approved with other arguments (override_args) than the write the
+                # signature names: delivering it would send the write as first asked.
+                raise EvidenceBindingError(
+                    "intent", "this call's arguments", "the write as first asked"
+                )
             await asyncio.to_thread(run.approve, document)
         try:
             done = await asyncio.to_thread(run.call, guard.kind, target, args)
