@@ -87,3 +87,27 @@ def test_statements_kept_past_their_body_are_refused(store: SQLBase) -> None:
     with pytest.raises(StoreError, match="outside the transaction"):
         kept.run("INSERT INTO ext_rows (k, v) VALUES ('a', '1')")
     assert _rows(store) == []
+
+
+def test_statements_kept_past_their_body_are_refused_inside_a_later_unit(store: SQLBase) -> None:
+    """A leaked handle is bound to its own unit of work, not to a later one on the same connection."""
+    kept = store.transaction(lambda tx: tx)
+
+    def later(tx: SQLStatements) -> None:
+        tx.run("INSERT INTO ext_rows (k, v) VALUES ('b', '2')")
+        kept.run("INSERT INTO ext_rows (k, v) VALUES ('a', '1')")
+
+    with pytest.raises(StoreError, match="outside the transaction"):
+        store.transaction(later)
+    assert _rows(store) == []
+
+
+def test_a_transaction_inside_a_read_is_refused(store: SQLBase) -> None:
+    """A read holds no transaction, so a write body inside one is refused and lands nothing."""
+
+    def inner(tx: SQLStatements) -> None:
+        tx.run("INSERT INTO ext_rows (k, v) VALUES ('a', '1')")
+
+    with pytest.raises(StoreError, match="inside a read"):
+        store.read(lambda _: store.transaction(inner))
+    assert _rows(store) == []

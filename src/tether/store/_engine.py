@@ -106,7 +106,10 @@ class SQLEngine:
         (serialization failure, deadlock, a connection found dead before
         anything was sent) runs ``body`` again from the start, so ``body``
         must be safe to run more than once and must not act outside the
-        store. Called inside another unit of work, it joins that one.
+        store. Called inside another transaction, it joins that one: its
+        statements commit or roll back with the outer transaction (an error
+        the outer body catches does not undo them). Inside a :meth:`read` it
+        is refused (:class:`~tether.core.StoreError`).
         """
         return self._write(lambda: body(SQLStatements(self)))
 
@@ -135,6 +138,10 @@ class SQLEngine:
 
     def _unit(self, body: Callable[[], T], *, write: bool, transaction: bool = True) -> T:
         if getattr(self._local, "conn", None) is not None:
+            if write and not getattr(self._local, "write", False):
+                # A read holds no transaction: the write's statements would land
+                # one by one, and a failure half way would keep the first half.
+                raise StoreError(f"{self!r}: a write cannot run inside a read; run it on its own")
             return body()  # nested: join the caller's connection and transaction
         attempt = 0
         while True:
@@ -142,6 +149,8 @@ class SQLEngine:
             try:
                 with self._connection() as conn:
                     self._local.conn = conn
+                    self._local.write = write
+                    self._local.unit = object()  # what SQLStatements handed out here are bound to
                     try:
                         if not write:
                             sent = True
@@ -157,6 +166,7 @@ class SQLEngine:
                             return body()
                     finally:
                         self._local.conn = None
+                        self._local.unit = None
             except TetherError:
                 raise
             except Exception as exc:
@@ -212,16 +222,17 @@ class SQLStatements:
     placeholders whatever the dialect; each store translates them.
     """
 
-    __slots__ = ("_conn", "_engine")
+    __slots__ = ("_engine", "_unit")
 
     def __init__(self, engine: SQLEngine) -> None:
         self._engine = engine
-        # The engine and its statements share this module: the handle reads the
-        # engine's per-thread connection to know it is still inside its unit.
-        self._conn = getattr(engine._local, "conn", None)
+        # The engine and its statements share this module: the handle holds the
+        # token of the unit of work it was handed to (a later unit on the same
+        # shared connection has another).
+        self._unit = getattr(engine._local, "unit", None)
 
     def _live(self) -> SQLEngine:
-        if self._conn is None or getattr(self._engine._local, "conn", None) is not self._conn:
+        if self._unit is None or getattr(self._engine._local, "unit", None) is not self._unit:
             raise StoreError(
                 "store statements used outside the transaction or read they were handed to; "
                 "run them inside the body"
