@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -16,6 +17,20 @@ from tether.core import Observation, Policy, Proposal, TaskSpec
 from tether.crypto import Keyring
 from tether.runtime import AgentContext, CrashPlan, Decision, Runtime
 from tether.store import SQLiteStore
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> pytest.CollectReport:
+    """Under ``TETHER_REQUIRE_EXTRAS=1`` (CI) a test module skipped at import fails instead.
+
+    The integration tests skip without their optional extra (``importorskip``);
+    in CI every extra is installed, so such a skip can only hide a broken install.
+    """
+    report: pytest.CollectReport = yield
+    if report.skipped and os.environ.get("TETHER_REQUIRE_EXTRAS") == "1":
+        report.outcome = "failed"
+        report.longrepr = f"skipped at collection, but TETHER_REQUIRE_EXTRAS=1: {report.longrepr}"
+    return report
 
 
 class ManualClock:

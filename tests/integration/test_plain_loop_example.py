@@ -71,6 +71,8 @@ def test_the_guarded_loop_survives_a_kill_at_every_crash_point(
     tmp_path: Path, services: dict[str, str]
 ) -> None:
     """Killed at each pass of each point and recovered twice: the world equals the clean run's."""
+    # The -O pass (the second CI pass, same code) runs the effect windows only, the
+    # points where a repeat could happen; the first pass runs every point.
     points = list(P) if __debug__ else list(EFFECT_WINDOWS)
     work = tmp_path / "work"
     report = run_crash_harness(

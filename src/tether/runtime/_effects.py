@@ -7,7 +7,7 @@ framework that resumes after a crash calls them again. Here the caller keeps
 its loop and routes each effect through the run:
 
     with tether.effects.run(runtime, "ticket-42") as run:
-        receipt = tether.effects.call("http.post", "/tickets", {"title": "..."})
+        receipt = tether.effects.call("http.post", "tickets", {"json": {"title": "..."}})
 
 or, on a tool function, ``@tether.effect("email.send")``.
 
