@@ -644,3 +644,11 @@ def test_trust_roots_without_the_needed_role_leave_the_evidence_unread(world: Wo
     fixed = runtime(world, agent=two_writes()).recover("r1")
     fixed.run()
     assert fixed.state.phase is Phase.FAILED  # the same signed decision, read once fixed
+
+
+@pytest.mark.parametrize("signature", [None, 5])
+def test_a_document_without_signature_text_is_refused_saying_so(signature: object) -> None:
+    """A missing or non-text signature is named as such, not as another algorithm."""
+    signed = ALICE.sign({"kind": "approval"})
+    with pytest.raises(EvidenceSignatureError, match="no signature text"):
+        TRUST.verify({**signed, "signature": signature}, ALICE.role)

@@ -280,8 +280,10 @@ class TrustRoots:
         root = self._roots.get(signer_id)
         if root is None or root.role is not role:
             raise UnknownSignerError(signer_id, role.value)
-        if document["alg"] != root.alg.value or not isinstance(document["signature"], str):
+        if document["alg"] != root.alg.value:
             raise EvidenceSignatureError(f"evidence from {signer_id!r} uses another algorithm")
+        if not isinstance(document["signature"], str):
+            raise EvidenceSignatureError(f"evidence from {signer_id!r} has no signature text")
         try:
             signature = _unb64(document["signature"], "signature")
             message = _DOMAIN + canonical_bytes(body)
