@@ -481,6 +481,38 @@ def figures(results: Results, header: dict[str, str], command: str) -> dict[str,
     }
 
 
+def check_figures(saved: dict[str, Any]) -> None:
+    """Refuse saved figures whose table or verdicts are not what their own measurements give.
+
+    A run saves its raw measurements beside the formatted cells; a cell or a
+    verdict edited by hand no longer matches them. Figures saved without
+    measurements (converted from an older report) are taken as they are.
+    """
+    measured = saved.get("measured")
+    if measured is None:
+        return
+    try:
+        results = Results(
+            names=list(measured["rates"]),
+            rates=measured["rates"],
+            early={k: (int(v[0]), float(v[1])) for k, v in measured["early"].items()},
+            late={k: (int(v[0]), float(v[1])) for k, v in measured["late"].items()},
+            trials=measured["trials"],
+        )
+        derived = {
+            "rows": table(results)[1],
+            "targets": verdicts(results),
+            "informational": speeds(results, INFORMATIONAL, False),
+        }
+    except (KeyError, TypeError, ValueError, IndexError, statistics.StatisticsError) as exc:
+        raise compare_report.FiguresError(f"the saved measurements are malformed: {exc}") from exc
+    for part, value in derived.items():
+        if saved.get(part) != value:
+            raise compare_report.FiguresError(
+                f"the saved {part} are not what the saved measurements give (edited by hand?)"
+            )
+
+
 # -- main ----------------------------------------------------------------------------------
 
 
@@ -576,7 +608,9 @@ def main(argv: list[str] | None = None) -> int:
         readme = REPO / "README.md"
     try:
         if args.readme_only:
-            rewrite_readme(readme or REPO / "README.md", compare_report.load(saved))
+            figures_saved = compare_report.load(saved)
+            check_figures(figures_saved)
+            rewrite_readme(readme or REPO / "README.md", figures_saved)
             return 0
         if readme is not None:  # refuse before an hour of measuring, not after
             compare_report.check_markers(readme.read_text())
