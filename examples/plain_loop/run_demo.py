@@ -38,6 +38,8 @@ from examples.plain_loop.desk import DRAFT, Config, request
 
 REPO = Path(__file__).resolve().parents[2]
 VERSIONS = ("unguarded", "guarded")
+#: A loop that neither ends nor dies by then is stuck: the demo stops, it does not hang.
+_TIMEOUT_S = 120
 
 
 @contextmanager
@@ -85,12 +87,18 @@ def crash_then_rerun(version: str, case: str, env: dict[str, str]) -> dict[str, 
     child = {**os.environ, **env, "PYTHONPATH": str(REPO)}
     me = [sys.executable, "-m", "examples.plain_loop.run_demo"]
     killed = subprocess.run(
-        [*me, "--kill-after-ticket", version, case], env=child, cwd=REPO, check=False
+        [*me, "--kill-after-ticket", version, case],
+        env=child,
+        cwd=REPO,
+        check=False,
+        timeout=_TIMEOUT_S,
     )
     if killed.returncode != -signal.SIGKILL:
         raise SystemExit(f"the {version} loop was not killed (exit {killed.returncode})")
     again = [sys.executable, "-m", f"examples.plain_loop.{version}", case]
-    subprocess.run(again, env=child, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        again, env=child, cwd=REPO, check=True, stdout=subprocess.DEVNULL, timeout=_TIMEOUT_S
+    )
     return world(Config.from_env(env), case)
 
 

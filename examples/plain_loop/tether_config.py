@@ -11,8 +11,6 @@ policy (the risk of each kind, whether a person must approve it).
 
 from __future__ import annotations
 
-import sys
-
 import tether
 from examples.plain_loop.desk import DRAFT, Config
 from tether.adapters import Adapters, FileWorkspace, HttpEffect, MaildirLookup, Sandbox, SmtpEffect
@@ -22,7 +20,9 @@ from tether.store import ContentStore
 CUSTOMERS = ["customer@example.com"]
 #: The finished run is judged on the workspace it owns: the reply promises a technician.
 VERIFIER = (
-    sys.executable,
+    # "python": the workspace runs its own interpreter, so a case resumed under
+    # another path to Python (an activated venv, python3) keeps the task's fingerprint.
+    "python",
     "-c",
     "import pathlib, sys; sys.exit('technician' not in pathlib.Path('reply.txt').read_text())",
 )

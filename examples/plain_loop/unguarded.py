@@ -8,8 +8,8 @@ customer.
 
 ``unguarded.py`` is the loop as people write it today: each tool does its
 work itself. Kill it after the ticket went out and run the case again, and
-the customer gets a second ticket (a fresh ``Idempotency-Key`` per call
-does not survive the process) and a second email.
+the case gets a second ticket (a fresh ``Idempotency-Key`` per call does
+not survive the process); killed after the email, a second email.
 
 ``guarded.py`` marks each tool ``@tether.effect(kind)`` and runs the loop
 inside ``tether.effects.run``: a call persists the intent and its key, then

@@ -21,7 +21,6 @@ import json
 import os
 import sqlite3
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
+from tests.integration._zygote import serve
 from tether import effects
 from tether.adapters import HttpEffect
 from tether.crypto import Keyring
@@ -121,39 +121,24 @@ def phase(mode: str, name: str, url: str, title: str, where: str) -> int:
     return 0
 
 
-def zygote() -> None:
-    """Fork one child per request line (JSON: mode, phase, url, title, where); answer its exit.
+def redirected(job: dict[str, Any]) -> int:
+    """One trial phase in a forked child, its stdout and stderr in files named after the phase.
 
-    Every trial's process is a new process, forked from this one after the
-    imports and before anything is opened: the seconds LangGraph and tether
-    take to import are paid once per test, not once per process. The
-    child's stdout and stderr go to files named after its phase in ``where``.
+    Every trial's process is forked by ``_zygote.serve`` after the imports and
+    before anything is opened: the seconds LangGraph and tether take to
+    import are paid once per test, not once per process.
     """
-    for line in sys.stdin:
-        job = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                base = Path(job["where"]) / job["phase"]
-                for fd, suffix in ((1, ".out"), (2, ".err")):
-                    sink = os.open(f"{base}{suffix}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                    os.dup2(sink, fd)
-                    os.close(sink)
-                code = phase(job["mode"], job["phase"], job["url"], job["title"], job["where"])
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), flush=True)
+    base = Path(job["where"]) / job["phase"]
+    for fd, suffix in ((1, ".out"), (2, ".err")):
+        sink = os.open(f"{base}{suffix}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(sink, fd)
+        os.close(sink)
+    return phase(job["mode"], job["phase"], job["url"], job["title"], job["where"])
 
 
 def main(argv: list[str]) -> int:
     if argv == ["zygote"]:
-        zygote()
+        serve(redirected)
         return 0
     return phase(*argv)
 

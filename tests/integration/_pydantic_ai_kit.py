@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import sys
-import traceback
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from pydantic_ai.tools import DeferredToolRequests
 from pydantic_ai.toolsets import FunctionToolset
 
 from tests.conftest import make_policy, make_task
+from tests.integration._zygote import serve
 from tether import effects
 from tether.adapters import Adapter, HttpEffect
 from tether.core import Policy, TaskSpec
@@ -164,27 +164,13 @@ def phase(request: dict[str, Any]) -> None:
     Path(request["answer"]).write_text(str(result.output))  # what the model was told
 
 
-def zygote() -> None:
-    """Fork one child per request line; answer each with the child's exit status."""
-    for line in sys.stdin:
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                phase(request)
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"status": os.waitstatus_to_exitcode(status)}), flush=True)
+def child(request: dict[str, Any]) -> int:
+    """One phase of a trial, in a process ``_zygote.serve`` forked after the imports."""
+    phase(request)
+    return 0
 
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["zygote"]:
         raise SystemExit("usage: python -m tests.integration._pydantic_ai_kit zygote")
-    zygote()
+    serve(child)

@@ -75,10 +75,6 @@ def test_the_run_saves_the_figures_its_report_is_rendered_from(tmp_path: Path) -
     assert figures["measured"]["rates"]["tether-sqlite"]
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("langgraph.checkpoint.sqlite") is None,
-    reason="needs langgraph-checkpoint-sqlite (make bench-compare installs it)",
-)
 def test_the_sqlitesaver_control_really_repeats_the_killed_effect(tmp_path: Path) -> None:
     """The control measures something: plain SqliteSaver re-sends a killed node's request."""
     text = _compare(tmp_path, "--only", "langgraph-sqlite", "--trials", "1")

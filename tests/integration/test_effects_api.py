@@ -62,8 +62,8 @@ def test_a_call_sends_the_write_once_and_returns_the_adapters_receipt(world: Wor
     assert world.sandbox.files["notes.txt"] == "hello\n"
 
 
-def test_the_same_effect_called_again_in_a_new_process_is_replayed(world: World) -> None:
-    """A host framework re-running the tool gets the recorded receipt; nothing is sent again."""
+def test_the_same_effect_called_again_in_a_new_run_block_is_replayed(world: World) -> None:
+    """Called again through a new runtime on the same store, the effect's receipt comes back."""
     with effects.run(loop_runtime(world), "r1"):
         first = effects.call("file.write", "notes.txt", {"content": "hello\n"})
     with effects.run(loop_runtime(world), "r1"):
@@ -201,7 +201,7 @@ def test_the_decorator_checks_its_target_parameter_and_the_call(world: World) ->
     assert world.sandbox.write_count() == 1
 
 
-def test_an_async_tool_is_called_through_a_worker_thread(world: World) -> None:
+def test_an_async_tool_acts_on_the_contexts_run(world: World) -> None:
     """A coroutine function gets an async wrapper that acts on the context's run."""
 
     @tether.effect("file.write")

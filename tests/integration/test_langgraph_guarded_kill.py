@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -35,12 +32,12 @@ pytest.importorskip("langgraph.checkpoint.sqlite", reason="the control needs Sql
 
 from bench._compare_kill import seen, service
 
+from tests.integration._zygote import Zygote
 from tether.crypto import Keyring
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-CHILD_TIMEOUT_S = 120
 TRIALS = max(10, int(os.environ.get("TETHER_CRASH_TRIALS", "20")) * 3 // 2)
 
 
@@ -63,48 +60,10 @@ def counting_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-class Zygote:
-    """``python -m tests.integration._lgkill zygote``: forks each trial's processes after the imports."""
-
-    def __init__(self) -> None:
-        cmd = [sys.executable, *["-O"] * sys.flags.optimize, "-m", "tests.integration._lgkill"]
-        self.process = subprocess.Popen(
-            [*cmd, "zygote"],
-            cwd=REPO,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,  # its forked children share its group: one kill ends all
-        )
-
-    def run(self, mode: str, phase: str, url: str, title: str, where: Path) -> int:
-        """One new process running ``phase`` of a trial; its exit code (-9: SIGKILLed)."""
-        job = {"mode": mode, "phase": phase, "url": url, "title": title, "where": str(where)}
-        if self.process.stdin is None or self.process.stdout is None:
-            raise RuntimeError("the zygote has no pipes")
-        self.process.stdin.write(json.dumps(job) + "\n")
-        self.process.stdin.flush()
-        ready, _, _ = select.select([self.process.stdout], [], [], CHILD_TIMEOUT_S)
-        if not ready:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            raise RuntimeError(f"{phase} of {title} did not end in {CHILD_TIMEOUT_S} s")
-        answer = self.process.stdout.readline()
-        if not answer:
-            raise RuntimeError(f"the zygote ended (exit {self.process.wait(timeout=10)})")
-        return int(json.loads(answer)["exit"])
-
-    def close(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        self.process.wait(timeout=30)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-
-
 @pytest.fixture(scope="module")
 def zygotes() -> Iterator[list[Zygote]]:
     """Two zygotes: trials run two at a time, each worker forking from its own."""
-    pair = [Zygote(), Zygote()]
+    pair = [Zygote("tests.integration._lgkill"), Zygote("tests.integration._lgkill")]
     yield pair
     for zygote in pair:
         zygote.close()
@@ -115,8 +74,9 @@ def trial(zygote: Zygote, mode: str, index: int, url: str, base: Path) -> Trial:
     where.mkdir()
     Keyring.generate("lg-kill").write_file(where / "keyring.json")
     title = f"{mode}-{index}-{uuid.uuid4().hex[:8]}"
-    first = zygote.run(mode, "first", url, title, where)
-    resumed = zygote.run(mode, "resume", url, title, where)
+    job = {"mode": mode, "url": url, "title": title, "where": str(where)}
+    first = zygote.run(**job, phase="first")
+    resumed = zygote.run(**job, phase="resume")
     lines = (where / "resume.out").read_text().strip().splitlines()
     errors = "".join((where / f"{p}.err").read_text() for p in ("first", "resume"))
     return Trial(

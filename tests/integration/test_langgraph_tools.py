@@ -244,7 +244,7 @@ def test_an_approval_interrupts_the_graph_and_a_signed_resume_sends_once(
 def test_a_refused_document_re_interrupts_with_the_reason_and_a_good_one_then_sends(
     world: World, saver: TetherSaver
 ) -> None:
-    """An untrusted signer's approval is refused visibly; the graph waits, nothing is sent."""
+    """An untrusted signer's approval is refused visibly and sends nothing; a trusted one then sends once."""
     world.policy = make_policy(kinds=GUARDED)
     graph = tool_graph(saver)
     with effects.run(loop(world), "r1"):
@@ -404,17 +404,3 @@ def test_an_approval_interrupt_and_its_resume_on_postgresql(world: World) -> Non
     assert "__interrupt__" not in done and "__interrupt__" not in again
     assert world.sandbox.write_count() == 1
     assert world.sandbox.files["notes.txt"] == "pg\n"
-
-
-def test_the_call_that_sends_an_approved_write_reports_it_executed(world: World) -> None:
-    """After approve(), the call that sends the write says executed, not replayed."""
-    world.policy = make_policy(kinds=GUARDED)
-    with effects.run(loop(world), "r1") as run:
-        with pytest.raises(ApprovalRequiredError) as caught:
-            effects.call("file.write", "notes.txt", {"content": "hello\n"})
-        run.approve(
-            approved(world, {"tether": "approval_required", "request": caught.value.request})
-        )
-        done = effects.call("file.write", "notes.txt", {"content": "hello\n"})
-    assert world.sandbox.write_count() == 1
-    assert done.outcome == "executed"

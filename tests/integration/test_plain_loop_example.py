@@ -57,6 +57,7 @@ def normal(world: dict[str, Any], run_id: str) -> dict[str, Any]:
     numbers = [re.match(r"#(\d+) ", t) for t in world["tickets"]]
     cited = [re.search(r"#(\d+)$", s) for s in world["emails"]]
     # Each email cites a ticket this case opened, never another case's.
+    assert all(cited), world
     assert {m.group(1) for m in cited if m} <= {m.group(1) for m in numbers if m}, world
     out = {**world, "tickets": [re.sub(r"^#\d+ ", "#N ", t) for t in world["tickets"]]}
     out["emails"] = [re.sub(r"#\d+$", "#N", s) for s in world["emails"]]

@@ -16,19 +16,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
 
 import pytest
 
 pytest.importorskip("pydantic_ai", reason="needs the [pydantic-ai] extra")
 
-from tests.integration._services import REPO, EffectsService, effects_service
+from tests.integration._services import EffectsService, effects_service
+from tests.integration._zygote import Zygote
 from tether.crypto import Keyring
 
 pytestmark = pytest.mark.slow
@@ -36,25 +33,6 @@ pytestmark = pytest.mark.slow
 # `make optimized` (python -O) sets TETHER_CRASH_TRIALS=5: the first pass already ran 20.
 TRIALS = int(os.environ.get("TETHER_CRASH_TRIALS", "20"))
 CONTROL_TRIALS = 3
-
-
-@dataclass
-class Zygote:
-    """The forking parent of every trial's children, and where their stderr goes."""
-
-    process: subprocess.Popen[str]
-    stdin: TextIO
-    stdout: TextIO
-    log: Path
-
-    def child(self, **request: Any) -> int:
-        """One child process for ``request``; its exit code (``-9``: killed by SIGKILL)."""
-        self.stdin.write(json.dumps(request) + "\n")
-        self.stdin.flush()
-        line = self.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the zygote died: {self.log.read_text()[-2000:]}")
-        return int(json.loads(line)["status"])
 
 
 @pytest.fixture(scope="module")
@@ -72,22 +50,9 @@ def service(base: Path) -> Iterator[EffectsService]:
 
 @pytest.fixture(scope="module")
 def zygote(base: Path) -> Iterator[Zygote]:
-    log = base / "children.log"
-    with open(log, "w") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration._pydantic_ai_kit", "zygote"],
-            cwd=REPO,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=sink,
-            text=True,
-        )
-    if process.stdin is None or process.stdout is None:
-        raise RuntimeError("no pipes to the zygote")
-    yield Zygote(process, process.stdin, process.stdout, log)
-    process.stdin.close()
-    process.wait(timeout=30)
-    process.stdout.close()
+    parent = Zygote("tests.integration._pydantic_ai_kit", stderr=base / "children.log")
+    yield parent
+    parent.close()
 
 
 def received(service: EffectsService, title: str) -> list[int]:
@@ -108,11 +73,11 @@ def trial(zygote: Zygote, service: EffectsService, base: Path, *, guarded: bool)
         "run_id": f"run-{title}",
         "answer": str(base / f"{title}.answer"),
     }
-    first = zygote.child(**request, armed=True)
-    assert first == -signal.SIGKILL, f"not killed (exit {first}): {zygote.log.read_text()[-2000:]}"
+    first = zygote.run(**request, armed=True)
+    assert first == -signal.SIGKILL, f"not killed (exit {first}): {zygote.log()}"
     assert len(received(service, title)) == 1, "the killed process never sent: nothing measured"
-    second = zygote.child(**request, armed=False)
-    assert second == 0, f"the run again failed (exit {second}): {zygote.log.read_text()[-2000:]}"
+    second = zygote.run(**request, armed=False)
+    assert second == 0, f"the run again failed (exit {second}): {zygote.log()}"
     tickets = received(service, title)
     if guarded:  # the model of the second process was told the first process's ticket
         told = json.loads(Path(request["answer"]).read_text())

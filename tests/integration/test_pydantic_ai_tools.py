@@ -17,7 +17,6 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
 
-from tests.conftest import World, make_policy
 from tests.integration._pydantic_ai_kit import CUSTOMER, KINDS, agent, policy, scripted, task, tools
 from tests.integration._services import (
     EffectsService,
@@ -242,26 +241,6 @@ def test_a_call_blocked_by_another_writes_approval_is_not_deferred_as_its_own(de
             agent(scripted("open_ticket", TICKET), guarded).run_sync("printer!")
     assert caught.value.action_id == email
     assert desk.tickets() == [] and delivered(desk.maildir) == []
-
-
-def test_the_effects_api_names_only_the_callers_own_write_as_waiting_for_approval(
-    world: World,
-) -> None:
-    """A second write called while the first waits says the request is not its own."""
-    world.policy = make_policy(
-        kinds={
-            "file.write": {"risk": "low", "permission": "workspace.write", "needs_approval": True}
-        }
-    )
-    runtime = world.runtime(None, trust=TrustRoots.of(ALICE.trust_root()))
-    with effects.run(runtime, "r1"):
-        with pytest.raises(ApprovalRequiredError) as first:
-            effects.call("file.write", "notes.txt", {"content": "one\n"})
-        with pytest.raises(ApprovalRequiredError) as second:
-            effects.call("file.write", "notes.txt", {"content": "two\n"})
-    assert first.value.for_this_call and not second.value.for_this_call
-    assert second.value.action_id == first.value.action_id
-    assert world.sandbox.write_count() == 0
 
 
 def test_parallel_tool_calls_of_an_async_run_each_send_once(desk: Desk) -> None:

@@ -307,16 +307,12 @@ class NeedsReviewError(RunFrozenError):
         super().__init__(message, run_id=run_id)
 
 
-class EffectRejectedError(PolicyError):
+class EffectRejectedError(ContractViolationError):
     """The gate or the adapter refused an effect's call; nothing was sent.
 
     ``reason`` is the same stable word an :class:`~tether.core.Outcome` of a
     rejected step carries.
     """
-
-    def __init__(self, reason: str, message: str, *, run_id: str | None = None) -> None:
-        self.reason = reason
-        super().__init__(f"{reason}: {message}", run_id=run_id)
 
 
 class NotInRunError(PolicyError):
@@ -479,10 +475,13 @@ class AdapterUnavailableError(AdapterError):
 
 
 class EffectNotSettledError(AdapterError):
-    """An earlier attempt at the call's effect is still in flight, or the adapter is unreachable.
+    """The call's effect was not carried out this time: call again.
 
-    Nothing was sent and nothing moved: call again later (``reason`` is
-    ``in_flight`` or ``adapter_unavailable``).
+    ``reason`` says why: ``in_flight`` (an earlier attempt is still running)
+    or ``adapter_unavailable`` (nothing was sent, nothing moved), or
+    ``settled_earlier_work`` (the step settled earlier work first, such as a
+    person's decision or a write a crash left pending; nothing was sent for
+    this call).
     """
 
     def __init__(self, reason: str, message: str, *, run_id: str | None = None) -> None:

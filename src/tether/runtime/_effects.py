@@ -125,10 +125,12 @@ class GuardedRun:
 
     @property
     def run_id(self) -> str:
+        """The run this block acts on (one work occurrence)."""
         return self.session.run_id
 
     @property
     def phase(self) -> Phase:
+        """The run's phase now (``running``, ``pending``, ``needs_review``, or an end)."""
         return self.session.state.phase
 
     def call(self, kind: str, target: str = "", args: dict[str, Any] | None = None) -> CallResult:
@@ -208,7 +210,9 @@ class GuardedRun:
 
     def _open(self) -> RunSession:
         if self._closed:
-            raise NotInRunError(f"run {self.run_id}: its block has ended; open it again")
+            raise NotInRunError(
+                f"run {self.run_id}: its block has ended; open it again", run_id=self.run_id
+            )
         return self.session
 
     def _act(self, proposal: Proposal, *, finish: bool = False) -> Outcome:

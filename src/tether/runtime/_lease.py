@@ -136,7 +136,7 @@ class LeaseHolder:
         lease = self.lease
         if lease is None:
             if self._released is not None:
-                # Given up (another thread left its block): whoever holds it now acts.
+                # This session gave it up (release()): whoever holds it now acts, not us.
                 raise LeaseLostError(self.run_id, self._released, self._released)
             return None
         self.rt.checkpointer.marks.check_lease(self.run_id, lease.lease_version)

@@ -31,6 +31,7 @@ from tether.core import (
     CommitOutcomeUnknownError,
     ContractViolationError,
     EffectStatus,
+    EnvironmentState,
     Execute,
     ExecuteAnswer,
     ExecuteStatus,
@@ -67,7 +68,7 @@ from tether.core import (
 from tether.core import Rejection as GateRejection
 from tether.runtime import _calls as calls
 from tether.runtime import _carry, _compensate, _humans, _rewind, _stopping
-from tether.runtime._agent import AgentContext
+from tether.runtime._agent import Agent, AgentContext
 from tether.runtime._crash import CrashPoint
 from tether.runtime._lease import LeaseHolder
 from tether.runtime._view import Event, Runtime
@@ -528,25 +529,28 @@ class RunSession(LeaseHolder):
         The lease is kept alive by the heartbeat while the step works (a long
         agent call, a slow adapter), within the runtime's ``heartbeat_max_s``.
         """
-        self.reload()  # a commit whose outcome was unknown is settled first
-        with self.working():
-            return self._step()
-
-    def _step(self) -> Outcome:
-        settled = self._settle_first()
-        if settled is not None:
-            return settled
-        observed = self._observe()
-        if isinstance(observed, Outcome):
-            return observed
-        base, events, observation = observed
-        self.rt.crash.hit(CrashPoint.BEFORE_PROPOSAL)
         agent = self.rt.agent
         if agent is None:
             raise SpecError(
                 "agent",
                 "this runtime drives no agent: its effects go through tether.effects.call",
             )
+        self.reload()  # a commit whose outcome was unknown is settled first
+        with self.working():
+            return self._step(agent)
+
+    def _step(self, agent: Agent) -> Outcome:
+        settled = self._settle_first()
+        if settled is not None:
+            return settled
+        observed = self._observe()
+        if isinstance(observed, Outcome):
+            return observed
+        base, events, env = observed
+        observation = Observation(
+            env, self.results(), self.state.last_write, self.state.last_outcome
+        )
+        self.rt.crash.hit(CrashPoint.BEFORE_PROPOSAL)
         decision = agent.decide(self.context, observation)
         if decision.context.plan_cursor != base.plan_cursor:
             base = base.evolve(plan_cursor=decision.context.plan_cursor)
@@ -616,7 +620,7 @@ class RunSession(LeaseHolder):
             return self._decide_and_apply(settle_rules.settle)
         return None
 
-    def _observe(self) -> Outcome | tuple[RunState, list[Event], Observation]:
+    def _observe(self) -> Outcome | tuple[RunState, list[Event], EnvironmentState]:
         """The budgets checked, then the environment read: the state a new action starts from."""
         state = self.state
         exhausted = step_rules.exhausted(
@@ -626,8 +630,7 @@ class RunSession(LeaseHolder):
             return self.apply(exhausted)
         env = self.rt.adapter.environment()
         base, events = step_rules.begin_step(state, env)
-        observation = Observation(env, self.results(), state.last_write, state.last_outcome)
-        return base, events, observation
+        return base, events, env
 
     def _decide_and_apply(self, rule: Any) -> Outcome:
         return self.apply(self.decide(lambda facts: rule(self.state, facts)))

@@ -70,6 +70,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -280,14 +281,12 @@ class GuardedTool(BaseTool):
         return _deliver(run, ask, _interrupt(ask))
 
 
+@dataclass(frozen=True, slots=True)
 class _Ask:
     """One thing the run waits for: the typed refusal and the interrupt's value."""
 
-    __slots__ = ("error", "payload")
-
-    def __init__(self, error: ApprovalRequiredError | NeedsReviewError, payload: dict[str, Any]):
-        self.error = error
-        self.payload = payload
+    error: ApprovalRequiredError | NeedsReviewError
+    payload: dict[str, Any]
 
 
 def _payload(
