@@ -22,14 +22,15 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(BIN)/mypy -p tether -p examples
 
+# --durations: each pass ends with its slowest tests, where CI's time goes.
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # The runtime may not depend on `assert`: the whole suite runs again with -O.
-# Every test runs; the crash matrix repeats each cell 5 times instead of 20
-# (the first pass already ran 20 per point), which keeps CI near 10 minutes.
+# Every test runs; the crash matrices repeat each cell 5 times instead of 20
+# (the first pass already ran 20 per point), which keeps this pass near 12 minutes.
 optimized: $(STAMP)
-	TETHER_CRASH_TRIALS=5 $(BIN)/python -O -m pytest -q -p no:cacheprovider
+	TETHER_CRASH_TRIALS=5 $(BIN)/python -O -m pytest -q -p no:cacheprovider --durations=15
 
 test: lint types unit optimized
 
