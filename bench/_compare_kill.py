@@ -161,9 +161,14 @@ def post_ticket(url: str, title: str) -> None:
 # -- one process of a trial, per framework -------------------------------------------------
 
 
-def ticket_rules(fingerprint: str, task_id: str) -> tuple[Any, Any]:
-    """The task and policy of a run that may POST tickets to the counting service, unapproved."""
+def ticket_runtime(
+    http: Any, store: Any, keyring: Any, task_id: str, *, armed: bool, agent: Any = None
+) -> Any:
+    """A runtime that may POST tickets unapproved; ``armed``: SIGKILLed right after the send."""
     from tether.core import Policy, TaskSpec
+    from tether.runtime import CrashPlan, CrashPoint, Runtime
+
+    fingerprint = http.environment().state_fingerprint
 
     task = TaskSpec.from_json(
         {
@@ -187,7 +192,15 @@ def ticket_rules(fingerprint: str, task_id: str) -> tuple[Any, Any]:
             "approval_ttl_s": 900,
         }
     )
-    return task, policy
+    return Runtime(
+        store=store,
+        keyring=keyring,
+        adapter=http,
+        task=task,
+        policy=policy,
+        agent=agent,
+        crash=CrashPlan(CrashPoint.EFFECT_SENT, mode="kill") if armed else CrashPlan(),
+    )
 
 
 def tether_child(args: argparse.Namespace) -> None:
@@ -195,7 +208,7 @@ def tether_child(args: argparse.Namespace) -> None:
     from tether.adapters import HttpEffect
     from tether.core import Observation, Proposal
     from tether.crypto import Keyring
-    from tether.runtime import AgentContext, CrashPlan, CrashPoint, Decision, Runtime
+    from tether.runtime import AgentContext, Decision
     from tether.store import open_store
 
     title = args.title
@@ -224,16 +237,9 @@ def tether_child(args: argparse.Namespace) -> None:
     keyring = Keyring.from_file(keyfile)
     store = open_store(args.store)
     with HttpEffect(args.url) as http:
-        task, policy = ticket_rules(http.environment().state_fingerprint, "compare-kill")
         armed = args.phase == "first"
-        runtime = Runtime(
-            store=store,
-            keyring=keyring,
-            adapter=http,
-            task=task,
-            policy=policy,
-            agent=OneTicket(),
-            crash=CrashPlan(CrashPoint.EFFECT_SENT, mode="kill") if armed else CrashPlan(),
+        runtime = ticket_runtime(
+            http, store, keyring, "compare-kill", armed=armed, agent=OneTicket()
         )
         if armed:
             runtime.start(args.run_id).step()
@@ -312,23 +318,15 @@ def guarded_run(args: argparse.Namespace, keyring: Any, closers: list[Any]) -> A
     """The tether run the TetherSaver graph's effect goes through (killed at EFFECT_SENT when armed)."""
     from tether import effects
     from tether.adapters import HttpEffect
-    from tether.runtime import CrashPlan, CrashPoint, Runtime
     from tether.store import open_store
 
     http = HttpEffect(args.url)
     store = open_store(args.store)
     closers += [http.close, store.close]
-    task, policy = ticket_rules(http.environment().state_fingerprint, "compare-kill")
     armed = os.environ.get("COMPARE_ARMED") == "1"
-    runtime = Runtime(
-        store=store,
-        keyring=keyring,
-        adapter=http,
-        task=task,
-        policy=policy,
-        crash=CrashPlan(CrashPoint.EFFECT_SENT, mode="kill") if armed else CrashPlan(),
+    return effects.run(
+        ticket_runtime(http, store, keyring, "compare-kill", armed=armed), args.run_id
     )
-    return effects.run(runtime, args.run_id)
 
 
 def dbos_child(args: argparse.Namespace) -> None:

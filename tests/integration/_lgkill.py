@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench._compare_kill import post_ticket, ticket_rules
+from bench._compare_kill import post_ticket, ticket_runtime
 from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -36,7 +36,6 @@ from tether import effects
 from tether.adapters import HttpEffect
 from tether.crypto import Keyring
 from tether.integrations.langgraph import TetherSaver, guard
-from tether.runtime import CrashPlan, CrashPoint, Runtime
 from tether.store import open_store
 
 RUN_ID = "ticket-run"
@@ -90,15 +89,7 @@ def guarded(first: bool, url: str, title: str, where: Path) -> Any:
         TetherSaver.from_url(url_of_store, keyring) as saver,
     ):
         store = open_store(url_of_store)
-        task, policy = ticket_rules(http.environment().state_fingerprint, "lg-kill")
-        runtime = Runtime(
-            store=store,
-            keyring=keyring,
-            adapter=http,
-            task=task,
-            policy=policy,
-            crash=CrashPlan(CrashPoint.EFFECT_SENT, mode="kill") if first else CrashPlan(),
-        )
+        runtime = ticket_runtime(http, store, keyring, "lg-kill", armed=first)
         graph = graph_with(tool, saver, title)
         with effects.run(runtime, RUN_ID):
             result = graph.invoke({"messages": []} if first else None, CONFIG, durability="sync")

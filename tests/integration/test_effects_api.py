@@ -92,8 +92,8 @@ def test_a_call_killed_mid_write_and_called_again_sends_once(
     assert world.sandbox.files["notes.txt"] == "hello\n"
 
 
-def test_a_call_whose_outcome_cannot_be_known_raises_needs_review(world: World) -> None:
-    """A blind adapter killed after the send: the call freezes the run instead of sending again."""
+def killed_after_a_blind_send(world: World) -> None:
+    """A write to an adapter that can neither deduplicate nor be asked, crashed after the send."""
     world.sandbox = Sandbox(
         {"notes.txt": "draft\n"}, instance_id="sbx-1", idempotent=False, queryable=False
     )
@@ -103,6 +103,11 @@ def test_a_call_whose_outcome_cannot_be_known_raises_needs_review(world: World) 
         effects.run(loop_runtime(world, CrashPlan(CrashPoint.EFFECT_SENT)), "r1"),
     ):
         effects.call("file.write", "notes.txt", {"content": "hello\n"})
+
+
+def test_a_call_whose_outcome_cannot_be_known_raises_needs_review(world: World) -> None:
+    """A blind adapter killed after the send: the call freezes the run instead of sending again."""
+    killed_after_a_blind_send(world)
     with effects.run(loop_runtime(world), "r1") as run, pytest.raises(NeedsReviewError) as caught:
         effects.call("file.write", "notes.txt", {"content": "hello\n"})
     assert caught.value.case_id is not None and caught.value.reason
@@ -268,15 +273,7 @@ def test_run_level_kinds_are_not_calls_and_finish_reports_the_verifier(world: Wo
 
 def test_finish_on_a_frozen_run_raises_needs_review_like_a_call(world: World) -> None:
     """The same refusal, the same type: finish() on a frozen run names the open case."""
-    world.sandbox = Sandbox(
-        {"notes.txt": "draft\n"}, instance_id="sbx-1", idempotent=False, queryable=False
-    )
-    world.task = make_task(world.sandbox.environment().state_fingerprint)
-    with (
-        pytest.raises(SimulatedCrash),
-        effects.run(loop_runtime(world, CrashPlan(CrashPoint.EFFECT_SENT)), "r1"),
-    ):
-        effects.call("file.write", "notes.txt", {"content": "hello\n"})
+    killed_after_a_blind_send(world)
     with effects.run(loop_runtime(world), "r1") as run:
         with pytest.raises(NeedsReviewError):
             effects.call("file.write", "notes.txt", {"content": "hello\n"})

@@ -104,6 +104,19 @@ def tool_returns(result: Any) -> list[Any]:
     ]
 
 
+def alice_approves(run: effects.GuardedRun) -> dict[str, Any]:
+    """Alice's signed approval of the run's pending write, alive for five minutes."""
+    now = datetime.now(UTC)
+    body = new_approval(
+        run.session.state,
+        ALICE.signer_id,
+        issued_at=now,
+        expires_at=now + timedelta(seconds=300),
+        nonce=secrets.token_hex(16),
+    )
+    return ALICE.sign(body)
+
+
 def test_a_guarded_tool_sends_once_and_the_model_sees_the_receipts_result(desk: Desk) -> None:
     """The model's open_ticket call is one real POST; the tool returns the receipt's result."""
     calls: list[str] = []
@@ -191,17 +204,9 @@ def test_an_approval_is_deferred_the_pydantic_ai_way_and_a_signed_one_sends_once
         with pytest.raises(ApprovalRequiredError):  # PydanticAI's yes is not a signed approval
             bot.run_sync(message_history=history, deferred_tool_results=bare)
         assert delivered(desk.maildir) == []
-        now = datetime.now(UTC)
-        body = new_approval(
-            run.session.state,
-            ALICE.signer_id,
-            issued_at=now,
-            expires_at=now + timedelta(seconds=300),
-            nonce=secrets.token_hex(16),
-        )
         signed = DeferredToolResults(
             approvals={call.tool_call_id: True},
-            metadata={call.tool_call_id: {APPROVAL_METADATA_KEY: ALICE.sign(body)}},
+            metadata={call.tool_call_id: {APPROVAL_METADATA_KEY: alice_approves(run)}},
         )
         done = bot.run_sync(message_history=history, deferred_tool_results=signed)
         # The continuation run again (a crash before its caller saw it): replayed, not re-approved.
@@ -274,18 +279,10 @@ def test_an_approval_with_edited_arguments_sends_neither_version(desk: Desk) -> 
     with effects.run(runtime, "r1") as run:
         waiting = bot.run_sync("tell the customer")
         (call,) = waiting.output.approvals
-        now = datetime.now(UTC)
-        body = new_approval(
-            run.session.state,
-            ALICE.signer_id,
-            issued_at=now,
-            expires_at=now + timedelta(seconds=300),
-            nonce=secrets.token_hex(16),
-        )
         edited = ToolApproved(override_args={**MAIL, "subject": "something else"})
         answer = DeferredToolResults(
             approvals={call.tool_call_id: edited},
-            metadata={call.tool_call_id: {APPROVAL_METADATA_KEY: ALICE.sign(body)}},
+            metadata={call.tool_call_id: {APPROVAL_METADATA_KEY: alice_approves(run)}},
         )
         with pytest.raises(EvidenceBindingError):
             bot.run_sync(message_history=waiting.all_messages(), deferred_tool_results=answer)
