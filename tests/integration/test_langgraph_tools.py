@@ -404,3 +404,11 @@ def test_an_approval_interrupt_and_its_resume_on_postgresql(world: World) -> Non
     assert "__interrupt__" not in done and "__interrupt__" not in again
     assert world.sandbox.write_count() == 1
     assert world.sandbox.files["notes.txt"] == "pg\n"
+
+
+def test_sign_answer_refuses_a_review_without_a_known_decision() -> None:
+    """A review answer needs replan, abort or accept; anything else is refused before signing."""
+    ask = {"tether": "needs_review", "request": {"kind": "review_decision"}}
+    for decision in (None, "approve"):
+        with pytest.raises(SpecError, match="decision"):
+            sign_answer(ask, ALICE, decision=decision)

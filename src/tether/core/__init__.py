@@ -313,6 +313,7 @@ __all__ += [
 
 from tether.core._evidence import (  # noqa: E402
     ReviewDecision,
+    answer_body,
     approval_request,
     decision_request,
     new_approval,
@@ -321,6 +322,7 @@ from tether.core._evidence import (  # noqa: E402
 
 __all__ += [
     "ReviewDecision",
+    "answer_body",
     "approval_request",
     "decision_request",
     "new_approval",

@@ -7,6 +7,7 @@ mismatch names its field, so an operator sees exactly which binding broke.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -254,17 +255,39 @@ def parse_utc(body: dict[str, Any], name: str) -> datetime:
         raise EvidenceSignatureError(f"evidence field {name} is not a UTC time: {text!r}") from exc
 
 
-def new_approval(
-    state: RunState, approver_id: str, *, issued_at: datetime, expires_at: datetime, nonce: str
+def answer_body(
+    request: Mapping[str, Any],
+    signer: tuple[str, str],
+    *,
+    issued_at: datetime,
+    expires_at: datetime,
+    nonce: str,
+    decision: ReviewDecision | None = None,
 ) -> dict[str, Any]:
-    """The body an approver signs for the run's pending write (the nonce comes from outside)."""
+    """The body a person signs answering ``request``: who (``(field, id)``), when, a nonce."""
+    field, signer_id = signer
+    body = {**request, field: signer_id}
+    if decision is not None:
+        body["decision"] = decision.value
     return {
-        **approval_request(state),
-        "approver_id": approver_id,
+        **body,
         "issued_at": format_time(issued_at),
         "expires_at": format_time(expires_at),
         "nonce": nonce,
     }
+
+
+def new_approval(
+    state: RunState, approver_id: str, *, issued_at: datetime, expires_at: datetime, nonce: str
+) -> dict[str, Any]:
+    """The body an approver signs for the run's pending write (the nonce comes from outside)."""
+    return answer_body(
+        approval_request(state),
+        ("approver_id", approver_id),
+        issued_at=issued_at,
+        expires_at=expires_at,
+        nonce=nonce,
+    )
 
 
 def new_decision(
@@ -281,14 +304,14 @@ def new_decision(
     chosen = ReviewDecision(decision)
     if chosen is ReviewDecision.ACCEPT:
         check_accept(case)
-    return {
-        **decision_request(state, case),
-        "reviewer_id": reviewer_id,
-        "decision": chosen.value,
-        "issued_at": format_time(issued_at),
-        "expires_at": format_time(expires_at),
-        "nonce": nonce,
-    }
+    return answer_body(
+        decision_request(state, case),
+        ("reviewer_id", reviewer_id),
+        issued_at=issued_at,
+        expires_at=expires_at,
+        nonce=nonce,
+        decision=chosen,
+    )
 
 
 def approval_problem(

@@ -86,9 +86,10 @@ from tether.core import (
     EvidenceError,
     NeedsReviewError,
     PolicyError,
+    ReviewDecision,
     SpecError,
+    answer_body,
     decision_request,
-    format_time,
 )
 from tether.crypto import Signer
 from tether.effects import CallResult, GuardedRun
@@ -181,19 +182,27 @@ def sign_answer(
     if not isinstance(request, Mapping):
         raise SpecError("ask", "not a guarded tool's interrupt value (no request to sign)")
     issued = now or datetime.now(UTC)
-    body: dict[str, Any] = {**request}
+    chosen: ReviewDecision | None = None
     if ask.get("tether") == APPROVAL:
-        body["approver_id"] = signer.signer_id
+        who = ("approver_id", signer.signer_id)
     elif ask.get("tether") == REVIEW:
-        if decision is None:
-            raise SpecError("decision", "a review needs a decision: replan, abort or accept")
-        body["reviewer_id"] = signer.signer_id
-        body["decision"] = decision
+        try:
+            chosen = ReviewDecision(decision or "")
+        except ValueError:
+            raise SpecError(
+                "decision", "a review needs a decision: replan, abort or accept"
+            ) from None
+        who = ("reviewer_id", signer.signer_id)
     else:
         raise SpecError("ask", f"unknown interrupt kind {ask.get('tether')!r}")
-    body["issued_at"] = format_time(issued)
-    body["expires_at"] = format_time(issued + timedelta(seconds=ttl_s))
-    body["nonce"] = secrets.token_hex(16)
+    body = answer_body(
+        request,
+        who,
+        issued_at=issued,
+        expires_at=issued + timedelta(seconds=ttl_s),
+        nonce=secrets.token_hex(16),
+        decision=chosen,
+    )
     return signer.sign(body)
 
 
