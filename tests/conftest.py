@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -13,8 +14,8 @@ from typing import Any
 import pytest
 
 from tether.adapters import Sandbox
-from tether.core import Observation, Policy, Proposal, TaskSpec
-from tether.crypto import Keyring
+from tether.core import Observation, Policy, Proposal, RunState, TaskSpec, new_approval
+from tether.crypto import Keyring, Signer
 from tether.runtime import AgentContext, CrashPlan, Decision, Runtime
 from tether.store import SQLiteStore
 
@@ -93,6 +94,18 @@ def make_policy(**changes: Any) -> Policy:
         doc["kinds"] = {**doc["kinds"], **kinds}  # a test's rules replace those of the same kind
     doc.update(changes)
     return Policy.from_json(doc)
+
+
+def signed_approval(signer: Signer, state: RunState, now: datetime) -> dict[str, Any]:
+    """``signer``'s signed approval of the run's pending write, alive for five minutes."""
+    body = new_approval(
+        state,
+        signer.signer_id,
+        issued_at=now,
+        expires_at=now + timedelta(seconds=300),
+        nonce=secrets.token_hex(16),
+    )
+    return signer.sign(body)
 
 
 Step = Callable[[AgentContext, Observation], Decision]

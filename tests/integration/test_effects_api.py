@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import secrets
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -22,12 +20,11 @@ from tether.core import (
     Phase,
     Proposal,
     SpecError,
-    new_approval,
 )
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import CrashPlan, CrashPoint, Runtime, SimulatedCrash
 
-from ..conftest import World, make_policy, make_task
+from ..conftest import World, make_policy, make_task, signed_approval
 
 ALICE = Signer.generate("alice", "approver")
 GUARDED = {"file.write": {"risk": "low", "permission": "workspace.write", "needs_approval": True}}
@@ -36,19 +33,6 @@ GUARDED = {"file.write": {"risk": "low", "permission": "workspace.write", "needs
 def loop_runtime(world: World, crash: CrashPlan | None = None, **kw: Any) -> Runtime:
     """A runtime with no agent: the test's own code is the loop."""
     return world.runtime(None, crash=crash, **kw)
-
-
-def alice_approves(world: World, run: effects.GuardedRun) -> dict[str, Any]:
-    """Alice's signed approval of the run's pending action, alive for five minutes."""
-    now = world.clock.now()
-    body = new_approval(
-        run.session.state,
-        ALICE.signer_id,
-        issued_at=now,
-        expires_at=now + timedelta(seconds=300),
-        nonce=secrets.token_hex(16),
-    )
-    return ALICE.sign(body)
 
 
 def test_a_call_sends_the_write_once_and_returns_the_adapters_receipt(world: World) -> None:
@@ -127,7 +111,7 @@ def test_a_write_that_needs_approval_raises_what_a_person_must_sign(world: World
         assert world.sandbox.write_count() == 0
         with pytest.raises(ApprovalRequiredError):  # called again without one: still waiting
             effects.call("file.write", "notes.txt", {"content": "hello\n"})
-        run.approve(alice_approves(world, run))
+        run.approve(signed_approval(ALICE, run.session.state, world.clock.now()))
         done = effects.call("file.write", "notes.txt", {"content": "hello\n"})
     assert done.outcome == "executed" and done.receipt is not None  # this call sent it
     assert world.sandbox.write_count() == 1
@@ -234,7 +218,7 @@ def test_an_approved_read_is_answered_by_the_call_that_asks_again(world: World) 
     with effects.run(runtime, "r1") as run:
         with pytest.raises(ApprovalRequiredError):
             effects.call("file.read", "notes.txt")
-        run.approve(alice_approves(world, run))
+        run.approve(signed_approval(ALICE, run.session.state, world.clock.now()))
         read = effects.call("file.read", "notes.txt")
         kinds = [event.kind for event in run.session.trace()]
     assert read.outcome == "observed" and read.result["text"] == "draft\n"

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
 
+from tests.conftest import signed_approval
 from tests.integration._pydantic_ai_kit import CUSTOMER, KINDS, agent, policy, scripted, task, tools
 from tests.integration._services import (
     EffectsService,
@@ -33,7 +33,6 @@ from tether.core import (
     NeedsReviewError,
     NotInRunError,
     SpecError,
-    new_approval,
 )
 from tether.crypto import Keyring, Signer, TrustRoots
 from tether.integrations.pydantic_ai import (
@@ -102,19 +101,6 @@ def tool_returns(result: Any) -> list[Any]:
         for part in message.parts
         if isinstance(part, ToolReturnPart)
     ]
-
-
-def alice_approves(run: effects.GuardedRun) -> dict[str, Any]:
-    """Alice's signed approval of the run's pending write, alive for five minutes."""
-    now = datetime.now(UTC)
-    body = new_approval(
-        run.session.state,
-        ALICE.signer_id,
-        issued_at=now,
-        expires_at=now + timedelta(seconds=300),
-        nonce=secrets.token_hex(16),
-    )
-    return ALICE.sign(body)
 
 
 def test_a_guarded_tool_sends_once_and_the_model_sees_the_receipts_result(desk: Desk) -> None:
@@ -206,7 +192,13 @@ def test_an_approval_is_deferred_the_pydantic_ai_way_and_a_signed_one_sends_once
         assert delivered(desk.maildir) == []
         signed = DeferredToolResults(
             approvals={call.tool_call_id: True},
-            metadata={call.tool_call_id: {APPROVAL_METADATA_KEY: alice_approves(run)}},
+            metadata={
+                call.tool_call_id: {
+                    APPROVAL_METADATA_KEY: signed_approval(
+                        ALICE, run.session.state, datetime.now(UTC)
+                    )
+                }
+            },
         )
         done = bot.run_sync(message_history=history, deferred_tool_results=signed)
         # The continuation run again (a crash before its caller saw it): replayed, not re-approved.
@@ -282,7 +274,13 @@ def test_an_approval_with_edited_arguments_sends_neither_version(desk: Desk) -> 
         edited = ToolApproved(override_args={**MAIL, "subject": "something else"})
         answer = DeferredToolResults(
             approvals={call.tool_call_id: edited},
-            metadata={call.tool_call_id: {APPROVAL_METADATA_KEY: alice_approves(run)}},
+            metadata={
+                call.tool_call_id: {
+                    APPROVAL_METADATA_KEY: signed_approval(
+                        ALICE, run.session.state, datetime.now(UTC)
+                    )
+                }
+            },
         )
         with pytest.raises(EvidenceBindingError):
             bot.run_sync(message_history=waiting.all_messages(), deferred_tool_results=answer)
