@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from tether.core import (
     Capabilities,
     EffectHistory,
     EffectStatus,
+    EnvironmentState,
     EvidenceBindingError,
     KnownEffect,
     LookupAnswer,
@@ -29,7 +31,9 @@ from tether.core import (
     UnknownSignerError,
     new_decision,
     new_fork,
+    redact_receipt,
     replay_rules,
+    step_rules,
 )
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import CrashPlan, CrashPoint, RunSession, SimulatedCrash
@@ -40,112 +44,259 @@ MALLORY = Signer.generate("mallory", "reviewer")
 TRUST = TrustRoots.of(REVIEWER.trust_root(), OPERATOR.trust_root())
 
 EFFECT = "sha256:" + "e" * 64
-RECEIPT: dict[str, Any] = {"receipt_id": "rcpt-1", "result": {"ok": True}}
-COMMITTED = KnownEffect(EFFECT, "a0", "idem-1", "sha256:" + "1" * 64, RECEIPT)
-UNSETTLED = KnownEffect(EFFECT, "a0", "idem-1", "sha256:" + "1" * 64, None)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+ENV = EnvironmentState("sandbox", "sbx-1", 3, "sha256:" + "f" * 64)
+INTENT = "sha256:" + "1" * 64
+OTHER_INTENT = "sha256:" + "2" * 64
+ADAPTER_RECEIPT = Receipt(
+    "sandbox", "1", "rcpt-1", "idem-1", INTENT, {"ok": True}, "obj-1", "2026-01-01T00:00:00Z", ENV
+)
+RECEIPT: dict[str, Any] = ADAPTER_RECEIPT.to_json()
+COMMITTED = KnownEffect(EFFECT, "a0", "idem-1", INTENT, RECEIPT, T0)
+UNSETTLED = KnownEffect(EFFECT, "a0", "idem-1", INTENT, None, T0)
 DEDUPS = Capabilities(idempotent=True, queryable=True, conditional_writes=True)
 FINAL = Capabilities(idempotent=False, queryable=True, conditional_writes=True)
 GUESSES = Capabilities(
     idempotent=False, queryable=True, conditional_writes=True, absent_is_final=False
 )
 BLIND = Capabilities(idempotent=False, queryable=False, conditional_writes=True)
+DEDUPS_ONLY = Capabilities(idempotent=True, queryable=False, conditional_writes=True)
+REMOTE = Capabilities(idempotent=False, queryable=True, conditional_writes=False, stateful=False)
+FORGETS = Capabilities(idempotent=False, queryable=True, conditional_writes=True, retention_s=60)
+
+ST = LookupStatus
+DONE = EffectHistory(committed=COMMITTED)
+OPEN = EffectHistory(unsettled=UNSETTLED)
+BOTH = EffectHistory(COMMITTED, UNSETTLED)
+
+
+def _found(receipt: Receipt = ADAPTER_RECEIPT) -> LookupAnswer:
+    return LookupAnswer(ST.COMMITTED, receipt)
+
+
+DRIFTED = replace(ADAPTER_RECEIPT, result={"ok": False})
+FOREIGN = replace(ADAPTER_RECEIPT, intent_digest=OTHER_INTENT, receipt_id="rcpt-x")
+V = replay_rules.Verdict
+
+# (what the ledger knows, capabilities, extra facts, look-up answer) -> (verdict, reason, by)
+JUDGE_CASES: list[tuple[str, EffectHistory | None, Capabilities, dict[str, Any], Any, Any]] = [
+    ("nothing known", None, BLIND, {}, None, (V.PROCEED, "new_effect", "")),
+    ("an empty history", EffectHistory(), DEDUPS, {}, None, (V.PROCEED, "new_effect", "")),
+    ("a fork armed", DONE, DEDUPS, {"forked": True}, None, (V.FORKED, "fork_used", "")),
+    ("a fork beats an unknown", OPEN, BLIND, {"forked": True}, None, (V.FORKED, "fork_used", "")),
+    # an unsettled attempt: only the adapter, asked by its key, can say
+    ("unsettled, blind", OPEN, BLIND, {}, None, (V.REVIEW, "replay_of_unknown_effect", "")),
+    ("unsettled, dedups only", OPEN, DEDUPS_ONLY, {}, None,
+     (V.REVIEW, "replay_of_unknown_effect", "")),
+    ("unsettled beside a commit", BOTH, BLIND, {}, None,
+     (V.REVIEW, "replay_of_unknown_effect", "")),
+    ("unsettled, it landed", OPEN, DEDUPS, {}, _found(), (V.REPLAY, "effect_replayed", "lookup")),
+    ("unsettled, it landed, target since moved", OPEN, DEDUPS, {"target_moved": True}, _found(),
+     (V.PROCEED, "target_moved", "")),
+    ("unsettled, another intent under the key", OPEN, DEDUPS, {}, _found(FOREIGN),
+     (V.REVIEW, "key_conflict", "")),
+    ("unsettled, another intent, key quarantined", OPEN, DEDUPS,
+     {"quarantined": frozenset({"idem-1"})}, _found(FOREIGN), (V.PROCEED, "key_quarantined", "")),
+    ("unsettled, refused", OPEN, DEDUPS, {}, LookupAnswer(ST.REFUSED),
+     (V.PROCEED, "never_landed", "")),
+    ("unsettled, absent and final", OPEN, FINAL, {}, LookupAnswer(ST.ABSENT),
+     (V.PROCEED, "never_landed", "")),
+    ("unsettled, absent, not final", OPEN, GUESSES, {}, LookupAnswer(ST.ABSENT),
+     (V.REVIEW, "replay_of_unknown_effect", "")),
+    ("unsettled, absent within retention", OPEN, FORGETS, {"now": T0 + timedelta(seconds=60)},
+     LookupAnswer(ST.ABSENT), (V.PROCEED, "never_landed", "")),
+    ("unsettled, absent past retention", OPEN, FORGETS, {"now": T0 + timedelta(seconds=61)},
+     LookupAnswer(ST.ABSENT), (V.REVIEW, "replay_of_unknown_effect", "")),
+    ("unsettled, in flight", OPEN, DEDUPS, {}, LookupAnswer(ST.IN_PROGRESS),
+     (V.WAIT, "in_flight", "")),
+    ("unsettled, unreachable", OPEN, DEDUPS, {}, LookupAnswer(ST.UNAVAILABLE),
+     (V.WAIT, "adapter_unavailable", "")),
+    # a commit: the adapter, where it can be asked, must agree field for field
+    ("committed, blind", DONE, BLIND, {}, None, (V.REPLAY, "effect_replayed", "ledger")),
+    ("committed, dedups only", DONE, DEDUPS_ONLY, {}, None,
+     (V.REPLAY, "effect_replayed", "ledger")),
+    ("committed, the adapter agrees", DONE, DEDUPS, {}, _found(),
+     (V.REPLAY, "effect_replayed", "adapter")),
+    ("committed remotely, the adapter agrees", DONE, REMOTE, {"target_moved": True}, _found(),
+     (V.REPLAY, "effect_replayed", "adapter")),
+    ("committed, the result drifted", DONE, DEDUPS, {}, _found(DRIFTED),
+     (V.REVIEW, "receipt_drift", "")),
+    ("committed, another intent's receipt", DONE, DEDUPS, {}, _found(FOREIGN),
+     (V.REVIEW, "receipt_drift", "")),
+    ("committed, the receipt is gone", DONE, DEDUPS, {}, LookupAnswer(ST.ABSENT),
+     (V.REVIEW, "receipt_missing", "")),
+    ("committed, past retention", DONE, FORGETS, {"now": T0 + timedelta(days=9)},
+     LookupAnswer(ST.ABSENT), (V.REVIEW, "receipt_missing", "")),
+    ("committed, refused", DONE, DEDUPS, {}, LookupAnswer(ST.REFUSED),
+     (V.REVIEW, "receipt_missing", "")),
+    ("committed, unreachable", DONE, DEDUPS, {}, LookupAnswer(ST.UNAVAILABLE),
+     (V.WAIT, "adapter_unavailable", "")),
+    ("committed, the target moved (A, B, A)", DONE, DEDUPS, {"target_moved": True}, None,
+     (V.PROCEED, "target_moved", "")),
+    ("committed, blind, the target moved", DONE, BLIND, {"target_moved": True}, None,
+     (V.PROCEED, "target_moved", "")),
+    # a gated kind: a replay waits for its approval
+    ("committed, gated", DONE, DEDUPS, {"needs_approval": True}, _found(),
+     (V.HOLD, "approval_required", "adapter")),
+    ("committed, gated, approved", DONE, DEDUPS, {"needs_approval": True, "approved": True},
+     _found(), (V.REPLAY, "effect_replayed", "adapter")),
+    ("unsettled, gated, it landed", OPEN, DEDUPS, {"needs_approval": True}, _found(),
+     (V.HOLD, "approval_required", "lookup")),
+    ("gated, but nothing known", None, DEDUPS, {"needs_approval": True}, None,
+     (V.PROCEED, "new_effect", "")),
+    ("gated, unknown outcome", OPEN, BLIND, {"needs_approval": True}, None,
+     (V.REVIEW, "replay_of_unknown_effect", "")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("record", "caps", "extra", "answer", "expected"),
+    [case[1:] for case in JUDGE_CASES],
+    ids=[case[0] for case in JUDGE_CASES],
+)
+def test_the_replay_rule_table(
+    record: EffectHistory | None,
+    caps: Capabilities,
+    extra: dict[str, Any],
+    answer: LookupAnswer | None,
+    expected: tuple[replay_rules.Verdict, str, str],
+) -> None:
+    """Each row of the replay rule: replay, proceed, hold, wait or review, and by whose word."""
+    facts = replay_rules.ReplayFacts(
+        record=record, capabilities=caps, now=extra.pop("now", T0), answer=answer, **extra
+    )
+    judgement = replay_rules.judge(facts)
+    assert (judgement.verdict, judgement.reason, judgement.settled_by) == expected
+    if judgement.verdict in {V.REPLAY, V.HOLD}:
+        assert judgement.receipt == RECEIPT  # the replay answers with the receipt itself
+        assert judgement.fingerprint == ADAPTER_RECEIPT.fingerprint
+
+
+def test_a_sensitive_kinds_redacted_copy_agrees_with_the_adapters_whole_receipt() -> None:
+    """The ledger holds a sensitive result as its digest; the adapter's whole receipt still agrees."""
+    redacted = KnownEffect(EFFECT, "a0", "idem-1", INTENT, redact_receipt(RECEIPT), T0)
+    facts = replay_rules.ReplayFacts(
+        record=EffectHistory(committed=redacted), capabilities=DEDUPS, now=T0, answer=_found()
+    )
+    judgement = replay_rules.judge(facts)
+    assert (judgement.verdict, judgement.settled_by) == (V.REPLAY, "adapter")
+    assert replay_rules.same_receipt(redact_receipt(RECEIPT) or {}, DRIFTED) is False
+
+
+LOOKUP_CASES = [
+    (None, DEDUPS, {}, None),
+    (DONE, BLIND, {}, None),
+    (OPEN, BLIND, {}, None),
+    (DONE, DEDUPS, {"forked": True}, None),
+    (OPEN, DEDUPS, {}, "idem-1"),
+    (DONE, DEDUPS, {}, "idem-1"),
+    (DONE, DEDUPS, {"target_moved": True}, None),
+    (DONE, REMOTE, {"target_moved": True}, "idem-1"),
+    (OPEN, DEDUPS, {"target_moved": True}, "idem-1"),
+]
+
+
+@pytest.mark.parametrize(("record", "caps", "extra", "key"), LOOKUP_CASES)
+def test_whom_the_rule_asks_first(
+    record: EffectHistory | None, caps: Capabilities, extra: dict[str, Any], key: str | None
+) -> None:
+    """The key asked before judging: an unsettled attempt's, or a commit's the adapter can confirm."""
+    assert replay_rules.lookup_key(record, caps, **extra) == key
 
 
 def _state(world: World, run_id: str = "r1") -> RunState:
     return world.runtime(ScriptedAgent([finish])).start(run_id).state
 
 
-def _answer(status: LookupStatus, world: World | None = None) -> LookupAnswer:
-    if status is not LookupStatus.COMMITTED or world is None:
-        return LookupAnswer(status)
-    env = world.sandbox.environment()
-    receipt = Receipt("sandbox", "1", "rcpt-9", "idem-1", "sha256:x", {}, "b", "t", env)
-    return LookupAnswer(status, receipt)
-
-
-# record, capabilities, look-up answer -> what decide returns (outcome, or "proceed"/reason)
-CASES = [
-    (None, BLIND, None, "proceed"),
-    (EffectHistory(), BLIND, None, "proceed"),
-    (EffectHistory(committed=COMMITTED), BLIND, None, OutcomeKind.REPLAYED),
-    (EffectHistory(committed=COMMITTED), DEDUPS, None, OutcomeKind.REPLAYED),
-    (EffectHistory(unsettled=UNSETTLED), BLIND, None, replay_rules.REPLAY_OF_UNKNOWN),
-    (EffectHistory(COMMITTED, UNSETTLED), BLIND, None, replay_rules.REPLAY_OF_UNKNOWN),
-    (EffectHistory(unsettled=UNSETTLED), DEDUPS, LookupStatus.COMMITTED, OutcomeKind.REPLAYED),
-    (EffectHistory(unsettled=UNSETTLED), FINAL, LookupStatus.ABSENT, "proceed"),
-    (EffectHistory(unsettled=UNSETTLED), DEDUPS, LookupStatus.REFUSED, "proceed"),
-    (
-        EffectHistory(unsettled=UNSETTLED),
-        GUESSES,
-        LookupStatus.ABSENT,
-        replay_rules.REPLAY_OF_UNKNOWN,
-    ),
-    (EffectHistory(unsettled=UNSETTLED), DEDUPS, LookupStatus.IN_PROGRESS, OutcomeKind.RETRY_LATER),
-    (EffectHistory(unsettled=UNSETTLED), DEDUPS, LookupStatus.UNAVAILABLE, OutcomeKind.RETRY_LATER),
-]
-
-
-@pytest.mark.parametrize(("record", "caps", "status", "expected"), CASES)
-def test_the_replay_rule_table(
-    world: World,
-    record: EffectHistory | None,
-    caps: Capabilities,
-    status: LookupStatus | None,
-    expected: object,
-) -> None:
-    """Each row of the rule: replay a commit, settle an unsettled attempt by its key, or freeze."""
-    state = _state(world)
-    decided = replay_rules.decide(
+def _decide(world: World, state: RunState, judgement: Any, budget: int = 50) -> Any:
+    return replay_rules.decide(
         state,
         Proposal("a5", "file.write", "notes.txt", {"content": "x"}),
+        judgement,
         effect=EFFECT,
-        record=record,
-        capabilities=caps,
-        answer=None if status is None else _answer(status, world),
+        proposals_budget=budget,
         case_id="case-1",
         now=world.clock.now(),
         live=state.environment,
     )
-    if expected == "proceed":
-        assert isinstance(decided, replay_rules.Proceed) and decided.state is state
-        return
-    assert not isinstance(decided, replay_rules.Proceed)
-    if expected == replay_rules.REPLAY_OF_UNKNOWN:
-        assert decided.outcome is OutcomeKind.FROZEN and decided.reason == expected
-        assert decided.state is not None and decided.state.pending is None
-        return
-    assert decided.outcome is expected
-    if expected is OutcomeKind.REPLAYED:
-        assert decided.state is not None
-        assert decided.state.writes_committed == state.writes_committed
-        assert decided.state.spent.proposals == state.spent.proposals + 1
-        assert decided.ledger == () and decided.call is None
-        kind, data = decided.events[0]
-        assert kind == "effect_replayed" and data["replay_of"] == "a0"
-    else:
-        assert decided.state is None  # nothing moves while the earlier attempt is unsettled
+
+
+def test_a_replay_answers_with_the_receipt_and_result_and_writes_nothing(world: World) -> None:
+    """The agent's result carries the earlier action, the key, the receipt id and the result."""
+    state = _state(world)
+    decided = _decide(world, state, replay_rules.judge(replay_rules.ReplayFacts(
+        record=DONE, capabilities=DEDUPS, now=T0, answer=_found())))  # fmt: skip
+    assert decided.outcome is OutcomeKind.REPLAYED and decided.ledger == () and decided.call is None
+    assert decided.state.writes_committed == state.writes_committed
+    assert decided.state.spent.proposals == state.spent.proposals + 1
+    kind, data = decided.events[0]
+    assert kind == "effect_replayed" and data["replay_of"] == "a0"
+    assert (data["receipt_id"], data["settled_by"]) == ("rcpt-1", "adapter")
+    body = dict(decided.blobs)[decided.state.results_digest]
+    (result,) = step_rules.decode_results(decided.state.results_digest, body)
+    assert result.data["result"] == {"ok": True} and result.data["business_object_id"] == "obj-1"
+
+
+def test_a_replay_that_spends_the_last_proposal_ends_the_run(world: World) -> None:
+    """The budget's last proposal, spent on a replay, fails the run at once and traces it."""
+    state = _state(world)
+    judgement = replay_rules.judge(
+        replay_rules.ReplayFacts(record=DONE, capabilities=BLIND, now=T0)
+    )
+    decided = _decide(world, state, judgement, budget=state.spent.proposals + 1)
+    assert decided.state.phase is Phase.FAILED
+    assert decided.state.stop_reason == "budget_exhausted:proposals"
+    assert [kind for kind, _ in decided.events] == ["effect_replayed", "failed"]
+
+
+def test_a_review_verdict_freezes_with_the_earlier_attempt_as_evidence(world: World) -> None:
+    """Nothing sent, nothing replayed: the case names the earlier key and the reason."""
+    state = _state(world)
+    judgement = replay_rules.judge(
+        replay_rules.ReplayFacts(
+            record=DONE, capabilities=DEDUPS, now=T0, answer=LookupAnswer(ST.ABSENT)
+        )
+    )
+    decided = _decide(world, state, judgement)
+    assert (decided.outcome, decided.reason) == (OutcomeKind.FROZEN, "receipt_missing")
+    assert decided.state.pending is None and decided.call is None
+    evidence = decided.state.review_cases[0].evidence[0]
+    assert evidence["earlier_idempotency_key"] == "idem-1"
+    assert evidence["earlier_receipt_fingerprint"] == COMMITTED.receipt_fingerprint
+
+
+def test_a_wait_verdict_moves_nothing(world: World) -> None:
+    """An earlier attempt in flight: retry later, no state."""
+    judgement = replay_rules.judge(
+        replay_rules.ReplayFacts(
+            record=OPEN, capabilities=DEDUPS, now=T0, answer=LookupAnswer(ST.IN_PROGRESS)
+        )
+    )
+    decided = _decide(world, _state(world), judgement)
+    assert decided.outcome is OutcomeKind.RETRY_LATER and decided.state is None
 
 
 def test_an_armed_fork_lets_the_effect_proceed_once(world: World) -> None:
     """A fork armed for the digest is consumed by the proposal, which then proceeds."""
     state = _state(world).evolve(forks=(EFFECT,), fork_nonces=("n" * 16,))
-    decided = replay_rules.decide(
-        state,
-        Proposal("a5", "file.write", "notes.txt", {"content": "x"}),
-        effect=EFFECT,
-        record=EffectHistory(committed=COMMITTED),
-        capabilities=BLIND,
-        answer=None,
-        case_id="case-1",
-        now=world.clock.now(),
-        live=state.environment,
+    judgement = replay_rules.judge(
+        replay_rules.ReplayFacts(record=DONE, capabilities=BLIND, now=T0, forked=True)
     )
+    decided = _decide(world, state, judgement)
     assert isinstance(decided, replay_rules.Proceed)
     assert decided.state.forks == () and decided.state.fork_nonces == ("n" * 16,)
     assert decided.events[0][0] == "fork_used"
     again = RunState.from_json(state.to_json())
     assert again.forks == (EFFECT,) and again.fork_nonces == ("n" * 16,)
     assert "forks" not in _state(world, "r2").to_json()  # a run that never forks keeps its payload
+
+
+def test_the_ledger_fold_keeps_when_an_attempt_was_first_sent(world: World) -> None:
+    """A resend's dispatched entry keeps the first send's time: retention counts from then."""
+    session = session_of(world, [*SAME[:1], finish])
+    session.step()
+    (record,) = session.effects.values()
+    assert record.committed is not None and record.committed.sent_at is not None
 
 
 # -- a run --------------------------------------------------------------------

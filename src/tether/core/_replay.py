@@ -1,4 +1,4 @@
-"""Replay or fork: a re-proposed effect equal to one already committed is not sent again.
+"""Replay or fork: a re-proposed effect equal to one already made is not made again.
 
 An agent restored after a crash regenerates its action ids and rewrites its
 prose, so neither the action id nor the idempotency key (minted per
@@ -7,23 +7,48 @@ digest* can: the digest of ``{namespace, kind, target, identity}``, where
 ``identity`` is what the adapter says makes the effect (its
 ``effect_identity`` hook; by default the normalized arguments). Every
 ledger entry records it under its hash, so the set of effects a run has
-committed is read from the verified ledger and survives recovery and rewind.
+made is read from the verified ledger and survives recovery and rewind.
 
-:func:`decide`, for a write that passed the gate:
+The rule is :func:`judge`, one function of values (:class:`ReplayFacts`),
+with :func:`lookup_key` saying whom the session must ask first. The
+adapter's receipt is the authority and the ledger a copy; so:
 
-=====================================  ========================================
-what the ledger knows of the digest    decide
-=====================================  ========================================
-nothing                                proceed: a new effect
-a signed fork is armed for it          proceed, the fork consumed (once)
-committed                              replayed: the recorded receipt, nothing
-                                       sent, no ledger entry, no write counted
-outcome unknown / dispatched, the      committed: replayed with the adapter's
-adapter asked by the earlier key       receipt; absent and final, or refused:
-                                       proceed (it never landed); in flight or
-                                       unreachable: retry later, nothing moves
-outcome unknown, cannot be settled     needs_review (``replay_of_unknown_effect``)
-=====================================  ========================================
+=================================================  =============================
+what is known of the effect digest                 verdict
+=================================================  =============================
+a signed fork is armed for it                      forked: a new effect, once
+nothing                                            proceed: a new effect
+an unsettled attempt (dispatched, outcome          asked by its key:
+unknown):
+  committed, this attempt's key and intent         replay (settled by look-up)
+  committed under the key, another intent          ours never landed under it:
+                                                   proceed if a person already
+                                                   replanned that key
+                                                   (quarantined), else review
+                                                   (``key_conflict``)
+  refused (recorded as refused)                    proceed: it never landed
+  absent, final, the key within retention          proceed: it never landed
+  absent otherwise, or not queryable               review (``replay_of_unknown_
+                                                   effect``): never sent again
+  in flight, unreachable                           wait
+a commit, on a stateful target that no longer      proceed: a new effect (A, B,
+holds what it left (writing now changes it)        A writes A again)
+a commit, the adapter cannot be asked              replay (settled by the
+                                                   signed ledger, said so)
+a commit, asked by its key:
+  the same receipt, every field                    replay (settled by adapter)
+  another receipt, or another intent's             review (``receipt_drift``)
+  absent, or refused                               review (``receipt_missing``):
+                                                   absence is never proof of a
+                                                   commit, nor a licence to send
+  in flight, unreachable                           wait
+=================================================  =============================
+
+A replay of a kind the policy gates needs an approval, like the write
+itself (the seed: "same-key/same-intent replay ... still needs new approval
+where policy requires it"): the proposal waits for one (:attr:`Verdict.HOLD`)
+and is answered once it holds. A replay is a proposal: it is charged, and
+the last one the budget allows ends the run.
 
 Doing an effect again on purpose takes a signed fork (:func:`check_fork`):
 a reviewer's or operator's document naming the effect digest and the
@@ -36,6 +61,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from tether.core._actions import ActionResult, Proposal
@@ -43,13 +69,16 @@ from tether.core._canonical import JSONValue, digest
 from tether.core._errors import EvidenceBindingError, EvidenceSignatureError, NonceReusedError
 from tether.core._evidence import check_lifetime, check_nonce
 from tether.core._ledger import LedgerEntry, redact_receipt
-from tether.core._model import Capabilities, EnvironmentState, format_time
-from tether.core._phases import EffectStatus
+from tether.core._model import Capabilities, EnvironmentState, Receipt, format_time
+from tether.core._phases import EffectStatus, Phase
 from tether.core._state import RunState
 from tether.core._steps import _charged, _with_result, park
 from tether.core._transition import Event, LookupAnswer, LookupStatus, OutcomeKind, Transition
 
 REPLAY_OF_UNKNOWN = "replay_of_unknown_effect"
+RECEIPT_MISSING = "receipt_missing"
+RECEIPT_DRIFT = "receipt_drift"
+KEY_CONFLICT = "key_conflict"
 
 
 def effect_digest(namespace: str, kind: str, target: str, identity: Mapping[str, Any]) -> str:
@@ -61,7 +90,7 @@ def effect_digest(namespace: str, kind: str, target: str, identity: Mapping[str,
 
 @dataclass(frozen=True, slots=True)
 class KnownEffect:
-    """One effect the ledger records under a digest: its key, and its receipt when committed."""
+    """One attempt at an effect the ledger records under a digest: its key, and its receipt."""
 
     effect_digest: str
     action_id: str
@@ -70,6 +99,9 @@ class KnownEffect:
     #: The receipt as the ledger holds it (a sensitive kind's result as a digest);
     #: ``None`` while the outcome is unknown.
     receipt: dict[str, Any] | None
+    #: When the attempt was first dispatched (by the ledger): the adapter cannot
+    #: have heard of the key before, so its memory of it is at most this old.
+    sent_at: datetime | None = None
 
     @property
     def receipt_id(self) -> str | None:
@@ -111,12 +143,13 @@ def known_effects(
         if effect is None:
             continue
         record = changed.get(effect) or base.get(effect) or EffectHistory()
-        this = KnownEffect(
-            effect, entry.action_id, entry.idempotency_key, entry.intent_digest, entry.receipt
-        )
         key = entry.idempotency_key
         unsettled = record.unsettled
         mine = unsettled is not None and unsettled.idempotency_key == key
+        sent_at = unsettled.sent_at if mine and unsettled is not None else entry.at
+        this = KnownEffect(
+            effect, entry.action_id, key, entry.intent_digest, entry.receipt, sent_at
+        )
         status = entry.status
         if status is EffectStatus.COMMITTED:
             record = EffectHistory(this, None if mine else unsettled)
@@ -135,6 +168,191 @@ def known_effects(
     return changed
 
 
+class Verdict(StrEnum):
+    """What the replay rule says of a re-proposed effect."""
+
+    PROCEED = "proceed"  # a new effect: carry the proposal out
+    FORKED = "forked"  # a signed fork asked for it again: carry it out, the fork consumed
+    REPLAY = "replay"  # it happened: answer with the recorded receipt, send nothing
+    HOLD = "hold"  # it happened, and the policy wants the replay approved first
+    WAIT = "wait"  # an earlier attempt is not settled yet: nothing moves
+    REVIEW = "review"  # nothing can decide it safely: a person does
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayFacts:
+    """Everything :func:`judge` reads, as values.
+
+    ``target_moved``: on a stateful adapter, carrying the proposal out now
+    would change the environment (its target does not hold what the write
+    leaves). ``answer``: the adapter's look-up by :func:`lookup_key`'s key.
+    ``quarantined``: keys a reviewer's replan set aside. ``approved``: an
+    approval of exactly this replay holds. ``sensitive``: the policy marks the
+    kind sensitive.
+    """
+
+    record: EffectHistory | None
+    capabilities: Capabilities
+    now: datetime
+    forked: bool = False
+    target_moved: bool = False
+    answer: LookupAnswer | None = None
+    quarantined: frozenset[str] = frozenset()
+    needs_approval: bool = False
+    approved: bool = False
+    #: The policy marks the kind sensitive: the ledger and the agent see its result's digest only.
+    sensitive: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """The verdict, why, the attempt it stands on, and the receipt a replay answers with."""
+
+    verdict: Verdict
+    reason: str
+    known: KnownEffect | None = None
+    #: For a replay: the receipt as the ledger would hold it, its fingerprint, and who said so.
+    receipt: dict[str, Any] | None = None
+    fingerprint: str | None = None
+    settled_by: str = ""
+
+
+def lookup_key(
+    record: EffectHistory | None,
+    capabilities: Capabilities,
+    *,
+    forked: bool = False,
+    target_moved: bool = False,
+) -> str | None:
+    """The key whose receipt the adapter must be asked for before :func:`judge`, if any."""
+    if forked or record is None or not capabilities.queryable:
+        return None
+    if record.unsettled is not None:
+        return record.unsettled.idempotency_key
+    committed = record.committed
+    if committed is None or (capabilities.stateful and target_moved):
+        return None
+    return committed.idempotency_key
+
+
+def judge(facts: ReplayFacts) -> Judgement:
+    """Replay, proceed, hold, wait or review a write whose effect the ledger may know."""
+    if facts.forked:
+        return Judgement(Verdict.FORKED, "fork_used")
+    record = facts.record
+    if record is None or record.current is None:
+        return Judgement(Verdict.PROCEED, "new_effect")
+    if record.unsettled is not None:
+        return _approved(facts, _judge_unsettled(facts, record.unsettled))
+    committed = record.committed
+    if committed is None or committed.receipt is None:  # a commit always has its receipt
+        return Judgement(Verdict.PROCEED, "new_effect")
+    if facts.capabilities.stateful and facts.target_moved:
+        return Judgement(Verdict.PROCEED, "target_moved", committed)
+    return _approved(facts, _judge_committed(facts, committed, committed.receipt))
+
+
+def _judge_unsettled(facts: ReplayFacts, known: KnownEffect) -> Judgement:
+    """An earlier attempt that may have landed: only the adapter, asked by its key, can say."""
+    answer = facts.answer
+    caps = facts.capabilities
+    if answer is None or not caps.queryable:
+        return Judgement(Verdict.REVIEW, REPLAY_OF_UNKNOWN, known)
+    status = answer.status
+    if status is LookupStatus.COMMITTED and answer.receipt is not None:
+        receipt = answer.receipt
+        ours = (receipt.idempotency_key, receipt.intent_digest) == (
+            known.idempotency_key,
+            known.intent_digest,
+        )
+        if not ours:
+            # The adapter holds another intent under our key, so ours never
+            # landed under it; only a person who saw that conflict may go on.
+            if known.idempotency_key in facts.quarantined:
+                return Judgement(Verdict.PROCEED, "key_quarantined", known)
+            return Judgement(Verdict.REVIEW, KEY_CONFLICT, known)
+        if caps.stateful and facts.target_moved:
+            return Judgement(Verdict.PROCEED, "target_moved", known)
+        # Only the result's digest where the kind is sensitive, as the ledger holds it.
+        body = receipt.to_json()
+        return Judgement(
+            Verdict.REPLAY,
+            "effect_replayed",
+            known,
+            redact_receipt(body) if facts.sensitive else body,
+            receipt.fingerprint,
+            "lookup",
+        )
+    if status in {LookupStatus.IN_PROGRESS, LookupStatus.UNAVAILABLE}:
+        return Judgement(Verdict.WAIT, _waiting(status), known)
+    if status is LookupStatus.REFUSED:
+        return Judgement(Verdict.PROCEED, "never_landed", known)
+    if status is LookupStatus.ABSENT and caps.absent_is_final and _remembered(facts, known):
+        return Judgement(Verdict.PROCEED, "never_landed", known)
+    return Judgement(Verdict.REVIEW, REPLAY_OF_UNKNOWN, known)
+
+
+def _judge_committed(facts: ReplayFacts, known: KnownEffect, recorded: dict[str, Any]) -> Judgement:
+    """A commit the ledger records: replayed only as the adapter, where it can be asked, agrees."""
+    if not facts.capabilities.queryable:
+        # Nothing can be asked: the signed ledger holds the only copy of the
+        # adapter's receipt, given by the adapter when the write landed.
+        return Judgement(
+            Verdict.REPLAY, "effect_replayed", known, recorded, digest(recorded), "ledger"
+        )
+    answer = facts.answer
+    if answer is None:
+        raise ValueError("a queryable adapter's receipt must be asked for first")  # caller's bug
+    status = answer.status
+    if status in {LookupStatus.IN_PROGRESS, LookupStatus.UNAVAILABLE}:
+        return Judgement(Verdict.WAIT, _waiting(status), known)
+    if status is LookupStatus.COMMITTED and answer.receipt is not None:
+        if same_receipt(recorded, answer.receipt):
+            return Judgement(
+                Verdict.REPLAY, "effect_replayed", known, recorded, digest(recorded), "adapter"
+            )
+        return Judgement(Verdict.REVIEW, RECEIPT_DRIFT, known)
+    return Judgement(Verdict.REVIEW, RECEIPT_MISSING, known)
+
+
+def same_receipt(recorded: Mapping[str, Any], receipt: Receipt) -> bool:
+    """Whether the adapter's ``receipt`` is the ledger's ``recorded`` one, field for field.
+
+    The ledger may hold a sensitive kind's result as its digest only: then
+    the result is compared by that digest, every other field as it is.
+    """
+    body = receipt.to_json()
+    return dict(recorded) == body or dict(recorded) == redact_receipt(body)
+
+
+def _approved(facts: ReplayFacts, judgement: Judgement) -> Judgement:
+    """A replay the policy gates waits for an approval of it, as the write itself would."""
+    if judgement.verdict is Verdict.REPLAY and facts.needs_approval and not facts.approved:
+        return Judgement(
+            Verdict.HOLD,
+            "approval_required",
+            judgement.known,
+            judgement.receipt,
+            judgement.fingerprint,
+            judgement.settled_by,
+        )
+    return judgement
+
+
+def _remembered(facts: ReplayFacts, known: KnownEffect) -> bool:
+    """Whether the adapter still remembers ``known``'s key (within its declared retention)."""
+    limit = facts.capabilities.retention_s
+    if limit is None:
+        return True
+    if known.sent_at is None:
+        return False  # no record of when it was sent: assume the worst
+    return (facts.now - known.sent_at).total_seconds() <= limit
+
+
+def _waiting(status: LookupStatus) -> str:
+    return "in_flight" if status is LookupStatus.IN_PROGRESS else "adapter_unavailable"
+
+
 @dataclass(frozen=True, slots=True)
 class Proceed:
     """Carry the proposal out as a new effect, from ``state`` and with ``events`` first."""
@@ -146,76 +364,108 @@ class Proceed:
 def decide(
     state: RunState,
     proposal: Proposal,
+    judgement: Judgement,
     *,
     effect: str,
-    record: EffectHistory | None,
-    capabilities: Capabilities,
-    answer: LookupAnswer | None,
+    proposals_budget: int,
     case_id: str,
     now: datetime,
     live: EnvironmentState,
+    charged: bool = False,
 ) -> Transition | Proceed:
-    """Replay, proceed, wait or freeze a write whose effect digest is ``effect``.
+    """The transition :func:`judge`'s verdict makes of ``state`` (the step counted).
 
-    ``state`` is the run as the step leaves it before the write (the step
-    counted); ``record`` what the verified ledger knows of ``effect``;
-    ``answer`` the adapter's look-up by the unsettled attempt's key, when it
-    could be asked.
+    ``charged``: the proposal was paid for already (an approved replay that
+    waited). A replay's answer is the agent's next result; the last proposal
+    the budget allows ends the run.
     """
-    if effect in state.forks:
+    verdict = judgement.verdict
+    if verdict is Verdict.FORKED:
         forks = list(state.forks)
         forks.remove(effect)
         used: Event = ("fork_used", {"action_id": proposal.action_id, "effect_digest": effect})
         return Proceed(state.evolve(forks=tuple(forks)), (used,))
-    known = None if record is None else record.current
-    if record is None or known is None:
+    if verdict is Verdict.PROCEED:
         return Proceed(state)
-    if known is record.committed and known.receipt is not None:
-        fingerprint = digest(known.receipt)
-        return _replayed(state, proposal, effect, known, known.receipt, fingerprint, "ledger")
-    if answer is not None:
-        if answer.status is LookupStatus.COMMITTED and answer.receipt is not None:
-            # Only the result's digest: the policy may mark the kind sensitive,
-            # and the ledger would then never have held the result itself.
-            receipt = redact_receipt(answer.receipt.to_json()) or {}
-            fingerprint = answer.receipt.fingerprint
-            return _replayed(state, proposal, effect, known, receipt, fingerprint, "lookup")
-        if answer.status in {LookupStatus.IN_PROGRESS, LookupStatus.UNAVAILABLE}:
-            return Transition(
-                OutcomeKind.RETRY_LATER,
-                reason="in_flight"
-                if answer.status is LookupStatus.IN_PROGRESS
-                else "adapter_unavailable",
-                message=f"an earlier attempt at this effect (key {known.idempotency_key}) is not "
-                f"settled yet ({answer.detail or answer.status}); nothing was sent",
-            )
-        landed_never = answer.status is LookupStatus.REFUSED or (
-            answer.status is LookupStatus.ABSENT and capabilities.absent_is_final
+    known = judgement.known
+    if known is None:
+        raise ValueError(f"verdict {verdict} names no earlier attempt")  # judge's bug
+    if verdict is Verdict.WAIT:
+        return Transition(
+            OutcomeKind.RETRY_LATER,
+            reason=judgement.reason,
+            message=f"an earlier attempt at this effect (key {known.idempotency_key}) is not "
+            f"settled yet ({judgement.reason}); nothing was sent",
         )
-        if landed_never:
-            return Proceed(state)
+    spent = state.spent if charged else _charged(state.spent, proposals=1)
+    charged_state = state.evolve(spent=spent)
+    if verdict is Verdict.REVIEW:
+        return _review(charged_state, proposal, effect, known, judgement.reason, case_id, now, live)
+    if verdict is Verdict.HOLD:
+        raise ValueError("a replay that needs approval is held by the session")  # caller's bug
+    receipt = judgement.receipt or {}
+    replayed = _replayed(
+        charged_state, proposal, effect, known, receipt, judgement.fingerprint or "", judgement
+    )
+    after = replayed.state
+    if after is not None and after.spent.proposals >= proposals_budget:
+        reason = "budget_exhausted:proposals"
+        return Transition(
+            OutcomeKind.REPLAYED,
+            state=after.evolve(phase=Phase.FAILED, stop_reason=reason),
+            events=(*replayed.events, ("failed", {"reason": reason})),
+            blobs=replayed.blobs,
+            reason=replayed.reason,
+            message=f"{replayed.message}; that was the last proposal the budget allows",
+        )
+    return replayed
+
+
+_REVIEW_WHY = {
+    REPLAY_OF_UNKNOWN: "has an unknown outcome and cannot be settled by its key: sending it "
+    "again could be a second effect",
+    KEY_CONFLICT: "is held by the adapter under its key for another intent (a key conflict "
+    "no person has reviewed)",
+    RECEIPT_DRIFT: "has a receipt at the adapter that differs from the ledger's copy: the "
+    "recorded effect cannot be claimed, and sending it could be a second effect",
+    RECEIPT_MISSING: "is committed in the ledger, but the adapter holds no receipt for its key "
+    "(deleted, or forgotten): the effect cannot be claimed, and sending it could be a second "
+    "effect",
+}
+
+
+def _review(
+    state: RunState,
+    proposal: Proposal,
+    effect: str,
+    known: KnownEffect,
+    reason: str,
+    case_id: str,
+    now: datetime,
+    live: EnvironmentState,
+) -> Transition:
+    """Freeze for a person: an effect nothing can settle is neither replayed nor sent."""
     detail = (
         f"action {proposal.action_id!r} proposes effect {effect}, whose earlier attempt "
-        f"{known.action_id!r} (key {known.idempotency_key}) has an unknown outcome and cannot be "
-        "settled by its key: sending it again could be a second effect. A person decides: "
-        "abort, or replan after a signed fork (`tether fork`) if it must happen again."
+        f"{known.action_id!r} (key {known.idempotency_key}) {_REVIEW_WHY[reason]}. A person "
+        "decides: abort, or replan after a signed fork (`tether fork`) if it must happen again."
     )
-    charged = state.evolve(spent=_charged(state.spent, proposals=1))
     return park(
-        charged,
+        state,
         case_id=case_id,
-        reason=REPLAY_OF_UNKNOWN,
+        reason=reason,
         detail=detail,
         now=now,
         live=live,
         evidence=(
             {
-                "kind": REPLAY_OF_UNKNOWN,
+                "kind": reason,
                 "effect_digest": effect,
                 "action_id": proposal.action_id,
                 "earlier_action_id": known.action_id,
                 "earlier_idempotency_key": known.idempotency_key,
                 "earlier_intent_digest": known.intent_digest,
+                "earlier_receipt_fingerprint": known.receipt_fingerprint,
             },
         ),
     )
@@ -228,7 +478,7 @@ def _replayed(
     known: KnownEffect,
     receipt: dict[str, Any],
     fingerprint: str,
-    settled_by: str,
+    judgement: Judgement,
 ) -> Transition:
     """The recorded receipt stands for the proposal; nothing is sent or counted as written.
 
@@ -241,7 +491,7 @@ def _replayed(
         "receipt_id": str(receipt.get("receipt_id")),
         "receipt_fingerprint": fingerprint,
         "effect_digest": effect,
-        "settled_by": settled_by,
+        "settled_by": judgement.settled_by,
     }
     result = ActionResult(
         action_id=proposal.action_id,
@@ -257,7 +507,7 @@ def _replayed(
             "sent again. Doing it again needs a signed fork.",
         },
     )
-    after, blobs = _with_result(state.evolve(spent=_charged(state.spent, proposals=1)), result)
+    after, blobs = _with_result(state, result)
     return Transition(
         OutcomeKind.REPLAYED,
         state=after,

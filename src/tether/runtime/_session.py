@@ -67,7 +67,7 @@ from tether.core import (
 )
 from tether.core import Rejection as GateRejection
 from tether.runtime import _calls as calls
-from tether.runtime import _carry, _compensate, _humans, _rewind, _stopping
+from tether.runtime import _carry, _compensate, _humans, _replaying, _rewind, _stopping
 from tether.runtime._agent import Agent, AgentContext
 from tether.runtime._crash import CrashPoint
 from tether.runtime._lease import LeaseHolder
@@ -615,6 +615,8 @@ class RunSession(LeaseHolder):
         self.keep()  # renews a held lease when due; a lost one is refused at the commit
         pending = self.state.pending
         if self.state.phase is Phase.PENDING and pending is not None:
+            if _replaying.is_held_replay(self, pending):
+                return _replaying.carry_out_held(self, pending)
             if not pending.mutating:
                 return _carry.carry_out_approved(self, pending)
             return self._decide_and_apply(settle_rules.settle)
@@ -711,15 +713,12 @@ class RunSession(LeaseHolder):
         rt = self.rt
         kind = rt.kinds[proposal.kind]
         intent = Intent(proposal.kind, proposal.target, args, risk_of(rt.policy, kind).value)
-        effect = rt.effect_digest(intent)
-        record = self.effects.get(effect)
-        if record is not None or effect in base.forks:
-            decided = self._replay_or_fork(base, proposal, effect, record)
-            if isinstance(decided, Transition):
-                if decided.state is None:
-                    return Outcome(decided.outcome, self.state, decided.reason, decided.message)
-                return self.apply(decided, prefix=events, context=context)
-            base, events = decided.state, [*events, *decided.events]
+        decided = _replaying.replay_or_fork(self, base, proposal, intent, rt.effect_digest(intent))
+        if isinstance(decided, Transition):
+            if decided.state is None:
+                return Outcome(decided.outcome, self.state, decided.reason, decided.message)
+            return self.apply(decided, prefix=events, context=context)
+        base, events = decided.state, [*events, *decided.events]
         transition = step_rules.propose_write(
             base,
             proposal,
@@ -735,31 +734,6 @@ class RunSession(LeaseHolder):
             return outcome  # it waits, durable, for a person; nothing leaves the process
         rt.crash.hit(CrashPoint.INTENT_PERSISTED)
         return self._decide_and_apply(settle_rules.dispatch)
-
-    def _replay_or_fork(
-        self,
-        base: RunState,
-        proposal: Proposal,
-        effect: str,
-        record: replay_rules.EffectHistory | None,
-    ) -> Transition | replay_rules.Proceed:
-        """The facts :func:`replay_rules.decide` needs: an unsettled attempt is asked by its key."""
-        caps = capabilities_of(self.rt.adapter, proposal.kind)
-        unsettled = None if record is None else record.unsettled
-        answer = None
-        if unsettled is not None and caps.queryable and effect not in base.forks:
-            answer = self.ask(Lookup(unsettled.idempotency_key))
-        return replay_rules.decide(
-            base,
-            proposal,
-            effect=effect,
-            record=record,
-            capabilities=caps,
-            answer=answer,
-            case_id=self.rt.ids.new_id("case"),
-            now=self.rt.clock.now(),
-            live=base.environment,
-        )
 
     # -- failing -----------------------------------------------------------------
 

@@ -1,0 +1,162 @@
+"""Gathering the facts the replay rule reads, and carrying out what it says.
+
+The rule itself is :func:`tether.core.replay_rules.judge`, a function of
+values; this module only reads the world for it: whether a stateful target
+would change, the adapter's receipt under the key the rule names, whether
+the policy gates the kind and an approval holds. A replay the policy gates
+waits for a person as a held action (it changes nothing, so it has no
+ledger entries) and is answered once approved, judged again then.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tether.adapters import capabilities_of
+from tether.core import (
+    Intent,
+    Lookup,
+    Outcome,
+    OutcomeKind,
+    PendingWrite,
+    Phase,
+    Proposal,
+    RunState,
+    Transition,
+    approval_problem,
+    needs_approval,
+    replay_rules,
+    risk_of,
+    step_rules,
+)
+from tether.core import Rejection as GateRejection
+from tether.runtime._view import Session
+
+
+def replay_or_fork(
+    session: Session,
+    base: RunState,
+    proposal: Proposal,
+    intent: Intent,
+    effect: str,
+    *,
+    approved: bool = False,
+    charged: bool = False,
+) -> Transition | replay_rules.Proceed:
+    """What the replay rule says of a write of ``intent`` (its effect digest ``effect``)."""
+    rt = session.rt
+    record = session.effects.get(effect)
+    forked = effect in base.forks
+    if record is None and not forked:
+        return replay_rules.Proceed(base)
+    caps = capabilities_of(rt.adapter, proposal.kind)
+    moved = False
+    if caps.stateful and not forked:
+        env = base.environment
+        moved = rt.adapter.derive_post_state(env, intent).state_fingerprint != env.state_fingerprint
+    key = replay_rules.lookup_key(record, caps, forked=forked, target_moved=moved)
+    answer = None
+    if key is not None:
+        current = None if record is None else record.current
+        # Judged against the intent when it is exactly the recorded attempt's
+        # (an adapter that keeps its own request fingerprint needs it).
+        same = current is not None and current.intent_digest == intent.digest
+        answer = session.ask(Lookup(key, intent if same else None))
+    kind = rt.kinds[proposal.kind]
+    rule = rt.policy.kinds.get(proposal.kind)
+    judgement = replay_rules.judge(
+        replay_rules.ReplayFacts(
+            record=record,
+            capabilities=caps,
+            now=rt.clock.now(),
+            forked=forked,
+            target_moved=moved,
+            answer=answer,
+            quarantined=frozenset(base.quarantined_keys),
+            needs_approval=needs_approval(rt.policy, kind),
+            approved=approved,
+            sensitive=rule is not None and rule.sensitive,
+        )
+    )
+    if judgement.verdict is replay_rules.Verdict.HOLD:
+        held = Intent(
+            kind.name, proposal.target, dict(proposal.args), risk_of(rt.policy, kind).value
+        )
+        hold = step_rules.hold(base, proposal, held, key=rt.ids.new_id("idem"), now=rt.clock.now())
+        known = judgement.known
+        note = (
+            "replay_held",
+            {
+                "action_id": proposal.action_id,
+                "effect_digest": effect,
+                "replay_of": None if known is None else known.action_id,
+            },
+        )
+        return Transition(
+            hold.outcome,
+            state=hold.state,
+            events=(*hold.events, note),
+            reason=hold.reason,
+            message=f"{hold.message} (a replay of an effect that already happened: approving "
+            "it sends nothing)",
+        )
+    return replay_rules.decide(
+        base,
+        proposal,
+        judgement,
+        effect=effect,
+        proposals_budget=rt.task.budgets.proposals,
+        case_id=rt.ids.new_id("case"),
+        now=rt.clock.now(),
+        live=base.environment,
+        charged=charged,
+    )
+
+
+def is_held_replay(session: Session, pending: PendingWrite) -> bool:
+    """Whether ``pending`` is a replay waiting for approval (a write's kind, held, not mutating)."""
+    kind = session.rt.kinds.get(pending.intent.kind)
+    return not pending.mutating and kind is not None and kind.mutating
+
+
+def carry_out_held(session: Session, pending: PendingWrite) -> Outcome:
+    """An approved replay: judged again now (the adapter asked again), then answered."""
+    rt = session.rt
+    problem = approval_problem(
+        session.state,
+        needs=True,
+        now=rt.clock.now(),
+        live=rt.adapter.environment(),
+        idempotent=False,
+    )
+    if problem is not None:
+        return Outcome(OutcomeKind.WAITING_FOR_APPROVAL, session.state, problem[0], problem[1])
+    held = pending.intent
+    proposal = Proposal(
+        pending.action_id, held.kind, held.target, args=dict(held.args), cost=pending.cost
+    )
+    args: dict[str, Any] = rt.adapter.normalize(held.kind, held.target, dict(held.args))
+    intent = Intent(held.kind, held.target, args, held.risk)
+    base = session.state.evolve(phase=Phase.RUNNING, pending=None)
+    decided = replay_or_fork(
+        session, base, proposal, intent, rt.effect_digest(intent), approved=True, charged=True
+    )
+    if isinstance(decided, replay_rules.Proceed):
+        # The world moved while it waited: no longer a replay. It is dropped, and
+        # the agent, told why, proposes it again as the write it now is.
+        return session.apply(
+            step_rules.reject(
+                base,
+                proposal,
+                GateRejection(
+                    "replay_outdated",
+                    "the effect this approval would have replayed no longer stands; propose "
+                    "the write again",
+                ),
+                rt.task.budgets,
+                spent_already=True,
+            )
+        )
+    if decided.state is None:
+        return Outcome(decided.outcome, session.state, decided.reason, decided.message)
+    return session.apply(decided)

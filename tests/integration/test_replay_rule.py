@@ -1,0 +1,235 @@
+"""The replay rule through the real runtime: each way it once sent twice or swallowed a write."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import (
+    ScriptedAgent,
+    World,
+    finish,
+    make_policy,
+    make_task,
+    signed_approval,
+    write,
+)
+from tests.integration._services import EffectsService, effects_service
+from tether.adapters import REFERENCE_PROFILE, HttpEffect, Sandbox
+from tether.core import EffectStatus, Intent, OutcomeKind, Phase, RunState, new_decision
+from tether.crypto import Keyring, Signer, TrustRoots
+from tether.runtime import CrashPlan, CrashPoint, RunSession, Runtime, SimulatedCrash
+from tether.store import SQLiteStore
+
+REVIEWER = Signer.generate("rev", "reviewer")
+APPROVER = Signer.generate("alice", "approver")
+TRUST = TrustRoots.of(REVIEWER.trust_root(), APPROVER.trust_root())
+
+
+def replan(session: RunSession, now: Any) -> None:
+    """A reviewer's signed replan of the run's open case, applied."""
+    body = new_decision(
+        session.state,
+        session.state.review_cases[-1],
+        REVIEWER.signer_id,
+        "replan",
+        issued_at=now,
+        expires_at=now + timedelta(seconds=300),
+        nonce=secrets.token_hex(16),
+    )
+    session.review(REVIEWER.sign(body))
+
+
+def keys(state: RunState, world: World) -> list[str]:
+    return [e.idempotency_key for e in world.store().ledger(state.run_id)]
+
+
+# -- A, B, A: a reverted write is a new effect ------------------------------------
+
+
+def test_a_reverted_write_is_written_again_not_swallowed(world: World) -> None:
+    """debug=true, debug=false, debug=true: the third is executed and the file holds it."""
+    world.sandbox = Sandbox(
+        {"notes.txt": "draft\n"}, instance_id="sbx-1", idempotent=False, clock=world.clock.now
+    )
+    steps = [
+        write("notes.txt", "debug=true\n"),
+        write("notes.txt", "debug=false\n"),
+        write("notes.txt", "debug=true\n"),
+        finish,
+    ]
+    session = world.runtime(ScriptedAgent(steps)).start("r1")
+    kinds = [session.step().kind for _ in range(3)]
+    assert kinds == [OutcomeKind.EXECUTED] * 3
+    assert world.sandbox.files["notes.txt"] == "debug=true\n"
+    assert world.sandbox.write_count() == 3
+
+
+def test_the_same_write_re_proposed_after_a_crash_is_still_replayed(world: World) -> None:
+    """The case the rule exists for: new action ids after a crash, the file already holds it."""
+    world.sandbox = Sandbox(
+        {"notes.txt": "draft\n"}, instance_id="sbx-1", idempotent=False, clock=world.clock.now
+    )
+    steps = [write("notes.txt", "debug=true\n"), finish]
+    plan = CrashPlan(CrashPoint.BEFORE_PROPOSAL, nth=2)
+    with pytest.raises(SimulatedCrash):
+        world.runtime(ScriptedAgent(steps), crash=plan).start("r1").run()
+    again = [finish, write("notes.txt", "debug=true\n", "regenerated-7"), finish]
+    session = world.runtime(ScriptedAgent(again)).recover("r1")
+    outcome = session.step()
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.REPLAYED, "effect_replayed")
+    assert world.sandbox.write_count() == 1
+    (result,) = session.results()
+    assert result.data["settled_by"] == "adapter" and result.data["result"] is not None
+    assert result.data["result"]["path"] == "notes.txt"
+
+
+# -- the adapter is asked, and its receipt is the authority -------------------------
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [("delete", "receipt_missing"), ("tamper", "receipt_drift")],
+)
+def test_a_deleted_or_drifted_adapter_receipt_is_never_replayed(
+    world: World, damage: str, reason: str
+) -> None:
+    """The ledger's copy alone proves nothing: the run freezes, nothing is sent."""
+    steps = [write("notes.txt", "hello\n", "a0"), write("notes.txt", "hello\n", "a1"), finish]
+    session = world.runtime(ScriptedAgent(steps)).start("r1")
+    assert session.step().kind is OutcomeKind.EXECUTED
+    key = keys(session.state, world)[0]
+    if damage == "delete":
+        assert world.sandbox.delete_receipt(key)
+    else:
+        world.sandbox.tamper_receipt(key, result={"path": "notes.txt", "sha256": "x", "bytes": 1})
+    outcome = session.step()
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.FROZEN, reason)
+    assert session.state.phase is Phase.NEEDS_REVIEW
+    assert world.sandbox.write_count() == 1
+
+
+def test_a_replacement_write_is_never_answered_by_another_intents_receipt(world: World) -> None:
+    """After a replan of a key conflict, the same write is sent under a new key and lands."""
+    steps = [write("notes.txt", "ours\n", "a0"), finish]
+    with pytest.raises(SimulatedCrash):
+        world.runtime(ScriptedAgent(steps), crash=CrashPlan(CrashPoint.INTENT_PERSISTED)).start(
+            "r1"
+        ).run()
+    store = world.store()
+    key = store.ledger("r1")[0].idempotency_key
+    sandbox = world.sandbox
+    theirs = sandbox.normalize("file.write", "src/theirs.txt", {"content": "theirs\n"})
+    other = Intent("file.write", "src/theirs.txt", theirs, "low")
+    sandbox.execute(key, other, sandbox.environment())
+    steps = [steps[0], write("notes.txt", "ours\n", "a1"), finish]  # the agent proposes it again
+    session = world.runtime(ScriptedAgent(steps), trust=TRUST).recover("r1")
+    # The other caller's write under our key moved the workspace: a person replans.
+    assert session.state.review_cases[-1].reason == "environment_drift"
+    replan(session, world.clock.now())
+    assert key in session.state.quarantined_keys
+    outcome = session.step()
+    assert outcome.kind is OutcomeKind.EXECUTED
+    assert sandbox.files["notes.txt"] == "ours\n"
+    assert keys(session.state, world)[-1] != key
+
+
+# -- a gated kind's replay needs its approval; a replay is charged -----------------
+
+
+def test_a_replay_of_an_approval_gated_write_waits_for_an_approval(world: World) -> None:
+    """Nothing is sent either way; the approved replay answers with the first receipt."""
+    rule = {"risk": "low", "permission": "workspace.write", "needs_approval": True}
+    world.policy = make_policy(kinds={"file.write": rule})
+    steps = [write("notes.txt", "hello\n", "a0"), write("notes.txt", "hello\n", "a1"), finish]
+    session = world.runtime(ScriptedAgent(steps), trust=TRUST).start("r1")
+    assert session.step().kind is OutcomeKind.WAITING_FOR_APPROVAL
+    session.approve(signed_approval(APPROVER, session.state, world.clock.now()))
+    assert session.step().kind is OutcomeKind.EXECUTED
+    waiting = session.step()
+    assert (waiting.kind, waiting.reason) == (OutcomeKind.WAITING_FOR_APPROVAL, "approval_required")
+    assert session.state.pending is not None and session.state.pending.action_id == "a1"
+    assert session.step().kind is OutcomeKind.WAITING_FOR_APPROVAL  # no approval: still waits
+    session.approve(signed_approval(APPROVER, session.state, world.clock.now()))
+    outcome = session.step()
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.REPLAYED, "effect_replayed")
+    assert world.sandbox.write_count() == 1 and session.state.pending is None
+    (result,) = session.results()
+    assert result.action_id == "a1" and result.data["replay_of"] == "a0"
+    assert result.data["result"]["path"] == "notes.txt"
+    statuses = [e.status for e in world.store().ledger("r1")]
+    assert statuses == [EffectStatus.INTENDED, EffectStatus.DISPATCHED, EffectStatus.COMMITTED]
+
+
+def test_a_replay_that_spends_the_last_proposal_ends_the_run_at_once(world: World) -> None:
+    """The run fails on its budget in the same step, with a failed event in its trace."""
+    world.task = make_task(world.sandbox.environment().state_fingerprint, budgets={"proposals": 2})
+    steps = [write("notes.txt", "hello\n", "a0"), write("notes.txt", "hello\n", "a1"), finish]
+    session = world.runtime(ScriptedAgent(steps)).start("r1")
+    session.step()
+    outcome = session.step()
+    assert outcome.kind is OutcomeKind.REPLAYED
+    assert session.state.phase is Phase.FAILED
+    assert session.state.stop_reason == "budget_exhausted:proposals"
+    assert [e.kind for e in session.trace()][-2:] == ["effect_replayed", "failed"]
+
+
+# -- a key past the service's retention: absence proves nothing ---------------------
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[EffectsService]:
+    with effects_service(tmp_path) as running:
+        yield running
+
+
+def ticket_runtime(tmp_path: Path, http: HttpEffect) -> Runtime:
+    task = make_task(
+        http.environment().state_fingerprint,
+        allowed_kinds=["http.post"],
+        allowed_paths=["tickets"],
+        permissions=["service.write"],
+        initial_environment={"namespace": "http"},
+    )
+    rule = {"risk": "low", "permission": "service.write", "needs_approval": False}
+    post = write("tickets", "", kind="http.post", args={"json": {"title": "printer on fire"}})
+    return Runtime(
+        store=SQLiteStore(tmp_path / "tether.sqlite"),
+        keyring=KEYRING,
+        adapter=http,
+        task=task,
+        policy=make_policy(kinds={"http.post": rule}),
+        agent=ScriptedAgent([post]),
+        trust=TRUST,
+    )
+
+
+KEYRING = Keyring.generate("k1")
+
+
+def test_a_ticket_past_retention_is_not_sent_again_after_a_replan(
+    tmp_path: Path, service: EffectsService
+) -> None:
+    """Frozen as unknown, replanned, proposed again: a 404 past retention sends nothing."""
+    service.mode(drop_after_commit=True, retention_s=0.3)
+    short = replace(REFERENCE_PROFILE, retention_s=0.3)
+    with HttpEffect(service.url, profile=short, timeout_s=2) as http:
+        ticket_runtime(tmp_path, http).start("r1").step()
+        time.sleep(0.5)  # the key outlives the service's memory of it
+        service.mode(drop_after_commit=False)
+        other = {"Idempotency-Key": '"someone-else"'}
+        service.client.post("/tickets", json={"title": "x"}, headers=other)  # purges old keys
+        session = ticket_runtime(tmp_path, http).recover("r1")
+        session.step()
+        assert session.state.review_cases[-1].reason == "outcome_unknown"
+        replan(session, session.rt.clock.now())
+        outcome = session.step()
+        assert (outcome.kind, outcome.reason) == (OutcomeKind.FROZEN, "replay_of_unknown_effect")
+    assert len(service.tickets()) == 2  # ours, once, and the other caller's
