@@ -16,6 +16,10 @@ Three ways to be admitted, in order:
    change that), and the agent rewinds where the policy names ``agent``; the
    record says "unsigned", so the weaker assumption is written down rather
    than implied.
+
+A recovery under another policy than the checkpoint's adopts it only as the
+policy in force allows (:func:`tether.core.policy_rules.adoption`): where
+that refuses, only the first way counts, and only from an operator.
 """
 
 from __future__ import annotations
