@@ -15,7 +15,6 @@ from tether.core import (
     AdmissionRefusedError,
     GenerationConflictError,
     Phase,
-    PolicyMismatchError,
     Purpose,
     new_admission,
     strict_loads,
@@ -187,12 +186,11 @@ def test_a_reviewer_may_not_admit_a_recovery_by_default(world: World) -> None:
         rt.recover("run-a", admission=signed(rt, REVIEWER))
 
 
-def test_a_changed_policy_is_refused_unless_it_opens_a_new_occurrence(world: World) -> None:
-    """Policy v2 refuses by default; one that allows it opens a linked work occurrence."""
+def test_a_changed_policy_is_adopted_only_as_the_policy_in_force_allows(world: World) -> None:
+    """Under a v1 that allows it, policy v2 opens a linked work occurrence, and v2's clause rules next."""
+    world.policy = make_policy(authority={"policy_change": "new_occurrence"})
     started(world)
-    with pytest.raises((AdmissionRefusedError, PolicyMismatchError)):
-        world.runtime(agent(), policy=make_policy(policy_version="2")).recover("run-a")
-    v2 = make_policy(policy_version="2", authority={"policy_change": "new_occurrence"})
+    v2 = make_policy(policy_version="2")  # v2 itself refuses the next change
     rt = world.runtime(agent(), policy=v2)
     data = recovered_event(world, rt)
     state = rt.checkpointer.load("run-a").state
@@ -203,6 +201,30 @@ def test_a_changed_policy_is_refused_unless_it_opens_a_new_occurrence(world: Wor
     # From now on the run is bound to v2: recovering it under v2 is an ordinary recovery.
     again = world.runtime(agent(), policy=v2)
     assert "previous_occurrence_id" not in recovered_event(world, again)
+    # And v2 is now the policy in force: its refusal holds against a v3 that allows anything.
+    v3 = make_policy(policy_version="3", authority={"policy_change": "new_occurrence"})
+    with pytest.raises(AdmissionRefusedError) as caught:
+        world.runtime(agent(), policy=v3).recover("run-a")
+    assert caught.value.binding == "policy"
+
+
+def test_a_refusing_policy_in_force_is_left_only_by_an_operators_admission(world: World) -> None:
+    """Under the default (refuse), v2 is refused unsigned and self-signed, and adopted when an operator signs."""
+    trust = TrustRoots.of(OPERATOR.trust_root(), WORKER.trust_root(), REVIEWER.trust_root())
+    started(world, trust=trust, principal=WORKER)
+    before = mark(world)
+    v2 = make_policy(policy_version="2", authority={"policy_change": "new_occurrence"})
+    with pytest.raises(AdmissionRefusedError) as caught:
+        world.runtime(agent(), policy=v2, trust=trust, principal=WORKER).recover("run-a")
+    assert caught.value.binding == "policy" and "operator" in str(caught.value)
+    rt = world.runtime(agent(), policy=v2, trust=trust)
+    with pytest.raises(AdmissionRefusedError):
+        rt.recover("run-a", admission=signed(rt, WORKER))  # a worker is not a person's decision
+    assert mark(world) == before
+    session = rt.recover("run-a", admission=signed(rt, OPERATOR))
+    session.step()
+    state = rt.checkpointer.load("run-a").state
+    assert state.binding.policy_version == "2" and state.occurrence_id != "run-a"
 
 
 def test_a_cancelled_run_is_never_admitted(world: World) -> None:

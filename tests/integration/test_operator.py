@@ -255,6 +255,7 @@ def test_a_cancel_nobody_here_may_sign_stops_the_inbox_unread_on_a_live_run(
 
 def test_a_run_that_goes_on_under_a_new_policy_is_judged_by_it(world: World) -> None:
     """After a new work occurrence under policy v2, open_run reads v2, whose ttl the tools enforce."""
+    world.policy = make_policy(authority={"policy_change": "new_occurrence"})
     world.runtime(agent()).start("run-a")
     v2 = make_policy(
         policy_version="2", approval_ttl_s=60, authority={"policy_change": "new_occurrence"}

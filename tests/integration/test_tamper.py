@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import ScriptedAgent, World, finish, make_policy, make_task, write
 from tether.core import (
     SCHEMA_VERSION,
+    AdmissionRefusedError,
     CheckpointCorruptError,
     IntegrityError,
     InvariantError,
@@ -181,10 +182,12 @@ def test_a_changed_task_or_policy_version_is_refused(ran: World) -> None:
         recover(ran, task=make_task(fingerprint, task_version="2"))
     with pytest.raises(TaskMismatchError):  # same version, edited content
         recover(ran, task=make_task(fingerprint, budgets={"steps": 99}))
-    with pytest.raises(PolicyMismatchError):
-        recover(ran, policy=make_policy(policy_version="2"))
-    with pytest.raises(PolicyMismatchError):
-        recover(ran, policy=make_policy(approval_ttl_s=1))
+    # The policy in force refuses a change: admission refuses it (only an
+    # operator's signed admission could adopt it).
+    for policy in (make_policy(policy_version="2"), make_policy(approval_ttl_s=1)):
+        with pytest.raises(AdmissionRefusedError) as caught:
+            recover(ran, policy=policy)
+        assert caught.value.binding == "policy"
     from tether.core import Binding
 
     binding = Binding.of(ran.task, ran.policy)

@@ -285,6 +285,7 @@ from tether.core._actions import (
     TargetKind,
     catalog,
     check_contract,
+    contract_problem,
     gate,
     needs_approval,
     risk_of,
@@ -305,6 +306,7 @@ __all__ += [
     "TargetKind",
     "catalog",
     "check_contract",
+    "contract_problem",
     "gate",
     "needs_approval",
     "risk_of",
@@ -398,6 +400,11 @@ __all__ += [
     "verify_ledger",
     "with_subject_terms",
 ]
+
+from tether.core import _policy_change as policy_rules  # noqa: E402
+from tether.core._policy_change import Adoption  # noqa: E402
+
+__all__ += ["Adoption", "policy_rules"]
 
 from tether.core import _compensation as compensation_rules  # noqa: E402
 from tether.core._compensation import (  # noqa: E402

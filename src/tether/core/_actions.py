@@ -223,9 +223,10 @@ def gate(
         )
     kind = kinds.get(proposal.kind)
     if kind is None:
-        return Rejection("unknown_kind", f"no adapter declares the kind {proposal.kind!r}")
-    if kind.action_class not in _CONTROL and kind.name not in task.allowed_kinds:
-        return Rejection("scope_kind", f"kind {kind.name!r} is not allowed by the task")
+        return _unknown_kind(proposal.kind)
+    allowed = _allowed_kind(kind, task)
+    if allowed is not None:
+        return allowed
     missing = kind.required - set(proposal.args)
     if missing:
         return Rejection("missing_argument", f"{kind.name} needs {sorted(missing)}")
@@ -245,20 +246,18 @@ def gate(
             else (f"{kind.name} changes nothing, so it has no idempotency key")
         )
         return Rejection("agent_key", f"the proposal carries an idempotency key; {what}")
-    rule = rule_for(policy, kind)
-    if rule is None:
-        return Rejection("no_rule", f"the policy has no rule for kind {kind.name!r}")
-    if rule.permission and rule.permission not in task.permissions:
-        return Rejection("permission", f"kind {kind.name!r} needs permission {rule.permission!r}")
-    if proposal.risk is not None and proposal.risk != rule.risk.value:
+    ruled = _ruled(kind, task, policy)
+    if ruled is not None:
+        return ruled
+    risk = risk_of(policy, kind)  # ruled: the policy has a rule for the kind
+    if proposal.risk is not None and proposal.risk != risk.value:
         return Rejection(
             "risk_mismatch",
-            f"the proposal declares {proposal.risk!r} risk; {kind.name} is {rule.risk} risk",
+            f"the proposal declares {proposal.risk!r} risk; {kind.name} is {risk} risk",
         )
-    if rule.risk.rank > policy.max_risk.rank:
-        return Rejection(
-            "risk", f"kind {kind.name!r} is {rule.risk} risk; the policy allows {policy.max_risk}"
-        )
+    risky = _within_risk(kind, policy)
+    if risky is not None:
+        return risky
     if kind.mutating:
         if proposal.based_on_version is None:
             return Rejection(
@@ -274,7 +273,70 @@ def gate(
         return Rejection("deadline", "the proposal's deadline has passed")
     if action_seen:
         return Rejection("duplicate_action", f"action id {proposal.action_id!r} was used before")
-    if cost_spent + proposal.cost > task.budgets.cost:
+    return _affordable(proposal.cost, cost_spent, task)
+
+
+def contract_problem(
+    kind_name: str,
+    target: str,
+    cost: int,
+    *,
+    kinds: Mapping[str, ActionKind],
+    task: TaskSpec,
+    policy: Policy,
+    cost_spent: int,
+) -> Rejection | None:
+    """The gate's checks of what the catalog, the task and the policy allow, and nothing else.
+
+    A fresh proposal meets these inside :func:`gate` (in the same order);
+    an action already held (pending, not yet sent) is judged by them again
+    when the policy it would go out under is not the one that let it in
+    (see :mod:`tether.core._policy_change`). The proposal's form (its
+    arguments, version, deadline, id), judged once when it was made, is
+    not re-judged: nothing about it can change while it is held.
+    """
+    kind = kinds.get(kind_name)
+    if kind is None:
+        return _unknown_kind(kind_name)
+    return (
+        _allowed_kind(kind, task)
+        or _scope(kind, target, task)
+        or _ruled(kind, task, policy)
+        or _within_risk(kind, policy)
+        or _affordable(cost, cost_spent, task)
+    )
+
+
+def _unknown_kind(name: str) -> Rejection:
+    return Rejection("unknown_kind", f"no adapter declares the kind {name!r}")
+
+
+def _allowed_kind(kind: ActionKind, task: TaskSpec) -> Rejection | None:
+    if kind.action_class not in _CONTROL and kind.name not in task.allowed_kinds:
+        return Rejection("scope_kind", f"kind {kind.name!r} is not allowed by the task")
+    return None
+
+
+def _ruled(kind: ActionKind, task: TaskSpec, policy: Policy) -> Rejection | None:
+    rule = rule_for(policy, kind)
+    if rule is None:
+        return Rejection("no_rule", f"the policy has no rule for kind {kind.name!r}")
+    if rule.permission and rule.permission not in task.permissions:
+        return Rejection("permission", f"kind {kind.name!r} needs permission {rule.permission!r}")
+    return None
+
+
+def _within_risk(kind: ActionKind, policy: Policy) -> Rejection | None:
+    risk = risk_of(policy, kind)
+    if risk.rank > policy.max_risk.rank:
+        return Rejection(
+            "risk", f"kind {kind.name!r} is {risk} risk; the policy allows {policy.max_risk}"
+        )
+    return None
+
+
+def _affordable(cost: int, cost_spent: int, task: TaskSpec) -> Rejection | None:
+    if cost_spent + cost > task.budgets.cost:
         return Rejection("budget_cost", "the proposal would exceed the cost budget")
     return None
 

@@ -9,8 +9,9 @@ work-occurrence id:
    the first one moved the run to a new epoch);
 3. the recovering principal and its CURRENT roles (the deployment's trust
    roots now, against the policy's ``authority``; a revoked key is unknown);
-4. the policy version (a change is refused, or, only where the new policy
-   says so, opens a new work occurrence linked to the old one);
+4. the policy version (a change is adopted only as the policy in force
+   allows, see :func:`tether.core.policy_rules.adoption`, and opens a new
+   work occurrence linked to the old one);
 5. the state of effects beyond the checkpoint (the ledger's signed head and
    length: an admission signed before an effect landed is stale).
 

@@ -65,6 +65,11 @@ needs_review (``cancel_outcome_unknown``): a look-up that finds nothing
 cannot prove that an older worker is not still sending, and a cancel would
 make "never landed" final.
 
+The policy gate, before every send: a write the policy in force forbids
+(re-judged by the action contract after a policy change) is never sent;
+rejected where nothing can have landed, else outcome unknown (see
+:mod:`tether.core._policy_change`).
+
 The approval gate: where the policy needs one, an approval in force,
 unexpired on the runtime's clock, for the environment as it is now; without
 it the write waits (``waiting_for_approval``) and nothing is committed.
@@ -76,6 +81,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
+from tether.core import _policy_change as policy_rules
 from tether.core._canonical import digest
 from tether.core._compensation import compensated_note
 from tether.core._evidence import approval_problem, committed_within_approval
@@ -127,7 +133,29 @@ def settle(state: RunState, facts: Facts) -> Transition:
     )
 
 
-def _waiting(state: RunState, facts: Facts) -> Transition | None:
+def _waiting(state: RunState, facts: Facts, *, known_absent: bool = False) -> Transition | None:
+    """Why the pending write is not sent now: the policy in force forbids it, or it awaits approval.
+
+    A forbidden write is never sent (see :mod:`tether.core._policy_change`):
+    rejected where nothing can have landed, else its outcome is unknown.
+    """
+    forbidden = facts.forbidden
+    if forbidden is not None:
+        pending = _pending(state)
+        why = f"the policy in force forbids this write ({forbidden.reason}: {forbidden.message})"
+        if policy_rules.forbidden_outcome(pending.status, known_absent=known_absent) is (
+            policy_rules.Forbidden.REJECT
+        ):
+            return _rejected(state, forbidden.reason, f"{why}; it was never sent")
+        return freeze(
+            state,
+            facts,
+            "outcome_unknown",
+            None,
+            f"{why}, and it may already have been sent under key {pending.idempotency_key}; "
+            "it is not sent again, so whether it landed is unknown: a person must decide",
+            ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
+        )
     problem = approval_problem(
         state,
         needs=facts.needs_approval,
@@ -174,7 +202,7 @@ def send_again(state: RunState, facts: Facts, *, known_absent: bool = False) -> 
     adapter's final look-up found nothing, so a receipt is a fresh commit.
     """
     pending = _pending(state)
-    waiting = _waiting(state, facts)
+    waiting = _waiting(state, facts, known_absent=known_absent)
     if waiting is not None:
         return waiting
     resending = replace(pending, resent=True, dispatched_at=facts.now)

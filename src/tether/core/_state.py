@@ -27,7 +27,7 @@ from tether.core._model import (
 )
 from tether.core._phases import EffectStatus, Phase
 from tether.core._rewind import RewindPlan
-from tether.core._spec import Policy, TaskSpec
+from tether.core._spec import Policy, PolicyChange, TaskSpec
 
 SCHEMA_VERSION = 3
 GENESIS_HASH = "sha256:" + "0" * 64
@@ -186,6 +186,10 @@ class RunState:
     #: How the agent's last action ended (the gate's refusal, the adapter's,
     #: the verifier's verdict and output): its next observation carries it.
     last_outcome: LastOutcome | None = None
+    #: The ``authority.policy_change`` clause of the policy in force (the one
+    #: ``binding`` names): whether another policy may be adopted is its call,
+    #: never the newcomer's. Checkpoints written before it read as ``refuse``.
+    policy_change: PolicyChange = PolicyChange.REFUSE
 
     def evolve(self, **changes: Any) -> RunState:
         """A copy with ``changes`` applied (the state itself is immutable)."""
@@ -237,6 +241,8 @@ class RunState:
             body["cancel_nonces"] = list(self.cancel_nonces)
         if self.last_outcome is not None:
             body["last_outcome"] = self.last_outcome.to_json()
+        if self.policy_change is not PolicyChange.REFUSE:
+            body["policy_change"] = self.policy_change.value
         return body
 
     @classmethod
@@ -293,6 +299,7 @@ class RunState:
             fork_nonces=f.str_list("fork_nonces") if f.has("fork_nonces") else (),
             cancel_nonces=f.str_list("cancel_nonces") if f.has("cancel_nonces") else (),
             last_outcome=None if last_outcome is None else LastOutcome.parse(last_outcome),
+            policy_change=_policy_change(f),
         )
         f.done()
         return state
@@ -331,6 +338,17 @@ def _contract(f: Fields) -> Contract:
     if not isinstance(value, str) or value not in {c.value for c in Contract}:
         f.fail(f.name("contract"), f"unknown contract {value!r}")
     return Contract(value)
+
+
+def _policy_change(f: Fields) -> PolicyChange:
+    value = f.optional_raw("policy_change")
+    if value is None:
+        # Absent from checkpoints written before the field existed, and written
+        # only when it is not ``refuse``: absence is the safe answer.
+        return PolicyChange.REFUSE
+    if not isinstance(value, str) or value not in {c.value for c in PolicyChange}:
+        f.fail(f.name("policy_change"), f"unknown policy change clause {value!r}")
+    return PolicyChange(value)
 
 
 def _documents(f: Fields, name: str) -> tuple[dict[str, Any], ...]:

@@ -14,6 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from tether.core._actions import Rejection
 from tether.core._ledger import EffectTerms, LedgerEntry
 from tether.core._model import Capabilities, EnvironmentState, Intent, Receipt
 from tether.core._phases import EffectStatus
@@ -192,6 +193,8 @@ class Facts:
 
     ``case_id`` is minted by the session in advance and used only if the step
     opens a review case; ``live`` is the adapter's environment as read now.
+    ``forbidden``: why the policy in force forbids the pending write
+    (:func:`tether.core.policy_rules.held_problem`), so it is never sent.
     """
 
     now: datetime
@@ -200,3 +203,4 @@ class Facts:
     case_id: str
     capabilities: Capabilities
     namespace: str
+    forbidden: Rejection | None = None

@@ -16,6 +16,10 @@ Three ways to be admitted, in order:
    change that), and the agent rewinds where the policy names ``agent``; the
    record says "unsigned", so the weaker assumption is written down rather
    than implied.
+
+A recovery under another policy than the checkpoint's adopts it only as the
+policy in force allows (:func:`tether.core.policy_rules.adoption`): where
+that refuses, only the first way counts, and only from an operator.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 from tether.core import (
     AdmissionRefusedError,
+    Adoption,
     Binding,
     EvidenceError,
     PolicyChange,
@@ -40,6 +45,7 @@ from tether.core import (
     digest_bytes,
     new_admission,
     occurrence_of,
+    policy_rules,
 )
 from tether.crypto import TrustRoots
 from tether.runtime._view import Runtime
@@ -95,17 +101,6 @@ def admit(
         )
     authority = rt.policy.authority
     changed = policy_changed(state, rt.binding)
-    if changed and authority.policy_change is not PolicyChange.NEW_OCCURRENCE:
-        raise AdmissionRefusedError(
-            "policy",
-            f"the checkpoint was made under policy {state.binding.policy_id} "
-            f"{state.binding.policy_version}, this runtime has {rt.binding.policy_id} "
-            f"{rt.binding.policy_version}; the current policy does not allow a new work "
-            'occurrence (authority.policy_change: "new_occurrence")',
-            run_id=run_id,
-            expected=state.binding.policy_fingerprint,
-            actual=rt.binding.policy_fingerprint,
-        )
     allowed = authority.recover if purpose is Purpose.RECOVERY else authority.rewind
     request = admission_request(
         state,
@@ -118,6 +113,8 @@ def admit(
     )
     now = rt.clock.now()
     trust = rt.trust
+    # A person's signed document, not the runtime vouching for itself.
+    by_person = document is not None
     if document is None and rt.principal is not None:
         signer = rt.principal
         body = new_admission(
@@ -132,6 +129,10 @@ def admit(
         principal_id, role = _verified(rt, trust, document, request, allowed, purpose, run_id)
     else:
         principal_id, role = _unsigned(rt, trust, allowed, purpose, run_id)
+    if purpose is Purpose.RECOVERY:
+        # A rewind runs in a session a recovery (or the start) already admitted
+        # under this policy: only a recovery adopts one.
+        _adopt(state, rt.binding, changed=changed, admitted_by=role if by_person else None)
     epoch_id = rt.ids.new_id("epoch")
     occurrence = rt.ids.new_id("occ") if changed else occurrence_of(state)
     may_read = role in authority.read_secrets
@@ -173,8 +174,30 @@ def admit(
         "admission": digest,
         "occurrence_id": occurrence,
         "binding": rt.binding,
+        # From now on the clause of this policy decides the next change.
+        "policy_change": authority.policy_change,
     }
     return Admitted(digest, body_bytes, changes, event, may_read)
+
+
+def _adopt(state: RunState, current: Binding, *, changed: bool, admitted_by: str | None) -> None:
+    """Refuse the admission where the policy in force does not let it adopt ``current``."""
+    if policy_rules.adoption(state.policy_change, changed=changed, admitted_by=admitted_by) is not (
+        Adoption.REFUSED
+    ):
+        return
+    was = state.binding
+    raise AdmissionRefusedError(
+        "policy",
+        f"the run is bound to policy {was.policy_id} {was.policy_version}, which refuses a "
+        f"change (authority.policy_change: {PolicyChange.REFUSE.value}); this runtime has "
+        f"{current.policy_id} {current.policy_version}. Only an operator's signed admission "
+        f"adopts it (`tether admit {state.run_id} --policy NEW_POLICY --key OPERATOR_KEY`); "
+        "what the new policy says of itself does not count",
+        run_id=state.run_id,
+        expected=was.policy_fingerprint,
+        actual=current.policy_fingerprint,
+    )
 
 
 def _verified(

@@ -22,6 +22,7 @@ from tether.core import (
     Verification,
     approval_problem,
     digest_bytes,
+    needs_approval,
     step_rules,
 )
 from tether.core import Rejection as GateRejection
@@ -109,18 +110,13 @@ def carry_out(
 
 
 def carry_out_approved(session: Session, pending: PendingWrite) -> Outcome:
-    """A non-mutating action waiting for approval: carry it out once an approval holds."""
+    """A non-mutating action waiting for approval: carry it out once an approval holds.
+
+    Held under a policy a recovery has since replaced, it is judged again by
+    the policy in force: refused (the agent hears why) if that forbids it,
+    carried out without an approval if that needs none.
+    """
     rt = session.rt
-    problem = approval_problem(
-        session.state,
-        needs=True,
-        now=rt.clock.now(),
-        live=rt.adapter.environment(),
-        idempotent=False,
-    )
-    if problem is not None:
-        return Outcome(OutcomeKind.WAITING_FOR_APPROVAL, session.state, problem[0], problem[1])
-    kind = rt.kinds[pending.intent.kind]
     proposal = Proposal(
         pending.action_id,
         pending.intent.kind,
@@ -130,4 +126,18 @@ def carry_out_approved(session: Session, pending: PendingWrite) -> Outcome:
     )
     # Whatever happens next (done, refused) the held action is no longer pending.
     base = session.state.evolve(phase=Phase.RUNNING, pending=None)
+    forbidden = rt.held_problem(session.state)
+    if forbidden is not None:
+        refused = step_rules.reject(base, proposal, forbidden, rt.task.budgets, spent_already=True)
+        return session.apply(refused)
+    kind = rt.kinds[pending.intent.kind]  # allowed: the catalog declares it
+    problem = approval_problem(
+        session.state,
+        needs=needs_approval(rt.policy, kind),
+        now=rt.clock.now(),
+        live=rt.adapter.environment(),
+        idempotent=False,
+    )
+    if problem is not None:
+        return Outcome(OutcomeKind.WAITING_FOR_APPROVAL, session.state, problem[0], problem[1])
     return carry_out(session, base, None, proposal, kind, [], spent_already=True)

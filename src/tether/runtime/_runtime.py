@@ -31,6 +31,7 @@ from tether.core import (
     ActionKind,
     AdapterError,
     AdmissionRefusedError,
+    Adoption,
     Binding,
     Compensation,
     Contract,
@@ -43,10 +44,10 @@ from tether.core import (
     PendingWrite,
     Phase,
     Policy,
-    PolicyChange,
     Proposal,
     Purpose,
     Receipt,
+    Rejection,
     RunState,
     SpecError,
     Spent,
@@ -60,15 +61,16 @@ from tether.core import (
     check_recovery_contract,
     effect_digest,
     parse_contract,
+    policy_rules,
     replay_rules,
     retry_semantics,
     step_rules,
 )
 from tether.crypto import Keyring, SecretBox, Signer, TrustRoots
 from tether.runtime import _humans
-from tether.runtime._admit import Admitted, admit
+from tether.runtime._admit import Admitted, admit, policy_changed
 from tether.runtime._agent import Agent, AgentContext, Withheld
-from tether.runtime._checkpointer import Checkpointer, Restored
+from tether.runtime._checkpointer import Checkpointer, Restored, check_binding
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
 from tether.runtime._crash import NO_CRASH, CrashPlan
 from tether.runtime._heartbeat import DEFAULT_MAX_S
@@ -163,6 +165,16 @@ class Runtime:
             effect=self.effect_digest(intent),
         )
 
+    def held_problem(self, state: RunState) -> Rejection | None:
+        """Why this runtime's policy forbids the action ``state`` holds (``None``: it may go).
+
+        Asked before every send: an action held under another policy (a
+        recovery adopted this one since) meets the whole action contract again.
+        """
+        return policy_rules.held_problem(
+            state, kinds=self.kinds, task=self.task, policy=self.policy
+        )
+
     def effect_digest(self, intent: Intent) -> str:
         """What ``intent`` does, whatever its action id or key: equal digests, the same effect."""
         return self.effect_of(intent.kind, intent.target, intent.args)
@@ -234,6 +246,7 @@ class Runtime:
             epoch_id=self.ids.new_id("epoch"),
             occurrence_id=run_id,
             contract=self.contract,
+            policy_change=self.policy.authority.policy_change,
         )
         session = RunSession(self, genesis, context)
         session.release_secrets = True  # the caller handed them in
@@ -333,16 +346,17 @@ class Runtime:
         )
 
     def _restore(self, run_id: str, lease: Lease | None, admission: Any) -> RunSession:
+        # Whether another policy may be adopted is the policy in force's call
+        # (its clause is in the signed state), never this runtime's: admission
+        # decides, below; a run that is over is only read, where it could be.
         restored = self.checkpointer.restore(
-            run_id,
-            self.binding,
-            self.adapter,
-            policy_may_change=self.policy.authority.policy_change is PolicyChange.NEW_OCCURRENCE,
+            run_id, self.binding, self.adapter, policy_may_change=True
         )
         state = restored.state
         check_recovery_contract(run_id, state.contract, self.contract)
         seen: dict[int, str] = {}
         if state.phase.terminal:
+            _readable_under(state, self.binding)
             admitted = None  # nothing resumes: an operator can still read everything
             if admission is not None:
                 admit(
@@ -511,6 +525,15 @@ class Runtime:
             "(continue from the world as it is) or abort."
         )
         return detail, tuple(evidence)
+
+
+def _readable_under(state: RunState, current: Binding) -> None:
+    """A finished run is read under another policy only where the one in force lets it change."""
+    changed = policy_changed(state, current)
+    if policy_rules.adoption(state.policy_change, changed=changed, admitted_by=None) is (
+        Adoption.REFUSED
+    ):
+        check_binding(state, current)  # raises PolicyMismatchError, naming what differs
 
 
 def drift_case(state: RunState, live: Any) -> tuple[str, str, tuple[dict[str, Any], ...]]:

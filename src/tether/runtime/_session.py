@@ -360,6 +360,7 @@ class RunSession(LeaseHolder):
             case_id=rt.ids.new_id("case"),
             capabilities=capabilities_of(rt.adapter, kind),
             namespace=namespace_of(rt.adapter, kind),
+            forbidden=rt.held_problem(self.state),  # judged again before any send
         )
 
     def decide(self, rule: Any) -> Transition:

@@ -25,6 +25,7 @@ from tether.core import (
     PendingWrite,
     Policy,
     Proposal,
+    Rejection,
     RunState,
     TaskSpec,
     Transition,
@@ -66,6 +67,8 @@ class Runtime(Protocol):
     def effect_digest(self, intent: Intent) -> str: ...
 
     def same_action(self, held: PendingWrite, proposal: Proposal) -> bool: ...
+
+    def held_problem(self, state: RunState) -> Rejection | None: ...
 
 
 class Session(Protocol):
