@@ -289,6 +289,7 @@ from tether.core._actions import (
     needs_approval,
     risk_of,
     rule_for,
+    version_problem,
 )
 
 __all__ += [
@@ -309,6 +310,7 @@ __all__ += [
     "needs_approval",
     "risk_of",
     "rule_for",
+    "version_problem",
 ]
 
 from tether.core._evidence import (  # noqa: E402

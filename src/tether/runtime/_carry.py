@@ -23,6 +23,7 @@ from tether.core import (
     approval_problem,
     digest_bytes,
     step_rules,
+    version_problem,
 )
 from tether.core import Rejection as GateRejection
 from tether.runtime._agent import AgentContext
@@ -109,25 +110,34 @@ def carry_out(
 
 
 def carry_out_approved(session: Session, pending: PendingWrite) -> Outcome:
-    """A non-mutating action waiting for approval: carry it out once an approval holds."""
+    """A non-mutating action waiting for approval: carry it out once an approval holds.
+
+    It was built on the environment it was held in (``pending.prestate``):
+    one the world has moved on from is refused ``stale_version`` by the same
+    rule as any action (:func:`~tether.core.version_problem`), approved or
+    not, and the agent looks again; an approval could never bind the world
+    as it is now anyway.
+    """
     rt = session.rt
-    problem = approval_problem(
-        session.state,
-        needs=True,
-        now=rt.clock.now(),
-        live=rt.adapter.environment(),
-        idempotent=False,
-    )
-    if problem is not None:
-        return Outcome(OutcomeKind.WAITING_FOR_APPROVAL, session.state, problem[0], problem[1])
     kind = rt.kinds[pending.intent.kind]
     proposal = Proposal(
         pending.action_id,
         pending.intent.kind,
         pending.intent.target,
         args=dict(pending.intent.args),
+        based_on_version=pending.prestate.version,
         cost=pending.cost,
     )
+    live = rt.adapter.environment()
     # Whatever happens next (done, refused) the held action is no longer pending.
     base = session.state.evolve(phase=Phase.RUNNING, pending=None)
+    stale = version_problem(kind, proposal.based_on_version, live)
+    if stale is not None:
+        refused = step_rules.reject(base, proposal, stale, rt.task.budgets, spent_already=True)
+        return session.apply(refused)
+    problem = approval_problem(
+        session.state, needs=True, now=rt.clock.now(), live=live, idempotent=False
+    )
+    if problem is not None:
+        return Outcome(OutcomeKind.WAITING_FOR_APPROVAL, session.state, problem[0], problem[1])
     return carry_out(session, base, None, proposal, kind, [], spent_already=True)
