@@ -20,6 +20,7 @@ from tether.core._evidence import ReviewDecision
 from tether.core._model import EnvironmentState, LastOutcome, Receipt, ReviewCase
 from tether.core._phases import Phase
 from tether.core._state import RunState
+from tether.core._steps import failed
 from tether.core._transition import Event, OutcomeKind, Transition
 
 
@@ -149,11 +150,9 @@ def apply_decision(
             events=(sealed, *quarantine),
             reason="replanned",
         )
+    aborted, ending = failed(after, "aborted_by_review")
     return Transition(
-        OutcomeKind.FAILED,
-        state=after.evolve(phase=Phase.FAILED, stop_reason="aborted_by_review"),
-        events=(sealed, ("failed", {"reason": "aborted_by_review"})),
-        reason="aborted_by_review",
+        OutcomeKind.FAILED, state=aborted, events=(sealed, ending), reason="aborted_by_review"
     )
 
 
