@@ -340,7 +340,9 @@ from tether.core._evidence import (  # noqa: E402
     approval_problem,
     check_approval,
     check_decision,
+    check_nonce,
     committed_within_approval,
+    consumed_nonces,
 )
 from tether.core._ledger import (  # noqa: E402
     EffectTerms,
@@ -387,7 +389,9 @@ __all__ += [
     "approval_problem",
     "check_approval",
     "check_decision",
+    "check_nonce",
     "committed_within_approval",
+    "consumed_nonces",
     "orphans_of",
     "people_rules",
     "redact_receipt",

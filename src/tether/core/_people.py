@@ -43,7 +43,8 @@ def record_approval(
 
     The approval it replaces is sealed into the trace; its nonce joins the
     pending action's consumed nonces (they leave with the pending action, so
-    checkpoints stay flat however many approvals a run collects).
+    checkpoints stay flat however many approvals a run collects), which
+    :func:`~tether.core.consumed_nonces` counts with every other kind's.
     """
     pending = state.pending
     if pending is None:
