@@ -25,6 +25,7 @@ from tether.core import (
     RunTerminalError,
     new_approval,
     new_decision,
+    new_fork,
 )
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import AgentContext, CrashPlan, CrashPoint, Decision, RunSession, SimulatedCrash
@@ -233,3 +234,34 @@ def test_a_decision_reusing_the_pending_writes_approval_nonce_is_refused(world: 
     with pytest.raises(NonceReusedError):
         frozen.review(_decision(world, frozen, nonce))
     assert frozen.state.phase is Phase.NEEDS_REVIEW
+
+
+def test_a_fork_reusing_a_decisions_nonce_is_refused(world: World) -> None:
+    """A fork is checked against every consumed nonce, not only other forks': one carrying a
+    replan's nonce is refused and traced, arming nothing; a fresh nonce arms it."""
+    nonce = secrets.token_hex(16)
+    session = _conflict(world, None)
+    session.review(_decision(world, session, nonce))
+    assert session.step().kind is OutcomeKind.EXECUTED
+    effect, record = next((e, r) for e, r in session.effects.items() if r.current is not None)
+    assert record.current is not None
+
+    def fork(nonce: str) -> dict[str, Any]:
+        now = world.clock.now()
+        body = new_fork(
+            session.state,
+            record.current,
+            REVIEWER.signer_id,
+            issued_at=now,
+            expires_at=now + timedelta(seconds=300),
+            nonce=nonce,
+        )
+        return REVIEWER.sign(body)
+
+    with pytest.raises(NonceReusedError):
+        session.fork(fork(nonce))
+    refused = session.trace()[-1]
+    assert (refused.kind, refused.data["kind"]) == ("evidence_refused", "fork")
+    assert session.state.forks == ()
+    session.fork(fork(secrets.token_hex(16)))
+    assert session.state.forks == (effect,)
