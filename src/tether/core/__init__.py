@@ -290,6 +290,7 @@ from tether.core._actions import (
     needs_approval,
     risk_of,
     rule_for,
+    version_problem,
 )
 
 __all__ += [
@@ -311,6 +312,7 @@ __all__ += [
     "needs_approval",
     "risk_of",
     "rule_for",
+    "version_problem",
 ]
 
 from tether.core._evidence import (  # noqa: E402
@@ -340,7 +342,9 @@ from tether.core._evidence import (  # noqa: E402
     approval_problem,
     check_approval,
     check_decision,
+    check_nonce,
     committed_within_approval,
+    consumed_nonces,
 )
 from tether.core._ledger import (  # noqa: E402
     EffectTerms,
@@ -387,7 +391,9 @@ __all__ += [
     "approval_problem",
     "check_approval",
     "check_decision",
+    "check_nonce",
     "committed_within_approval",
+    "consumed_nonces",
     "orphans_of",
     "people_rules",
     "redact_receipt",

@@ -30,7 +30,8 @@ permission             the task lacks the permission the kind needs
 risk_mismatch          the declared risk is not the policy's risk for the kind
 risk                   the kind's risk is above what the policy allows
 missing_version        a mutation does not say which version it was built on
-stale_version          a mutation was built on another environment version
+stale_version          the action (any kind: a read and a test run too) names
+                       another environment version than the current one
 deadline               the proposal's deadline has passed
 duplicate_action       the action id was used before in this run (a pending
                        write that never dispatched included)
@@ -171,7 +172,8 @@ class Proposal:
     """An action the agent asks for.
 
     ``based_on_version`` is the environment version the agent observed; a
-    mutation must give it. ``risk`` is optional: when given it must be the
+    mutation must give it, and any action that gives it is refused when the
+    environment has moved on (:func:`version_problem`). ``risk`` is optional: when given it must be the
     policy's risk for the kind. ``idempotency_key`` exists only to be refused:
     the runtime mints every key itself, after the gate.
     """
@@ -258,17 +260,9 @@ def gate(
     risky = _within_risk(kind, policy)
     if risky is not None:
         return risky
-    if kind.mutating:
-        if proposal.based_on_version is None:
-            return Rejection(
-                "missing_version", "a mutation must say which environment version it was built on"
-            )
-        if proposal.based_on_version != environment.version:
-            return Rejection(
-                "stale_version",
-                f"proposal was built on version {proposal.based_on_version}, the environment is "
-                f"at {environment.version}; observe again",
-            )
+    version = version_problem(kind, proposal.based_on_version, environment)
+    if version is not None:
+        return version
     if proposal.deadline is not None and now >= proposal.deadline:
         return Rejection("deadline", "the proposal's deadline has passed")
     if action_seen:
@@ -338,6 +332,37 @@ def _within_risk(kind: ActionKind, policy: Policy) -> Rejection | None:
 def _affordable(cost: int, cost_spent: int, task: TaskSpec) -> Rejection | None:
     if cost_spent + cost > task.budgets.cost:
         return Rejection("budget_cost", "the proposal would exceed the cost budget")
+    return None
+
+
+def version_problem(
+    kind: ActionKind, based_on: int | None, environment: EnvironmentState
+) -> Rejection | None:
+    """Why an action built on environment version ``based_on`` may not act now, or ``None``.
+
+    One rule for every kind: an action that names the version it was built on
+    is refused (``stale_version``) unless the environment is still at it, a
+    read or a test run as much as a write (a read of a moved file answers
+    a question the agent no longer has; a test run judges code it has not
+    seen). ``None`` keeps its meaning per class: a mutation must name its
+    version (``missing_version``), since its intent and the approval binding
+    it are about the world it saw; any other action is built on the
+    environment as it is observed at this step (the effects API and
+    ``RunSession.act`` fill that version in; the runtime's own finish is
+    judged by the verifier on the state as it is).
+    """
+    if based_on is None:
+        if kind.mutating:
+            return Rejection(
+                "missing_version", "a mutation must say which environment version it was built on"
+            )
+        return None
+    if based_on != environment.version:
+        return Rejection(
+            "stale_version",
+            f"{kind.name} was built on version {based_on}, the environment is at "
+            f"{environment.version}; observe again",
+        )
     return None
 
 

@@ -134,11 +134,14 @@ def check_admission(
     now: datetime,
     ttl_s: int,
     run_id: str,
+    consumed: frozenset[str] = frozenset(),
 ) -> None:
-    """Refuse an admission that is malformed, bound to anything but ``request``, or expired.
+    """Refuse an admission that is malformed, bound to anything but ``request``, expired,
+    or whose nonce is in ``consumed`` (the run's :func:`~tether.core.consumed_nonces`).
 
     A replayed admission finds its epoch superseded (the first one opened a
-    new epoch), so its nonce needs no record.
+    new epoch); its nonce is one-time across every kind of document all the
+    same.
     """
     missing = [name for name in ADMISSION_FIELDS if name not in body]
     extra = sorted(set(body) - set(ADMISSION_FIELDS))
@@ -170,7 +173,7 @@ def check_admission(
             )
     try:
         check_lifetime(body, now=now, ttl_s=ttl_s)
-        check_nonce(body, ())
+        check_nonce(body, consumed)
     except ApprovalExpiredError as exc:
         raise AdmissionRefusedError(
             "document",

@@ -23,7 +23,13 @@ from datetime import datetime
 from typing import Any
 
 from tether.core._errors import EvidenceBindingError, EvidenceSignatureError
-from tether.core._evidence import _check_bound, _check_shape, check_lifetime, check_nonce
+from tether.core._evidence import (
+    _check_bound,
+    _check_shape,
+    check_lifetime,
+    check_nonce,
+    consumed_nonces,
+)
 from tether.core._model import format_time
 from tether.core._state import RunState
 from tether.core._transition import Transition
@@ -86,7 +92,7 @@ def check_cancel(
     reason = body["reason"]
     _check_reason(reason)
     check_lifetime(body, now=now, ttl_s=ttl_s)
-    check_nonce(body, frozenset(state.cancel_nonces))
+    check_nonce(body, consumed_nonces(state))
     return str(reason)
 
 

@@ -22,8 +22,8 @@ An effect decision binds task, run, policy version, the effect's key, the
 fingerprint of the receipt the ledger holds for it, the ledger status it was
 signed against, the decision (``accept`` | ``compensate``), its lifetime and
 a one-time nonce. Its body joins the state's ``decisions`` (restoring needs
-the reviewers' roots), and the nonces of those documents are the consumed
-ones: a replay is refused. ``accept`` records the acceptance; on an effect
+the reviewers' roots); its nonce is refused when any document the run
+consumed carried it (``consumed_nonces``): a replay is refused. ``accept`` records the acceptance; on an effect
 whose review case is open (an unknown outcome) it closes the case the way a
 replan does.
 """
@@ -44,6 +44,7 @@ from tether.core._evidence import (
     _check_shape,
     check_lifetime,
     check_nonce,
+    consumed_nonces,
 )
 from tether.core._ledger import EffectTerms, LedgerEntry
 from tether.core._model import Capabilities, EnvironmentState, Intent, PendingWrite, format_time
@@ -164,16 +165,6 @@ def new_effect_decision(
         "expires_at": format_time(expires_at),
         "nonce": nonce,
     }
-
-
-def consumed_nonces(state: RunState) -> frozenset[str]:
-    """Nonces of every signed decision the state records (replan, abort, effect decisions)."""
-    nonces: set[str] = set()
-    for document in state.decisions:
-        body = document.get("body")
-        if isinstance(body, dict) and isinstance(body.get("nonce"), str):
-            nonces.add(body["nonce"])
-    return frozenset(nonces)
 
 
 def check_effect_decision(

@@ -171,15 +171,15 @@ def check_approval(
     *,
     now: datetime,
     ttl_s: int,
-    consumed: tuple[str, ...] | frozenset[str],
 ) -> None:
-    """Refuse an approval that is malformed, mis-bound, expired, too long-lived or replayed."""
+    """Refuse an approval that is malformed, mis-bound, expired, too long-lived, or whose
+    nonce the run consumed before (with any document: :func:`consumed_nonces`)."""
     _check_shape(body, APPROVAL_FIELDS)
     if body["approver_id"] != signer_id:
         raise EvidenceBindingError("approver_id", signer_id, body["approver_id"])
     _check_bound(body, approval_request(state))
     check_lifetime(body, now=now, ttl_s=ttl_s)
-    check_nonce(body, consumed)
+    check_nonce(body, consumed_nonces(state))
 
 
 def check_lifetime(body: dict[str, Any], *, now: datetime, ttl_s: int) -> None:
@@ -209,7 +209,31 @@ def check_unexpired(body: dict[str, Any], now: datetime) -> None:
         )
 
 
+def consumed_nonces(state: RunState) -> frozenset[str]:
+    """Every nonce the run's state records as consumed, whatever kind of document carried it.
+
+    Each kind keeps its own: reviewer and effect decisions whole in
+    ``decisions``, forks in ``fork_nonces``, cancels read without ending the
+    run in ``cancel_nonces``, approvals with the pending action they approve
+    (``pending.nonces``: they leave with it, so checkpoints stay flat however
+    many approvals a run collects). A nonce is one-time across all of them:
+    every check refuses a document whose nonce is here (:func:`check_nonce`),
+    so a decision for one case cannot reuse a nonce another case, an
+    approval, a fork or a cancel consumed. Older checkpoints keep the same
+    fields, so they are read the same way.
+    """
+    nonces = {*state.fork_nonces, *state.cancel_nonces}
+    if state.pending is not None:
+        nonces.update(state.pending.nonces)
+    for document in state.decisions:
+        body = document.get("body")
+        if isinstance(body, dict) and isinstance(body.get("nonce"), str):
+            nonces.add(body["nonce"])
+    return frozenset(nonces)
+
+
 def check_nonce(body: dict[str, Any], consumed: tuple[str, ...] | frozenset[str]) -> None:
+    """Refuse a nonce that is too short to be one-time, or that ``consumed`` holds."""
     nonce = body.get("nonce")
     if not isinstance(nonce, str) or len(nonce) < 16:
         raise EvidenceSignatureError("evidence nonce must be a string of at least 16 characters")
@@ -226,17 +250,20 @@ def check_decision(
     now: datetime,
     ttl_s: int,
 ) -> ReviewDecision:
-    """Refuse a decision that is malformed, mis-bound, expired or too long-lived.
+    """Refuse a decision that is malformed, mis-bound, expired, too long-lived, or whose
+    nonce the run consumed before.
 
     A decision closes its case, and a case id is never reused, so a replayed
-    decision finds no case: its nonce needs no record once the case is closed.
+    decision finds no case; its nonce is still one-time across cases and
+    kinds: a decision for another case (or an approval, a fork, a cancel)
+    that carries a consumed nonce is refused (:func:`consumed_nonces`).
     """
     _check_shape(body, DECISION_FIELDS)
     if body["reviewer_id"] != signer_id:
         raise EvidenceBindingError("reviewer_id", signer_id, body["reviewer_id"])
     _check_bound(body, decision_request(state, case))
     check_lifetime(body, now=now, ttl_s=ttl_s)
-    check_nonce(body, ())
+    check_nonce(body, consumed_nonces(state))
     try:
         decision = ReviewDecision(body["decision"])
     except ValueError as exc:

@@ -20,6 +20,7 @@ from tether.core._evidence import ReviewDecision
 from tether.core._model import EnvironmentState, LastOutcome, Receipt, ReviewCase
 from tether.core._phases import Phase
 from tether.core._state import RunState
+from tether.core._steps import failed
 from tether.core._transition import Event, OutcomeKind, Transition
 
 
@@ -42,7 +43,8 @@ def record_approval(
 
     The approval it replaces is sealed into the trace; its nonce joins the
     pending action's consumed nonces (they leave with the pending action, so
-    checkpoints stay flat however many approvals a run collects).
+    checkpoints stay flat however many approvals a run collects), which
+    :func:`~tether.core.consumed_nonces` counts with every other kind's.
     """
     pending = state.pending
     if pending is None:
@@ -149,11 +151,9 @@ def apply_decision(
             events=(sealed, *quarantine),
             reason="replanned",
         )
+    aborted, ending = failed(after, "aborted_by_review")
     return Transition(
-        OutcomeKind.FAILED,
-        state=after.evolve(phase=Phase.FAILED, stop_reason="aborted_by_review"),
-        events=(sealed, ("failed", {"reason": "aborted_by_review"})),
-        reason="aborted_by_review",
+        OutcomeKind.FAILED, state=aborted, events=(sealed, ending), reason="aborted_by_review"
     )
 
 

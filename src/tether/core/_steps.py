@@ -167,10 +167,11 @@ def begin_step(state: RunState, env: EnvironmentState) -> tuple[RunState, list[E
     return base, events
 
 
-def exhausted(
+def spent_budget(
     state: RunState, budgets: Budgets, now: datetime, *, resumed_at: datetime | None = None
-) -> Transition | None:
-    """Fail the run when a budget is spent.
+) -> str | None:
+    """Which budget the run has spent (``steps``, ``proposals``, ``cost``, ``wall_time``,
+    ``deadline``, checked in that order), or ``None`` while every one has room.
 
     Wall time is the run's own working time (see :func:`working_ms`;
     ``resumed_at``: when this epoch began, so downtime before it is not
@@ -179,26 +180,59 @@ def exhausted(
     spent = state.spent
     worked_ms = spent.wall_time_ms + working_ms(state, now, resumed_at)
     if spent.steps >= budgets.steps:
-        which = "steps"
-    elif spent.proposals >= budgets.proposals:
-        which = "proposals"
-    elif spent.cost > budgets.cost:
-        which = "cost"
-    elif worked_ms > budgets.wall_time_s * 1000:
-        which = "wall_time"
-    elif budgets.deadline_s is not None and (
+        return "steps"
+    if spent.proposals >= budgets.proposals:
+        return "proposals"
+    if spent.cost > budgets.cost:
+        return "cost"
+    if worked_ms > budgets.wall_time_s * 1000:
+        return "wall_time"
+    if budgets.deadline_s is not None and (
         (now - state.started_at).total_seconds() > budgets.deadline_s
     ):
-        which = "deadline"
-    else:
+        return "deadline"
+    return None
+
+
+def failed(state: RunState, reason: str) -> tuple[RunState, Event]:
+    """The one ending of a failed run: ``state`` in ``failed`` with ``reason`` as its stop
+    reason, and the ``failed`` event that traces it.
+
+    Every path that fails a run builds its ending here (a spent budget found
+    at a step's start, a rejection that spent the last proposal, a review's
+    abort), so a failed run always says why in its trace, the same way.
+    """
+    return state.evolve(phase=Phase.FAILED, stop_reason=reason), ("failed", {"reason": reason})
+
+
+def budget_reason(which: str) -> str:
+    """The stop reason of a run that failed on the budget ``which``."""
+    return f"budget_exhausted:{which}"
+
+
+def exhausted(
+    state: RunState, budgets: Budgets, now: datetime, *, resumed_at: datetime | None = None
+) -> Transition | None:
+    """Fail the run when a budget is spent (see :func:`spent_budget`)."""
+    which = spent_budget(state, budgets, now, resumed_at=resumed_at)
+    if which is None:
         return None
-    reason = f"budget_exhausted:{which}"
-    return Transition(
-        OutcomeKind.FAILED,
-        state=state.evolve(phase=Phase.FAILED, stop_reason=reason),
-        events=(("failed", {"reason": reason}),),
-        reason=reason,
-    )
+    reason = budget_reason(which)
+    after, ending = failed(state, reason)
+    return Transition(OutcomeKind.FAILED, state=after, events=(ending,), reason=reason)
+
+
+def charged_last(state: RunState, budgets: Budgets) -> tuple[RunState, tuple[Event, ...]]:
+    """``state`` just charged a proposal: failed, with its ``failed`` event, when that was the
+    last proposal the budget allows; else ``state`` as it is and no event.
+
+    For a step that ends without an action going on (a rejection, a replay):
+    the run fails at once rather than at its next step.
+    """
+    if state.spent.proposals < budgets.proposals:
+        return state, ()
+    after, ending = failed(state, budget_reason("proposals"))
+    return after, (ending,)
 
 
 def _pend(
@@ -346,14 +380,12 @@ def reject(
 ) -> Transition:
     """Refuse a proposal: it costs one proposal, enters the trace, and is the agent's next result.
 
-    The last proposal the budget allows fails the run.
+    The last proposal the budget allows fails the run, traced ``failed``
+    after the rejection (:func:`charged_last`).
     """
     spent = state.spent if spent_already else _charged(state.spent, proposals=1)
-    after = state.evolve(spent=spent)
-    kind = OutcomeKind.REJECTED
-    if spent.proposals >= budgets.proposals:
-        after = after.evolve(phase=Phase.FAILED, stop_reason="budget_exhausted:proposals")
-        kind = OutcomeKind.FAILED
+    after, ending = charged_last(state.evolve(spent=spent), budgets)
+    kind = OutcomeKind.FAILED if ending else OutcomeKind.REJECTED
     action_id = (
         proposal.action_id if isinstance(proposal.action_id, str) else repr(proposal.action_id)
     )
@@ -373,7 +405,7 @@ def reject(
     return Transition(
         kind,
         state=after,
-        events=(event,),
+        events=(event, *ending),
         blobs=blobs,
         reason=rejection.reason,
         message=rejection.message,

@@ -24,6 +24,7 @@ from tether.core import (
     digest_bytes,
     needs_approval,
     step_rules,
+    version_problem,
 )
 from tether.core import Rejection as GateRejection
 from tether.runtime._agent import AgentContext
@@ -114,28 +115,38 @@ def carry_out_approved(session: Session, pending: PendingWrite) -> Outcome:
 
     Held under a policy a recovery has since replaced, it is judged again by
     the policy in force: refused (the agent hears why) if that forbids it,
-    carried out without an approval if that needs none.
+    carried out without an approval if that needs none. It was built on the
+    environment it was held in (``pending.prestate``): one the world has
+    moved on from is refused ``stale_version`` by the same rule as any action
+    (:func:`~tether.core.version_problem`), approved or not, and the agent
+    looks again; an approval could never bind the world as it is now anyway.
     """
     rt = session.rt
+    kind = rt.kinds[pending.intent.kind]  # the catalog declares it
     proposal = Proposal(
         pending.action_id,
         pending.intent.kind,
         pending.intent.target,
         args=dict(pending.intent.args),
+        based_on_version=pending.prestate.version,
         cost=pending.cost,
     )
+    live = rt.adapter.environment()
     # Whatever happens next (done, refused) the held action is no longer pending.
     base = session.state.evolve(phase=Phase.RUNNING, pending=None)
     forbidden = rt.held_problem(session.state)
     if forbidden is not None:
         refused = step_rules.reject(base, proposal, forbidden, rt.task.budgets, spent_already=True)
         return session.apply(refused)
-    kind = rt.kinds[pending.intent.kind]  # allowed: the catalog declares it
+    stale = version_problem(kind, proposal.based_on_version, live)
+    if stale is not None:
+        refused = step_rules.reject(base, proposal, stale, rt.task.budgets, spent_already=True)
+        return session.apply(refused)
     problem = approval_problem(
         session.state,
         needs=needs_approval(rt.policy, kind),
         now=rt.clock.now(),
-        live=rt.adapter.environment(),
+        live=live,
         idempotent=False,
     )
     if problem is not None:

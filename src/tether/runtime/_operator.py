@@ -142,7 +142,6 @@ def prepare_approval(
             state,
             now=now,
             ttl_s=rules.approval_ttl_s,
-            consumed=frozenset(pending.nonces),
         )
     shown = {
         **_bound(body),
