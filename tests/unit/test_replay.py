@@ -209,12 +209,13 @@ def _state(world: World, run_id: str = "r1") -> RunState:
 
 
 def _decide(world: World, state: RunState, judgement: Any, budget: int = 50) -> Any:
+    budgets = replace(world.task.budgets, proposals=budget)
     return replay_rules.decide(
         state,
         Proposal("a5", "file.write", "notes.txt", {"content": "x"}),
         judgement,
         effect=EFFECT,
-        proposals_budget=budget,
+        budgets=budgets,
         case_id="case-1",
         now=world.clock.now(),
         live=state.environment,

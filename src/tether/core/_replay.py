@@ -70,9 +70,10 @@ from tether.core._errors import EvidenceBindingError, EvidenceSignatureError, No
 from tether.core._evidence import check_lifetime, check_nonce
 from tether.core._ledger import LedgerEntry, redact_receipt
 from tether.core._model import Capabilities, EnvironmentState, Receipt, format_time
-from tether.core._phases import EffectStatus, Phase
+from tether.core._phases import EffectStatus
+from tether.core._spec import Budgets
 from tether.core._state import RunState
-from tether.core._steps import _charged, _with_result, park
+from tether.core._steps import _charged, _with_result, charged_last, park
 from tether.core._transition import Event, LookupAnswer, LookupStatus, OutcomeKind, Transition
 
 REPLAY_OF_UNKNOWN = "replay_of_unknown_effect"
@@ -367,7 +368,7 @@ def decide(
     judgement: Judgement,
     *,
     effect: str,
-    proposals_budget: int,
+    budgets: Budgets,
     case_id: str,
     now: datetime,
     live: EnvironmentState,
@@ -408,12 +409,14 @@ def decide(
         charged_state, proposal, effect, known, receipt, judgement.fingerprint or "", judgement
     )
     after = replayed.state
-    if after is not None and after.spent.proposals >= proposals_budget:
-        reason = "budget_exhausted:proposals"
+    if after is None:  # _replayed always sets it
+        raise ValueError("a replay names no state")
+    ended, ending = charged_last(after, budgets)
+    if ending:
         return Transition(
             OutcomeKind.REPLAYED,
-            state=after.evolve(phase=Phase.FAILED, stop_reason=reason),
-            events=(*replayed.events, ("failed", {"reason": reason})),
+            state=ended,
+            events=(*replayed.events, *ending),
             blobs=replayed.blobs,
             reason=replayed.reason,
             message=f"{replayed.message}; that was the last proposal the budget allows",

@@ -105,7 +105,7 @@ def replay_or_fork(
         proposal,
         judgement,
         effect=effect,
-        proposals_budget=rt.task.budgets.proposals,
+        budgets=rt.task.budgets,
         case_id=rt.ids.new_id("case"),
         now=rt.clock.now(),
         live=base.environment,
