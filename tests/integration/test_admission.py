@@ -17,6 +17,7 @@ from tether.core import (
     Phase,
     Purpose,
     new_admission,
+    new_decision,
     strict_loads,
 )
 from tether.crypto import SecretBox, Signer, TrustRoots
@@ -301,3 +302,27 @@ def test_an_admission_in_the_inbox_that_does_not_verify_never_blocks_the_run(
     again.step()
     opened = [e for e in again.trace() if e.kind == "recovered"][-1].data
     assert (opened["role"], opened["signed"]) == ("worker", False)
+
+
+def test_an_admission_may_not_reuse_a_nonce_a_review_decision_consumed(world: World) -> None:
+    """Nonces are one-time across kinds: an operator's admission reusing one is refused."""
+    trust = TrustRoots.of(OPERATOR.trust_root(), REVIEWER.trust_root())
+    session = world.runtime(agent(), trust=trust).start("run-a")
+    session.step()
+    session.park("worker_error", "the drive kept failing")
+    now = world.clock.now()
+    used = "d" * 32
+    body = new_decision(
+        session.state,
+        session.state.review_cases[0],
+        REVIEWER.signer_id,
+        "replan",
+        issued_at=now,
+        expires_at=now + timedelta(seconds=300),
+        nonce=used,
+    )
+    session.review(REVIEWER.sign(body))
+    rt = world.runtime(agent(), trust=trust)
+    with pytest.raises(AdmissionRefusedError, match="consumed"):
+        rt.recover("run-a", admission=signed(rt, OPERATOR, nonce=used))
+    assert rt.recover("run-a", admission=signed(rt, OPERATOR)).state.phase is Phase.RUNNING

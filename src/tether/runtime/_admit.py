@@ -42,6 +42,7 @@ from tether.core import (
     authorize,
     canonical_bytes,
     check_admission,
+    consumed_nonces,
     digest_bytes,
     new_admission,
     occurrence_of,
@@ -126,7 +127,9 @@ def admit(
         )
         document = signer.sign(body)
     if document is not None:
-        principal_id, role = _verified(rt, trust, document, request, allowed, purpose, run_id)
+        principal_id, role = _verified(
+            rt, trust, document, request, allowed, purpose, run_id, consumed_nonces(state)
+        )
     else:
         principal_id, role = _unsigned(rt, trust, allowed, purpose, run_id)
     if purpose is Purpose.RECOVERY:
@@ -208,8 +211,13 @@ def _verified(
     allowed: frozenset[str],
     purpose: Purpose,
     run_id: str,
+    consumed: frozenset[str],
 ) -> tuple[str, str]:
-    """Check a signed admission against the trust roots and policy as they are now."""
+    """Check a signed admission against the trust roots and policy as they are now.
+
+    ``consumed``: every nonce the run's state records (a decision's, a fork's,
+    a cancel's, an approval's): an admission may reuse none of them.
+    """
     signer_id = document.get("signer") if isinstance(document, dict) else None
     if not isinstance(signer_id, str):
         raise AdmissionRefusedError("document", "not a signed document", run_id=run_id)
@@ -240,6 +248,7 @@ def _verified(
         now=rt.clock.now(),
         ttl_s=rt.policy.approval_ttl_s,
         run_id=run_id,
+        consumed=consumed,
     )
     return signer_id, role
 
