@@ -67,7 +67,7 @@ from typing import Any
 from tether.core._actions import ActionResult, Proposal
 from tether.core._canonical import JSONValue, digest
 from tether.core._errors import EvidenceBindingError, EvidenceSignatureError, NonceReusedError
-from tether.core._evidence import check_lifetime, check_nonce
+from tether.core._evidence import check_lifetime, check_nonce, consumed_nonces
 from tether.core._ledger import LedgerEntry, redact_receipt
 from tether.core._model import Capabilities, EnvironmentState, Receipt, format_time
 from tether.core._phases import EffectStatus
@@ -590,7 +590,7 @@ def check_fork(
         if have != want or type(have) is not type(want):
             raise EvidenceBindingError(name, want, have)
     check_lifetime(body, now=now, ttl_s=ttl_s)
-    check_nonce(body, frozenset(state.fork_nonces))
+    check_nonce(body, consumed_nonces(state))  # one-time across every kind of document
     if effect in state.forks:
         raise NonceReusedError(f"a fork of effect {effect} is already armed and unused")
     return str(effect)

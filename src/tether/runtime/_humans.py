@@ -31,9 +31,7 @@ from tether.core import (
     UnknownSignerError,
     check_approval,
     check_decision,
-    check_nonce,
     compensated_effect,
-    consumed_nonces,
     replay_rules,
     strict_loads,
 )
@@ -272,9 +270,6 @@ def fork(session: Session, document: Any, *, cursor: int | None = None) -> RunSt
             now=rt.clock.now(),
             ttl_s=rt.policy.approval_ttl_s,
         )
-        # check_fork refuses a nonce another fork spent; a nonce is one-time
-        # across every kind of document the run consumed.
-        check_nonce(body, consumed_nonces(state))
     except (EvidenceError, PolicyError) as exc:
         _refuse(session, "fork", document, exc, cursor)
         raise
