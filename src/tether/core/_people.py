@@ -14,13 +14,13 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from tether.core._budgets import failed
 from tether.core._canonical import digest
 from tether.core._errors import CanonicalJSONError
 from tether.core._evidence import ReviewDecision
 from tether.core._model import EnvironmentState, LastOutcome, Receipt, ReviewCase
 from tether.core._phases import Phase
 from tether.core._state import RunState
-from tether.core._steps import failed
 from tether.core._transition import Event, OutcomeKind, Transition
 
 

@@ -64,6 +64,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from tether.core import _budgets as budgets_rules
 from tether.core._actions import ActionResult, Proposal
 from tether.core._canonical import JSONValue, digest
 from tether.core._errors import EvidenceBindingError, EvidenceSignatureError, NonceReusedError
@@ -71,9 +72,10 @@ from tether.core._evidence import check_lifetime, check_nonce, consumed_nonces
 from tether.core._ledger import LedgerEntry, redact_receipt
 from tether.core._model import Capabilities, EnvironmentState, Receipt, format_time
 from tether.core._phases import EffectStatus
+from tether.core._results import with_result
 from tether.core._spec import Budgets
 from tether.core._state import RunState
-from tether.core._steps import _charged, _with_result, charged_last, park
+from tether.core._steps import park
 from tether.core._transition import Event, LookupAnswer, LookupStatus, OutcomeKind, Transition
 
 REPLAY_OF_UNKNOWN = "replay_of_unknown_effect"
@@ -398,7 +400,7 @@ def decide(
             message=f"an earlier attempt at this effect (key {known.idempotency_key}) is not "
             f"settled yet ({judgement.reason}); nothing was sent",
         )
-    spent = state.spent if charged else _charged(state.spent, proposals=1)
+    spent = state.spent if charged else budgets_rules.charged(state.spent, proposals=1)
     charged_state = state.evolve(spent=spent)
     if verdict is Verdict.REVIEW:
         return _review(charged_state, proposal, effect, known, judgement.reason, case_id, now, live)
@@ -411,7 +413,7 @@ def decide(
     after = replayed.state
     if after is None:  # _replayed always sets it
         raise ValueError("a replay names no state")
-    ended, ending = charged_last(after, budgets)
+    ended, ending = budgets_rules.charged_last(after, budgets)
     if ending:
         return Transition(
             OutcomeKind.REPLAYED,
@@ -510,7 +512,7 @@ def _replayed(
             "sent again. Doing it again needs a signed fork.",
         },
     )
-    after, blobs = _with_result(state, result)
+    after, blobs = with_result(state, result)
     return Transition(
         OutcomeKind.REPLAYED,
         state=after,

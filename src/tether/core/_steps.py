@@ -1,135 +1,80 @@
-"""The steps that are not a write's settling: reject, observe, finish, cancel, as pure values.
+"""The steps that are not a write's settling: begin, propose, hold, reject, observe, finish,
+cancel, park, as pure values.
 
-Each returns a :class:`~tether.core.Transition` the session commits. A step
-that took a non-mutating action hands its result on in a results blob (by
-content digest, named in the signed state), so the agent's next observation
-carries it, after a recovery as well.
+Each returns a :class:`~tether.core.Transition` the session commits. What a
+step charges and when a budget ends the run is ``_budgets``; the results a
+step hands the agent, ``_results``; the action ids a run has used, ``_taken``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from tether.core._actions import ActionResult, Proposal, Rejection
-from tether.core._canonical import JSONValue, canonical_bytes, digest_bytes, strict_loads
-from tether.core._errors import (
-    CanonicalJSONError,
-    CheckpointCorruptError,
-    EnvironmentDriftError,
+from tether.core._budgets import (
+    budget_reason,
+    charged,
+    charged_last,
+    exhausted,
+    failed,
+    spent_budget,
 )
-from tether.core._fields import Fields
+from tether.core._canonical import JSONValue
+from tether.core._errors import EnvironmentDriftError
 from tether.core._model import (
     OUTCOME_OUTPUT_MAX,
     Capabilities,
     EnvironmentState,
     Intent,
-    LastOutcome,
     PendingWrite,
     Receipt,
     ReviewCase,
     Verification,
 )
 from tether.core._phases import EffectStatus, Phase
+from tether.core._results import (
+    NOTED_OUTCOMES,
+    decode_results,
+    encode_results,
+    note_outcome,
+    with_result,
+)
 from tether.core._spec import Budgets
-from tether.core._state import RunState, Spent, working_ms
-from tether.core._trace import TraceEvent
+from tether.core._state import RunState
+from tether.core._taken import ACTION_EVENTS, abandoned_stretch, action_id_of, actions_taken
 from tether.core._transition import Event, LedgerNote, OutcomeKind, Transition
 
-#: Trace events that record an accepted action's id: recovery rebuilds the
-#: gate's "used before" from these (writes are also in the ledger).
-ACTION_EVENTS = frozenset(
-    {
-        "intent_persisted",
-        "approval_requested",
-        "action_observed",
-        "verifier_ran",
-        "run_cancelled",
-        "effect_replayed",
-    }
-)
-
-
-def action_id_of(kind: str, data: dict[str, JSONValue]) -> str | None:
-    """The action id a trace event records as taken (see ``ACTION_EVENTS``), else ``None``."""
-    action_id = data.get("action_id")
-    return action_id if kind in ACTION_EVENTS and isinstance(action_id, str) else None
-
-
-def abandoned_stretch(event: TraceEvent) -> tuple[int, int] | None:
-    """The trace lengths ``(low, high]`` a ``rewound`` event left behind, else ``None``.
-
-    Events past ``low`` and up to ``high`` are the failed suffix the rewind
-    abandoned; they stay in the chain as evidence.
-    """
-    if event.kind != "rewound":
-        return None
-    low = event.data.get("prefix_length")
-    suffix = event.data.get("failed_suffix")
-    high = suffix.get("trace_length") if isinstance(suffix, dict) else None
-    if isinstance(low, int) and isinstance(high, int):
-        return low, high
-    return None
-
-
-def actions_taken(events: Iterable[TraceEvent]) -> set[str]:
-    """The action ids the run has used, as the gate's "used before" must see them.
-
-    Ids used only in a suffix that a rewind left behind are free again: the
-    rewound agent regenerates them from the restored context, and whatever
-    effect they carried is either undone by the restore or guarded by the
-    replay rule (a re-proposed committed effect returns its receipt).
-    """
-    last_use: dict[str, int] = {}
-    for event in events:
-        if event.kind == "rewound":
-            stretch = abandoned_stretch(event)
-            if stretch is not None:
-                low, high = stretch
-                for freed in [a for a, seq in last_use.items() if low < seq <= high]:
-                    del last_use[freed]
-            continue
-        taken = action_id_of(event.kind, event.data)
-        if taken is not None:
-            last_use[taken] = event.seq
-    return set(last_use)
-
-
-def encode_results(results: tuple[ActionResult, ...]) -> tuple[str, bytes]:
-    """``(digest, canonical bytes)`` of a step's results, as stored by content."""
-    body = canonical_bytes([r.to_json() for r in results])
-    return digest_bytes(body), body
-
-
-def decode_results(expected_digest: str, body: bytes) -> tuple[ActionResult, ...]:
-    """Parse stored results, refusing bytes whose digest is not ``expected_digest``."""
-    if digest_bytes(body) != expected_digest:
-        raise CheckpointCorruptError(f"action results {expected_digest} do not match their bytes")
-    try:
-        doc = strict_loads(body)
-    except CanonicalJSONError as exc:
-        raise CheckpointCorruptError(f"action results are not JSON: {exc}") from exc
-    if not isinstance(doc, list):
-        raise CheckpointCorruptError("action results: expected a list")
-
-    def error(fld: str, problem: str) -> Exception:
-        return CheckpointCorruptError(f"action results {fld}: {problem}")
-
-    return tuple(ActionResult.parse(Fields(item, f"[{i}]", error)) for i, item in enumerate(doc))
-
-
-def _with_result(
-    state: RunState, result: ActionResult
-) -> tuple[RunState, tuple[tuple[str, bytes], ...]]:
-    """``state`` naming ``result`` as the agent's next result, and the blob that holds it."""
-    results_digest, body = encode_results((result,))
-    return state.evolve(results_digest=results_digest), ((results_digest, body),)
-
-
-def _charged(spent: Spent, *, proposals: int = 0, cost: int = 0) -> Spent:
-    return replace(spent, proposals=spent.proposals + proposals, cost=spent.cost + cost)
+# ``step_rules`` (this module) is the one namespace the session reads the
+# step rules from; the budget, result and trace-bookkeeping rules live in
+# their own modules and are named here too.
+__all__ = [
+    "ACTION_EVENTS",
+    "NOTED_OUTCOMES",
+    "abandoned_stretch",
+    "action_id_of",
+    "actions_taken",
+    "asks_for",
+    "begin_step",
+    "budget_reason",
+    "cancel",
+    "charged",
+    "charged_last",
+    "decode_results",
+    "encode_results",
+    "exhausted",
+    "failed",
+    "hold",
+    "note_outcome",
+    "observed",
+    "park",
+    "propose_write",
+    "reject",
+    "spent_budget",
+    "verified",
+    "with_result",
+]
 
 
 def begin_step(state: RunState, env: EnvironmentState) -> tuple[RunState, list[Event]]:
@@ -167,74 +112,6 @@ def begin_step(state: RunState, env: EnvironmentState) -> tuple[RunState, list[E
     return base, events
 
 
-def spent_budget(
-    state: RunState, budgets: Budgets, now: datetime, *, resumed_at: datetime | None = None
-) -> str | None:
-    """Which budget the run has spent (``steps``, ``proposals``, ``cost``, ``wall_time``,
-    ``deadline``, checked in that order), or ``None`` while every one has room.
-
-    Wall time is the run's own working time (see :func:`working_ms`;
-    ``resumed_at``: when this epoch began, so downtime before it is not
-    counted); the optional ``deadline_s`` is calendar time from the start.
-    """
-    spent = state.spent
-    worked_ms = spent.wall_time_ms + working_ms(state, now, resumed_at)
-    if spent.steps >= budgets.steps:
-        return "steps"
-    if spent.proposals >= budgets.proposals:
-        return "proposals"
-    if spent.cost > budgets.cost:
-        return "cost"
-    if worked_ms > budgets.wall_time_s * 1000:
-        return "wall_time"
-    if budgets.deadline_s is not None and (
-        (now - state.started_at).total_seconds() > budgets.deadline_s
-    ):
-        return "deadline"
-    return None
-
-
-def failed(state: RunState, reason: str) -> tuple[RunState, Event]:
-    """The one ending of a failed run: ``state`` in ``failed`` with ``reason`` as its stop
-    reason, and the ``failed`` event that traces it.
-
-    Every path that fails a run builds its ending here (a spent budget found
-    at a step's start, a rejection that spent the last proposal, a review's
-    abort), so a failed run always says why in its trace, the same way.
-    """
-    return state.evolve(phase=Phase.FAILED, stop_reason=reason), ("failed", {"reason": reason})
-
-
-def budget_reason(which: str) -> str:
-    """The stop reason of a run that failed on the budget ``which``."""
-    return f"budget_exhausted:{which}"
-
-
-def exhausted(
-    state: RunState, budgets: Budgets, now: datetime, *, resumed_at: datetime | None = None
-) -> Transition | None:
-    """Fail the run when a budget is spent (see :func:`spent_budget`)."""
-    which = spent_budget(state, budgets, now, resumed_at=resumed_at)
-    if which is None:
-        return None
-    reason = budget_reason(which)
-    after, ending = failed(state, reason)
-    return Transition(OutcomeKind.FAILED, state=after, events=(ending,), reason=reason)
-
-
-def charged_last(state: RunState, budgets: Budgets) -> tuple[RunState, tuple[Event, ...]]:
-    """``state`` just charged a proposal: failed, with its ``failed`` event, when that was the
-    last proposal the budget allows; else ``state`` as it is and no event.
-
-    For a step that ends without an action going on (a rejection, a replay):
-    the run fails at once rather than at its next step.
-    """
-    if state.spent.proposals < budgets.proposals:
-        return state, ()
-    after, ending = failed(state, budget_reason("proposals"))
-    return after, (ending,)
-
-
 def _pend(
     state: RunState,
     proposal: Proposal,
@@ -264,7 +141,7 @@ def _pend(
     return state.evolve(
         phase=Phase.PENDING,
         pending=pending,
-        spent=_charged(state.spent, proposals=1, cost=proposal.cost),
+        spent=charged(state.spent, proposals=1, cost=proposal.cost),
     )
 
 
@@ -383,7 +260,7 @@ def reject(
     The last proposal the budget allows fails the run, traced ``failed``
     after the rejection (:func:`charged_last`).
     """
-    spent = state.spent if spent_already else _charged(state.spent, proposals=1)
+    spent = state.spent if spent_already else charged(state.spent, proposals=1)
     after, ending = charged_last(state.evolve(spent=spent), budgets)
     kind = OutcomeKind.FAILED if ending else OutcomeKind.REJECTED
     action_id = (
@@ -397,7 +274,7 @@ def reject(
         reason=rejection.reason,
         data={"message": rejection.message},
     )
-    after, blobs = _with_result(after, result)
+    after, blobs = with_result(after, result)
     event = (
         "proposal_rejected",
         {"action_id": action_id, "reason": rejection.reason, "message": rejection.message},
@@ -416,7 +293,7 @@ def observed(
     state: RunState, proposal: Proposal, data: dict[str, JSONValue], *, spent_already: bool = False
 ) -> Transition:
     """A read or a test run was carried out: its answer becomes the agent's next result."""
-    spent = state.spent if spent_already else _charged(state.spent, proposals=1, cost=proposal.cost)
+    spent = state.spent if spent_already else charged(state.spent, proposals=1, cost=proposal.cost)
     result = ActionResult(
         action_id=proposal.action_id,
         kind=proposal.kind,
@@ -424,9 +301,7 @@ def observed(
         outcome=OutcomeKind.OBSERVED.value,
         data=data,
     )
-    after, blobs = _with_result(
-        state.evolve(spent=spent, phase=Phase.RUNNING, pending=None), result
-    )
+    after, blobs = with_result(state.evolve(spent=spent, phase=Phase.RUNNING, pending=None), result)
     event = (
         "action_observed",
         {
@@ -457,7 +332,7 @@ def verified(
     the state the agent finished in, and the run completes on its word, said
     so in the trace (``no_verifier``) and in the stop reason.
     """
-    spent = state.spent if spent_already else _charged(state.spent, proposals=1, cost=proposal.cost)
+    spent = state.spent if spent_already else charged(state.spent, proposals=1, cost=proposal.cost)
     ran = (
         "verifier_ran" if named else "no_verifier",
         {
@@ -489,7 +364,7 @@ def verified(
             "output_tail": output_tail[-OUTCOME_OUTPUT_MAX:],
         },
     )
-    after, blobs = _with_result(after, result)
+    after, blobs = with_result(after, result)
     return Transition(
         OutcomeKind.VERIFIER_FAILED,
         state=after,
@@ -528,7 +403,7 @@ def cancel(
         data["seq"] = cursor
         state = state.evolve(inbox_cursor=max(state.inbox_cursor, cursor))
     if charge is not None:
-        state = state.evolve(spent=_charged(state.spent, proposals=1, cost=charge))
+        state = state.evolve(spent=charged(state.spent, proposals=1, cost=charge))
     if action_id is not None:
         data["action_id"] = action_id
     if pending is not None:
@@ -599,57 +474,3 @@ def park(
         reason=reason,
         message=detail[-500:],
     )
-
-
-#: Outcomes that end what the agent asked for (or say why it has not ended):
-#: the agent's next observation carries the newest one.
-NOTED_OUTCOMES = frozenset(
-    {
-        OutcomeKind.EXECUTED,
-        OutcomeKind.REPLAYED,
-        OutcomeKind.REJECTED,
-        OutcomeKind.WAITING_FOR_APPROVAL,
-        OutcomeKind.FROZEN,
-        OutcomeKind.FAILED,
-        OutcomeKind.CANCELLED,
-        OutcomeKind.VERIFIER_FAILED,
-        OutcomeKind.OBSERVED,
-    }
-)
-
-
-def note_outcome(transition: Transition) -> Transition:
-    """``transition`` whose committed state records its outcome as the run's last.
-
-    Kind, reason word and message come from the transition; the output is
-    the tail a verifier or test run printed (from the step's results). An
-    outcome that is only a stage on the way (a write made durable, an
-    approval recorded) leaves the last one as it was.
-    """
-    state = transition.state
-    if state is None or transition.outcome not in NOTED_OUTCOMES:
-        return transition
-    action_id = next(
-        (
-            data["action_id"]
-            for _, data in transition.events
-            if isinstance(data.get("action_id"), str)
-        ),
-        None,
-    )
-    output = ""
-    wanted = state.results_digest
-    body = None if wanted is None else dict(transition.blobs).get(wanted)
-    if wanted is not None and body is not None:
-        for result in decode_results(wanted, body):
-            tail = result.data.get("output_tail")
-            if isinstance(tail, str):
-                output = tail
-    outcome = LastOutcome.bounded(
-        transition.outcome.value,
-        action_id=action_id,
-        reason=transition.reason,
-        message=transition.message,
-        output=output,
-    )
-    return replace(transition, state=state.evolve(last_outcome=outcome))
