@@ -159,3 +159,19 @@ def test_integrations_use_only_the_stores_public_names() -> None:
                 assert isinstance(owner, ast.Name) and owner.id == "self", (
                     f"{path}:{node.lineno} uses {node.attr}"
                 )
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    """A module imports another's public names only: a private helper shared is a rule misplaced."""
+    found = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tether")):
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                module = SRC.parent / (f"{node.module}.{alias.name}".replace(".", "/"))
+                is_module = module.with_suffix(".py").exists() or module.is_dir()
+                if private and not is_module:
+                    found.append(f"{path.relative_to(SRC)}: {node.module}.{alias.name}")
+    assert found == []

@@ -24,10 +24,10 @@ from typing import Any
 
 from tether.core._errors import EvidenceBindingError, EvidenceSignatureError
 from tether.core._evidence import (
-    _check_bound,
-    _check_shape,
+    check_bound,
     check_lifetime,
     check_nonce,
+    check_shape,
     consumed_nonces,
 )
 from tether.core._model import format_time
@@ -85,10 +85,10 @@ def check_cancel(
     The signature and the signer's role are checked by the runtime against
     its trust roots first; here the verified body is bound to the run now.
     """
-    _check_shape(body, CANCEL_FIELDS)
+    check_shape(body, CANCEL_FIELDS)
     if body["operator_id"] != signer_id:
         raise EvidenceBindingError("operator_id", signer_id, body["operator_id"])
-    _check_bound(body, cancel_request(state))
+    check_bound(body, cancel_request(state))
     reason = body["reason"]
     _check_reason(reason)
     check_lifetime(body, now=now, ttl_s=ttl_s)

@@ -40,10 +40,10 @@ from tether.core._canonical import JSONValue, digest
 from tether.core._errors import EvidenceBindingError, PolicyError
 from tether.core._evidence import (
     ReviewDecision,
-    _check_bound,
-    _check_shape,
+    check_bound,
     check_lifetime,
     check_nonce,
+    check_shape,
     consumed_nonces,
 )
 from tether.core._ledger import EffectTerms, LedgerEntry
@@ -182,14 +182,14 @@ def check_effect_decision(
     a ledger status or receipt that moved since the signature makes the
     decision stale (:class:`~tether.core.EvidenceBindingError`).
     """
-    _check_shape(body, EFFECT_DECISION_FIELDS)
+    check_shape(body, EFFECT_DECISION_FIELDS)
     if body["reviewer_id"] != signer_id:
         raise EvidenceBindingError("reviewer_id", signer_id, body["reviewer_id"])
     if effect is None:
         raise EvidenceBindingError(
             "idempotency_key", "the key of an effect in this run's ledger", body["idempotency_key"]
         )
-    _check_bound(body, effect_decision_request(state, effect))
+    check_bound(body, effect_decision_request(state, effect))
     check_lifetime(body, now=now, ttl_s=ttl_s)
     check_nonce(body, consumed_nonces(state))
     try:

@@ -147,7 +147,7 @@ def decision_request(state: RunState, case: ReviewCase) -> dict[str, Any]:
     }
 
 
-def _check_shape(body: dict[str, Any], fields: tuple[str, ...]) -> None:
+def check_shape(body: dict[str, Any], fields: tuple[str, ...]) -> None:
     missing = [f for f in fields if f not in body]
     extra = sorted(set(body) - set(fields))
     if missing or extra:
@@ -156,7 +156,7 @@ def _check_shape(body: dict[str, Any], fields: tuple[str, ...]) -> None:
         )
 
 
-def _check_bound(body: dict[str, Any], expected: dict[str, Any]) -> None:
+def check_bound(body: dict[str, Any], expected: dict[str, Any]) -> None:
     for name, want in expected.items():
         have = body.get(name)
         # bool is an int in Python; a bound integer must be a real integer.
@@ -174,10 +174,10 @@ def check_approval(
 ) -> None:
     """Refuse an approval that is malformed, mis-bound, expired, too long-lived, or whose
     nonce the run consumed before (with any document: :func:`consumed_nonces`)."""
-    _check_shape(body, APPROVAL_FIELDS)
+    check_shape(body, APPROVAL_FIELDS)
     if body["approver_id"] != signer_id:
         raise EvidenceBindingError("approver_id", signer_id, body["approver_id"])
-    _check_bound(body, approval_request(state))
+    check_bound(body, approval_request(state))
     check_lifetime(body, now=now, ttl_s=ttl_s)
     check_nonce(body, consumed_nonces(state))
 
@@ -258,10 +258,10 @@ def check_decision(
     kinds: a decision for another case (or an approval, a fork, a cancel)
     that carries a consumed nonce is refused (:func:`consumed_nonces`).
     """
-    _check_shape(body, DECISION_FIELDS)
+    check_shape(body, DECISION_FIELDS)
     if body["reviewer_id"] != signer_id:
         raise EvidenceBindingError("reviewer_id", signer_id, body["reviewer_id"])
-    _check_bound(body, decision_request(state, case))
+    check_bound(body, decision_request(state, case))
     check_lifetime(body, now=now, ttl_s=ttl_s)
     check_nonce(body, consumed_nonces(state))
     try:
