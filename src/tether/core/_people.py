@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from tether.core._budgets import failed
@@ -20,6 +21,7 @@ from tether.core._errors import CanonicalJSONError
 from tether.core._evidence import ReviewDecision
 from tether.core._model import EnvironmentState, LastOutcome, Receipt, ReviewCase
 from tether.core._phases import Phase
+from tether.core._spec import Policy
 from tether.core._state import RunState
 from tether.core._transition import Event, OutcomeKind, Transition
 
@@ -232,3 +234,40 @@ def noted_admission(state: RunState, cursor: int) -> Transition:
         events=(("admission_read", {"seq": cursor}),),
         reason="admission_read",
     )
+
+
+class InboxRead(StrEnum):
+    """What the run does with one inbox entry, before any signature is checked."""
+
+    READ = "read"  # verify it and apply it (or trace its refusal)
+    REFUSE = "refuse"  # refuse it at once, traced: reading it could change nothing
+    STOP = "stop"  # leave it unread, the cursor where it is: the runtime is misconfigured
+
+
+def signers_of(policy: Policy, kind: str) -> frozenset[str]:
+    """The roles that may sign an inbox entry of ``kind`` (empty: read without a role check)."""
+    if kind == "approval":
+        return frozenset({"approver"})
+    if kind in {"review_decision", "effect_decision"}:
+        return frozenset({"reviewer"})
+    if kind == "rewind":
+        return frozenset(policy.authority.rewind) - {"agent"}
+    if kind == "cancel":
+        return frozenset(policy.authority.cancel)
+    return frozenset()
+
+
+def inbox_read(policy: Policy, kind: str, roles: frozenset[str], phase: Phase) -> InboxRead:
+    """Whether the run reads an inbox entry of ``kind`` given the roles its trust roots name.
+
+    An entry nobody in the roots may sign is left unread (refusing it would
+    burn a valid signature over a configuration gap), except a cancel
+    reaching a run frozen for review: the run refuses every cancel then, and
+    one left unread would block the reviewer's decision behind it.
+    """
+    needed = signers_of(policy, kind)
+    if not needed or roles & needed:
+        return InboxRead.READ
+    if kind == "cancel" and phase is Phase.NEEDS_REVIEW:
+        return InboxRead.REFUSE
+    return InboxRead.STOP

@@ -19,7 +19,6 @@ from tether.core import (
     EnvironmentState,
     EvidenceError,
     Phase,
-    Policy,
     PolicyError,
     PreconditionFailedError,
     Receipt,
@@ -69,36 +68,22 @@ def consume_inbox(session: Session) -> None:
     trust = session.rt.trust
     if state.phase.terminal or trust is None:
         return
-    roles = {role.value for role in trust.roles()}
+    roles = frozenset(role.value for role in trust.roles())
     for item in session.rt.store.evidence(session.state.run_id, after=session.state.inbox_cursor):
-        needed = _signers_of(session.rt.policy, item.kind)
-        if (
-            needed
-            and not roles & needed
-            and item.kind == "cancel"
-            and session.state.phase is Phase.NEEDS_REVIEW
-        ):
-            # A frozen run refuses every cancel anyway: one nobody here may sign must
-            # not block the reviewer's decision behind it. Elsewhere it stops as below,
-            # unread, so a valid cancel is never burned by a configuration gap.
-            _refuse(
-                session,
-                item.kind,
-                item.document,
-                EvidenceError(
-                    f"this runtime's trust roots name no "
-                    f"{' or '.join(r + 's' for r in sorted(needed))}, who may cancel"
-                ),
-                item.seq,
+        verdict = people.inbox_read(session.rt.policy, item.kind, roles, session.state.phase)
+        if verdict is not people.InboxRead.READ:
+            needed = " or ".join(
+                r + "s" for r in sorted(people.signers_of(session.rt.policy, item.kind))
             )
-            continue
-        if needed and not roles & needed:
+            if verdict is people.InboxRead.REFUSE:
+                why = f"this runtime's trust roots name no {needed}, who may cancel"
+                _refuse(session, item.kind, item.document, EvidenceError(why), item.seq)
+                continue
             # The runtime's configuration is at fault, not the document: refusing it
             # would burn a valid signature. Stop here; the cursor stays put.
             raise TrustRootsRequiredError(
                 f"run {state.run_id}: inbox entry #{item.seq} is {item.kind} evidence and this "
-                f"runtime's trust roots name no {' or '.join(r + 's' for r in sorted(needed))}; "
-                "add them, and it is read then",
+                f"runtime's trust roots name no {needed}; add them, and it is read then",
                 run_id=state.run_id,
             )
         if session.state.phase.terminal:
@@ -149,19 +134,6 @@ def _opened_this_epoch(session: Session, document: Any) -> bool:
         return False
     used = record.get("document") if isinstance(record, dict) else None
     return used is not None and people.evidence_digest(used) == people.evidence_digest(document)
-
-
-def _signers_of(policy: Policy, kind: str) -> set[str]:
-    """The roles that may sign an inbox entry of ``kind`` (none: read without a role check)."""
-    if kind == "approval":
-        return {Role.APPROVER.value}
-    if kind in {"review_decision", "effect_decision"}:
-        return {Role.REVIEWER.value}
-    if kind == "rewind":
-        return set(policy.authority.rewind) - {"agent"}
-    if kind == "cancel":
-        return set(policy.authority.cancel)
-    return set()
 
 
 def refuse(session: Session, kind: str, document: Any, exc: Exception, cursor: int | None) -> None:
