@@ -652,3 +652,27 @@ def test_a_document_without_signature_text_is_refused_saying_so(signature: objec
     signed = ALICE.sign({"kind": "approval"})
     with pytest.raises(EvidenceSignatureError, match="no signature text"):
         TRUST.verify({**signed, "signature": signature}, ALICE.role)
+
+
+def test_a_run_awaits_approval_exactly_while_it_has_none_alive(world: World) -> None:
+    """None yet, then one alive (even for a since-changed environment), then one expired."""
+    from tests.conftest import signed_approval
+    from tether.core import awaits_approval
+
+    rule = {"risk": "low", "permission": "workspace.write", "needs_approval": True}
+    world.policy = make_policy(kinds={"file.write": rule})
+    trust = TrustRoots.of(ALICE.trust_root())
+    session = world.runtime(ScriptedAgent([write("notes.txt", "x\n"), finish]), trust=trust).start(
+        "r1"
+    )
+    now = world.clock.now()
+    assert awaits_approval(session.state, needs=True, now=now) is False  # nothing pending yet
+    session.step()
+    assert awaits_approval(session.state, needs=False, now=now) is False
+    assert awaits_approval(session.state, needs=True, now=now) is True
+    assert session.awaiting_approval is True
+    session.approve(signed_approval(ALICE, session.state, now))
+    world.sandbox.bypass_write("src/other.txt", "moved\n")  # stale now: judged at the send
+    assert awaits_approval(session.state, needs=True, now=now) is False
+    later = now + timedelta(seconds=301)
+    assert awaits_approval(session.state, needs=True, now=later) is True

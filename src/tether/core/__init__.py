@@ -340,6 +340,7 @@ from tether.core._commit import Sealed, seal_commit, with_subject_terms  # noqa:
 from tether.core._evidence import (  # noqa: E402
     active_approval,
     approval_problem,
+    awaits_approval,
     check_approval,
     check_decision,
     check_nonce,
@@ -389,6 +390,7 @@ __all__ += [
     "Transition",
     "active_approval",
     "approval_problem",
+    "awaits_approval",
     "check_approval",
     "check_decision",
     "check_nonce",

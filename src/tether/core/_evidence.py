@@ -379,6 +379,18 @@ def approval_problem(
     return None
 
 
+def awaits_approval(state: RunState, *, needs: bool, now: datetime) -> bool:
+    """Whether the pending action waits for a person: it needs an approval and has none alive.
+
+    Whether an approval in force still binds the environment is judged at
+    the send, against the environment as it is then (:func:`approval_problem`).
+    """
+    if not needs or state.pending is None:
+        return False
+    body = active_approval(state)
+    return body is None or now >= parse_utc(body, "expires_at")
+
+
 def active_approval(state: RunState) -> dict[str, Any] | None:
     """The body of the approval currently in force for the pending write, if any."""
     pending = state.pending

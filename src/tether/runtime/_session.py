@@ -55,7 +55,7 @@ from tether.core import (
     SpecError,
     TraceEvent,
     Transition,
-    approval_problem,
+    awaits_approval,
     gate,
     needs_approval,
     replay_rules,
@@ -513,16 +513,9 @@ class RunSession(LeaseHolder):
     @property
     def awaiting_approval(self) -> bool:
         """Whether the pending write needs an approval it does not have (or whose time ran out)."""
-        if not _humans.needs_approval(self.rt, self.state):
-            return False
-        problem = approval_problem(
-            self.state,
-            needs=True,
-            now=self.rt.clock.now(),
-            live=self.state.environment,
-            idempotent=False,
+        return awaits_approval(
+            self.state, needs=_humans.needs_approval(self.rt, self.state), now=self.rt.clock.now()
         )
-        return problem is not None and problem[0] != "approval_stale"
 
     def step(self) -> Outcome:
         """Advance the run by one action (or settle its pending one); the typed outcome.
