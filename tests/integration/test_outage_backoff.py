@@ -232,9 +232,24 @@ def until(condition: Callable[[], bool], seconds: float = 60) -> bool:
     return condition()
 
 
+def claim_when_due(store: Any) -> Any:
+    """The run's lease, claimed as soon as its back-off has passed."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        claimed = store.claim_expired("w1", 30)
+        if claimed:
+            return claimed[0]
+        time.sleep(0.005)
+    raise AssertionError("the run never became claimable again")
+
+
 def most_claims_within(seconds: float) -> int:
-    """The most claims the back-off allows in ``seconds``: every delay at its floor (half a step)."""
-    claims, spent, step = 1, 0.0, BACKOFF_S
+    """The most claims the back-off allows in ``seconds``: every delay at its floor (half a step).
+
+    One more is allowed for the store's clock (PostgreSQL's ``now()`` is when
+    the deferring transaction began).
+    """
+    claims, spent, step = 2, 0.0, BACKOFF_S
     while True:
         spent += step / 2
         if spent > seconds:
@@ -303,3 +318,47 @@ def test_a_service_that_hangs_up_on_everything_is_waited_out_without_a_commit(
         assert claims <= most_claims_within(served)
     finally:
         fleet.close()
+
+
+def test_a_run_whose_agent_asks_for_nothing_is_backed_off_more_each_time(tmp_path: Path) -> None:
+    """An agent that only waits: asked once per claim, and each claim defers it twice as long."""
+    from tether.adapters import Sandbox
+    from tether.core import Observation
+    from tether.runtime import AgentContext, Decision
+
+    asked: list[int] = []
+
+    def waits(context: AgentContext, observation: Observation) -> Decision:
+        asked.append(1)
+        return Decision(context, None)
+
+    sandbox = Sandbox({"notes.txt": "draft\n"})
+    task = make_task(sandbox.environment().state_fingerprint)
+
+    def factory(store: Any, run_id: str, worker: str) -> Runtime:
+        return Runtime(
+            store=store,
+            keyring=KEYRING,
+            adapter=sandbox,
+            task=task,
+            policy=make_policy(),
+            agent=ScriptedAgent([waits]),
+            worker=worker,
+        )
+
+    with open_store(f"sqlite:///{tmp_path / 'tether.sqlite'}") as store:
+        factory(store, "r1", "starter").start("r1")
+        worker = Worker(store, factory, "w1", backoff_s=0.04, max_backoff_s=10.0, draw=lambda: 0.0)
+        waited = []
+        for attempt in range(4):
+            lease = claim_when_due(store)
+            before = time.time()
+            worker.drive(lease)
+            mark = store.get_mark("r1")
+            waited.append(mark.retry_at.timestamp() - before)
+            assert len(asked) == attempt + 1  # one step per claim, then the run is given up
+            assert mark.attempts == 0 and mark.lease_owner is None
+    # The lowest draw gives half of each doubled step: 0.02, 0.04, 0.08, 0.16 s.
+    for got, expected in zip(waited, (0.02, 0.04, 0.08, 0.16), strict=True):
+        assert expected - 0.01 <= got <= expected + 0.5, (waited, expected)
+    assert worker.stats.waiting == 4 and worker.stats.errors == 0
