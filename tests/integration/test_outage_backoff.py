@@ -232,11 +232,11 @@ def until(condition: Callable[[], bool], seconds: float = 60) -> bool:
     return condition()
 
 
-def claim_when_due(store: Any) -> Any:
-    """The run's lease, claimed as soon as its back-off has passed."""
+def claim_when_due(store: Any, worker: str) -> Any:
+    """The run's lease for ``worker``, claimed as soon as its back-off has passed."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        claimed = store.claim_expired("w1", 30)
+        claimed = store.claim_expired(worker, 30)
         if claimed:
             return claimed[0]
         time.sleep(0.005)
@@ -321,7 +321,8 @@ def test_a_service_that_hangs_up_on_everything_is_waited_out_without_a_commit(
 
 
 def test_a_run_whose_agent_asks_for_nothing_is_backed_off_more_each_time(tmp_path: Path) -> None:
-    """An agent that only waits: asked once per claim, and each claim defers it twice as long."""
+    """An agent that only waits: asked once per claim, each claim defers it twice as long,
+    and once another worker has moved the run on, the back-off starts from the base again."""
     from tether.adapters import Sandbox
     from tether.core import Observation
     from tether.runtime import AgentContext, Decision
@@ -346,19 +347,30 @@ def test_a_run_whose_agent_asks_for_nothing_is_backed_off_more_each_time(tmp_pat
             worker=worker,
         )
 
+    def drive_once(worker: Worker) -> tuple[float, float]:
+        """Claim the run when due and drive it: the least and most delay its defer can have set."""
+        lease = claim_when_due(store, worker.worker_id)
+        before = time.time()
+        worker.drive(lease)
+        after = time.time()
+        mark = store.get_mark("r1")
+        assert mark.attempts == 0 and mark.lease_owner is None  # a wait is not a failure
+        due = mark.retry_at.timestamp()  # the store's clock while it deferred, plus the delay
+        return due - after, due - before
+
+    def scheduled(got: tuple[float, float], expected: float) -> bool:
+        low, high = got
+        return low - 0.01 <= expected <= high + 0.01
+
     with open_store(f"sqlite:///{tmp_path / 'tether.sqlite'}") as store:
         factory(store, "r1", "starter").start("r1")
-        worker = Worker(store, factory, "w1", backoff_s=0.04, max_backoff_s=10.0, draw=lambda: 0.0)
-        waited = []
-        for attempt in range(4):
-            lease = claim_when_due(store)
-            before = time.time()
-            worker.drive(lease)
-            mark = store.get_mark("r1")
-            waited.append(mark.retry_at.timestamp() - before)
+        w1 = Worker(store, factory, "w1", backoff_s=0.04, max_backoff_s=10.0, draw=lambda: 0.0)
+        w2 = Worker(store, factory, "w2", backoff_s=0.04, max_backoff_s=10.0, draw=lambda: 0.0)
+        # The lowest draw gives half of each doubled step: 0.02, 0.04, 0.08, 0.16 s.
+        for attempt, expected in enumerate((0.02, 0.04, 0.08, 0.16)):
+            got = drive_once(w1)
             assert len(asked) == attempt + 1  # one step per claim, then the run is given up
-            assert mark.attempts == 0 and mark.lease_owner is None
-    # The lowest draw gives half of each doubled step: 0.02, 0.04, 0.08, 0.16 s.
-    for got, expected in zip(waited, (0.02, 0.04, 0.08, 0.16), strict=True):
-        assert expected - 0.01 <= got <= expected + 0.5, (waited, expected)
-    assert worker.stats.waiting == 4 and worker.stats.errors == 0
+            assert scheduled(got, expected), (attempt, got, expected)
+        assert scheduled(drive_once(w2), 0.02)  # w2 has no streak for it: the base
+        assert scheduled(drive_once(w1), 0.02)  # moved on since w1 left it: the base again
+    assert w1.stats.waiting == 5 and w1.stats.errors == 0

@@ -140,10 +140,12 @@ class Worker:
         self.draw = draw
         self.stats = WorkerStats()
         self._stop = threading.Event()
-        # Claims in a row, per run, that ended without progress: the back-off's
-        # exponent. Kept by this worker (the store has no column for it), so
-        # another worker starts such a run from the base again: still bounded.
-        self._streaks: dict[str, int] = {}
+        # Claims in a row, per run, that ended without progress (the back-off's
+        # exponent), with the generation the run was left at. Kept by this
+        # worker (the store has no column for it): another worker starts such a
+        # run from the base again (still bounded), and a run found at another
+        # generation when claimed again moved on elsewhere, so it starts afresh.
+        self._streaks: dict[str, tuple[int, int]] = {}
 
     def stop(self) -> None:
         """Finish the current step, release the lease, and return from :meth:`serve`."""
@@ -192,6 +194,9 @@ class Worker:
         self.stats.runs.append(lease.run_id)
         session = None
         progressed = False
+        streak = self._streaks.get(lease.run_id)
+        if streak is not None and streak[1] != lease.generation:
+            del self._streaks[lease.run_id]  # another worker or a person moved it on
         try:
             runtime = self.factory(self.store, lease.run_id, self.worker_id)
             runtime.lease_ttl_s = self.lease_ttl_s
@@ -231,7 +236,7 @@ class Worker:
                     lease.run_id,
                     self.worker_id,
                     held,
-                    self._next_delay(lease.run_id),
+                    self._next_delay(lease.run_id, session.state.generation),
                     f"{outcome.kind}: {outcome.message}",
                     count=False,
                 )
@@ -262,18 +267,23 @@ class Worker:
         text = f"{type(exc).__name__}: {exc}"
         log.warning("run %s: %s; trying again later", lease.run_id, text)
         version = _held_version(lease, session)
-        delay = self._next_delay(lease.run_id)
+        delay = self._next_delay(
+            lease.run_id, lease.generation if session is None else session.state.generation
+        )
         try:
             self.store.defer(lease.run_id, self.worker_id, version, delay, text, count=False)
         except TetherError as again:  # lease gone or store down: the ttl backs it off
             log.warning("run %s: could not defer it: %s", lease.run_id, again)
 
-    def _next_delay(self, run_id: str) -> float:
-        """The back-off before ``run_id``'s next attempt; counts this one in its streak."""
-        attempt = self._streaks.pop(run_id, 0)
+    def _next_delay(self, run_id: str, generation: int) -> float:
+        """The back-off before ``run_id``'s next attempt; counts this one in its streak.
+
+        ``generation``: where the run is left, so a claim can tell whether it moved since.
+        """
+        attempt, _ = self._streaks.pop(run_id, (0, generation))
         if len(self._streaks) >= STREAKS_REMEMBERED:
             self._streaks.pop(next(iter(self._streaks)))  # the one unheard of longest
-        self._streaks[run_id] = attempt + 1
+        self._streaks[run_id] = (attempt + 1, generation)
         return retry_delay(
             attempt, base_s=self.backoff_s, cap_s=self.max_backoff_s, jitter=self.draw()
         )
