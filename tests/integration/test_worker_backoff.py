@@ -150,7 +150,8 @@ def test_a_run_that_cannot_even_be_built_is_parked_at_the_mark(tmp_path: Path) -
 
 @pytest.mark.parametrize("attempts", [0, 1, 2, 5])
 def test_the_back_off_doubles_and_is_capped(tmp_path: Path, attempts: int) -> None:
-    """A failed attempt defers the run by backoff * 2**attempts, at most max_backoff."""
+    """A failed attempt defers the run by backoff * 2**attempts, at most max_backoff, less the
+    jitter: at the lowest draw, half of that."""
     fleet = Fleet(tmp_path / "tether.sqlite")
     fleet.start("broken")
     with SQLiteStore(fleet.path) as store:
@@ -158,14 +159,20 @@ def test_the_back_off_doubles_and_is_capped(tmp_path: Path, attempts: int) -> No
             lease = store.claim_expired("setup", 30, max_attempts=10)[0]
             store.defer("broken", "setup", lease.lease_version, 0, "earlier failure")
         worker = Worker(
-            store, fleet.runtime, "w1", max_attempts=10, backoff_s=1.0, max_backoff_s=8.0
+            store,
+            fleet.runtime,
+            "w1",
+            max_attempts=10,
+            backoff_s=1.0,
+            max_backoff_s=8.0,
+            draw=lambda: 0.0,
         )
         lease = store.claim_expired("w1", 30, max_attempts=10)[0]
         before = time.time()
         worker.drive(lease)
         after = store.get_mark("broken")
     assert after.attempts == attempts + 1
-    expected = min(8.0, 2.0**attempts)
+    expected = min(8.0, 2.0**attempts) / 2
     waited = after.retry_at.timestamp() - before
     assert expected - 0.5 <= waited <= expected + 1.0, (waited, expected)
 

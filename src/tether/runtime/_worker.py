@@ -18,8 +18,8 @@ draw), and the next run gets its turn. An adapter or store outage raised as
 an error is waited out the same way.
 
 A run whose drive fails (any exception: tether's, the adapter's, the agent's
-own code) never captures a worker: it is deferred with exponential back-off
-(``backoff_s`` doubling per attempt, capped at ``max_backoff_s``), other runs
+own code) never captures a worker: it is deferred by the same rule, from its
+count of consecutive failures (``core.retry_delay``), other runs
 are claimed meanwhile, and after ``max_attempts`` consecutive failures it is
 parked in ``needs_review`` (reason ``worker_error``, the error as evidence)
 where a person decides. A run that cannot even be restored is parked at the
@@ -309,7 +309,10 @@ class Worker:
             )
             if last_chance and parkable and self._park(session, text):
                 return
-            delay = min(self.max_backoff_s, self.backoff_s * 2 ** min(attempts - 1, 40))
+            # The same rule as a step that made no progress, from the failure count.
+            delay = retry_delay(
+                attempts - 1, base_s=self.backoff_s, cap_s=self.max_backoff_s, jitter=self.draw()
+            )
             self.store.defer(
                 lease.run_id, self.worker_id, version, delay, text, progressed=progressed
             )
