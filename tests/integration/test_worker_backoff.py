@@ -150,7 +150,8 @@ def test_a_run_that_cannot_even_be_built_is_parked_at_the_mark(tmp_path: Path) -
 
 @pytest.mark.parametrize("attempts", [0, 1, 2, 5])
 def test_the_back_off_doubles_and_is_capped(tmp_path: Path, attempts: int) -> None:
-    """A failed attempt defers the run by backoff * 2**attempts, at most max_backoff."""
+    """A failed attempt defers the run by backoff * 2**attempts, at most max_backoff, less the
+    jitter: at the lowest draw, half of that."""
     fleet = Fleet(tmp_path / "tether.sqlite")
     fleet.start("broken")
     with SQLiteStore(fleet.path) as store:
@@ -158,14 +159,20 @@ def test_the_back_off_doubles_and_is_capped(tmp_path: Path, attempts: int) -> No
             lease = store.claim_expired("setup", 30, max_attempts=10)[0]
             store.defer("broken", "setup", lease.lease_version, 0, "earlier failure")
         worker = Worker(
-            store, fleet.runtime, "w1", max_attempts=10, backoff_s=1.0, max_backoff_s=8.0
+            store,
+            fleet.runtime,
+            "w1",
+            max_attempts=10,
+            backoff_s=1.0,
+            max_backoff_s=8.0,
+            draw=lambda: 0.0,
         )
         lease = store.claim_expired("w1", 30, max_attempts=10)[0]
         before = time.time()
         worker.drive(lease)
         after = store.get_mark("broken")
     assert after.attempts == attempts + 1
-    expected = min(8.0, 2.0**attempts)
+    expected = min(8.0, 2.0**attempts) / 2
     waited = after.retry_at.timestamp() - before
     assert expected - 0.5 <= waited <= expected + 1.0, (waited, expected)
 
@@ -372,9 +379,11 @@ def test_a_reclaim_that_changes_nothing_writes_nothing(tmp_path: Path) -> None:
     with SQLiteStore(tmp_path / "tether.sqlite") as store:
         factory(store, "r1", "starter").start("r1")
         before = store.get_mark("r1")
-        worker = Worker(store, factory, "w1", lease_ttl_s=0.05, poll_s=0.01)
+        worker = Worker(
+            store, factory, "w1", lease_ttl_s=0.05, poll_s=0.01, backoff_s=0.01, max_backoff_s=0.04
+        )
         for _ in range(5):
-            time.sleep(0.06)  # each "later" defers the run by one ttl
+            time.sleep(0.06)  # each "later" defers the run by its back-off, capped below this
             claimed = store.claim_expired("w1", 0.05, phases=("running",))
             assert [lease.run_id for lease in claimed] == ["r1"]
             worker.drive(claimed[0])

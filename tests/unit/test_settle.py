@@ -546,3 +546,110 @@ def test_a_pending_write_reads_back_exactly_as_signed(resent: bool) -> None:
     assert pending is not None
     state = state.evolve(pending=replace(pending, resent=resent, dispatched_at=NOW))
     assert RunState.from_json(state.to_json()) == state
+
+
+# --- a repeated resend while the adapter stays down ---------------------------
+
+
+def resent_state(ago_s: float, approval: str = "not_needed") -> RunState:
+    """A dispatched write already signed as resent, its last recorded send ``ago_s`` before now."""
+    state = state_with(EffectStatus.DISPATCHED, approval)
+    pending = state.pending
+    assert pending is not None
+    when = NOW - timedelta(seconds=ago_s)
+    return state.evolve(pending=replace(pending, resent=True, dispatched_at=when))
+
+
+@pytest.mark.parametrize(
+    ("caps", "resent", "ago", "records"),
+    [
+        (DEDUP, False, 0, True),  # the first resend: "resent" is durable before the call
+        (DEDUP, True, 0, False),  # an identical resend moments later records nothing
+        (DEDUP, True, 89, False),  # within a tenth of the 900 s in-flight limit
+        (DEDUP, True, 90, True),  # a tenth old: refresh the time the limit counts from
+        (replace(DEDUP, in_flight_limit_s=None), True, 10**6, False),  # nothing reads the time
+    ],
+)
+def test_a_resend_commits_only_what_a_later_answer_needs(
+    caps: Capabilities, resent: bool, ago: int, records: bool
+) -> None:
+    """Absent by key, sent again: the first resend commits; a recent identical one commits nothing."""
+    state = resent_state(ago) if resent else state_with(EffectStatus.DISPATCHED, "not_needed")
+    t = settle_rules.after_lookup(
+        state, facts(caps, "not_needed", PRE), LookupAnswer(LookupStatus.ABSENT)
+    )
+    check_committable(t)
+    assert isinstance(t.call, Execute) and t.call.retry and t.call.known_absent
+    assert t.call.key == KEY and t.call.intent == INTENT
+    if records:
+        assert t.state is not None and t.state.pending is not None
+        assert t.state.pending.resent and t.state.pending.dispatched_at == NOW
+        assert tuple(n.status for n in t.ledger) == (EffectStatus.DISPATCHED,)
+        assert [kind for kind, _ in t.events] == ["effect_resent"]
+    else:
+        assert (t.state, t.ledger, t.events) == (None, (), ())
+
+
+def test_a_recent_repeat_resend_by_an_idempotent_adapter_records_nothing() -> None:
+    """settle() on a resent write of an idempotent, unqueryable adapter sends again, uncommitted."""
+    caps = Capabilities(idempotent=True, queryable=False, conditional_writes=False)
+    t = settle_rules.settle(resent_state(5), facts(caps, "not_needed", PRE))
+    assert summary(t) == (OutcomeKind.EXECUTED, None, (), ("execute", "retry"), None)
+    assert t.state is None
+
+
+def test_an_uncommitted_resend_still_passes_the_approval_gate() -> None:
+    """A repeat resend of a gated write without a live approval waits; nothing is sent."""
+    caps = Capabilities(idempotent=True, queryable=False, conditional_writes=False)
+    t = settle_rules.settle(resent_state(5, approval="expired"), facts(caps, "expired", PRE))
+    assert t.outcome is OutcomeKind.WAITING_FOR_APPROVAL and t.call is None and t.state is None
+
+
+@pytest.mark.parametrize(
+    ("how", "ok"),
+    [("precondition", False), ("unavailable", True), ("in_progress", True)],
+)
+def test_an_uncommitted_resend_is_read_as_a_resend(how: str, ok: bool) -> None:
+    """After a repeat resend the signed 'resent' still decides: a refusal is unknown, later waits."""
+    state = resent_state(5)
+    f = facts(DEDUP, "not_needed", PRE)
+    again = settle_rules.after_lookup(state, f, LookupAnswer(LookupStatus.ABSENT))
+    assert isinstance(again.call, Execute) and again.state is None
+    answer = {
+        "precondition": ExecuteAnswer(ExecuteStatus.PRECONDITION_FAILED, detail="412"),
+        "unavailable": ExecuteAnswer(ExecuteStatus.UNAVAILABLE, detail="503"),
+        "in_progress": ExecuteAnswer(ExecuteStatus.IN_PROGRESS, detail="409"),
+    }[how]
+    t = settle_rules.after_execute(state, f, again.call, answer)
+    check_committable(t)
+    if ok:
+        assert t.outcome in {OutcomeKind.RETRY_LATER, OutcomeKind.IN_FLIGHT} and t.state is None
+    else:
+        assert (t.outcome, t.reason) == (OutcomeKind.FROZEN, "outcome_unknown")
+
+
+@pytest.mark.parametrize(
+    ("resent", "age", "stuck"),
+    [
+        (False, 900, False),
+        (False, 901, True),  # sent once: the limit, exactly, from the signed send
+        (True, 901, False),  # resent: a repeat may have begun up to 90 s later, unsigned
+        (True, 990, False),
+        (True, 991, True),
+    ],
+)
+def test_a_resent_key_is_stuck_only_past_the_limit_plus_the_resend_margin(
+    resent: bool, age: int, stuck: bool
+) -> None:
+    """An in-flight answer freezes a resent write only once no unsigned repeat can be under the limit."""
+    state = state_with(EffectStatus.DISPATCHED, "not_needed")
+    pending = state.pending
+    assert pending is not None
+    when = NOW - timedelta(seconds=age)
+    state = state.evolve(pending=replace(pending, resent=resent, dispatched_at=when))
+    t = settle_rules.after_lookup(
+        state,
+        facts(DEDUP, "not_needed", PRE),
+        LookupAnswer(LookupStatus.IN_PROGRESS, detail="busy"),
+    )
+    assert t.outcome is (OutcomeKind.FROZEN if stuck else OutcomeKind.IN_FLIGHT)

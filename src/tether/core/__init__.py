@@ -485,3 +485,25 @@ __all__ += [
     "spent_cancel",
     "working_ms",
 ]
+
+from tether.core import _retry as retry_rules  # noqa: E402
+from tether.core._retry import (  # noqa: E402
+    NO_PROGRESS,
+    RetrySettingsError,
+    in_flight_allowance,
+    records_resend,
+    resend_margin,
+    retry_delay,
+    step_progressed,
+)
+
+__all__ += [
+    "NO_PROGRESS",
+    "RetrySettingsError",
+    "in_flight_allowance",
+    "records_resend",
+    "resend_margin",
+    "retry_delay",
+    "retry_rules",
+    "step_progressed",
+]

@@ -46,7 +46,9 @@ precondition failed, a retry        outcome unknown -> needs_review (the first
                                     attempt may have landed)
 in progress                         wait (past the limit: as for a look-up)
 unavailable, blind adapter          outcome unknown -> needs_review
-unavailable, otherwise              retry later (still ``dispatched``)
+unavailable, otherwise              retry later (still ``dispatched``); the
+                                    caller backs off (``_retry``), and a repeat
+                                    resend records nothing while recent
 ==================================  ===========================================
 
 Reconcile: the receipt must carry our key and intent digest (else
@@ -87,6 +89,7 @@ from tether.core._compensation import compensated_note
 from tether.core._evidence import approval_problem, committed_within_approval
 from tether.core._model import CompletedWrite, PendingWrite, Receipt, ReviewCase
 from tether.core._phases import EffectStatus, Phase
+from tether.core._retry import in_flight_allowance, records_resend
 from tether.core._state import RunState
 from tether.core._transition import (
     Event,
@@ -198,26 +201,38 @@ def send_again(state: RunState, facts: Facts, *, known_absent: bool = False) -> 
     is an unknown outcome, not a rejection, and so is a refusal a later
     look-up finds stored (it may be the resend's): the commit first says
     ``resent`` and when this send began (the in-flight limit counts from it),
-    and the ledger records the second dispatch. ``known_absent``: the
-    adapter's final look-up found nothing, so a receipt is a fresh commit.
+    and the ledger records the second dispatch. A write already signed as
+    resent is sent again without a commit while that record is recent
+    (``tether.core._retry.records_resend``): the fact is durable, and an
+    adapter that stays down must not grow the run per attempt.
+    ``known_absent``: the adapter's final look-up found nothing, so a
+    receipt is a fresh commit.
     """
     pending = _pending(state)
     waiting = _waiting(state, facts, known_absent=known_absent)
     if waiting is not None:
         return waiting
+    call = Execute(
+        pending.idempotency_key,
+        pending.intent,
+        pending.prestate,
+        retry=True,
+        known_absent=known_absent,
+    )
+    since = (facts.now - (pending.dispatched_at or pending.proposed_at)).total_seconds()
+    limit = facts.capabilities.in_flight_limit_s
+    if not records_resend(resent=pending.resent, since_s=since, in_flight_limit_s=limit):
+        # Already signed as resent, recently: the same send again records
+        # nothing, so an adapter that stays down adds no checkpoint and no
+        # ledger row per attempt (the stuck test allows for it: ``_stuck``).
+        return Transition(OutcomeKind.EXECUTED, call=call)
     resending = replace(pending, resent=True, dispatched_at=facts.now)
     return Transition(
         OutcomeKind.EXECUTED,
         state=state.evolve(pending=resending),
         events=(("effect_resent", {"action_id": pending.action_id}),),
         ledger=(LedgerNote(EffectStatus.DISPATCHED),),
-        call=Execute(
-            pending.idempotency_key,
-            pending.intent,
-            pending.prestate,
-            retry=True,
-            known_absent=known_absent,
-        ),
+        call=call,
     )
 
 
@@ -299,7 +314,9 @@ def _stuck(state: RunState, facts: Facts, detail: str) -> Transition | None:
     return _aged_out(
         state,
         facts,
-        facts.capabilities.in_flight_limit_s,
+        # A resent write's latest send may be up to a margin younger than the
+        # one signed (see ``send_again``): never judged stuck before its limit.
+        in_flight_allowance(facts.capabilities.in_flight_limit_s, resent=pending.resent),
         pending.dispatched_at or pending.proposed_at,
         lambda age, limit: (
             f"key {pending.idempotency_key} is still in flight {age:.0f} s "

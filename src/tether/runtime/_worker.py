@@ -9,9 +9,17 @@ The application is loaded by ``module:factory``: a callable
 ``factory(store, run_id, worker) -> Runtime`` that builds the runtime for one
 run (its adapter, task, policy, agent, keys and trust roots).
 
+A step that only resends or waits (the adapter said "later" or "still in
+flight", the agent asked for nothing) is not progress (``core.step_progressed``):
+the run is deferred at once, uncounted, for ``core.retry_delay`` of the
+no-progress attempts in a row this worker has seen (exponential from
+``backoff_s``, capped at ``max_backoff_s``, jittered by the worker's random
+draw), and the next run gets its turn. An adapter or store outage raised as
+an error is waited out the same way.
+
 A run whose drive fails (any exception: tether's, the adapter's, the agent's
-own code) never captures a worker: it is deferred with exponential back-off
-(``backoff_s`` doubling per attempt, capped at ``max_backoff_s``), other runs
+own code) never captures a worker: it is deferred by the same rule, from its
+count of consecutive failures (``core.retry_delay``), other runs
 are claimed meanwhile, and after ``max_attempts`` consecutive failures it is
 parked in ``needs_review`` (reason ``worker_error``, the error as evidence)
 where a person decides. A run that cannot even be restored is parked at the
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import random
 import signal
 import threading
 from collections.abc import Callable
@@ -38,6 +47,8 @@ from tether.core import (
     StoreUnavailableError,
     TetherError,
     TrustRootsRequiredError,
+    retry_delay,
+    step_progressed,
 )
 from tether.runtime._runtime import Runtime
 from tether.store import Lease
@@ -47,6 +58,9 @@ log = logging.getLogger("tether.worker")
 RuntimeFactory = Callable[[Any, str, str], Runtime]
 #: With ``idle_exit``, this many failed claims in a row end :meth:`Worker.serve`.
 IDLE_EXIT_CLAIM_FAILURES = 3
+#: At most this many runs' no-progress streaks are remembered; past it the
+#: oldest are forgotten (such a run backs off from the base again).
+STREAKS_REMEMBERED = 10_000
 
 
 class AppLoadError(TetherError):
@@ -95,6 +109,7 @@ class Worker:
         max_attempts: int = 5,
         backoff_s: float = 1.0,
         max_backoff_s: float = 300.0,
+        draw: Callable[[], float] = random.random,
     ) -> None:
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
             raise StoreError(f"max_attempts must be a whole number, not {max_attempts!r}")
@@ -121,8 +136,16 @@ class Worker:
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        #: The jitter's random draw in [0, 1) (a seeded one makes delays repeatable).
+        self.draw = draw
         self.stats = WorkerStats()
         self._stop = threading.Event()
+        # Claims in a row, per run, that ended without progress (the back-off's
+        # exponent), with the generation the run was left at. Kept by this
+        # worker (the store has no column for it): another worker starts such a
+        # run from the base again (still bounded), and a run found at another
+        # generation when claimed again moved on elsewhere, so it starts afresh.
+        self._streaks: dict[str, tuple[int, int]] = {}
 
     def stop(self) -> None:
         """Finish the current step, release the lease, and return from :meth:`serve`."""
@@ -171,6 +194,9 @@ class Worker:
         self.stats.runs.append(lease.run_id)
         session = None
         progressed = False
+        streak = self._streaks.get(lease.run_id)
+        if streak is not None and streak[1] != lease.generation:
+            del self._streaks[lease.run_id]  # another worker or a person moved it on
         try:
             runtime = self.factory(self.store, lease.run_id, self.worker_id)
             runtime.lease_ttl_s = self.lease_ttl_s
@@ -180,7 +206,6 @@ class Worker:
                 phase = session.state.phase
                 if phase.terminal:
                     break
-                before = session.state.generation
                 outcome = session.run(max_steps=1)  # a frozen run reads its inbox here
                 held = session.lease.lease_version if session.lease is not None else 0
                 waits = outcome.kind is OutcomeKind.WAITING_FOR_APPROVAL
@@ -199,24 +224,28 @@ class Worker:
                     self.store.wait_for_evidence(lease.run_id, self.worker_id, held, cursor, 0)
                     self.stats.waiting += 1
                     return session.state.phase
-                if session.state.generation != before:
+                if step_progressed(outcome.kind):
                     progressed = True
-                if session.state.generation == before:
-                    # In flight, or the adapter said "later": come back after a
-                    # ttl, uncounted (an adapter down for long is waited out).
-                    self.store.defer(
-                        lease.run_id,
-                        self.worker_id,
-                        held,
-                        self.lease_ttl_s,
-                        f"{outcome.kind}: {outcome.message}",
-                        count=False,
-                    )
-                    self.stats.waiting += 1
-                    return session.state.phase
+                    self._streaks.pop(lease.run_id, None)
+                    continue
+                # In flight, "later", or an agent that asked for nothing: a
+                # checkpoint the step wrote (a recorded resend) is not progress.
+                # Back off, uncounted (an adapter down for long is waited out),
+                # and let the next run have its turn.
+                self.store.defer(
+                    lease.run_id,
+                    self.worker_id,
+                    held,
+                    self._next_delay(lease.run_id, session.state.generation),
+                    f"{outcome.kind}: {outcome.message}",
+                    count=False,
+                )
+                self.stats.waiting += 1
+                return session.state.phase
             phase = session.state.phase
             if phase is Phase.COMPLETED:
                 self.stats.completed += 1
+            self._streaks.pop(lease.run_id, None)
             session.release()
             return phase
         except LeaseError as exc:
@@ -238,11 +267,26 @@ class Worker:
         text = f"{type(exc).__name__}: {exc}"
         log.warning("run %s: %s; trying again later", lease.run_id, text)
         version = _held_version(lease, session)
-        delay = min(self.max_backoff_s, max(self.backoff_s, self.lease_ttl_s))
+        delay = self._next_delay(
+            lease.run_id, lease.generation if session is None else session.state.generation
+        )
         try:
             self.store.defer(lease.run_id, self.worker_id, version, delay, text, count=False)
         except TetherError as again:  # lease gone or store down: the ttl backs it off
             log.warning("run %s: could not defer it: %s", lease.run_id, again)
+
+    def _next_delay(self, run_id: str, generation: int) -> float:
+        """The back-off before ``run_id``'s next attempt; counts this one in its streak.
+
+        ``generation``: where the run is left, so a claim can tell whether it moved since.
+        """
+        attempt, _ = self._streaks.pop(run_id, (0, generation))
+        if len(self._streaks) >= STREAKS_REMEMBERED:
+            self._streaks.pop(next(iter(self._streaks)))  # the one unheard of longest
+        self._streaks[run_id] = (attempt + 1, generation)
+        return retry_delay(
+            attempt, base_s=self.backoff_s, cap_s=self.max_backoff_s, jitter=self.draw()
+        )
 
     def _failed(self, lease: Lease, session: Any, exc: Exception, progressed: bool) -> None:
         """Back the run off (counted), or park it for a person after too many failures."""
@@ -265,7 +309,10 @@ class Worker:
             )
             if last_chance and parkable and self._park(session, text):
                 return
-            delay = min(self.max_backoff_s, self.backoff_s * 2 ** min(attempts - 1, 40))
+            # The same rule as a step that made no progress, from the failure count.
+            delay = retry_delay(
+                attempts - 1, base_s=self.backoff_s, cap_s=self.max_backoff_s, jitter=self.draw()
+            )
             self.store.defer(
                 lease.run_id, self.worker_id, version, delay, text, progressed=progressed
             )

@@ -1,0 +1,139 @@
+"""Retrying a run that made no progress, as pure functions of values.
+
+A step that only resends or waits is not progress: the adapter said "later"
+or "still in flight", or the agent asked for nothing. The worker then gives
+the run up for a while and drives another, and the wait grows with each such
+attempt in a row:
+
+=================================  ============================================
+question                           rule
+=================================  ============================================
+was this step progress?            :func:`step_progressed`: not for an
+                                   in-flight or retry-later answer, a wait for
+                                   a person, or an agent that asked for nothing;
+                                   every other outcome moved the run on
+how long before the next attempt?  :func:`retry_delay`: ``base_s * 2**attempt``
+                                   capped at ``cap_s``; half of it fixed, half
+                                   scaled by the caller's random draw in [0, 1)
+must a resend be recorded again?   :func:`records_resend`: the first resend,
+                                   always; a write already recorded as resent,
+                                   only once its record is older than the
+                                   margin (:func:`resend_margin`) the in-flight
+                                   limit allows
+when is a resent key stuck?        :func:`in_flight_allowance`: the adapter's
+                                   limit, plus that margin for a resent write
+=================================  ============================================
+
+The jitter keeps a floor of half the step ("equal jitter"): a run of draws
+near zero still backs off, so sends stay bounded while an adapter is down.
+Core takes no randomness of its own; the draw is the caller's.
+
+Why a resend need not be recorded each time: the fact that matters for
+safety, "this write was sent more than once" (so a later refusal reads as an
+unknown outcome, never a rejection), is already durable after the first
+resend. What a repeat would refresh is only when the latest send began, which
+the in-flight limit counts from. So a repeat within the margin records
+nothing (no checkpoint, no ledger row), and a resent key is judged stuck only
+past the limit plus that margin: never earlier than the limit after the latest
+send, at most a margin later.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tether.core._errors import TetherError
+from tether.core._transition import OutcomeKind
+
+#: Outcomes of a step that did not move the run on.
+NO_PROGRESS = frozenset(
+    {
+        OutcomeKind.IN_FLIGHT,
+        OutcomeKind.RETRY_LATER,
+        OutcomeKind.WAITING_FOR_APPROVAL,
+        OutcomeKind.WAITED,
+    }
+)
+
+#: The share of an adapter's in-flight limit within which a repeated resend
+#: records nothing: a resent key is judged stuck at most this much late.
+RESEND_MARGIN_SHARE = 0.1
+
+# 2**60 seconds is past any cap; larger exponents only risk overflow.
+_MAX_DOUBLINGS = 60
+
+
+class RetrySettingsError(TetherError):
+    """A back-off setting or draw is out of range (negative, NaN, a draw outside [0, 1])."""
+
+
+def step_progressed(kind: OutcomeKind) -> bool:
+    """Whether a step with outcome ``kind`` moved the run on.
+
+    Decided from what the step did, never from whether a checkpoint was
+    written: a step that records a resend and is told "later" wrote one and
+    still did nothing.
+    """
+    return kind not in NO_PROGRESS
+
+
+def retry_delay(attempt: int, *, base_s: float, cap_s: float, jitter: float) -> float:
+    """Seconds to wait before trying a run again after ``attempt`` earlier tries in a row.
+
+    ``attempt`` 0 is the first wait. The step is ``base_s * 2**attempt``
+    capped at ``cap_s``; the delay is half the step plus ``jitter`` (a draw
+    in [0, 1)) times the other half, so it lies in [step / 2, step).
+    """
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+        raise RetrySettingsError(f"attempt must be a whole number >= 0, not {attempt!r}")
+    for name, value in (("base_s", base_s), ("cap_s", cap_s)):
+        if not _seconds(value):
+            raise RetrySettingsError(f"{name} must be a finite number >= 0, not {value!r}")
+    if not _number(jitter) or not 0.0 <= jitter < 1.0:
+        raise RetrySettingsError(f"jitter must be a draw in [0, 1), not {jitter!r}")
+    step = min(cap_s, base_s * 2.0 ** min(attempt, _MAX_DOUBLINGS))
+    return step / 2 + jitter * step / 2
+
+
+def resend_margin(in_flight_limit_s: float | None) -> float | None:
+    """How long after a recorded resend an identical one records nothing; ``None``: always.
+
+    Without an in-flight limit nothing reads when a send began, so no repeat
+    needs recording.
+    """
+    if in_flight_limit_s is None:
+        return None
+    return in_flight_limit_s * RESEND_MARGIN_SHARE
+
+
+def records_resend(*, resent: bool, since_s: float, in_flight_limit_s: float | None) -> bool:
+    """Whether a resend must commit ``resent`` and its start before the call.
+
+    ``resent``: the signed pending write already says it was sent more than
+    once; ``since_s``: seconds since the send it records began.
+    """
+    if not resent:
+        return True  # the fact a later refusal is read by must be durable first
+    margin = resend_margin(in_flight_limit_s)
+    return margin is not None and since_s >= margin
+
+
+def in_flight_allowance(in_flight_limit_s: float | None, *, resent: bool) -> float | None:
+    """How long after its recorded send a key may stay in flight before it is stuck.
+
+    A resent write's latest send may have begun up to the margin after the
+    one recorded (repeats within it record nothing), so the margin is added:
+    never judged stuck before the limit has passed since the latest send.
+    """
+    margin = resend_margin(in_flight_limit_s)
+    if in_flight_limit_s is None or margin is None or not resent:
+        return in_flight_limit_s
+    return in_flight_limit_s + margin
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _seconds(value: object) -> bool:
+    return _number(value) and math.isfinite(value) and value >= 0  # type: ignore[arg-type,operator]
