@@ -100,6 +100,7 @@ from tether.core._phases import (
     EffectStatus,
     Phase,
     RetrySemantics,
+    ReviewReason,
     check_effect_move,
     check_phase_move,
 )
@@ -210,6 +211,7 @@ __all__ = [
     "RetrySemantics",
     "ReviewCase",
     "ReviewDriftError",
+    "ReviewReason",
     "RewindPlan",
     "RewindRefusedError",
     "RewindScope",

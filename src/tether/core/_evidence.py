@@ -26,6 +26,7 @@ from tether.core._model import (
     format_time,
     parse_time_text,
 )
+from tether.core._phases import ReviewReason
 from tether.core._state import RunState
 
 APPROVAL_FIELDS = (
@@ -61,7 +62,7 @@ class ReviewDecision(StrEnum):
 
 #: Review cases about the environment alone: it changed outside the run
 #: (``environment_drift``) or is ahead of the checkpoint (``environment_ahead``).
-DRIFT_REASONS = frozenset({"environment_drift", "environment_ahead"})
+DRIFT_REASONS = frozenset({ReviewReason.ENVIRONMENT_DRIFT, ReviewReason.ENVIRONMENT_AHEAD})
 
 
 def check_accept(case: ReviewCase) -> None:

@@ -146,3 +146,33 @@ def check_effect_move(current: EffectStatus | None, new: EffectStatus) -> None:
     """Raise :class:`IllegalTransitionError` unless the ledger may record ``new`` next."""
     if new not in _EFFECT_MOVES[current]:
         raise IllegalTransitionError(f"effect status {current} cannot move to {new}")
+
+
+class ReviewReason(StrEnum):
+    """Why a run was frozen for a person: each review case names one (defined once, here)."""
+
+    #: A write may have landed and nothing authoritative can say (a blind send, a
+    #: look-up whose "absent" proves nothing, a key past retention, stuck in flight).
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    #: The adapter holds our key for another intent digest.
+    KEY_CONFLICT = "key_conflict"
+    #: A receipt for our key and intent, but another namespace or post-state.
+    RECEIPT_MISMATCH = "receipt_mismatch"
+    #: The write committed outside the approval that allowed it.
+    APPROVAL_BOUNDARY = "approval_boundary"
+    #: A cancel reached a write that may have been sent.
+    CANCEL_OUTCOME_UNKNOWN = "cancel_outcome_unknown"
+    #: A re-proposed effect whose earlier attempt has an unknown outcome.
+    REPLAY_OF_UNKNOWN = "replay_of_unknown_effect"
+    #: A re-proposed effect the ledger records committed, and the adapter holds no receipt for.
+    RECEIPT_MISSING = "receipt_missing"
+    #: A re-proposed effect whose receipt at the adapter differs from the ledger's copy.
+    RECEIPT_DRIFT = "receipt_drift"
+    #: The environment changed outside the run while it was down.
+    ENVIRONMENT_DRIFT = "environment_drift"
+    #: The environment is ahead of the checkpoint (a restored store, say).
+    ENVIRONMENT_AHEAD = "environment_ahead"
+    #: A worker could not drive the run, again and again.
+    WORKER_ERROR = "worker_error"
+    #: A rewind could not restore the workspace it was admitted to restore.
+    REWIND_FAILED = "rewind_failed"

@@ -71,17 +71,17 @@ from tether.core._errors import EvidenceBindingError, EvidenceSignatureError, No
 from tether.core._evidence import check_lifetime, check_nonce, consumed_nonces
 from tether.core._ledger import LedgerEntry, redact_receipt
 from tether.core._model import Capabilities, EnvironmentState, Receipt, format_time
-from tether.core._phases import EffectStatus
+from tether.core._phases import EffectStatus, ReviewReason
 from tether.core._results import with_result
 from tether.core._spec import Budgets
 from tether.core._state import RunState
 from tether.core._steps import park
 from tether.core._transition import Event, LookupAnswer, LookupStatus, OutcomeKind, Transition
 
-REPLAY_OF_UNKNOWN = "replay_of_unknown_effect"
-RECEIPT_MISSING = "receipt_missing"
-RECEIPT_DRIFT = "receipt_drift"
-KEY_CONFLICT = "key_conflict"
+REPLAY_OF_UNKNOWN = ReviewReason.REPLAY_OF_UNKNOWN
+RECEIPT_MISSING = ReviewReason.RECEIPT_MISSING
+RECEIPT_DRIFT = ReviewReason.RECEIPT_DRIFT
+KEY_CONFLICT = ReviewReason.KEY_CONFLICT
 
 
 def effect_digest(namespace: str, kind: str, target: str, identity: Mapping[str, Any]) -> str:
@@ -450,21 +450,22 @@ def _review(
     live: EnvironmentState,
 ) -> Transition:
     """Freeze for a person: an effect nothing can settle is neither replayed nor sent."""
+    why = ReviewReason(reason)
     detail = (
         f"action {proposal.action_id!r} proposes effect {effect}, whose earlier attempt "
-        f"{known.action_id!r} (key {known.idempotency_key}) {_REVIEW_WHY[reason]}. A person "
+        f"{known.action_id!r} (key {known.idempotency_key}) {_REVIEW_WHY[why]}. A person "
         "decides: abort, or replan after a signed fork (`tether fork`) if it must happen again."
     )
     return park(
         state,
         case_id=case_id,
-        reason=reason,
+        reason=why,
         detail=detail,
         now=now,
         live=live,
         evidence=(
             {
-                "kind": reason,
+                "kind": why.value,
                 "effect_digest": effect,
                 "action_id": proposal.action_id,
                 "earlier_action_id": known.action_id,

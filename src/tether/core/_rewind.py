@@ -229,7 +229,9 @@ def rewind_memory(
     """
     done = [c for c in crossed if c["status"] == "committed"]
     compensated = [c for c in crossed if c["status"] == "compensated"]
-    unknown = [c for c in crossed if c["status"] in {"outcome_unknown", "dispatched"}]
+    unknown = [
+        c for c in crossed if c["status"] in {EffectStatus.OUTCOME_UNKNOWN, EffectStatus.DISPATCHED}
+    ]
     return {
         "rewound_to_generation": plan.to_generation,
         "from_generation": plan.from_generation,

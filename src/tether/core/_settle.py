@@ -87,9 +87,10 @@ from tether.core import _policy_change as policy_rules
 from tether.core._canonical import digest
 from tether.core._compensation import compensated_note
 from tether.core._evidence import approval_problem, committed_within_approval
-from tether.core._model import CompletedWrite, PendingWrite, Receipt, ReviewCase
-from tether.core._phases import EffectStatus, Phase
+from tether.core._model import CompletedWrite, PendingWrite, Receipt
+from tether.core._phases import EffectStatus, Phase, ReviewReason
 from tether.core._retry import in_flight_allowance, records_resend
+from tether.core._review import open_review
 from tether.core._state import RunState
 from tether.core._transition import (
     Event,
@@ -128,7 +129,7 @@ def settle(state: RunState, facts: Facts) -> Transition:
     return freeze(
         state,
         facts,
-        "outcome_unknown",
+        ReviewReason.OUTCOME_UNKNOWN,
         None,
         "a write that cannot be queried or deduplicated was dispatched and its outcome is "
         "unknown; a person must decide",
@@ -153,7 +154,7 @@ def _waiting(state: RunState, facts: Facts, *, known_absent: bool = False) -> Tr
         return freeze(
             state,
             facts,
-            "outcome_unknown",
+            ReviewReason.OUTCOME_UNKNOWN,
             None,
             f"{why}, and it may already have been sent under key {pending.idempotency_key}; "
             "it is not sent again, so whether it landed is unknown: a person must decide",
@@ -255,7 +256,7 @@ def after_lookup(state: RunState, facts: Facts, answer: LookupAnswer) -> Transit
             return freeze(
                 state,
                 facts,
-                "outcome_unknown",
+                ReviewReason.OUTCOME_UNKNOWN,
                 None,
                 f"the adapter holds a refusal under key {pending.idempotency_key} "
                 f"({answer.detail}), but the write was sent more than once and the first "
@@ -280,7 +281,7 @@ def after_lookup(state: RunState, facts: Facts, answer: LookupAnswer) -> Transit
     return freeze(
         state,
         facts,
-        "outcome_unknown",
+        ReviewReason.OUTCOME_UNKNOWN,
         None,
         f"the adapter has no receipt for key {pending.idempotency_key} yet, a look-up that "
         "finds nothing is not final, and the write cannot be deduplicated",
@@ -343,7 +344,7 @@ def _aged_out(
     return freeze(
         state,
         facts,
-        "outcome_unknown",
+        ReviewReason.OUTCOME_UNKNOWN,
         None,
         why(age, limit),
         ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
@@ -374,7 +375,7 @@ def after_execute(
         return freeze(
             state,
             facts,
-            "key_conflict",
+            ReviewReason.KEY_CONFLICT,
             answer.receipt,
             "the adapter holds a receipt for this key with a different intent digest",
         )
@@ -383,7 +384,7 @@ def after_execute(
             return freeze(
                 state,
                 facts,
-                "outcome_unknown",
+                ReviewReason.OUTCOME_UNKNOWN,
                 None,
                 f"a retried write found its precondition failed ({answer.detail}) and the "
                 "adapter holds no receipt; the first attempt may have landed",
@@ -398,7 +399,7 @@ def after_execute(
         return freeze(
             state,
             facts,
-            "outcome_unknown",
+            ReviewReason.OUTCOME_UNKNOWN,
             None,
             f"the adapter failed mid-send ({answer.detail}) and can neither be asked nor "
             "deduplicate; a person must decide",
@@ -419,7 +420,11 @@ def reconcile(state: RunState, facts: Facts, receipt: Receipt, *, fresh: bool) -
         or receipt.intent_digest != pending.intent_digest
     ):
         return freeze(
-            state, facts, "key_conflict", receipt, "same idempotency key, different intent digest"
+            state,
+            facts,
+            ReviewReason.KEY_CONFLICT,
+            receipt,
+            "same idempotency key, different intent digest",
         )
     committed = (LedgerNote(EffectStatus.COMMITTED, receipt.to_json()),)
     stateful = facts.capabilities.stateful
@@ -428,7 +433,7 @@ def reconcile(state: RunState, facts: Facts, receipt: Receipt, *, fresh: bool) -
         return freeze(
             state,
             facts,
-            "receipt_mismatch",
+            ReviewReason.RECEIPT_MISMATCH,
             receipt,
             "the receipt is not for the post-state this intent produces",
             ledger=committed,
@@ -440,7 +445,7 @@ def reconcile(state: RunState, facts: Facts, receipt: Receipt, *, fresh: bool) -
             return freeze(
                 state,
                 facts,
-                "approval_boundary",
+                ReviewReason.APPROVAL_BOUNDARY,
                 receipt,
                 outside,
                 ledger=committed,
@@ -514,7 +519,7 @@ def advance(state: RunState, receipt: Receipt, *, fresh: bool, stateful: bool = 
 def freeze(
     state: RunState,
     facts: Facts,
-    reason: str,
+    reason: ReviewReason,
     receipt: Receipt | None,
     detail: str,
     *,
@@ -522,33 +527,17 @@ def freeze(
     status: EffectStatus | None = None,
 ) -> Transition:
     """Enter needs_review, keeping the pending intent and every piece of evidence."""
-    pending = _pending(state)
-    case = ReviewCase(
+    _pending(state)  # a caller's bug to freeze a write that is not there
+    return open_review(
+        state,
         case_id=facts.case_id,
         reason=reason,
-        action_id=pending.action_id,
-        idempotency_key=pending.idempotency_key,
-        intent_digest=pending.intent_digest,
-        receipt=None if receipt is None else receipt.to_json(),
-        receipt_fingerprint=None if receipt is None else receipt.fingerprint,
-        environment=facts.live,
-        opened_at=facts.now,
         detail=detail,
-    )
-    if status is None and ledger:
-        status = ledger[-1].status
-    frozen_pending = pending if status is None else replace(pending, status=status)
-    return Transition(
-        OutcomeKind.FROZEN,
-        state=state.evolve(
-            phase=Phase.NEEDS_REVIEW,
-            pending=frozen_pending,
-            review_cases=(*state.review_cases, case),
-        ),
-        events=(("needs_review", case.to_json()),),
+        now=facts.now,
+        live=facts.live,
+        receipt=receipt,
         ledger=ledger,
-        reason=reason,
-        message=detail,
+        status=status,
     )
 
 
@@ -569,7 +558,7 @@ def cancel_pending(state: RunState, facts: Facts, answer: LookupAnswer | None) -
     return freeze(
         state,
         facts,
-        "cancel_outcome_unknown",
+        ReviewReason.CANCEL_OUTCOME_UNKNOWN,
         None,
         f"the run was asked to cancel while write {pending.action_id!r} (key "
         f"{pending.idempotency_key}) may have been sent, and the adapter cannot prove whether "

@@ -30,10 +30,9 @@ from tether.core._model import (
     Intent,
     PendingWrite,
     Receipt,
-    ReviewCase,
     Verification,
 )
-from tether.core._phases import EffectStatus, Phase
+from tether.core._phases import EffectStatus, Phase, ReviewReason
 from tether.core._results import (
     NOTED_OUTCOMES,
     decode_results,
@@ -41,6 +40,7 @@ from tether.core._results import (
     note_outcome,
     with_result,
 )
+from tether.core._review import open_review
 from tether.core._spec import Budgets
 from tether.core._state import RunState
 from tether.core._taken import ACTION_EVENTS, abandoned_stretch, action_id_of, actions_taken
@@ -431,7 +431,7 @@ def park(
     state: RunState,
     *,
     case_id: str,
-    reason: str,
+    reason: ReviewReason | str,
     detail: str,
     now: datetime,
     live: EnvironmentState,
@@ -446,31 +446,14 @@ def park(
     action is dropped: it changed nothing. A replan resumes the run, an abort
     ends it, like any review case.
     """
-    pending = state.pending
-    if pending is not None and not pending.mutating:
-        pending = None
-    case = ReviewCase(
+    # The step's results are dropped: the agent hears of the case, not of the step.
+    return open_review(
+        state.evolve(results_digest=None),
         case_id=case_id,
-        reason=reason,
-        action_id="" if pending is None else pending.action_id,
-        idempotency_key="" if pending is None else pending.idempotency_key,
-        intent_digest="" if pending is None else pending.intent_digest,
-        receipt=None if receipt is None else receipt.to_json(),
-        receipt_fingerprint=None if receipt is None else receipt.fingerprint,
-        environment=live,
-        opened_at=now,
-        detail=detail[-2000:],
-        evidence=tuple(evidence),
-    )
-    return Transition(
-        OutcomeKind.FROZEN,
-        state=state.evolve(
-            phase=Phase.NEEDS_REVIEW,
-            pending=pending,
-            review_cases=(*state.review_cases, case),
-            results_digest=None,
-        ),
-        events=(("needs_review", case.to_json()),),
-        reason=reason,
-        message=detail[-500:],
+        reason=ReviewReason(reason),
+        detail=detail,
+        now=now,
+        live=live,
+        receipt=receipt,
+        evidence=evidence,
     )

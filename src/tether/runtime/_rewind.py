@@ -37,6 +37,7 @@ from tether.core import (
     OutcomeKind,
     Phase,
     Purpose,
+    ReviewReason,
     RewindPlan,
     RewindRefusedError,
     RewindScope,
@@ -302,7 +303,7 @@ def _abandon(session: Session, plan: RewindPlan, exc: Exception) -> Outcome:
     detail = f"{type(exc).__name__}: {exc}"[-500:]
     return _stopping.park(
         session,
-        "rewind_failed",
+        ReviewReason.REWIND_FAILED,
         f"the rewind to generation {plan.to_generation} could not restore the workspace "
         f"({detail}); nothing may have been restored, or part of it. Decide replan (go on "
         "from the workspace as it is) or abort.",

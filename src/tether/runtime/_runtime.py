@@ -48,6 +48,7 @@ from tether.core import (
     Purpose,
     Receipt,
     Rejection,
+    ReviewReason,
     RunState,
     SpecError,
     Spent,
@@ -417,7 +418,7 @@ class Runtime:
         behind = self._behind_the_world(restored)
         if behind is not None:
             detail, evidence = behind
-            session.park("environment_ahead", detail, evidence=evidence)
+            session.park(ReviewReason.ENVIRONMENT_AHEAD, detail, evidence=evidence)
         elif restored.drifted is not None:
             reason, detail, evidence = drift_case(session.state, restored.drifted)
             session.park(reason, detail, evidence=evidence)
@@ -501,7 +502,7 @@ class Runtime:
                 unknown.setdefault(each.idempotency_key, each)
         evidence: list[dict[str, Any]] = [
             {
-                "kind": "environment_ahead",
+                "kind": ReviewReason.ENVIRONMENT_AHEAD.value,
                 "checkpoint": state.environment.to_json(),
                 "live": live.to_json(),
                 "generation": state.generation,
@@ -549,7 +550,7 @@ def drift_case(state: RunState, live: Any) -> tuple[str, str, tuple[dict[str, An
     recorded = state.environment
     pending = state.pending
     evidence = {
-        "kind": "environment_drift",
+        "kind": ReviewReason.ENVIRONMENT_DRIFT.value,
         "checkpoint": recorded.to_json(),
         "observed": live.to_json(),
         "generation": state.generation,
@@ -567,7 +568,7 @@ def drift_case(state: RunState, live: Any) -> tuple[str, str, tuple[dict[str, An
             else "accept (go on from the environment as observed), replan or abort."
         )
     )
-    return "environment_drift", detail, (evidence,)
+    return ReviewReason.ENVIRONMENT_DRIFT, detail, (evidence,)
 
 
 #: At most this many unrecorded receipts are copied into a review case.

@@ -49,6 +49,7 @@ from tether.core import (
     Phase,
     PolicyError,
     Proposal,
+    ReviewReason,
     RunFrozenError,
     RunState,
     RunTerminalError,
@@ -496,7 +497,7 @@ class RunSession(LeaseHolder):
             return _stopping.cancel(self, reason, by)
 
     def park(
-        self, reason: str, detail: str, *, evidence: tuple[dict[str, Any], ...] = ()
+        self, reason: ReviewReason | str, detail: str, *, evidence: tuple[dict[str, Any], ...] = ()
     ) -> Outcome:
         """Freeze the run for a person: something keeps failing where no rule can decide.
 
@@ -505,10 +506,13 @@ class RunSession(LeaseHolder):
         ahead of its checkpoint (``environment_ahead``); ``evidence`` goes
         into the case. A signed replan resumes it.
         """
+        if reason not in set(ReviewReason):
+            known = ", ".join(sorted(ReviewReason))
+            raise SpecError("reason", f"a review reason (one of {known}), not {reason!r}")
         self.reload()
         self._refuse_if_stopped()
         with self.working():
-            return _stopping.park(self, reason, detail, evidence)
+            return _stopping.park(self, ReviewReason(reason), detail, evidence)
 
     @property
     def awaiting_approval(self) -> bool:

@@ -18,6 +18,7 @@ from tether.core import (
     LookupStatus,
     Outcome,
     Phase,
+    ReviewReason,
     cancel_read,
     settle_rules,
     step_rules,
@@ -74,7 +75,7 @@ def cancel(
 
 
 def park(
-    session: Session, reason: str, detail: str, evidence: tuple[dict[str, Any], ...]
+    session: Session, reason: ReviewReason, detail: str, evidence: tuple[dict[str, Any], ...]
 ) -> Outcome:
     """Freeze the run for a person, with the world as it is now as the case's evidence."""
     # The case records the world as it is now (and the receipt, if the

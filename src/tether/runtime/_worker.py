@@ -43,6 +43,7 @@ from tether.core import (
     LeaseError,
     OutcomeKind,
     Phase,
+    ReviewReason,
     StoreError,
     StoreUnavailableError,
     TetherError,
@@ -326,7 +327,7 @@ class Worker:
         run waits for evidence, like any run waiting for a person.
         """
         try:
-            session.park("worker_error", text)
+            session.park(ReviewReason.WORKER_ERROR, text)
             held = session.lease.lease_version if session.lease is not None else 0
             self.store.wait_for_evidence(
                 session.run_id, self.worker_id, held, session.state.inbox_cursor, 0

@@ -24,12 +24,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from tether.core import Phase
+from tether.core import Phase, ReviewReason
 from tether.runtime import CrashPoint
 
 #: The review reason of an effect the runtime could not confirm: the human gate
 #: of DESIGN.md, an acceptable end for an adapter that cannot be asked.
-UNCERTAIN = "outcome_unknown"
+UNCERTAIN = ReviewReason.OUTCOME_UNKNOWN.value
 
 
 class Verdict(StrEnum):

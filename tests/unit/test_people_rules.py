@@ -1,11 +1,11 @@
-"""Which inbox entries a run reads, refuses at once, or leaves unread: one rule of values."""
+"""Rules of the people around a run as values: which inbox entries a run reads, and why it froze."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.conftest import make_policy
-from tether.core import Phase, people_rules
+from tests.conftest import ScriptedAgent, World, finish, make_policy
+from tether.core import Phase, ReviewReason, SpecError, people_rules
 
 READ, REFUSE, STOP = people_rules.InboxRead
 POLICY = make_policy()  # cancel: operators; rewind: operators and reviewers (the defaults)
@@ -42,3 +42,13 @@ def test_who_may_sign_follows_the_policys_authority() -> None:
     assert people_rules.signers_of(policy, "cancel") == {"reviewer"}
     assert people_rules.signers_of(policy, "rewind") == {"operator"}
     assert people_rules.signers_of(policy, "approval") == {"approver"}
+
+
+def test_a_park_with_a_word_that_is_no_review_reason_is_refused(world: World) -> None:
+    """Review reasons are one StrEnum: a typo is refused typed, and nothing is frozen."""
+    session = world.runtime(ScriptedAgent([finish])).start("r1")
+    with pytest.raises(SpecError, match="worker_eror"):
+        session.park("worker_eror", "a typo")
+    assert session.state.phase is Phase.RUNNING
+    session.park(ReviewReason.WORKER_ERROR, "kept failing")
+    assert session.state.review_cases[-1].reason == "worker_error"
