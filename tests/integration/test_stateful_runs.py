@@ -37,6 +37,7 @@ from tether.core import (
     Observation,
     Phase,
     Proposal,
+    RunFrozenError,
     RunTerminalError,
 )
 from tether.crypto import Keyring
@@ -227,7 +228,7 @@ class Runs(RuleBasedStateMachine):
                 mark = store.get_mark("r1")
                 try:
                     old.step()
-                except (LeaseError, RunTerminalError, SimulatedCrash):
+                except (LeaseError, RunFrozenError, RunTerminalError, SimulatedCrash):
                     pass
                 else:
                     raise AssertionError("a worker whose lease was taken over still stepped")
