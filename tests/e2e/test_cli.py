@@ -90,12 +90,20 @@ def test_demo_json_reports_a_completed_run_with_one_workspace_write(tmp_path: Pa
 
 
 def test_demo_crash_in_the_uncertain_window_recovers_in_a_new_process(tmp_path: Path) -> None:
-    """SIGKILL after the effect, before its receipt: recovery finishes with one write."""
+    """SIGKILL after the effect, before its receipt: recovery looks the write up, never resends it."""
+    from tether.core import EffectStatus
+    from tether.store import SQLiteStore
+
     report = demo(tmp_path, "--crash-at", "effect_sent")
     assert report["phase"] == "completed"
     assert report["workspace_writes"] == 1
     assert report["epoch"] == 2
     assert report["crash"] == {"point": "effect_sent", "hit": 1, "signal": "SIGKILL"}
+    # The workspace absorbs a resend under the same key, so its count cannot tell; the
+    # signed ledger can: every send is a `dispatched` row, and a resend would add a second.
+    with SQLiteStore(Path(str(report["db"]))) as store:
+        statuses = [e.status for e in store.ledger(str(report["run_id"]))]
+    assert statuses == [EffectStatus.INTENDED, EffectStatus.DISPATCHED, EffectStatus.COMMITTED]
 
 
 def test_demo_crash_hit_past_the_last_names_the_hits_the_run_passed(tmp_path: Path) -> None:

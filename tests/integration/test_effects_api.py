@@ -47,13 +47,17 @@ def test_a_call_sends_the_write_once_and_returns_the_adapters_receipt(world: Wor
 
 
 def test_the_same_effect_called_again_in_a_new_run_block_is_replayed(world: World) -> None:
-    """Called again through a new runtime on the same store, the effect's receipt comes back."""
+    """Called again through a new runtime on the same store, the effect's receipt and result come back."""
     with effects.run(loop_runtime(world), "r1"):
         first = effects.call("file.write", "notes.txt", {"content": "hello\n"})
     with effects.run(loop_runtime(world), "r1"):
         again = effects.call("file.write", "notes.txt", {"content": "hello\n"})
     assert again.replayed and again.receipt == first.receipt
     assert again.data["replay_of"] == first.action_id and again.result == first.result
+    # What the replay itself stood on, as the caller is handed it: the same receipt and result.
+    assert first.receipt is not None and first.result is not None
+    assert again.data["receipt_id"] == first.receipt["receipt_id"]
+    assert again.data["result"] == first.result
     assert world.sandbox.write_count() == 1
 
 
@@ -165,8 +169,10 @@ def test_the_decorator_maps_the_signature_to_the_call(world: World) -> None:
 
     with effects.run(loop_runtime(world), "r1"):
         save("notes.txt")
+        first = world.sandbox.receipts_after(0)[0]
         again = save(path="notes.txt", content="default\n")
     assert again.replayed
+    assert again.data["receipt_id"] == first.receipt_id and again.data["result"] == first.result
     assert world.sandbox.files["notes.txt"] == "default\n"
     assert save.__doc__ == "Save a note." and save.__name__ == "save"
 
@@ -239,6 +245,8 @@ def test_each_call_gets_its_own_receipt_and_a_copy_of_it(world: World) -> None:
         again = effects.call("file.write", "notes.txt", {"content": "two\n"})
     assert again.replayed and again.receipt is not None
     assert again.receipt["receipt_id"] == kept
+    assert second.result is not None
+    assert again.data["receipt_id"] == kept and again.data["result"] == second.result
 
 
 def test_run_level_kinds_are_not_calls_and_finish_reports_the_verifier(world: World) -> None:

@@ -117,4 +117,8 @@ def test_tethersaver_with_a_guarded_tool_sends_the_killed_effect_once(
     check_killed_and_resumed(done)
     assert [t.seen for t in done] == [1] * TRIALS
     # The resumed ToolNode got the recorded receipt back, not a second send.
-    assert all(json.loads(t.resumed_with)["outcome"] == "replayed" for t in done)
+    resumed = [json.loads(t.resumed_with) for t in done]
+    assert all(r["outcome"] == "replayed" for r in resumed)
+    # ... and that receipt's result: the service's own answer to the one POST, a ticket per trial.
+    assert all(r["result"]["status"] == 201 for r in resumed), resumed
+    assert len({r["result"]["body"]["ticket_id"] for r in resumed}) == TRIALS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from tether.core import (
 from tether.crypto import Keyring
 from tether.runtime import CrashPlan, CrashPoint, Runtime, SimulatedCrash
 from tether.store import SQLiteStore
+from tether.testing.counting import Calls, count_calls
 
 VERIFIER = ("python", "-c", "pass")
 CUSTOMER = "customer@example.com"
@@ -57,6 +58,8 @@ class Desk:
     mailbox_lookup: bool = True
     task: Any = None  # fixed when the run starts, as a real task file is
     sensitive_email: bool = False
+    #: Every send and look-up that reached any member, across every "process" of the test.
+    calls: Calls = field(default_factory=Calls)
 
     def adapters(self, service_url: str | None = None) -> Adapters:
         workspace = FileWorkspace(self.root, self.tmp / "journal", verifier_allowlist=[VERIFIER])
@@ -64,6 +67,8 @@ class Desk:
         smtp: SmtpEffect = smtp_adapter(
             self.smtp_port, self.maildir if self.mailbox_lookup else None
         )
+        for member in (workspace, http, smtp):
+            count_calls(member, into=self.calls)
         return Adapters(workspace, http, smtp)
 
     def runtime(self, adapters: Adapters, crash: CrashPlan | None = None) -> Runtime:
@@ -202,6 +207,11 @@ def test_a_crash_after_each_send_is_reconciled_by_its_own_adapter(desk: Desk, hi
     outcome = desk.runtime(desk.adapters()).recover("r1").run()
     assert outcome.state.phase is Phase.COMPLETED
     assert desk.received() == (1, 1, 1)
+    # The workspace and the service absorb a resend under the same key; the calls do not.
+    sent = desk.calls.sent()
+    assert list(sent.values()) == [1, 1, 1], f"a write was sent again: {sent}"
+    crashed = list(sent)[hit - 1]
+    assert desk.calls.lookups(crashed) >= 1, "recovery never asked the owner of the crashed write"
 
 
 def test_an_email_that_cannot_be_confirmed_goes_to_review_alone(desk: Desk) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from tests.integration._services import (
     smtp_server,
 )
 from tether.adapters import Adapters, FileWorkspace, HttpEffect
-from tether.core import Observation, OutcomeKind, Phase, Proposal
+from tether.core import ActionResult, EffectStatus, Observation, OutcomeKind, Phase, Proposal
 from tether.crypto import Keyring
 from tether.runtime import AgentContext, CrashPlan, CrashPoint, Decision, Runtime, SimulatedCrash
 from tether.store import SQLiteStore
@@ -49,6 +49,17 @@ def propose(action_id: str, kind: str, target: str, args: dict[str, Any], summar
 
 
 @dataclass
+class Watching(ScriptedAgent):
+    """The scripted agent, keeping every observation it was handed (what the caller gets back)."""
+
+    observations: list[Observation] = field(default_factory=list)
+
+    def decide(self, context: AgentContext, observation: Observation) -> Decision:
+        self.observations.append(observation)
+        return super().decide(context, observation)
+
+
+@dataclass
 class Desk:
     tmp: Path
     root: Path
@@ -56,6 +67,12 @@ class Desk:
     smtp_port: int
     maildir: Path
     task: Any = None
+    agent: Watching | None = None
+
+    def answers(self, action_id: str) -> list[ActionResult]:
+        """Every result the agent was handed for ``action_id``, in order."""
+        seen = [] if self.agent is None else self.agent.observations
+        return [r for obs in seen for r in obs.results if r.action_id == action_id]
 
     def adapters(self) -> Adapters:
         workspace = FileWorkspace(self.root, self.tmp / "journal", verifier_allowlist=[VERIFIER])
@@ -64,6 +81,7 @@ class Desk:
 
     def runtime(self, steps: list[Step], crash: CrashPlan | None = None) -> Runtime:
         adapters = self.adapters()
+        self.agent = Watching([*steps, finish])
         rules = {
             "file.write": {"risk": "low", "permission": "workspace.write", "needs_approval": False},
             "http.post": {"risk": "low", "permission": "service.write", "needs_approval": False},
@@ -83,7 +101,7 @@ class Desk:
             adapter=adapters,
             task=self.task,
             policy=make_policy(kinds=rules),
-            agent=ScriptedAgent([*steps, finish]),
+            agent=self.agent,
             crash=crash or CrashPlan(),
         )
 
@@ -141,6 +159,15 @@ def test_a_recovered_agent_re_proposing_a_committed_effect_gets_it_replayed(
     event = next(e for e in session.trace() if e.kind == "effect_replayed")
     assert event.data["action_id"] == "a-regenerated"
     assert event.data["replay_of"] == "a-before-crash"
+    # What the agent is handed is the first write's receipt and result, not a bare "done".
+    (committed,) = [e for e in runtime.store.ledger("r1") if e.status is EffectStatus.COMMITTED]
+    assert committed.receipt is not None
+    (answer,) = desk.answers("a-regenerated")
+    assert answer.outcome == OutcomeKind.REPLAYED.value
+    assert answer.data["receipt_id"] == committed.receipt["receipt_id"]
+    assert committed.receipt["result"] is not None
+    assert answer.data["result"] == committed.receipt["result"]
+    assert answer.data["business_object_id"] == committed.receipt.get("business_object_id")
 
 
 def test_an_email_whose_message_id_would_differ_is_the_same_effect(desk: Desk) -> None:
@@ -157,3 +184,10 @@ def test_an_email_whose_message_id_would_differ_is_the_same_effect(desk: Desk) -
     assert len(delivered(desk.maildir)) == 2
     kinds = [e.kind for e in session.trace()]
     assert kinds.count("effect_replayed") == 1 and kinds.count("effect_committed") == 2
+    first = next(e for e in session.rt.store.ledger("r1") if e.status is EffectStatus.COMMITTED)
+    assert first.receipt is not None
+    (answer,) = desk.answers("m2")
+    assert (answer.outcome, answer.data["replay_of"]) == (OutcomeKind.REPLAYED.value, "m1")
+    assert answer.data["receipt_id"] == first.receipt["receipt_id"]
+    assert first.receipt["result"] is not None
+    assert answer.data["result"] == first.receipt["result"]

@@ -3,9 +3,14 @@
 The seeded simulator of the protocol: real SQLite file, real signed
 checkpoints, an in-memory adapter that outlives every "process" (as a real
 service would), crashes raised at named points, and a second worker taking
-the lease. After every step it checks what the whole project promises: no
-effect twice, no committed receipt lost, the generation only moves forward,
-the trace and the ledger each one unbroken chain.
+the lease. The adapter has one of the capability profiles below, and every
+send and look-up that reaches it is counted (a deduplicating Sandbox would
+absorb a resend). After every step it checks what the whole project promises:
+no effect twice (no key sent twice to an adapter that cannot deduplicate; no
+key sent again to a queryable one without asking it first), no committed
+receipt lost, a freeze only where the adapter cannot settle the write, the
+generation only moves forward, the trace and the ledger each one unbroken
+chain.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import shutil
 import tempfile
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +37,7 @@ from tether.core import (
     Observation,
     Phase,
     Proposal,
+    RunFrozenError,
     RunTerminalError,
 )
 from tether.crypto import Keyring
@@ -44,10 +51,36 @@ from tether.runtime import (
     SimulatedCrash,
 )
 from tether.store import SQLiteStore
+from tether.testing.counting import Calls, count_calls
 
 OPS = ("read", "write", "test", "wait", "bad", "finish")
 POINTS = [p for p in CrashPoint if p is not CrashPoint.CONTENT_BEFORE_MARK]  # one database
+# A write's windows drawn as often as all the rest: where a resend or a lost receipt can hide.
+WINDOWS = [CrashPoint.INTENT_PERSISTED, CrashPoint.EFFECT_SENT, CrashPoint.RECEIPT_PERSISTED]
+CRASH_AT = st.sampled_from(POINTS) | st.sampled_from(WINDOWS)
 EXAMPLES = int(os.environ.get("TETHER_STATEFUL_EXAMPLES", "40"))
+#: (idempotent, queryable, absent_is_final): the combinations the settle rules tell apart.
+PROFILES = [
+    (True, True, True),
+    (True, True, False),
+    (False, True, True),
+    (False, True, False),
+    (True, False, True),
+    (False, False, True),
+]
+
+
+class Profiled(Sandbox):
+    """A real Sandbox whose look-up that finds nothing may or may not be final."""
+
+    def __init__(self, *args: Any, absent_is_final: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._absent_is_final = absent_is_final
+
+    @property
+    def capabilities(self) -> Any:
+        """The Sandbox's own, with ``absent_is_final`` as configured."""
+        return replace(super().capabilities, absent_is_final=self._absent_is_final)
 
 
 class Program:
@@ -82,7 +115,11 @@ class Runs(RuleBasedStateMachine):
         super().__init__()
         self.home = Path(tempfile.mkdtemp(prefix="tether-stateful-"))
         self.clock = ManualClock()
-        self.sandbox = Sandbox({"notes.txt": "draft\n"}, instance_id="sbx-1", clock=self.clock.now)
+        self.sandbox: Sandbox = Sandbox(
+            {"notes.txt": "draft\n"}, instance_id="sbx-1", clock=self.clock.now
+        )
+        self.calls = Calls()
+        self.may_freeze = False
         self.keyring = Keyring.generate("k1")
         self.ids = CountingIds()
         fingerprint = self.sandbox.environment().state_fingerprint
@@ -116,21 +153,41 @@ class Runs(RuleBasedStateMachine):
             lease_ttl_s=3600,
         )
 
-    @initialize(ops=st.lists(st.sampled_from(OPS), max_size=8))
-    def begin(self, ops: list[str]) -> None:
+    @initialize(
+        ops=st.lists(st.sampled_from(OPS) | st.just("write"), max_size=8),
+        profile=st.sampled_from(PROFILES),
+    )
+    def begin(self, ops: list[str], profile: tuple[bool, bool, bool]) -> None:
+        idempotent, queryable, absent_is_final = profile
+        self.sandbox = Profiled(
+            {"notes.txt": "draft\n"},
+            instance_id="sbx-1",
+            clock=self.clock.now,
+            idempotent=idempotent,
+            queryable=queryable,
+            absent_is_final=absent_is_final,
+        )
+        self.calls = count_calls(self.sandbox)
+        # Only an adapter that can neither deduplicate nor prove absence leaves a
+        # dispatched write unsettled (outcome unknown): the one honest freeze.
+        self.may_freeze = not idempotent and not (queryable and absent_is_final)
         self.program.ops = ops
         try:
             self.session = self.runtime().start("r1")
         except SimulatedCrash:
             self.session = None
 
-    @rule(point=st.sampled_from(POINTS), nth=st.integers(1, 2), armed=st.booleans())
+    @rule(point=CRASH_AT, nth=st.integers(1, 2), armed=st.booleans())
     def step(self, point: CrashPoint, nth: int, armed: bool) -> None:
         session = self.session
         if session is None or session.state.phase.terminal:
             return
         if session.state.phase is Phase.NEEDS_REVIEW:
-            raise AssertionError(f"an honest adapter froze the run: {session.state.review_cases}")
+            if not self.may_freeze:
+                raise AssertionError(
+                    f"an honest adapter froze the run: {session.state.review_cases}"
+                )
+            return  # frozen for a person; the invariants judge the freeze
         plan = CrashPlan(point, nth) if armed else CrashPlan()
         session.rt.crash = session.rt.checkpointer.crash = plan
         try:
@@ -138,7 +195,19 @@ class Runs(RuleBasedStateMachine):
         except SimulatedCrash:
             self.session = None  # the process died; its lease is left behind
 
-    @rule(point=st.sampled_from(POINTS), nth=st.integers(1, 3), armed=st.booleans())
+    @rule(point=st.sampled_from(WINDOWS))
+    def die_in_a_write(self, point: CrashPoint) -> None:
+        """The worker dies in a write's window (if this step writes) and a new one recovers at once."""
+        session = self.session
+        if session is None or session.state.phase is not Phase.RUNNING:
+            return
+        session.rt.crash = session.rt.checkpointer.crash = CrashPlan(point)
+        try:
+            session.step()
+        except SimulatedCrash:
+            self.session = self.runtime().start_or_recover("r1")
+
+    @rule(point=CRASH_AT, nth=st.integers(1, 3), armed=st.booleans())
     def recover(self, point: CrashPoint, nth: int, armed: bool) -> None:
         """A new worker recovers (after a crash, or taking the lease from a live one)."""
         old = self.session
@@ -153,13 +222,13 @@ class Runs(RuleBasedStateMachine):
             # It learns so at its commit (a CAS on the lease version) or at the
             # lease check before any adapter call, not necessarily at step start,
             # so its armed crash point may fire first: a death that changed nothing.
-            writes = self.sandbox.write_count()
+            writes, sends = self.sandbox.write_count(), self.calls.sends()
             store = SQLiteStore(self.home / "tether.sqlite")
             try:
                 mark = store.get_mark("r1")
                 try:
                     old.step()
-                except (LeaseError, RunTerminalError, SimulatedCrash):
+                except (LeaseError, RunFrozenError, RunTerminalError, SimulatedCrash):
                     pass
                 else:
                     raise AssertionError("a worker whose lease was taken over still stepped")
@@ -167,6 +236,7 @@ class Runs(RuleBasedStateMachine):
             finally:
                 store.close()
             assert self.sandbox.write_count() == writes
+            assert self.calls.sends() == sends, "a fenced-out worker reached the adapter"
 
     @rule()
     def contend(self) -> None:
@@ -209,10 +279,24 @@ class Runs(RuleBasedStateMachine):
         for entry in ledger:
             keys_of[entry.action_id].add(entry.idempotency_key)
             last[entry.idempotency_key] = entry.status
-        landed = {key for key in last if self.sandbox.lookup(key) is not None}
+        # Read the adapter's receipts directly: a look-up here would count as the runtime's.
+        held = {r.idempotency_key: r for r in self.sandbox.receipts_after(-1, limit=1 << 30)}
+        landed = {key for key in last if key in held}
         assert self.sandbox.write_count() == len(landed), "a write landed under no ledger key"
         for action_id, keys in keys_of.items():
             assert len(keys) == 1, f"action {action_id} was given two keys"
+        caps = self.sandbox.capabilities
+        if not caps.idempotent:  # here a resend would be a second effect
+            twice = {key: n for key, n in self.calls.sent().items() if n > 1}
+            assert not twice, f"sent again to an adapter that cannot deduplicate: {twice}"
+        if caps.queryable:  # a write that may have landed is looked up before any resend
+            assert self.calls.resent_unasked() == [], "resent without asking the adapter"
+        if state.phase is Phase.NEEDS_REVIEW:
+            assert self.may_freeze, f"an adapter that can settle froze: {state.review_cases}"
+            assert [c.reason for c in state.review_cases] == ["outcome_unknown"]
+            if caps.queryable and state.pending is not None:
+                # Had it landed, the look-up would have found it and reconciled.
+                assert state.pending.idempotency_key not in held
         settled = state.phase in {Phase.RUNNING, Phase.COMPLETED, Phase.FAILED}
         if settled:
             for key in landed:  # a receipt the adapter holds is never lost by the run

@@ -25,6 +25,7 @@ from tether.core import (
     validate_state,
 )
 from tether.runtime import CrashPlan, CrashPoint, Decision, SimulatedCrash
+from tether.testing.counting import count_calls
 
 
 def crash_then_recover(world: World, agent: ScriptedAgent, point: CrashPoint, nth: int = 1):
@@ -123,11 +124,16 @@ def test_unattempted_write_is_executed_once_on_retry(world: World) -> None:
     "point", [CrashPoint.INTENT_PERSISTED, CrashPoint.EFFECT_SENT, CrashPoint.RECEIPT_PERSISTED]
 )
 def test_every_write_window_recovers_to_exactly_one_write(world: World, point: CrashPoint) -> None:
-    """A crash in any window of a write recovers to one write and a completed run."""
+    """A crash in any window of a write recovers, asking the adapter by key, to one send and one write."""
+    calls = count_calls(world.sandbox)  # the Sandbox absorbs a resend; the calls do not
     agent = ScriptedAgent([write("notes.txt", "x"), finish])
     session = crash_then_recover(world, agent, point)
     assert session.run().phase is Phase.COMPLETED
     assert world.sandbox.write_count() == 1
+    ((key, sends),) = calls.sent().items()
+    assert sends == 1, f"{point}: the write was sent {sends} times"
+    # Dispatched, then the process died: recovery may not know whether it left, so asks.
+    assert calls.lookups(key) >= 1, f"{point}: recovery never asked the adapter"
     committed = [e for e in world.store().ledger("r1") if e.status is EffectStatus.COMMITTED]
     assert len(committed) == 1
 

@@ -12,6 +12,9 @@
   in child processes, recover it, and count what your real systems received
   (``run_crash_harness("module:factory")``, or ``tether crashtest``);
   :mod:`tether.testing.crash_example` is an app to run it on and to copy.
+- :mod:`tether.testing.counting`: ``count_calls(adapter)`` logs every send
+  and look-up that reaches a real adapter, by key, so a test counts what a
+  world that deduplicates nothing would have received.
 - :mod:`tether.testing.effects_service`: the reference HTTP effects service
   (``python -m tether.testing.effects_service --db FILE``).
 - :mod:`tether.testing.mail_server`: a reference SMTP server delivering into
