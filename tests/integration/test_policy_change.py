@@ -223,3 +223,31 @@ def test_a_finished_run_is_read_under_another_policy_only_where_the_one_in_force
         else:
             with pytest.raises(PolicyMismatchError):
                 rt.recover(run_id)
+
+
+def test_an_approval_signed_under_the_old_policy_does_not_release_the_write_under_the_new(
+    world: World,
+) -> None:
+    """Approved under v1, recovered under v2 (still gated): it waits for an approval under v2."""
+    from tests.conftest import signed_approval
+
+    alice = Signer.generate("alice", "approver")
+    trust = TrustRoots.of(alice.trust_root())
+    world.policy = make_policy(
+        authority={"policy_change": "new_occurrence"}, kinds={"file.write": GUARDED}
+    )
+    first = world.runtime(agent(), trust=trust).start("run-a")
+    assert first.step().kind is OutcomeKind.WAITING_FOR_APPROVAL
+    first.approve(signed_approval(alice, first.state, world.clock.now()))
+    v2 = make_policy(policy_version="2", kinds={"file.write": GUARDED})
+    session = world.runtime(agent(), policy=v2, trust=trust).recover("run-a")
+    assert session.awaiting_approval
+    waiting = session.step()
+    assert (waiting.kind, waiting.reason) == (
+        OutcomeKind.WAITING_FOR_APPROVAL,
+        "approval_policy_changed",
+    )
+    assert world.sandbox.write_count() == 0
+    session.approve(signed_approval(alice, session.state, world.clock.now()))
+    assert session.step().kind is OutcomeKind.EXECUTED
+    assert world.sandbox.write_count() == 1

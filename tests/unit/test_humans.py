@@ -676,3 +676,25 @@ def test_a_run_awaits_approval_exactly_while_it_has_none_alive(world: World) -> 
     assert awaits_approval(session.state, needs=True, now=now) is False
     later = now + timedelta(seconds=301)
     assert awaits_approval(session.state, needs=True, now=later) is True
+
+
+def test_an_approval_under_another_policy_version_is_no_approval(world: World) -> None:
+    """At the send and for awaits_approval alike: signed under v1, the run now under v2."""
+    from tests.conftest import signed_approval
+    from tether.core import approval_problem, awaits_approval
+
+    rule = {"risk": "low", "permission": "workspace.write", "needs_approval": True}
+    world.policy = make_policy(kinds={"file.write": rule})
+    trust = TrustRoots.of(ALICE.trust_root())
+    agent = ScriptedAgent([write("notes.txt", "x\n"), finish])
+    session = world.runtime(agent, trust=trust).start("r1")
+    session.step()
+    now = world.clock.now()
+    session.approve(signed_approval(ALICE, session.state, now))
+    live = world.sandbox.environment()
+    kw: dict[str, Any] = {"needs": True, "now": now, "live": live, "idempotent": False}
+    assert approval_problem(session.state, **kw, policy_version="1") is None
+    problem = approval_problem(session.state, **kw, policy_version="2")
+    assert problem is not None and problem[0] == "approval_policy_changed"
+    assert awaits_approval(session.state, needs=True, now=now, policy_version="1") is False
+    assert awaits_approval(session.state, needs=True, now=now, policy_version="2") is True

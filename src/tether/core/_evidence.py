@@ -343,19 +343,38 @@ def new_decision(
 
 
 def approval_problem(
-    state: RunState, *, needs: bool, now: datetime, live: EnvironmentState, idempotent: bool
+    state: RunState,
+    *,
+    needs: bool,
+    now: datetime,
+    live: EnvironmentState,
+    idempotent: bool,
+    policy_version: str | None = None,
 ) -> tuple[str, str] | None:
     """Why the pending write may not be sent now for want of approval, or ``None``.
 
     Checked right before every send: an approval in force, unexpired on the
     runtime's clock, for the environment as it is now. An idempotent adapter
     that already applied the write dedups the retry by key, so its post-state
-    is not a change.
+    is not a change. ``policy_version``: the policy in force now; an approval
+    signed under another version (before a recovery adopted this one) is no
+    approval under it.
     """
     pending = state.pending
     if not needs or pending is None:
         return None
     body = active_approval(state)
+    if (
+        body is not None
+        and policy_version is not None
+        and body.get("policy_version") != policy_version
+    ):
+        return (
+            "approval_policy_changed",
+            f"approval {body.get('nonce')!r} was signed under policy version "
+            f"{body.get('policy_version')!r}; the run is now under {policy_version!r}: a fresh "
+            f"approval is needed (`tether approve {state.run_id} {pending.action_id}`)",
+        )
     if body is None:
         return (
             "approval_required",
@@ -380,8 +399,11 @@ def approval_problem(
     return None
 
 
-def awaits_approval(state: RunState, *, needs: bool, now: datetime) -> bool:
-    """Whether the pending action waits for a person: it needs an approval and has none alive.
+def awaits_approval(
+    state: RunState, *, needs: bool, now: datetime, policy_version: str | None = None
+) -> bool:
+    """Whether the pending action waits for a person: it needs an approval and has none alive
+    (under ``policy_version``, the policy in force, when given).
 
     Whether an approval in force still binds the environment is judged at
     the send, against the environment as it is then (:func:`approval_problem`).
@@ -389,7 +411,9 @@ def awaits_approval(state: RunState, *, needs: bool, now: datetime) -> bool:
     if not needs or state.pending is None:
         return False
     body = active_approval(state)
-    return body is None or now >= parse_utc(body, "expires_at")
+    if body is None or now >= parse_utc(body, "expires_at"):
+        return True
+    return policy_version is not None and body.get("policy_version") != policy_version
 
 
 def active_approval(state: RunState) -> dict[str, Any] | None:

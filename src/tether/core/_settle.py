@@ -166,6 +166,7 @@ def _waiting(state: RunState, facts: Facts, *, known_absent: bool = False) -> Tr
         now=facts.now,
         live=facts.live,
         idempotent=facts.capabilities.idempotent,
+        policy_version=facts.policy_version,
     )
     if problem is None:
         return None

@@ -204,3 +204,5 @@ class Facts:
     capabilities: Capabilities
     namespace: str
     forbidden: Rejection | None = None
+    #: The version of the policy in force now: an approval signed under another is none.
+    policy_version: str | None = None

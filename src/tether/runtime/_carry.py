@@ -148,6 +148,7 @@ def carry_out_approved(session: Session, pending: PendingWrite) -> Outcome:
         now=rt.clock.now(),
         live=live,
         idempotent=False,
+        policy_version=rt.binding.policy_version,
     )
     if problem is not None:
         return Outcome(OutcomeKind.WAITING_FOR_APPROVAL, session.state, problem[0], problem[1])

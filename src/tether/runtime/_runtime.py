@@ -415,6 +415,11 @@ class Runtime:
                 ledger=(LedgerNote(EffectStatus.DISPATCHED),),
                 effect=state.pending,
             )
+        if policy_changed(state, self.binding) and session.state.generation == state.generation:
+            # Adopting another policy is itself a change, recorded at once: what a
+            # person signs from here on (an approval, a decision) binds the policy
+            # in force, and an approval signed under the old one is no approval.
+            session.commit(state, [])
         behind = self._behind_the_world(restored)
         if behind is not None:
             detail, evidence = behind

@@ -362,6 +362,7 @@ class RunSession(LeaseHolder):
             capabilities=capabilities_of(rt.adapter, kind),
             namespace=namespace_of(rt.adapter, kind),
             forbidden=rt.held_problem(self.state),  # judged again before any send
+            policy_version=rt.binding.policy_version,
         )
 
     def decide(self, rule: Any) -> Transition:
@@ -518,7 +519,10 @@ class RunSession(LeaseHolder):
     def awaiting_approval(self) -> bool:
         """Whether the pending write needs an approval it does not have (or whose time ran out)."""
         return awaits_approval(
-            self.state, needs=_humans.needs_approval(self.rt, self.state), now=self.rt.clock.now()
+            self.state,
+            needs=_humans.needs_approval(self.rt, self.state),
+            now=self.rt.clock.now(),
+            policy_version=self.rt.binding.policy_version,
         )
 
     def step(self) -> Outcome:
