@@ -262,9 +262,7 @@ class GuardedRun:
         kind, state = outcome.kind, outcome.state
         pending = state.pending
         if kind is OutcomeKind.WAITING_FOR_APPROVAL and pending is not None:
-            mine = pending.action_id == proposal.action_id or self.session.rt.same_action(
-                pending, proposal
-            )
+            mine = self.session.rt.same_action(pending, proposal)
             raise ApprovalRequiredError(
                 f"run {self.run_id}: {pending.action_id!r} waits for a person's signed "
                 "approval (`tether approve`); call again once it is delivered"

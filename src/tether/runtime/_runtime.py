@@ -181,7 +181,11 @@ class Runtime:
         return self.effect_of(intent.kind, intent.target, intent.args)
 
     def same_action(self, held: PendingWrite, proposal: Proposal) -> bool:
-        """Whether ``proposal`` asks for the action ``held`` pending (a write: the same effect)."""
+        """Whether ``proposal`` asks for the action ``held`` pending: its own id, or the same
+        action (a write: the same effect). The one test of "this call answers the held
+        action", for a step and for :func:`tether.effects.call` alike."""
+        if held.action_id == proposal.action_id:
+            return True
         if not held.mutating:
             return step_rules.asks_for(held.intent, proposal)
         try:
