@@ -171,8 +171,7 @@ def test_a_kinds_entry_naming_no_tool_is_refused(desk: Desk) -> None:
 def test_an_approval_is_deferred_the_pydantic_ai_way_and_a_signed_one_sends_once(
     desk: Desk,
 ) -> None:
-    """needs_approval ends the run with DeferredToolRequests; a bare yes is refused; a signed one
-    sends; the continuation run again is a replay that needs its own approval and sends nothing."""
+    """needs_approval ends the run with DeferredToolRequests; a bare yes is refused; a signed one sends."""
     gated = policy(
         **{"email.send": {"risk": "medium", "permission": "mail.send", "needs_approval": True}}
     )
@@ -202,24 +201,8 @@ def test_an_approval_is_deferred_the_pydantic_ai_way_and_a_signed_one_sends_once
             },
         )
         done = bot.run_sync(message_history=history, deferred_tool_results=signed)
-        assert len(delivered(desk.maildir)) == 1
-        # The continuation run again (a crash before its caller saw it): a replay of a gated
-        # kind needs its own approval (the first seed), and nothing is sent either way.
-        with pytest.raises(ApprovalRequiredError) as asked_again:
-            bot.run_sync(message_history=history, deferred_tool_results=signed)
-        assert asked_again.value.for_this_call
-        assert len(delivered(desk.maildir)) == 1
-        fresh = DeferredToolResults(
-            approvals={call.tool_call_id: True},
-            metadata={
-                call.tool_call_id: {
-                    APPROVAL_METADATA_KEY: signed_approval(
-                        ALICE, run.session.state, datetime.now(UTC)
-                    )
-                }
-            },
-        )
-        again = bot.run_sync(message_history=history, deferred_tool_results=fresh)
+        # The continuation run again (a crash before its caller saw it): replayed, not re-approved.
+        again = bot.run_sync(message_history=history, deferred_tool_results=signed)
     assert isinstance(done.output, str) and again.output == done.output
     assert len(delivered(desk.maildir)) == 1
 

@@ -144,25 +144,28 @@ def test_a_replacement_write_is_never_answered_by_another_intents_receipt(world:
 # -- a gated kind's replay needs its approval; a replay is charged -----------------
 
 
-def test_a_replay_of_an_approval_gated_write_waits_for_an_approval(world: World) -> None:
-    """Nothing is sent either way; the approved replay answers with the first receipt."""
+def test_a_replay_of_an_approval_gated_write_needs_an_approval_alive(world: World) -> None:
+    """The write's own approval answers replays while it lives; past it, a fresh one; never a send."""
     rule = {"risk": "low", "permission": "workspace.write", "needs_approval": True}
     world.policy = make_policy(kinds={"file.write": rule})
-    steps = [write("notes.txt", "hello\n", "a0"), write("notes.txt", "hello\n", "a1"), finish]
+    steps = [write("notes.txt", "hello\n", f"a{i}") for i in range(3)] + [finish]
     session = world.runtime(ScriptedAgent(steps), trust=TRUST).start("r1")
     assert session.step().kind is OutcomeKind.WAITING_FOR_APPROVAL
     session.approve(signed_approval(APPROVER, session.state, world.clock.now()))
     assert session.step().kind is OutcomeKind.EXECUTED
-    waiting = session.step()
+    alive = session.step()  # a1, within the approval's five minutes
+    assert (alive.kind, alive.reason) == (OutcomeKind.REPLAYED, "effect_replayed")
+    world.clock.advance(301)  # the approval that let the write happen has expired
+    waiting = session.step()  # a2
     assert (waiting.kind, waiting.reason) == (OutcomeKind.WAITING_FOR_APPROVAL, "approval_required")
-    assert session.state.pending is not None and session.state.pending.action_id == "a1"
+    assert session.state.pending is not None and session.state.pending.action_id == "a2"
     assert session.step().kind is OutcomeKind.WAITING_FOR_APPROVAL  # no approval: still waits
     session.approve(signed_approval(APPROVER, session.state, world.clock.now()))
     outcome = session.step()
     assert (outcome.kind, outcome.reason) == (OutcomeKind.REPLAYED, "effect_replayed")
     assert world.sandbox.write_count() == 1 and session.state.pending is None
     (result,) = session.results()
-    assert result.action_id == "a1" and result.data["replay_of"] == "a0"
+    assert result.action_id == "a2" and result.data["replay_of"] == "a0"
     assert result.data["result"]["path"] == "notes.txt"
     statuses = [e.status for e in world.store().ledger("r1")]
     assert statuses == [EffectStatus.INTENDED, EffectStatus.DISPATCHED, EffectStatus.COMMITTED]

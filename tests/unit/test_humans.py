@@ -594,7 +594,8 @@ def test_an_idempotent_unqueryable_adapter_finishes_an_approved_write_after_a_cr
 
 
 def test_checkpoints_stay_flat_as_approvals_accumulate(guarded: World) -> None:
-    """200 approved writes: the last checkpoint is within 1 KB of the tenth (nonces are not carried)."""
+    """200 approved writes: the last checkpoint is within 1 KB of the fortieth (nonces are not
+    carried; approvals for replays are kept for the newest 32 effects only)."""
     guarded.task = make_task(
         guarded.sandbox.environment().state_fingerprint,
         budgets={"proposals": 500, "steps": 1000},
@@ -612,8 +613,9 @@ def test_checkpoints_stay_flat_as_approvals_accumulate(guarded: World) -> None:
         sizes.append(len(session.rt.checkpointer.load("r1").envelope))
     assert session.state.writes_committed == guarded.sandbox.write_count() == 200
     assert session.state.ledger_length == 600  # intended, dispatched, committed per write
-    assert sizes[-1] - sizes[9] <= 1024, (sizes[9], sizes[-1])
-    assert approved[-1] - approved[9] <= 1024, (approved[9], approved[-1])
+    assert sizes[-1] - sizes[39] <= 1024, (sizes[39], sizes[-1])
+    assert approved[-1] - approved[39] <= 1024, (approved[39], approved[-1])
+    assert len(session.state.replay_approvals) == 32
 
 
 def test_a_frozen_run_taken_over_opens_a_new_epoch_with_the_decision(world: World) -> None:

@@ -505,3 +505,25 @@ def test_an_unsettled_earlier_attempt_is_settled_by_its_own_key_not_sent_again(
     assert (outcome.kind, outcome.reason) == (OutcomeKind.REPLAYED, "effect_replayed")
     assert session.trace()[-1].data["settled_by"] == "lookup"
     assert world.sandbox.write_count() == 1
+
+
+def test_a_remembered_replay_approval_lives_as_long_as_its_approval_and_no_longer(
+    world: World,
+) -> None:
+    """Alive until its expiry, under its own policy version only; at most 32 are kept."""
+    from tether.core import remember_replay_approval, replay_approved
+
+    state = _state(world)
+    body = {"expires_at": "2026-01-01T00:05:00Z", "policy_version": "1"}
+    kept = remember_replay_approval(state, EFFECT, body, now=T0)
+    assert replay_approved(kept, EFFECT, now=T0, policy_version="1")
+    assert not replay_approved(kept, EFFECT, now=T0, policy_version="2")
+    assert not replay_approved(kept, EFFECT, now=T0 + timedelta(minutes=5), policy_version="1")
+    assert not replay_approved(kept, "sha256:" + "0" * 64, now=T0, policy_version="1")
+    assert RunState.from_json(kept.to_json()).replay_approvals == kept.replay_approvals
+    later = remember_replay_approval(kept, "other", None, now=T0 + timedelta(minutes=6))
+    assert later.replay_approvals == ()  # expired ones are dropped
+    many = state
+    for i in range(40):
+        many = remember_replay_approval(many, f"e{i}", body, now=T0)
+    assert [a.effect for a in many.replay_approvals] == [f"e{i}" for i in range(8, 40)]

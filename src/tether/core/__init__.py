@@ -348,6 +348,8 @@ from tether.core._evidence import (  # noqa: E402
     check_nonce,
     committed_within_approval,
     consumed_nonces,
+    remember_replay_approval,
+    replay_approved,
 )
 from tether.core._ledger import (  # noqa: E402
     EffectTerms,
@@ -401,6 +403,8 @@ __all__ += [
     "orphans_of",
     "people_rules",
     "redact_receipt",
+    "remember_replay_approval",
+    "replay_approved",
     "retry_semantics",
     "seal_commit",
     "seal_entry",

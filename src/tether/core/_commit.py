@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from tether.core._errors import CheckpointCorruptError, IllegalTransitionError
+from tether.core._evidence import remember_replay_approval
 from tether.core._ledger import EffectTerms, LedgerEntry, seal_entry
 from tether.core._model import PendingWrite
 from tether.core._phases import EffectStatus, Phase, check_effect_move, check_phase_move
@@ -112,6 +113,17 @@ def seal_commit(
             )
             entries.append(entry)
             ledger_head, ledger_length = entry.hash, ledger_length + 1
+    if (
+        effect is not None
+        and effect.approvals
+        and terms is not None
+        and terms.effect is not None
+        and any(note.subject is None and note.status is EffectStatus.COMMITTED for note in ledger)
+    ):
+        # The approval that let the effect happen lets its replay be answered while it lives.
+        body = effect.approvals[-1].get("body")
+        approval = body if isinstance(body, dict) else None
+        after = remember_replay_approval(after, terms.effect, approval, now=now)
     worked = working_ms(before, now, resumed_at)
     if worked:
         after = after.evolve(

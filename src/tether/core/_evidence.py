@@ -27,7 +27,7 @@ from tether.core._model import (
     parse_time_text,
 )
 from tether.core._phases import ReviewReason
-from tether.core._state import RunState
+from tether.core._state import ReplayApproval, RunState
 
 APPROVAL_FIELDS = (
     "kind", "approver_id", "task_id", "run_id", "policy_version", "action_id",
@@ -414,6 +414,38 @@ def awaits_approval(
     if body is None or now >= parse_utc(body, "expires_at"):
         return True
     return policy_version is not None and body.get("policy_version") != policy_version
+
+
+#: Approvals remembered for replays: enough for every gated write of a graph node
+#: that runs again on each resume, bounded so checkpoints stay flat.
+REPLAY_APPROVALS_KEPT = 32
+
+
+def replay_approved(state: RunState, effect: str, *, now: datetime, policy_version: str) -> bool:
+    """Whether an approval alive now, under ``policy_version``, lets ``effect`` be replayed."""
+    return any(
+        a.effect == effect and a.policy_version == policy_version and now < a.until
+        for a in state.replay_approvals
+    )
+
+
+def remember_replay_approval(
+    state: RunState, effect: str, body: dict[str, Any] | None, *, now: datetime
+) -> RunState:
+    """``state`` remembering that the approval ``body`` lets ``effect`` be replayed until it
+    expires; approvals already expired are dropped, and at most the newest
+    :data:`REPLAY_APPROVALS_KEPT` are kept, so the checkpoint stays flat however many
+    approvals a run collects (a replay of an older one asks a person again)."""
+    kept = tuple(a for a in state.replay_approvals if now < a.until and a.effect != effect)
+    if body is not None:
+        until = parse_utc(body, "expires_at")
+        if now < until:
+            version = str(body.get("policy_version", ""))
+            kept = (*kept, ReplayApproval(effect, until, version))
+    kept = kept[-REPLAY_APPROVALS_KEPT:]
+    if kept == state.replay_approvals:
+        return state
+    return state.evolve(replay_approvals=kept)
 
 
 def active_approval(state: RunState) -> dict[str, Any] | None:

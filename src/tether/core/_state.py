@@ -124,6 +124,32 @@ class Spent:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplayApproval:
+    """An approval that lets a gated effect be answered by replay while it lives."""
+
+    effect: str
+    until: datetime
+    policy_version: str
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "effect": self.effect,
+            "until": format_time(self.until),
+            "policy_version": self.policy_version,
+        }
+
+    @classmethod
+    def parse(cls, f: Fields) -> ReplayApproval:
+        approval = cls(
+            effect=f.str("effect"),
+            until=parse_time(f, "until"),
+            policy_version=f.str("policy_version", nonempty=False),
+        )
+        f.done()
+        return approval
+
+
+@dataclass(frozen=True, slots=True)
 class RunState:
     """Everything a checkpoint records about one run at one generation."""
 
@@ -183,6 +209,9 @@ class RunState:
     #: Nonces of signed cancels the run read without ending (refused while it
     #: was frozen, or acted on by a freeze): such a cancel is never read twice.
     cancel_nonces: tuple[str, ...] = ()
+    #: Effects whose replay a person approved, and until when (the approval the
+    #: effect was sent under counts too): a gated kind's replay needs one alive.
+    replay_approvals: tuple[ReplayApproval, ...] = ()
     #: How the agent's last action ended (the gate's refusal, the adapter's,
     #: the verifier's verdict and output): its next observation carries it.
     last_outcome: LastOutcome | None = None
@@ -239,6 +268,8 @@ class RunState:
             body["fork_nonces"] = list(self.fork_nonces)
         if self.cancel_nonces:
             body["cancel_nonces"] = list(self.cancel_nonces)
+        if self.replay_approvals:
+            body["replay_approvals"] = [a.to_json() for a in self.replay_approvals]
         if self.last_outcome is not None:
             body["last_outcome"] = self.last_outcome.to_json()
         if self.policy_change is not PolicyChange.REFUSE:
@@ -298,6 +329,11 @@ class RunState:
             forks=f.str_list("forks") if f.has("forks") else (),
             fork_nonces=f.str_list("fork_nonces") if f.has("fork_nonces") else (),
             cancel_nonces=f.str_list("cancel_nonces") if f.has("cancel_nonces") else (),
+            replay_approvals=tuple(
+                ReplayApproval.parse(item) for item in f.items("replay_approvals")
+            )
+            if f.has("replay_approvals")
+            else (),
             last_outcome=None if last_outcome is None else LastOutcome.parse(last_outcome),
             policy_change=_policy_change(f),
         )

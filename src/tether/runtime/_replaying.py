@@ -10,6 +10,7 @@ ledger entries) and is answered once approved, judged again then.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from tether.adapters import capabilities_of
@@ -23,8 +24,11 @@ from tether.core import (
     Proposal,
     RunState,
     Transition,
+    active_approval,
     approval_problem,
     needs_approval,
+    remember_replay_approval,
+    replay_approved,
     replay_rules,
     risk_of,
     step_rules,
@@ -64,6 +68,9 @@ def replay_or_fork(
         answer = session.ask(Lookup(key, intent if same else None))
     kind = rt.kinds[proposal.kind]
     rule = rt.policy.kinds.get(proposal.kind)
+    now = rt.clock.now()
+    version = rt.binding.policy_version
+    approved = approved or replay_approved(base, effect, now=now, policy_version=version)
     judgement = replay_rules.judge(
         replay_rules.ReplayFacts(
             record=record,
@@ -160,4 +167,14 @@ def carry_out_held(session: Session, pending: PendingWrite) -> Outcome:
         )
     if decided.state is None:
         return Outcome(decided.outcome, session.state, decided.reason, decided.message)
+    if decided.outcome is OutcomeKind.REPLAYED:
+        # This approval also answers the same replay asked again while it lives (a
+        # graph node that re-runs, a continuation run twice) without a person.
+        remembered = remember_replay_approval(
+            decided.state,
+            rt.effect_digest(intent),
+            active_approval(session.state),
+            now=rt.clock.now(),
+        )
+        decided = replace(decided, state=remembered)
     return session.apply(decided)
