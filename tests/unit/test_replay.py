@@ -514,7 +514,7 @@ def test_a_remembered_replay_approval_lives_as_long_as_its_approval_and_no_longe
     from tether.core import remember_replay_approval, replay_approved
 
     state = _state(world)
-    body = {"expires_at": "2026-01-01T00:05:00Z", "policy_version": "1"}
+    body = {"expires_at": "2026-01-01T00:05:00.000000Z", "policy_version": "1"}
     kept = remember_replay_approval(state, EFFECT, body, now=T0)
     assert replay_approved(kept, EFFECT, now=T0, policy_version="1")
     assert not replay_approved(kept, EFFECT, now=T0, policy_version="2")
