@@ -1,0 +1,523 @@
+"""One simulation: the real runtime, two workers, people, and the world, driven by events.
+
+Every event is applied to the real :class:`~tether.runtime.Runtime` and
+:class:`~tether.runtime.RunSession` (and the real :class:`~tether.runtime.Worker`
+for ``drive``) on the real SQLite store; the invariants of ``_judge`` are
+checked as each effect lands and after every event. The run ends with a
+drain: the world healed, people answering, the run must end within a bound.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from tether.adapters import Adapters
+from tether.core import (
+    LedgerEntry,
+    OutcomeKind,
+    Phase,
+    Policy,
+    RunState,
+    TaskSpec,
+    TetherError,
+    new_approval,
+    new_cancel,
+    new_decision,
+)
+from tether.crypto import Keyring, Signer, TrustRoots
+from tether.runtime import CrashPlan, CrashPoint, Runtime, RunSession, SimulatedCrash, Worker
+from tether.testing.simulate._agent import SimAgent, planned
+from tether.testing.simulate._judge import SENDS_PER_CLAIM, Judge, Violation
+from tether.testing.simulate._scenario import FILES, Event, Scenario
+from tether.testing.simulate._store import SimStore
+from tether.testing.simulate._world import SimClock, SimIds, SimTickets, SimWorkspace, World
+
+RUN_ID = "run-sim"
+LEASE_TTL_S = 30.0
+#: Drain iterations (one scheduler decision each) a healthy run may take to end.
+DRAIN_BOUND = 120
+#: Commits one event may make before the simulator calls it a runaway loop.
+COMMITS_PER_EVENT = 200
+
+_KEYRING = Keyring.generate("sim")
+APPROVER = Signer.generate("alice", "approver")
+REVIEWER = Signer.generate("rita", "reviewer")
+OPERATOR = Signer.generate("oscar", "operator")
+TRUST = TrustRoots.of(APPROVER.trust_root(), REVIEWER.trust_root(), OPERATOR.trust_root())
+
+
+class Runaway(BaseException):
+    """An event that never returns (a worker looping on a down service): stopped and judged."""
+
+
+@dataclass
+class Result:
+    """What one simulation did and found."""
+
+    scenario: Scenario
+    violations: list[Violation]
+    events: int
+    checks: int
+    receptions: int
+    phase: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+@dataclass
+class Slot:
+    """One worker: its store connection, its runtime (a process), and its session."""
+
+    index: int
+    store: SimStore
+    runtime: Runtime
+    crash: CrashPlan
+    agent: SimAgent
+    session: RunSession | None = None
+
+
+@dataclass
+class People:
+    """What the people signed: approvals by (key, digest) and by action id, forks by effect."""
+
+    approvals: dict[tuple[str, str], float] = field(default_factory=dict)
+    approved_actions: set[str] = field(default_factory=set)
+    nonce: int = 0
+
+    def next_nonce(self) -> str:
+        self.nonce += 1
+        return f"{self.nonce:032x}"
+
+
+def rules(scenario: Scenario, workspace_fp: str, namespace: str) -> tuple[TaskSpec, Policy]:
+    """The task and the policy the scenario runs under (its gated kinds need approval)."""
+    perms = {
+        "file.read": "workspace.read",
+        "file.list": "workspace.read",
+        "tests.run": "workspace.read",
+        "file.write": "workspace.write",
+        "ticket.create": "service.write",
+    }
+    task = TaskSpec.from_json(
+        {
+            "task_id": "sim",
+            "task_version": "1",
+            "allowed_kinds": sorted(perms),
+            "allowed_paths": ["src/", "tickets"],
+            "permissions": sorted(set(perms.values())),
+            "budgets": {"proposals": 40, "steps": 120, "wall_time_s": 10**6, "cost": 100},
+            "initial_environment": {"namespace": namespace, "state_fingerprint": workspace_fp},
+            "verifier": {"argv": ["true"], "timeout_s": 30},
+            "tests": {"unit": {"argv": ["true"], "timeout_s": 30}},
+        }
+    )
+    policy = Policy.from_json(
+        {
+            "policy_id": "sim",
+            "policy_version": "1",
+            "kinds": {
+                kind: {
+                    "risk": "low",
+                    "permission": perm,
+                    "needs_approval": kind in scenario.gated,
+                }
+                for kind, perm in perms.items()
+            },
+            "max_risk": "medium",
+            "approval_ttl_s": 600,
+        }
+    )
+    return task, policy
+
+
+class Simulation:
+    """Applies a scenario's events to the real runtime and judges after each one."""
+
+    def __init__(self, scenario: Scenario, directory: Path) -> None:
+        self.scenario = scenario
+        self.clock = SimClock()
+        self.ids = SimIds()
+        self.world = World(self.clock, self.ids)
+        self.workspace = SimWorkspace(
+            self.world, scenario.workspace, {f: "0" for f in FILES}
+        )
+        self.tickets = SimTickets(self.world, scenario.tickets)
+        self.adapter = Adapters(self.workspace, self.tickets)
+        env = self.adapter.environment()
+        self.task, self.policy = rules(scenario, env.state_fingerprint, env.namespace)
+        self.db = directory / "sim.sqlite"
+        self.observer = SimStore(self.db, self.clock.micros)
+        self.judge = Judge()
+        self.people = People()
+        self.incarnations = 0
+        self.event_no = 0
+        self.outages: dict[str, float] = {}
+        self.committed: set[str] = set()
+        self.commits_at_event = 0
+        self.attempts: dict[str, int] = {}
+        self.world.judge = self._received
+        self.world.attempt = self._attempted
+        workers = 2 if "two_workers" in scenario.knobs else 1
+        self.slots = [self._slot(i, SimStore(self.db, self.clock.micros)) for i in range(workers)]
+        first = self.slots[0]
+        first.session = first.runtime.start(RUN_ID)
+
+    # -- building ------------------------------------------------------------
+
+    def _slot(self, index: int, store: SimStore) -> Slot:
+        crash = CrashPlan()
+        self.incarnations += 1
+        agent = SimAgent(self.scenario.plan, self.incarnations)
+        runtime = Runtime(
+            store=store,
+            keyring=_KEYRING,
+            adapter=self.adapter,
+            task=self.task,
+            policy=self.policy,
+            agent=agent,
+            clock=self.clock,
+            ids=self.ids,
+            crash=crash,
+            worker=f"w{index}",
+            trust=TRUST,
+            lease_ttl_s=LEASE_TTL_S,
+        )
+        return Slot(index, store, runtime, crash, agent)
+
+    def _die(self, slot: Slot) -> None:
+        """The worker's process died: its session is gone, a new process starts empty."""
+        slot.store.crash_at = None
+        self.slots[slot.index] = self._slot(slot.index, slot.store)
+
+    def close(self) -> None:
+        for store in {id(s.store): s.store for s in self.slots}.values():
+            store.close()
+        self.observer.close()
+
+    # -- the world's hooks ---------------------------------------------------
+
+    def _received(self, r: Any) -> None:
+        policy = self.policy
+        gated = policy.kinds[r.kind].needs_approval if r.kind in policy.kinds else False
+        self.judge.received(
+            r,
+            gated=gated,
+            approved_until=self.people.approvals.get((r.key, r.intent_digest)),
+            committed=self._committed_now() if self.judge.unknowable else self.committed,
+        )
+        caps = self.scenario.tickets if r.namespace == "tickets" else self.scenario.workspace
+        if caps.blind:
+            self.judge.unknowable.setdefault(r.key, self.event_no)
+
+    def _attempted(self, namespace: str, key: str, presented: int | None) -> None:
+        if presented is not None:
+            mark = self.observer.get_mark(RUN_ID)
+            self.judge.attempted(key, presented, None if mark is None else mark.lease_version)
+        if namespace in self.outages:
+            count = self.attempts[key] = self.attempts.get(key, 0) + 1
+            if count > SENDS_PER_CLAIM:
+                self.judge.fail(
+                    6, f"{count} sends of {key} within one event while {namespace} was down"
+                )
+                raise Runaway(f"hammering {key}")
+        if self._commits() - self.commits_at_event > COMMITS_PER_EVENT:
+            raise Runaway("too many commits in one event")
+
+    def _commits(self) -> int:
+        return sum(s.store.commits for s in self.slots)
+
+    def _committed_now(self) -> set[str]:
+        self.committed = {
+            e.idempotency_key for e in self.observer.ledger(RUN_ID) if e.status.value == "committed"
+        }
+        return self.committed
+
+    # -- events --------------------------------------------------------------
+
+    def apply(self, event: Event) -> None:
+        """Apply one event, then judge."""
+        self.event_no += 1
+        self.judge.event = self.event_no
+        self.commits_at_event = self._commits()
+        self.attempts.clear()
+        handler = getattr(self, f"_on_{event.kind}")
+        try:
+            handler(event)
+        except Runaway:
+            self._die(self.slots[min(event.worker, len(self.slots) - 1)])
+        self.after_event()
+
+    def after_event(self) -> None:
+        now = self.clock.seconds
+        for name, adapter in (("sandbox", self.workspace), ("tickets", self.tickets)):
+            if adapter.faults.down_until > now:
+                self.outages.setdefault(name, now)
+            elif self.outages.pop(name, None) is not None:
+                self.judge.outage_over()
+        if self._commits() != self.commits_at_event:
+            # Only a commit changes the ledger (the people's inbox is not in it).
+            entries: list[LedgerEntry] = self.observer.ledger(RUN_ID)
+            self.committed = self.judge.ledger(entries, self.outages, now)
+        mark = self.observer.get_mark(RUN_ID)
+        if mark is not None:
+            self.judge.phase(mark.phase, self.committed)
+
+    def _slot_of(self, event: Event) -> Slot:
+        return self.slots[min(event.worker, len(self.slots) - 1)]
+
+    def _on_step(self, event: Event) -> None:
+        slot = self._slot_of(event)
+        try:
+            if slot.session is None:
+                slot.session = slot.runtime.recover(RUN_ID)
+                return
+            outcome = slot.session.step()
+        except SimulatedCrash:
+            self._die(slot)
+            return
+        except TetherError:
+            slot.session = None  # refused (a lost lease, a frozen run...): recover next time
+            return
+        except Exception as exc:  # a bug in the runtime, not a refusal
+            self.judge.fail(0, f"{type(exc).__name__}: {exc} | {_where(exc)}")
+            self._die(slot)
+            return
+        self._reported(slot, outcome)
+
+    def _reported(self, slot: Slot, outcome: Any) -> None:
+        """Invariants 2 and 3 on what a step reports: a write executed or replayed."""
+        if outcome.kind not in (OutcomeKind.EXECUTED, OutcomeKind.REPLAYED):
+            return
+        entry = outcome.committed
+        action = outcome.action_id or (entry.action_id if entry is not None else None)
+        if action is None:
+            trace = slot.session.trace(1) if slot.session is not None else []
+            action = str(trace[-1].data.get("action_id", "")) if trace else ""
+        item = planned(self.scenario.plan, action)
+        self.judge.checks += 2
+        if item is None:
+            return
+        if item.kind == "write":
+            held = self.workspace.files.get(item.target)
+            if held != item.value:
+                self.judge.fail(
+                    3,
+                    f"{action} ({item}) reported {outcome.kind.value}, "
+                    f"but {item.target} holds {held!r}",
+                )
+        if outcome.kind is OutcomeKind.REPLAYED:
+            kind = "file.write" if item.kind == "write" else "ticket.create"
+            if kind in self.scenario.gated and action not in self.people.approved_actions:
+                self.judge.fail(2, f"{action} ({item}) was replayed without an approval")
+            if entry is not None:
+                adapter = self.tickets if item.kind == "ticket" else self.workspace
+                held_receipt = adapter.held(entry.idempotency_key)
+                if held_receipt is None or held_receipt.intent_digest != entry.intent_digest:
+                    self.judge.fail(
+                        3,
+                        f"{action} ({item}) replayed from {entry.idempotency_key}, a receipt "
+                        "the adapter does not hold",
+                    )
+
+    def _on_drive(self, event: Event) -> None:
+        slot = self._slot_of(event)
+        worker = Worker(
+            slot.store,
+            lambda store, run_id, worker_id: slot.runtime,
+            f"w{slot.index}",
+            lease_ttl_s=LEASE_TTL_S,
+        )
+        try:
+            claimed = slot.store.claim_expired(
+                worker.worker_id,
+                LEASE_TTL_S,
+                limit=1,
+                phases=("running", "pending", "needs_review"),
+                max_attempts=worker.max_attempts,
+            )
+            for lease in claimed:
+                slot.session = None
+                worker.drive(lease)
+        except SimulatedCrash:
+            self._die(slot)
+        except TetherError:
+            pass
+
+    def _on_advance(self, event: Event) -> None:
+        self.clock.advance(event.num)
+
+    def _on_crash_commit(self, event: Event) -> None:
+        self._slot_of(event).store.crash_at = event.arg
+
+    def _on_crash_point(self, event: Event) -> None:
+        plan = self._slot_of(event).crash
+        plan.point, plan.nth, plan.hits = CrashPoint(event.arg), 1, 0
+
+    def _adapter(self, event: Event) -> SimWorkspace | SimTickets:
+        return self.tickets if event.arg == "tickets" else self.workspace
+
+    def _on_lost_reply(self, event: Event) -> None:
+        self._adapter(event).faults.lost_reply += 1
+
+    def _on_hostile(self, event: Event) -> None:
+        self._adapter(event).faults.hostile += 1
+
+    def _on_in_flight(self, event: Event) -> None:
+        self.tickets.faults.in_flight += 1
+
+    def _on_down(self, event: Event) -> None:
+        faults = self._adapter(event).faults
+        faults.down_until = max(faults.down_until, self.clock.seconds + event.num)
+
+    def _on_forget(self, event: Event) -> None:
+        for adapter, caps in (
+            (self.workspace, self.scenario.workspace),
+            (self.tickets, self.scenario.tickets),
+        ):
+            if caps.retention_s is None:
+                continue
+            for key in adapter.forget(caps.retention_s):
+                if key not in self._committed_now():
+                    self.judge.unknowable.setdefault(key, self.event_no)
+
+    def _on_drift(self, event: Event) -> None:
+        self._adapter(event).drop_newest()
+
+    # -- people --------------------------------------------------------------
+
+    def _state(self) -> RunState | None:
+        try:
+            return self.slots[0].runtime.checkpointer.load(RUN_ID).state
+        except TetherError:
+            return None
+
+    def _on_approve(self, event: Event) -> None:
+        state = self._state()
+        pending = None if state is None else state.pending
+        if state is None or state.phase is not Phase.PENDING or pending is None:
+            return
+        if pending.intent.kind not in self.scenario.gated or event.arg == "refuse":
+            return
+        ttl = 5.0 if event.arg == "short" else 300.0
+        now = self.clock.now()
+        body = new_approval(
+            state,
+            APPROVER.signer_id,
+            issued_at=now,
+            expires_at=now + timedelta(seconds=ttl),
+            nonce=self.people.next_nonce(),
+        )
+        self.people.approvals[(pending.idempotency_key, pending.intent.digest)] = (
+            self.clock.seconds + ttl
+        )
+        self.people.approved_actions.add(pending.action_id)
+        self.observer.put_evidence(RUN_ID, "approval", APPROVER.sign(body))
+
+    def _on_review(self, event: Event) -> None:
+        state = self._state()
+        if state is None or state.phase is not Phase.NEEDS_REVIEW or not state.review_cases:
+            return
+        now = self.clock.now()
+        try:
+            body = new_decision(
+                state,
+                state.review_cases[-1],
+                REVIEWER.signer_id,
+                event.arg,
+                issued_at=now,
+                expires_at=now + timedelta(seconds=300),
+                nonce=self.people.next_nonce(),
+            )
+        except TetherError:
+            return  # accept, where it cannot apply: the person picks another day
+        self.observer.put_evidence(RUN_ID, "review_decision", REVIEWER.sign(body))
+
+    def _on_cancel(self, event: Event) -> None:
+        state = self._state()
+        if state is None or state.phase.terminal or state.phase is Phase.NEEDS_REVIEW:
+            return
+        now = self.clock.now()
+        body = new_cancel(
+            state,
+            OPERATOR.signer_id,
+            reason="the simulator's operator cancels",
+            issued_at=now,
+            expires_at=now + timedelta(seconds=300),
+            nonce=self.people.next_nonce(),
+        )
+        self.observer.put_evidence(RUN_ID, "cancel", OPERATOR.sign(body))
+
+    # -- the end ---------------------------------------------------------------
+
+    def drain(self) -> int:
+        """Heal the world, let people answer, and step until the run ends; the events used."""
+        for adapter in (self.workspace, self.tickets):
+            adapter.faults = type(adapter.faults)()
+        for slot in self.slots:
+            slot.store.crash_at = None
+            slot.crash.point = None
+        replans = 0
+        for used in range(1, DRAIN_BOUND + 1):
+            state = self._state()
+            if state is not None and state.phase.terminal:
+                return used - 1
+            if state is not None and state.phase is Phase.NEEDS_REVIEW:
+                replans += 1
+                decision = "replan" if replans <= 2 else "abort"
+                self.apply(Event("review", arg=decision))
+            elif (
+                state is not None
+                and state.phase is Phase.PENDING
+                and state.pending is not None
+                and state.pending.intent.kind in self.scenario.gated
+                and state.pending.action_id not in self.people.approved_actions
+            ):
+                self.apply(Event("approve", arg="yes"))
+            self.apply(Event("step", 0))
+            self.clock.advance(LEASE_TTL_S + 1)  # any stalled lease runs out
+        state = self._state()
+        self.judge.fail(
+            7,
+            f"the run did not end within {DRAIN_BOUND} drain steps "
+            f"(phase {None if state is None else state.phase.value})",
+        )
+        return DRAIN_BOUND
+
+
+def _where(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    return "; ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[-3:])
+
+
+def simulate(scenario: Scenario) -> Result:
+    """Run ``scenario`` from scratch; every violation it finds."""
+    with tempfile.TemporaryDirectory(prefix="tether-sim-", dir=_tmp_root()) as directory:
+        sim = Simulation(scenario, Path(directory))
+        try:
+            for event in scenario.events:
+                sim.apply(event)
+            used = sim.drain()
+            state = sim._state()
+            return Result(
+                scenario,
+                list(sim.judge.violations),
+                len(scenario.events) + used,
+                sim.judge.checks,
+                len(sim.world.receptions),
+                "?" if state is None else state.phase.value,
+            )
+        finally:
+            sim.close()
+
+
+def _tmp_root() -> str | None:
+    """A RAM-backed directory where the machine has one (the database is throwaway)."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() else None
