@@ -1,8 +1,8 @@
 """``python -m tether.testing.simulate``: replay a seed exactly, or explore new ones.
 
-    python -m tether.testing.simulate --seed 12            # replay, print the event log
-    python -m tether.testing.simulate --minutes 5          # explore new seeds
-    python -m tether.testing.simulate --seed 12 --all      # every knob on (known defects too)
+python -m tether.testing.simulate --seed 12            # replay, print the event log
+python -m tether.testing.simulate --minutes 5          # explore new seeds
+python -m tether.testing.simulate --seed 12 --all      # every knob on (known defects too)
 """
 
 from __future__ import annotations
@@ -81,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     for result in found.failures or []:
         first_violation = result.violations[0]
         print(f"seed {result.scenario.seed}: {first_violation}")
-        print(f"  replay: python -m tether.testing.simulate --seed {result.scenario.seed}"
-              + (" --all" if args.all else ""))
+        print(
+            f"  replay: python -m tether.testing.simulate --seed {result.scenario.seed}"
+            + (" --all" if args.all else "")
+        )
     return 0 if not found.failures else 1
 
 

@@ -15,7 +15,12 @@ from tether.core import Observation, Proposal
 from tether.runtime import AgentContext, Decision
 from tether.testing.simulate._scenario import Item
 
-_KINDS = {"read": "file.read", "test": "tests.run", "write": "file.write", "ticket": "ticket.create"}
+_KINDS = {
+    "read": "file.read",
+    "test": "tests.run",
+    "write": "file.write",
+    "ticket": "ticket.create",
+}
 
 
 @dataclass

@@ -91,7 +91,9 @@ class Judge:
             self.remote[r.identity] = seen + 1
         else:
             if not r.changed and self.last_change.get(r.target) == r.identity:
-                self.fail(1, f"the write {r.identity} was sent again ({r.key}); it was already there")
+                self.fail(
+                    1, f"the write {r.identity} was sent again ({r.key}); it was already there"
+                )
             if r.changed:
                 self.last_change[r.target] = r.identity
         if gated and (approved_until is None or approved_until <= r.at):
@@ -123,9 +125,7 @@ class Judge:
 
     # -- after each event ----------------------------------------------------
 
-    def ledger(
-        self, entries: list[LedgerEntry], down: dict[str, float], now: float
-    ) -> set[str]:
+    def ledger(self, entries: list[LedgerEntry], down: dict[str, float], now: float) -> set[str]:
         """Invariants 5 and 6 from the ledger as it is now; the keys it records committed.
 
         ``down``: namespace -> when its current outage began (simulated seconds).

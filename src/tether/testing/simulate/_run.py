@@ -24,9 +24,7 @@ def run(
     tickets: Capabilities | None = None,
 ) -> Result:
     """Simulate ``seed``; ``capabilities`` fixes the workspace's (your adapter's declared ones)."""
-    scenario = draw(
-        seed, frozenset(knobs), events=events, workspace=capabilities, tickets=tickets
-    )
+    scenario = draw(seed, frozenset(knobs), events=events, workspace=capabilities, tickets=tickets)
     return simulate(scenario)
 
 
@@ -81,7 +79,8 @@ def explore(
 ) -> Found:
     """Simulate seeds from ``first_seed`` on, for ``minutes`` (or ``seeds`` of them)."""
     chosen = frozenset(knobs)
-    found = Found(failures=[])
+    failures: list[Result] = []
+    found = Found(failures=failures)
     started = time.perf_counter()
     seed = first_seed
     while True:
@@ -95,8 +94,7 @@ def explore(
         found.events += result.events
         found.checks += result.checks
         if not result.ok:
-            assert found.failures is not None
-            found.failures.append(result)
+            failures.append(result)
             if stop_at_first:
                 break
         if progress is not None:

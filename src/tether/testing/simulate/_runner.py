@@ -30,7 +30,7 @@ from tether.core import (
     new_decision,
 )
 from tether.crypto import Keyring, Signer, TrustRoots
-from tether.runtime import CrashPlan, CrashPoint, Runtime, RunSession, SimulatedCrash, Worker
+from tether.runtime import CrashPlan, CrashPoint, RunSession, Runtime, SimulatedCrash, Worker
 from tether.testing.simulate._agent import SimAgent, planned
 from tether.testing.simulate._judge import SENDS_PER_CLAIM, Judge, Violation
 from tether.testing.simulate._scenario import FILES, Event, Scenario
@@ -145,9 +145,7 @@ class Simulation:
         self.clock = SimClock()
         self.ids = SimIds()
         self.world = World(self.clock, self.ids)
-        self.workspace = SimWorkspace(
-            self.world, scenario.workspace, {f: "0" for f in FILES}
-        )
+        self.workspace = SimWorkspace(self.world, scenario.workspace, {f: "0" for f in FILES})
         self.tickets = SimTickets(self.world, scenario.tickets)
         self.adapter = Adapters(self.workspace, self.tickets)
         env = self.adapter.environment()

@@ -221,7 +221,9 @@ def _event(rng: random.Random, kind: str, worker: int) -> Event:
     if kind == "crash_commit":
         return Event(kind, worker, rng.choice(("before", "after")))
     if kind == "crash_point":
-        point = rng.choice(("before_proposal", "intent_persisted", "effect_sent", "receipt_persisted"))
+        point = rng.choice(
+            ("before_proposal", "intent_persisted", "effect_sent", "receipt_persisted")
+        )
         return Event(kind, worker, point)
     if kind == "approve":
         return Event(kind, arg=rng.choice(("yes", "yes", "yes", "short", "refuse")))
