@@ -65,6 +65,8 @@ class Result:
     checks: int
     receptions: int
     phase: str
+    #: Every effect that reached the world, in order (what an exact replay must repeat).
+    world: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -160,6 +162,8 @@ class Simulation:
         self.committed: set[str] = set()
         self.commits_at_event = 0
         self.attempts: dict[str, int] = {}
+        #: The worker whose session is stepping now (its lease is the one a send presents).
+        self.acting: Slot | None = None
         self.world.judge = self._received
         self.world.attempt = self._attempted
         workers = 2 if "two_workers" in scenario.knobs else 1
@@ -215,6 +219,9 @@ class Simulation:
             self.judge.unknowable.setdefault(r.key, self.event_no)
 
     def _attempted(self, namespace: str, key: str, presented: int | None) -> None:
+        if presented is None and self.acting is not None and self.acting.session is not None:
+            lease = self.acting.session.lease
+            presented = None if lease is None else lease.lease_version
         if presented is not None:
             mark = self.observer.get_mark(RUN_ID)
             self.judge.attempted(key, presented, None if mark is None else mark.lease_version)
@@ -250,6 +257,8 @@ class Simulation:
             handler(event)
         except Runaway:
             self._die(self.slots[min(event.worker, len(self.slots) - 1)])
+        finally:
+            self.acting = None
         self.after_event()
 
     def after_event(self) -> None:
@@ -276,6 +285,7 @@ class Simulation:
             if slot.session is None:
                 slot.session = slot.runtime.recover(RUN_ID)
                 return
+            self.acting = slot
             outcome = slot.session.step()
         except SimulatedCrash:
             self._die(slot)
@@ -385,6 +395,13 @@ class Simulation:
                 if key not in self._committed_now():
                     self.judge.unknowable.setdefault(key, self.event_no)
 
+    def _on_route_404(self, event: Event) -> None:
+        # Only where absence is declared not final: an adapter that declares a
+        # look-up's "nothing" final and then answers 404 for everything lies.
+        caps = self.scenario.tickets if event.arg == "tickets" else self.scenario.workspace
+        if not caps.absent_is_final:
+            self._adapter(event).faults.route_404 = True
+
     def _on_drift(self, event: Event) -> None:
         self._adapter(event).drop_newest()
 
@@ -475,7 +492,10 @@ class Simulation:
                 and state.phase is Phase.PENDING
                 and state.pending is not None
                 and state.pending.intent.kind in self.scenario.gated
-                and state.pending.action_id not in self.people.approved_actions
+                and self.people.approvals.get(
+                    (state.pending.idempotency_key, state.pending.intent.digest), -1.0
+                )
+                <= self.clock.seconds
             ):
                 self.apply(Event("approve", arg="yes"))
             self.apply(Event("step", 0))
@@ -510,6 +530,9 @@ def simulate(scenario: Scenario) -> Result:
                 sim.judge.checks,
                 len(sim.world.receptions),
                 "?" if state is None else state.phase.value,
+                tuple(
+                    f"{r.namespace} {r.key} {r.identity} @{r.at:g}" for r in sim.world.receptions
+                ),
             )
         finally:
             sim.close()

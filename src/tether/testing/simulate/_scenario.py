@@ -194,7 +194,7 @@ def _events(rng: random.Random, knobs: frozenset[str], count: int) -> tuple[Even
     if "people" in knobs:
         choices += [(2.5, "approve"), (2.0, "review"), (0.3, "cancel")]
     if "faults" in knobs:
-        choices += [(1.0, "lost_reply")]
+        choices += [(1.0, "lost_reply"), (0.3, "route_404")]
     if "hostile_answers" in knobs:
         choices.append((0.6, "hostile"))
     if "service_down" in knobs:
@@ -229,7 +229,7 @@ def _event(rng: random.Random, kind: str, worker: int) -> Event:
         return Event(kind, arg=rng.choice(("yes", "yes", "yes", "short", "refuse")))
     if kind == "review":
         return Event(kind, arg=rng.choice(("replan", "replan", "abort", "accept")))
-    if kind in {"lost_reply", "hostile", "down", "in_flight", "drift"}:
+    if kind in {"lost_reply", "hostile", "down", "in_flight", "drift", "route_404"}:
         return Event(kind, arg=rng.choice(("workspace", "tickets")), num=_down(rng, kind))
     return Event(kind, worker)
 
