@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--mutant-seeds", type=int, default=60)
     args = parser.parse_args()
-    logging.disable(logging.WARNING)
+    logging.disable(logging.CRITICAL)
     started = time.perf_counter()
     seeds = events = steps = checks = 0
     while time.perf_counter() - started < args.seconds:
