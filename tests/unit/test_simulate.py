@@ -27,9 +27,6 @@ FINDS = {
     "reverted_writes": (55, 3),
     "gated_repeats": (9, 2),
     "service_down": (39, 6),
-    "retention_past": (54, 2),
-    "hostile_answers": (90, 2),
-    "receipt_drift": (73, 1),
 }
 
 

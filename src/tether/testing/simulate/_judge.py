@@ -96,7 +96,7 @@ class Judge:
                 )
             if r.changed:
                 self.last_change[r.target] = r.identity
-        if gated and (approved_until is None or approved_until <= r.at):
+        if gated and (approved_until is None or approved_until <= r.sent_at):
             self.fail(2, f"{r.kind} {r.identity} ({r.key}) was sent without a live approval")
         for key, since in list(self.unknowable.items()):
             if key in committed:

@@ -403,7 +403,7 @@ class Simulation:
             self._adapter(event).faults.route_404 = True
 
     def _on_drift(self, event: Event) -> None:
-        self._adapter(event).drop_newest()
+        self._adapter(event).drop_newest(self._committed_now())
 
     # -- people --------------------------------------------------------------
 

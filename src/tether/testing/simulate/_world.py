@@ -81,6 +81,7 @@ class Reception:
     target: str
     identity: str  # what makes it the effect it is: target and content, or title
     at: float
+    sent_at: float  # when the request left the caller (earlier than ``at`` if it was in flight)
     lease_version: int | None
     changed: bool  # a file write that changed the target (a remote effect: always)
 
@@ -111,8 +112,14 @@ class World:
     #: Called with (namespace, key, fence's lease version) at each send attempt.
     attempt: Callable[[str, str, int | None], None] = lambda ns, k, v: None
 
-    def receive(self, **fields: Any) -> Reception:
-        reception = Reception(seq=len(self.receptions) + 1, at=self.clock.seconds, **fields)
+    def receive(self, *, sent_at: float | None = None, **fields: Any) -> Reception:
+        now = self.clock.seconds
+        reception = Reception(
+            seq=len(self.receptions) + 1,
+            at=now,
+            sent_at=now if sent_at is None else sent_at,
+            **fields,
+        )
         self.receptions.append(reception)
         self.judge(reception)
         return reception
@@ -202,10 +209,11 @@ class SimWorkspace(Sandbox, _Fenced):
         """The receipt the workspace holds under ``key`` (no fault applies: the truth)."""
         return self._receipts.get(key)
 
-    def drop_newest(self) -> None:
-        """Lose the newest receipt (a broken or restored adapter): its key is absent now."""
-        if self._sent_at:
-            key = max(self._sent_at, key=lambda k: self._sent_at[k])
+    def drop_newest(self, settled: set[str]) -> None:
+        """Lose the newest receipt of a settled write (its receipt deleted after the commit)."""
+        keys = [k for k in self._sent_at if k in settled]
+        if keys:
+            key = max(keys, key=lambda k: self._sent_at[k])
             self.delete_receipt(key)
             del self._sent_at[key]
 
@@ -232,6 +240,7 @@ class SimTickets(RemoteEffect, _Fenced):
         self._highest = {}
         self._receipts: dict[str, tuple[Receipt, float]] = {}
         self._in_flight: dict[str, tuple[Intent, EnvironmentState, float, Fence | None]] = {}
+        self._in_flight_sent: dict[str, float] = {}
 
     @property
     def instance_id(self) -> str:
@@ -263,6 +272,7 @@ class SimTickets(RemoteEffect, _Fenced):
         if self.faults.in_flight > 0:
             self.faults.in_flight -= 1
             self._in_flight[key] = (intent, prestate, now + IN_FLIGHT_S, fence)
+            self._in_flight_sent[key] = now
             raise KeyInFlightError(key, "simulated: accepted, still running")
         receipt = self._apply(key, intent, prestate, fence)
         if self.faults.lost_reply > 0:
@@ -296,20 +306,26 @@ class SimTickets(RemoteEffect, _Fenced):
         found = self._receipts.get(key)
         return None if found is None else found[0]
 
-    def drop_newest(self) -> None:
-        """Lose the newest receipt (a broken or restored service): its key is absent now."""
-        if self._receipts:
-            del self._receipts[max(self._receipts, key=lambda k: self._receipts[k][1])]
+    def drop_newest(self, settled: set[str]) -> None:
+        """Lose the newest receipt of a settled write (its receipt deleted after the commit)."""
+        keys = [k for k in self._receipts if k in settled]
+        if keys:
+            del self._receipts[max(keys, key=lambda k: self._receipts[k][1])]
 
     def _land_due(self) -> None:
         now = self.world.clock.seconds
         for key, (intent, prestate, until, fence) in list(self._in_flight.items()):
             if now >= until:
                 del self._in_flight[key]
-                self._apply(key, intent, prestate, fence)
+                self._apply(key, intent, prestate, fence, self._in_flight_sent.pop(key, None))
 
     def _apply(
-        self, key: str, intent: Intent, prestate: EnvironmentState, fence: Fence | None
+        self,
+        key: str,
+        intent: Intent,
+        prestate: EnvironmentState,
+        fence: Fence | None,
+        sent_at: float | None = None,
     ) -> Receipt:
         seq = len(self.world.receptions) + 1
         receipt = Receipt(
@@ -333,6 +349,7 @@ class SimTickets(RemoteEffect, _Fenced):
             identity=f"{intent.target}:{canonical_bytes(dict(intent.args)).decode()}",
             lease_version=_fence_version(fence),
             changed=True,
+            sent_at=sent_at,
         )
         return receipt
 
