@@ -13,8 +13,11 @@ import os
 
 import pytest
 
+from dataclasses import replace
+
 from tether.core import Capabilities
-from tether.testing.simulate import CI_KNOBS, KNOWN_DEFECTS, draw, run, shrink, simulate
+from tether.testing.simulate import CI_KNOBS, KNOWN_DEFECTS, Item, draw, run, shrink, simulate
+from tether.testing.simulate._scenario import MOTIFS
 from tether.testing.simulate.__main__ import main
 
 logging.getLogger("tether").setLevel(logging.ERROR)  # lost leases are part of the game
@@ -24,9 +27,13 @@ CORPUS = range(8) if os.environ.get("TETHER_CRASH_TRIALS") else range(24)
 
 #: knob -> (seed that finds its defect today, invariant it breaks).
 FINDS = {
-    "reverted_writes": (55, 3),
-    "gated_repeats": (9, 2),
-    "service_down": (39, 6),
+    "reverted_writes": (27, 3),
+    "retention_past": (26, 3),
+    "hostile_answers": (3, 3),
+    "receipt_drift": (34, 3),
+    "gated_repeats": (15, 2),
+    "service_down": (19, 6),
+    "policy_change": (6, 2),
 }
 
 
@@ -62,7 +69,7 @@ def test_each_known_defect_is_found_by_its_seed(knob: str) -> None:
 
 def test_a_failure_shrinks_to_fewer_events_that_still_fail() -> None:
     """Shrinking keeps the broken invariant and drops events that do not matter."""
-    failing = run(55, knobs=CI_KNOBS | {"reverted_writes"})
+    failing = run(27, knobs=CI_KNOBS | {"reverted_writes"})
     small = shrink(failing, budget=40)
     assert not small.ok and small.violations[0].invariant == 3
     assert len(small.scenario.events) < len(failing.scenario.events)
@@ -91,3 +98,24 @@ def test_the_command_replays_a_seed_and_prints_its_event_log(
     assert main(["--seed", "2", "--events", "20"]) == 0
     out = capsys.readouterr().out
     assert "seed 2" in out and "events (20):" in out and "phase at the end" in out
+
+
+def test_the_issues_ticket_past_retention_is_found_as_a_scenario() -> None:
+    """A lost ticket past retention, frozen, replanned and proposed again reaches the world twice.
+
+    The issue's first defect, written as data: the scenario replays exactly
+    (delete this test's expectation when the replay rule is fixed).
+    """
+    tickets = Capabilities(
+        idempotent=True, queryable=True, conditional_writes=False, retention_s=60.0, stateful=False
+    )
+    base = draw(1, CI_KNOBS | {"retention_past"}, tickets=tickets)
+    scenario = replace(
+        base,
+        gated=(),
+        plan=(Item("ticket", "tickets", "printer"), Item("finish")),
+        events=MOTIFS["unknown_past_retention"],
+    )
+    result = simulate(scenario)
+    assert [v.invariant for v in result.violations][:1] == [1]
+    assert sum("printer" in line for line in result.world) == 2

@@ -29,6 +29,8 @@ class SimAgent:
 
     plan: tuple[Item, ...]
     incarnation: int
+    #: The plan kinds it tries again after a replan ("write", "ticket").
+    redo: frozenset[str] = frozenset({"write", "ticket"})
     calls: int = 0
 
     def decide(self, context: AgentContext, observation: Observation) -> Decision:
@@ -36,6 +38,15 @@ class SimAgent:
         cursor = context.plan_cursor
         item = self.plan[min(cursor, len(self.plan) - 1)]
         after = AgentContext(context.messages, context.memory, cursor + 1)
+        action_id = f"p{cursor}.i{self.incarnation}"
+        told = observation.last_outcome
+        redo = None if told is None or told.reason != "replanned" else told.action_id
+        again = None if redo is None else planned(self.plan, redo)
+        if redo is not None and again is not None and again.kind in self.redo:
+            # After a replan the agent tries the frozen action again (ACRFence's
+            # re-proposal), under a new id, and stays where it was in its plan.
+            item, after = again, AgentContext(context.messages, context.memory, cursor)
+            action_id = f"{redo.split('.', 1)[0]}.i{self.incarnation}.r{cursor}"
         if item.kind == "finish":
             return Decision(after, finished=True)
         if item.kind == "write":
@@ -45,7 +56,7 @@ class SimAgent:
         else:
             args = {}
         proposal = Proposal(
-            f"p{cursor}.i{self.incarnation}",
+            action_id,
             _KINDS[item.kind],
             item.target,
             args,

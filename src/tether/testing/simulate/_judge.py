@@ -84,13 +84,15 @@ class Judge:
         if (r.namespace, r.key) in self.keys:
             self.fail(1, f"{r.kind} {r.target} under key {r.key} reached the world twice")
         self.keys.add((r.namespace, r.key))
+        forks = self.forks.get(r.identity, 0)  # a signed fork asked for it once more
         if r.namespace == "tickets":
             seen = self.remote.get(r.identity, 0)
-            if seen > self.forks.get(r.identity, 0):
+            if seen > forks:
                 self.fail(1, f"the remote effect {r.identity} reached the world {seen + 1} times")
             self.remote[r.identity] = seen + 1
         else:
-            if not r.changed and self.last_change.get(r.target) == r.identity:
+            again = not r.changed and self.last_change.get(r.target) == r.identity
+            if again and not forks:
                 self.fail(
                     1, f"the write {r.identity} was sent again ({r.key}); it was already there"
                 )

@@ -79,6 +79,25 @@ def _reconcile_any_digest(real: Any) -> Any:
     return reconcile
 
 
+def _expiry_ignored(real: Any) -> Any:
+    def approval_problem(state: RunState, **kw: Any) -> Any:
+        problem = real(state, **kw)
+        return None if problem is not None and problem[0] == "approval_expired" else problem
+
+    return approval_problem
+
+
+def _risk_unchecked(real: Any) -> Any:
+    def gate(proposal: Any, **kw: Any) -> Any:
+        from dataclasses import replace
+
+        from tether.core import Risk
+
+        return real(proposal, **{**kw, "policy": replace(kw["policy"], max_risk=Risk.CRITICAL)})
+
+    return gate
+
+
 def _lease_unchecked(real: Any) -> Any:
     return lambda self, run_id, lease_version: None
 
@@ -112,7 +131,7 @@ def _ledger_forgets(real: Any) -> Any:
 
 
 def _mutants() -> dict[str, Mutant]:
-    from tether.runtime import _lease
+    from tether.runtime import _lease, _session
     from tether.store import _leases, _sql
 
     return {
@@ -138,6 +157,17 @@ def _mutants() -> dict[str, Mutant]:
                 "approval_unchecked",
                 "the approval gate lets every write through",
                 ((settle_rules, "_waiting", _no_approval),),
+            ),
+            Mutant(
+                "approval_expiry_ignored",
+                "an approval that expired still lets its write through",
+                ((settle_rules, "approval_problem", _expiry_ignored),),
+            ),
+            Mutant(
+                "risk_unchecked",
+                "the gate lets a kind above the policy's max_risk through",
+                ((_session, "gate", _risk_unchecked),),
+                frozenset({"policy_change"}),
             ),
             Mutant(
                 "absence_always_final",

@@ -9,10 +9,10 @@ drain: the world healed, people answering, the run must end within a bound.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import traceback
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,22 +22,23 @@ from tether.core import (
     OutcomeKind,
     Phase,
     Policy,
+    PolicyChange,
     RunState,
     TaskSpec,
     TetherError,
-    new_approval,
-    new_cancel,
-    new_decision,
 )
-from tether.crypto import Keyring, Signer, TrustRoots
+from tether.crypto import Keyring
 from tether.runtime import CrashPlan, CrashPoint, RunSession, Runtime, SimulatedCrash, Worker
+from tether.testing.simulate import _people
 from tether.testing.simulate._agent import SimAgent, planned
 from tether.testing.simulate._judge import SENDS_PER_CLAIM, Judge, Violation
+from tether.testing.simulate._people import TRUST, People
 from tether.testing.simulate._scenario import FILES, Event, Scenario
 from tether.testing.simulate._store import SimStore
 from tether.testing.simulate._world import SimClock, SimIds, SimTickets, SimWorkspace, World
 
 RUN_ID = "run-sim"
+_ITEM_KIND = {"file.write": "write", "ticket.create": "ticket"}
 LEASE_TTL_S = 30.0
 #: Drain iterations (one scheduler decision each) a healthy run may take to end.
 DRAIN_BOUND = 120
@@ -45,10 +46,39 @@ DRAIN_BOUND = 120
 COMMITS_PER_EVENT = 200
 
 _KEYRING = Keyring.generate("sim")
-APPROVER = Signer.generate("alice", "approver")
-REVIEWER = Signer.generate("rita", "reviewer")
-OPERATOR = Signer.generate("oscar", "operator")
-TRUST = TrustRoots.of(APPROVER.trust_root(), REVIEWER.trust_root(), OPERATOR.trust_root())
+
+
+class _Still:
+    """A heartbeat that never runs: simulated steps take no simulated time.
+
+    The real heartbeat renews a lease from a thread polling the wall clock,
+    a source of nondeterminism the simulator must own; in a simulation no
+    time passes inside a step, so the step's own ``keep()`` renews exactly
+    when the real one would (a third of the ttl, by the simulated clock).
+    """
+
+    failure = None
+
+    def busy(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def stop(self) -> None:
+        return None
+
+
+class SimRuntime(Runtime):
+    """The real runtime, its sessions without a heartbeat thread (see :class:`_Still`)."""
+
+    def start(self, run_id: str | None = None, context: Any = None) -> RunSession:
+        return _still(super().start(run_id, context))
+
+    def recover(self, run_id: str, lease: Any = None, *, admission: Any = None) -> RunSession:
+        return _still(super().recover(run_id, lease, admission=admission))
+
+
+def _still(session: RunSession) -> RunSession:
+    vars(session)["_heartbeat"] = _Still()  # before its first step: no thread has started
+    return session
 
 
 class Runaway(BaseException):
@@ -85,21 +115,14 @@ class Slot:
     session: RunSession | None = None
 
 
-@dataclass
-class People:
-    """What the people signed: approvals by (key, digest) and by action id, forks by effect."""
+def rules(
+    scenario: Scenario, workspace_fp: str, namespace: str, variant: str = "first"
+) -> tuple[TaskSpec, Policy]:
+    """The task and a policy: the first (its gated kinds need approval), looser or stricter.
 
-    approvals: dict[tuple[str, str], float] = field(default_factory=dict)
-    approved_actions: set[str] = field(default_factory=set)
-    nonce: int = 0
-
-    def next_nonce(self) -> str:
-        self.nonce += 1
-        return f"{self.nonce:032x}"
-
-
-def rules(scenario: Scenario, workspace_fp: str, namespace: str) -> tuple[TaskSpec, Policy]:
-    """The task and the policy the scenario runs under (its gated kinds need approval)."""
+    The looser one gates nothing and lets any later policy in; the stricter
+    one gates every write and puts ``ticket.create`` above its ``max_risk``.
+    """
     perms = {
         "file.read": "workspace.read",
         "file.list": "workspace.read",
@@ -120,20 +143,29 @@ def rules(scenario: Scenario, workspace_fp: str, namespace: str) -> tuple[TaskSp
             "tests": {"unit": {"argv": ["true"], "timeout_s": 30}},
         }
     )
+    gated = {
+        "first": set(scenario.gated),
+        "looser": set(),
+        "stricter": {"file.write", "ticket.create"},
+    }[variant]
+    clause = {"first": scenario.policy_change, "looser": "new_occurrence"}.get(
+        variant, scenario.policy_change
+    )
     policy = Policy.from_json(
         {
             "policy_id": "sim",
-            "policy_version": "1",
+            "policy_version": {"first": "1", "looser": "2", "stricter": "3"}[variant],
             "kinds": {
                 kind: {
-                    "risk": "low",
+                    "risk": "high" if variant == "stricter" and kind == "ticket.create" else "low",
                     "permission": perm,
-                    "needs_approval": kind in scenario.gated,
+                    "needs_approval": kind in gated,
                 }
                 for kind, perm in perms.items()
             },
             "max_risk": "medium",
             "approval_ttl_s": 600,
+            "authority": {"policy_change": clause},
         }
     )
     return task, policy
@@ -152,6 +184,10 @@ class Simulation:
         self.adapter = Adapters(self.workspace, self.tickets)
         env = self.adapter.environment()
         self.task, self.policy = rules(scenario, env.state_fingerprint, env.namespace)
+        self._fingerprint, self._namespace = env.state_fingerprint, env.namespace
+        #: The policy the promise is judged under: a new one is in force only if
+        #: the clause of the one in force lets it in (never the newcomer's).
+        self.in_force = self.policy
         self.db = directory / "sim.sqlite"
         self.observer = SimStore(self.db, self.clock.micros)
         self.judge = Judge()
@@ -166,6 +202,7 @@ class Simulation:
         self.acting: Slot | None = None
         self.world.judge = self._received
         self.world.attempt = self._attempted
+        self.world.restored = self.restored
         workers = 2 if "two_workers" in scenario.knobs else 1
         self.slots = [self._slot(i, SimStore(self.db, self.clock.micros)) for i in range(workers)]
         first = self.slots[0]
@@ -176,8 +213,12 @@ class Simulation:
     def _slot(self, index: int, store: SimStore) -> Slot:
         crash = CrashPlan()
         self.incarnations += 1
-        agent = SimAgent(self.scenario.plan, self.incarnations)
-        runtime = Runtime(
+        redo = {"write", "ticket"}
+        if "gated_repeats" not in self.scenario.knobs:
+            # Trying a gated action again after a replan is a gated repeat.
+            redo -= {_ITEM_KIND[k] for k in self.scenario.gated}
+        agent = SimAgent(self.scenario.plan, self.incarnations, frozenset(redo))
+        runtime = SimRuntime(
             store=store,
             keyring=_KEYRING,
             adapter=self.adapter,
@@ -206,8 +247,19 @@ class Simulation:
     # -- the world's hooks ---------------------------------------------------
 
     def _received(self, r: Any) -> None:
-        policy = self.policy
-        gated = policy.kinds[r.kind].needs_approval if r.kind in policy.kinds else False
+        policy = self.in_force
+        rule = policy.kinds.get(r.kind)
+        gated = rule is not None and rule.needs_approval
+        if rule is not None and rule.risk.rank > policy.max_risk.rank:
+            self.judge.fail(
+                2, f"{r.kind} {r.identity} ({r.key}) reached the world; the policy forbids its kind"
+            )
+        keys = {x.key: x.identity for x in self.world.receptions}
+        forked: dict[str, int] = {}
+        for key in self.people.forked:
+            if key in keys:
+                forked[keys[key]] = forked.get(keys[key], 0) + 1
+        self.judge.forks = forked
         self.judge.received(
             r,
             gated=gated,
@@ -215,7 +267,9 @@ class Simulation:
             committed=self._committed_now() if self.judge.unknowable else self.committed,
         )
         caps = self.scenario.tickets if r.namespace == "tickets" else self.scenario.workspace
-        if caps.blind:
+        if caps.blind and r.sent_at == r.at:
+            # (A request that lands late from in flight was unknown when it was
+            # sent, and judged then: the run had to reach review before going on.)
             self.judge.unknowable.setdefault(r.key, self.event_no)
 
     def _attempted(self, namespace: str, key: str, presented: int | None) -> None:
@@ -252,9 +306,12 @@ class Simulation:
         self.judge.event = self.event_no
         self.commits_at_event = self._commits()
         self.attempts.clear()
-        handler = getattr(self, f"_on_{event.kind}")
+        handler = getattr(self, f"_on_{event.kind}", None)
         try:
-            handler(event)
+            if handler is not None:
+                handler(event)
+            else:
+                _people.ACTS[event.kind](self, event)
         except Runaway:
             self._die(self.slots[min(event.worker, len(self.slots) - 1)])
         finally:
@@ -268,10 +325,10 @@ class Simulation:
                 self.outages.setdefault(name, now)
             elif self.outages.pop(name, None) is not None:
                 self.judge.outage_over()
-        if self._commits() != self.commits_at_event:
-            # Only a commit changes the ledger (the people's inbox is not in it).
-            entries: list[LedgerEntry] = self.observer.ledger(RUN_ID)
-            self.committed = self.judge.ledger(entries, self.outages, now)
+        if self._commits() == self.commits_at_event:
+            return  # only a commit changes the ledger or the phase (the inbox is in neither)
+        entries: list[LedgerEntry] = self.observer.ledger(RUN_ID)
+        self.committed = self.judge.ledger(entries, self.outages, now)
         mark = self.observer.get_mark(RUN_ID)
         if mark is not None:
             self.judge.phase(mark.phase, self.committed)
@@ -322,17 +379,33 @@ class Simulation:
                 )
         if outcome.kind is OutcomeKind.REPLAYED:
             kind = "file.write" if item.kind == "write" else "ticket.create"
-            if kind in self.scenario.gated and action not in self.people.approved_actions:
+            rule = self.in_force.kinds.get(kind)
+            gated = rule is not None and rule.needs_approval
+            if gated and action not in self.people.approved_actions:
                 self.judge.fail(2, f"{action} ({item}) was replayed without an approval")
-            if entry is not None:
+            replayed = self._replay_event(slot, action)
+            if replayed is not None:
+                key, receipt_id = replayed
                 adapter = self.tickets if item.kind == "ticket" else self.workspace
-                held_receipt = adapter.held(entry.idempotency_key)
-                if held_receipt is None or held_receipt.intent_digest != entry.intent_digest:
+                held_receipt = adapter.held(key)
+                # (The receipt id, not the fingerprint: the composite adapter
+                # translates a workspace receipt's post-state into its own identity.)
+                if held_receipt is None or held_receipt.receipt_id != receipt_id:
                     self.judge.fail(
                         3,
-                        f"{action} ({item}) replayed from {entry.idempotency_key}, a receipt "
-                        "the adapter does not hold",
+                        f"{action} ({item}) replayed from the receipt under {key}, which "
+                        "the adapter does not hold (deleted or drifted)",
                     )
+
+    def _replay_event(self, slot: Slot, action: str) -> tuple[str, str] | None:
+        """The key and receipt id the run's ``effect_replayed`` event names."""
+        if slot.session is None:
+            return None
+        for event in reversed(slot.session.trace(4)):
+            data = event.data
+            if event.kind == "effect_replayed" and data.get("action_id") == action:
+                return str(data.get("idempotency_key")), str(data.get("receipt_id"))
+        return None
 
     def _on_drive(self, event: Event) -> None:
         slot = self._slot_of(event)
@@ -402,72 +475,39 @@ class Simulation:
         if not caps.absent_is_final:
             self._adapter(event).faults.route_404 = True
 
+    def _on_policy(self, event: Event) -> None:
+        """A new policy file is deployed: every worker restarts on it."""
+        _, new = rules(self.scenario, self._fingerprint, self._namespace, event.arg)
+        self._deploy(new)
+
+    def _deploy(self, policy: Policy) -> None:
+        if self.in_force.authority.policy_change is PolicyChange.NEW_OCCURRENCE:
+            self.in_force = policy
+        self.policy = policy
+        for slot in list(self.slots):
+            self._die(slot)
+
+    def restored(self) -> None:
+        """The workspace was put back to a snapshot: what last changed a file is gone."""
+        self.judge.last_change.clear()
+
     def _on_drift(self, event: Event) -> None:
         self._adapter(event).drop_newest(self._committed_now())
 
     # -- people --------------------------------------------------------------
 
-    def _state(self) -> RunState | None:
+    def state(self) -> RunState | None:
+        """The run as a person reads it: the verified checkpoint the mark names."""
         try:
             return self.slots[0].runtime.checkpointer.load(RUN_ID).state
         except TetherError:
             return None
 
-    def _on_approve(self, event: Event) -> None:
-        state = self._state()
-        pending = None if state is None else state.pending
-        if state is None or state.phase is not Phase.PENDING or pending is None:
-            return
-        if pending.intent.kind not in self.scenario.gated or event.arg == "refuse":
-            return
-        ttl = 5.0 if event.arg == "short" else 300.0
-        now = self.clock.now()
-        body = new_approval(
-            state,
-            APPROVER.signer_id,
-            issued_at=now,
-            expires_at=now + timedelta(seconds=ttl),
-            nonce=self.people.next_nonce(),
+    def _gated(self, kind: str) -> bool:
+        """Whether a person is asked to approve ``kind`` (by the policy run or in force)."""
+        return any(
+            p.kinds[kind].needs_approval for p in (self.policy, self.in_force) if kind in p.kinds
         )
-        self.people.approvals[(pending.idempotency_key, pending.intent.digest)] = (
-            self.clock.seconds + ttl
-        )
-        self.people.approved_actions.add(pending.action_id)
-        self.observer.put_evidence(RUN_ID, "approval", APPROVER.sign(body))
-
-    def _on_review(self, event: Event) -> None:
-        state = self._state()
-        if state is None or state.phase is not Phase.NEEDS_REVIEW or not state.review_cases:
-            return
-        now = self.clock.now()
-        try:
-            body = new_decision(
-                state,
-                state.review_cases[-1],
-                REVIEWER.signer_id,
-                event.arg,
-                issued_at=now,
-                expires_at=now + timedelta(seconds=300),
-                nonce=self.people.next_nonce(),
-            )
-        except TetherError:
-            return  # accept, where it cannot apply: the person picks another day
-        self.observer.put_evidence(RUN_ID, "review_decision", REVIEWER.sign(body))
-
-    def _on_cancel(self, event: Event) -> None:
-        state = self._state()
-        if state is None or state.phase.terminal or state.phase is Phase.NEEDS_REVIEW:
-            return
-        now = self.clock.now()
-        body = new_cancel(
-            state,
-            OPERATOR.signer_id,
-            reason="the simulator's operator cancels",
-            issued_at=now,
-            expires_at=now + timedelta(seconds=300),
-            nonce=self.people.next_nonce(),
-        )
-        self.observer.put_evidence(RUN_ID, "cancel", OPERATOR.sign(body))
 
     # -- the end ---------------------------------------------------------------
 
@@ -475,12 +515,14 @@ class Simulation:
         """Heal the world, let people answer, and step until the run ends; the events used."""
         for adapter in (self.workspace, self.tickets):
             adapter.faults = type(adapter.faults)()
+        if self.policy is not self.in_force:
+            self._deploy(self.in_force)  # the operator puts back the policy in force
         for slot in self.slots:
             slot.store.crash_at = None
             slot.crash.point = None
         replans = 0
         for used in range(1, DRAIN_BOUND + 1):
-            state = self._state()
+            state = self.state()
             if state is not None and state.phase.terminal:
                 return used - 1
             if state is not None and state.phase is Phase.NEEDS_REVIEW:
@@ -491,7 +533,7 @@ class Simulation:
                 state is not None
                 and state.phase is Phase.PENDING
                 and state.pending is not None
-                and state.pending.intent.kind in self.scenario.gated
+                and self._gated(state.pending.intent.kind)
                 and self.people.approvals.get(
                     (state.pending.idempotency_key, state.pending.intent.digest), -1.0
                 )
@@ -500,7 +542,7 @@ class Simulation:
                 self.apply(Event("approve", arg="yes"))
             self.apply(Event("step", 0))
             self.clock.advance(LEASE_TTL_S + 1)  # any stalled lease runs out
-        state = self._state()
+        state = self.state()
         self.judge.fail(
             7,
             f"the run did not end within {DRAIN_BOUND} drain steps "
@@ -522,7 +564,7 @@ def simulate(scenario: Scenario) -> Result:
             for event in scenario.events:
                 sim.apply(event)
             used = sim.drain()
-            state = sim._state()
+            state = sim.state()
             return Result(
                 scenario,
                 list(sim.judge.violations),

@@ -25,6 +25,7 @@ KNOWN_DEFECTS: dict[str, str] = {
     "receipt_drift": "the replay rule never asks the adapter (a deleted or drifted receipt)",
     "gated_repeats": "a replay of an approval-gated effect needs no approval",
     "service_down": "a worker hammers a service that is down (a checkpoint per resend)",
+    "policy_change": "a policy change releases a write the old policy held",
 }
 
 #: Every knob, known defect or not; all on is the full exploration.
@@ -86,6 +87,8 @@ class Scenario:
     plan: tuple[Item, ...]
     events: tuple[Event, ...]
     knobs: frozenset[str] = field(default_factory=lambda: CI_KNOBS)
+    #: The first policy's own clause on adopting another one ("refuse" or "new_occurrence").
+    policy_change: str = "refuse"
 
     def describe(self) -> str:
         """The scenario, as a person reads it (the event log included)."""
@@ -93,7 +96,7 @@ class Scenario:
             f"seed {self.seed}",
             f"workspace {_caps(self.workspace)}",
             f"tickets   {_caps(self.tickets)}",
-            f"gated     {', '.join(self.gated) or '-'}",
+            f"gated     {', '.join(self.gated) or '-'} (policy_change: {self.policy_change})",
             f"plan      {'; '.join(str(i) for i in self.plan)}",
             f"events ({len(self.events)}):",
         ]
@@ -149,7 +152,9 @@ def draw(
     if "people" in knobs:
         gated = tuple(k for k in ("file.write", "ticket.create") if rng.random() < 0.3)
     plan = _plan(rng, knobs, gated)
-    return Scenario(seed, ws, tk, gated, plan, _events(rng, knobs, events), knobs)
+    # From a stream of its own, so that adding it moved no other seed's draw.
+    clause = random.Random(seed * 7919 + 1).choice(("refuse", "new_occurrence"))
+    return Scenario(seed, ws, tk, gated, plan, _events(rng, knobs, events), knobs, clause)
 
 
 def _plan(rng: random.Random, knobs: frozenset[str], gated: tuple[str, ...]) -> tuple[Item, ...]:
@@ -174,12 +179,16 @@ def _plan(rng: random.Random, knobs: frozenset[str], gated: tuple[str, ...]) -> 
                 continue
             seen.append(value)
             items.append(Item("write", target, value))
+            if rng.random() < 0.25 and not ("file.write" in gated and "gated_repeats" not in knobs):
+                items.append(Item("write", target, value))  # the same write again: a replay
         else:
             title = rng.choice(TITLES)
             if title in tickets and "ticket.create" in gated and "gated_repeats" not in knobs:
                 continue
             tickets.append(title)
             items.append(Item("ticket", "tickets", title))
+            if rng.random() < 0.25 and "ticket.create" not in gated:
+                items.append(Item("ticket", "tickets", title))  # the same ticket again
     items.append(Item("finish"))
     return tuple(items)
 
@@ -193,6 +202,7 @@ def _events(rng: random.Random, knobs: frozenset[str], count: int) -> tuple[Even
         choices += [(1.5, "crash_commit"), (1.5, "crash_point")]
     if "people" in knobs:
         choices += [(2.5, "approve"), (2.0, "review"), (0.3, "cancel")]
+        choices += [(0.4, "rewind"), (0.3, "admit"), (0.3, "fork")]
     if "faults" in knobs:
         choices += [(1.0, "lost_reply"), (0.3, "route_404")]
     if "hostile_answers" in knobs:
@@ -205,14 +215,98 @@ def _events(rng: random.Random, knobs: frozenset[str], count: int) -> tuple[Even
         choices.append((0.5, "forget"))
     if "receipt_drift" in knobs:
         choices.append((0.4, "drift"))
+    if "policy_change" in knobs:
+        choices.append((0.4, "policy"))
     weights = [w for w, _ in choices]
     names = [n for _, n in choices]
+    motifs = [m for m in MOTIFS.values() if _allowed(m, knobs)]
     out: list[Event] = []
-    for _ in range(count):
-        kind = rng.choices(names, weights)[0]
+    while len(out) < count:
         worker = rng.randrange(workers)
+        if motifs and rng.random() < 0.08:
+            # A short sequence that sets up a known hard case (see MOTIFS); its
+            # events are ordinary events, shrunk and replayed like any other.
+            out += [_bind(e, worker, workers) for e in rng.choice(motifs)]
+            continue
+        kind = rng.choices(names, weights)[0]
         out.append(_event(rng, kind, worker))
-    return tuple(out)
+    return tuple(out[:count])
+
+
+def _m(text: str) -> tuple[Event, ...]:
+    """A motif from text: ``kind[:arg[:num]]`` words; ``w1`` means the other worker."""
+    events = []
+    for word in text.split():
+        kind, _, rest = word.partition(":")
+        arg, _, num = rest.partition(":")
+        worker = 1 if arg == "w1" else 0
+        if arg in {"w0", "w1"}:
+            arg = ""
+        events.append(Event(kind, worker, arg, float(num) if num else 0.0))
+    return tuple(events)
+
+
+#: Short event sequences that set up the cases the issue names, drawn now and then.
+MOTIFS: dict[str, tuple[Event, ...]] = {
+    "unknown_past_retention": _m(
+        "lost_reply:tickets step advance::400 forget step step review:replan step step step"
+    ),
+    "crash_after_send": _m("crash_point:effect_sent step step step"),
+    "crash_around_commit": _m("crash_commit:after step step crash_commit:before step step"),
+    # w1 takes the lease and commits nothing yet: only the lease fences w0 now.
+    "stale_worker": _m("step advance::45 step:w1 step step step:w1 step"),
+    "conflict_replan": _m(
+        "crash_point:intent_persisted hostile:workspace hostile:tickets step step step "
+        "review:replan step step step step"
+    ),
+    "drift_then_replay": _m("step step drift:workspace drift:tickets step step step"),
+    "down_hammer": _m("down:tickets:60 drive step step advance::5 drive step"),
+    "in_flight_wait": _m("in_flight:tickets step step advance::45 step step"),
+    # The approval lands with a commit whose process dies; it has expired by the send.
+    "approval_expiry": _m(
+        "step approve:short crash_commit:after step advance::20 step step approve:yes step"
+    ),
+    "unknown_write_past_retention": _m(
+        "lost_reply:workspace step advance::400 forget step step review:replan step step step"
+    ),
+    "rewind_after_writes": _m("step step step rewind::0.5 step step step"),
+    "fork_then_repeat": _m("step step fork step step"),
+    "policy_on_held_write": _m("step crash_point:effect_sent policy:looser step step step"),
+    "stricter_on_held_write": _m(
+        "crash_point:intent_persisted step policy:stricter step step step"
+    ),
+}
+
+#: The knobs a motif's events need.
+_NEEDS = {
+    "lost_reply": "faults",
+    "forget": "retention_past",
+    "hostile": "hostile_answers",
+    "drift": "receipt_drift",
+    "down": "service_down",
+    "in_flight": "in_flight",
+    "crash_point": "crashes",
+    "crash_commit": "crashes",
+    "review": "people",
+    "approve": "people",
+    "rewind": "people",
+    "fork": "people",
+    "drive": "drive",
+    "policy": "policy_change",
+}
+
+
+def _allowed(motif: tuple[Event, ...], knobs: frozenset[str]) -> bool:
+    needed = {_NEEDS[e.kind] for e in motif if e.kind in _NEEDS}
+    if any(e.worker for e in motif):
+        needed.add("two_workers")
+    return needed <= knobs
+
+
+def _bind(event: Event, worker: int, workers: int) -> Event:
+    """A motif's event for the drawn worker (``w1`` in a motif: the other one)."""
+    chosen = (worker + event.worker) % workers
+    return replace(event, worker=chosen)
 
 
 def _event(rng: random.Random, kind: str, worker: int) -> Event:
@@ -227,6 +321,10 @@ def _event(rng: random.Random, kind: str, worker: int) -> Event:
         return Event(kind, worker, point)
     if kind == "approve":
         return Event(kind, arg=rng.choice(("yes", "yes", "yes", "short", "refuse")))
+    if kind == "rewind":
+        return Event(kind, num=rng.choice((0.3, 0.6, 0.9)))
+    if kind == "policy":
+        return Event(kind, arg=rng.choice(("looser", "stricter")))
     if kind == "review":
         return Event(kind, arg=rng.choice(("replan", "replan", "abort", "accept")))
     if kind in {"lost_reply", "hostile", "down", "in_flight", "drift", "route_404"}:

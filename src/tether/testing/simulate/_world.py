@@ -111,6 +111,8 @@ class World:
     judge: Callable[[Reception], None] = lambda r: None
     #: Called with (namespace, key, fence's lease version) at each send attempt.
     attempt: Callable[[str, str, int | None], None] = lambda ns, k, v: None
+    #: Called after the workspace was put back to a snapshot (a rewind).
+    restored: Callable[[], None] = lambda: None
 
     def receive(self, *, sent_at: float | None = None, **fields: Any) -> Reception:
         now = self.clock.seconds
@@ -203,7 +205,7 @@ class SimWorkspace(Sandbox, _Fenced):
         if self.faults.route_404:
             return None
         found = super().lookup(key)
-        return _maybe_hostile(self.faults, found)
+        return _maybe_hostile(self.faults, found, key, self.environment(), self.namespace)
 
     def held(self, key: str) -> Receipt | None:
         """The receipt the workspace holds under ``key`` (no fault applies: the truth)."""
@@ -216,6 +218,13 @@ class SimWorkspace(Sandbox, _Fenced):
             key = max(keys, key=lambda k: self._sent_at[k])
             self.delete_receipt(key)
             del self._sent_at[key]
+
+    def restore_snapshot(
+        self, root: str, get_blob: Callable[[str], bytes | None], fence: Fence | None = None
+    ) -> EnvironmentState:
+        env = super().restore_snapshot(root, get_blob, fence)
+        self.world.restored()
+        return env
 
     def forget(self, retention_s: float) -> list[str]:
         """Drop every key older than ``retention_s`` (the service's declared retention)."""
@@ -291,7 +300,9 @@ class SimTickets(RemoteEffect, _Fenced):
         if self.faults.route_404:
             return None
         found = self._receipts.get(key)
-        return _maybe_hostile(self.faults, None if found is None else found[0])
+        return _maybe_hostile(
+            self.faults, None if found is None else found[0], key, self.environment(), "tickets"
+        )
 
     def forget(self, retention_s: float) -> list[str]:
         """Drop every key older than ``retention_s`` (the service's declared retention)."""
@@ -354,9 +365,27 @@ class SimTickets(RemoteEffect, _Fenced):
         return receipt
 
 
-def _maybe_hostile(faults: Faults, found: Receipt | None) -> Receipt | None:
-    """A hostile look-up: a receipt under the key for an intent that is not the one sent."""
-    if found is None or faults.hostile <= 0:
+def _maybe_hostile(
+    faults: Faults, found: Receipt | None, key: str, env: EnvironmentState, namespace: str
+) -> Receipt | None:
+    """A hostile look-up: a receipt under the key for an intent that is not the one sent.
+
+    Where nothing landed under the key, the receipt is made up whole (a
+    service that answers for another client's request under a reused key).
+    """
+    if faults.hostile <= 0:
         return found
     faults.hostile -= 1
-    return replace(found, intent_digest=digest({"hostile": found.intent_digest}))
+    if found is not None:
+        return replace(found, intent_digest=digest({"hostile": found.intent_digest}))
+    return Receipt(
+        namespace=namespace,
+        adapter_version="1",
+        receipt_id=f"hostile-{key}",
+        idempotency_key=key,
+        intent_digest=digest({"hostile": key}),
+        result={},
+        business_object_id=f"hostile-{key}",
+        committed_at=format_time(EPOCH),
+        post_state=env,
+    )
