@@ -63,7 +63,7 @@ def _deliver(sim: Simulation, kind: str, signer: Signer, body: dict[str, Any]) -
 
 def approve(sim: Simulation, event: Event) -> None:
     """Approve the pending gated write (``short``: for five seconds; ``refuse``: not at all)."""
-    state = sim.state()
+    state = sim.state("pending")
     pending = None if state is None else state.pending
     if state is None or state.phase is not Phase.PENDING or pending is None:
         return
@@ -89,7 +89,7 @@ def approve(sim: Simulation, event: Event) -> None:
 
 def review(sim: Simulation, event: Event) -> None:
     """Decide the open review case: ``replan``, ``abort`` or ``accept`` (where it applies)."""
-    state = sim.state()
+    state = sim.state("needs_review")
     if state is None or state.phase is not Phase.NEEDS_REVIEW or not state.review_cases:
         return
     now = sim.clock.now()
@@ -110,7 +110,7 @@ def review(sim: Simulation, event: Event) -> None:
 
 def cancel(sim: Simulation, event: Event) -> None:
     """An operator cancels a run that is neither over nor frozen."""
-    state = sim.state()
+    state = sim.state("running", "pending")
     if state is None or state.phase.terminal or state.phase is Phase.NEEDS_REVIEW:
         return
     now = sim.clock.now()
@@ -156,7 +156,7 @@ def _admission(sim: Simulation, purpose: Purpose, target: int | None, kind: str)
 
 def rewind(sim: Simulation, event: Event) -> None:
     """An operator rewinds context and workspace to an earlier generation (``num``: how far)."""
-    state = sim.state()
+    state = sim.state("running")
     if state is None or state.phase is not Phase.RUNNING or state.generation < 2:
         return
     target = max(1, int(state.generation * event.num))
@@ -174,8 +174,8 @@ def fork(sim: Simulation, event: Event) -> None:
     """A reviewer asks for a committed effect once more (the newest one the ledger records)."""
     from tether.testing.simulate._runner import RUN_ID
 
-    state = sim.state()
-    if state is None or state.phase.terminal:
+    state = sim.state("running", "pending", "needs_review")
+    if state is None:
         return
     known = replay_rules.known_effects(sim.observer.ledger(RUN_ID))
     current = [k.current for k in known.values() if k.current is not None]

@@ -20,7 +20,6 @@ from tether.adapters import Adapters
 from tether.core import (
     LedgerEntry,
     OutcomeKind,
-    Phase,
     Policy,
     PolicyChange,
     RunState,
@@ -464,8 +463,14 @@ class Simulation:
         ):
             if caps.retention_s is None:
                 continue
-            for key in adapter.forget(caps.retention_s):
-                if key not in self._committed_now():
+            forgotten = adapter.forget(caps.retention_s)
+            if not forgotten:
+                continue
+            latest = {e.idempotency_key: e.status.value for e in self.observer.ledger(RUN_ID)}
+            for key in forgotten:
+                # Only a write the run still waits on (dispatched, unsettled) is
+                # unknowable now; one settled or decided by a person is not.
+                if latest.get(key) == "dispatched":
                     self.judge.unknowable.setdefault(key, self.event_no)
 
     def _on_route_404(self, event: Event) -> None:
@@ -496,8 +501,16 @@ class Simulation:
 
     # -- people --------------------------------------------------------------
 
-    def state(self) -> RunState | None:
-        """The run as a person reads it: the verified checkpoint the mark names."""
+    def state(self, *phases: str) -> RunState | None:
+        """The run as a person reads it: the verified checkpoint the mark names.
+
+        ``phases``: read it only if the mark says the run is in one of them
+        (``None`` otherwise): a person who has nothing to do reads no checkpoint.
+        """
+        if phases:
+            mark = self.observer.get_mark(RUN_ID)
+            if mark is None or mark.phase not in phases:
+                return None
         try:
             return self.slots[0].runtime.checkpointer.load(RUN_ID).state
         except TetherError:
@@ -522,24 +535,26 @@ class Simulation:
             slot.crash.point = None
         replans = 0
         for used in range(1, DRAIN_BOUND + 1):
-            state = self.state()
-            if state is not None and state.phase.terminal:
+            mark = self.observer.get_mark(RUN_ID)
+            phase = None if mark is None else mark.phase
+            if phase in {"completed", "failed", "cancelled"}:
                 return used - 1
-            if state is not None and state.phase is Phase.NEEDS_REVIEW:
+            if phase == "needs_review":
                 replans += 1
                 decision = "replan" if replans <= 2 else "abort"
                 self.apply(Event("review", arg=decision))
-            elif (
-                state is not None
-                and state.phase is Phase.PENDING
-                and state.pending is not None
-                and self._gated(state.pending.intent.kind)
-                and self.people.approvals.get(
-                    (state.pending.idempotency_key, state.pending.intent.digest), -1.0
-                )
-                <= self.clock.seconds
-            ):
-                self.apply(Event("approve", arg="yes"))
+            elif phase == "pending":
+                state = self.state()
+                pending = None if state is None else state.pending
+                if (
+                    pending is not None
+                    and self._gated(pending.intent.kind)
+                    and self.people.approvals.get(
+                        (pending.idempotency_key, pending.intent.digest), -1.0
+                    )
+                    <= self.clock.seconds
+                ):
+                    self.apply(Event("approve", arg="yes"))
             self.apply(Event("step", 0))
             self.clock.advance(LEASE_TTL_S + 1)  # any stalled lease runs out
         state = self.state()
@@ -563,12 +578,12 @@ def simulate(scenario: Scenario) -> Result:
         try:
             for event in scenario.events:
                 sim.apply(event)
-            used = sim.drain()
+            sim.drain()
             state = sim.state()
             return Result(
                 scenario,
                 list(sim.judge.violations),
-                len(scenario.events) + used,
+                sim.event_no,  # every scheduler decision applied, the drain's included
                 sim.judge.checks,
                 len(sim.world.receptions),
                 "?" if state is None else state.phase.value,
