@@ -47,7 +47,7 @@ def main() -> None:
     planted = mutants()
     caught = 0
     for name, mutant in planted.items():
-        seed = hunt(name, range(args.mutant_seeds))
+        seed = hunt(name, range(args.mutant_seeds))  # the directed cases first
         caught += seed is not None
         knobs = sorted(mutant.knobs - CI_KNOBS)
         extra = f" (with {', '.join(knobs)})" if knobs else ""

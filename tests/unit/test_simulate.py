@@ -17,6 +17,7 @@ import pytest
 from tether.core import Capabilities
 from tether.testing.simulate import CI_KNOBS, KNOWN_DEFECTS, Item, draw, run, shrink, simulate
 from tether.testing.simulate.__main__ import main
+from tether.testing.simulate._directed import case_of, directed
 from tether.testing.simulate._scenario import MOTIFS
 
 logging.getLogger("tether").setLevel(logging.ERROR)  # lost leases are part of the game
@@ -42,6 +43,35 @@ def test_the_ci_corpus_keeps_the_promise(seed: int) -> None:
     result = run(seed)
     assert result.ok, "\n".join(map(str, result.violations)) + "\n" + result.scenario.describe()
     assert result.events >= 60 and result.checks > 0
+
+
+def test_the_directed_cases_keep_the_promise() -> None:
+    """Every hard case set up on purpose, on every capability mix, breaks no invariant."""
+    scenarios = directed()
+    assert len(scenarios) >= 50
+    broken = [
+        (s.seed, case_of(s), r.violations[0]) for s in scenarios for r in [simulate(s)] if not r.ok
+    ]
+    assert not broken, broken
+
+
+@pytest.mark.parametrize(
+    ("knob", "case", "invariant"),
+    [
+        ("retention_past", "unknown_past_retention", 1),
+        ("receipt_drift", "drift_then_replay", 3),
+        ("policy_change", "policy_on_held_write", 2),
+    ],
+)
+def test_a_known_defect_is_found_by_its_directed_case(knob: str, case: str, invariant: int) -> None:
+    """With its knob on, the directed case of a known defect breaks the invariant it names."""
+    found = {
+        v.invariant
+        for s in directed(CI_KNOBS | {knob})
+        if case_of(s) == case
+        for v in simulate(s).violations
+    }
+    assert invariant in found, f"{knob}: {KNOWN_DEFECTS[knob]} no longer found; fixed?"
 
 
 def test_a_seed_replays_exactly() -> None:

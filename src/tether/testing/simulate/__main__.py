@@ -12,8 +12,9 @@ import logging
 import random
 import sys
 
+from tether.testing.simulate._directed import case_of, directed
 from tether.testing.simulate._run import bar, explore, run, shrink
-from tether.testing.simulate._runner import Result
+from tether.testing.simulate._runner import Result, simulate
 from tether.testing.simulate._scenario import ALL_KNOBS, CI_KNOBS, KNOWN_DEFECTS
 
 
@@ -43,6 +44,9 @@ def _report(result: Result, *, shrunk: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tether.testing.simulate", description=__doc__)
     parser.add_argument("--seed", type=int, help="replay this seed exactly")
+    parser.add_argument(
+        "--directed", type=int, help="replay the directed scenario numbered N (1000001...)"
+    )
     parser.add_argument("--minutes", type=float, help="explore new seeds for this long")
     parser.add_argument("--seeds", type=int, help="explore this many seeds")
     parser.add_argument("--first", type=int, help="first seed to explore (default: random)")
@@ -54,6 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)  # the runtime's own warnings about lost leases are expected
     knobs = _knobs(args)
+    if args.directed is not None:
+        chosen = [s for s in directed(knobs) if s.seed == args.directed]
+        if not chosen:
+            raise SystemExit(f"no directed scenario {args.directed} under these knobs")
+        print(f"directed case: {case_of(chosen[0])}")
+        result = simulate(chosen[0])
+        _report(result, shrunk=args.no_shrink)
+        return 0 if result.ok else 1
     if args.seed is not None:
         result = run(args.seed, knobs=knobs, events=args.events)
         _report(result, shrunk=args.no_shrink)

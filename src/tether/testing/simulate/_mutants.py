@@ -220,11 +220,25 @@ def planted(name: str) -> Iterator[Mutant]:
 
 
 def catches(name: str, seed: int, *, events: int = 60) -> bool:
-    """Whether ``seed`` catches mutant ``name``: it passes on the real code and fails with it."""
-    from tether.testing.simulate._runner import simulate
+    """Whether ``seed`` catches mutant ``name``: it passes on the real code and fails with it.
+
+    Seeds from 1,000,001 on name the directed scenarios (``_directed``).
+    """
     from tether.testing.simulate._scenario import CI_KNOBS, draw
 
-    scenario = draw(seed, CI_KNOBS | mutants()[name].knobs, events=events)
+    knobs = CI_KNOBS | mutants()[name].knobs
+    if seed > 1_000_000:
+        from tether.testing.simulate._directed import directed
+
+        chosen = [s for s in directed(knobs) if s.seed == seed]
+        return bool(chosen) and catches_scenario(name, chosen[0])
+    return catches_scenario(name, draw(seed, knobs, events=events))
+
+
+def catches_scenario(name: str, scenario: Any) -> bool:
+    """Whether ``scenario`` passes on the real code and breaks an invariant with ``name`` planted."""
+    from tether.testing.simulate._runner import simulate
+
     with planted(name):
         if simulate(scenario).ok:
             return False
@@ -232,7 +246,13 @@ def catches(name: str, seed: int, *, events: int = 60) -> bool:
 
 
 def hunt(name: str, seeds: range, *, events: int = 60) -> int | None:
-    """The first seed of ``seeds`` that catches mutant ``name`` (``None``: it escaped)."""
+    """The first directed scenario, then seed of ``seeds``, that catches mutant ``name``."""
+    from tether.testing.simulate._directed import directed
+    from tether.testing.simulate._scenario import CI_KNOBS
+
+    for scenario in directed(CI_KNOBS | mutants()[name].knobs):
+        if catches_scenario(name, scenario):
+            return scenario.seed
     for seed in seeds:
         if catches(name, seed, events=events):
             return seed

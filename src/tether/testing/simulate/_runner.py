@@ -187,6 +187,8 @@ class Simulation:
         #: The policy the promise is judged under: a new one is in force only if
         #: the clause of the one in force lets it in (never the newcomer's).
         self.in_force = self.policy
+        self.deployed: dict[str, Policy] = {self.policy.policy_version: self.policy}
+        self.adopted_wrongly = False
         self.db = directory / "sim.sqlite"
         self.observer = SimStore(self.db, self.clock.micros)
         self.judge = Judge()
@@ -331,6 +333,18 @@ class Simulation:
         mark = self.observer.get_mark(RUN_ID)
         if mark is not None:
             self.judge.phase(mark.phase, self.committed)
+        if self.policy is not self.in_force and not self.adopted_wrongly:
+            # A policy the one in force does not let in was deployed: the run
+            # must not go on under it (only a signed admission adopts it).
+            state = self.state()
+            version = None if state is None else state.binding.policy_version
+            if version == self.policy.policy_version:
+                self.adopted_wrongly = True
+                self.judge.fail(
+                    2,
+                    f"the run went on under policy v{version}, which v"
+                    f"{self.in_force.policy_version} in force refuses to adopt",
+                )
 
     def _slot_of(self, event: Event) -> Slot:
         return self.slots[min(event.worker, len(self.slots) - 1)]
@@ -489,6 +503,7 @@ class Simulation:
         if self.in_force.authority.policy_change is PolicyChange.NEW_OCCURRENCE:
             self.in_force = policy
         self.policy = policy
+        self.deployed[policy.policy_version] = policy
         for slot in list(self.slots):
             self._die(slot)
 
@@ -530,6 +545,16 @@ class Simulation:
             adapter.faults = type(adapter.faults)()
         if self.policy is not self.in_force:
             self._deploy(self.in_force)  # the operator puts back the policy in force
+        state = self.state()
+        bound = None if state is None else self.deployed.get(state.binding.policy_version)
+        if bound is not None and bound is not self.policy:
+            # The run is bound to another policy (went on under it, judged then,
+            # or the one in force refused to recover it): the operator keeps
+            # the run's own, so it can still end.
+            self.policy = self.in_force = bound  # the operator's choice, not the runtime's
+            self.adopted_wrongly = True
+            for slot in list(self.slots):
+                self._die(slot)
         for slot in self.slots:
             slot.store.crash_at = None
             slot.crash.point = None
