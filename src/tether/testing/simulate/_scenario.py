@@ -23,6 +23,8 @@ KNOWN_DEFECTS: dict[str, str] = {
     "retention_past": "a key forgotten past retention: absence taken as proof, the effect sent twice",
     "hostile_answers": "a receipt under a key answers another intent (after a replan)",
     "receipt_drift": "the replay rule never asks the adapter (a deleted or drifted receipt)",
+    # Off: the plan never repeats a gated effect, and a replay of one (a crash's
+    # re-proposal makes them too) is not judged for its approval.
     "gated_repeats": "a replay of an approval-gated effect needs no approval",
     "service_down": "a worker hammers a service that is down (a checkpoint per resend)",
     "policy_change": "a policy change releases a write the old policy held",
