@@ -148,8 +148,12 @@ def draw(
 ) -> Scenario:
     """The scenario of ``seed`` under ``knobs`` (``workspace``/``tickets``: fixed capabilities)."""
     rng = random.Random(seed)
-    ws = workspace or capabilities(rng, knobs, remote=False)
-    tk = tickets or capabilities(rng, knobs, remote=True)
+    ws = capabilities(rng, knobs, remote=False)
+    tk = capabilities(rng, knobs, remote=True)
+    # A caller's own capabilities replace the drawn ones (drawn anyway, so the
+    # rest of the seed is the same); which member they describe sets ``stateful``.
+    ws = ws if workspace is None else replace(workspace, stateful=True)
+    tk = tk if tickets is None else replace(tickets, stateful=False)
     gated: tuple[str, ...] = ()
     if "people" in knobs:
         gated = tuple(k for k in ("file.write", "ticket.create") if rng.random() < 0.3)
