@@ -93,9 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     for result in found.failures or []:
         first_violation = result.violations[0]
         print(f"seed {result.scenario.seed}: {first_violation}")
+        flags = "".join(f" --on {k}" for k in sorted(knobs - CI_KNOBS))
+        flags += "".join(f" --off {k}" for k in sorted(CI_KNOBS - knobs))
         print(
             f"  replay: python -m tether.testing.simulate --seed {result.scenario.seed}"
-            + (" --all" if args.all else "")
+            f" --events {args.events}{flags}"
         )
     return 0 if not found.failures else 1
 
