@@ -41,6 +41,8 @@ CASES: dict[str, tuple[Event, ...]] = {
     "lost_write_past_retention_abort": _m(
         "lost_reply:workspace step advance::400 forget step step review:abort step step"
     ),
+    # A request that hangs: past an in-flight limit a person decides; without one, wait.
+    "stuck_in_flight": _m("in_flight:tickets:1 step step advance::200 step step step"),
     "crash_past_retention": _m(
         "crash_point:effect_sent step advance::400 forget step step step review:replan step step"
     ),
@@ -56,11 +58,12 @@ PLANS: tuple[tuple[Item, ...], ...] = (
 
 def _caps(remote: bool) -> tuple[Capabilities, ...]:
     base = Capabilities(idempotent=True, queryable=True, conditional_writes=False)
+    limit = 120.0 if remote else None  # a remote service may declare an in-flight limit
     return tuple(
         replace(c, stateful=not remote)
         for c in (
             replace(base, retention_s=60.0),
-            replace(base, idempotent=False, absent_is_final=False),
+            replace(base, idempotent=False, absent_is_final=False, in_flight_limit_s=limit),
             replace(base, idempotent=False, queryable=False),
         )
     )

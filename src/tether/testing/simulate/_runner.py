@@ -467,7 +467,10 @@ class Simulation:
         self._adapter(event).faults.hostile += 1
 
     def _on_in_flight(self, event: Event) -> None:
-        self.tickets.faults.in_flight += 1
+        if event.num:
+            self.tickets.faults.stuck += 1  # hung until the world heals
+        else:
+            self.tickets.faults.in_flight += 1
 
     def _on_down(self, event: Event) -> None:
         faults = self._adapter(event).faults
@@ -544,8 +547,8 @@ class Simulation:
 
     def drain(self) -> int:
         """Heal the world, let people answer, and step until the run ends; the events used."""
-        for adapter in (self.workspace, self.tickets):
-            adapter.faults = type(adapter.faults)()
+        self.workspace.faults = type(self.workspace.faults)()
+        self.tickets.heal()
         if self.policy is not self.in_force:
             self._deploy(self.in_force)  # the operator puts back the policy in force
         state = self.state()

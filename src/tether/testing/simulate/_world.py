@@ -93,6 +93,7 @@ class Faults:
     lost_reply: int = 0  # the next N sends apply, then the reply is lost
     hostile: int = 0  # the next N look-ups answer with another intent's receipt
     in_flight: int = 0  # the next N sends stay in flight for IN_FLIGHT_S
+    stuck: int = 0  # the next N sends stay in flight until the world heals (a hung handler)
     down_until: float = -1.0  # unavailable until this simulated second
     route_404: bool = False  # the look-up route does not exist: always "nothing"
 
@@ -278,9 +279,14 @@ class SimTickets(RemoteEffect, _Fenced):
             if existing[0].intent_digest == intent.digest:
                 return existing[0]
             raise IdempotencyConflictError(key, intent.digest, existing[0])
-        if self.faults.in_flight > 0:
-            self.faults.in_flight -= 1
-            self._in_flight[key] = (intent, prestate, now + IN_FLIGHT_S, fence)
+        if self.faults.in_flight > 0 or self.faults.stuck > 0:
+            hung = self.faults.stuck > 0
+            if hung:
+                self.faults.stuck -= 1
+            else:
+                self.faults.in_flight -= 1
+            until = float("inf") if hung else now + IN_FLIGHT_S
+            self._in_flight[key] = (intent, prestate, until, fence)
             self._in_flight_sent[key] = now
             raise KeyInFlightError(key, "simulated: accepted, still running")
         receipt = self._apply(key, intent, prestate, fence)
@@ -322,6 +328,12 @@ class SimTickets(RemoteEffect, _Fenced):
         keys = [k for k in self._receipts if k in settled]
         if keys:
             del self._receipts[max(keys, key=lambda k: self._receipts[k][1])]
+
+    def heal(self) -> None:
+        """The world heals: a hung request lands now, and no fault is armed any more."""
+        self.faults = Faults()
+        for key, (intent, prestate, _, fence) in list(self._in_flight.items()):
+            self._in_flight[key] = (intent, prestate, self.world.clock.seconds, fence)
 
     def _land_due(self) -> None:
         now = self.world.clock.seconds
