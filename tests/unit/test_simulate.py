@@ -8,7 +8,6 @@ failing, this test says so, and the knob leaves ``KNOWN_DEFECTS``.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import replace
 
@@ -19,8 +18,6 @@ from tether.testing.simulate import CI_KNOBS, KNOWN_DEFECTS, Item, draw, run, sh
 from tether.testing.simulate.__main__ import main
 from tether.testing.simulate._directed import case_of, directed
 from tether.testing.simulate._scenario import MOTIFS
-
-logging.getLogger("tether").setLevel(logging.ERROR)  # lost leases are part of the game
 
 #: The corpus: seeds per pass (fewer in the second, ``python -O`` pass; the same knobs).
 CORPUS = range(8) if os.environ.get("TETHER_CRASH_TRIALS") else range(24)

@@ -7,13 +7,9 @@ replay-rule mutants after the rule rewrite.
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 from tether.testing.simulate._mutants import catches, mutants, planted
-
-logging.getLogger("tether").setLevel(logging.CRITICAL)
 
 #: mutant -> a seed of the CI corpus that catches it (from 1,000,001: a directed scenario).
 CAUGHT = {

@@ -56,7 +56,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--off", action="append", help="switch a knob off (repeatable)")
     parser.add_argument("--no-shrink", action="store_true", help="print failures unshrunk")
     args = parser.parse_args(argv)
-    logging.disable(logging.WARNING)  # the runtime's own warnings about lost leases are expected
+    # The runtime's own warnings about lost leases are expected here; the
+    # process-wide switch is put back after (main() may run inside a test).
+    previous = logging.root.manager.disable
+    logging.disable(logging.ERROR)
+    try:
+        return _main(args)
+    finally:
+        logging.disable(previous)
+
+
+def _main(args: argparse.Namespace) -> int:
     knobs = _knobs(args)
     if args.directed is not None:
         chosen = [s for s in directed(knobs) if s.seed == args.directed]
