@@ -23,6 +23,12 @@ really received, by the world's own books, never the adapter's. Optionally
 hostile service mode, a dropped connection), so the unknown-outcome checks
 run too.
 
+The protocol simulator (``tether.testing.simulate.run(seed, capabilities=...)``)
+drives the whole runtime against the capabilities you declare; it covers every
+combination of idempotent, queryable (blind: neither), absence final or not,
+retention, in-flight limit, fencing and stateful or remote, with lost replies,
+hostile look-ups, outages, requests in flight and a look-up route that 404s.
+
 What is checked, for the capabilities the adapter DECLARES: a receipt is
 bound to the key, the intent digest and the post-state ``derive_post_state``
 promised; an idempotent adapter replays the first receipt without a second

@@ -1,0 +1,76 @@
+"""The simulated agent: plays the scenario's plan from its restored context.
+
+It proposes at ``plan[context.plan_cursor]``, so what it does is a function
+of the checkpoint it was restored from. A restored agent does not remember
+its ids: each incarnation (a new process after a crash) names its actions
+afresh (``p<cursor>.i<incarnation>``), as ACRFence's re-proposal does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tether.core import Observation, Proposal
+from tether.runtime import AgentContext, Decision
+from tether.testing.simulate._scenario import Item
+
+_KINDS = {
+    "read": "file.read",
+    "test": "tests.run",
+    "write": "file.write",
+    "ticket": "ticket.create",
+}
+
+
+@dataclass
+class SimAgent:
+    """Plays ``plan``; ``incarnation`` names its actions; ``calls`` counts its decisions."""
+
+    plan: tuple[Item, ...]
+    incarnation: int
+    #: The plan kinds it tries again after a replan ("write", "ticket").
+    redo: frozenset[str] = frozenset({"write", "ticket"})
+    calls: int = 0
+
+    def decide(self, context: AgentContext, observation: Observation) -> Decision:
+        self.calls += 1
+        cursor = context.plan_cursor
+        item = self.plan[min(cursor, len(self.plan) - 1)]
+        after = AgentContext(context.messages, context.memory, cursor + 1)
+        action_id = f"p{cursor}.i{self.incarnation}"
+        told = observation.last_outcome
+        redo = None if told is None or told.reason != "replanned" else told.action_id
+        again = None if redo is None else planned(self.plan, redo)
+        if redo is not None and again is not None and again.kind in self.redo:
+            # After a replan the agent tries the frozen action again (ACRFence's
+            # re-proposal), under a new id, and stays where it was in its plan.
+            item, after = again, AgentContext(context.messages, context.memory, cursor)
+            action_id = f"{redo.split('.', 1)[0]}.i{self.incarnation}.r{cursor}"
+        if item.kind == "finish":
+            return Decision(after, finished=True)
+        if item.kind == "write":
+            args: dict[str, Any] = {"content": item.value}
+        elif item.kind == "ticket":
+            args = {"title": item.value}
+        else:
+            args = {}
+        proposal = Proposal(
+            action_id,
+            _KINDS[item.kind],
+            item.target,
+            args,
+            based_on_version=observation.environment.version,
+        )
+        return Decision(after, proposal)
+
+
+def planned(plan: tuple[Item, ...], action_id: str) -> Item | None:
+    """The plan item an action id names (``p<cursor>.i<n>``), or ``None``."""
+    if not action_id.startswith("p") or "." not in action_id:
+        return None
+    head = action_id[1:].split(".", 1)[0]
+    if not head.isdigit():
+        return None
+    cursor = int(head)
+    return plan[cursor] if cursor < len(plan) else None

@@ -1,0 +1,206 @@
+"""The people around a run: they sign approvals, reviews, cancels, rewinds, admissions, forks.
+
+Each act reads the run as a person would (the verified checkpoint the mark
+names), signs with a test key whose role the runtime trusts, and leaves the
+document in the run's inbox, where the next step reads it, as ``tether
+approve`` and its siblings do. Nonces are deterministic (the simulator's
+own counter), so a seed replays exactly. What they signed is kept, so the
+invariants can tell an approved send or a signed fork from one nobody asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from tether.core import (
+    Phase,
+    Purpose,
+    TetherError,
+    admission_request,
+    new_admission,
+    new_approval,
+    new_cancel,
+    new_decision,
+    new_fork,
+    replay_rules,
+)
+from tether.crypto import Signer, TrustRoots
+from tether.testing.simulate._scenario import Event
+
+if TYPE_CHECKING:
+    from tether.testing.simulate._runner import Simulation
+
+APPROVER = Signer.generate("alice", "approver")
+REVIEWER = Signer.generate("rita", "reviewer")
+OPERATOR = Signer.generate("oscar", "operator")
+TRUST = TrustRoots.of(APPROVER.trust_root(), REVIEWER.trust_root(), OPERATOR.trust_root())
+LIFETIME = timedelta(seconds=300)
+
+
+@dataclass
+class People:
+    """What the people signed: approvals by (key, digest) and by action id, forks by key."""
+
+    approvals: dict[tuple[str, str], float] = field(default_factory=dict)
+    approved_actions: set[str] = field(default_factory=set)
+    #: Idempotency keys of committed effects a signed fork asked to do once more.
+    forked: list[str] = field(default_factory=list)
+    nonce: int = 0
+
+    def next_nonce(self) -> str:
+        self.nonce += 1
+        return f"{self.nonce:032x}"
+
+
+def _deliver(sim: Simulation, kind: str, signer: Signer, body: dict[str, Any]) -> None:
+    from tether.testing.simulate._runner import RUN_ID
+
+    sim.observer.put_evidence(RUN_ID, kind, signer.sign(body))
+
+
+def approve(sim: Simulation, event: Event) -> None:
+    """Approve the pending gated write (``short``: for five seconds; ``refuse``: not at all)."""
+    state = sim.state("pending")
+    pending = None if state is None else state.pending
+    if state is None or state.phase is not Phase.PENDING or pending is None:
+        return
+    if not sim._gated(pending.intent.kind) or event.arg == "refuse":
+        return
+    ttl = 5.0 if event.arg == "short" else LIFETIME.total_seconds()
+    now = sim.clock.now()
+    body = new_approval(
+        state,
+        APPROVER.signer_id,
+        issued_at=now,
+        expires_at=now + timedelta(seconds=ttl),
+        nonce=sim.people.next_nonce(),
+    )
+    bound = (pending.idempotency_key, pending.intent.digest)
+    # The longest-lived approval counts: an earlier one may already be recorded.
+    sim.people.approvals[bound] = max(
+        sim.people.approvals.get(bound, -1.0), sim.clock.seconds + ttl
+    )
+    sim.people.approved_actions.add(pending.action_id)
+    _deliver(sim, "approval", APPROVER, body)
+
+
+def review(sim: Simulation, event: Event) -> None:
+    """Decide the open review case: ``replan``, ``abort`` or ``accept`` (where it applies)."""
+    state = sim.state("needs_review")
+    if state is None or state.phase is not Phase.NEEDS_REVIEW or not state.review_cases:
+        return
+    now = sim.clock.now()
+    try:
+        body = new_decision(
+            state,
+            state.review_cases[-1],
+            REVIEWER.signer_id,
+            event.arg,
+            issued_at=now,
+            expires_at=now + LIFETIME,
+            nonce=sim.people.next_nonce(),
+        )
+    except TetherError:
+        return  # accept, where it cannot apply: the person picks another day
+    _deliver(sim, "review_decision", REVIEWER, body)
+
+
+def cancel(sim: Simulation, event: Event) -> None:
+    """An operator cancels a run that is neither over nor frozen."""
+    state = sim.state("running", "pending")
+    if state is None or state.phase.terminal or state.phase is Phase.NEEDS_REVIEW:
+        return
+    now = sim.clock.now()
+    body = new_cancel(
+        state,
+        OPERATOR.signer_id,
+        reason="the simulator's operator cancels",
+        issued_at=now,
+        expires_at=now + LIFETIME,
+        nonce=sim.people.next_nonce(),
+    )
+    _deliver(sim, "cancel", OPERATOR, body)
+
+
+def _admission(sim: Simulation, purpose: Purpose, target: int | None, kind: str) -> None:
+    from tether.testing.simulate._runner import RUN_ID
+
+    try:
+        restored = sim.slots[0].runtime.checkpointer.load(RUN_ID)
+    except TetherError:
+        return
+    state = restored.state
+    if state.phase.terminal:
+        return
+    now = sim.clock.now()
+    request = admission_request(
+        state,
+        checkpoint_digest=restored.mark.checkpoint_digest,
+        policy=state.binding,
+        purpose=purpose,
+        target_generation=target,
+        reason="the simulator's operator" if purpose is Purpose.RECOVERY else "go back",
+    )
+    body = new_admission(
+        request,
+        OPERATOR.signer_id,
+        issued_at=now,
+        expires_at=now + LIFETIME,
+        nonce=sim.people.next_nonce(),
+    )
+    _deliver(sim, kind, OPERATOR, body)
+
+
+def rewind(sim: Simulation, event: Event) -> None:
+    """An operator rewinds context and workspace to an earlier generation (``num``: how far)."""
+    state = sim.state("running")
+    if state is None or state.phase is not Phase.RUNNING or state.generation < 2:
+        return
+    target = max(1, int(state.generation * event.num))
+    if target >= state.generation:
+        target = state.generation - 1
+    _admission(sim, Purpose.REWIND, target, "rewind")
+
+
+def admit(sim: Simulation, event: Event) -> None:
+    """An operator admits the run's next recovery (a signed admission in the inbox)."""
+    _admission(sim, Purpose.RECOVERY, None, "admission")
+
+
+def fork(sim: Simulation, event: Event) -> None:
+    """A reviewer asks for a committed effect once more (the newest one the ledger records)."""
+    from tether.testing.simulate._runner import RUN_ID
+
+    state = sim.state("running", "pending", "needs_review")
+    if state is None:
+        return
+    known = replay_rules.known_effects(sim.observer.ledger(RUN_ID))
+    current = [k.current for k in known.values() if k.current is not None]
+    committed = [c for c in current if c.receipt_id is not None]
+    if not committed:
+        return
+    chosen = committed[-1]
+    now = sim.clock.now()
+    body = new_fork(
+        state,
+        chosen,
+        REVIEWER.signer_id,
+        issued_at=now,
+        expires_at=now + LIFETIME,
+        nonce=sim.people.next_nonce(),
+    )
+    sim.people.forked.append(chosen.idempotency_key)
+    _deliver(sim, "fork", REVIEWER, body)
+
+
+ACTS: dict[str, Callable[[Simulation, Event], None]] = {
+    "approve": approve,
+    "review": review,
+    "cancel": cancel,
+    "rewind": rewind,
+    "admit": admit,
+    "fork": fork,
+}

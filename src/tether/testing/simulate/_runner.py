@@ -1,0 +1,632 @@
+"""One simulation: the real runtime, two workers, people, and the world, driven by events.
+
+Every event is applied to the real :class:`~tether.runtime.Runtime` and
+:class:`~tether.runtime.RunSession` (and the real :class:`~tether.runtime.Worker`
+for ``drive``) on the real SQLite store; the invariants of ``_judge`` are
+checked as each effect lands and after every event. The run ends with a
+drain: the world healed, people answering, the run must end within a bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tether.adapters import Adapters
+from tether.core import (
+    LedgerEntry,
+    OutcomeKind,
+    Policy,
+    PolicyChange,
+    RunState,
+    TaskSpec,
+    TetherError,
+)
+from tether.crypto import Keyring
+from tether.runtime import CrashPlan, CrashPoint, RunSession, Runtime, SimulatedCrash, Worker
+from tether.testing.simulate import _people
+from tether.testing.simulate._agent import SimAgent, planned
+from tether.testing.simulate._judge import SENDS_PER_CLAIM, Judge, Violation
+from tether.testing.simulate._people import TRUST, People
+from tether.testing.simulate._scenario import FILES, Event, Scenario
+from tether.testing.simulate._store import SimStore
+from tether.testing.simulate._world import SimClock, SimIds, SimTickets, SimWorkspace, World
+
+RUN_ID = "run-sim"
+_ITEM_KIND = {"file.write": "write", "ticket.create": "ticket"}
+LEASE_TTL_S = 30.0
+#: Drain iterations (one scheduler decision each) a healthy run may take to end.
+DRAIN_BOUND = 120
+#: Commits one event may make before the simulator calls it a runaway loop.
+COMMITS_PER_EVENT = 200
+
+_KEYRING = Keyring.generate("sim")
+
+
+class _Still:
+    """A heartbeat that never runs: simulated steps take no simulated time.
+
+    The real heartbeat renews a lease from a thread polling the wall clock,
+    a source of nondeterminism the simulator must own; in a simulation no
+    time passes inside a step, so the step's own ``keep()`` renews exactly
+    when the real one would (a third of the ttl, by the simulated clock).
+    """
+
+    failure = None
+
+    def busy(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def stop(self) -> None:
+        return None
+
+
+class SimRuntime(Runtime):
+    """The real runtime, its sessions without a heartbeat thread (see :class:`_Still`)."""
+
+    def start(self, run_id: str | None = None, context: Any = None) -> RunSession:
+        return _still(super().start(run_id, context))
+
+    def recover(self, run_id: str, lease: Any = None, *, admission: Any = None) -> RunSession:
+        return _still(super().recover(run_id, lease, admission=admission))
+
+
+def _still(session: RunSession) -> RunSession:
+    vars(session)["_heartbeat"] = _Still()  # before its first step: no thread has started
+    return session
+
+
+class Runaway(BaseException):
+    """An event that never returns (a worker looping on a down service): stopped and judged."""
+
+
+@dataclass
+class Result:
+    """What one simulation did and found."""
+
+    scenario: Scenario
+    violations: list[Violation]
+    events: int
+    checks: int
+    receptions: int
+    phase: str
+    #: Every effect that reached the world, in order (what an exact replay must repeat).
+    world: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+@dataclass
+class Slot:
+    """One worker: its store connection, its runtime (a process), and its session."""
+
+    index: int
+    store: SimStore
+    runtime: Runtime
+    crash: CrashPlan
+    agent: SimAgent
+    session: RunSession | None = None
+
+
+def rules(
+    scenario: Scenario, workspace_fp: str, namespace: str, variant: str = "first"
+) -> tuple[TaskSpec, Policy]:
+    """The task and a policy: the first (its gated kinds need approval), looser or stricter.
+
+    The looser one gates nothing and lets any later policy in; the stricter
+    one gates every write and puts ``ticket.create`` above its ``max_risk``.
+    """
+    perms = {
+        "file.read": "workspace.read",
+        "file.list": "workspace.read",
+        "tests.run": "workspace.read",
+        "file.write": "workspace.write",
+        "ticket.create": "service.write",
+    }
+    task = TaskSpec.from_json(
+        {
+            "task_id": "sim",
+            "task_version": "1",
+            "allowed_kinds": sorted(perms),
+            "allowed_paths": ["src/", "tickets"],
+            "permissions": sorted(set(perms.values())),
+            "budgets": {"proposals": 40, "steps": 120, "wall_time_s": 10**6, "cost": 100},
+            "initial_environment": {"namespace": namespace, "state_fingerprint": workspace_fp},
+            "verifier": {"argv": ["true"], "timeout_s": 30},
+            "tests": {"unit": {"argv": ["true"], "timeout_s": 30}},
+        }
+    )
+    gated = {
+        "first": set(scenario.gated),
+        "looser": set(),
+        "stricter": {"file.write", "ticket.create"},
+    }[variant]
+    clause = {"first": scenario.policy_change, "looser": "new_occurrence"}.get(
+        variant, scenario.policy_change
+    )
+    policy = Policy.from_json(
+        {
+            "policy_id": "sim",
+            "policy_version": {"first": "1", "looser": "2", "stricter": "3"}[variant],
+            "kinds": {
+                kind: {
+                    "risk": "high" if variant == "stricter" and kind == "ticket.create" else "low",
+                    "permission": perm,
+                    "needs_approval": kind in gated,
+                }
+                for kind, perm in perms.items()
+            },
+            "max_risk": "medium",
+            "approval_ttl_s": 600,
+            "authority": {"policy_change": clause},
+        }
+    )
+    return task, policy
+
+
+class Simulation:
+    """Applies a scenario's events to the real runtime and judges after each one."""
+
+    def __init__(self, scenario: Scenario, directory: Path) -> None:
+        self.scenario = scenario
+        self.clock = SimClock()
+        self.ids = SimIds()
+        self.world = World(self.clock, self.ids)
+        self.workspace = SimWorkspace(self.world, scenario.workspace, {f: "0" for f in FILES})
+        self.tickets = SimTickets(self.world, scenario.tickets)
+        self.adapter = Adapters(self.workspace, self.tickets)
+        env = self.adapter.environment()
+        self.task, self.policy = rules(scenario, env.state_fingerprint, env.namespace)
+        self._fingerprint, self._namespace = env.state_fingerprint, env.namespace
+        #: The policy the promise is judged under: a new one is in force only if
+        #: the clause of the one in force lets it in (never the newcomer's).
+        self.in_force = self.policy
+        self.deployed: dict[str, Policy] = {self.policy.policy_version: self.policy}
+        self.adopted_wrongly = False
+        self.db = directory / "sim.sqlite"
+        self.observer = SimStore(self.db, self.clock.micros)
+        self.judge = Judge()
+        self.people = People()
+        self.incarnations = 0
+        self.event_no = 0
+        self.outages: dict[str, float] = {}
+        self.committed: set[str] = set()
+        self.commits_at_event = 0
+        self.attempts: dict[str, int] = {}
+        #: The worker whose session is stepping now (its lease is the one a send presents).
+        self.acting: Slot | None = None
+        self.world.judge = self._received
+        self.world.attempt = self._attempted
+        self.world.restored = self.restored
+        workers = 2 if "two_workers" in scenario.knobs else 1
+        self.slots = [self._slot(i, SimStore(self.db, self.clock.micros)) for i in range(workers)]
+        first = self.slots[0]
+        first.session = first.runtime.start(RUN_ID)
+
+    # -- building ------------------------------------------------------------
+
+    def _slot(self, index: int, store: SimStore) -> Slot:
+        crash = CrashPlan()
+        self.incarnations += 1
+        redo = {"write", "ticket"}
+        if "gated_repeats" not in self.scenario.knobs:
+            # Trying a gated action again after a replan is a gated repeat.
+            redo -= {_ITEM_KIND[k] for k in self.scenario.gated}
+        agent = SimAgent(self.scenario.plan, self.incarnations, frozenset(redo))
+        runtime = SimRuntime(
+            store=store,
+            keyring=_KEYRING,
+            adapter=self.adapter,
+            task=self.task,
+            policy=self.policy,
+            agent=agent,
+            clock=self.clock,
+            ids=self.ids,
+            crash=crash,
+            worker=f"w{index}",
+            trust=TRUST,
+            lease_ttl_s=LEASE_TTL_S,
+        )
+        return Slot(index, store, runtime, crash, agent)
+
+    def _die(self, slot: Slot) -> None:
+        """The worker's process died: its session is gone, a new process starts empty."""
+        slot.store.crash_at = None
+        self.slots[slot.index] = self._slot(slot.index, slot.store)
+
+    def close(self) -> None:
+        for store in {id(s.store): s.store for s in self.slots}.values():
+            store.close()
+        self.observer.close()
+
+    # -- the world's hooks ---------------------------------------------------
+
+    def _received(self, r: Any) -> None:
+        policy = self.in_force
+        rule = policy.kinds.get(r.kind)
+        gated = rule is not None and rule.needs_approval
+        if rule is not None and rule.risk.rank > policy.max_risk.rank:
+            self.judge.fail(
+                2, f"{r.kind} {r.identity} ({r.key}) reached the world; the policy forbids its kind"
+            )
+        keys = {x.key: x.identity for x in self.world.receptions}
+        forked: dict[str, int] = {}
+        for key in self.people.forked:
+            if key in keys:
+                forked[keys[key]] = forked.get(keys[key], 0) + 1
+        self.judge.forks = forked
+        self.judge.received(
+            r,
+            gated=gated,
+            approved_until=self.people.approvals.get((r.key, r.intent_digest)),
+            committed=self._committed_now() if self.judge.unknowable else self.committed,
+        )
+        caps = self.scenario.tickets if r.namespace == "tickets" else self.scenario.workspace
+        if caps.blind and r.sent_at == r.at:
+            # (A request that lands late from in flight was unknown when it was
+            # sent, and judged then: the run had to reach review before going on.)
+            self.judge.unknowable.setdefault(r.key, self.event_no)
+
+    def _attempted(self, namespace: str, key: str, presented: int | None) -> None:
+        if presented is None and self.acting is not None and self.acting.session is not None:
+            lease = self.acting.session.lease
+            presented = None if lease is None else lease.lease_version
+        if presented is not None:
+            mark = self.observer.get_mark(RUN_ID)
+            self.judge.attempted(key, presented, None if mark is None else mark.lease_version)
+        if namespace in self.outages:
+            count = self.attempts[key] = self.attempts.get(key, 0) + 1
+            if count > SENDS_PER_CLAIM:
+                self.judge.fail(
+                    6, f"{count} sends of {key} within one event while {namespace} was down"
+                )
+                raise Runaway(f"hammering {key}")
+        if self._commits() - self.commits_at_event > COMMITS_PER_EVENT:
+            raise Runaway("too many commits in one event")
+
+    def _commits(self) -> int:
+        return sum(s.store.commits for s in self.slots)
+
+    def _committed_now(self) -> set[str]:
+        self.committed = {
+            e.idempotency_key for e in self.observer.ledger(RUN_ID) if e.status.value == "committed"
+        }
+        return self.committed
+
+    # -- events --------------------------------------------------------------
+
+    def apply(self, event: Event) -> None:
+        """Apply one event, then judge."""
+        self.event_no += 1
+        self.judge.event = self.event_no
+        self.commits_at_event = self._commits()
+        self.attempts.clear()
+        handler = getattr(self, f"_on_{event.kind}", None)
+        try:
+            if handler is not None:
+                handler(event)
+            else:
+                _people.ACTS[event.kind](self, event)
+        except Runaway:
+            self._die(self.slots[min(event.worker, len(self.slots) - 1)])
+        finally:
+            self.acting = None
+        self.after_event()
+
+    def after_event(self) -> None:
+        now = self.clock.seconds
+        for name, adapter in (("sandbox", self.workspace), ("tickets", self.tickets)):
+            if adapter.faults.down_until > now:
+                self.outages.setdefault(name, now)
+            elif self.outages.pop(name, None) is not None:
+                self.judge.outage_over()
+        if self._commits() == self.commits_at_event:
+            return  # only a commit changes the ledger or the phase (the inbox is in neither)
+        entries: list[LedgerEntry] = self.observer.ledger(RUN_ID)
+        self.committed = self.judge.ledger(entries, self.outages, now)
+        mark = self.observer.get_mark(RUN_ID)
+        if mark is not None:
+            self.judge.phase(mark.phase, self.committed)
+        if self.policy is not self.in_force and not self.adopted_wrongly:
+            # A policy the one in force does not let in was deployed: the run
+            # must not go on under it (only a signed admission adopts it).
+            state = self.state()
+            version = None if state is None else state.binding.policy_version
+            if version == self.policy.policy_version:
+                self.adopted_wrongly = True
+                self.judge.fail(
+                    2,
+                    f"the run went on under policy v{version}, which v"
+                    f"{self.in_force.policy_version} in force refuses to adopt",
+                )
+
+    def _slot_of(self, event: Event) -> Slot:
+        return self.slots[min(event.worker, len(self.slots) - 1)]
+
+    def _on_step(self, event: Event) -> None:
+        slot = self._slot_of(event)
+        try:
+            if slot.session is None:
+                slot.session = slot.runtime.recover(RUN_ID)
+                return
+            self.acting = slot
+            outcome = slot.session.step()
+        except SimulatedCrash:
+            self._die(slot)
+            return
+        except TetherError:
+            slot.session = None  # refused (a lost lease, a frozen run...): recover next time
+            return
+        except Exception as exc:  # a bug in the runtime, not a refusal
+            self.judge.fail(0, f"{type(exc).__name__}: {exc} | {_where(exc)}")
+            self._die(slot)
+            return
+        self._reported(slot, outcome)
+
+    def _reported(self, slot: Slot, outcome: Any) -> None:
+        """Invariants 2 and 3 on what a step reports: a write executed or replayed."""
+        if outcome.kind not in (OutcomeKind.EXECUTED, OutcomeKind.REPLAYED):
+            return
+        entry = outcome.committed
+        action = outcome.action_id or (entry.action_id if entry is not None else None)
+        if action is None:
+            trace = slot.session.trace(1) if slot.session is not None else []
+            action = str(trace[-1].data.get("action_id", "")) if trace else ""
+        item = planned(self.scenario.plan, action)
+        self.judge.checks += 2
+        if item is None:
+            return
+        if item.kind == "write":
+            held = self.workspace.files.get(item.target)
+            if held != item.value:
+                self.judge.fail(
+                    3,
+                    f"{action} ({item}) reported {outcome.kind.value}, "
+                    f"but {item.target} holds {held!r}",
+                )
+        if outcome.kind is OutcomeKind.REPLAYED:
+            kind = "file.write" if item.kind == "write" else "ticket.create"
+            rule = self.in_force.kinds.get(kind)
+            gated = rule is not None and rule.needs_approval
+            # A crash's re-proposal replays a gated effect too: with the knob off,
+            # this one check waits for the fix (see KNOWN_DEFECTS).
+            judged = "gated_repeats" in self.scenario.knobs
+            if judged and gated and action not in self.people.approved_actions:
+                self.judge.fail(2, f"{action} ({item}) was replayed without an approval")
+            replayed = self._replay_event(slot, action)
+            if replayed is not None:
+                key, receipt_id = replayed
+                adapter = self.tickets if item.kind == "ticket" else self.workspace
+                held_receipt = adapter.held(key)
+                # (The receipt id, not the fingerprint: the composite adapter
+                # translates a workspace receipt's post-state into its own identity.)
+                if held_receipt is None or held_receipt.receipt_id != receipt_id:
+                    self.judge.fail(
+                        3,
+                        f"{action} ({item}) replayed from the receipt under {key}, which "
+                        "the adapter does not hold (deleted or drifted)",
+                    )
+
+    def _replay_event(self, slot: Slot, action: str) -> tuple[str, str] | None:
+        """The key and receipt id the run's ``effect_replayed`` event names."""
+        if slot.session is None:
+            return None
+        for event in reversed(slot.session.trace(4)):
+            data = event.data
+            if event.kind == "effect_replayed" and data.get("action_id") == action:
+                return str(data.get("idempotency_key")), str(data.get("receipt_id"))
+        return None
+
+    def _on_drive(self, event: Event) -> None:
+        slot = self._slot_of(event)
+        worker = Worker(
+            slot.store,
+            lambda store, run_id, worker_id: slot.runtime,
+            f"w{slot.index}",
+            lease_ttl_s=LEASE_TTL_S,
+        )
+        try:
+            claimed = slot.store.claim_expired(
+                worker.worker_id,
+                LEASE_TTL_S,
+                limit=1,
+                phases=("running", "pending", "needs_review"),
+                max_attempts=worker.max_attempts,
+            )
+            for lease in claimed:
+                slot.session = None
+                worker.drive(lease)
+        except SimulatedCrash:
+            self._die(slot)
+        except TetherError:
+            pass
+
+    def _on_advance(self, event: Event) -> None:
+        self.clock.advance(event.num)
+
+    def _on_crash_commit(self, event: Event) -> None:
+        self._slot_of(event).store.crash_at = event.arg
+
+    def _on_crash_point(self, event: Event) -> None:
+        plan = self._slot_of(event).crash
+        plan.point, plan.nth, plan.hits = CrashPoint(event.arg), 1, 0
+
+    def _adapter(self, event: Event) -> SimWorkspace | SimTickets:
+        return self.tickets if event.arg == "tickets" else self.workspace
+
+    def _on_lost_reply(self, event: Event) -> None:
+        self._adapter(event).faults.lost_reply += 1
+
+    def _on_hostile(self, event: Event) -> None:
+        self._adapter(event).faults.hostile += 1
+
+    def _on_in_flight(self, event: Event) -> None:
+        if event.num:
+            self.tickets.faults.stuck += 1  # hung until the world heals
+        else:
+            self.tickets.faults.in_flight += 1
+
+    def _on_down(self, event: Event) -> None:
+        faults = self._adapter(event).faults
+        faults.down_until = max(faults.down_until, self.clock.seconds + event.num)
+
+    def _on_forget(self, event: Event) -> None:
+        for adapter, caps in (
+            (self.workspace, self.scenario.workspace),
+            (self.tickets, self.scenario.tickets),
+        ):
+            if caps.retention_s is None:
+                continue
+            forgotten = adapter.forget(caps.retention_s)
+            if not forgotten:
+                continue
+            latest = {e.idempotency_key: e.status.value for e in self.observer.ledger(RUN_ID)}
+            for key in forgotten:
+                # Only a write the run still waits on (dispatched, unsettled) is
+                # unknowable now; one settled or decided by a person is not.
+                if latest.get(key) == "dispatched":
+                    self.judge.unknowable.setdefault(key, self.event_no)
+
+    def _on_route_404(self, event: Event) -> None:
+        # Only where absence is declared not final: an adapter that declares a
+        # look-up's "nothing" final and then answers 404 for everything lies.
+        caps = self.scenario.tickets if event.arg == "tickets" else self.scenario.workspace
+        if not caps.absent_is_final:
+            self._adapter(event).faults.route_404 = True
+
+    def _on_policy(self, event: Event) -> None:
+        """A new policy file is deployed: every worker restarts on it."""
+        _, new = rules(self.scenario, self._fingerprint, self._namespace, event.arg)
+        self._deploy(new)
+
+    def _deploy(self, policy: Policy) -> None:
+        if self.in_force.authority.policy_change is PolicyChange.NEW_OCCURRENCE:
+            self.in_force = policy
+        self.policy = policy
+        self.deployed[policy.policy_version] = policy
+        for slot in list(self.slots):
+            self._die(slot)
+
+    def restored(self) -> None:
+        """The workspace was put back to a snapshot: what last changed a file is gone."""
+        self.judge.last_change.clear()
+
+    def _on_drift(self, event: Event) -> None:
+        self._adapter(event).drop_newest(self._committed_now())
+
+    # -- people --------------------------------------------------------------
+
+    def state(self, *phases: str) -> RunState | None:
+        """The run as a person reads it: the verified checkpoint the mark names.
+
+        ``phases``: read it only if the mark says the run is in one of them
+        (``None`` otherwise): a person who has nothing to do reads no checkpoint.
+        """
+        if phases:
+            mark = self.observer.get_mark(RUN_ID)
+            if mark is None or mark.phase not in phases:
+                return None
+        try:
+            return self.slots[0].runtime.checkpointer.load(RUN_ID).state
+        except TetherError:
+            return None
+
+    def _gated(self, kind: str) -> bool:
+        """Whether a person is asked to approve ``kind`` (by the policy run or in force)."""
+        return any(
+            p.kinds[kind].needs_approval for p in (self.policy, self.in_force) if kind in p.kinds
+        )
+
+    # -- the end ---------------------------------------------------------------
+
+    def drain(self) -> int:
+        """Heal the world, let people answer, and step until the run ends; the events used."""
+        self.workspace.faults = type(self.workspace.faults)()
+        self.tickets.heal()
+        if self.policy is not self.in_force:
+            self._deploy(self.in_force)  # the operator puts back the policy in force
+        state = self.state()
+        bound = None if state is None else self.deployed.get(state.binding.policy_version)
+        if bound is not None and bound is not self.policy:
+            # The run is bound to another policy (went on under it, judged then,
+            # or the one in force refused to recover it): the operator keeps
+            # the run's own, so it can still end.
+            self.policy = self.in_force = bound  # the operator's choice, not the runtime's
+            self.adopted_wrongly = True
+            for slot in list(self.slots):
+                self._die(slot)
+        for slot in self.slots:
+            slot.store.crash_at = None
+            slot.crash.point = None
+        replans = 0
+        for used in range(1, DRAIN_BOUND + 1):
+            mark = self.observer.get_mark(RUN_ID)
+            phase = None if mark is None else mark.phase
+            if phase in {"completed", "failed", "cancelled"}:
+                return used - 1
+            if phase == "needs_review":
+                replans += 1
+                decision = "replan" if replans <= 2 else "abort"
+                self.apply(Event("review", arg=decision))
+            elif phase == "pending":
+                state = self.state()
+                pending = None if state is None else state.pending
+                if (
+                    pending is not None
+                    and self._gated(pending.intent.kind)
+                    and self.people.approvals.get(
+                        (pending.idempotency_key, pending.intent.digest), -1.0
+                    )
+                    <= self.clock.seconds
+                ):
+                    self.apply(Event("approve", arg="yes"))
+            self.apply(Event("step", 0))
+            self.clock.advance(LEASE_TTL_S + 1)  # any stalled lease runs out
+        state = self.state()
+        self.judge.fail(
+            7,
+            f"the run did not end within {DRAIN_BOUND} drain steps "
+            f"(phase {None if state is None else state.phase.value})",
+        )
+        return DRAIN_BOUND
+
+
+def _where(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    return "; ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[-3:])
+
+
+def simulate(scenario: Scenario) -> Result:
+    """Run ``scenario`` from scratch; every violation it finds."""
+    with tempfile.TemporaryDirectory(prefix="tether-sim-", dir=_tmp_root()) as directory:
+        sim = Simulation(scenario, Path(directory))
+        try:
+            for event in scenario.events:
+                sim.apply(event)
+            sim.drain()
+            state = sim.state()
+            return Result(
+                scenario,
+                list(sim.judge.violations),
+                sim.event_no,  # every scheduler decision applied, the drain's included
+                sim.judge.checks,
+                len(sim.world.receptions),
+                "?" if state is None else state.phase.value,
+                tuple(
+                    f"{r.namespace} {r.key} {r.identity} @{r.at:g}" for r in sim.world.receptions
+                ),
+            )
+        finally:
+            sim.close()
+
+
+def _tmp_root() -> str | None:
+    """A RAM-backed directory where the machine has one (the database is throwaway)."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() else None
