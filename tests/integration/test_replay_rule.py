@@ -23,7 +23,7 @@ from tests.conftest import (
 )
 from tests.integration._services import EffectsService, effects_service
 from tether.adapters import REFERENCE_PROFILE, HttpEffect, Sandbox
-from tether.core import EffectStatus, Intent, OutcomeKind, Phase, RunState, new_decision
+from tether.core import EffectStatus, Intent, OutcomeKind, Phase, RunState, new_decision, new_fork
 from tether.crypto import Keyring, Signer, TrustRoots
 from tether.runtime import CrashPlan, CrashPoint, RunSession, Runtime, SimulatedCrash
 from tether.store import SQLiteStore
@@ -117,7 +117,8 @@ def test_a_deleted_or_drifted_adapter_receipt_is_never_replayed(
 
 
 def test_a_replacement_write_is_never_answered_by_another_intents_receipt(world: World) -> None:
-    """After a replan of a key conflict, the same write is sent under a new key and lands."""
+    """After a replan of a key conflict, the same write freezes (never replayed from the other
+    intent's receipt, never sent on the adapter's word); a signed fork sends it once."""
     steps = [write("notes.txt", "ours\n", "a0"), finish]
     with pytest.raises(SimulatedCrash):
         world.runtime(ScriptedAgent(steps), crash=CrashPlan(CrashPoint.INTENT_PERSISTED)).start(
@@ -129,14 +130,29 @@ def test_a_replacement_write_is_never_answered_by_another_intents_receipt(world:
     theirs = sandbox.normalize("file.write", "src/theirs.txt", {"content": "theirs\n"})
     other = Intent("file.write", "src/theirs.txt", theirs, "low")
     sandbox.execute(key, other, sandbox.environment())
-    steps = [steps[0], write("notes.txt", "ours\n", "a1"), finish]  # the agent proposes it again
+    again = [write("notes.txt", "ours\n", f"a{i}") for i in range(1, 4)]
+    steps = [steps[0], *again, finish]  # the agent proposes it again
     session = world.runtime(ScriptedAgent(steps), trust=TRUST).recover("r1")
     # The other caller's write under our key moved the workspace: a person replans.
     assert session.state.review_cases[-1].reason == "environment_drift"
     replan(session, world.clock.now())
     assert key in session.state.quarantined_keys
     outcome = session.step()
-    assert outcome.kind is OutcomeKind.EXECUTED
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.FROZEN, "key_conflict")
+    assert sandbox.files["notes.txt"] == "draft\n" and sandbox.write_count() == 1
+    replan(session, world.clock.now())
+    effect = next(iter(session.effects))
+    now = world.clock.now()
+    body = new_fork(
+        session.state,
+        session.effects[effect].current,
+        REVIEWER.signer_id,
+        issued_at=now,
+        expires_at=now + timedelta(seconds=300),
+        nonce=secrets.token_hex(16),
+    )
+    session.fork(REVIEWER.sign(body))
+    assert session.step().kind is OutcomeKind.EXECUTED
     assert sandbox.files["notes.txt"] == "ours\n"
     assert keys(session.state, world)[-1] != key
 

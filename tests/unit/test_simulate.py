@@ -1,9 +1,9 @@
-"""The deterministic simulator: the CI corpus holds the promise, and each known defect is found.
+"""The deterministic simulator: the CI corpus holds the promise, and every defect it found stays fixed.
 
 The corpus runs with every knob on except those named in ``KNOWN_DEFECTS``
-(features whose defect is being fixed elsewhere). ``FINDS`` pins, for each
-known defect, a seed that finds it today: when a fix lands, its seed stops
-failing, this test says so, and the knob leaves ``KNOWN_DEFECTS``.
+(features whose defect is known and not fixed: none today). ``FOUND`` pins,
+for each defect the simulator found in the rules as they were (issue 25), the
+seed that found it: with its knob on, that seed now keeps the promise.
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ from dataclasses import replace
 import pytest
 
 from tether.core import Capabilities
-from tether.testing.simulate import CI_KNOBS, KNOWN_DEFECTS, Item, draw, run, shrink, simulate
+from tether.testing.simulate import CI_KNOBS, Item, draw, run, shrink, simulate
 from tether.testing.simulate.__main__ import main
 from tether.testing.simulate._directed import case_of, directed
-from tether.testing.simulate._scenario import MOTIFS
+from tether.testing.simulate._mutants import planted
+from tether.testing.simulate._scenario import FOUND_DEFECTS, MOTIFS
 
 #: The corpus: seeds per pass (fewer in the second, ``python -O`` pass; the same knobs).
 CORPUS = range(8) if os.environ.get("TETHER_CRASH_TRIALS") else range(24)
 
-#: knob -> (seed that finds its defect today, invariant it breaks).
-FINDS = {
+#: knob -> (the seed that found its defect before the fix, the invariant it broke).
+FOUND = {
     "reverted_writes": (3, 3),
     "retention_past": (42, 1),
     "hostile_answers": (60, 3),
@@ -52,25 +53,6 @@ def test_the_directed_cases_keep_the_promise() -> None:
     assert not broken, broken
 
 
-@pytest.mark.parametrize(
-    ("knob", "case", "invariant"),
-    [
-        ("retention_past", "unknown_past_retention", 1),
-        ("receipt_drift", "drift_then_replay", 3),
-        ("policy_change", "policy_on_held_write", 2),
-    ],
-)
-def test_a_known_defect_is_found_by_its_directed_case(knob: str, case: str, invariant: int) -> None:
-    """With its knob on, the directed case of a known defect breaks the invariant it names."""
-    found = {
-        v.invariant
-        for s in directed(CI_KNOBS | {knob})
-        if case_of(s) == case
-        for v in simulate(s).violations
-    }
-    assert invariant in found, f"{knob}: {KNOWN_DEFECTS[knob]} no longer found; fixed?"
-
-
 def test_a_seed_replays_exactly() -> None:
     """The same seed gives the same events, the same world and the same end, twice."""
     first, second = run(5, events=40), run(5, events=40)
@@ -82,24 +64,27 @@ def test_a_seed_replays_exactly() -> None:
     )
 
 
-@pytest.mark.parametrize("knob", sorted(FINDS))
-def test_each_known_defect_is_found_by_its_seed(knob: str) -> None:
-    """With its knob on, a known defect's seed breaks the invariant the issue says it breaks."""
-    seed, invariant = FINDS[knob]
+@pytest.mark.parametrize("knob", sorted(FOUND))
+def test_each_defect_the_simulator_found_stays_fixed(knob: str) -> None:
+    """The seed that found a defect (before its fix) keeps the promise with its knob on."""
+    seed, invariant = FOUND[knob]
     result = run(seed, knobs=CI_KNOBS | {knob})
-    assert [v.invariant for v in result.violations][:1] == [invariant], (
-        f"{knob}: {KNOWN_DEFECTS[knob]} is no longer found by seed {seed}; if it was fixed, "
-        "remove the knob from KNOWN_DEFECTS"
+    assert result.ok, (
+        f"{knob}: {FOUND_DEFECTS[knob]} (invariant {invariant}) is back:\n"
+        + "\n".join(map(str, result.violations))
     )
 
 
 def test_a_failure_shrinks_to_fewer_events_that_still_fail() -> None:
     """Shrinking keeps the broken invariant and drops events that do not matter."""
-    failing = run(3, knobs=CI_KNOBS | {"reverted_writes"})
-    small = shrink(failing, budget=40)
-    assert not small.ok and small.violations[0].invariant == 3
-    assert len(small.scenario.events) < len(failing.scenario.events)
-    assert not simulate(small.scenario).ok  # the shrunk events are data: they replay
+    with planted("replay_swallows_reverts"):
+        failing = run(37)
+        assert not failing.ok
+        small = shrink(failing, budget=40)
+        assert not small.ok
+        assert small.violations[0].invariant == failing.violations[0].invariant
+        assert len(small.scenario.events) < len(failing.scenario.events)
+        assert not simulate(small.scenario).ok  # the shrunk events are data: they replay
 
 
 def test_a_users_declared_capabilities_are_simulated() -> None:
@@ -126,11 +111,11 @@ def test_the_command_replays_a_seed_and_prints_its_event_log(
     assert "seed 2" in out and "events (20):" in out and "phase at the end" in out
 
 
-def test_the_issues_ticket_past_retention_is_found_as_a_scenario() -> None:
-    """A lost ticket past retention, frozen, replanned and proposed again reaches the world twice.
+def test_the_issues_ticket_past_retention_reaches_the_service_once() -> None:
+    """A lost ticket past retention, frozen, replanned and proposed again is never sent twice.
 
-    The issue's first defect, written as data: the scenario replays exactly
-    (delete this test's expectation when the replay rule is fixed).
+    The issue's first defect, written as data (it reached the service twice
+    under the old replay rule).
     """
     tickets = Capabilities(
         idempotent=True, queryable=True, conditional_writes=False, retention_s=60.0, stateful=False
@@ -143,5 +128,5 @@ def test_the_issues_ticket_past_retention_is_found_as_a_scenario() -> None:
         events=MOTIFS["unknown_past_retention"],
     )
     result = simulate(scenario)
-    assert [v.invariant for v in result.violations][:1] == [1]
-    assert sum("printer" in line for line in result.world) == 2
+    assert result.ok, result.violations
+    assert sum("printer" in line for line in result.world) == 1

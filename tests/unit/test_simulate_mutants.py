@@ -1,8 +1,8 @@
 """The simulator has teeth: each planted defect is caught by a seed of the CI corpus.
 
 A seed catches a mutant when it passes on the real code and fails with the
-mutant planted (``tether.testing.simulate._mutants``). The lead adds the
-replay-rule mutants after the rule rewrite.
+mutant planted (``tether.testing.simulate._mutants``): the rules of settle,
+replay, retry, approval and policy, the lease fence and the ledger's read-back.
 """
 
 from __future__ import annotations
@@ -13,16 +13,22 @@ from tether.testing.simulate._mutants import catches, mutants, planted
 
 #: mutant -> a seed of the CI corpus that catches it (from 1,000,001: a directed scenario).
 CAUGHT = {
-    "settle_never_asks": 0,
-    "blind_not_frozen": 0,
-    "retention_ignored": 1_000_097,
-    "approval_unchecked": 4,
-    "approval_expiry_ignored": 9,
-    "risk_unchecked": 14,
-    "absence_always_final": 1_000_087,
-    "reconcile_any_digest": 26,
-    "lease_unchecked": 10,
-    "ledger_forgets": 0,
+    "settle_never_asks": 1_000_001,
+    "blind_not_frozen": 1_000_011,
+    "retention_ignored": 1_000_001,
+    "approval_unchecked": 1_000_013,
+    "approval_expiry_ignored": 11,
+    "risk_unchecked": 1_000_092,
+    "absence_always_final": 1_000_099,
+    "reconcile_any_digest": 1_000_025,
+    "ledger_forgets": 1_000_001,
+    "lease_unchecked": 1_000_019,
+    "replay_receipts_unchecked": 1_000_037,
+    "replay_never_asks": 1_000_002,
+    "replay_absence_past_retention": 1_000_001,
+    "replay_swallows_reverts": 37,
+    "replay_foreign_receipt": 79,
+    "replay_unapproved": 16,
 }
 
 

@@ -21,11 +21,10 @@ nothing                                            proceed: a new effect
 an unsettled attempt (dispatched, outcome          asked by its key:
 unknown):
   committed, this attempt's key and intent         replay (settled by look-up)
-  committed under the key, another intent          ours never landed under it:
-                                                   proceed if a person already
-                                                   replanned that key
-                                                   (quarantined), else review
-                                                   (``key_conflict``)
+  committed under the key, another intent          review (``key_conflict``):
+                                                   never an answer for ours, nor
+                                                   proof it did not land; going
+                                                   on takes a signed fork
   refused (recorded as refused)                    proceed: it never landed
   absent, final, the key within retention          proceed: it never landed
   absent otherwise, or not queryable               review (``replay_of_unknown_
@@ -59,7 +58,7 @@ checkpoint remembers.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -76,7 +75,15 @@ from tether.core._results import with_result
 from tether.core._spec import Budgets
 from tether.core._state import RunState
 from tether.core._steps import park
-from tether.core._transition import Event, LookupAnswer, LookupStatus, OutcomeKind, Transition
+from tether.core._transition import (
+    EffectRef,
+    Event,
+    LedgerNote,
+    LookupAnswer,
+    LookupStatus,
+    OutcomeKind,
+    Transition,
+)
 
 REPLAY_OF_UNKNOWN = ReviewReason.REPLAY_OF_UNKNOWN
 RECEIPT_MISSING = ReviewReason.RECEIPT_MISSING
@@ -105,6 +112,8 @@ class KnownEffect:
     #: When the attempt was first dispatched (by the ledger): the adapter cannot
     #: have heard of the key before, so its memory of it is at most this old.
     sent_at: datetime | None = None
+    #: The attempt's last ledger status.
+    status: EffectStatus = EffectStatus.COMMITTED
 
     @property
     def receipt_id(self) -> str | None:
@@ -151,7 +160,7 @@ def known_effects(
         mine = unsettled is not None and unsettled.idempotency_key == key
         sent_at = unsettled.sent_at if mine and unsettled is not None else entry.at
         this = KnownEffect(
-            effect, entry.action_id, key, entry.intent_digest, entry.receipt, sent_at
+            effect, entry.action_id, key, entry.intent_digest, entry.receipt, sent_at, entry.status
         )
         status = entry.status
         if status is EffectStatus.COMMITTED:
@@ -189,7 +198,7 @@ class ReplayFacts:
     ``target_moved``: on a stateful adapter, carrying the proposal out now
     would change the environment (its target does not hold what the write
     leaves). ``answer``: the adapter's look-up by :func:`lookup_key`'s key.
-    ``quarantined``: keys a reviewer's replan set aside. ``approved``: an
+    ``approved``: an
     approval of exactly this replay holds. ``sensitive``: the policy marks the
     kind sensitive.
     """
@@ -200,7 +209,6 @@ class ReplayFacts:
     forked: bool = False
     target_moved: bool = False
     answer: LookupAnswer | None = None
-    quarantined: frozenset[str] = frozenset()
     needs_approval: bool = False
     approved: bool = False
     #: The policy marks the kind sensitive: the ledger and the agent see its result's digest only.
@@ -269,10 +277,10 @@ def _judge_unsettled(facts: ReplayFacts, known: KnownEffect) -> Judgement:
             known.intent_digest,
         )
         if not ours:
-            # The adapter holds another intent under our key, so ours never
-            # landed under it; only a person who saw that conflict may go on.
-            if known.idempotency_key in facts.quarantined:
-                return Judgement(Verdict.PROCEED, "key_quarantined", known)
+            # The adapter holds another intent under our key: never an answer for
+            # ours, and no proof that ours did not land either (the adapter may be
+            # wrong). Sending the effect again takes a person's signed fork, even
+            # after a replan set the key aside.
             return Judgement(Verdict.REVIEW, KEY_CONFLICT, known)
         if caps.stateful and facts.target_moved:
             return Judgement(Verdict.PROCEED, "target_moved", known)
@@ -410,6 +418,17 @@ def decide(
     replayed = _replayed(
         charged_state, proposal, effect, known, receipt, judgement.fingerprint or "", judgement
     )
+    if known.receipt is None:
+        # The adapter proved an attempt the ledger left unsettled landed: the ledger
+        # records it now, so the effect is known committed from here on.
+        settled = LedgerNote(
+            EffectStatus.COMMITTED,
+            receipt,
+            subject=EffectRef(
+                known.idempotency_key, known.action_id, known.intent_digest, known.status
+            ),
+        )
+        replayed = replace(replayed, ledger=(settled,))
     after = replayed.state
     if after is None:  # _replayed always sets it
         raise ValueError("a replay names no state")

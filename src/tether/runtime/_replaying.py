@@ -15,6 +15,7 @@ from typing import Any
 
 from tether.adapters import capabilities_of
 from tether.core import (
+    ContractViolationError,
     Intent,
     Lookup,
     Outcome,
@@ -79,7 +80,6 @@ def replay_or_fork(
             forked=forked,
             target_moved=moved,
             answer=answer,
-            quarantined=frozenset(base.quarantined_keys),
             needs_approval=needs_approval(rt.policy, kind),
             approved=approved,
             sensitive=rule is not None and rule.sensitive,
@@ -127,11 +127,26 @@ def is_held_replay(session: Session, pending: PendingWrite) -> bool:
 
 
 def carry_out_held(session: Session, pending: PendingWrite) -> Outcome:
-    """An approved replay: judged again now (the adapter asked again), then answered."""
+    """A held replay, once approved: judged again now (the adapter asked again), then answered.
+
+    Held under a policy a recovery has since replaced, it is judged by the
+    policy in force, as any held action: refused if that forbids the kind,
+    answered without an approval if that needs none.
+    """
     rt = session.rt
+    held = pending.intent
+    proposal = Proposal(
+        pending.action_id, held.kind, held.target, args=dict(held.args), cost=pending.cost
+    )
+    base = session.state.evolve(phase=Phase.RUNNING, pending=None)
+    forbidden = rt.held_problem(session.state)
+    if forbidden is not None:
+        return session.apply(
+            step_rules.reject(base, proposal, forbidden, rt.task.budgets, spent_already=True)
+        )
     problem = approval_problem(
         session.state,
-        needs=True,
+        needs=needs_approval(rt.policy, rt.kinds[held.kind]),
         now=rt.clock.now(),
         live=rt.adapter.environment(),
         idempotent=False,
@@ -139,13 +154,14 @@ def carry_out_held(session: Session, pending: PendingWrite) -> Outcome:
     )
     if problem is not None:
         return Outcome(OutcomeKind.WAITING_FOR_APPROVAL, session.state, problem[0], problem[1])
-    held = pending.intent
-    proposal = Proposal(
-        pending.action_id, held.kind, held.target, args=dict(held.args), cost=pending.cost
-    )
-    args: dict[str, Any] = rt.adapter.normalize(held.kind, held.target, dict(held.args))
+    try:
+        args: dict[str, Any] = rt.adapter.normalize(held.kind, held.target, dict(held.args))
+    except ContractViolationError as exc:
+        refused = GateRejection(exc.reason, str(exc))
+        return session.apply(
+            step_rules.reject(base, proposal, refused, rt.task.budgets, spent_already=True)
+        )
     intent = Intent(held.kind, held.target, args, held.risk)
-    base = session.state.evolve(phase=Phase.RUNNING, pending=None)
     decided = replay_or_fork(
         session, base, proposal, intent, rt.effect_digest(intent), approved=True, charged=True
     )

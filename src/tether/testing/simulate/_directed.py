@@ -17,33 +17,33 @@ from dataclasses import replace
 
 from tether.core import Capabilities
 from tether.testing.simulate._scenario import (
-    _NEEDS,
     CI_KNOBS,
     MOTIFS,
+    NEEDS,
     Event,
     Item,
     Scenario,
-    _allowed,
-    _m,
+    allowed,
     draw,
+    motif,
 )
 
 #: Cases set up whole (never drawn at random, so random seeds keep their meaning).
 CASES: dict[str, tuple[Event, ...]] = {
     **MOTIFS,
-    "lost_reply_404_ticket": _m("route_404:tickets lost_reply:tickets step step step step"),
-    "lost_reply_404_write": _m("route_404:workspace lost_reply:workspace step step step step"),
+    "lost_reply_404_ticket": motif("route_404:tickets lost_reply:tickets step step step step"),
+    "lost_reply_404_write": motif("route_404:workspace lost_reply:workspace step step step step"),
     # Frozen past retention and aborted: the known replay defect cannot fire,
     # so only the retention rule itself is judged here.
-    "lost_past_retention_abort": _m(
+    "lost_past_retention_abort": motif(
         "lost_reply:tickets step advance::400 forget step step review:abort step step"
     ),
-    "lost_write_past_retention_abort": _m(
+    "lost_write_past_retention_abort": motif(
         "lost_reply:workspace step advance::400 forget step step review:abort step step"
     ),
     # A request that hangs: past an in-flight limit a person decides; without one, wait.
-    "stuck_in_flight": _m("in_flight:tickets:1 step step advance::200 step step step"),
-    "crash_past_retention": _m(
+    "stuck_in_flight": motif("in_flight:tickets:1 step step advance::200 step step step"),
+    "crash_past_retention": motif(
         "crash_point:effect_sent step advance::400 forget step step step review:replan step step"
     ),
 }
@@ -76,7 +76,7 @@ def directed(knobs: frozenset[str] = CI_KNOBS) -> list[Scenario]:
     for events in CASES.values():
         for mix, plan in itertools.product(range(3), PLANS):
             index += 1
-            if not _allowed(events, knobs) or not _route_allowed(events, knobs):
+            if not allowed(events, knobs) or not _route_allowed(events, knobs):
                 continue
             base = draw(1_000_000 + index, knobs, events=0)
             out.append(
@@ -95,7 +95,7 @@ def directed(knobs: frozenset[str] = CI_KNOBS) -> list[Scenario]:
 
 def _route_allowed(events: tuple[Event, ...], knobs: frozenset[str]) -> bool:
     return all(e.kind != "route_404" or "faults" in knobs for e in events) and all(
-        e.kind not in _NEEDS or _NEEDS[e.kind] in knobs for e in events
+        e.kind not in NEEDS or NEEDS[e.kind] in knobs for e in events
     )
 
 

@@ -88,14 +88,7 @@ def _expiry_ignored(real: Any) -> Any:
 
 
 def _risk_unchecked(real: Any) -> Any:
-    def gate(proposal: Any, **kw: Any) -> Any:
-        from dataclasses import replace
-
-        from tether.core import Risk
-
-        return real(proposal, **{**kw, "policy": replace(kw["policy"], max_risk=Risk.CRITICAL)})
-
-    return gate
+    return lambda kind, policy: None  # no kind is above the policy's max_risk
 
 
 def _lease_unchecked(real: Any) -> Any:
@@ -103,7 +96,7 @@ def _lease_unchecked(real: Any) -> Any:
 
 
 def _no_renewal(real: Any) -> Any:
-    return lambda self: None
+    return lambda self: False  # the held lease is never renewed, so never found lost
 
 
 def _cas_any_lease(real: Any) -> Any:
@@ -130,8 +123,68 @@ def _ledger_forgets(real: Any) -> Any:
     return ledger
 
 
+def _receipts_always_agree(real: Any) -> Any:
+    return lambda recorded, receipt: True  # a drifted receipt is replayed as if equal
+
+
+def _never_asks_about_a_commit(real: Any) -> Any:
+    def lookup_key(record: Any, capabilities: Any, **kw: Any) -> Any:
+        if record is not None and record.unsettled is None:
+            return None  # a commit is answered from the ledger alone
+        return real(record, capabilities, **kw)
+
+    return lookup_key
+
+
+def _commit_from_the_ledger(real: Any) -> Any:
+    def judge_committed(facts: Any, known: Any, recorded: Any) -> Any:
+        from tether.core import replay_rules
+
+        return replay_rules.Judgement(
+            replay_rules.Verdict.REPLAY, "effect_replayed", known, recorded, "", "ledger"
+        )
+
+    return judge_committed
+
+
+def _forever_remembered(real: Any) -> Any:
+    return lambda facts, known: True  # absence past retention taken as proof
+
+
+def _reverts_swallowed(real: Any) -> Any:
+    def judge(facts: Any) -> Any:
+        from dataclasses import replace
+
+        return real(replace(facts, target_moved=False))  # A, B, A answered by A's receipt
+
+    return judge
+
+
+def _foreign_receipt_answers(real: Any) -> Any:
+    def judge_unsettled(facts: Any, known: Any) -> Any:
+        from dataclasses import replace
+
+        answer = facts.answer
+        if answer is not None and answer.receipt is not None:
+            ours = replace(
+                answer.receipt,
+                idempotency_key=known.idempotency_key,
+                intent_digest=known.intent_digest,
+            )
+            facts = replace(facts, answer=replace(answer, receipt=ours))
+        return real(facts, known)
+
+    return judge_unsettled
+
+
+def _replay_unapproved(real: Any) -> Any:
+    return lambda facts, judgement: judgement  # a gated kind's replay needs no approval
+
+
 def _mutants() -> dict[str, Mutant]:
-    from tether.runtime import _lease, _session
+    from tether.core import _actions as actions_rules
+    from tether.core import _replay as replay_rules
+    from tether.runtime import _lease
     from tether.store import _leases, _sql
 
     return {
@@ -166,7 +219,7 @@ def _mutants() -> dict[str, Mutant]:
             Mutant(
                 "risk_unchecked",
                 "the gate lets a kind above the policy's max_risk through",
-                ((_session, "gate", _risk_unchecked),),
+                ((actions_rules, "_within_risk", _risk_unchecked),),
                 frozenset({"policy_change"}),
             ),
             Mutant(
@@ -184,10 +237,43 @@ def _mutants() -> dict[str, Mutant]:
                 "lease_unchecked",
                 "the lease is not checked before an effect, nor by the store's compare-and-set",
                 (
-                    (_lease.LeaseHolder, "renew_if_due", _no_renewal),
+                    (_lease.LeaseHolder, "_renew_due", _no_renewal),
                     (_leases.LeaseSQL, "check_lease", _lease_unchecked),
                     (_sql.SQLBase, "_cas_mark", _cas_any_lease),
                 ),
+            ),
+            Mutant(
+                "replay_receipts_unchecked",
+                "a replay does not compare the adapter's receipt with the ledger's",
+                ((replay_rules, "same_receipt", _receipts_always_agree),),
+            ),
+            Mutant(
+                "replay_never_asks",
+                "a replay of a commit is answered from the ledger, the adapter never asked",
+                (
+                    (replay_rules, "lookup_key", _never_asks_about_a_commit),
+                    (replay_rules, "_judge_committed", _commit_from_the_ledger),
+                ),
+            ),
+            Mutant(
+                "replay_absence_past_retention",
+                "a replay takes an absence past the adapter's retention as proof",
+                ((replay_rules, "_remembered", _forever_remembered),),
+            ),
+            Mutant(
+                "replay_swallows_reverts",
+                "a replay answers a write whose target no longer holds what it left (A, B, A)",
+                ((replay_rules, "judge", _reverts_swallowed),),
+            ),
+            Mutant(
+                "replay_foreign_receipt",
+                "a receipt under a key answers another intent's replay",
+                ((replay_rules, "_judge_unsettled", _foreign_receipt_answers),),
+            ),
+            Mutant(
+                "replay_unapproved",
+                "a gated kind's replay needs no approval",
+                ((replay_rules, "_approved", _replay_unapproved),),
             ),
             Mutant(
                 "ledger_forgets",

@@ -46,6 +46,11 @@ class People:
 
     approvals: dict[tuple[str, str], float] = field(default_factory=dict)
     approved_actions: set[str] = field(default_factory=set)
+    #: Action id -> until when its approval lives (simulated seconds).
+    approved_until: dict[str, float] = field(default_factory=dict)
+    #: Key of a committed gated effect -> until when a replay of it stands approved
+    #: (the approval it was sent under, or a person's approval of one replay of it).
+    replays_approved: dict[str, float] = field(default_factory=dict)
     #: Idempotency keys of committed effects a signed fork asked to do once more.
     forked: list[str] = field(default_factory=list)
     nonce: int = 0
@@ -84,6 +89,9 @@ def approve(sim: Simulation, event: Event) -> None:
         sim.people.approvals.get(bound, -1.0), sim.clock.seconds + ttl
     )
     sim.people.approved_actions.add(pending.action_id)
+    sim.people.approved_until[pending.action_id] = max(
+        sim.people.approved_until.get(pending.action_id, -1.0), sim.clock.seconds + ttl
+    )
     _deliver(sim, "approval", APPROVER, body)
 
 

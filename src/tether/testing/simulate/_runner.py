@@ -184,9 +184,9 @@ class Simulation:
         env = self.adapter.environment()
         self.task, self.policy = rules(scenario, env.state_fingerprint, env.namespace)
         self._fingerprint, self._namespace = env.state_fingerprint, env.namespace
-        #: The policy the promise is judged under: a new one is in force only if
-        #: the clause of the one in force lets it in (never the newcomer's).
-        self.in_force = self.policy
+        #: The policy the promise is judged under, and since when: a new one is in
+        #: force only if the clause of the one in force lets it in (never the newcomer's).
+        self._in_force: list[tuple[float, Policy]] = [(self.clock.seconds, self.policy)]
         self.deployed: dict[str, Policy] = {self.policy.policy_version: self.policy}
         self.adopted_wrongly = False
         self.db = directory / "sim.sqlite"
@@ -248,10 +248,16 @@ class Simulation:
     # -- the world's hooks ---------------------------------------------------
 
     def _received(self, r: Any) -> None:
-        policy = self.in_force
-        rule = policy.kinds.get(r.kind)
-        gated = rule is not None and rule.needs_approval
-        if rule is not None and rule.risk.rank > policy.max_risk.rank:
+        # A request that lands late from in flight is judged as it was when it was sent.
+        # (Several at one instant: a request sent the moment a policy changed may have
+        # left under either, so it is judged under the more permissive.)
+        policies = self.in_force_at(r.sent_at)
+        rules_then = [p.kinds.get(r.kind) for p in policies]
+        gated = all(rule is not None and rule.needs_approval for rule in rules_then)
+        if all(
+            rule is not None and rule.risk.rank > policy.max_risk.rank
+            for rule, policy in zip(rules_then, policies, strict=True)
+        ):
             self.judge.fail(
                 2, f"{r.kind} {r.identity} ({r.key}) reached the world; the policy forbids its kind"
             )
@@ -276,7 +282,9 @@ class Simulation:
     def _attempted(self, namespace: str, key: str, presented: int | None) -> None:
         if presented is None and self.acting is not None and self.acting.session is not None:
             lease = self.acting.session.lease
-            presented = None if lease is None else lease.lease_version
+            # A session holding no lease acts at version 0 (one process, no workers):
+            # once any worker has taken the run's lease, it may send nothing.
+            presented = 0 if lease is None else lease.lease_version
         if presented is not None:
             mark = self.observer.get_mark(RUN_ID)
             self.judge.attempted(key, presented, None if mark is None else mark.lease_version)
@@ -375,6 +383,13 @@ class Simulation:
             return
         entry = outcome.committed
         action = outcome.action_id or (entry.action_id if entry is not None else None)
+        if outcome.kind is OutcomeKind.REPLAYED and slot.session is not None:
+            # A replay names the proposal it answered in its event; its committed entry
+            # (when the adapter settled an earlier attempt) is the earlier attempt's.
+            for event in reversed(slot.session.trace(3)):
+                if event.kind in {"effect_replayed", "effect_reconciled", "effect_committed"}:
+                    action = str(event.data.get("action_id", action))
+                    break
         if action is None:
             trace = slot.session.trace(1) if slot.session is not None else []
             action = str(trace[-1].data.get("action_id", "")) if trace else ""
@@ -382,6 +397,13 @@ class Simulation:
         self.judge.checks += 2
         if item is None:
             return
+        if item.kind == "ticket" and not any(
+            r.namespace == "tickets" and item.value in r.identity for r in self.world.receptions
+        ):
+            self.judge.fail(
+                3,
+                f"{action} ({item}) reported {outcome.kind.value}; no such ticket reached the world",
+            )
         if item.kind == "write":
             held = self.workspace.files.get(item.target)
             if held != item.value:
@@ -394,24 +416,57 @@ class Simulation:
             kind = "file.write" if item.kind == "write" else "ticket.create"
             rule = self.in_force.kinds.get(kind)
             gated = rule is not None and rule.needs_approval
-            # A crash's re-proposal replays a gated effect too: with the knob off,
-            # this one check waits for the fix (see KNOWN_DEFECTS).
-            judged = "gated_repeats" in self.scenario.knobs
-            if judged and gated and action not in self.people.approved_actions:
-                self.judge.fail(2, f"{action} ({item}) was replayed without an approval")
             replayed = self._replay_event(slot, action)
-            if replayed is not None:
+            now = self.clock.seconds
+            if gated and not self._replay_approved(action, replayed, now):
+                self.judge.fail(2, f"{action} ({item}) was replayed without an approval")
+            caps = self.scenario.tickets if item.kind == "ticket" else self.scenario.workspace
+            if replayed is not None and caps.queryable:
+                # Where the adapter cannot be asked, the signed ledger holds the only
+                # copy of its receipt: the world's content (above) is what is judged.
                 key, receipt_id = replayed
                 adapter = self.tickets if item.kind == "ticket" else self.workspace
                 held_receipt = adapter.held(key)
                 # (The receipt id, not the fingerprint: the composite adapter
                 # translates a workspace receipt's post-state into its own identity.)
-                if held_receipt is None or held_receipt.receipt_id != receipt_id:
+                answered = self._replayed_result(slot, action)
+                if (
+                    held_receipt is None
+                    or held_receipt.receipt_id != receipt_id
+                    or (answered is not None and answered != held_receipt.result)
+                ):
                     self.judge.fail(
                         3,
                         f"{action} ({item}) replayed from the receipt under {key}, which "
                         "the adapter does not hold (deleted or drifted)",
                     )
+
+    def _replay_approved(self, action: str, replayed: tuple[str, str] | None, now: float) -> bool:
+        """Whether a replay of a gated effect stands on an approval alive now: one a person
+        signed for this very replay, or the one the effect was sent under, or one a person
+        signed for an earlier replay of it (each counts while it lives)."""
+        people = self.people
+        key = None if replayed is None else replayed[0]
+        if action in people.approved_actions:
+            if key is not None:
+                until = people.approved_until.get(action, -1.0)
+                people.replays_approved[key] = max(people.replays_approved.get(key, -1.0), until)
+            return True
+        if key is None:
+            return False
+        sent_under = max(
+            (until for (k, _), until in people.approvals.items() if k == key), default=-1.0
+        )
+        return now < max(sent_under, people.replays_approved.get(key, -1.0))
+
+    def _replayed_result(self, slot: Slot, action: str) -> Any:
+        """The result the replay handed the agent (``None`` if the step's results say nothing)."""
+        if slot.session is None:
+            return None
+        for result in slot.session.results():
+            if result.action_id == action:
+                return result.data.get("result")
+        return None
 
     def _replay_event(self, slot: Slot, action: str) -> tuple[str, str] | None:
         """The key and receipt id the run's ``effect_replayed`` event names."""
@@ -518,7 +573,7 @@ class Simulation:
         self.judge.last_change.clear()
 
     def _on_drift(self, event: Event) -> None:
-        self._adapter(event).drop_newest(self._committed_now())
+        self._adapter(event).drop_newest(self._committed_now(), tamper=event.num > 0)
 
     # -- people --------------------------------------------------------------
 
@@ -542,6 +597,27 @@ class Simulation:
         return any(
             p.kinds[kind].needs_approval for p in (self.policy, self.in_force) if kind in p.kinds
         )
+
+    @property
+    def in_force(self) -> Policy:
+        """The policy in force now."""
+        return self._in_force[-1][1]
+
+    @in_force.setter
+    def in_force(self, policy: Policy) -> None:
+        if policy is not self.in_force:
+            self._in_force.append((self.clock.seconds, policy))
+
+    def in_force_at(self, moment: float) -> list[Policy]:
+        """The policies in force at ``moment`` (a request is judged as it was when sent):
+        one, or several where the policy changed at that very instant."""
+        found = [self._in_force[0][1]]
+        for since, policy in self._in_force[1:]:
+            if since < moment:
+                found = [policy]
+            elif since == moment:
+                found.append(policy)
+        return found
 
     # -- the end ---------------------------------------------------------------
 

@@ -16,26 +16,28 @@ from dataclasses import dataclass, field, replace
 
 from tether.core import Capabilities
 
-#: Knobs whose feature finds a defect known on today's code, with that defect.
-#: The CI corpus switches these off; remove a name here when its fix lands.
-KNOWN_DEFECTS: dict[str, str] = {
-    "reverted_writes": "the replay rule swallows a reverted write A, B, A",
+#: Knobs whose feature found a defect in the rules as they were, with that defect: each
+#: was fixed (issue 25), and the CI corpus now runs with every one of them on. A knob
+#: added here hides its feature from the corpus until its defect is fixed.
+FOUND_DEFECTS: dict[str, str] = {
+    "reverted_writes": "the replay rule swallowed a reverted write A, B, A",
     "retention_past": "a key forgotten past retention: absence taken as proof, the effect sent twice",
-    "hostile_answers": "a receipt under a key answers another intent (after a replan)",
-    "receipt_drift": "the replay rule never asks the adapter (a deleted or drifted receipt)",
-    # Off: the plan never repeats a gated effect, and a replay of one (a crash's
-    # re-proposal makes them too) is not judged for its approval.
-    "gated_repeats": "a replay of an approval-gated effect needs no approval",
-    "service_down": "a worker hammers a service that is down (a checkpoint per resend)",
-    "policy_change": "a policy change releases a write the old policy held",
+    "hostile_answers": "a receipt under a key answered another intent (after a replan)",
+    "receipt_drift": "the replay rule never asked the adapter (a deleted or drifted receipt)",
+    "gated_repeats": "a replay of an approval-gated effect needed no approval",
+    "service_down": "a worker hammered a service that was down (a checkpoint per resend)",
+    "policy_change": "a policy change released a write the old policy held",
 }
 
-#: Every knob, known defect or not; all on is the full exploration.
+#: Knobs whose defect is known and not yet fixed: the CI corpus switches these off.
+KNOWN_DEFECTS: dict[str, str] = {}
+
+#: Every knob; all on is the full exploration.
 ALL_KNOBS: frozenset[str] = frozenset(
-    {*KNOWN_DEFECTS, "crashes", "two_workers", "drive", "people", "faults", "in_flight"}
+    {*FOUND_DEFECTS, "crashes", "two_workers", "drive", "people", "faults", "in_flight"}
 )
 
-#: The knobs the CI corpus runs with: everything but the known defects.
+#: The knobs the CI corpus runs with: everything but the known, unfixed defects.
 CI_KNOBS: frozenset[str] = ALL_KNOBS - frozenset(KNOWN_DEFECTS)
 
 FILES = ("src/a.txt", "src/b.txt")
@@ -225,7 +227,7 @@ def _events(rng: random.Random, knobs: frozenset[str], count: int) -> tuple[Even
         choices.append((0.4, "policy"))
     weights = [w for w, _ in choices]
     names = [n for _, n in choices]
-    motifs = [m for m in MOTIFS.values() if _allowed(m, knobs)]
+    motifs = [m for m in MOTIFS.values() if allowed(m, knobs)]
     out: list[Event] = []
     while len(out) < count:
         worker = rng.randrange(workers)
@@ -239,7 +241,7 @@ def _events(rng: random.Random, knobs: frozenset[str], count: int) -> tuple[Even
     return tuple(out[:count])
 
 
-def _m(text: str) -> tuple[Event, ...]:
+def motif(text: str) -> tuple[Event, ...]:
     """A motif from text: ``kind[:arg[:num]]`` words; ``w1`` means the other worker."""
     events = []
     for word in text.split():
@@ -254,37 +256,43 @@ def _m(text: str) -> tuple[Event, ...]:
 
 #: Short event sequences that set up the cases the issue names, drawn now and then.
 MOTIFS: dict[str, tuple[Event, ...]] = {
-    "unknown_past_retention": _m(
+    "unknown_past_retention": motif(
         "lost_reply:tickets step advance::400 forget step step review:replan step step step"
     ),
-    "crash_after_send": _m("crash_point:effect_sent step step step"),
-    "crash_around_commit": _m("crash_commit:after step step crash_commit:before step step"),
+    "crash_after_send": motif("crash_point:effect_sent step step step"),
+    "crash_around_commit": motif("crash_commit:after step step crash_commit:before step step"),
     # w1 takes the lease and commits nothing yet: only the lease fences w0 now.
-    "stale_worker": _m("step advance::45 step:w1 step step step:w1 step"),
-    "conflict_replan": _m(
+    "stale_worker": motif("step advance::45 step:w1 step step step:w1 step"),
+    "conflict_replan": motif(
         "crash_point:intent_persisted hostile:workspace hostile:tickets step step step "
         "review:replan step step step step"
     ),
-    "drift_then_replay": _m("step step drift:workspace drift:tickets step step step"),
-    "down_hammer": _m("down:tickets:60 drive step step advance::5 drive step"),
-    "in_flight_wait": _m("in_flight:tickets step step advance::45 step step"),
+    "drift_then_replay": motif("step step drift:workspace drift:tickets step step step"),
+    "tamper_then_replay": motif("step step drift:workspace:1 drift:tickets:1 step step step"),
+    # Another intent's receipt under our key, before and after a replan set it aside.
+    "key_reused": motif(
+        "crash_point:intent_persisted step hostile:workspace hostile:tickets step step "
+        "review:replan hostile:workspace hostile:tickets step step step"
+    ),
+    "down_hammer": motif("down:tickets:60 drive step step advance::5 drive step"),
+    "in_flight_wait": motif("in_flight:tickets step step advance::45 step step"),
     # The approval lands with a commit whose process dies; it has expired by the send.
-    "approval_expiry": _m(
+    "approval_expiry": motif(
         "step approve:short crash_commit:after step advance::20 step step approve:yes step"
     ),
-    "unknown_write_past_retention": _m(
+    "unknown_write_past_retention": motif(
         "lost_reply:workspace step advance::400 forget step step review:replan step step step"
     ),
-    "rewind_after_writes": _m("step step step rewind::0.5 step step step"),
-    "fork_then_repeat": _m("step step fork step step"),
-    "policy_on_held_write": _m("step crash_point:effect_sent policy:looser step step step"),
-    "stricter_on_held_write": _m(
+    "rewind_after_writes": motif("step step step rewind::0.5 step step step"),
+    "fork_then_repeat": motif("step step fork step step"),
+    "policy_on_held_write": motif("step crash_point:effect_sent policy:looser step step step"),
+    "stricter_on_held_write": motif(
         "crash_point:intent_persisted step policy:stricter step step step"
     ),
 }
 
 #: The knobs a motif's events need.
-_NEEDS = {
+NEEDS = {
     "lost_reply": "faults",
     "forget": "retention_past",
     "hostile": "hostile_answers",
@@ -302,8 +310,8 @@ _NEEDS = {
 }
 
 
-def _allowed(motif: tuple[Event, ...], knobs: frozenset[str]) -> bool:
-    needed = {_NEEDS[e.kind] for e in motif if e.kind in _NEEDS}
+def allowed(motif: tuple[Event, ...], knobs: frozenset[str]) -> bool:
+    needed = {NEEDS[e.kind] for e in motif if e.kind in NEEDS}
     if any(e.worker for e in motif):
         needed.add("two_workers")
     return needed <= knobs
@@ -339,6 +347,8 @@ def _event(rng: random.Random, kind: str, worker: int) -> Event:
 
 
 def _down(rng: random.Random, kind: str) -> float:
+    if kind == "drift":
+        return rng.choice((0.0, 1.0))  # 0: the receipt deleted; 1: its result rewritten
     return rng.choice((5.0, 60.0)) if kind == "down" else 0.0
 
 

@@ -212,11 +212,16 @@ class SimWorkspace(Sandbox, _Fenced):
         """The receipt the workspace holds under ``key`` (no fault applies: the truth)."""
         return self._receipts.get(key)
 
-    def drop_newest(self, settled: set[str]) -> None:
-        """Lose the newest receipt of a settled write (its receipt deleted after the commit)."""
+    def drop_newest(self, settled: set[str], *, tamper: bool = False) -> None:
+        """Lose the newest receipt of a settled write (deleted after the commit), or
+        (``tamper``) rewrite its result: either way the adapter no longer agrees with the
+        ledger's copy."""
         keys = [k for k in self._sent_at if k in settled]
         if keys:
             key = max(keys, key=lambda k: self._sent_at[k])
+            if tamper:
+                self.tamper_receipt(key, result={"tampered": True})
+                return
             self.delete_receipt(key)
             del self._sent_at[key]
 
@@ -323,11 +328,17 @@ class SimTickets(RemoteEffect, _Fenced):
         found = self._receipts.get(key)
         return None if found is None else found[0]
 
-    def drop_newest(self, settled: set[str]) -> None:
-        """Lose the newest receipt of a settled write (its receipt deleted after the commit)."""
+    def drop_newest(self, settled: set[str], *, tamper: bool = False) -> None:
+        """Lose the newest receipt of a settled write (deleted after the commit), or
+        (``tamper``) rewrite its result."""
         keys = [k for k in self._receipts if k in settled]
         if keys:
-            del self._receipts[max(keys, key=lambda k: self._receipts[k][1])]
+            key = max(keys, key=lambda k: self._receipts[k][1])
+            if tamper:
+                receipt, at = self._receipts[key]
+                self._receipts[key] = (replace(receipt, result={"tampered": True}), at)
+                return
+            del self._receipts[key]
 
     def heal(self) -> None:
         """The world heals: a hung request lands now, and no fault is armed any more."""
