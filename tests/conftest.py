@@ -14,7 +14,15 @@ from typing import Any
 import pytest
 
 from tether.adapters import Sandbox
-from tether.core import Observation, Policy, Proposal, RunState, TaskSpec, new_approval
+from tether.core import (
+    Observation,
+    Policy,
+    Proposal,
+    RunState,
+    TaskSpec,
+    new_approval,
+    new_decision,
+)
 from tether.crypto import Keyring, Signer
 from tether.runtime import AgentContext, CrashPlan, Decision, Runtime
 from tether.store import SQLiteStore
@@ -104,6 +112,22 @@ def signed_approval(signer: Signer, state: RunState, now: datetime) -> dict[str,
         issued_at=now,
         expires_at=now + timedelta(seconds=300),
         nonce=secrets.token_hex(16),
+    )
+    return signer.sign(body)
+
+
+def signed_decision(
+    signer: Signer, state: RunState, now: datetime, decision: str = "replan", nonce: str = ""
+) -> dict[str, Any]:
+    """``signer``'s signed ``decision`` on the run's newest review case, alive five minutes."""
+    body = new_decision(
+        state,
+        state.review_cases[-1],
+        signer.signer_id,
+        decision,
+        issued_at=now,
+        expires_at=now + timedelta(seconds=300),
+        nonce=nonce or secrets.token_hex(16),
     )
     return signer.sign(body)
 

@@ -10,14 +10,13 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ScriptedAgent, World, make_policy, write
+from tests.conftest import ScriptedAgent, World, make_policy, signed_decision, write
 from tether.core import (
     AdmissionRefusedError,
     GenerationConflictError,
     Phase,
     Purpose,
     new_admission,
-    new_decision,
     strict_loads,
 )
 from tether.crypto import SecretBox, Signer, TrustRoots
@@ -310,18 +309,8 @@ def test_an_admission_may_not_reuse_a_nonce_a_review_decision_consumed(world: Wo
     session = world.runtime(agent(), trust=trust).start("run-a")
     session.step()
     session.park("worker_error", "the drive kept failing")
-    now = world.clock.now()
     used = "d" * 32
-    body = new_decision(
-        session.state,
-        session.state.review_cases[0],
-        REVIEWER.signer_id,
-        "replan",
-        issued_at=now,
-        expires_at=now + timedelta(seconds=300),
-        nonce=used,
-    )
-    session.review(REVIEWER.sign(body))
+    session.review(signed_decision(REVIEWER, session.state, world.clock.now(), nonce=used))
     rt = world.runtime(agent(), trust=trust)
     with pytest.raises(AdmissionRefusedError, match="consumed"):
         rt.recover("run-a", admission=signed(rt, OPERATOR, nonce=used))

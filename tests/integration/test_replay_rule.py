@@ -19,14 +19,15 @@ from tests.conftest import (
     make_policy,
     make_task,
     signed_approval,
+    signed_decision,
     write,
 )
 from tests.integration._services import EffectsService, effects_service
+from tests.integration.test_http_effect import http_run
 from tether.adapters import REFERENCE_PROFILE, HttpEffect, Sandbox
-from tether.core import EffectStatus, Intent, OutcomeKind, Phase, RunState, new_decision, new_fork
-from tether.crypto import Keyring, Signer, TrustRoots
+from tether.core import EffectStatus, Intent, OutcomeKind, Phase, RunState, new_fork
+from tether.crypto import Signer, TrustRoots
 from tether.runtime import CrashPlan, CrashPoint, RunSession, Runtime, SimulatedCrash
-from tether.store import SQLiteStore
 
 REVIEWER = Signer.generate("rev", "reviewer")
 APPROVER = Signer.generate("alice", "approver")
@@ -35,16 +36,7 @@ TRUST = TrustRoots.of(REVIEWER.trust_root(), APPROVER.trust_root())
 
 def replan(session: RunSession, now: Any) -> None:
     """A reviewer's signed replan of the run's open case, applied."""
-    body = new_decision(
-        session.state,
-        session.state.review_cases[-1],
-        REVIEWER.signer_id,
-        "replan",
-        issued_at=now,
-        expires_at=now + timedelta(seconds=300),
-        nonce=secrets.token_hex(16),
-    )
-    session.review(REVIEWER.sign(body))
+    session.review(signed_decision(REVIEWER, session.state, now))
 
 
 def keys(state: RunState, world: World) -> list[str]:
@@ -210,27 +202,10 @@ def service(tmp_path: Path) -> Iterator[EffectsService]:
 
 
 def ticket_runtime(tmp_path: Path, http: HttpEffect) -> Runtime:
-    task = make_task(
-        http.environment().state_fingerprint,
-        allowed_kinds=["http.post"],
-        allowed_paths=["tickets"],
-        permissions=["service.write"],
-        initial_environment={"namespace": "http"},
-    )
-    rule = {"risk": "low", "permission": "service.write", "needs_approval": False}
-    post = write("tickets", "", kind="http.post", args={"json": {"title": "printer on fire"}})
-    return Runtime(
-        store=SQLiteStore(tmp_path / "tether.sqlite"),
-        keyring=KEYRING,
-        adapter=http,
-        task=task,
-        policy=make_policy(kinds={"http.post": rule}),
-        agent=ScriptedAgent([post]),
-        trust=TRUST,
-    )
-
-
-KEYRING = Keyring.generate("k1")
+    """The HTTP tests' ticket run, with the reviewer trusted."""
+    runtime = http_run(tmp_path, http)
+    runtime.trust = TRUST
+    return runtime
 
 
 def test_a_ticket_past_retention_is_not_sent_again_after_a_replan(
