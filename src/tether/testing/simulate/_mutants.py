@@ -181,10 +181,22 @@ def _replay_unapproved(real: Any) -> Any:
     return lambda facts, judgement: judgement  # a gated kind's replay needs no approval
 
 
+def _always_progress(real: Any) -> Any:
+    return lambda kind: True  # a resend or a wait counted as progress: no back-off
+
+
+def _resend_always_recorded(real: Any) -> Any:
+    return lambda **kw: True  # a checkpoint and a ledger row per resend
+
+
+def _held_never_rejudged(real: Any) -> Any:
+    return lambda self, state: None  # only the approval rule re-checked after a policy change
+
+
 def _mutants() -> dict[str, Mutant]:
     from tether.core import _actions as actions_rules
     from tether.core import _replay as replay_rules
-    from tether.runtime import _lease
+    from tether.runtime import _lease, _runtime, _worker
     from tether.store import _leases, _sql
 
     return {
@@ -274,6 +286,21 @@ def _mutants() -> dict[str, Mutant]:
                 "replay_unapproved",
                 "a gated kind's replay needs no approval",
                 ((replay_rules, "_approved", _replay_unapproved),),
+            ),
+            Mutant(
+                "resend_is_progress",
+                "a worker counts a resend or a wait as progress, so it never backs off",
+                ((_worker, "step_progressed", _always_progress),),
+            ),
+            Mutant(
+                "resend_recorded_each_time",
+                "every resend to a service that is down adds a checkpoint and a ledger row",
+                ((settle_rules, "records_resend", _resend_always_recorded),),
+            ),
+            Mutant(
+                "held_write_not_rejudged",
+                "a held write is re-checked only for its approval after a policy change",
+                ((_runtime.Runtime, "held_problem", _held_never_rejudged),),
             ),
             Mutant(
                 "ledger_forgets",
