@@ -24,7 +24,7 @@ from tests.conftest import (
 )
 from tests.integration._services import EffectsService, effects_service
 from tests.integration.test_http_effect import http_run
-from tether.adapters import REFERENCE_PROFILE, HttpEffect, Sandbox
+from tether.adapters import REFERENCE_PROFILE, HttpEffect, KeyInFlightError, Sandbox
 from tether.core import EffectStatus, Intent, OutcomeKind, Phase, RunState, new_fork
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import CrashPlan, CrashPoint, RunSession, Runtime, SimulatedCrash
@@ -227,3 +227,49 @@ def test_a_ticket_past_retention_is_not_sent_again_after_a_replan(
         outcome = session.step()
         assert (outcome.kind, outcome.reason) == (OutcomeKind.FROZEN, "replay_of_unknown_effect")
     assert len(service.tickets()) == 2  # ours, once, and the other caller's
+
+
+# -- a key stuck in flight stays decidable -------------------------------------------
+
+
+class _Hung(Sandbox):
+    """A workspace whose first send stays in flight for good (its handler never returns)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.hung: set[str] = set()
+
+    @property
+    def capabilities(self) -> Any:
+        return replace(super().capabilities, in_flight_limit_s=60.0)
+
+    def execute(self, key: str, intent: Intent, prestate: Any, fence: Any = None) -> Any:
+        if key in self.hung or not self.hung:
+            self.hung.add(key)
+            raise KeyInFlightError(key, "accepted, still running")
+        return super().execute(key, intent, prestate, fence)
+
+    def lookup(self, key: str) -> Any:
+        if key in self.hung:
+            raise KeyInFlightError(key, "still running")
+        return super().lookup(key)
+
+
+@pytest.mark.parametrize("decision", ["abort", "replan"])
+def test_a_run_frozen_on_a_key_stuck_in_flight_can_still_be_decided(
+    world: World, decision: str
+) -> None:
+    """The decision's re-read of the receipt meets "still in flight": no receipt then, none now."""
+    world.sandbox = _Hung({"notes.txt": "draft\n"}, instance_id="sbx-1", clock=world.clock.now)
+    steps = [write("notes.txt", "A\n", f"a{i}") for i in range(3)] + [finish]
+    session = world.runtime(ScriptedAgent(steps), trust=TRUST).start("r1")
+    assert session.step().kind is OutcomeKind.IN_FLIGHT
+    world.clock.advance(61)
+    assert session.step().kind is OutcomeKind.FROZEN
+    assert session.state.review_cases[-1].reason == "outcome_unknown"
+    session.review(signed_decision(REVIEWER, session.state, world.clock.now(), decision))
+    assert session.state.phase is (Phase.FAILED if decision == "abort" else Phase.RUNNING)
+    if decision == "replan":  # the same write again is never sent while its key may land
+        outcome = session.step()
+        assert outcome.kind is OutcomeKind.RETRY_LATER
+    assert world.sandbox.write_count() == 0

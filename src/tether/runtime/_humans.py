@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from tether.adapters import capabilities_of, look_up
+from tether.adapters import UnresolvedWriteError, capabilities_of, look_up
 from tether.core import (
     ActionClass,
     ActionKind,
@@ -318,10 +318,13 @@ def _reread(
 
 
 def _receipt_under(rt: Runtime, key: str, intent: Any) -> Receipt | None:
-    """The adapter's receipt under ``key``; a request it recorded as refused has none."""
+    """The adapter's receipt under ``key``; a request it recorded as refused has none, and
+    one it still reports in flight has none yet (a case opened because the key is stuck in
+    flight must stay decidable: no receipt then, no receipt now). An adapter that cannot
+    be reached raises, and the decision waits for it."""
     try:
         return look_up(rt.adapter, key, intent)
-    except PreconditionFailedError:
+    except (PreconditionFailedError, UnresolvedWriteError):
         return None
 
 
