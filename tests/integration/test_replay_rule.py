@@ -168,6 +168,7 @@ def test_a_replay_of_an_approval_gated_write_needs_an_approval_alive(world: Worl
     assert (waiting.kind, waiting.reason) == (OutcomeKind.WAITING_FOR_APPROVAL, "approval_required")
     assert session.state.pending is not None and session.state.pending.action_id == "a2"
     assert session.step().kind is OutcomeKind.WAITING_FOR_APPROVAL  # no approval: still waits
+    world.sandbox.bypass_write("src/other.txt", "x\n")  # an unrelated edit: a replay sends nothing
     session.approve(signed_approval(APPROVER, session.state, world.clock.now()))
     outcome = session.step()
     assert (outcome.kind, outcome.reason) == (OutcomeKind.REPLAYED, "effect_replayed")

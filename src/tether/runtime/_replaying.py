@@ -16,6 +16,7 @@ from typing import Any
 from tether.adapters import capabilities_of
 from tether.core import (
     ContractViolationError,
+    EnvironmentState,
     Intent,
     Lookup,
     Outcome,
@@ -47,8 +48,13 @@ def replay_or_fork(
     *,
     approved: bool = False,
     charged: bool = False,
+    live: EnvironmentState | None = None,
 ) -> Transition | replay_rules.Proceed:
-    """What the replay rule says of a write of ``intent`` (its effect digest ``effect``)."""
+    """What the replay rule says of a write of ``intent`` (its effect digest ``effect``).
+
+    ``live``: the environment as read now, where ``base`` may hold an older one (a
+    held replay carried out later); whether the target moved is judged on it.
+    """
     rt = session.rt
     record = session.effects.get(effect)
     forked = effect in base.forks
@@ -57,7 +63,7 @@ def replay_or_fork(
     caps = capabilities_of(rt.adapter, proposal.kind)
     moved = False
     if caps.stateful and not forked:
-        env = base.environment
+        env = base.environment if live is None else live
         moved = rt.adapter.derive_post_state(env, intent).state_fingerprint != env.state_fingerprint
     key = replay_rules.lookup_key(record, caps, forked=forked, target_moved=moved)
     answer = None
@@ -144,11 +150,13 @@ def carry_out_held(session: Session, pending: PendingWrite) -> Outcome:
         return session.apply(
             step_rules.reject(base, proposal, forbidden, rt.task.budgets, spent_already=True)
         )
+    # A replay sends nothing, so an approval of it binds no environment: one signed
+    # before an unrelated file changed still answers it (judged against the run's own).
     problem = approval_problem(
         session.state,
         needs=needs_approval(rt.policy, rt.kinds[held.kind]),
         now=rt.clock.now(),
-        live=rt.adapter.environment(),
+        live=session.state.environment,
         idempotent=False,
         policy_version=rt.binding.policy_version,
     )
@@ -163,7 +171,14 @@ def carry_out_held(session: Session, pending: PendingWrite) -> Outcome:
         )
     intent = Intent(held.kind, held.target, args, held.risk)
     decided = replay_or_fork(
-        session, base, proposal, intent, rt.effect_digest(intent), approved=True, charged=True
+        session,
+        base,
+        proposal,
+        intent,
+        rt.effect_digest(intent),
+        approved=True,
+        charged=True,
+        live=rt.adapter.environment(),
     )
     if isinstance(decided, replay_rules.Proceed):
         # The world moved while it waited: no longer a replay. It is dropped, and
