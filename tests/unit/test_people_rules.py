@@ -23,7 +23,8 @@ CASES = [
     ("cancel", frozenset({"approver"}), Phase.NEEDS_REVIEW, REFUSE),
     ("rewind", frozenset({"operator"}), Phase.RUNNING, READ),
     ("rewind", frozenset({"approver"}), Phase.RUNNING, STOP),
-    ("fork", frozenset(), Phase.RUNNING, READ),  # checked by its own rule when read
+    ("fork", frozenset({"operator"}), Phase.RUNNING, READ),
+    ("fork", frozenset({"approver"}), Phase.RUNNING, STOP),
     ("admission", frozenset(), Phase.RUNNING, READ),
 ]
 

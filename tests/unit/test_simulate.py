@@ -1,9 +1,9 @@
-"""The deterministic simulator: the CI corpus holds the promise, and every defect it found stays fixed.
+"""The deterministic simulator: the CI corpus holds the promise, replays exactly, and shrinks.
 
 The corpus runs with every knob on except those named in ``KNOWN_DEFECTS``
-(features whose defect is known and not fixed: none today). ``FOUND`` pins,
-for each defect the simulator found in the rules as they were (issue 25), the
-seed that found it: with its knob on, that seed now keeps the promise.
+(features whose defect is known and not fixed: none today). That the
+defects it found stay fixed is shown by planting each again
+(``test_simulate_mutants``).
 """
 
 from __future__ import annotations
@@ -18,21 +18,10 @@ from tether.testing.simulate import CI_KNOBS, Item, draw, run, shrink, simulate
 from tether.testing.simulate.__main__ import main
 from tether.testing.simulate._directed import case_of, directed
 from tether.testing.simulate._mutants import planted
-from tether.testing.simulate._scenario import FOUND_DEFECTS, MOTIFS
+from tether.testing.simulate._scenario import MOTIFS
 
 #: The corpus: seeds per pass (fewer in the second, ``python -O`` pass; the same knobs).
 CORPUS = range(8) if os.environ.get("TETHER_CRASH_TRIALS") else range(24)
-
-#: knob -> (the seed that found its defect before the fix, the invariant it broke).
-FOUND = {
-    "reverted_writes": (3, 3),
-    "retention_past": (42, 1),
-    "hostile_answers": (60, 3),
-    "receipt_drift": (26, 3),
-    "gated_repeats": (9, 2),
-    "service_down": (102, 6),
-    "policy_change": (19, 2),
-}
 
 
 @pytest.mark.parametrize("seed", CORPUS)
@@ -61,17 +50,6 @@ def test_a_seed_replays_exactly() -> None:
         second.world,
         second.phase,
         second.violations,
-    )
-
-
-@pytest.mark.parametrize("knob", sorted(FOUND))
-def test_each_defect_the_simulator_found_stays_fixed(knob: str) -> None:
-    """The seed that found a defect (before its fix) keeps the promise with its knob on."""
-    seed, invariant = FOUND[knob]
-    result = run(seed, knobs=CI_KNOBS | {knob})
-    assert result.ok, (
-        f"{knob}: {FOUND_DEFECTS[knob]} (invariant {invariant}) is back:\n"
-        + "\n".join(map(str, result.violations))
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tether.testing.simulate._mutants import catches, mutants, planted
+from tether.testing.simulate._scenario import FOUND_DEFECTS
 
 #: mutant -> a seed of the CI corpus that catches it (from 1,000,001: a directed scenario).
 CAUGHT = {
@@ -17,20 +18,34 @@ CAUGHT = {
     "blind_not_frozen": 1_000_011,
     "retention_ignored": 1_000_001,
     "approval_unchecked": 1_000_013,
-    "approval_expiry_ignored": 11,
-    "risk_unchecked": 1_000_092,
-    "absence_always_final": 1_000_099,
+    "approval_expiry_ignored": 41,
+    "risk_unchecked": 12,
+    "absence_always_final": 1_000_105,
     "reconcile_any_digest": 1_000_025,
     "ledger_forgets": 1_000_001,
     "lease_unchecked": 1_000_019,
-    "resend_recorded_each_time": 154,
-    "held_write_not_rejudged": 10,
+    "resend_is_progress": 4,
+    "resend_recorded_each_time": 189,
+    "held_write_not_rejudged": 12,
     "replay_receipts_unchecked": 1_000_037,
     "replay_never_asks": 1_000_002,
     "replay_absence_past_retention": 1_000_001,
     "replay_swallows_reverts": 37,
     "replay_foreign_receipt": 79,
-    "replay_unapproved": 16,
+    "replay_unapproved": 57,
+    "replay_result_dropped": 1_000_003,
+}
+
+#: Each defect the simulator found in the rules as they were (issue 25), and the mutants
+#: that plant it again: the corpus must catch every one of them.
+REPLANTED = {
+    "reverted_writes": ("replay_swallows_reverts",),
+    "retention_past": ("replay_absence_past_retention", "retention_ignored"),
+    "hostile_answers": ("replay_foreign_receipt",),
+    "receipt_drift": ("replay_never_asks", "replay_receipts_unchecked"),
+    "gated_repeats": ("replay_unapproved",),
+    "service_down": ("resend_is_progress", "resend_recorded_each_time"),
+    "policy_change": ("held_write_not_rejudged", "risk_unchecked"),
 }
 
 
@@ -40,12 +55,8 @@ def test_a_planted_defect_is_caught_by_its_seed(name: str) -> None:
     assert catches(name, CAUGHT[name])
 
 
-#: Planted and not caught by the corpus: named here rather than hidden.
-#: ``resend_is_progress``: the simulator's worker meets an outage as a raised
-#: error (deferred by the worker's outage path), never as a step that returns
-#: "retry later" in a loop; tests/integration/test_outage_backoff.py catches it
-#: with a real worker and a real HTTP service that is down.
-ESCAPED: set[str] = {"resend_is_progress"}
+#: Planted and not caught by the corpus (none today; name one here rather than hide it).
+ESCAPED: set[str] = set()
 
 
 def test_every_planted_defect_is_pinned_or_named_as_escaped() -> None:
@@ -62,3 +73,9 @@ def test_planting_restores_the_real_functions() -> None:
             during = [getattr(owner, attr) for owner, attr, _ in mutant.patches]
         after = [getattr(owner, attr) for owner, attr, _ in mutant.patches]
         assert after == before and during != before, name
+
+
+def test_every_defect_the_simulator_found_is_planted_again_and_caught() -> None:
+    """Each defect found in the old rules has a mutant that plants it back, pinned above."""
+    assert set(REPLANTED) == set(FOUND_DEFECTS)
+    assert {name for names in REPLANTED.values() for name in names} <= set(CAUGHT)

@@ -250,6 +250,8 @@ def signers_of(policy: Policy, kind: str) -> frozenset[str]:
         return frozenset({"approver"})
     if kind in {"review_decision", "effect_decision"}:
         return frozenset({"reviewer"})
+    if kind == "fork":
+        return frozenset({"reviewer", "operator"})
     if kind == "rewind":
         return frozenset(policy.authority.rewind) - {"agent"}
     if kind == "cancel":

@@ -193,6 +193,13 @@ def _held_never_rejudged(real: Any) -> Any:
     return lambda self, state: None  # only the approval rule re-checked after a policy change
 
 
+def _result_dropped(real: Any) -> Any:
+    def replayed(state: Any, proposal: Any, effect: Any, known: Any, receipt: Any, *a: Any) -> Any:
+        return real(state, proposal, effect, known, {**receipt, "result": None}, *a)
+
+    return replayed
+
+
 def _mutants() -> dict[str, Mutant]:
     from tether.core import _actions as actions_rules
     from tether.core import _replay as replay_rules
@@ -286,6 +293,11 @@ def _mutants() -> dict[str, Mutant]:
                 "replay_unapproved",
                 "a gated kind's replay needs no approval",
                 ((replay_rules, "_approved", _replay_unapproved),),
+            ),
+            Mutant(
+                "replay_result_dropped",
+                "a replay hands the agent no result",
+                ((replay_rules, "_replayed", _result_dropped),),
             ),
             Mutant(
                 "resend_is_progress",

@@ -18,6 +18,9 @@ from typing import Any
 
 from tether.adapters import Adapters
 from tether.core import (
+    CheckpointCorruptError,
+    IllegalTransitionError,
+    InvariantError,
     LedgerEntry,
     OutcomeKind,
     Policy,
@@ -41,6 +44,13 @@ _ITEM_KIND = {"file.write": "write", "ticket.create": "ticket"}
 LEASE_TTL_S = 30.0
 #: Drain iterations (one scheduler decision each) a healthy run may take to end.
 DRAIN_BOUND = 120
+#: Errors that say tether's own invariants broke (nothing in the simulated world tampers
+#: with the store): invariant 0, never a refusal to step over.
+BROKEN = (IllegalTransitionError, InvariantError, CheckpointCorruptError)
+#: What a replay handed the agent, when the step's results hold nothing for it.
+_UNSEEN = object()
+#: Look-ups of one key a worker may make within one event while its service is down.
+LOOKUPS_PER_CLAIM = 4
 #: Commits one event may make before the simulator calls it a runaway loop.
 COMMITS_PER_EVENT = 200
 
@@ -199,10 +209,12 @@ class Simulation:
         self.committed: set[str] = set()
         self.commits_at_event = 0
         self.attempts: dict[str, int] = {}
+        self.lookups: dict[str, int] = {}
         #: The worker whose session is stepping now (its lease is the one a send presents).
         self.acting: Slot | None = None
         self.world.judge = self._received
         self.world.attempt = self._attempted
+        self.world.asked = self._asked
         self.world.restored = self.restored
         workers = 2 if "two_workers" in scenario.knobs else 1
         self.slots = [self._slot(i, SimStore(self.db, self.clock.micros)) for i in range(workers)]
@@ -296,7 +308,19 @@ class Simulation:
                 )
                 raise Runaway(f"hammering {key}")
         if self._commits() - self.commits_at_event > COMMITS_PER_EVENT:
+            self.judge.fail(6, f"more than {COMMITS_PER_EVENT} commits in one event")
             raise Runaway("too many commits in one event")
+
+    def _asked(self, namespace: str, key: str) -> None:
+        """Invariant 6 for look-ups: asking a service that is down again and again is
+        hammering it too (a worker that counts a wait as progress)."""
+        if namespace in self.outages:
+            count = self.lookups[key] = self.lookups.get(key, 0) + 1
+            if count > LOOKUPS_PER_CLAIM:
+                self.judge.fail(
+                    6, f"{count} look-ups of {key} within one event while {namespace} was down"
+                )
+                raise Runaway(f"hammering {key} with look-ups")
 
     def _commits(self) -> int:
         return sum(s.store.commits for s in self.slots)
@@ -315,6 +339,7 @@ class Simulation:
         self.judge.event = self.event_no
         self.commits_at_event = self._commits()
         self.attempts.clear()
+        self.lookups.clear()
         handler = getattr(self, f"_on_{event.kind}", None)
         try:
             if handler is not None:
@@ -366,6 +391,10 @@ class Simulation:
             self.acting = slot
             outcome = slot.session.step()
         except SimulatedCrash:
+            self._die(slot)
+            return
+        except BROKEN as exc:  # tether's own integrity failed: a bug, never a refusal
+            self.judge.fail(0, f"{type(exc).__name__}: {exc} | {_where(exc)}")
             self._die(slot)
             return
         except TetherError:
@@ -433,7 +462,7 @@ class Simulation:
                 if (
                     held_receipt is None
                     or held_receipt.receipt_id != receipt_id
-                    or (answered is not None and answered != held_receipt.result)
+                    or (answered is not _UNSEEN and answered != held_receipt.result)
                 ):
                     self.judge.fail(
                         3,
@@ -460,13 +489,14 @@ class Simulation:
         return now < max(sent_under, people.replays_approved.get(key, -1.0))
 
     def _replayed_result(self, slot: Slot, action: str) -> Any:
-        """The result the replay handed the agent (``None`` if the step's results say nothing)."""
+        """The result the replay handed the agent (``_UNSEEN`` if the step's results hold
+        none for it: a replay that ended the run hands nothing on)."""
         if slot.session is None:
-            return None
+            return _UNSEEN
         for result in slot.session.results():
             if result.action_id == action:
                 return result.data.get("result")
-        return None
+        return _UNSEEN
 
     def _replay_event(self, slot: Slot, action: str) -> tuple[str, str] | None:
         """The key and receipt id the run's ``effect_replayed`` event names."""
@@ -498,6 +528,9 @@ class Simulation:
                 slot.session = None
                 worker.drive(lease)
         except SimulatedCrash:
+            self._die(slot)
+        except BROKEN as exc:
+            self.judge.fail(0, f"{type(exc).__name__}: {exc} | {_where(exc)}")
             self._die(slot)
         except TetherError:
             pass

@@ -275,6 +275,10 @@ MOTIFS: dict[str, tuple[Event, ...]] = {
         "review:replan hostile:workspace hostile:tickets step step step"
     ),
     "down_hammer": motif("down:tickets:60 drive step step advance::5 drive step"),
+    # Sent, its reply lost with the process, then the service goes down: a worker waits.
+    "down_after_send": motif(
+        "crash_point:effect_sent step down:tickets:60 down:workspace:60 drive advance::5 drive"
+    ),
     "in_flight_wait": motif("in_flight:tickets step step advance::45 step step"),
     # The approval lands with a commit whose process dies; it has expired by the send.
     "approval_expiry": motif(

@@ -112,6 +112,8 @@ class World:
     judge: Callable[[Reception], None] = lambda r: None
     #: Called with (namespace, key, fence's lease version) at each send attempt.
     attempt: Callable[[str, str, int | None], None] = lambda ns, k, v: None
+    #: Called with (namespace, key) at each look-up, before any fault answers it.
+    asked: Callable[[str, str], None] = lambda ns, k: None
     #: Called after the workspace was put back to a snapshot (a rewind).
     restored: Callable[[], None] = lambda: None
 
@@ -201,6 +203,7 @@ class SimWorkspace(Sandbox, _Fenced):
     def lookup(self, key: str) -> Receipt | None:
         if not self._caps.queryable:
             raise NotQueryableError("simulated: the workspace cannot look up keys")
+        self.world.asked(self.namespace, key)
         if self.world.clock.seconds < self.faults.down_until:
             raise AdapterUnavailableError("simulated: the workspace is down")
         if self.faults.route_404:
@@ -303,6 +306,7 @@ class SimTickets(RemoteEffect, _Fenced):
     def lookup(self, key: str) -> Receipt | None:
         if not self._caps.queryable:
             raise NotQueryableError("simulated: the ticket service cannot look up keys")
+        self.world.asked(self._namespace, key)
         if self.world.clock.seconds < self.faults.down_until:
             raise AdapterUnavailableError("simulated: the ticket service is down")
         self._land_due()
