@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tether.core import (
     Phase,
@@ -28,10 +28,12 @@ from tether.core import (
     replay_rules,
 )
 from tether.crypto import Signer, TrustRoots
-from tether.testing.simulate._scenario import Event
+from tether.testing.simulate._scenario import RUN_ID, Event
 
-if TYPE_CHECKING:
-    from tether.testing.simulate._runner import Simulation
+#: The simulation these acts apply to (its runner; typed loosely so the runner, which
+#: dispatches to these acts, is the only one of the two that imports the other).
+Simulation = Any
+
 
 APPROVER = Signer.generate("alice", "approver")
 REVIEWER = Signer.generate("rita", "reviewer")
@@ -61,7 +63,6 @@ class People:
 
 
 def _deliver(sim: Simulation, kind: str, signer: Signer, body: dict[str, Any]) -> None:
-    from tether.testing.simulate._runner import RUN_ID
 
     sim.observer.put_evidence(RUN_ID, kind, signer.sign(body))
 
@@ -134,7 +135,6 @@ def cancel(sim: Simulation, event: Event) -> None:
 
 
 def _admission(sim: Simulation, purpose: Purpose, target: int | None, kind: str) -> None:
-    from tether.testing.simulate._runner import RUN_ID
 
     try:
         restored = sim.slots[0].runtime.checkpointer.load(RUN_ID)
@@ -180,7 +180,6 @@ def admit(sim: Simulation, event: Event) -> None:
 
 def fork(sim: Simulation, event: Event) -> None:
     """A reviewer asks for a committed effect once more (the newest one the ledger records)."""
-    from tether.testing.simulate._runner import RUN_ID
 
     state = sim.state("running", "pending", "needs_review")
     if state is None:

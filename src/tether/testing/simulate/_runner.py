@@ -35,11 +35,10 @@ from tether.testing.simulate import _people
 from tether.testing.simulate._agent import SimAgent, planned
 from tether.testing.simulate._judge import SENDS_PER_CLAIM, Judge, Violation
 from tether.testing.simulate._people import TRUST, People
-from tether.testing.simulate._scenario import FILES, Event, Scenario
+from tether.testing.simulate._scenario import FILES, RUN_ID, Event, Scenario
 from tether.testing.simulate._store import SimStore
 from tether.testing.simulate._world import SimClock, SimIds, SimTickets, SimWorkspace, World
 
-RUN_ID = "run-sim"
 _ITEM_KIND = {"file.write": "write", "ticket.create": "ticket"}
 LEASE_TTL_S = 30.0
 #: Drain iterations (one scheduler decision each) a healthy run may take to end.

@@ -40,6 +40,9 @@ ALL_KNOBS: frozenset[str] = frozenset(
 #: The knobs the CI corpus runs with: everything but the known, unfixed defects.
 CI_KNOBS: frozenset[str] = ALL_KNOBS - frozenset(KNOWN_DEFECTS)
 
+#: The one run every simulation drives.
+RUN_ID = "run-sim"
+
 FILES = ("src/a.txt", "src/b.txt")
 CONTENTS = ("A", "B", "C")
 TITLES = ("printer", "laptop")
