@@ -525,3 +525,34 @@ def test_a_remembered_replay_approval_lives_as_long_as_its_approval_and_no_longe
     for i in range(40):
         many = remember_replay_approval(many, f"e{i}", body, now=T0)
     assert [a.effect for a in many.replay_approvals] == [f"e{i}" for i in range(8, 40)]
+
+
+def test_a_hold_verdict_makes_the_proposal_a_held_action_that_sends_nothing(world: World) -> None:
+    """The replay waits for a person: pending, not a write, keyed to bind the approval, traced."""
+    from tether.core import Intent
+
+    state = _state(world)
+    judgement = replay_rules.judge(
+        replay_rules.ReplayFacts(
+            record=DONE, capabilities=DEDUPS, now=T0, answer=_found(), needs_approval=True
+        )
+    )
+    held = Intent("file.write", "notes.txt", {"content": "x"}, "low")
+    decided = replay_rules.decide(
+        state,
+        Proposal("a5", "file.write", "notes.txt", {"content": "x"}),
+        judgement,
+        effect=EFFECT,
+        budgets=world.task.budgets,
+        case_id="case-1",
+        now=world.clock.now(),
+        live=state.environment,
+        held=held,
+        hold_key="idem-held",
+    )
+    assert decided.outcome is OutcomeKind.WAITING_FOR_APPROVAL and decided.call is None
+    pending = decided.state.pending
+    assert pending is not None and not pending.mutating and pending.idempotency_key == "idem-held"
+    assert decided.ledger == () and [k for k, _ in decided.events][-1] == "replay_held"
+    with pytest.raises(ValueError, match="held form"):
+        _decide(world, state, judgement)

@@ -64,12 +64,13 @@ from enum import StrEnum
 from typing import Any
 
 from tether.core import _budgets as budgets_rules
+from tether.core import _steps as steps
 from tether.core._actions import ActionResult, Proposal
 from tether.core._canonical import JSONValue, digest
 from tether.core._errors import EvidenceBindingError, EvidenceSignatureError, NonceReusedError
 from tether.core._evidence import check_lifetime, check_nonce, consumed_nonces
 from tether.core._ledger import LedgerEntry, redact_receipt
-from tether.core._model import Capabilities, EnvironmentState, Receipt, format_time
+from tether.core._model import Capabilities, EnvironmentState, Intent, Receipt, format_time
 from tether.core._phases import EffectStatus, ReviewReason
 from tether.core._results import with_result
 from tether.core._spec import Budgets
@@ -383,11 +384,14 @@ def decide(
     now: datetime,
     live: EnvironmentState,
     charged: bool = False,
+    held: Intent | None = None,
+    hold_key: str = "",
 ) -> Transition | Proceed:
     """The transition :func:`judge`'s verdict makes of ``state`` (the step counted).
 
     ``charged``: the proposal was paid for already (an approved replay that
-    waited). A replay's answer is the agent's next result; the last proposal
+    waited). ``held`` and ``hold_key``: the proposal as a held action and the key
+    minted to bind its approval, for a replay the policy gates (:attr:`Verdict.HOLD`). A replay's answer is the agent's next result; the last proposal
     the budget allows ends the run.
     """
     verdict = judgement.verdict
@@ -413,7 +417,9 @@ def decide(
     if verdict is Verdict.REVIEW:
         return _review(charged_state, proposal, effect, known, judgement.reason, case_id, now, live)
     if verdict is Verdict.HOLD:
-        raise ValueError("a replay that needs approval is held by the session")  # caller's bug
+        if held is None or not hold_key:
+            raise ValueError("a replay that needs approval needs its held form")  # caller's bug
+        return _held(state, proposal, effect, known, held, hold_key, now)
     receipt = judgement.receipt or {}
     replayed = _replayed(
         charged_state, proposal, effect, known, receipt, judgement.fingerprint or "", judgement
@@ -443,6 +449,31 @@ def decide(
             message=f"{replayed.message}; that was the last proposal the budget allows",
         )
     return replayed
+
+
+def _held(
+    state: RunState,
+    proposal: Proposal,
+    effect: str,
+    known: KnownEffect,
+    held: Intent,
+    key: str,
+    now: datetime,
+) -> Transition:
+    """A gated kind's replay waits for a person's approval; approving it sends nothing."""
+    hold = steps.hold(state, proposal, held, key=key, now=now)
+    note: Event = (
+        "replay_held",
+        {"action_id": proposal.action_id, "effect_digest": effect, "replay_of": known.action_id},
+    )
+    return Transition(
+        hold.outcome,
+        state=hold.state,
+        events=(*hold.events, note),
+        reason=hold.reason,
+        message=f"{hold.message} (a replay of an effect that already happened: approving "
+        "it sends nothing)",
+    )
 
 
 _REVIEW_WHY = {

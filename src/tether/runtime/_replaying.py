@@ -91,28 +91,6 @@ def replay_or_fork(
             sensitive=rule is not None and rule.sensitive,
         )
     )
-    if judgement.verdict is replay_rules.Verdict.HOLD:
-        held = Intent(
-            kind.name, proposal.target, dict(proposal.args), risk_of(rt.policy, kind).value
-        )
-        hold = step_rules.hold(base, proposal, held, key=rt.ids.new_id("idem"), now=rt.clock.now())
-        known = judgement.known
-        note = (
-            "replay_held",
-            {
-                "action_id": proposal.action_id,
-                "effect_digest": effect,
-                "replay_of": None if known is None else known.action_id,
-            },
-        )
-        return Transition(
-            hold.outcome,
-            state=hold.state,
-            events=(*hold.events, note),
-            reason=hold.reason,
-            message=f"{hold.message} (a replay of an effect that already happened: approving "
-            "it sends nothing)",
-        )
     return replay_rules.decide(
         base,
         proposal,
@@ -123,6 +101,12 @@ def replay_or_fork(
         now=rt.clock.now(),
         live=base.environment,
         charged=charged,
+        # A replay the policy gates waits as a held action: the proposal as it came,
+        # keyed only to bind a person's approval to exactly it.
+        held=Intent(
+            kind.name, proposal.target, dict(proposal.args), risk_of(rt.policy, kind).value
+        ),
+        hold_key=rt.ids.new_id("idem") if judgement.verdict is replay_rules.Verdict.HOLD else "",
     )
 
 
