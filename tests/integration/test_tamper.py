@@ -273,8 +273,22 @@ def test_an_equivalent_respelling_of_the_stored_bytes_is_corruption(ran: World) 
             recover(ran)
 
 
-def test_a_respelled_trace_row_fails_the_chain(ran: World) -> None:
-    """An event's hash covers its data as stored: equivalent JSON with a space is a break."""
+def test_a_respelled_trace_head_fails_recovery(ran: World) -> None:
+    """The head event's hash covers its data as stored: equivalent JSON with a space is a break."""
+    from tether.core import TraceIntegrityError
+
+    head = ran.runtime(agent()).checkpointer.load("r1").state.trace_head
+    with sqlite3.connect(ran.db) as conn:
+        changed = conn.execute(
+            "UPDATE tether_trace SET data = replace(data, ':', ': ') WHERE hash = ?", (head,)
+        ).rowcount
+    assert changed == 1
+    with pytest.raises(TraceIntegrityError):
+        recover(ran)
+
+
+def test_a_respelled_middle_trace_row_is_found_by_verify(ran: World) -> None:
+    """A row below what recovery reads (moved to verify: no decision reads it) fails the full walk."""
     from tether.core import TraceIntegrityError
 
     with sqlite3.connect(ran.db) as conn:
@@ -282,8 +296,10 @@ def test_a_respelled_trace_row_fails_the_chain(ran: World) -> None:
             "UPDATE tether_trace SET data = replace(data, ':', ': ') WHERE seq = 1"
         ).rowcount
     assert changed == 1
+    # Recovery reads the head and the pending write's rows, not the run_started event.
+    session = recover(ran)
     with pytest.raises(TraceIntegrityError):
-        recover(ran)
+        session.rt.checkpointer.verified_trace(session.state)  # what `tether verify` runs
 
 
 def test_a_trace_row_pointing_at_itself_fails_closed_without_hanging(ran: World) -> None:

@@ -513,3 +513,7 @@ __all__ += [
     "retry_rules",
     "step_progressed",
 ]
+
+from tether.core._segment import ChainRow, Stretch, hashes_to_itself, walk_down  # noqa: E402
+
+__all__ += ["ChainRow", "Stretch", "hashes_to_itself", "walk_down"]

@@ -9,7 +9,20 @@ as the recovery point.
 Restore checks, failing closed at the first failure: the mark exists; strict
 parse and checksum; key id trusted and not retired; HMAC; schema version;
 task, policy and scenario; generation and digest equal to the mark; the live
-environment; cross-object invariants.
+environment; cross-object invariants; the heads of the trace and the ledger
+and the entries of the pending write, proven on the chains the checkpoint
+pins; no ledger row past the signed length that a signed checkpoint does not
+account for.
+
+What a restore reads does not grow with the run's history: the checkpoint,
+the two head rows, the pending write's entries and anything past the signed
+length. It proves every row it reads; rows it does not read (the middle of
+a long history) are checked by the walk that reaches them (a step's look-up,
+a rewind) and by :meth:`Checkpointer.verified_trace` and
+:meth:`Checkpointer.verified_ledger`, which ``tether verify`` runs from the
+head to genesis. Every decision uses only rows proven on the chain; what a
+restore cannot see is a row deleted or edited below what it reads (see the
+README, "What recovery checks, and what only verify checks").
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ from tether.core import (
     TaskMismatchError,
     TetherError,
     TraceEvent,
+    TraceIntegrityError,
     UnknownFieldError,
     orphans_of,
     step_rules,
@@ -60,6 +74,7 @@ from tether.crypto import (
     seal,
 )
 from tether.runtime._agent import AgentContext, Withheld
+from tether.runtime._chains import ProvenChain
 from tether.runtime._crash import NO_CRASH, CrashPlan, CrashPoint
 from tether.store import (
     Commit,
@@ -79,7 +94,9 @@ class Restored:
     state: RunState
     mark: Mark
     envelope: bytes
-    #: The effect ledger, verified against the state's signed head (restore only).
+    #: What a restore read of the effect ledger, oldest first, proven on the chain
+    #: the state signed: from the pending write's first entry (or the head
+    #: row, with nothing pending) up to the head. Not the whole ledger.
     ledger: tuple[LedgerEntry, ...] = ()
     #: The signed state said ``intended`` but unlanded content beyond the mark
     #: says the write was dispatched: ``state`` now says ``dispatched``, and the
@@ -227,14 +244,28 @@ class Checkpointer:
         state = RunState.from_json(payload)
         return Restored(state=state, mark=mark, envelope=envelope)
 
-    def _prove_orphans(self, state: RunState, strays: list[LedgerEntry]) -> None:
+    def prove_orphans(
+        self,
+        state: RunState,
+        strays: Sequence[LedgerEntry],
+        generations: Sequence[int] | None = None,
+    ) -> None:
         """Every stray row must belong to a checkpoint signed by us whose mark never moved.
 
         Only such a commit (content written, then a crash before the mark) leaves
         rows off the signed chain; a row no signed checkpoint reaches is forged.
+        ``generations`` narrows the checkpoints read (rows past the signed
+        length can only be the next generation's); ``None`` reads them all.
         """
+        if self.colocated and strays:
+            raise stray_error(state.run_id, strays[0])  # one transaction leaves no orphans
         heads: list[str] = []
-        for envelope in self.content.envelopes(state.run_id):
+        envelopes = (
+            self.content.envelopes(state.run_id)
+            if generations is None
+            else [e for g in generations for e in self.content.envelopes(state.run_id, g)]
+        )
+        for envelope in envelopes:
             try:
                 payload = open_envelope(envelope, self.keyring, run_id=state.run_id)
                 head = payload.get("ledger_head") if isinstance(payload, dict) else None
@@ -246,6 +277,95 @@ class Checkpointer:
         for stray in strays:
             if stray.hash not in reached:
                 raise stray_error(state.run_id, stray)
+
+    def ledger_chain(self, state: RunState) -> ProvenChain[LedgerEntry]:
+        """The run's ledger as pinned by ``state``, proven from its head down on demand.
+
+        Rows are fetched by seq range, so a row beside the chain in a stretch
+        walked is seen: forged (refused) or, with the mark apart, proven an
+        orphan of a signed checkpoint that never landed.
+        """
+        run_id = state.run_id
+
+        def fetch(link: str, low: int, high: int) -> list[LedgerEntry]:
+            return self.content.ledger_between(run_id, low, high)
+
+        def broken(problem: str) -> LedgerIntegrityError:
+            return LedgerIntegrityError(f"run {run_id}: effect ledger {problem}", run_id=run_id)
+
+        def strays(rows: Sequence[LedgerEntry]) -> None:
+            self.prove_orphans(state, rows)
+
+        return ProvenChain(state.ledger_head, state.ledger_length, fetch, broken, strays)
+
+    def trace_chain(self, state: RunState) -> ProvenChain[TraceEvent]:
+        """The run's trace as pinned by ``state``, proven from its head down on demand.
+
+        Events are fetched by their links from the head; an event off the
+        chain (an orphan, or a forgery) is simply not on it, as for
+        :meth:`verified_trace`.
+        """
+        run_id = state.run_id
+
+        def fetch(link: str, low: int, high: int) -> list[TraceEvent]:
+            return self.content.trace(run_id, link, high - low + 1)
+
+        def broken(problem: str) -> TraceIntegrityError:
+            return TraceIntegrityError(f"run {run_id}: the trace {problem}", run_id=run_id)
+
+        def off_chain(rows: Sequence[TraceEvent]) -> None:
+            return None  # not history: the walk from the head never reaches it
+
+        return ProvenChain(state.trace_head, state.trace_length, fetch, broken, off_chain)
+
+    def read_recent(self, state: RunState) -> tuple[list[LedgerEntry], list[LedgerEntry]]:
+        """What a restore reads of its chains: ``(proven, beyond)``, each oldest first.
+
+        The trace's head event and the ledger's head row must be the rows the
+        state signed (hash, content, seq); with a write pending, every entry of
+        it, walked down from the head to its ``intended`` entry, must be on the
+        chain and its newest status the one the state records; no row may
+        claim a seq in that stretch without being on the chain. ``beyond``:
+        rows past the signed length (with the mark apart, a commit whose mark
+        never moved; anything else is forged and refused).
+        """
+        run_id = state.run_id
+        self.trace_chain(state).down_to(state.trace_length)
+        chain = self.ledger_chain(state)
+        chain.down_to(state.ledger_length)
+        pending = state.pending
+        if pending is not None and pending.mutating:
+            key = pending.idempotency_key
+            while chain.floor > 1 and not any(
+                e.idempotency_key == key and e.status is EffectStatus.INTENDED for e in chain.rows
+            ):
+                chain.step_down()
+            last = next((e for e in chain.rows if e.idempotency_key == key), None)
+            if last is None or last.status is not pending.status:
+                raise LedgerIntegrityError(
+                    f"run {run_id}: the ledger's last status for the pending write is "
+                    f"{None if last is None else last.status.value}, the checkpoint says "
+                    f"{pending.status.value}",
+                    run_id=run_id,
+                )
+        elif pending is not None and any(
+            e.idempotency_key == pending.idempotency_key for e in chain.rows
+        ):
+            raise LedgerIntegrityError(
+                f"run {run_id}: the ledger records the non-mutating pending action "
+                f"{pending.action_id!r}",
+                run_id=run_id,
+            )
+        newest = None if self.colocated else self.content.newest_generation(run_id)
+        if newest is not None and newest > state.generation + 1:
+            # Honest content runs at most one generation ahead of the mark
+            # (a crash between content and mark); more is a mark put back.
+            raise StaleMarkError(run_id, state.generation, newest)
+        beyond = self.content.ledger_between(run_id, state.ledger_length + 1)
+        if beyond:
+            later = range(state.generation + 1, (newest or state.generation) + 1)
+            self.prove_orphans(state, beyond, later)
+        return list(reversed(chain.rows)), beyond
 
     def check_generation(self, restored: Restored) -> None:
         state, mark = restored.state, restored.mark
@@ -284,21 +404,20 @@ class Checkpointer:
             else:
                 check_environment(state, live)
         validate_state(state)
-        chain = self.verified_ledger(state)
+        chain, beyond = self.read_recent(state)
         pending = state.pending
         if pending is not None and pending.status is EffectStatus.INTENDED and not self.colocated:
             # A mark put back by exactly one generation looks like a crash
             # between content and mark, and the commit beyond it may have been
             # followed by the send: then "intended" no longer proves nothing
             # left. Settle it as possibly sent (ask, dedup, or review).
-            beyond = [
+            sent = [
                 e
-                for e in self.content.ledger(state.run_id)
-                if e.seq > state.ledger_length
-                and e.idempotency_key == pending.idempotency_key
+                for e in beyond
+                if e.idempotency_key == pending.idempotency_key
                 and e.status is not EffectStatus.INTENDED
             ]
-            if beyond:
+            if sent:
                 state = state.evolve(pending=replace(pending, status=EffectStatus.DISPATCHED))
                 return replace(
                     restored,
@@ -356,7 +475,10 @@ class Checkpointer:
         return target, digest
 
     def verified_trace(self, state: RunState) -> list[TraceEvent]:
-        """The run's trace, every hash recomputed, ending at the head ``state`` signed.
+        """The run's whole trace, every hash recomputed, ending at the head ``state`` signed.
+
+        Reads every event (``tether verify``, a rewind); a recovery reads only
+        the head (:meth:`read_recent`).
 
         The walk is bounded by the signed length (+1, so a cycle planted in the
         rows fails the check instead of hanging).
@@ -408,7 +530,10 @@ class Checkpointer:
         return step_rules.decode_results(wanted, body)
 
     def verified_ledger(self, state: RunState) -> list[LedgerEntry]:
-        """The run's effect ledger, chained to the head ``state`` signed, or fail closed.
+        """The run's whole effect ledger, chained to the head ``state`` signed, or fail closed.
+
+        Reads every row (``tether verify``, a rewind, a compensation); a
+        recovery reads only what :meth:`read_recent` says.
 
         With content and mark apart, a crash between the two leaves the rows
         of a commit that never landed: those may lie beyond the signed length.
@@ -428,7 +553,7 @@ class Checkpointer:
                 # (a crash between content and mark); more is a mark put back.
                 raise StaleMarkError(state.run_id, state.generation, newest)
         if strays:
-            self._prove_orphans(state, strays)
+            self.prove_orphans(state, strays)
         pending = state.pending
         if pending is not None:
             last = next(

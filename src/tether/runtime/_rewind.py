@@ -46,7 +46,6 @@ from tether.core import (
     TetherError,
     crossed_effects,
     rewind_memory,
-    step_rules,
     tried_in,
     with_memory,
 )
@@ -292,7 +291,7 @@ def finish(session: Session) -> Outcome:
         "prefix_length": plan.prefix_length,
     }
     session.commit(rewound, [("rewound", event)], context=context, ledger=notes)
-    session.actions = step_rules.actions_taken(checkpointer.verified_trace(session.state))
+    session.reopen(session.state)  # ids of the suffix left behind are free again
     return Outcome(OutcomeKind.RECORDED, session.state, "rewound", plan.reason, "rewound")
 
 

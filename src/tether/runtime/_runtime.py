@@ -63,7 +63,6 @@ from tether.core import (
     effect_digest,
     parse_contract,
     policy_rules,
-    replay_rules,
     retry_semantics,
     step_rules,
 )
@@ -382,12 +381,10 @@ class Runtime:
         session = RunSession(self, state, context)
         session.release_secrets = release
         session.digest = restored.mark.checkpoint_digest
-        # The gate's "used before": every accepted action is in the signed trace
-        # (writes too, by intent_persisted). Read once per recovery, every hash
-        # recomputed, so an edited row fails closed instead of freeing an id.
-        session.actions = step_rules.actions_taken(self.checkpointer.verified_trace(state))
-        # Replay-or-fork matches against the effects the verified ledger records.
-        session.effects = replay_rules.known_effects(restored.ledger)
+        # The gate's "used before" and replay-or-fork's known effects are looked
+        # up by index when a proposal asks, each row proven on the signed chains
+        # (History): a recovery reads none of the run's past for them.
+        session.reopen(state)
         session.results()  # missing or damaged results fail closed here, not mid-run
         if lease is not None:
             session.hold(lease)
@@ -495,7 +492,11 @@ class Runtime:
         if restored.ahead is None and receipt is None:
             return None
         live = restored.ahead if restored.ahead is not None else self.adapter.environment()
-        known = {entry.idempotency_key for entry in restored.ledger}
+        # A person is about to be asked: worth one read of the whole verified ledger.
+        # (Its entries for the pending write were checked by the restore against
+        # the signed state; ``state`` may say "dispatched" where they say intended.)
+        whole = self.checkpointer.verified_ledger(state.evolve(pending=None))
+        known = {entry.idempotency_key for entry in whole}
         found: list[Receipt] = [] if receipt is None else [receipt]
         if isinstance(self.adapter, ListsReceipts):
             found += self.adapter.receipts_after(

@@ -1,42 +1,84 @@
 """What the people around a run see of it: one reading for the CLI and the page.
 
 :func:`open_run` reads a run back (verified when a keyring is given: the
-checkpoint, the trace chain and the ledger chain), :func:`list_runs` says
-which runs wait for whom, and since when. Nothing here holds a key or
-changes run state; the documents people sign are :mod:`._operator`'s.
+checkpoint, and its history page by page), :func:`list_runs` says which
+runs wait for whom, and since when. Nothing here holds a key or changes run
+state; the documents people sign are :mod:`._operator`'s.
+
+A view holds one :class:`Page` of the run's history: the newest ``limit``
+trace events and ledger entries below a seq, newest first, and the seq to
+ask for the next older page. Read with a keyring, a page's rows are reached
+by their links from the signed head, each one's hash is recomputed, and the
+shown rows link to each other (the newest page: to the signed head itself).
+``Page(limit=None)`` reads the whole history, every hash from the head to
+genesis, as ``tether verify`` does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from tether.core import (
+    GENESIS_HASH,
     ActionClass,
     ActionKind,
     CanonicalJSONError,
     CheckpointCorruptError,
     EffectStatus,
     LedgerEntry,
+    LedgerIntegrityError,
     Phase,
     Policy,
     RunNotFoundError,
     RunState,
     SpecError,
+    StoreError,
     TetherError,
     TraceEvent,
+    TraceIntegrityError,
     compensated_effect,
     digest_bytes,
     format_time,
+    hashes_to_itself,
     needs_approval,
+    replay_rules,
     strict_loads,
     validate_state,
+    walk_down,
 )
 from tether.crypto import Keyring
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import SystemClock
-from tether.store import ContentStore, Evidence, GenerationStore, Mark
+from tether.store import LANDMARK_KINDS, ContentStore, Evidence, GenerationStore, Mark
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """Which stretch of a run's history a view reads: the newest ``limit`` rows below a seq.
+
+    ``trace_before`` and ``ledger_before`` (``None``: from the head) are the
+    seqs a previous page handed back as :attr:`RunView.older_trace` and
+    :attr:`RunView.older_ledger`. ``limit=None`` reads everything.
+    """
+
+    limit: int | None = 50
+    trace_before: int | None = None
+    ledger_before: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("limit", "trace_before", "ledger_before"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise StoreError(f"page {name} must be a whole number, not {value!r}")
+            if value is not None and value < 1:
+                raise StoreError(f"page {name} must be at least 1, not {value}")
+
+
+#: The whole history (what ``--all`` asks for).
+ALL = Page(limit=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +118,14 @@ class RunView:
     policy: Policy | None
     #: When it was read: what "expired" and "waiting since" are measured against.
     read_at: datetime
+    #: The ``trace_before`` of the next older page (``None``: this page reaches the start).
+    older_trace: int | None = None
+    #: The ``ledger_before`` of the next older page (``None``: this page reaches the start).
+    older_ledger: int | None = None
+    #: How each epoch began (and every rewind), whatever page is shown: see :data:`LANDMARK_KINDS`.
+    landmarks: tuple[TraceEvent, ...] = ()
+    #: What the ledger records of the effect digests :func:`open_run` was asked about.
+    effect_records: dict[str, replay_rules.EffectHistory] = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:
@@ -160,7 +210,7 @@ class RunView:
     def epochs(self) -> list[dict[str, Any]]:
         """Every epoch of the run, from its trace: how it was opened, by whom, from where, why."""
         epochs: list[dict[str, Any]] = []
-        for event in self.trace:
+        for event in self.landmarks:
             data = event.data
             at = format_time(event.at)
             if event.kind == "run_started":
@@ -185,7 +235,11 @@ class RunView:
         return epochs
 
     def effects(self) -> list[dict[str, Any]]:
-        """The ledger grouped by effect: its terms, its status now and every status it had."""
+        """The ledger page grouped by effect: its terms, its status now, every status it had.
+
+        Only the statuses on this page: an effect whose first entries lie on an
+        older page shows there too.
+        """
         by_key: dict[str, dict[str, Any]] = {}
         for entry in self.ledger:
             item = by_key.setdefault(
@@ -251,37 +305,151 @@ def open_run(
     marks: GenerationStore | None = None,
     now: datetime | None = None,
     history: bool = True,
+    page: Page = ALL,
+    effects: Collection[str] = (),
 ) -> RunView:
     """Read ``run_id`` back: verified under ``keyring`` (every check), else read as stored.
 
     ``now`` (default: the system clock) is what approval expiry is judged by.
     ``history=False`` reads the checkpoint alone (no trace, no ledger, and so
     no reasons for refused documents): enough to say what the run waits for.
+    ``page`` says which stretch of the history to read (default: all of it;
+    the CLI and the page read ``Page()``, the newest 50). ``effects``: effect
+    digests whose ledger records to read whatever the page (a fork names one).
     """
     trace: tuple[TraceEvent, ...] = ()
     ledger: tuple[LedgerEntry, ...] = ()
+    landmarks: tuple[TraceEvent, ...] = ()
+    older: tuple[int | None, int | None] = (None, None)
+    records: dict[str, replay_rules.EffectHistory] = {}
     if keyring is not None:
         checkpointer = Checkpointer(store, keyring, marks=marks)
         restored = checkpointer.load(run_id)
         state, mark = restored.state, restored.mark
-        if history:
+        if history and page.limit is None:
             trace = tuple(checkpointer.verified_trace(state))
             ledger = tuple(checkpointer.verified_ledger(state))
+        elif history:
+            trace, ledger, older = _page(store, state, page, check=True)
+        if history:
+            landmarks = _landmarks(store, state, trace if page.limit is None else None)
+        if effects:
+            records = _effect_records(checkpointer, state, effects)
     else:
         state, mark = read_state(store, run_id, marks)
-        if history:
+        if history and page.limit is None:
             trace = tuple(store.trace(run_id, state.trace_head))
             ledger = tuple(store.ledger(run_id))
+        elif history:
+            trace, ledger, older = _page(store, state, page, check=False)
+        if history:
+            landmarks = _landmarks(store, state, trace if page.limit is None else None)
+        for digest in effects:
+            found = replay_rules.known_effects(store.ledger_for_effect(run_id, digest))
+            if digest in found:
+                records[digest] = found[digest]
     return RunView(
         state=state,
         mark=mark,
         verified=keyring is not None,
         trace=trace,
         ledger=ledger,
-        inbox=_inbox(store.evidence(run_id), state, trace if history else None),
+        inbox=_inbox(store.evidence(run_id), state, landmarks if history else None),
         policy=_stored_policy(store, state),
         read_at=now if now is not None else SystemClock().now(),
+        older_trace=older[0],
+        older_ledger=older[1],
+        landmarks=landmarks,
+        effect_records=records,
     )
+
+
+def _page(
+    store: ContentStore, state: RunState, page: Page, *, check: bool
+) -> tuple[tuple[TraceEvent, ...], tuple[LedgerEntry, ...], tuple[int | None, int | None]]:
+    """One page of the trace and of the ledger, each checked (``check``) as the module says."""
+    run_id = state.run_id
+    events = store.trace(run_id, state.trace_head, page.limit, before=page.trace_before)
+    entries = store.ledger_chain(run_id, state.ledger_head, page.limit, before=page.ledger_before)
+    if check:
+        _check_page(
+            events,
+            state.trace_head,
+            state.trace_length,
+            page.trace_before,
+            lambda problem: TraceIntegrityError(
+                f"run {run_id}: the trace {problem}", run_id=run_id
+            ),
+        )
+        _check_page(
+            entries,
+            state.ledger_head,
+            state.ledger_length,
+            page.ledger_before,
+            lambda problem: LedgerIntegrityError(
+                f"run {run_id}: effect ledger {problem}", run_id=run_id
+            ),
+        )
+    return tuple(events), tuple(entries), (_older(events), _older(entries))
+
+
+def _check_page(
+    rows: Sequence[Any],
+    head: str,
+    length: int,
+    before: int | None,
+    broken: Any,
+) -> None:
+    """A page's rows hash to their content and link to each other; the newest page to the head."""
+    top_seq = length if before is None else min(before - 1, length)
+    if not rows:
+        if top_seq >= 1:
+            raise broken(f"lacks the entries below seq {top_seq + 1} (deleted or never written)")
+        return
+    newest = rows[-1]
+    top = head if before is None or before > length else newest.hash
+    walk_down(
+        list(rows), top=top, top_seq=top_seq, floor=rows[0].seq, genesis=GENESIS_HASH, broken=broken
+    )
+
+
+def _older(rows: Sequence[Any]) -> int | None:
+    """The ``before`` of the page under ``rows`` (``None``: they reach seq 1, or are none)."""
+    return rows[0].seq if rows and rows[0].seq > 1 else None
+
+
+def _landmarks(
+    store: ContentStore, state: RunState, whole: tuple[TraceEvent, ...] | None
+) -> tuple[TraceEvent, ...]:
+    """The run's landmark events: from the whole trace when read, else by index.
+
+    Otherwise the store walks the chain's links from the signed head (in SQL,
+    no row decoded but these) and an event counts only if it hashes to its
+    own content within the signed length: a landmark off the chain (an
+    orphan, a forgery) is not shown.
+    """
+    if whole is not None:
+        return tuple(e for e in whole if e.kind in LANDMARK_KINDS)
+    found = store.trace_landmarks(state.run_id, LANDMARK_KINDS, head=state.trace_head)
+    return tuple(e for e in found if e.seq <= state.trace_length and hashes_to_itself(e))
+
+
+def _effect_records(
+    checkpointer: Checkpointer, state: RunState, effects: Collection[str]
+) -> dict[str, replay_rules.EffectHistory]:
+    """What the ledger records of each digest in ``effects``: its rows proven on the chain."""
+    chain = checkpointer.ledger_chain(state)
+    records: dict[str, replay_rules.EffectHistory] = {}
+    for digest in effects:
+        rows = [
+            e
+            for e in checkpointer.content.ledger_for_effect(state.run_id, digest)
+            if e.terms is not None and e.terms.effect == digest and chain.check(e)
+        ]
+        found = replay_rules.known_effects(sorted(rows, key=lambda e: e.seq))
+        if digest in found:
+            records[digest] = found[digest]
+    return records
 
 
 def list_runs(
@@ -394,11 +562,11 @@ def _stored_policy(store: ContentStore, state: RunState) -> Policy | None:
 
 
 def _inbox(
-    found: list[Evidence], state: RunState, trace: tuple[TraceEvent, ...] | None
+    found: list[Evidence], state: RunState, landmarks: tuple[TraceEvent, ...] | None
 ) -> tuple[InboxItem, ...]:
     refusals = {
         event.data.get("seq"): f"{event.data.get('error')}: {event.data.get('message')}"
-        for event in trace or ()
+        for event in landmarks or ()
         if event.kind == "evidence_refused"
     }
     items = []
@@ -406,7 +574,7 @@ def _inbox(
         signer = item.document.get("signer")
         if item.seq > state.inbox_cursor:
             status, why = "waiting", None
-        elif trace is None:  # read, but without the trace nobody can say how it went
+        elif landmarks is None:  # read, but without the trace nobody can say how it went
             status, why = "read", None
         elif item.seq in refusals:
             status, why = "refused", refusals[item.seq]

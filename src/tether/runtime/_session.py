@@ -18,6 +18,7 @@ commits it, makes the one adapter call it names, and hands the answer on.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -71,6 +72,7 @@ from tether.runtime import _calls as calls
 from tether.runtime import _carry, _compensate, _humans, _replaying, _rewind, _stopping
 from tether.runtime._agent import Agent, AgentContext
 from tether.runtime._crash import CrashPoint
+from tether.runtime._history import History
 from tether.runtime._lease import LeaseHolder
 from tether.runtime._view import Event, Runtime
 from tether.store import LeaseRequest
@@ -94,13 +96,10 @@ class RunSession(LeaseHolder):
         self.digest: str | None = None
         # A commit whose outcome is unknown: nothing acts until reload() settles it.
         self._unsettled: CommitOutcomeUnknownError | None = None
-        # Action ids of every write the verified ledger records (a pending one
-        # that never dispatched included): the gate's "used before", read from
-        # signed history, never from rows a store could hold unverified.
-        self.actions: set[str] = set()
-        #: Every effect digest the verified ledger records, and what it knows of
-        #: it (kept up to date as commits land): what replay-or-fork matches.
-        self.effects: dict[str, replay_rules.EffectHistory] = {}
+        #: The run's past as this session may ask it: the gate's "used before"
+        #: and replay-or-fork's known effects, looked up by index and proven on
+        #: the signed chains, never read whole (kept up to date as commits land).
+        self.history = History(runtime.checkpointer, state, lambda: self.state)
         self._results: tuple[str, tuple[ActionResult, ...]] | None = None
         # Inbox admissions the recovery that opened this session tried: seq ->
         # "used", or why it was refused (the next inbox read records them).
@@ -117,6 +116,18 @@ class RunSession(LeaseHolder):
     @property
     def run_id(self) -> str:
         return self.state.run_id
+
+    @property
+    def effects(self) -> Mapping[str, replay_rules.EffectHistory]:
+        """Every effect digest the ledger records, and what it knows of it (what replay matches).
+
+        A look-up reads that effect's entries by index; iterating reads the whole ledger.
+        """
+        return self.history.effects
+
+    def reopen(self, state: RunState) -> None:
+        """Ask the run's past afresh from ``state`` (after a recovery, a reload, a rewind)."""
+        self.history = History(self.rt.checkpointer, state, lambda: self.state)
 
     def take_opening(self) -> tuple[dict[str, Any] | None, dict[str, bytes]]:
         """The recovery's epoch opening not yet committed and its admission record, handed over.
@@ -232,7 +243,7 @@ class RunSession(LeaseHolder):
             self._blobs_known.clear()  # a hint only: the store answers what it forgets
         self._blobs_known.update(blobs)
         if sealed.entries:
-            self.effects.update(replay_rules.known_effects(sealed.entries, self.effects))
+            self.history.committed(sealed.entries)
         if granted is not None:
             self.hold(granted)
         self._opening = None
@@ -261,8 +272,7 @@ class RunSession(LeaseHolder):
         if digest == unknown.checkpoint_digest:
             state = restored.state
             self.context = cp.context(state, release=self.release_secrets)
-            self.actions = step_rules.actions_taken(cp.verified_trace(state))
-            self.effects = replay_rules.known_effects(cp.verified_ledger(state))
+            self.reopen(state)
             self.state, self.digest, self._opening, self._results = state, digest, None, None
             self._admitted = ({}, {})
         elif digest != self.digest or restored.state.generation != self.state.generation:
@@ -277,7 +287,7 @@ class RunSession(LeaseHolder):
         for kind, data in transition.events:
             action_id = step_rules.action_id_of(kind, data)
             if action_id is not None:
-                self.actions.add(action_id)
+                self.history.used(action_id)
         state = transition.state
         if state is not None and state.results_digest is not None:
             body = dict(transition.blobs).get(state.results_digest)
@@ -674,7 +684,7 @@ class RunSession(LeaseHolder):
             now=rt.clock.now(),
             # The runtime's own finish id is unique by generation; an agent
             # cannot make it "used before" by borrowing it.
-            action_seen=proposal.action_id in self.actions and not runtime_finish,
+            action_seen=not runtime_finish and self.history.action_used(proposal.action_id),
             cost_spent=base.spent.cost,
         )
         kind = rt.kinds.get(proposal.kind) if rejection is None else None

@@ -9,6 +9,7 @@ protocols, so none of them imports the session module (which imports them).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from tether.adapters import Adapter, Fence
@@ -36,6 +37,7 @@ from tether.runtime._agent import Agent, AgentContext
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import Clock, IdSource
 from tether.runtime._crash import CrashPlan
+from tether.runtime._history import History
 from tether.store import ContentStore, LeaseRequest
 
 #: A trace event before it is sealed: its kind and data.
@@ -79,12 +81,16 @@ class Session(Protocol):
     context: AgentContext
     digest: str | None
     release_secrets: bool
-    actions: set[str]
-    effects: dict[str, replay_rules.EffectHistory]
+    history: History
     admissions_read: dict[int, str]
 
     @property
     def run_id(self) -> str: ...
+
+    @property
+    def effects(self) -> Mapping[str, replay_rules.EffectHistory]: ...
+
+    def reopen(self, state: RunState) -> None: ...
 
     def commit(
         self,

@@ -19,11 +19,13 @@ from tether.store._protocols import (
     LeaseRequest,
     Mark,
 )
+from tether.store._schema import LANDMARK_KINDS
 from tether.store._sql import SQLBase
 from tether.store._sqlite import SQLiteStore
 from tether.store._url import Store, open_store
 
 __all__ = [
+    "LANDMARK_KINDS",
     "BeforeCommit",
     "Commit",
     "CommitStore",

@@ -37,6 +37,9 @@ class SQLEngine:
     clock_sql: ClassVar[str] = ""
     #: Appended to the claim scan: lock the rows it picks and skip rows others hold.
     skip_locked: ClassVar[str] = ""
+    #: One field of a JSON text column as text (``{0}`` the column, ``{1}`` the
+    #: field); indexes and the queries they serve spell it the same.
+    json_field: ClassVar[str] = ""
     #: How many times a transient failure re-runs a unit of work.
     retries: int = 5
 

@@ -131,6 +131,9 @@ class PostgresStore(SQLBase):
     blob_type = "BYTEA"
     placeholder = "%s"
     clock_sql = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT"
+    # tether writes only JSON into these columns; PostgreSQL refuses a row that
+    # is not (the index cannot be maintained over it), which is damage refused.
+    json_field = "(({0})::jsonb ->> '{1}')"
     skip_locked = " FOR UPDATE SKIP LOCKED"
 
     def __init__(

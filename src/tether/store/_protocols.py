@@ -133,12 +133,59 @@ class ContentStore(Protocol):
         """
         ...
 
+    def ledger_between(self, run_id: str, low: int, high: int | None = None) -> list[LedgerEntry]:
+        """The run's ledger rows with ``low <= seq <= high`` (``None``: no bound), by seq.
+
+        Every row the store holds in that range, on the chain or not: what a
+        recovery reads near the signed head, strays included. Unverified.
+        """
+        ...
+
+    def ledger_for_effect(self, run_id: str, effect: str) -> list[LedgerEntry]:
+        """The run's ledger rows whose terms name effect digest ``effect``, by seq.
+
+        Found by index (one effect, whatever the ledger's length); unverified:
+        the caller proves each on the signed chain before using it.
+        """
+        ...
+
+    def ledger_chain(
+        self, run_id: str, head: str, limit: int | None = None, *, before: int | None = None
+    ) -> list[LedgerEntry]:
+        """The ledger's chain ending at ``head``, oldest first: a page of it.
+
+        Rows below seq ``before`` only (``None``: from the head), the newest
+        ``limit`` of them; reached by their links from ``head``. Unverified.
+        """
+        ...
+
     def action_seen(self, run_id: str, action_id: str) -> bool:
         """Whether an intent with this action id was ever recorded for the run."""
         ...
 
-    def trace(self, run_id: str, head: str, limit: int | None = None) -> list[TraceEvent]:
-        """The chain ending at ``head``, oldest first (the newest ``limit`` if given)."""
+    def trace(
+        self, run_id: str, head: str, limit: int | None = None, *, before: int | None = None
+    ) -> list[TraceEvent]:
+        """The chain ending at ``head``, oldest first (the newest ``limit`` if given).
+
+        ``before``: only events below that seq (still reached by their links
+        from ``head``), so a page deep in a long trace is one request.
+        """
+        ...
+
+    def trace_for_action(self, run_id: str, action_id: str) -> list[TraceEvent]:
+        """Events of the run, on any chain, that record ``action_id`` as taken; by seq, unverified."""
+        ...
+
+    def trace_landmarks(
+        self, run_id: str, kinds: Collection[str], *, head: str | None = None
+    ) -> list[TraceEvent]:
+        """Events of the run of the landmark ``kinds`` (a handful per run), by seq; unverified.
+
+        Landmarks are starts, recoveries, rewinds and refused documents (see
+        ``tether.store.LANDMARK_KINDS``). Without ``head``: every such row held,
+        by index, on any chain; with it: those on the chain ending at ``head``.
+        """
         ...
 
     def get_blob(self, blob_digest: str) -> bytes | None:

@@ -1,16 +1,43 @@
 """The numbered schema migrations every SQL store applies, in one place.
 
-Each dialect supplies only its byte-string column type. A migration is a
-list of statements applied in one transaction and recorded in
-``tether_migrations``; a database that records a version newer than the last
-one here is refused rather than written to.
+Each dialect supplies its byte-string column type and how it reads one
+field of a JSON text column (the same expression its queries use, so an
+index on it serves them). A migration is a list of statements applied in
+one transaction and recorded in ``tether_migrations``; a database that
+records a version newer than the last one here is refused rather than
+written to.
 """
 
 from __future__ import annotations
 
+#: Trace events that record an accepted action's id (``tether.core.step_rules.ACTION_EVENTS``,
+#: spelled out here because an index's predicate is fixed SQL).
+ACTION_KINDS = (
+    "intent_persisted",
+    "approval_requested",
+    "action_observed",
+    "verifier_ran",
+    "run_cancelled",
+    "effect_replayed",
+)
 
-def migrations(blob: str) -> list[tuple[int, list[str]]]:
-    """Numbered schema migrations; ``blob`` is the dialect's byte-string type."""
+#: Trace events people look up by kind (epochs, rewinds, refused evidence): a
+#: handful per run, whatever its length, found through a partial index.
+LANDMARK_KINDS = ("run_started", "recovered", "rewind_started", "rewound", "evidence_refused")
+
+
+def kinds_sql(kinds: tuple[str, ...], column: str = "kind") -> str:
+    """``kind IN (...)`` over fixed names (never user input), as the partial indexes spell it."""
+    return f"{column} IN (" + ", ".join(f"'{k}'" for k in kinds) + ")"
+
+
+def migrations(blob: str, json_field: str = "") -> list[tuple[int, list[str]]]:
+    """Numbered schema migrations; ``blob`` is the dialect's byte-string type.
+
+    ``json_field`` is the dialect's expression for one field of a JSON text
+    column, with ``{0}`` for the column and ``{1}`` for the field name.
+    """
+    field = json_field or "json_extract({0}, '$.{1}')"
     return [
         (
             1,
@@ -196,6 +223,26 @@ def migrations(blob: str) -> list[tuple[int, list[str]]]:
                     envelope {blob} NOT NULL,
                     PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
                 )""",
+            ],
+        ),
+        (
+            8,
+            [
+                # A recovery and a step read the run's past by index, not by
+                # walking it: the entries of one effect (what replay-or-fork
+                # matches), the events that used one action id (the gate's "used
+                # before"), the few landmark events (rewinds, epochs, refused
+                # evidence), and a checkpoint by generation. The keys are read
+                # from content the rows' hashes cover; every row found is still
+                # proven on the signed chain before a decision uses it.
+                "CREATE INDEX tether_ledger_effect ON tether_ledger "
+                f"(run_id, {field.format('terms', 'effect')})",
+                "CREATE INDEX tether_trace_action ON tether_trace "
+                f"(run_id, {field.format('data', 'action_id')}) WHERE {kinds_sql(ACTION_KINDS)}",
+                "CREATE INDEX tether_trace_landmark ON tether_trace (run_id, kind, seq) "
+                f"WHERE {kinds_sql(LANDMARK_KINDS)}",
+                "CREATE INDEX tether_checkpoints_generation ON tether_checkpoints "
+                "(run_id, generation)",
             ],
         ),
     ]

@@ -46,6 +46,9 @@ class SQLiteStore(SQLBase):
     # SQLite keeps whatever it is given, in any column, and text that is not
     # UTF-8 too: integers and NULL come back as they are, anything else as bytes.
     raw_column = "CASE WHEN typeof({0}) IN ('integer', 'null') THEN {0} ELSE CAST({0} AS BLOB) END"
+    # An index expression must not fail on a row someone damaged: that would
+    # refuse the damage itself, and every later write near it.
+    json_field = "(CASE WHEN json_valid({0}) THEN json_extract({0}, '$.{1}') END)"
 
     def __init__(
         self,

@@ -26,5 +26,6 @@ The suite needs pytest; importing :mod:`tether.testing` alone does not.
 """
 
 # No __all__ here: each part's __all__ decides what ``import *`` brings.
+from tether.testing._history_conformance import *  # noqa: F403
 from tether.testing._lease_conformance import *  # noqa: F403
 from tether.testing._store_conformance import *  # noqa: F403

@@ -112,8 +112,8 @@ def _cas_any_lease(real: Any) -> Any:
 
 
 def _ledger_forgets(real: Any) -> Any:
-    def ledger(self: Any, run_id: str) -> Any:
-        entries = real(self, run_id)
+    def ledger(self: Any, run_id: str, *args: Any) -> Any:
+        entries = real(self, run_id, *args)
         # A restore that keeps only the newest status of each effect.
         newest: dict[str, Any] = {}
         for entry in entries:
@@ -317,7 +317,12 @@ def _mutants() -> dict[str, Mutant]:
             Mutant(
                 "ledger_forgets",
                 "the ledger as read back keeps only each effect's newest entry",
-                ((_sql.SQLBase, "ledger", _ledger_forgets),),
+                (
+                    (_sql.SQLBase, "ledger", _ledger_forgets),
+                    # What a recovery and a replay look-up read of it, too.
+                    (_sql.SQLBase, "ledger_between", _ledger_forgets),
+                    (_sql.SQLBase, "ledger_for_effect", _ledger_forgets),
+                ),
             ),
         )
     }

@@ -1,0 +1,196 @@
+"""What a session asks of its run's past, read by index and proven on the signed chains.
+
+Two questions reach back past the session's own commits: has this action id
+been used (the gate's ``duplicate_action``), and what does the ledger know of
+this effect (replay or fork). Each is answered from the rows the store finds
+by index for that one id or digest, and only from those of them that are
+proven on the chain the signed checkpoint pins (:class:`ProvenChain`): a
+forged row fails closed, an orphan of a commit that never landed (content
+and mark apart) is set aside, exactly as a whole-chain read would.
+
+So a recovery opens a history without reading any of it, and a step pays
+one indexed look-up per new action id and per new effect; a row far down is
+proven by walking to it once per session.
+
+The look-up proves every row it finds; it cannot prove that a row it does
+not find was never written. A row deleted from the middle of a chain is
+found by ``tether verify`` (which walks from the head to genesis), and by
+any walk that reaches it, not by a look-up that misses it. See the README,
+"What recovery checks, and what only verify checks".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+from tether.core import (
+    LedgerEntry,
+    RunState,
+    TraceEvent,
+    replay_rules,
+    step_rules,
+)
+from tether.runtime._chains import ProvenChain
+from tether.runtime._checkpointer import Checkpointer
+
+
+class History:
+    """One session's view of its run's past: effects by digest, action ids by name.
+
+    Opened on the state a session starts from (its *base*): rows up to the
+    base's signed lengths are read from the store on demand and proven on
+    the chains; what the session commits afterwards is folded in from
+    memory (:meth:`committed`, :meth:`used`).
+    """
+
+    def __init__(
+        self, checkpointer: Checkpointer, state: RunState, current: Callable[[], RunState]
+    ) -> None:
+        self._cp = checkpointer
+        self._base = state
+        self._current = current
+        self._ledger: ProvenChain[LedgerEntry] | None = None
+        self._trace: ProvenChain[TraceEvent] | None = None
+        # Digest -> what the ledger knows of it (None: nothing), once resolved.
+        self._effects: dict[str, replay_rules.EffectHistory | None] = {}
+        # This session's entries of effects not resolved yet, oldest first.
+        self._fresh: dict[str, list[LedgerEntry]] = {}
+        self._used: set[str] = set()
+        self._asked: dict[str, bool] = {}
+        # (seq of the rewound event, low, high] stretches it left behind, once read.
+        self._rewinds: list[tuple[int, int, int]] | None = None
+        #: What replay-or-fork matches: a mapping whose look-ups go through :meth:`effect`.
+        self.effects = KnownEffects(self)
+
+    @property
+    def run_id(self) -> str:
+        return self._base.run_id
+
+    # -- effects ---------------------------------------------------------------
+
+    def effect(self, digest: str) -> replay_rules.EffectHistory | None:
+        """What the ledger records of effect ``digest`` (``None``: nothing that counts)."""
+        if digest in self._effects:
+            return self._effects[digest]
+        entries = self._recorded(digest) if self._base.ledger_length else []
+        entries += self._fresh.pop(digest, [])
+        record = replay_rules.known_effects(entries).get(digest)
+        self._effects[digest] = record
+        return record
+
+    def _recorded(self, digest: str) -> list[LedgerEntry]:
+        """The effect's entries up to the base's signed length, each proven on the chain."""
+        base = self._base
+        chain = self._ledger_chain()
+        found = [
+            entry
+            for entry in self._cp.content.ledger_for_effect(base.run_id, digest)
+            if entry.terms is not None
+            and entry.terms.effect == digest
+            # Beyond the base: this session's own (folded from memory), or a
+            # stray the recovery that opened the session already judged.
+            and entry.seq <= base.ledger_length
+        ]
+        return sorted((e for e in found if chain.check(e)), key=lambda e: e.seq)
+
+    def committed(self, entries: Sequence[LedgerEntry]) -> None:
+        """Fold in entries this session committed (oldest first)."""
+        for entry in entries:
+            effect = None if entry.terms is None else entry.terms.effect
+            if effect is None:
+                continue
+            if effect not in self._effects:
+                self._fresh.setdefault(effect, []).append(entry)
+                continue
+            record = self._effects[effect]
+            changed = replay_rules.known_effects(
+                [entry], {} if record is None else {effect: record}
+            )
+            if effect in changed:
+                self._effects[effect] = changed[effect]
+
+    def all_effects(self) -> dict[str, replay_rules.EffectHistory]:
+        """Every effect the ledger records: the whole chain read and verified (slow; for tools)."""
+        return replay_rules.known_effects(self._cp.verified_ledger(self._current()))
+
+    # -- action ids ------------------------------------------------------------
+
+    def used(self, action_id: str) -> None:
+        """Record an action id this session's commit took."""
+        self._used.add(action_id)
+
+    def action_used(self, action_id: str) -> bool:
+        """Whether ``action_id`` was used before in the run (not freed by a rewind)."""
+        if action_id in self._used:
+            return True
+        if action_id not in self._asked:
+            self._asked[action_id] = bool(self._base.trace_length) and self._used_before(action_id)
+        return self._asked[action_id]
+
+    def _used_before(self, action_id: str) -> bool:
+        base = self._base
+        found = [
+            event
+            for event in self._cp.content.trace_for_action(base.run_id, action_id)
+            if step_rules.action_id_of(event.kind, event.data) == action_id
+            and event.seq <= base.trace_length
+        ]
+        if not found:
+            return False
+        chain = self._trace_chain()
+        # Off the chain (an orphan of a commit that never landed) is not history.
+        uses = [event.seq for event in found if chain.check(event)]
+        if not uses:
+            return False
+        last = max(uses)
+        # An id whose last use lies in a stretch a later rewind left behind is free again.
+        return not any(seq > last and low < last <= high for seq, low, high in self._rewound())
+
+    def _rewound(self) -> list[tuple[int, int, int]]:
+        if self._rewinds is None:
+            base = self._base
+            chain = self._trace_chain()
+            stretches: list[tuple[int, int, int]] = []
+            for event in self._cp.content.trace_landmarks(base.run_id, ("rewound",)):
+                if event.seq > base.trace_length or not chain.check(event):
+                    continue
+                stretch = step_rules.abandoned_stretch(event)
+                if stretch is not None:
+                    stretches.append((event.seq, *stretch))
+            self._rewinds = stretches
+        return self._rewinds
+
+    # -- the chains ------------------------------------------------------------
+
+    def _ledger_chain(self) -> ProvenChain[LedgerEntry]:
+        if self._ledger is None:
+            self._ledger = self._cp.ledger_chain(self._base)
+        return self._ledger
+
+    def _trace_chain(self) -> ProvenChain[TraceEvent]:
+        if self._trace is None:
+            self._trace = self._cp.trace_chain(self._base)
+        return self._trace
+
+
+class KnownEffects(Mapping[str, replay_rules.EffectHistory]):
+    """``session.effects``: each effect digest the ledger records, and what it knows of it.
+
+    A look-up (``effects.get(digest)``, ``digest in effects``) reads that one
+    effect's entries by index; iterating reads and verifies the whole ledger.
+    """
+
+    def __init__(self, history: History) -> None:
+        self._history = history
+
+    def __getitem__(self, digest: str) -> replay_rules.EffectHistory:
+        record = self._history.effect(digest) if isinstance(digest, str) else None
+        if record is None:
+            raise KeyError(digest)
+        return record
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._history.all_effects())
+
+    def __len__(self) -> int:
+        return len(self._history.all_effects())
