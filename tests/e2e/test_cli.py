@@ -172,7 +172,8 @@ def test_inspect_and_verify_a_sound_run(tmp_path: Path) -> None:
     common = ["demo-run", "--db", str(report["db"]), "--keyring", str(report["keyring"])]
     shown = json.loads(tether("inspect", *common, "--json").stdout)
     assert shown["state"]["phase"] == "completed"
-    assert [row["status"] for row in shown["ledger"]] == ["intended", "dispatched", "committed"]
+    # Newest first, like the trace.
+    assert [row["status"] for row in shown["ledger"]] == ["committed", "dispatched", "intended"]
     assert "completed" in tether("inspect", *common).stdout
     verified = json.loads(tether("verify", *common, "--json").stdout)
     assert verified["sound"] is True and verified["trace_events"] == report["trace_events"]

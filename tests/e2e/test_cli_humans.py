@@ -32,7 +32,9 @@ def test_approval_demo_refreshes_an_expired_approval_across_restarts(tmp_path: P
     kinds = [
         e["kind"]
         for e in json.loads(
-            tether("inspect", "demo-run", "--db", db, "--keyring", keyring, "--json").stdout
+            tether(
+                "inspect", "demo-run", "--db", db, "--keyring", keyring, "--json", "--all"
+            ).stdout
         )["trace"]
     ]
     assert kinds.count("approval_recorded") == 2

@@ -133,7 +133,7 @@ def test_inspect_shows_each_event_with_its_data(
     assert all(len(row) < 260 for row in text.splitlines())
     _, raw, _ = run(capsys, *args, "--json")
     events = json.loads(raw)["trace"]
-    assert events[-1]["data"] == {"summary": "calc.add repaired"}
+    assert events[0]["data"] == {"summary": "calc.add repaired"}  # newest first
     verifier = next(e for e in events if e["kind"] == "verifier_ran")
     _, full, _ = run(capsys, *args, "--full")
     assert json.dumps(verifier["data"], sort_keys=True, ensure_ascii=False) in full

@@ -21,7 +21,7 @@ from tether.cli import _guard
 from tether.cli._crashtest import add_crashtest
 from tether.cli._demo_child import CHILD_COMMAND
 from tether.cli._demo_cmd import child_parser, cmd_demo
-from tether.cli._inspect import add_reader, cmd_inspect, cmd_verify
+from tether.cli._inspect import add_paging, add_reader, cmd_inspect, cmd_verify
 from tether.cli._onboard import add_onboarding
 from tether.cli._recovery import add_recovery
 from tether.cli._runs import add_runs
@@ -132,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print every trace event's data whole (default: one bounded line each)",
     )
+    add_paging(inspect, trace=True)
     add_reader(
         sub,
         "verify",

@@ -14,7 +14,7 @@ from tether.core import (
     validate_state,
 )
 from tether.crypto import Keyring
-from tether.runtime import Checkpointer, RunView, open_run
+from tether.runtime import Checkpointer, Page, RunView, open_run
 from tether.store import SQLBase, SQLiteStore, open_store
 
 
@@ -36,6 +36,52 @@ def add_reader(sub: Any, name: str, helptext: str, func: Any) -> argparse.Argume
     return p
 
 
+def add_paging(parser: argparse.ArgumentParser, *, trace: bool) -> None:
+    """``--limit``, ``--before`` and ``--all``: which page of the history to show, newest first."""
+    parser.add_argument(
+        "--limit",
+        type=_whole,
+        default=Page().limit,
+        metavar="N",
+        help=f"show the newest N entries (default {Page().limit}); the output names the "
+        "--before that shows the next older page",
+    )
+    if trace:
+        parser.add_argument(
+            "--before", type=_whole, metavar="SEQ", help="trace events below SEQ only"
+        )
+        parser.add_argument(
+            "--ledger-before", type=_whole, metavar="SEQ", help="ledger entries below SEQ only"
+        )
+    else:
+        parser.add_argument(
+            "--before", type=_whole, metavar="SEQ", help="ledger entries below SEQ only"
+        )
+    parser.add_argument(
+        "--all", action="store_true", help="the whole history, every hash checked from the head"
+    )
+
+
+def page_of(args: argparse.Namespace) -> Page:
+    """The page the paging flags ask for (no flags: the newest page)."""
+    if getattr(args, "all", False):
+        return Page(limit=None)
+    limit = getattr(args, "limit", Page().limit)
+    if hasattr(args, "ledger_before"):  # inspect: --before is the trace's
+        return Page(limit, trace_before=args.before, ledger_before=args.ledger_before)
+    return Page(limit, ledger_before=getattr(args, "before", None))
+
+
+def _whole(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _open(args: argparse.Namespace) -> Checkpointer:
     keyring = Keyring.from_file(args.keyring) if args.keyring else Keyring.from_environ()
     marks = SQLiteStore(args.marks, read_only=True) if args.marks else None
@@ -48,7 +94,7 @@ def open_view(args: argparse.Namespace) -> RunView:
     marks = SQLiteStore(args.marks, read_only=True) if args.marks else None
     store = _store(args)
     try:
-        return open_run(store, args.run_id, keyring=keyring, marks=marks)
+        return open_run(store, args.run_id, keyring=keyring, marks=marks, page=page_of(args))
     finally:
         store.close()
         if marks is not None:
@@ -58,7 +104,7 @@ def open_view(args: argparse.Namespace) -> RunView:
 def cmd_inspect(args: argparse.Namespace) -> int:
     view = open_view(args)
     state = view.state
-    entries = list(view.ledger)
+    entries = list(reversed(view.ledger))  # newest first
     ledger = [
         {
             "key": e.idempotency_key,
@@ -74,7 +120,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         for e in entries
     ]
     trace = [
-        {"seq": e.seq, "kind": e.kind, "at": e.body()["at"], "data": e.data} for e in view.trace
+        {"seq": e.seq, "kind": e.kind, "at": e.body()["at"], "data": e.data}
+        for e in reversed(view.trace)
     ]
     inbox = [
         {
@@ -98,6 +145,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         "state": state.to_json(),
         "ledger": ledger,
         "trace": trace,
+        # Newest first; the next older page is --before / --ledger-before these (null: none).
+        "page": {
+            "trace_older": view.older_trace,
+            "ledger_older": view.older_ledger,
+            "trace_events": state.trace_length,
+            "ledger_entries": state.ledger_length,
+        },
         "inbox": inbox,
         "waiting_for": view.waiting_for,
         "needs_person": view.needs_person,
@@ -161,7 +215,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             f"    #{item['seq']} {item['kind']} from {item['signer'] or '?'} "
             f"received {item['received_at']} [{item['status']}]{why}"
         )
-    print(f"  ledger ({len(ledger)} entries)")
+    print(f"  ledger ({_shown(len(ledger), state.ledger_length, 'entries')}, newest first)")
     for entry in entries:
         t = entry.terms
         what = (
@@ -174,11 +228,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             f"    {entry.idempotency_key} #{entry.seq} {entry.status} {entry.action_id} "
             f"epoch {entry.epoch}{what}"
         )
-    print(f"  trace ({len(trace)} events)")
+    if view.older_ledger is not None:
+        print(f"    ... older entries: --ledger-before {view.older_ledger} (or --all)")
+    print(f"  trace ({_shown(len(trace), state.trace_length, 'events')}, newest first)")
     for row in trace:
         data = _render.full(row["data"]) if args.full else _render.short(row["data"])
         print(f"    {row['seq']:>4} {row['at']} {row['kind']}" + (f"  {data}" if data else ""))
+    if view.older_trace is not None:
+        print(f"    ... older events: --before {view.older_trace} (or --all)")
     return 0
+
+
+def _shown(count: int, total: int, what: str) -> str:
+    return f"{total} {what}" if count == total else f"{count} of {total} {what} shown"
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

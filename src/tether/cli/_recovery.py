@@ -15,7 +15,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from tether.cli._inspect import add_reader, open_view
+from tether.cli._inspect import add_paging, add_reader, open_view
 from tether.cli._sign import add_signer_arguments, checks, confirm_and_deliver, read_view
 from tether.crypto import Signer
 from tether.runtime import prepare_admission, prepare_rewind
@@ -62,7 +62,9 @@ def add_recovery(sub: Any, seconds: Any) -> None:
         ),
         ("ledger", "list a run's effect ledger: every effect, its status and receipt", cmd_ledger),
     ):
-        add_reader(sub, name, helptext, func)
+        parser = add_reader(sub, name, helptext, func)
+        if name == "ledger":
+            add_paging(parser, trace=False)
 
 
 def cmd_rewind(args: argparse.Namespace) -> int:
@@ -128,11 +130,28 @@ def cmd_epochs(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
-    effects = open_view(args).effects()
+    view = open_view(args)
+    effects = list(reversed(view.effects()))  # the newest effect first
+    total = view.state.ledger_length
     if args.json:
-        print(json.dumps({"run_id": args.run_id, "effects": effects}, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "run_id": args.run_id,
+                    "effects": effects,
+                    "entries": total,
+                    # The --before of the next older page (null: this page reaches the start).
+                    "older": view.older_ledger,
+                },
+                sort_keys=True,
+            )
+        )
         return 0
-    print(f"run {args.run_id}: {len(effects)} effect(s) in the ledger")
+    shown = len(view.ledger)
+    print(
+        f"run {args.run_id}: {len(effects)} effect(s) in the ledger"
+        + ("" if shown == total else f" (its newest {shown} of {total} entries, newest first)")
+    )
     for item in effects:
         path = " -> ".join(h["status"] for h in item["history"])
         receipts = [h["receipt_id"] for h in item["history"] if h["receipt_id"]]
@@ -141,4 +160,6 @@ def cmd_ledger(args: argparse.Namespace) -> int:
             f"  {item.get('kind', '?'):<14} {item.get('target', '?'):<24} {item['status']:<16} "
             f"({path})" + (f"  receipt {last}" if last else "")
         )
+    if view.older_ledger is not None:
+        print(f"  ... older entries: --before {view.older_ledger} (or --all)")
     return 0

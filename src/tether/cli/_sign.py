@@ -21,6 +21,7 @@ from typing import Any
 from tether.core import Policy, PolicyError, ReviewDecision, TetherError
 from tether.crypto import Keyring, Signer, TrustRoots
 from tether.runtime import (
+    Page,
     Prepared,
     RunView,
     open_run,
@@ -217,7 +218,17 @@ def read_view(args: argparse.Namespace) -> RunView:
     marks = None if args.marks is None else SQLiteStore(args.marks, read_only=True)
     try:
         keyring = None if args.keyring is None else Keyring.from_file(args.keyring)
-        return open_run(store, args.run_id, keyring=keyring, marks=marks)
+        # What the signing commands need of the history: the inbox's statuses, and a
+        # fork's effect (read by index); never the whole of a long run.
+        effect = getattr(args, "effect", None)
+        return open_run(
+            store,
+            args.run_id,
+            keyring=keyring,
+            marks=marks,
+            page=Page(1),
+            effects=() if effect is None else (effect,),
+        )
     finally:
         store.close()
         if marks is not None:

@@ -23,7 +23,7 @@ from tether.runtime._operator import (
     signer_roles,
 )
 from tether.runtime._runtime import Runtime
-from tether.runtime._runview import InboxItem, RunSummary, RunView, list_runs, open_run
+from tether.runtime._runview import InboxItem, Page, RunSummary, RunView, list_runs, open_run
 from tether.runtime._session import RunSession
 from tether.runtime._worker import (
     AppLoadError,
@@ -47,6 +47,7 @@ __all__ = [
     "Decision",
     "IdSource",
     "InboxItem",
+    "Page",
     "Prepared",
     "RandomIds",
     "Restored",

@@ -205,7 +205,10 @@ def prepare_fork(
     if state.phase.terminal:
         raise PolicyError(f"run {state.run_id} is {state.phase}; nothing to fork")
     role = _role(signer, (Role.REVIEWER, Role.OPERATOR), "sign a fork")
-    record = replay_rules.known_effects(list(view.ledger)).get(effect)
+    if effect in view.effect_records:  # read by index, whatever page the view holds
+        record = view.effect_records[effect]
+    else:
+        record = replay_rules.known_effects(list(view.ledger)).get(effect)
     known = None if record is None else record.current
     if known is None:
         raise PolicyError(f"run {state.run_id}'s ledger records no effect {effect}")

@@ -16,7 +16,7 @@ genesis, as ``tether verify`` does.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -28,6 +28,7 @@ from tether.core import (
     CanonicalJSONError,
     CheckpointCorruptError,
     EffectStatus,
+    IntegrityError,
     LedgerEntry,
     LedgerIntegrityError,
     Phase,
@@ -124,8 +125,9 @@ class RunView:
     older_ledger: int | None = None
     #: How each epoch began (and every rewind), whatever page is shown: see :data:`LANDMARK_KINDS`.
     landmarks: tuple[TraceEvent, ...] = ()
-    #: What the ledger records of the effect digests :func:`open_run` was asked about.
-    effect_records: dict[str, replay_rules.EffectHistory] = field(default_factory=dict)
+    #: What the ledger records of each effect digest :func:`open_run` was asked
+    #: about (``None``: nothing), read by index whatever the page.
+    effect_records: dict[str, replay_rules.EffectHistory | None] = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:
@@ -321,7 +323,7 @@ def open_run(
     ledger: tuple[LedgerEntry, ...] = ()
     landmarks: tuple[TraceEvent, ...] = ()
     older: tuple[int | None, int | None] = (None, None)
-    records: dict[str, replay_rules.EffectHistory] = {}
+    records: dict[str, replay_rules.EffectHistory | None] = {}
     if keyring is not None:
         checkpointer = Checkpointer(store, keyring, marks=marks)
         restored = checkpointer.load(run_id)
@@ -332,7 +334,8 @@ def open_run(
         elif history:
             trace, ledger, older = _page(store, state, page, check=True)
         if history:
-            landmarks = _landmarks(store, state, trace if page.limit is None else None)
+            whole = trace if page.limit is None else None
+            landmarks = _landmarks(store, state, whole, check=True)
         if effects:
             records = _effect_records(checkpointer, state, effects)
     else:
@@ -343,11 +346,11 @@ def open_run(
         elif history:
             trace, ledger, older = _page(store, state, page, check=False)
         if history:
-            landmarks = _landmarks(store, state, trace if page.limit is None else None)
+            whole = trace if page.limit is None else None
+            landmarks = _landmarks(store, state, whole, check=False)
         for digest in effects:
             found = replay_rules.known_effects(store.ledger_for_effect(run_id, digest))
-            if digest in found:
-                records[digest] = found[digest]
+            records[digest] = found.get(digest)
     return RunView(
         state=state,
         mark=mark,
@@ -369,48 +372,93 @@ def _page(
 ) -> tuple[tuple[TraceEvent, ...], tuple[LedgerEntry, ...], tuple[int | None, int | None]]:
     """One page of the trace and of the ledger, each checked (``check``) as the module says."""
     run_id = state.run_id
-    events = store.trace(run_id, state.trace_head, page.limit, before=page.trace_before)
-    entries = store.ledger_chain(run_id, state.ledger_head, page.limit, before=page.ledger_before)
-    if check:
-        _check_page(
-            events,
-            state.trace_head,
-            state.trace_length,
-            page.trace_before,
-            lambda problem: TraceIntegrityError(
-                f"run {run_id}: the trace {problem}", run_id=run_id
-            ),
-        )
-        _check_page(
-            entries,
-            state.ledger_head,
-            state.ledger_length,
-            page.ledger_before,
-            lambda problem: LedgerIntegrityError(
-                f"run {run_id}: effect ledger {problem}", run_id=run_id
-            ),
-        )
+    limit = page.limit if page.limit is not None else max(state.trace_length, 1)
+    events = _rows(
+        lambda low, high: store.trace_between(run_id, low, high),
+        lambda before: store.trace(run_id, state.trace_head, limit, before=before),
+        state.trace_head,
+        state.trace_length,
+        limit,
+        page.trace_before,
+        (lambda p: TraceIntegrityError(f"run {run_id}: the trace {p}", run_id=run_id))
+        if check
+        else None,
+    )
+    limit = page.limit if page.limit is not None else max(state.ledger_length, 1)
+    entries = _rows(
+        lambda low, high: store.ledger_between(run_id, low, high),
+        lambda before: store.ledger_chain(run_id, state.ledger_head, limit, before=before),
+        state.ledger_head,
+        state.ledger_length,
+        limit,
+        page.ledger_before,
+        (lambda p: LedgerIntegrityError(f"run {run_id}: effect ledger {p}", run_id=run_id))
+        if check
+        else None,
+    )
     return tuple(events), tuple(entries), (_older(events), _older(entries))
 
 
-def _check_page(
-    rows: Sequence[Any],
+def _rows(
+    by_seq: Callable[[int, int], Sequence[Any]],
+    by_links: Callable[[int | None], Sequence[Any]],
     head: str,
     length: int,
+    limit: int,
     before: int | None,
-    broken: Any,
-) -> None:
-    """A page's rows hash to their content and link to each other; the newest page to the head."""
-    top_seq = length if before is None else min(before - 1, length)
-    if not rows:
-        if top_seq >= 1:
-            raise broken(f"lacks the entries below seq {top_seq + 1} (deleted or never written)")
-        return
-    newest = rows[-1]
-    top = head if before is None or before > length else newest.hash
-    walk_down(
-        list(rows), top=top, top_seq=top_seq, floor=rows[0].seq, genesis=GENESIS_HASH, broken=broken
-    )
+    broken: Callable[[str], IntegrityError] | None,
+) -> list[Any]:
+    """The newest ``limit`` rows of one chain below ``before``, oldest first.
+
+    The newest page is walked from the signed head by its links. A page below
+    it is read by seq, hanging from the row at ``before``: when the store holds
+    one row per seq there, those rows are the chain's (a chain broken further
+    up is what ``tether verify`` finds); where it holds more (an orphan, a
+    forgery), the page is walked from the head instead, to tell them apart.
+    ``broken`` (verified views) makes every row shown hash to its content and
+    link to the next.
+    """
+    if before is None or before > length:
+        rows = list(by_links(None))
+        if broken is not None:
+            if length and not rows:
+                raise broken("lacks its head entry (deleted or never written)")
+            if rows:
+                walk_down(
+                    rows,
+                    top=head,
+                    top_seq=length,
+                    floor=rows[0].seq,
+                    genesis=GENESIS_HASH,
+                    broken=broken,
+                )
+        return rows
+    high = before - 1
+    if high < 1:
+        return []
+    low = max(1, high - limit + 1)
+    found = by_seq(low, before)
+    at: dict[int, list[Any]] = {}
+    for row in found:
+        at.setdefault(row.seq, []).append(row)
+    if any(len(same) > 1 for same in at.values()):
+        rows = list(by_links(before))  # more than one row at a seq: follow the links
+        top = rows[-1].hash if rows else ""
+    else:
+        above = at.get(before)
+        rows = [at[seq][0] for seq in range(low, before) if seq in at]
+        if above is None:
+            if broken is not None:
+                raise broken(f"lacks its entry at seq {before} (deleted or never written)")
+            return rows
+        if broken is not None and not hashes_to_itself(above[0]):
+            raise broken(f"entry {before} was altered (its hash does not match its content)")
+        top = above[0].prev_hash
+    if broken is not None:
+        if not rows:
+            raise broken(f"lacks the entries below seq {before} (deleted or never written)")
+        walk_down(rows, top=top, top_seq=high, floor=low, genesis=GENESIS_HASH, broken=broken)
+    return rows
 
 
 def _older(rows: Sequence[Any]) -> int | None:
@@ -419,27 +467,39 @@ def _older(rows: Sequence[Any]) -> int | None:
 
 
 def _landmarks(
-    store: ContentStore, state: RunState, whole: tuple[TraceEvent, ...] | None
+    store: ContentStore, state: RunState, whole: tuple[TraceEvent, ...] | None, *, check: bool
 ) -> tuple[TraceEvent, ...]:
     """The run's landmark events: from the whole trace when read, else by index.
 
-    Otherwise the store walks the chain's links from the signed head (in SQL,
-    no row decoded but these) and an event counts only if it hashes to its
-    own content within the signed length: a landmark off the chain (an
-    orphan, a forgery) is not shown.
+    Read by index, an event counts if it lies within the signed length and is
+    the only row the store holds at its seq (a chain broken there is what
+    ``tether verify`` finds); verified views also recompute its hash. Where a
+    seq holds more than one row, the chain is walked from the head instead.
     """
+    run_id = state.run_id
     if whole is not None:
         return tuple(e for e in whole if e.kind in LANDMARK_KINDS)
-    found = store.trace_landmarks(state.run_id, LANDMARK_KINDS, head=state.trace_head)
-    return tuple(e for e in found if e.seq <= state.trace_length and hashes_to_itself(e))
+    found = [
+        e for e in store.trace_landmarks(run_id, LANDMARK_KINDS) if e.seq <= state.trace_length
+    ]
+    for event in found:
+        if check and not hashes_to_itself(event):
+            raise TraceIntegrityError(
+                f"run {run_id}: the trace's {event.kind} event {event.seq} was altered",
+                run_id=run_id,
+            )
+        if len(store.trace_between(run_id, event.seq, event.seq)) != 1:
+            walked = store.trace_landmarks(run_id, LANDMARK_KINDS, head=state.trace_head)
+            return tuple(e for e in walked if not check or hashes_to_itself(e))
+    return tuple(found)
 
 
 def _effect_records(
     checkpointer: Checkpointer, state: RunState, effects: Collection[str]
-) -> dict[str, replay_rules.EffectHistory]:
+) -> dict[str, replay_rules.EffectHistory | None]:
     """What the ledger records of each digest in ``effects``: its rows proven on the chain."""
     chain = checkpointer.ledger_chain(state)
-    records: dict[str, replay_rules.EffectHistory] = {}
+    records: dict[str, replay_rules.EffectHistory | None] = {}
     for digest in effects:
         rows = [
             e
@@ -447,8 +507,7 @@ def _effect_records(
             if e.terms is not None and e.terms.effect == digest and chain.check(e)
         ]
         found = replay_rules.known_effects(sorted(rows, key=lambda e: e.seq))
-        if digest in found:
-            records[digest] = found[digest]
+        records[digest] = found.get(digest)
     return records
 
 

@@ -173,6 +173,14 @@ class ContentStore(Protocol):
         """
         ...
 
+    def trace_between(self, run_id: str, low: int, high: int | None = None) -> list[TraceEvent]:
+        """The run's trace rows with ``low <= seq <= high`` (``None``: no bound), by seq.
+
+        Every row held in the range, on the chain or not (a page deep in a long
+        trace, read by index). Unverified.
+        """
+        ...
+
     def trace_for_action(self, run_id: str, action_id: str) -> list[TraceEvent]:
         """Events of the run, on any chain, that record ``action_id`` as taken; by seq, unverified."""
         ...

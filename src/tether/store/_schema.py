@@ -232,7 +232,7 @@ def migrations(blob: str, json_field: str = "") -> list[tuple[int, list[str]]]:
                 # walking it: the entries of one effect (what replay-or-fork
                 # matches), the events that used one action id (the gate's "used
                 # before"), the few landmark events (rewinds, epochs, refused
-                # evidence), and a checkpoint by generation. The keys are read
+                # evidence), a checkpoint by generation, and the trace by seq. The keys are read
                 # from content the rows' hashes cover; every row found is still
                 # proven on the signed chain before a decision uses it.
                 "CREATE INDEX tether_ledger_effect ON tether_ledger "
@@ -243,6 +243,9 @@ def migrations(blob: str, json_field: str = "") -> list[tuple[int, list[str]]]:
                 f"WHERE {kinds_sql(LANDMARK_KINDS)}",
                 "CREATE INDEX tether_checkpoints_generation ON tether_checkpoints "
                 "(run_id, generation)",
+                # A page of the trace deep in a long run, read by seq (the ledger
+                # has had this index since migration 3).
+                "CREATE INDEX tether_trace_seq ON tether_trace (run_id, seq)",
             ],
         ),
     ]

@@ -329,6 +329,7 @@ class SQLBase(LeaseSQL):
 
         The links are followed in SQL on the primary key (hash and prev_hash
         only) down past the page; only the page's rows come back, oldest first.
+        (``CROSS JOIN`` keeps SQLite's join order: the page, then its rows.)
         """
         if limit is not None and limit < 1:
             raise StoreError(f"a page holds at least one row, not {limit}")
@@ -353,12 +354,26 @@ class SQLBase(LeaseSQL):
                     )
                     SELECT {selected} FROM (
                         SELECT hash, seq FROM chain WHERE seq < ? ORDER BY seq DESC{page}
-                    ) c JOIN {table} t ON t.run_id = ? AND t.hash = c.hash
+                    ) c CROSS JOIN {table} t WHERE t.run_id = ? AND t.hash = c.hash
                     ORDER BY t.seq""",
                 (run_id, head, run_id, floor, before, run_id),
             )
 
         return self._read(body)
+
+    def trace_between(self, run_id: str, low: int, high: int | None = None) -> list[TraceEvent]:
+        """The run's trace rows with ``low <= seq <= high`` (``None``: no bound); unverified."""
+        where, params = (
+            ("", (run_id, low)) if high is None else (" AND seq <= ?", (run_id, low, high))
+        )
+        rows = self._read(
+            lambda: self._all(
+                f"SELECT {_TRACE_COLUMNS} FROM tether_trace WHERE run_id = ? AND seq >= ?"
+                f"{where} ORDER BY seq, hash",
+                params,
+            )
+        )
+        return [trace_event_of(run_id, row) for row in rows]
 
     def trace_for_action(self, run_id: str, action_id: str) -> list[TraceEvent]:
         """Events of the run, on any chain, that record ``action_id`` as taken; unverified."""
@@ -399,8 +414,9 @@ class SQLBase(LeaseSQL):
                            WHERE t.seq < c.seq
                       )
                       SELECT {", ".join("t." + c for c in _TRACE_COLUMNS.split(", "))}
-                        FROM chain c JOIN tether_trace t ON t.run_id = ? AND t.hash = c.hash
-                       WHERE {kinds_sql(wanted, "t.kind")} ORDER BY t.seq"""
+                        FROM chain c CROSS JOIN tether_trace t
+                       WHERE t.run_id = ? AND t.hash = c.hash AND {kinds_sql(wanted, "t.kind")}
+                       ORDER BY t.seq"""
             params = (run_id, head, run_id, run_id)
         rows = self._read(lambda: self._all(sql, params))
         return [trace_event_of(run_id, row) for row in rows]

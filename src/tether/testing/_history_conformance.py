@@ -107,6 +107,8 @@ def test_the_ledger_and_trace_read_by_page_from_the_head(tether_store: Any) -> N
     expect_eq(tether_store.trace("r", head_t, 3, before=8), events[4:], "below seq 8")
     expect_eq(tether_store.trace("r", head_t, 2, before=3), events[:2], "the first two")
     expect_eq(tether_store.trace("r", head_t, 5, before=1), [], "nothing below seq 1")
+    expect_eq(tether_store.trace_between("r", 3, 4), events[2:4], "trace seq 3..4")
+    expect_eq(tether_store.trace_between("r", 6), events[5:], "trace seq 6 and up")
     pages, before = [], 8
     while True:
         page = tether_store.trace("r", head_t, 3, before=before)

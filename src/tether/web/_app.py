@@ -39,7 +39,7 @@ from tether.core import (
     format_time,
 )
 from tether.crypto import Keyring, Signer, TrustRoots
-from tether.runtime import InboxItem, deliver, list_runs, open_run
+from tether.runtime import InboxItem, Page, deliver, list_runs, open_run
 from tether.store import SQLBase, SQLiteStore, open_store
 from tether.web import _actions as actions
 from tether.web import _read as read
@@ -150,8 +150,11 @@ def create_app(config: WebConfig) -> Starlette:
     def run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         try:
+            wanted = read.page_of(request.query_params)
             with store() as s:
-                page = read.arrange(open_run(s, run_id, keyring=config.keyring), s.evidence(run_id))
+                page = read.arrange(
+                    open_run(s, run_id, keyring=config.keyring, page=wanted), s.evidence(run_id)
+                )
         except TetherError as exc:
             return failure(request, exc)
         return render(
@@ -173,7 +176,8 @@ def create_app(config: WebConfig) -> Starlette:
                     if not s.evidence(mark.run_id):
                         continue  # nothing delivered: no history to walk for it
                     try:
-                        view = open_run(s, mark.run_id, keyring=config.keyring)
+                        # The inbox's statuses come from landmark events, not a page.
+                        view = open_run(s, mark.run_id, keyring=config.keyring, page=Page(1))
                     except TetherError:
                         continue  # listed on /runs as unreadable; one damaged run hides no other
                     items += [(mark.run_id, item) for item in view.inbox]
@@ -192,7 +196,7 @@ def create_app(config: WebConfig) -> Starlette:
         fields = {key: str(value) for key, value in form.items() if isinstance(value, str)}
         try:
             with store() as s:
-                view = open_run(s, run_id, keyring=config.keyring)
+                view = open_run(s, run_id, keyring=config.keyring, page=Page(1))
             draft = actions.prepare(
                 view, fields, list(config.signers), trust=config.trust, policy=config.policy
             )

@@ -10,12 +10,16 @@ and the expiry of documents still waiting in the inbox.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tether.core import RunState
-from tether.runtime import RunView
+from tether.core import RunState, StoreError
+from tether.runtime import Page, RunView
 from tether.store import Evidence
+
+#: How many trace events and ledger entries one run page shows.
+PAGE_ROWS = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +33,25 @@ class RunPage:
     expiries: dict[int, str]
 
 
+def page_of(query: Mapping[str, str]) -> Page:
+    """The page a run page's query asks for: ``?before=SEQ``, ``?ledger_before=SEQ``, ``?all=1``.
+
+    A value that is not a whole number is refused (:class:`~tether.core.StoreError`).
+    """
+    if query.get("all") in {"1", "true", "yes"}:
+        return Page(limit=None)
+
+    def seq(name: str) -> int | None:
+        text = query.get(name)
+        if text is None or text == "":
+            return None
+        if not text.isdigit():
+            raise StoreError(f"?{name}= must be a whole number, not {text[:40]!r}")
+        return int(text)
+
+    return Page(PAGE_ROWS, trace_before=seq("before"), ledger_before=seq("ledger_before"))
+
+
 def arrange(view: RunView, evidence: list[Evidence]) -> RunPage:
     """The page's arrangement of ``view``; ``evidence`` is the run's inbox as stored."""
     expiries: dict[int, str] = {}
@@ -38,7 +61,7 @@ def arrange(view: RunView, evidence: list[Evidence]) -> RunPage:
             expiries[item.seq] = body["expires_at"]
     return RunPage(
         view=view,
-        effects=view.effects(),
+        effects=list(reversed(view.effects())),  # the newest effect first
         cases=cases(view.state),
         expiries=expiries,
     )
