@@ -85,11 +85,15 @@ class ProvenChain(Generic[Row]):
             self.floor, self._link = low, stretch.link
         return new
 
-    def step_down(self) -> list[Row]:
-        """Prove the next few rows below the floor (none left: an empty list)."""
+    def step_down(self, rows: int = 2) -> list[Row]:
+        """Prove the next ``rows`` rows below the floor (none left: an empty list).
+
+        Two by default: an unsettled write's entries (``intended``, then
+        ``dispatched``) sit right under the head.
+        """
         if self.floor <= 1:
             return []
-        return self.down_to(max(1, self.floor - 8))
+        return self.down_to(max(1, self.floor - rows))
 
     def check(self, row: Row) -> bool:
         """Whether ``row`` is on the chain; one in its range that is not goes to ``strays`` first.

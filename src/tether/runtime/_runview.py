@@ -410,54 +410,44 @@ def _rows(
 ) -> list[Any]:
     """The newest ``limit`` rows of one chain below ``before``, oldest first.
 
-    The newest page is walked from the signed head by its links. A page below
-    it is read by seq, hanging from the row at ``before``: when the store holds
-    one row per seq there, those rows are the chain's (a chain broken further
-    up is what ``tether verify`` finds); where it holds more (an orphan, a
-    forgery), the page is walked from the head instead, to tell them apart.
-    ``broken`` (verified views) makes every row shown hash to its content and
-    link to the next.
+    Read by seq (neighbouring rows, one range of one index), hanging from
+    the row above the page: the signed head for the newest page, else the row
+    at ``before``. Where the store holds one row per seq there, those rows
+    are the chain's (a chain broken further up is what ``tether verify``
+    finds; the newest page is checked against the signed head itself); where
+    it holds more (an orphan, a forgery), the page is walked from the head by
+    its links instead, to tell them apart. ``broken`` (verified views) makes
+    every row shown hash to its content and link to the next.
     """
-    if before is None or before > length:
-        rows = list(by_links(None))
-        if broken is not None:
-            if length and not rows:
-                raise broken("lacks its head entry (deleted or never written)")
-            if rows:
-                walk_down(
-                    rows,
-                    top=head,
-                    top_seq=length,
-                    floor=rows[0].seq,
-                    genesis=GENESIS_HASH,
-                    broken=broken,
-                )
-        return rows
-    high = before - 1
-    if high < 1:
+    top = length if before is None else min(before - 1, length)
+    newest = top == length
+    if top < 1:
         return []
-    low = max(1, high - limit + 1)
-    found = by_seq(low, before)
+    low = max(1, top - limit + 1)
+    found = by_seq(low, top if newest else top + 1)
     at: dict[int, list[Any]] = {}
     for row in found:
         at.setdefault(row.seq, []).append(row)
     if any(len(same) > 1 for same in at.values()):
-        rows = list(by_links(before))  # more than one row at a seq: follow the links
-        top = rows[-1].hash if rows else ""
+        rows = list(by_links(None if newest else top + 1))  # tell them apart by the links
+        anchor = head if newest else (rows[-1].hash if rows else "")
     else:
-        above = at.get(before)
-        rows = [at[seq][0] for seq in range(low, before) if seq in at]
-        if above is None:
-            if broken is not None:
-                raise broken(f"lacks its entry at seq {before} (deleted or never written)")
-            return rows
-        if broken is not None and not hashes_to_itself(above[0]):
-            raise broken(f"entry {before} was altered (its hash does not match its content)")
-        top = above[0].prev_hash
+        rows = [at[seq][0] for seq in range(low, top + 1) if seq in at]
+        if newest:
+            anchor = head
+        else:
+            above = at.get(top + 1)
+            if above is None:
+                if broken is not None:
+                    raise broken(f"lacks its entry at seq {top + 1} (deleted or never written)")
+                return rows
+            if broken is not None and not hashes_to_itself(above[0]):
+                raise broken(f"entry {top + 1} was altered (its hash does not match its content)")
+            anchor = above[0].prev_hash
     if broken is not None:
         if not rows:
-            raise broken(f"lacks the entries below seq {before} (deleted or never written)")
-        walk_down(rows, top=top, top_seq=high, floor=low, genesis=GENESIS_HASH, broken=broken)
+            raise broken(f"lacks the entries at seq {low}..{top} (deleted or never written)")
+        walk_down(rows, top=anchor, top_seq=top, floor=low, genesis=GENESIS_HASH, broken=broken)
     return rows
 
 

@@ -377,15 +377,16 @@ class SQLBase(LeaseSQL):
 
     def trace_for_action(self, run_id: str, action_id: str) -> list[TraceEvent]:
         """Events of the run, on any chain, that record ``action_id`` as taken; unverified."""
+        # Sorted here (see ledger_for_effect): the action index is the one to probe.
         rows = self._read(
             lambda: self._all(
                 f"SELECT {_TRACE_COLUMNS} FROM tether_trace WHERE run_id = ? AND "
-                f"{self.json_field.format('data', 'action_id')} = ? AND {kinds_sql(ACTION_KINDS)} "
-                "ORDER BY seq, hash",
+                f"{self.json_field.format('data', 'action_id')} = ? AND {kinds_sql(ACTION_KINDS)}",
                 (run_id, action_id),
             )
         )
-        return [trace_event_of(run_id, row) for row in rows]
+        events = [trace_event_of(run_id, row) for row in rows]
+        return sorted(events, key=lambda e: (e.seq, e.hash))
 
     def trace_landmarks(
         self, run_id: str, kinds: Collection[str], *, head: str | None = None
@@ -399,9 +400,10 @@ class SQLBase(LeaseSQL):
         if not wanted or not set(wanted) <= set(LANDMARK_KINDS):
             raise StoreError(f"landmark kinds are {list(LANDMARK_KINDS)}, not {list(wanted)}")
         if head is None:
+            # No ORDER BY (sorted below): SQLite would take the seq index to skip the sort.
             sql = (
                 f"SELECT {_TRACE_COLUMNS} FROM tether_trace WHERE run_id = ? AND "
-                f"{kinds_sql(LANDMARK_KINDS)} AND {kinds_sql(wanted)} ORDER BY seq, hash"
+                f"{kinds_sql(LANDMARK_KINDS)} AND {kinds_sql(wanted)}"
             )
             params: tuple[Any, ...] = (run_id,)
         else:
@@ -419,7 +421,8 @@ class SQLBase(LeaseSQL):
                        ORDER BY t.seq"""
             params = (run_id, head, run_id, run_id)
         rows = self._read(lambda: self._all(sql, params))
-        return [trace_event_of(run_id, row) for row in rows]
+        events = [trace_event_of(run_id, row) for row in rows]
+        return sorted(events, key=lambda e: (e.seq, e.hash))
 
     # -- inbox ---------------------------------------------------------------
 
@@ -535,14 +538,17 @@ class SQLBase(LeaseSQL):
 
     def ledger_for_effect(self, run_id: str, effect: str) -> list[LedgerEntry]:
         """The run's ledger rows whose terms name effect digest ``effect``, by seq; unverified."""
+        # Sorted here, not by ORDER BY: SQLite would pick the seq index to skip the sort
+        # and scan the run's whole ledger instead of probing the effect's index.
         rows = self._read(
             lambda: self._all(
                 f"SELECT {_LEDGER_COLUMNS} FROM tether_ledger WHERE run_id = ? AND "
-                f"{self.json_field.format('terms', 'effect')} = ? ORDER BY seq, hash",
+                f"{self.json_field.format('terms', 'effect')} = ?",
                 (run_id, effect),
             )
         )
-        return [ledger_entry_of(run_id, row) for row in rows]
+        entries = [ledger_entry_of(run_id, row) for row in rows]
+        return sorted(entries, key=lambda e: (e.seq, e.hash))
 
     def ledger_chain(
         self, run_id: str, head: str, limit: int | None = None, *, before: int | None = None
