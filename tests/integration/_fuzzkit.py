@@ -318,6 +318,12 @@ def _readers(result: Result, home: Path, runs: list[str]) -> None:
                 call("envelopes", lambda r=run: store.envelopes(r))
                 call("newest_generation", lambda r=run: store.newest_generation(r))
                 call("ledger", lambda r=run: store.ledger(r))
+                # The by-index and by-page reads a recovery, a step and a page make.
+                call("ledger_between", lambda r=run: store.ledger_between(r, 1))
+                call("trace_between", lambda r=run: store.trace_between(r, 1))
+                call("ledger_for_effect", lambda r=run: store.ledger_for_effect(r, "sha256:x"))
+                call("trace_for_action", lambda r=run: store.trace_for_action(r, "fix-calc"))
+                call("trace_landmarks", lambda r=run: store.trace_landmarks(r, ["recovered"]))
                 call("evidence", lambda r=run: store.evidence(r))
                 call("action_seen", lambda r=run: store.action_seen(r, "fix-calc"))
                 call("check_lease", lambda r=run: store.check_lease(r, 0))
@@ -358,6 +364,7 @@ def _restore(result: Result, store: SQLiteStore, keyring: Keyring, run: str) -> 
     _call(result, "trace", lambda: cp.verified_trace(state))
     _call(result, "trace", lambda: store.trace(run, state.trace_head))
     _call(result, "ledger", lambda: cp.verified_ledger(state))
+    _call(result, "ledger", lambda: cp.read_recent(state))
     _call(result, "context", lambda: cp.context(state))
     _call(result, "results", lambda: cp.results(state))
     for blob in (state.agent_context_digest, state.results_digest):

@@ -31,6 +31,7 @@ from tether.core import (
     chain_hash,
     format_time,
 )
+from tether.store._history_sql import LEDGER_COLUMNS, TRACE_COLUMNS, HistorySQL
 from tether.store._leases import LeaseSQL
 from tether.store._protocols import (
     EVIDENCE_KINDS,
@@ -53,18 +54,12 @@ from tether.store._rows import (
     trace_event_of,
     ttl_micros,
 )
-from tether.store._schema import ACTION_KINDS, LANDMARK_KINDS, kinds_sql, migrations
+from tether.store._schema import migrations
 
 log = logging.getLogger("tether.store")
 
-_TRACE_COLUMNS = "hash, prev_hash, seq, kind, at, data"
-_LEDGER_COLUMNS = (
-    "hash, prev_hash, seq, idempotency_key, status, action_id, intent_digest, "
-    "receipt, epoch, at, terms, payload"
-)
 
-
-class SQLBase(LeaseSQL):
+class SQLBase(HistorySQL, LeaseSQL):
     """Every store statement, written once; subclasses provide the dialect hooks.
 
     An integration that keeps tables of its own in the store's database runs
@@ -297,7 +292,7 @@ class SQLBase(LeaseSQL):
         if before is not None:
             return [
                 trace_event_of(run_id, row)
-                for row in self._walk("tether_trace", _TRACE_COLUMNS, run_id, head, limit, before)
+                for row in self._walk("tether_trace", TRACE_COLUMNS, run_id, head, limit, before)
             ]
         rows = self._read(
             lambda: self._all(
@@ -315,114 +310,6 @@ class SQLBase(LeaseSQL):
             )
         )
         return [trace_event_of(run_id, row) for row in rows]
-
-    def _walk(
-        self,
-        table: str,
-        columns: str,
-        run_id: str,
-        head: str,
-        limit: int | None,
-        before: int,
-    ) -> list[tuple[Any, ...]]:
-        """Rows of ``table``'s chain from ``head`` with seq below ``before`` (the newest ``limit``).
-
-        The links are followed in SQL on the primary key (hash and prev_hash
-        only) down past the page; only the page's rows come back, oldest first.
-        (``CROSS JOIN`` keeps SQLite's join order: the page, then its rows.)
-        """
-        if limit is not None and limit < 1:
-            raise StoreError(f"a page holds at least one row, not {limit}")
-        selected = ", ".join(f"t.{c.strip()}" for c in columns.split(","))
-        page = "" if limit is None else f" LIMIT {int(limit)}"
-
-        def body() -> list[tuple[Any, ...]]:
-            top = self._one(
-                f"SELECT seq FROM {table} WHERE run_id = ? AND hash = ?", (run_id, head)
-            )
-            if top is None or not isinstance(top[0], int) or isinstance(top[0], bool):
-                return []  # no such head (or a damaged one): nothing is on its chain
-            # Walk down past the page (one row below it), and no further.
-            floor = 0 if limit is None else max(0, min(before, top[0] + 1) - limit)
-            return self._all(
-                f"""WITH RECURSIVE chain(hash, prev_hash, seq) AS (
-                        SELECT hash, prev_hash, seq FROM {table} WHERE run_id = ? AND hash = ?
-                        UNION ALL
-                        SELECT t.hash, t.prev_hash, t.seq FROM {table} t JOIN chain c
-                            ON t.run_id = ? AND t.hash = c.prev_hash
-                         WHERE t.seq < c.seq AND c.seq > ?
-                    )
-                    SELECT {selected} FROM (
-                        SELECT hash, seq FROM chain WHERE seq < ? ORDER BY seq DESC{page}
-                    ) c CROSS JOIN {table} t WHERE t.run_id = ? AND t.hash = c.hash
-                    ORDER BY t.seq""",
-                (run_id, head, run_id, floor, before, run_id),
-            )
-
-        return self._read(body)
-
-    def trace_between(self, run_id: str, low: int, high: int | None = None) -> list[TraceEvent]:
-        """The run's trace rows with ``low <= seq <= high`` (``None``: no bound); unverified."""
-        where, params = (
-            ("", (run_id, low)) if high is None else (" AND seq <= ?", (run_id, low, high))
-        )
-        rows = self._read(
-            lambda: self._all(
-                f"SELECT {_TRACE_COLUMNS} FROM tether_trace WHERE run_id = ? AND seq >= ?"
-                f"{where} ORDER BY seq, hash",
-                params,
-            )
-        )
-        return [trace_event_of(run_id, row) for row in rows]
-
-    def trace_for_action(self, run_id: str, action_id: str) -> list[TraceEvent]:
-        """Events of the run, on any chain, that record ``action_id`` as taken; unverified."""
-        # Sorted here (see ledger_for_effect): the action index is the one to probe.
-        rows = self._read(
-            lambda: self._all(
-                f"SELECT {_TRACE_COLUMNS} FROM tether_trace WHERE run_id = ? AND "
-                f"{self.json_field.format('data', 'action_id')} = ? AND {kinds_sql(ACTION_KINDS)}",
-                (run_id, action_id),
-            )
-        )
-        events = [trace_event_of(run_id, row) for row in rows]
-        return sorted(events, key=lambda e: (e.seq, e.hash))
-
-    def trace_landmarks(
-        self, run_id: str, kinds: Collection[str], *, head: str | None = None
-    ) -> list[TraceEvent]:
-        """Events of the run of the landmark ``kinds``, by seq; unverified.
-
-        Without ``head``: every such row the store holds, by index. With it:
-        those on the chain ending at ``head`` (its links followed in SQL).
-        """
-        wanted = tuple(sorted(set(kinds)))
-        if not wanted or not set(wanted) <= set(LANDMARK_KINDS):
-            raise StoreError(f"landmark kinds are {list(LANDMARK_KINDS)}, not {list(wanted)}")
-        if head is None:
-            # No ORDER BY (sorted below): SQLite would take the seq index to skip the sort.
-            sql = (
-                f"SELECT {_TRACE_COLUMNS} FROM tether_trace WHERE run_id = ? AND "
-                f"{kinds_sql(LANDMARK_KINDS)} AND {kinds_sql(wanted)}"
-            )
-            params: tuple[Any, ...] = (run_id,)
-        else:
-            sql = f"""WITH RECURSIVE chain(hash, prev_hash, seq) AS (
-                          SELECT hash, prev_hash, seq FROM tether_trace
-                           WHERE run_id = ? AND hash = ?
-                          UNION ALL
-                          SELECT t.hash, t.prev_hash, t.seq FROM tether_trace t JOIN chain c
-                              ON t.run_id = ? AND t.hash = c.prev_hash
-                           WHERE t.seq < c.seq
-                      )
-                      SELECT {", ".join("t." + c for c in _TRACE_COLUMNS.split(", "))}
-                        FROM chain c CROSS JOIN tether_trace t
-                       WHERE t.run_id = ? AND t.hash = c.hash AND {kinds_sql(wanted, "t.kind")}
-                       ORDER BY t.seq"""
-            params = (run_id, head, run_id, run_id)
-        rows = self._read(lambda: self._all(sql, params))
-        events = [trace_event_of(run_id, row) for row in rows]
-        return sorted(events, key=lambda e: (e.seq, e.hash))
 
     # -- inbox ---------------------------------------------------------------
 
@@ -516,55 +403,11 @@ class SQLBase(LeaseSQL):
         """Every ledger row of the run by sequence number, unverified (see the protocol)."""
         rows = self._read(
             lambda: self._all(
-                f"SELECT {_LEDGER_COLUMNS} FROM tether_ledger WHERE run_id = ? ORDER BY seq, hash",
+                f"SELECT {LEDGER_COLUMNS} FROM tether_ledger WHERE run_id = ? ORDER BY seq, hash",
                 (run_id,),
             )
         )
         return [ledger_entry_of(run_id, row) for row in rows]
-
-    def ledger_between(self, run_id: str, low: int, high: int | None = None) -> list[LedgerEntry]:
-        """The run's ledger rows with ``low <= seq <= high`` (``high=None``: no bound); unverified."""
-        where, params = (
-            ("", (run_id, low)) if high is None else (" AND seq <= ?", (run_id, low, high))
-        )
-        rows = self._read(
-            lambda: self._all(
-                f"SELECT {_LEDGER_COLUMNS} FROM tether_ledger WHERE run_id = ? AND seq >= ?"
-                f"{where} ORDER BY seq, hash",
-                params,
-            )
-        )
-        return [ledger_entry_of(run_id, row) for row in rows]
-
-    def ledger_for_effect(self, run_id: str, effect: str) -> list[LedgerEntry]:
-        """The run's ledger rows whose terms name effect digest ``effect``, by seq; unverified."""
-        # Sorted here, not by ORDER BY: SQLite would pick the seq index to skip the sort
-        # and scan the run's whole ledger instead of probing the effect's index.
-        rows = self._read(
-            lambda: self._all(
-                f"SELECT {_LEDGER_COLUMNS} FROM tether_ledger WHERE run_id = ? AND "
-                f"{self.json_field.format('terms', 'effect')} = ?",
-                (run_id, effect),
-            )
-        )
-        entries = [ledger_entry_of(run_id, row) for row in rows]
-        return sorted(entries, key=lambda e: (e.seq, e.hash))
-
-    def ledger_chain(
-        self, run_id: str, head: str, limit: int | None = None, *, before: int | None = None
-    ) -> list[LedgerEntry]:
-        """The ledger's chain from ``head`` (below seq ``before``), newest ``limit``, oldest first."""
-        return [
-            ledger_entry_of(run_id, row)
-            for row in self._walk(
-                "tether_ledger",
-                _LEDGER_COLUMNS,
-                run_id,
-                head,
-                limit,
-                before if before is not None else 2**62,
-            )
-        ]
 
     def action_seen(self, run_id: str, action_id: str) -> bool:
         """Whether an intent with this action id was ever recorded for the run."""
