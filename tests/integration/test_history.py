@@ -31,6 +31,7 @@ from tether.core import (
 )
 from tether.runtime import (
     AgentContext,
+    Checkpointer,
     CrashPlan,
     CrashPoint,
     Decision,
@@ -231,9 +232,9 @@ def test_a_forged_row_a_look_up_finds_fails_closed(world: World) -> None:
     with sqlite3.connect(world.db) as conn:
         conn.execute(
             "INSERT INTO tether_ledger (run_id, hash, prev_hash, seq, idempotency_key, status, "
-            "action_id, intent_digest, receipt, epoch, at, terms) "
-            "SELECT run_id, ?, prev_hash, seq, ?, status, ?, intent_digest, ?, epoch, at, terms "
-            "FROM tether_ledger WHERE hash = ?",
+            "action_id, intent_digest, receipt, epoch, at, terms, effect) "
+            "SELECT run_id, ?, prev_hash, seq, ?, status, ?, intent_digest, ?, epoch, at, terms, "
+            "effect FROM tether_ledger WHERE hash = ?",
             (forged.hash, "idem-forged", "forged", '{"receipt_id":"rcpt-forged"}', real.hash),
         )
     session = rt.recover("r1")  # the forged row lies far below what a recovery reads
@@ -323,3 +324,66 @@ def test_the_run_page_shows_the_newest_events_first_with_a_link_to_older(world: 
         assert below == list(range(shown[-1] - 1, 0, -1))
         whole = client.get("/runs/r1?all=1").text
         assert len(re.findall(r'<span class="seq">#(\d+)</span>', whole)) == trace_length(world)
+
+
+def test_a_store_from_before_the_index_columns_is_migrated_and_read_by_them(world: World) -> None:
+    """Migration 8 fills the effect and action id columns of rows written before it."""
+    long_world(world)
+    run(world, "r1", 6)
+    with sqlite3.connect(world.db) as conn:
+        for index in ("tether_ledger_effect", "tether_trace_action", "tether_trace_landmark"):
+            conn.execute(f"DROP INDEX {index}")
+        for index in ("tether_checkpoints_generation", "tether_trace_seq"):
+            conn.execute(f"DROP INDEX {index}")
+        conn.execute("ALTER TABLE tether_ledger DROP COLUMN effect")
+        conn.execute("ALTER TABLE tether_trace DROP COLUMN action_id")
+        conn.execute("DELETE FROM tether_migrations WHERE version = 8")
+    world.store().close()  # opening migrates: the columns come back, filled from the rows
+    with sqlite3.connect(world.db) as conn:
+        filled = conn.execute(
+            "SELECT COUNT(*) FROM tether_ledger WHERE effect IS NOT NULL"
+        ).fetchone()[0]
+        actions = conn.execute(
+            "SELECT COUNT(*) FROM tether_trace WHERE action_id IS NOT NULL"
+        ).fetchone()[0]
+    assert filled == 18 and actions == 6  # 3 entries and 1 intent_persisted per write
+    assert verify(world, "r1")[0] == 0
+    reuse = ScriptedAgent([write("src/new.txt", "y\n", "a0")])
+    outcome = runtime(world, "r1", reuse).recover("r1").step()
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.REJECTED, "duplicate_action")
+
+
+@pytest.mark.postgres
+def test_a_postgresql_store_from_before_the_index_columns_is_migrated_too(world: World) -> None:
+    """On PostgreSQL the backfill reads each old row's JSON, one with \\u0000 in it included."""
+    import psycopg
+
+    from tests.conformance._pg import fresh_schema, in_schema, pg_dsn, url_in_schema
+    from tether.store import open_store
+
+    long_world(world)
+    dsn = pg_dsn()
+    with fresh_schema(dsn) as schema:
+        url = url_in_schema(dsn, schema)
+        with open_store(url) as store:
+            rt = runtime(world, "p1", ScriptedAgent([writer]), store=store)
+            session = rt.start("p1")
+            for _ in range(3):
+                session.step()
+            session.rt.agent = ScriptedAgent([write("src/z.txt", "nul \x00 here\n", "anul")])
+            assert session.step().kind is OutcomeKind.EXECUTED  # its intent's data holds NUL
+        with psycopg.connect(in_schema(dsn, schema), autocommit=True) as conn:
+            conn.execute("DROP INDEX tether_ledger_effect, tether_trace_action")
+            conn.execute("ALTER TABLE tether_ledger DROP COLUMN effect")
+            conn.execute("ALTER TABLE tether_trace DROP COLUMN action_id")
+            conn.execute(
+                "DROP INDEX tether_trace_landmark, tether_checkpoints_generation, tether_trace_seq"
+            )
+            conn.execute("DELETE FROM tether_migrations WHERE version = 8")
+        with open_store(url) as store:  # migrates
+            checkpointer = Checkpointer(store, world.keyring)
+            state = checkpointer.load("p1").state
+            assert len(checkpointer.verified_ledger(state)) == 12  # every row's key checked
+            assert len(checkpointer.verified_trace(state)) == state.trace_length
+            found = store.trace_for_action("p1", "anul")
+            assert [e.kind for e in found] == ["intent_persisted"]

@@ -110,8 +110,14 @@ class History:
                 self._effects[effect] = changed[effect]
 
     def all_effects(self) -> dict[str, replay_rules.EffectHistory]:
-        """Every effect the ledger records: the whole chain read and verified (slow; for tools)."""
-        return replay_rules.known_effects(self._cp.verified_ledger(self._current()))
+        """Every effect the ledger records: the whole chain read and verified (slow; for tools).
+
+        (The pending write's entries were checked against the signed state when
+        it was restored; the state in hand may say "dispatched" where they say
+        intended, after a mark put back by one generation.)
+        """
+        whole = self._cp.verified_ledger(self._current().evolve(pending=None))
+        return replay_rules.known_effects(whole)
 
     # -- action ids ------------------------------------------------------------
 

@@ -37,9 +37,8 @@ class SQLEngine:
     clock_sql: ClassVar[str] = ""
     #: Appended to the claim scan: lock the rows it picks and skip rows others hold.
     skip_locked: ClassVar[str] = ""
-    #: One field of a JSON text column as text (``{0}`` the column, ``{1}`` the
-    #: field); indexes and the queries they serve spell it the same.
-    json_field: ClassVar[str] = ""
+    #: Statements that fill migration 8's index columns for rows written before it.
+    index_backfill: ClassVar[tuple[str, ...]] = ()
     #: How many times a transient failure re-runs a unit of work.
     retries: int = 5
 

@@ -12,15 +12,17 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from tether.core import LedgerEntry, StoreError, TraceEvent
+from tether.core import LedgerEntry, StoreError, TraceEvent, step_rules
 from tether.store._engine import SQLEngine
-from tether.store._rows import ledger_entry_of, trace_event_of
-from tether.store._schema import ACTION_KINDS, LANDMARK_KINDS, kinds_sql
+from tether.store._rows import index_key, ledger_entry_of, trace_event_of
+from tether.store._schema import LANDMARK_KINDS, kinds_sql
 
-TRACE_COLUMNS = "hash, prev_hash, seq, kind, at, data"
+#: The columns a trace row and a ledger row are read with: content, then the index key
+#: (which every reader checks against the content).
+TRACE_COLUMNS = "hash, prev_hash, seq, kind, at, data, action_id"
 LEDGER_COLUMNS = (
     "hash, prev_hash, seq, idempotency_key, status, action_id, intent_digest, "
-    "receipt, epoch, at, terms, payload"
+    "receipt, epoch, at, terms, payload, effect"
 )
 
 
@@ -91,13 +93,13 @@ class HistorySQL(SQLEngine):
         # Sorted here (see ledger_for_effect): the action index is the one to probe.
         rows = self._read(
             lambda: self._all(
-                f"SELECT {TRACE_COLUMNS} FROM tether_trace WHERE run_id = ? AND "
-                f"{self.json_field.format('data', 'action_id')} = ? AND {kinds_sql(ACTION_KINDS)}",
-                (run_id, action_id),
+                f"SELECT {TRACE_COLUMNS} FROM tether_trace WHERE run_id = ? AND action_id = ?",
+                (run_id, index_key(action_id)),
             )
         )
         events = [trace_event_of(run_id, row) for row in rows]
-        return sorted(events, key=lambda e: (e.seq, e.hash))
+        found = [e for e in events if step_rules.action_id_of(e.kind, e.data) == action_id]
+        return sorted(found, key=lambda e: (e.seq, e.hash))
 
     def trace_landmarks(
         self, run_id: str, kinds: Collection[str], *, head: str | None = None
@@ -155,13 +157,13 @@ class HistorySQL(SQLEngine):
         # and scan the run's whole ledger instead of probing the effect's index.
         rows = self._read(
             lambda: self._all(
-                f"SELECT {LEDGER_COLUMNS} FROM tether_ledger WHERE run_id = ? AND "
-                f"{self.json_field.format('terms', 'effect')} = ?",
-                (run_id, effect),
+                f"SELECT {LEDGER_COLUMNS} FROM tether_ledger WHERE run_id = ? AND effect = ?",
+                (run_id, index_key(effect)),
             )
         )
         entries = [ledger_entry_of(run_id, row) for row in rows]
-        return sorted(entries, key=lambda e: (e.seq, e.hash))
+        found = [e for e in entries if e.terms is not None and e.terms.effect == effect]
+        return sorted(found, key=lambda e: (e.seq, e.hash))
 
     def ledger_chain(
         self, run_id: str, head: str, limit: int | None = None, *, before: int | None = None

@@ -38,7 +38,8 @@ from tether.core import (
     format_time,
 )
 from tether.store._protocols import BeforeCommit, Commit, Lease, LeaseRequest
-from tether.store._rows import ledger_columns, phase_text
+from tether.store._rows import action_key, effect_key, ledger_columns, phase_text
+from tether.store._schema import ACTION_KINDS, kinds_sql
 from tether.store._sql import SQLBase
 
 if TYPE_CHECKING:
@@ -71,17 +72,19 @@ WITH cas AS (
     SELECT run_id, checkpoint_digest, generation, %s::bytea FROM cas
     RETURNING 1
 ), trace AS (
-    INSERT INTO tether_trace (run_id, hash, prev_hash, seq, kind, at, data)
-    SELECT cas.run_id, e.h, e.p, e.s, e.k, e.a, e.d
-      FROM cas, json_to_recordset(%s::json) AS e(h text, p text, s bigint, k text, a text, d text)
+    INSERT INTO tether_trace (run_id, hash, prev_hash, seq, kind, at, data, action_id)
+    SELECT cas.run_id, e.h, e.p, e.s, e.k, e.a, e.d, e.x
+      FROM cas, json_to_recordset(%s::json)
+           AS e(h text, p text, s bigint, k text, a text, d text, x text)
     RETURNING 1
 ), ledger AS (
     INSERT INTO tether_ledger (run_id, hash, prev_hash, seq, idempotency_key, status,
-                               action_id, intent_digest, receipt, epoch, at, terms, payload)
-    SELECT cas.run_id, l.h, l.p, l.s, l.k, l.st, l.ac, l.i, l.r, l.ep, l.a, l.t, l.y
+                               action_id, intent_digest, receipt, epoch, at, terms, payload,
+                               effect)
+    SELECT cas.run_id, l.h, l.p, l.s, l.k, l.st, l.ac, l.i, l.r, l.ep, l.a, l.t, l.y, l.x
       FROM cas, json_to_recordset(%s::json)
            AS l(h text, p text, s bigint, k text, st text, ac text, i text, r text,
-                ep bigint, a text, t text, y text)
+                ep bigint, a text, t text, y text, x text)
     RETURNING 1
 ), blobs AS (
     INSERT INTO tether_blobs (digest, body)
@@ -131,9 +134,29 @@ class PostgresStore(SQLBase):
     blob_type = "BYTEA"
     placeholder = "%s"
     clock_sql = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT"
-    # tether writes only JSON into these columns; PostgreSQL refuses a row that
-    # is not (the index cannot be maintained over it), which is damage refused.
-    json_field = "(({0})::jsonb ->> '{1}')"
+    # Rows from before migration 8: their keys read from their JSON by a function
+    # that lives for the migration only. \u0000 has no text form here; read as
+    # U+FFFD, as the column keeps it. A row that is not JSON keeps NULL.
+    index_backfill = (
+        """CREATE FUNCTION pg_temp.tether_json_text(doc text, field text) RETURNS text
+           LANGUAGE plpgsql AS $f$
+           DECLARE j jsonb;
+           BEGIN
+               j := replace(doc, '\\u0000', '\\ufffd')::jsonb;
+               IF jsonb_typeof(j -> field) = 'string' THEN
+                   RETURN j ->> field;
+               END IF;
+               RETURN NULL;
+           EXCEPTION WHEN others THEN
+               RETURN NULL;
+           END
+           $f$""",
+        "UPDATE tether_ledger SET effect = pg_temp.tether_json_text(terms, 'effect') "
+        "WHERE terms IS NOT NULL",
+        "UPDATE tether_trace SET action_id = pg_temp.tether_json_text(data, 'action_id') "
+        f"WHERE {kinds_sql(ACTION_KINDS)}",
+        "DROP FUNCTION pg_temp.tether_json_text(text, text)",
+    )
     skip_locked = " FOR UPDATE SKIP LOCKED"
 
     def __init__(
@@ -250,6 +273,7 @@ class PostgresStore(SQLBase):
                 "k": e.kind,
                 "a": format_time(e.at),
                 "d": e.encoded_data().decode("utf-8"),
+                "x": action_key(e),
             }
             for e in commit.events
         ]
@@ -265,6 +289,7 @@ class PostgresStore(SQLBase):
                 "i": e.intent_digest,
                 "ep": e.epoch,
                 "a": format_time(e.at),
+                "x": effect_key(e),
             }
             for e in commit.ledger
         ]

@@ -28,6 +28,7 @@ from tether.core import (
     TraceEvent,
     TraceIntegrityError,
     parse_time_text,
+    step_rules,
     strict_loads,
 )
 from tether.store._protocols import Evidence, Lease, Mark
@@ -166,7 +167,35 @@ def ledger_columns(entry: LedgerEntry) -> tuple[str | None, str | None, str | No
     return text(entry.receipt), text(terms), text(entry.payload)
 
 
+def index_key(value: str | None) -> str | None:
+    """How an index column keeps an id: as it is, with NUL (which PostgreSQL text
+    cannot hold) as U+FFFD. A look-up compares the rows it finds exactly."""
+    return None if value is None else value.replace("\x00", "\ufffd")
+
+
+def effect_key(entry: LedgerEntry) -> str | None:
+    """The ``effect`` index column of ``entry``'s row: its terms' effect digest."""
+    return index_key(None if entry.terms is None else entry.terms.effect)
+
+
+def action_key(event: TraceEvent) -> str | None:
+    """The ``action_id`` index column of ``event``'s row: the action id it records as taken."""
+    return index_key(step_rules.action_id_of(event.kind, event.data))
+
+
 def ledger_entry_of(run_id: str, row: Sequence[Any]) -> LedgerEntry:
+    """A ledger row read back; its ``effect`` index column must say what its terms say."""
+    entry = _ledger_entry_of(run_id, row[:12])
+    if len(row) > 12 and row[12] != effect_key(entry):
+        raise LedgerIntegrityError(
+            f"run {run_id}: ledger row {entry.hash}'s effect index ({str(row[12])[:80]!r}) is "
+            "not its terms' effect digest: the column was edited",
+            run_id=run_id,
+        )
+    return entry
+
+
+def _ledger_entry_of(run_id: str, row: Sequence[Any]) -> LedgerEntry:
     hash_, prev, seq, key, status, action_id, intent_digest, receipt, epoch, at, terms, payload = (
         row
     )
@@ -227,6 +256,18 @@ def _terms_of(body: dict[str, Any], broken: Callable[[str], LedgerIntegrityError
 
 
 def trace_event_of(run_id: str, row: Sequence[Any]) -> TraceEvent:
+    """A trace row read back; its ``action_id`` index column must say what its data says."""
+    event = _trace_event_of(run_id, row[:6])
+    if len(row) > 6 and row[6] != action_key(event):
+        raise TraceIntegrityError(
+            f"run {run_id}: trace row {event.hash}'s action index ({str(row[6])[:80]!r}) is "
+            "not the action id its data records: the column was edited",
+            run_id=run_id,
+        )
+    return event
+
+
+def _trace_event_of(run_id: str, row: Sequence[Any]) -> TraceEvent:
     hash_, prev, seq, kind, at, data = row
     try:
         text = str(data)

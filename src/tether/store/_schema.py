@@ -1,11 +1,10 @@
 """The numbered schema migrations every SQL store applies, in one place.
 
-Each dialect supplies its byte-string column type and how it reads one
-field of a JSON text column (the same expression its queries use, so an
-index on it serves them). A migration is a list of statements applied in
-one transaction and recorded in ``tether_migrations``; a database that
-records a version newer than the last one here is refused rather than
-written to.
+Each dialect supplies its byte-string column type and how it fills a new
+column from the JSON of rows already written. A migration is a list of
+statements applied in one transaction and recorded in ``tether_migrations``;
+a database that records a version newer than the last one here is refused
+rather than written to.
 """
 
 from __future__ import annotations
@@ -31,13 +30,12 @@ def kinds_sql(kinds: tuple[str, ...], column: str = "kind") -> str:
     return f"{column} IN (" + ", ".join(f"'{k}'" for k in kinds) + ")"
 
 
-def migrations(blob: str, json_field: str = "") -> list[tuple[int, list[str]]]:
+def migrations(blob: str, backfill: tuple[str, ...] = ()) -> list[tuple[int, list[str]]]:
     """Numbered schema migrations; ``blob`` is the dialect's byte-string type.
 
-    ``json_field`` is the dialect's expression for one field of a JSON text
-    column, with ``{0}`` for the column and ``{1}`` for the field name.
+    ``backfill``: the dialect's statements that fill migration 8's index
+    columns for rows written before it (from the JSON those rows hold).
     """
-    field = json_field or "json_extract({0}, '$.{1}')"
     return [
         (
             1,
@@ -232,13 +230,18 @@ def migrations(blob: str, json_field: str = "") -> list[tuple[int, list[str]]]:
                 # walking it: the entries of one effect (what replay-or-fork
                 # matches), the events that used one action id (the gate's "used
                 # before"), the few landmark events (rewinds, epochs, refused
-                # evidence), a checkpoint by generation, and the trace by seq. The keys are read
-                # from content the rows' hashes cover; every row found is still
-                # proven on the signed chain before a decision uses it.
-                "CREATE INDEX tether_ledger_effect ON tether_ledger "
-                f"(run_id, {field.format('terms', 'effect')})",
-                "CREATE INDEX tether_trace_action ON tether_trace "
-                f"(run_id, {field.format('data', 'action_id')}) WHERE {kinds_sql(ACTION_KINDS)}",
+                # evidence), a checkpoint by generation, and the trace by seq. The
+                # two keys are columns tether fills from the row's own content as
+                # it writes it (no JSON parsed by the database on the hot path);
+                # every reader checks a row's key against its content, and every
+                # row a decision uses is proven on the signed chain.
+                "ALTER TABLE tether_ledger ADD COLUMN effect TEXT",
+                "ALTER TABLE tether_trace ADD COLUMN action_id TEXT",
+                *backfill,
+                "CREATE INDEX tether_ledger_effect ON tether_ledger (run_id, effect) "
+                "WHERE effect IS NOT NULL",
+                "CREATE INDEX tether_trace_action ON tether_trace (run_id, action_id) "
+                "WHERE action_id IS NOT NULL",
                 "CREATE INDEX tether_trace_landmark ON tether_trace (run_id, kind, seq) "
                 f"WHERE {kinds_sql(LANDMARK_KINDS)}",
                 "CREATE INDEX tether_checkpoints_generation ON tether_checkpoints "

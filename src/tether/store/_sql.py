@@ -44,6 +44,8 @@ from tether.store._protocols import (
 )
 from tether.store._rows import (
     MARK_COLUMNS,
+    action_key,
+    effect_key,
     evidence_of,
     lease_of,
     ledger_columns,
@@ -75,7 +77,7 @@ class SQLBase(HistorySQL, LeaseSQL):
         return self._write(self._migrate)
 
     def _migrate(self) -> int:
-        steps = migrations(self.blob_type, self.json_field)
+        steps = migrations(self.blob_type, self.index_backfill)
         self._lock_migrations()
         self._execute(
             "CREATE TABLE IF NOT EXISTS tether_migrations "
@@ -144,7 +146,8 @@ class SQLBase(HistorySQL, LeaseSQL):
         data_text = event.encoded_data()
         inserted = self._run(
             self._insert_ignore(
-                "tether_trace", ("run_id", "hash", "prev_hash", "seq", "kind", "at", "data")
+                "tether_trace",
+                ("run_id", "hash", "prev_hash", "seq", "kind", "at", "data", "action_id"),
             ),
             (
                 event.run_id,
@@ -154,6 +157,7 @@ class SQLBase(HistorySQL, LeaseSQL):
                 event.kind,
                 format_time(event.at),
                 data_text.decode("utf-8"),
+                action_key(event),
             ),
         )
         if inserted == 0:
@@ -296,16 +300,17 @@ class SQLBase(HistorySQL, LeaseSQL):
             ]
         rows = self._read(
             lambda: self._all(
-                """WITH RECURSIVE chain(hash, prev_hash, seq, kind, at, data, depth) AS (
-                       SELECT hash, prev_hash, seq, kind, at, data, 1 FROM tether_trace
+                """WITH RECURSIVE chain(hash, prev_hash, seq, kind, at, data, action_id, depth) AS (
+                       SELECT hash, prev_hash, seq, kind, at, data, action_id, 1 FROM tether_trace
                         WHERE run_id = ? AND hash = ?
                        UNION ALL
-                       SELECT t.hash, t.prev_hash, t.seq, t.kind, t.at, t.data, c.depth + 1
+                       SELECT t.hash, t.prev_hash, t.seq, t.kind, t.at, t.data, t.action_id,
+                              c.depth + 1
                          FROM tether_trace t JOIN chain c
                            ON t.run_id = ? AND t.hash = c.prev_hash
                         WHERE (? < 0 OR c.depth < ?) AND t.seq < c.seq
                    )
-                   SELECT hash, prev_hash, seq, kind, at, data FROM chain ORDER BY seq""",
+                   SELECT hash, prev_hash, seq, kind, at, data, action_id FROM chain ORDER BY seq""",
                 (run_id, head, run_id, -1 if limit is None else limit, limit or 0),
             )
         )
@@ -373,6 +378,7 @@ class SQLBase(HistorySQL, LeaseSQL):
                     "at",
                     "terms",
                     "payload",
+                    "effect",
                 ),
             ),
             (
@@ -389,6 +395,7 @@ class SQLBase(HistorySQL, LeaseSQL):
                 format_time(entry.at),
                 terms,
                 payload,
+                effect_key(entry),
             ),
         )
         if inserted == 0:

@@ -30,7 +30,7 @@ from tether.core import (
     TetherError,
     WriteOnceError,
 )
-from tether.store._schema import migrations
+from tether.store._schema import ACTION_KINDS, kinds_sql, migrations
 from tether.store._sql import SQLBase
 
 _SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
@@ -46,9 +46,16 @@ class SQLiteStore(SQLBase):
     # SQLite keeps whatever it is given, in any column, and text that is not
     # UTF-8 too: integers and NULL come back as they are, anything else as bytes.
     raw_column = "CASE WHEN typeof({0}) IN ('integer', 'null') THEN {0} ELSE CAST({0} AS BLOB) END"
-    # An index expression must not fail on a row someone damaged: that would
-    # refuse the damage itself, and every later write near it.
-    json_field = "(CASE WHEN json_valid({0}) THEN json_extract({0}, '$.{1}') END)"
+    # Rows from before migration 8: their keys read from their JSON (a row that
+    # is not JSON, or names no such string, keeps NULL, as a new one would).
+    index_backfill = (
+        "UPDATE tether_ledger SET effect = replace(json_extract(terms, '$.effect'), "
+        "char(0), char(65533)) WHERE CASE WHEN json_valid(terms) "
+        "THEN json_type(terms, '$.effect') = 'text' ELSE 0 END",
+        "UPDATE tether_trace SET action_id = replace(json_extract(data, '$.action_id'), "
+        f"char(0), char(65533)) WHERE {kinds_sql(ACTION_KINDS)} AND CASE WHEN json_valid(data) "
+        "THEN json_type(data, '$.action_id') = 'text' ELSE 0 END",
+    )
 
     def __init__(
         self,
