@@ -92,6 +92,23 @@ def test_the_body_runs_once_under_its_key_and_its_reply_is_the_receipt(
     assert run.phase is Phase.COMPLETED
 
 
+def test_the_key_is_in_the_signed_ledger_before_the_body_starts(tmp_path: Path) -> None:
+    """Inside the body, another connection already reads the key on the run's ledger, dispatched."""
+    found: list[list[str]] = []
+
+    @tether.effect(KIND, target=None)
+    def look_first(title: str) -> dict[str, str]:
+        key = tether.current_key()
+        with SQLiteStore(tmp_path / "runs.sqlite", read_only=True) as other:
+            found.append([e.status.value for e in other.ledger("r1") if e.idempotency_key == key])
+        return {"title": title}
+
+    with effects.run(runtime(tmp_path, look_first.adapter), "r1"):
+        done = look_first("printer on fire")
+    assert found and found[0][-1] == "dispatched"  # committed (and signed) before the send
+    assert done.receipt is not None and done.outcome == "executed"
+
+
 def test_killed_after_the_send_the_look_up_settles_it_by_key(
     tmp_path: Path, service: EffectsService
 ) -> None:
