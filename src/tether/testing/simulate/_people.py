@@ -136,9 +136,8 @@ def cancel(sim: Simulation, event: Event) -> None:
 
 def _admission(sim: Simulation, purpose: Purpose, target: int | None, kind: str) -> None:
 
-    try:
-        restored = sim.slots[0].runtime.checkpointer.load(RUN_ID)
-    except TetherError:
+    restored = sim.load()
+    if restored is None:
         return
     state = restored.state
     if state.phase.terminal:
@@ -184,7 +183,7 @@ def fork(sim: Simulation, event: Event) -> None:
     state = sim.state("running", "pending", "needs_review")
     if state is None:
         return
-    known = replay_rules.known_effects(sim.observer.ledger(RUN_ID))
+    known = replay_rules.known_effects(sim.ledger())
     current = [k.current for k in known.values() if k.current is not None]
     committed = [c for c in current if c.receipt_id is not None]
     if not committed:
