@@ -9,7 +9,6 @@ drain: the world healed, people answering, the run must end within a bound.
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 import traceback
 from dataclasses import dataclass
@@ -22,14 +21,11 @@ from tether.core import (
     IllegalTransitionError,
     InvariantError,
     LedgerEntry,
-    OutcomeKind,
     Policy,
     PolicyChange,
     RunState,
-    TaskSpec,
     TetherError,
 )
-from tether.crypto import Keyring
 from tether.runtime import (
     CrashPlan,
     CrashPoint,
@@ -41,61 +37,25 @@ from tether.runtime import (
 )
 from tether.store import SQLiteStore
 from tether.testing.simulate import _people
-from tether.testing.simulate._agent import SimAgent, planned
+from tether.testing.simulate._agent import SimAgent
 from tether.testing.simulate._judge import SENDS_PER_CLAIM, Judge, Violation
 from tether.testing.simulate._people import TRUST, People
+from tether.testing.simulate._process import KEYRING, LEASE_TTL_S, SimRuntime, rules
+from tether.testing.simulate._reports import reported
 from tether.testing.simulate._scenario import FILES, RUN_ID, Event, Scenario
 from tether.testing.simulate._store import SimStore
 from tether.testing.simulate._world import SimClock, SimIds, SimTickets, SimWorkspace, World
 
 _ITEM_KIND = {"file.write": "write", "ticket.create": "ticket"}
-LEASE_TTL_S = 30.0
 #: Drain iterations (one scheduler decision each) a healthy run may take to end.
 DRAIN_BOUND = 120
 #: Errors that say tether's own invariants broke (nothing in the simulated world tampers
 #: with the store): invariant 0, never a refusal to step over.
 BROKEN = (IllegalTransitionError, InvariantError, CheckpointCorruptError)
-#: What a replay handed the agent, when the step's results hold nothing for it.
-_UNSEEN = object()
 #: Look-ups of one key a worker may make within one event while its service is down.
 LOOKUPS_PER_CLAIM = 4
 #: Commits one event may make before the simulator calls it a runaway loop.
 COMMITS_PER_EVENT = 200
-
-_KEYRING = Keyring.generate("sim")
-
-
-class _Still:
-    """A heartbeat that never runs: simulated steps take no simulated time.
-
-    The real heartbeat renews a lease from a thread polling the wall clock,
-    a source of nondeterminism the simulator must own; in a simulation no
-    time passes inside a step, so the step's own ``keep()`` renews exactly
-    when the real one would (a third of the ttl, by the simulated clock).
-    """
-
-    failure = None
-
-    def busy(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-    def stop(self) -> None:
-        return None
-
-
-class SimRuntime(Runtime):
-    """The real runtime, its sessions without a heartbeat thread (see :class:`_Still`)."""
-
-    def start(self, run_id: str | None = None, context: Any = None) -> RunSession:
-        return _still(super().start(run_id, context))
-
-    def recover(self, run_id: str, lease: Any = None, *, admission: Any = None) -> RunSession:
-        return _still(super().recover(run_id, lease, admission=admission))
-
-
-def _still(session: RunSession) -> RunSession:
-    vars(session)["_heartbeat"] = _Still()  # before its first step: no thread has started
-    return session
 
 
 class Runaway(BaseException):
@@ -130,62 +90,6 @@ class Slot:
     crash: CrashPlan
     agent: SimAgent
     session: RunSession | None = None
-
-
-def rules(
-    scenario: Scenario, workspace_fp: str, namespace: str, variant: str = "first"
-) -> tuple[TaskSpec, Policy]:
-    """The task and a policy: the first (its gated kinds need approval), looser or stricter.
-
-    The looser one gates nothing and lets any later policy in; the stricter
-    one gates every write and puts ``ticket.create`` above its ``max_risk``.
-    """
-    perms = {
-        "file.read": "workspace.read",
-        "file.list": "workspace.read",
-        "tests.run": "workspace.read",
-        "file.write": "workspace.write",
-        "ticket.create": "service.write",
-    }
-    task = TaskSpec.from_json(
-        {
-            "task_id": "sim",
-            "task_version": "1",
-            "allowed_kinds": sorted(perms),
-            "allowed_paths": ["src/", "tickets"],
-            "permissions": sorted(set(perms.values())),
-            "budgets": {"proposals": 40, "steps": 120, "wall_time_s": 10**6, "cost": 100},
-            "initial_environment": {"namespace": namespace, "state_fingerprint": workspace_fp},
-            "verifier": {"argv": ["true"], "timeout_s": 30},
-            "tests": {"unit": {"argv": ["true"], "timeout_s": 30}},
-        }
-    )
-    gated = {
-        "first": set(scenario.gated),
-        "looser": set(),
-        "stricter": {"file.write", "ticket.create"},
-    }[variant]
-    clause = {"first": scenario.policy_change, "looser": "new_occurrence"}.get(
-        variant, scenario.policy_change
-    )
-    policy = Policy.from_json(
-        {
-            "policy_id": "sim",
-            "policy_version": {"first": "1", "looser": "2", "stricter": "3"}[variant],
-            "kinds": {
-                kind: {
-                    "risk": "high" if variant == "stricter" and kind == "ticket.create" else "low",
-                    "permission": perm,
-                    "needs_approval": kind in gated,
-                }
-                for kind, perm in perms.items()
-            },
-            "max_risk": "medium",
-            "approval_ttl_s": 600,
-            "authority": {"policy_change": clause},
-        }
-    )
-    return task, policy
 
 
 class Simulation:
@@ -248,7 +152,7 @@ class Simulation:
         agent = SimAgent(self.scenario.plan, self.incarnations, frozenset(redo))
         runtime = SimRuntime(
             store=store,
-            keyring=_KEYRING,
+            keyring=KEYRING,
             adapter=self.adapter,
             task=self.task,
             policy=self.policy,
@@ -431,109 +335,7 @@ class Simulation:
             self.judge.fail(0, f"{type(exc).__name__}: {exc} | {_where(exc)}")
             self._die(slot)
             return
-        self._reported(slot, outcome)
-
-    def _reported(self, slot: Slot, outcome: Any) -> None:
-        """Invariants 2 and 3 on what a step reports: a write executed or replayed."""
-        if outcome.kind not in (OutcomeKind.EXECUTED, OutcomeKind.REPLAYED):
-            return
-        entry = outcome.committed
-        action = outcome.action_id or (entry.action_id if entry is not None else None)
-        if outcome.kind is OutcomeKind.REPLAYED and slot.session is not None:
-            # A replay names the proposal it answered in its event; its committed entry
-            # (when the adapter settled an earlier attempt) is the earlier attempt's.
-            for event in reversed(slot.session.trace(3)):
-                if event.kind in {"effect_replayed", "effect_reconciled", "effect_committed"}:
-                    action = str(event.data.get("action_id", action))
-                    break
-        if action is None:
-            trace = slot.session.trace(1) if slot.session is not None else []
-            action = str(trace[-1].data.get("action_id", "")) if trace else ""
-        item = planned(self.scenario.plan, action)
-        self.judge.checks += 2
-        if item is None:
-            return
-        if item.kind == "ticket" and not any(
-            r.namespace == "tickets" and item.value in r.identity for r in self.world.receptions
-        ):
-            self.judge.fail(
-                3,
-                f"{action} ({item}) reported {outcome.kind.value}; no such ticket reached the world",
-            )
-        if item.kind == "write":
-            held = self.workspace.files.get(item.target)
-            if held != item.value:
-                self.judge.fail(
-                    3,
-                    f"{action} ({item}) reported {outcome.kind.value}, "
-                    f"but {item.target} holds {held!r}",
-                )
-        if outcome.kind is OutcomeKind.REPLAYED:
-            kind = "file.write" if item.kind == "write" else "ticket.create"
-            rule = self.in_force.kinds.get(kind)
-            gated = rule is not None and rule.needs_approval
-            replayed = self._replay_event(slot, action)
-            now = self.clock.seconds
-            if gated and not self._replay_approved(action, replayed, now):
-                self.judge.fail(2, f"{action} ({item}) was replayed without an approval")
-            caps = self.scenario.tickets if item.kind == "ticket" else self.scenario.workspace
-            if replayed is not None and caps.queryable:
-                # Where the adapter cannot be asked, the signed ledger holds the only
-                # copy of its receipt: the world's content (above) is what is judged.
-                key, receipt_id = replayed
-                adapter = self.tickets if item.kind == "ticket" else self.workspace
-                held_receipt = adapter.held(key)
-                # (The receipt id, not the fingerprint: the composite adapter
-                # translates a workspace receipt's post-state into its own identity.)
-                answered = self._replayed_result(slot, action)
-                if (
-                    held_receipt is None
-                    or held_receipt.receipt_id != receipt_id
-                    or (answered is not _UNSEEN and answered != held_receipt.result)
-                ):
-                    self.judge.fail(
-                        3,
-                        f"{action} ({item}) replayed from the receipt under {key}, which "
-                        "the adapter does not hold (deleted or drifted)",
-                    )
-
-    def _replay_approved(self, action: str, replayed: tuple[str, str] | None, now: float) -> bool:
-        """Whether a replay of a gated effect stands on an approval alive now: one a person
-        signed for this very replay, or the one the effect was sent under, or one a person
-        signed for an earlier replay of it (each counts while it lives)."""
-        people = self.people
-        key = None if replayed is None else replayed[0]
-        if action in people.approved_actions:
-            if key is not None:
-                until = people.approved_until.get(action, -1.0)
-                people.replays_approved[key] = max(people.replays_approved.get(key, -1.0), until)
-            return True
-        if key is None:
-            return False
-        sent_under = max(
-            (until for (k, _), until in people.approvals.items() if k == key), default=-1.0
-        )
-        return now < max(sent_under, people.replays_approved.get(key, -1.0))
-
-    def _replayed_result(self, slot: Slot, action: str) -> Any:
-        """The result the replay handed the agent (``_UNSEEN`` if the step's results hold
-        none for it: a replay that ended the run hands nothing on)."""
-        if slot.session is None:
-            return _UNSEEN
-        for result in slot.session.results():
-            if result.action_id == action:
-                return result.data.get("result")
-        return _UNSEEN
-
-    def _replay_event(self, slot: Slot, action: str) -> tuple[str, str] | None:
-        """The key and receipt id the run's ``effect_replayed`` event names."""
-        if slot.session is None:
-            return None
-        for event in reversed(slot.session.trace(4)):
-            data = event.data
-            if event.kind == "effect_replayed" and data.get("action_id") == action:
-                return str(data.get("idempotency_key")), str(data.get("receipt_id"))
-        return None
+        reported(self, slot, outcome)
 
     def _on_drive(self, event: Event) -> None:
         slot = self._slot_of(event)
