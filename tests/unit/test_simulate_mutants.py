@@ -34,6 +34,8 @@ CAUGHT = {
     "replay_foreign_receipt": 79,
     "replay_unapproved": 57,
     "replay_result_dropped": 1_000_003,
+    "worker_never_yields": 1_000_145,
+    "no_backoff_across_claims": 1_000_139,
 }
 
 #: Each defect the simulator found in the rules as they were (issue 25), and the mutants

@@ -8,7 +8,7 @@ afresh (``p<cursor>.i<incarnation>``), as ACRFence's re-proposal does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tether.core import Observation, Proposal
@@ -23,6 +23,17 @@ _KINDS = {
 }
 
 
+class SimAgentError(Exception):
+    """The agent's own code failed (armed by an ``agent_error`` event): a failing run."""
+
+
+@dataclass
+class AgentFaults:
+    """What the simulator armed for the run's agent, whichever process it lives in."""
+
+    errors: int = 0  # the next N decisions raise SimAgentError
+
+
 @dataclass
 class SimAgent:
     """Plays ``plan``; ``incarnation`` names its actions; ``calls`` counts its decisions."""
@@ -32,9 +43,13 @@ class SimAgent:
     #: The plan kinds it tries again after a replan ("write", "ticket").
     redo: frozenset[str] = frozenset({"write", "ticket"})
     calls: int = 0
+    faults: AgentFaults = field(default_factory=AgentFaults)
 
     def decide(self, context: AgentContext, observation: Observation) -> Decision:
         self.calls += 1
+        if self.faults.errors > 0:
+            self.faults.errors -= 1
+            raise SimAgentError("simulated: the agent's own code failed")
         cursor = context.plan_cursor
         item = self.plan[min(cursor, len(self.plan) - 1)]
         after = AgentContext(context.messages, context.memory, cursor + 1)

@@ -46,6 +46,21 @@ CASES: dict[str, tuple[Event, ...]] = {
     "crash_past_retention": motif(
         "crash_point:effect_sent step advance::400 forget step step step review:replan step step"
     ),
+    # A healthy run handed to the workers beside one that cannot go on: its services
+    # down for ten minutes, its agent failing, or frozen for a person who is away.
+    # (The simulated run's lease runs out first, so the workers take it up.)
+    "beside_an_outage": motif(
+        "down:tickets:600 down:workspace:600 step advance::31 drive neighbour drive drive "
+        "advance::2 drive drive advance::5 drive drive"
+    ),
+    "beside_a_failing_agent": motif(
+        "agent_error::50 step advance::31 drive neighbour drive drive advance::2 drive drive "
+        "advance::5 drive drive"
+    ),
+    "beside_a_frozen_run": motif(
+        "crash_point:effect_sent hostile:workspace hostile:tickets step step step advance::31 "
+        "drive neighbour drive drive drive"
+    ),
 }
 
 _TICKET = Item("ticket", "tickets", "printer")

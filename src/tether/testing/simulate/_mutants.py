@@ -200,6 +200,21 @@ def _result_dropped(real: Any) -> Any:
     return replayed
 
 
+def _tries_again_at_once(real: Any) -> Any:
+    def again(self: Any, lease: Any, session: Any, exc: Any, *args: Any) -> None:
+        self.drive(lease)  # the same run again, in the same turn: it never yields it
+
+    return again
+
+
+def _let_go_at_once(real: Any) -> Any:
+    def defer(self: Any, run_id: str, worker: str, lease_version: int, *a: Any, **kw: Any) -> Any:
+        self.release_lease(run_id, worker, lease_version)  # no back-off: claimable at once
+        return self.get_mark(run_id)
+
+    return defer
+
+
 def _mutants() -> dict[str, Mutant]:
     from tether.core import _actions as actions_rules
     from tether.core import _replay as replay_rules
@@ -313,6 +328,19 @@ def _mutants() -> dict[str, Mutant]:
                 "held_write_not_rejudged",
                 "a held write is re-checked only for its approval after a policy change",
                 ((_runtime.Runtime, "held_problem", _held_never_rejudged),),
+            ),
+            Mutant(
+                "worker_never_yields",
+                "a worker tries a failing run again at once, in the same turn, never the next",
+                (
+                    (_worker.Worker, "_failed", _tries_again_at_once),
+                    (_worker.Worker, "_outage", _tries_again_at_once),
+                ),
+            ),
+            Mutant(
+                "no_backoff_across_claims",
+                "a run that made no progress is let go without a back-off: claimed again at once",
+                ((_leases.LeaseSQL, "defer", _let_go_at_once),),
             ),
             Mutant(
                 "ledger_forgets",

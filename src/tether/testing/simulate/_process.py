@@ -9,11 +9,12 @@ simulated run is started and judged under.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from tether.core import Policy, TaskSpec
 from tether.crypto import Keyring
-from tether.runtime import RunSession, Runtime
+from tether.runtime import RunSession, Runtime, Worker
 from tether.testing.simulate._scenario import Scenario
 
 #: Every simulated process's lease ttl, in simulated seconds.
@@ -50,18 +51,40 @@ class SimRuntime(Runtime):
         return _still(super().recover(run_id, lease, admission=admission))
 
 
+class SimWorker(Worker):
+    """The real worker; each failure it backs off or parks is shown to the judge first.
+
+    A drive swallows any exception (it defers the run, or parks it): tether's
+    own integrity errors would pass unseen without ``failed``.
+    """
+
+    def __init__(self, *args: Any, failed: Callable[[BaseException], None], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.failed = failed
+
+    def _failed(self, lease: Any, session: Any, exc: Exception, progressed: bool) -> None:
+        self.failed(exc)
+        super()._failed(lease, session, exc, progressed)
+
+
 def _still(session: RunSession) -> RunSession:
     vars(session)["_heartbeat"] = _Still()  # before its first step: no thread has started
     return session
 
 
 def rules(
-    scenario: Scenario, workspace_fp: str, namespace: str, variant: str = "first"
+    scenario: Scenario,
+    workspace_fp: str,
+    namespace: str,
+    variant: str = "first",
+    *,
+    remote: bool = True,
 ) -> tuple[TaskSpec, Policy]:
     """The task and a policy: the first (its gated kinds need approval), looser or stricter.
 
     The looser one gates nothing and lets any later policy in; the stricter
     one gates every write and puts ``ticket.create`` above its ``max_risk``.
+    ``remote=False``: a workspace alone (no ticket service to file to).
     """
     perms = {
         "file.read": "workspace.read",
@@ -70,6 +93,8 @@ def rules(
         "file.write": "workspace.write",
         "ticket.create": "service.write",
     }
+    if not remote:
+        del perms["ticket.create"]
     task = TaskSpec.from_json(
         {
             "task_id": "sim",

@@ -9,6 +9,7 @@ drain: the world healed, people answering, the run must end within a bound.
 
 from __future__ import annotations
 
+import random
 import tempfile
 import traceback
 from dataclasses import dataclass
@@ -37,10 +38,17 @@ from tether.runtime import (
 )
 from tether.store import SQLiteStore
 from tether.testing.simulate import _people
-from tether.testing.simulate._agent import SimAgent
+from tether.testing.simulate._agent import AgentFaults, SimAgent, SimAgentError
 from tether.testing.simulate._judge import SENDS_PER_CLAIM, Judge, Violation
+from tether.testing.simulate._neighbour import (
+    DRAIN_DRIVES,
+    NEIGHBOUR_ID,
+    Neighbour,
+    Runaway,
+    ended,
+)
 from tether.testing.simulate._people import TRUST, People
-from tether.testing.simulate._process import KEYRING, LEASE_TTL_S, SimRuntime, rules
+from tether.testing.simulate._process import KEYRING, LEASE_TTL_S, SimRuntime, SimWorker, rules
 from tether.testing.simulate._reports import reported
 from tether.testing.simulate._scenario import FILES, RUN_ID, Event, Scenario
 from tether.testing.simulate._store import SimStore
@@ -58,10 +66,6 @@ LOOKUPS_PER_CLAIM = 4
 COMMITS_PER_EVENT = 200
 
 
-class Runaway(BaseException):
-    """An event that never returns (a worker looping on a down service): stopped and judged."""
-
-
 @dataclass
 class Result:
     """What one simulation did and found."""
@@ -74,6 +78,9 @@ class Result:
     phase: str
     #: Every effect that reached the world, in order (what an exact replay must repeat).
     world: tuple[str, ...] = ()
+    #: The healthy run beside it, if one was handed over: how and when it ended, and
+    #: where the simulated run stood then ("" when there was none).
+    neighbour: str = ""
 
     @property
     def ok(self) -> bool:
@@ -89,6 +96,8 @@ class Slot:
     runtime: Runtime
     crash: CrashPlan
     agent: SimAgent
+    #: The worker loop of this process (its back-off memory dies with it).
+    worker: Worker
     session: RunSession | None = None
 
 
@@ -135,6 +144,14 @@ class Simulation:
         self.world.attempt = self._attempted
         self.world.asked = self._asked
         self.world.restored = self.restored
+        #: The run's agent faults, whichever process its agent lives in.
+        self.agent = AgentFaults()
+        #: The workers' jitter, drawn from the seed (a retry delay decides what a claim takes).
+        self.jitter = random.Random(scenario.seed * 7919 + 3)
+        #: The healthy run beside this one, once a ``neighbour`` event handed it over.
+        self.neighbour: Neighbour | None = None
+        self.neighbour_store: SimStore | None = None
+        self.builds = 0
         workers = 2 if "two_workers" in scenario.knobs else 1
         self.slots = [self._slot(i, SimStore(self.db, self.clock.micros)) for i in range(workers)]
         first = self.slots[0]
@@ -149,7 +166,7 @@ class Simulation:
         if "gated_repeats" not in self.scenario.knobs:
             # Trying a gated action again after a replan is a gated repeat.
             redo -= {_ITEM_KIND[k] for k in self.scenario.gated}
-        agent = SimAgent(self.scenario.plan, self.incarnations, frozenset(redo))
+        agent = SimAgent(self.scenario.plan, self.incarnations, frozenset(redo), faults=self.agent)
         runtime = SimRuntime(
             store=store,
             keyring=KEYRING,
@@ -164,7 +181,29 @@ class Simulation:
             trust=TRUST,
             lease_ttl_s=LEASE_TTL_S,
         )
-        return Slot(index, store, runtime, crash, agent)
+
+        def build(claimed_from: Any, run_id: str, worker_id: str) -> Runtime:
+            self.builds += 1
+            Neighbour.built(self.judge, self.builds, run_id, worker_id)
+            if self.neighbour is not None and run_id == NEIGHBOUR_ID:
+                return self.neighbour.runtime(self.neighbour_store, worker_id)
+            return runtime
+
+        worker = SimWorker(
+            store,
+            build,
+            f"w{index}",
+            lease_ttl_s=LEASE_TTL_S,
+            draw=self.jitter.random,
+            failed=self._drive_failed,
+        )
+        return Slot(index, store, runtime, crash, agent, worker)
+
+    def _drive_failed(self, exc: BaseException) -> None:
+        """A drive failed and the worker backs the run off: tether's own errors are bugs."""
+        self.judge.checks += 1
+        if isinstance(exc, BROKEN) or not isinstance(exc, TetherError | SimAgentError):
+            self.judge.fail(0, f"in a drive: {type(exc).__name__}: {exc} | {_where(exc)}")
 
     def _die(self, slot: Slot) -> None:
         """The worker's process died: its session is gone, a new process starts empty."""
@@ -175,6 +214,8 @@ class Simulation:
         for store in {id(s.store): s.store for s in self.slots}.values():
             store.close()
         self.observer.close()
+        if self.neighbour_store is not None:
+            self.neighbour_store.close()
 
     # -- the world's hooks ---------------------------------------------------
 
@@ -331,6 +372,9 @@ class Simulation:
         except TetherError:
             slot.session = None  # refused (a lost lease, a frozen run...): recover next time
             return
+        except SimAgentError:
+            slot.session = None  # the caller's own agent failed: its loop recovers next time
+            return
         except Exception as exc:  # a bug in the runtime, not a refusal
             self.judge.fail(0, f"{type(exc).__name__}: {exc} | {_where(exc)}")
             self._die(slot)
@@ -338,24 +382,23 @@ class Simulation:
         reported(self, slot, outcome)
 
     def _on_drive(self, event: Event) -> None:
+        """One turn of a worker: it claims a run whose lease is free and drives it."""
         slot = self._slot_of(event)
-        worker = Worker(
-            slot.store,
-            lambda store, run_id, worker_id: slot.runtime,
-            f"w{slot.index}",
-            lease_ttl_s=LEASE_TTL_S,
-        )
+        neighbour = self.neighbour
+        waited = neighbour is not None and neighbour.claimable(self.observer.get_mark(NEIGHBOUR_ID))
+        self.builds = 0  # runtimes this worker builds in this turn
         try:
             claimed = slot.store.claim_expired(
-                worker.worker_id,
+                slot.worker.worker_id,
                 LEASE_TTL_S,
                 limit=1,
                 phases=("running", "pending", "needs_review"),
-                max_attempts=worker.max_attempts,
+                max_attempts=slot.worker.max_attempts,
             )
             for lease in claimed:
-                slot.session = None
-                worker.drive(lease)
+                if lease.run_id == RUN_ID:
+                    slot.session = None
+                slot.worker.drive(lease)
         except SimulatedCrash:
             self._die(slot)
         except BROKEN as exc:
@@ -363,6 +406,25 @@ class Simulation:
             self._die(slot)
         except TetherError:
             pass
+        finally:
+            if neighbour is not None:
+                mark = self.observer.get_mark(NEIGHBOUR_ID)
+                neighbour.turn_ended(self.judge, waited, mark)
+                if ended(mark) and not neighbour.ending:
+                    main = self.observer.get_mark(RUN_ID)
+                    neighbour.ending = (
+                        f"{None if mark is None else mark.phase} at event {self.event_no}, "
+                        f"{RUN_ID} {None if main is None else main.phase} then"
+                    )
+
+    def _on_neighbour(self, event: Event) -> None:
+        if self.neighbour is None:
+            self.neighbour_store = SimStore(self.db, self.clock.micros)
+            self.neighbour = Neighbour(self.scenario, self.clock)
+            self.neighbour.arrive(self.neighbour_store)
+
+    def _on_agent_error(self, event: Event) -> None:
+        self.agent.errors += max(1, int(event.num))
 
     def _on_advance(self, event: Event) -> None:
         self.clock.advance(event.num)
@@ -496,10 +558,11 @@ class Simulation:
 
     # -- the end ---------------------------------------------------------------
 
-    def drain(self) -> int:
-        """Heal the world, let people answer, and step until the run ends; the events used."""
+    def drain(self) -> None:
+        """Heal the world, let people answer, and step until the run ends (and its neighbour)."""
         self.workspace.faults = type(self.workspace.faults)()
         self.tickets.heal()
+        self.agent.errors = 0
         if self.policy is not self.in_force:
             self._deploy(self.in_force)  # the operator puts back the policy in force
         state = self.state()
@@ -515,12 +578,22 @@ class Simulation:
         for slot in self.slots:
             slot.store.crash_at = None
             slot.crash.point = None
+        self._drain_run()
+        if self.neighbour is not None:
+            for _ in range(DRAIN_DRIVES):
+                if ended(self.observer.get_mark(NEIGHBOUR_ID)):
+                    break
+                self.apply(Event("drive", 0))
+                self.clock.advance(LEASE_TTL_S + 1)
+            self.neighbour.judge_end(self.judge, self.observer.get_mark(NEIGHBOUR_ID))
+
+    def _drain_run(self) -> None:
         replans = 0
-        for used in range(1, DRAIN_BOUND + 1):
+        for _ in range(DRAIN_BOUND):
             mark = self.observer.get_mark(RUN_ID)
+            if ended(mark):
+                return
             phase = None if mark is None else mark.phase
-            if phase in {"completed", "failed", "cancelled"}:
-                return used - 1
             if phase == "needs_review":
                 replans += 1
                 decision = "replan" if replans <= 2 else "abort"
@@ -545,7 +618,6 @@ class Simulation:
             f"the run did not end within {DRAIN_BOUND} drain steps "
             f"(phase {None if state is None else state.phase.value})",
         )
-        return DRAIN_BOUND
 
 
 def _where(exc: BaseException) -> str:
@@ -586,6 +658,7 @@ def simulate(scenario: Scenario) -> Result:
                 tuple(
                     f"{r.namespace} {r.key} {r.identity} @{r.at:g}" for r in sim.world.receptions
                 ),
+                "" if sim.neighbour is None else sim.neighbour.ending,
             )
         finally:
             sim.close()

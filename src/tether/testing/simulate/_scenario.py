@@ -30,11 +30,27 @@ FOUND_DEFECTS: dict[str, str] = {
 }
 
 #: Knobs whose defect is known and not yet fixed: the CI corpus switches these off.
-KNOWN_DEFECTS: dict[str, str] = {}
+KNOWN_DEFECTS: dict[str, str] = {
+    "drawn_neighbours": (
+        "a run let go without a deferral (a refused recovery releases the lease it took, "
+        "and the worker's back-off with it) is claimed before every run waiting its turn, "
+        "in run-id order: a caller that keeps taking up a failing run starves a healthy one"
+    ),
+}
 
 #: Every knob; all on is the full exploration.
 ALL_KNOBS: frozenset[str] = frozenset(
-    {*FOUND_DEFECTS, "crashes", "two_workers", "drive", "people", "faults", "in_flight"}
+    {
+        *FOUND_DEFECTS,
+        "crashes",
+        "two_workers",
+        "drive",
+        "people",
+        "faults",
+        "in_flight",
+        "neighbours",
+        *KNOWN_DEFECTS,
+    }
 )
 
 #: The knobs the CI corpus runs with: everything but the known, unfixed defects.
@@ -165,7 +181,14 @@ def draw(
     plan = _plan(rng, knobs, gated)
     # From a stream of its own, so that adding it moved no other seed's draw.
     clause = random.Random(seed * 7919 + 1).choice(("refuse", "new_occurrence"))
-    return Scenario(seed, ws, tk, gated, plan, _events(rng, knobs, events), knobs, clause)
+    drawn = _events(rng, knobs, events)
+    if {"neighbours", "drawn_neighbours", "drive"} <= knobs:
+        # A healthy run handed to the same workers at a drawn moment (its own stream too).
+        side = random.Random(seed * 7919 + 2)
+        if side.random() < 0.5:
+            at = side.randrange(len(drawn) + 1)
+            drawn = (*drawn[:at], Event("neighbour"), *drawn[at:])
+    return Scenario(seed, ws, tk, gated, plan, drawn, knobs, clause)
 
 
 def _plan(rng: random.Random, knobs: frozenset[str], gated: tuple[str, ...]) -> tuple[Item, ...]:
@@ -314,6 +337,8 @@ NEEDS = {
     "fork": "people",
     "drive": "drive",
     "policy": "policy_change",
+    "neighbour": "neighbours",
+    "agent_error": "faults",
 }
 
 
