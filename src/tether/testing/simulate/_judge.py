@@ -21,8 +21,11 @@ Numbered as in issue 25:
    healthy run handed to the same workers is not passed over while it could be
    claimed, and ends (judged in ``_neighbour``).
 
-0 is the simulator's own: the runtime raised an error that is not a
-``TetherError`` (a bug, not a refusal).
+8 is the first seed's action contract (see ``_contract``): an action built on
+a version the environment left is refused; a failed run traces ``failed``; the
+last proposal spent on a refusal or a replay ends the run at once; a decision
+reusing a consumed nonce is refused. 0 is the simulator's own: the runtime
+raised an error that is not a ``TetherError`` (a bug, not a refusal).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from tether.core import (
     Purpose,
     TetherError,
     admission_request,
+    consumed_nonces,
     new_admission,
     new_approval,
     new_cancel,
@@ -55,6 +56,8 @@ class People:
     replays_approved: dict[str, float] = field(default_factory=dict)
     #: Idempotency keys of committed effects a signed fork asked to do once more.
     forked: list[str] = field(default_factory=list)
+    #: A nonce the run had consumed -> the case a reviewer's decision reused it for.
+    reused: dict[str, str] = field(default_factory=dict)
     nonce: int = 0
 
     def next_nonce(self) -> str:
@@ -114,6 +117,33 @@ def review(sim: Simulation, event: Event) -> None:
         )
     except TetherError:
         return  # accept, where it cannot apply: the person picks another day
+    _deliver(sim, "review_decision", REVIEWER, body)
+
+
+def reuse(sim: Simulation, event: Event) -> None:
+    """A reviewer decides the open case with a nonce the run consumed before (another case's,
+    an approval's, a fork's or a cancel's): the runtime must refuse it."""
+    state = sim.state("needs_review")
+    if state is None or state.phase is not Phase.NEEDS_REVIEW or not state.review_cases:
+        return
+    consumed = sorted(consumed_nonces(state))
+    if not consumed:
+        return
+    case = state.review_cases[-1]
+    now = sim.clock.now()
+    try:
+        body = new_decision(
+            state,
+            case,
+            REVIEWER.signer_id,
+            event.arg,
+            issued_at=now,
+            expires_at=now + LIFETIME,
+            nonce=consumed[0],
+        )
+    except TetherError:
+        return
+    sim.people.reused[consumed[0]] = case.case_id
     _deliver(sim, "review_decision", REVIEWER, body)
 
 
@@ -205,6 +235,7 @@ def fork(sim: Simulation, event: Event) -> None:
 ACTS: dict[str, Callable[[Simulation, Event], None]] = {
     "approve": approve,
     "review": review,
+    "reuse": reuse,
     "cancel": cancel,
     "rewind": rewind,
     "admit": admit,

@@ -102,7 +102,12 @@ def rules(
             "allowed_kinds": sorted(perms),
             "allowed_paths": ["src/", "tickets"],
             "permissions": sorted(set(perms.values())),
-            "budgets": {"proposals": 40, "steps": 120, "wall_time_s": 10**6, "cost": 100},
+            "budgets": {
+                "proposals": scenario.proposals,
+                "steps": 120,
+                "wall_time_s": 10**6,
+                "cost": 100,
+            },
             "initial_environment": {"namespace": namespace, "state_fingerprint": workspace_fp},
             "verifier": {"argv": ["true"], "timeout_s": 30},
             "tests": {"unit": {"argv": ["true"], "timeout_s": 30}},

@@ -39,6 +39,7 @@ from tether.runtime import (
 from tether.store import SQLiteStore
 from tether.testing.simulate import _people
 from tether.testing.simulate._agent import AgentFaults, SimAgent, SimAgentError
+from tether.testing.simulate._contract import Contract
 from tether.testing.simulate._judge import SENDS_PER_CLAIM, Judge, Violation
 from tether.testing.simulate._neighbour import (
     DRAIN_DRIVES,
@@ -130,6 +131,7 @@ class Simulation:
         #: The last checkpoint a person read, by the (generation, digest) the mark named.
         self._read: tuple[tuple[int, str], Restored] | None = None
         self.judge = Judge()
+        self.contract = Contract()
         self.people = People()
         self.incarnations = 0
         self.event_no = 0
@@ -338,6 +340,7 @@ class Simulation:
         mark = self.observer.get_mark(RUN_ID)
         if mark is not None:
             self.judge.phase(mark.phase, self.committed)
+            self.contract.after_commit(self, mark.phase)
         if self.policy is not self.in_force and not self.adopted_wrongly:
             # A policy the one in force does not let in was deployed: the run
             # must not go on under it (only a signed admission adopts it).
@@ -380,6 +383,7 @@ class Simulation:
             self._die(slot)
             return
         reported(self, slot, outcome)
+        Contract.after_step(self, slot.session, outcome)
 
     def _on_drive(self, event: Event) -> None:
         """One turn of a worker: it claims a run whose lease is free and drives it."""
@@ -425,6 +429,9 @@ class Simulation:
 
     def _on_agent_error(self, event: Event) -> None:
         self.agent.errors += max(1, int(event.num))
+
+    def _on_stale(self, event: Event) -> None:
+        self.agent.stale += max(1, int(event.num))
 
     def _on_advance(self, event: Event) -> None:
         self.clock.advance(event.num)
@@ -562,7 +569,7 @@ class Simulation:
         """Heal the world, let people answer, and step until the run ends (and its neighbour)."""
         self.workspace.faults = type(self.workspace.faults)()
         self.tickets.heal()
-        self.agent.errors = 0
+        self.agent.errors = self.agent.stale = 0
         if self.policy is not self.in_force:
             self._deploy(self.in_force)  # the operator puts back the policy in force
         state = self.state()
