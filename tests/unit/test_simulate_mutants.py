@@ -41,6 +41,7 @@ CAUGHT = {
     "refusal_fails_untraced": 1_000_167,
     "replay_budget_left_open": 1_000_160,
     "decision_nonce_reused": 1_000_176,
+    "approval_any_policy_version": 1_000_179,
 }
 
 #: Each defect the simulator found in the rules as they were (issue 25), and the mutants

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from typing import Any
 
 from tether.core import Capabilities
 from tether.testing.simulate._scenario import (
@@ -73,6 +74,13 @@ CASES: dict[str, tuple[Event, ...]] = {
         "step step crash_point:effect_sent hostile:workspace hostile:tickets step step step "
         "reuse:replan step step review:replan step step"
     ),
+    # A gated write approved under the first policy (read, its send met an outage), then
+    # a stricter policy adopted (the first lets any in: CASE_FIELDS): the approval the run
+    # holds is no approval under the new one.
+    "approval_under_old_policy": motif(
+        "step step approve:yes down:workspace:5 step policy:stricter advance::6 step step step "
+        "approve:yes step step step"
+    ),
 }
 
 _TICKET = Item("ticket", "tickets", "printer")
@@ -95,6 +103,10 @@ READS = (
 )
 #: Cases played with plans of their own (instead of PLANS).
 CASE_PLANS: dict[str, tuple[tuple[Item, ...], ...]] = {"stale_actions": (READS,)}
+#: Cases whose scenario differs in more than its events (the gated kinds, the clause).
+CASE_FIELDS: dict[str, dict[str, Any]] = {
+    "approval_under_old_policy": {"gated": ("file.write",), "policy_change": "new_occurrence"},
+}
 #: Cases on a proposals budget that runs out at a given proposal: a number, or
 #: "repeat" (the plan's first repeated action: that proposal is a replay).
 BUDGETS: dict[str, int | str] = {
@@ -126,18 +138,16 @@ def directed(knobs: frozenset[str] = CI_KNOBS) -> list[Scenario]:
             if not allowed(events, knobs) or not _route_allowed(events, knobs):
                 continue
             base = draw(1_000_000 + index, knobs, events=0)
-            out.append(
-                replace(
-                    base,
-                    seed=1_000_000 + index,
-                    workspace=_caps(False)[mix],
-                    tickets=_caps(True)[mix],
-                    gated=(),
-                    plan=plan,
-                    events=events,
-                    proposals=_budget(BUDGETS.get(name), plan, base.proposals),
-                )
-            )
+            fields: dict[str, Any] = {
+                "seed": 1_000_000 + index,
+                "workspace": _caps(False)[mix],
+                "tickets": _caps(True)[mix],
+                "gated": (),
+                "plan": plan,
+                "events": events,
+                "proposals": _budget(BUDGETS.get(name), plan, base.proposals),
+            }
+            out.append(replace(base, **{**fields, **CASE_FIELDS.get(name, {})}))
     return out
 
 

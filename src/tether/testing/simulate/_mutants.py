@@ -238,13 +238,20 @@ def _nonces_not_one_time(real: Any) -> Any:
     return lambda state: frozenset()  # a decision or an approval: no nonce was ever consumed
 
 
+def _any_policy_version(real: Any) -> Any:
+    def checked(state: Any, **kw: Any) -> Any:
+        return real(state, **{**kw, "policy_version": None})  # signed under any version
+
+    return checked
+
+
 def _mutants() -> dict[str, Mutant]:
     from tether.core import _actions as actions_rules
     from tether.core import _budgets as budget_rules
     from tether.core import _evidence as evidence_rules
     from tether.core import _replay as replay_rules
     from tether.core import _steps as step_rules
-    from tether.runtime import _carry, _lease, _runtime, _worker
+    from tether.runtime import _carry, _lease, _replaying, _runtime, _session, _worker
     from tether.store import _leases, _sql
 
     return {
@@ -390,6 +397,17 @@ def _mutants() -> dict[str, Mutant]:
                 "decision_nonce_reused",
                 "a decision carrying a nonce another case (or an approval) consumed is accepted",
                 ((evidence_rules, "consumed_nonces", _nonces_not_one_time),),
+            ),
+            Mutant(
+                "approval_any_policy_version",
+                "an approval signed under an older policy version lets a send go under a newer one",
+                (
+                    (settle_rules, "approval_problem", _any_policy_version),
+                    (_session, "awaits_approval", _any_policy_version),
+                    (_carry, "approval_problem", _any_policy_version),
+                    (_replaying, "approval_problem", _any_policy_version),
+                ),
+                frozenset({"policy_change"}),
             ),
             Mutant(
                 "ledger_forgets",

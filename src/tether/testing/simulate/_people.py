@@ -10,7 +10,7 @@ invariants can tell an approved send or a signed fork from one nobody asked for.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -47,7 +47,9 @@ LIFETIME = timedelta(seconds=300)
 class People:
     """What the people signed: approvals by (key, digest) and by action id, forks by key."""
 
-    approvals: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: (key, digest) -> the policy version each approval was signed under -> until when
+    #: the longest-lived of them lives (simulated seconds).
+    approvals: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     approved_actions: set[str] = field(default_factory=set)
     #: Action id -> until when its approval lives (simulated seconds).
     approved_until: dict[str, float] = field(default_factory=dict)
@@ -63,6 +65,12 @@ class People:
     def next_nonce(self) -> str:
         self.nonce += 1
         return f"{self.nonce:032x}"
+
+    def approval_until(self, key: str, digest: str, versions: Iterable[str]) -> float | None:
+        """Until when an approval of (key, digest) signed under one of ``versions`` lives."""
+        signed, wanted = self.approvals.get((key, digest), {}), set(versions)
+        found = [until for version, until in signed.items() if version in wanted]
+        return max(found) if found else None
 
 
 def _deliver(sim: Simulation, kind: str, signer: Signer, body: dict[str, Any]) -> None:
@@ -88,10 +96,11 @@ def approve(sim: Simulation, event: Event) -> None:
         nonce=sim.people.next_nonce(),
     )
     bound = (pending.idempotency_key, pending.intent.digest)
-    # The longest-lived approval counts: an earlier one may already be recorded.
-    sim.people.approvals[bound] = max(
-        sim.people.approvals.get(bound, -1.0), sim.clock.seconds + ttl
-    )
+    # The longest-lived approval counts: an earlier one may already be recorded. It
+    # is an approval under the policy version the run is bound to, and no other.
+    signed = sim.people.approvals.setdefault(bound, {})
+    version = state.binding.policy_version
+    signed[version] = max(signed.get(version, -1.0), sim.clock.seconds + ttl)
     sim.people.approved_actions.add(pending.action_id)
     sim.people.approved_until[pending.action_id] = max(
         sim.people.approved_until.get(pending.action_id, -1.0), sim.clock.seconds + ttl

@@ -100,8 +100,10 @@ def _replay_approved(
         return True
     if key is None:
         return False
+    version = sim.in_force.policy_version  # an approval under another version is none
     sent_under = max(
-        (until for (k, _), until in people.approvals.items() if k == key), default=-1.0
+        (signed.get(version, -1.0) for (k, _), signed in people.approvals.items() if k == key),
+        default=-1.0,
     )
     return now < max(sent_under, people.replays_approved.get(key, -1.0))
 

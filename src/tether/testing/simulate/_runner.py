@@ -244,7 +244,10 @@ class Simulation:
         self.judge.received(
             r,
             gated=gated,
-            approved_until=self.people.approvals.get((r.key, r.intent_digest)),
+            # (An approval signed under another policy version is no approval under this one.)
+            approved_until=self.people.approval_until(
+                r.key, r.intent_digest, (p.policy_version for p in policies)
+            ),
             committed=self._committed_now() if self.judge.unknowable else self.committed,
         )
         caps = self.scenario.tickets if r.namespace == "tickets" else self.scenario.workspace
@@ -608,13 +611,15 @@ class Simulation:
             elif phase == "pending":
                 state = self.state()
                 pending = None if state is None else state.pending
+                until = None
+                if state is not None and pending is not None:
+                    bound = state.binding.policy_version
+                    key, digest = pending.idempotency_key, pending.intent.digest
+                    until = self.people.approval_until(key, digest, (bound,))
                 if (
                     pending is not None
                     and self._gated(pending.intent.kind)
-                    and self.people.approvals.get(
-                        (pending.idempotency_key, pending.intent.digest), -1.0
-                    )
-                    <= self.clock.seconds
+                    and (until is None or until <= self.clock.seconds)
                 ):
                     self.apply(Event("approve", arg="yes"))
             self.apply(Event("step", 0))
