@@ -200,10 +200,58 @@ def _result_dropped(real: Any) -> Any:
     return replayed
 
 
+def _tries_again_at_once(real: Any) -> Any:
+    def again(self: Any, lease: Any, session: Any, exc: Any, *args: Any) -> None:
+        self.drive(lease)  # the same run again, in the same turn: it never yields it
+
+    return again
+
+
+def _let_go_at_once(real: Any) -> Any:
+    def defer(self: Any, run_id: str, worker: str, lease_version: int, *a: Any, **kw: Any) -> Any:
+        self.release_lease(run_id, worker, lease_version)  # no back-off: claimable at once
+        return self.get_mark(run_id)
+
+    return defer
+
+
+def _reads_never_stale(real: Any) -> Any:
+    def version_problem(kind: Any, based_on: Any, environment: Any) -> Any:
+        return real(kind, based_on, environment) if kind.mutating else None  # only writes
+
+    return version_problem
+
+
+def _untraced_failure(real: Any) -> Any:
+    def charged_last(state: Any, budgets: Any) -> Any:
+        after, _ = real(state, budgets)
+        return after, ()  # failed, and the trace never says so
+
+    return charged_last
+
+
+def _budget_left_open(real: Any) -> Any:
+    return lambda state, budgets: (state, ())  # the run fails at its next step, not now
+
+
+def _nonces_not_one_time(real: Any) -> Any:
+    return lambda state: frozenset()  # a decision or an approval: no nonce was ever consumed
+
+
+def _any_policy_version(real: Any) -> Any:
+    def checked(state: Any, **kw: Any) -> Any:
+        return real(state, **{**kw, "policy_version": None})  # signed under any version
+
+    return checked
+
+
 def _mutants() -> dict[str, Mutant]:
     from tether.core import _actions as actions_rules
+    from tether.core import _budgets as budget_rules
+    from tether.core import _evidence as evidence_rules
     from tether.core import _replay as replay_rules
-    from tether.runtime import _lease, _runtime, _worker
+    from tether.core import _steps as step_rules
+    from tether.runtime import _carry, _lease, _replaying, _runtime, _session, _worker
     from tether.store import _leases, _sql
 
     return {
@@ -313,6 +361,53 @@ def _mutants() -> dict[str, Mutant]:
                 "held_write_not_rejudged",
                 "a held write is re-checked only for its approval after a policy change",
                 ((_runtime.Runtime, "held_problem", _held_never_rejudged),),
+            ),
+            Mutant(
+                "worker_never_yields",
+                "a worker tries a failing run again at once, in the same turn, never the next",
+                (
+                    (_worker.Worker, "_failed", _tries_again_at_once),
+                    (_worker.Worker, "_outage", _tries_again_at_once),
+                ),
+            ),
+            Mutant(
+                "no_backoff_across_claims",
+                "a run that made no progress is let go without a back-off: claimed again at once",
+                ((_leases.LeaseSQL, "defer", _let_go_at_once),),
+            ),
+            Mutant(
+                "stale_reads_unchecked",
+                "a read or a test run is never checked against the version it was built on",
+                (
+                    (actions_rules, "version_problem", _reads_never_stale),
+                    (_carry, "version_problem", _reads_never_stale),
+                ),
+            ),
+            Mutant(
+                "refusal_fails_untraced",
+                "a refusal that spends the last proposal fails the run without a failed event",
+                ((step_rules, "charged_last", _untraced_failure),),
+            ),
+            Mutant(
+                "replay_budget_left_open",
+                "a replay that spends the last proposal leaves the run going until its next step",
+                ((budget_rules, "charged_last", _budget_left_open),),
+            ),
+            Mutant(
+                "decision_nonce_reused",
+                "a decision carrying a nonce another case (or an approval) consumed is accepted",
+                ((evidence_rules, "consumed_nonces", _nonces_not_one_time),),
+            ),
+            Mutant(
+                "approval_any_policy_version",
+                "an approval signed under an older policy version lets a send go under a newer one",
+                (
+                    (settle_rules, "approval_problem", _any_policy_version),
+                    (_session, "awaits_approval", _any_policy_version),
+                    (_carry, "approval_problem", _any_policy_version),
+                    (_replaying, "approval_problem", _any_policy_version),
+                ),
+                frozenset({"policy_change"}),
             ),
             Mutant(
                 "ledger_forgets",
