@@ -98,6 +98,7 @@ from tether.core._model import (
 from tether.core._phases import (
     Compensation,
     EffectStatus,
+    OutcomeReason,
     Phase,
     RetrySemantics,
     ReviewReason,
@@ -198,6 +199,7 @@ __all__ = [
     "NeedsReviewError",
     "NonceReusedError",
     "NotInRunError",
+    "OutcomeReason",
     "PendingWrite",
     "Phase",
     "Policy",

@@ -26,7 +26,7 @@ from tether.core._model import (
     format_time,
     parse_time_text,
 )
-from tether.core._phases import ReviewReason
+from tether.core._phases import OutcomeReason, ReviewReason
 from tether.core._state import ReplayApproval, RunState
 
 APPROVAL_FIELDS = (
@@ -350,7 +350,7 @@ def approval_problem(
     live: EnvironmentState,
     idempotent: bool,
     policy_version: str | None = None,
-) -> tuple[str, str] | None:
+) -> tuple[OutcomeReason, str] | None:
     """Why the pending write may not be sent now for want of approval, or ``None``.
 
     Checked right before every send: an approval in force, unexpired on the
@@ -370,20 +370,20 @@ def approval_problem(
         and body.get("policy_version") != policy_version
     ):
         return (
-            "approval_policy_changed",
+            OutcomeReason.APPROVAL_POLICY_CHANGED,
             f"approval {body.get('nonce')!r} was signed under policy version "
             f"{body.get('policy_version')!r}; the run is now under {policy_version!r}: a fresh "
             f"approval is needed (`tether approve {state.run_id} {pending.action_id}`)",
         )
     if body is None:
         return (
-            "approval_required",
+            OutcomeReason.APPROVAL_REQUIRED,
             f"run {state.run_id}: the pending write needs an approval; sign one with "
             f"`tether approve {state.run_id} {pending.action_id}`",
         )
     if now >= parse_utc(body, "expires_at"):
         return (
-            "approval_expired",
+            OutcomeReason.APPROVAL_EXPIRED,
             f"approval {body.get('nonce')!r} expired at {body['expires_at']}; a fresh "
             "approval is needed",
         )
@@ -392,7 +392,7 @@ def approval_problem(
         allowed.add(pending.expected_post.state_fingerprint)
     if live.state_fingerprint not in allowed or live.instance_id != body["environment_instance_id"]:
         return (
-            "approval_stale",
+            OutcomeReason.APPROVAL_STALE,
             f"run {state.run_id}: the environment changed since the approval was signed; "
             "a fresh approval is needed",
         )

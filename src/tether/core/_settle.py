@@ -88,7 +88,7 @@ from tether.core._canonical import digest
 from tether.core._compensation import compensated_note
 from tether.core._evidence import approval_problem, committed_within_approval
 from tether.core._model import CompletedWrite, PendingWrite, Receipt
-from tether.core._phases import EffectStatus, Phase, ReviewReason
+from tether.core._phases import EffectStatus, OutcomeReason, Phase, ReviewReason
 from tether.core._retry import in_flight_allowance, records_resend
 from tether.core._review import open_review
 from tether.core._state import RunState
@@ -247,7 +247,7 @@ def after_lookup(state: RunState, facts: Facts, answer: LookupAnswer) -> Transit
     if answer.status is LookupStatus.IN_PROGRESS:
         return _stuck(state, facts, answer.detail) or Transition(
             OutcomeKind.IN_FLIGHT,
-            reason="in_flight",
+            reason=OutcomeReason.IN_FLIGHT,
             message=answer.detail or "an earlier attempt under this key is still in flight",
         )
     if answer.status is LookupStatus.REFUSED:
@@ -266,11 +266,11 @@ def after_lookup(state: RunState, facts: Facts, answer: LookupAnswer) -> Transit
             )
         # Sent once, and the adapter recorded that it refused this very request:
         # nothing landed, and a resend under the key would only be refused again.
-        return _rejected(state, "refused", answer.detail)
+        return _rejected(state, OutcomeReason.REFUSED, answer.detail)
     if answer.status is LookupStatus.UNAVAILABLE:
         return Transition(
             OutcomeKind.RETRY_LATER,
-            reason="adapter_unavailable",
+            reason=OutcomeReason.ADAPTER_UNAVAILABLE,
             message=answer.detail or "the adapter could not be asked; nothing changed",
         )
     if caps.absent_is_final or caps.idempotent:
@@ -391,10 +391,10 @@ def after_execute(
                 "adapter holds no receipt; the first attempt may have landed",
                 ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
             )
-        return _rejected(state, "precondition_failed", answer.detail)
+        return _rejected(state, OutcomeReason.PRECONDITION_FAILED, answer.detail)
     if answer.status is ExecuteStatus.IN_PROGRESS:
         return _stuck(state, facts, answer.detail) or Transition(
-            OutcomeKind.IN_FLIGHT, reason="in_flight", message=answer.detail
+            OutcomeKind.IN_FLIGHT, reason=OutcomeReason.IN_FLIGHT, message=answer.detail
         )
     if facts.capabilities.blind:
         return freeze(
@@ -408,7 +408,7 @@ def after_execute(
         )
     return Transition(
         OutcomeKind.RETRY_LATER,
-        reason="adapter_unavailable",
+        reason=OutcomeReason.ADAPTER_UNAVAILABLE,
         message=answer.detail or "the adapter failed; the write stays dispatched",
     )
 

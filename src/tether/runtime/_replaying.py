@@ -21,6 +21,7 @@ from tether.core import (
     Lookup,
     Outcome,
     OutcomeKind,
+    OutcomeReason,
     PendingWrite,
     Phase,
     Proposal,
@@ -172,7 +173,7 @@ def carry_out_held(session: Session, pending: PendingWrite) -> Outcome:
                 base,
                 proposal,
                 GateRejection(
-                    "replay_outdated",
+                    OutcomeReason.REPLAY_OUTDATED,
                     "the effect this approval would have replayed no longer stands; propose "
                     "the write again",
                 ),

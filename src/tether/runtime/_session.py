@@ -45,6 +45,7 @@ from tether.core import (
     Observation,
     Outcome,
     OutcomeKind,
+    OutcomeReason,
     PendingWrite,
     Phase,
     PolicyError,
@@ -465,7 +466,10 @@ class RunSession(LeaseHolder):
         """:meth:`decide_effect` as the inbox applies it (``cursor``: its inbox entry)."""
         transition = _compensate.decide(self, document, cursor=cursor)
         outcome = self.apply(transition)
-        if self.state.phase is not Phase.PENDING or outcome.reason != "compensation_ordered":
+        if (
+            self.state.phase is not Phase.PENDING
+            or outcome.reason != OutcomeReason.COMPENSATION_ORDERED
+        ):
             return outcome
         self.rt.crash.hit(CrashPoint.INTENT_PERSISTED)
         return self._decide_and_apply(settle_rules.dispatch)
@@ -688,7 +692,7 @@ class RunSession(LeaseHolder):
             args = dict(proposal.args)  # the gate checked it is an object
         if rejection is not None or kind is None:
             if rejection is None:  # unreachable: the gate refuses unknown kinds
-                rejection = GateRejection("unknown_kind", f"no kind {proposal.kind!r}")
+                rejection = GateRejection(OutcomeReason.UNKNOWN_KIND, f"no kind {proposal.kind!r}")
             return self.apply(
                 step_rules.reject(base, proposal, rejection, rt.task.budgets),
                 prefix=events,
