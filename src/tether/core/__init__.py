@@ -375,6 +375,7 @@ from tether.core._transition import (  # noqa: E402
     LookupStatus,
     Outcome,
     OutcomeKind,
+    ReadEnvironment,
     Transition,
 )
 
@@ -392,6 +393,7 @@ __all__ += [
     "LookupStatus",
     "Outcome",
     "OutcomeKind",
+    "ReadEnvironment",
     "Sealed",
     "Transition",
     "active_approval",

@@ -75,6 +75,11 @@ rejected where nothing can have landed, else outcome unknown (see
 The approval gate: where the policy needs one, an approval in force,
 unexpired on the runtime's clock, for the environment as it is now; without
 it the write waits (``waiting_for_approval``) and nothing is committed.
+
+The environment as it is now is read only where it decides the step: a
+freeze records it in its case, and the approval gate judges against it.
+Given none (``Facts.live`` is ``None``), those rules ask for it
+(:func:`read_first`) and the caller decides the step again with it.
 """
 
 from __future__ import annotations
@@ -103,6 +108,7 @@ from tether.core._transition import (
     LookupAnswer,
     LookupStatus,
     OutcomeKind,
+    ReadEnvironment,
     Transition,
 )
 
@@ -160,11 +166,16 @@ def _waiting(state: RunState, facts: Facts, *, known_absent: bool = False) -> Tr
             "it is not sent again, so whether it landed is unknown: a person must decide",
             ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
         )
+    if not facts.needs_approval:
+        return None
+    live = facts.live
+    if live is None:
+        return read_first(OutcomeKind.WAITING_FOR_APPROVAL)  # judged against the world now
     problem = approval_problem(
         state,
-        needs=facts.needs_approval,
+        needs=True,
         now=facts.now,
-        live=facts.live,
+        live=live,
         idempotent=facts.capabilities.idempotent,
         policy_version=facts.policy_version,
     )
@@ -527,19 +538,36 @@ def freeze(
     ledger: tuple[LedgerNote, ...] = (),
     status: EffectStatus | None = None,
 ) -> Transition:
-    """Enter needs_review, keeping the pending intent and every piece of evidence."""
+    """Enter needs_review, keeping the pending intent and every piece of evidence.
+
+    The case records the environment as it is now: given none, the freeze
+    asks for it first (:func:`read_first`).
+    """
     _pending(state)  # a caller's bug to freeze a write that is not there
+    live = facts.live
+    if live is None:
+        return read_first(OutcomeKind.FROZEN)
     return open_review(
         state,
         case_id=facts.case_id,
         reason=reason,
         detail=detail,
         now=facts.now,
-        live=facts.live,
+        live=live,
         receipt=receipt,
         ledger=ledger,
         status=status,
     )
+
+
+def read_first(outcome: OutcomeKind) -> Transition:
+    """A step that needs the environment as it is now, and was given none.
+
+    It commits nothing; the caller reads the environment and decides the
+    same step again with it (see :class:`~tether.core.ReadEnvironment`).
+    ``outcome`` is what the step is about to be.
+    """
+    return Transition(outcome, call=ReadEnvironment())
 
 
 def cancel_pending(state: RunState, facts: Facts, answer: LookupAnswer | None) -> Transition:

@@ -100,7 +100,7 @@ def replay_or_fork(
         budgets=rt.task.budgets,
         case_id=rt.ids.new_id("case"),
         now=rt.clock.now(),
-        live=base.environment,
+        live=base.environment if live is None else live,  # what a review case records
         charged=charged,
         # A replay the policy gates waits as a held action: the proposal as it came,
         # keyed only to bind a person's approval to exactly it.

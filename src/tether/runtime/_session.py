@@ -50,6 +50,7 @@ from tether.core import (
     Phase,
     PolicyError,
     Proposal,
+    ReadEnvironment,
     ReviewReason,
     RunFrozenError,
     RunState,
@@ -339,6 +340,8 @@ class RunSession(LeaseHolder):
                 transition = self.decide(
                     lambda facts, a=answer: settle_rules.after_lookup(self.state, facts, a)
                 )
+            elif isinstance(call, ReadEnvironment):  # decide() answers it; never committed
+                raise ValueError("a transition that reads the environment was not decided")
             else:
                 result = self._execute(call)
                 if result.status is ExecuteStatus.COMMITTED:
@@ -349,16 +352,14 @@ class RunSession(LeaseHolder):
                     )
                 )
 
-    def facts(self, *, live: bool = False) -> Facts:
-        """What a pure step may need now; the environment is read only where it matters."""
+    def facts(self) -> Facts:
+        """What a pure step may need now (the environment unread: a rule asks for it)."""
         rt = self.rt
-        needs = _humans.needs_approval(rt, self.state)
-        env = rt.adapter.environment() if (live or needs) else self.state.environment
         kind = None if self.state.pending is None else self.state.pending.intent.kind
         return Facts(
             now=rt.clock.now(),
-            live=env,
-            needs_approval=needs,
+            live=None,
+            needs_approval=_humans.needs_approval(rt, self.state),
             case_id=rt.ids.new_id("case"),
             capabilities=capabilities_of(rt.adapter, kind),
             namespace=namespace_of(rt.adapter, kind),
@@ -367,11 +368,13 @@ class RunSession(LeaseHolder):
         )
 
     def decide(self, rule: Any) -> Transition:
-        """Evaluate a pure rule; a freeze is re-evaluated with the live environment read."""
+        """Evaluate a pure rule; one that asks for the environment is given it, and asked again."""
         facts = self.facts()
         transition: Transition = rule(facts)
-        if transition.outcome is OutcomeKind.FROZEN and facts.live is self.state.environment:
-            transition = rule(self.facts(live=True))
+        if isinstance(transition.call, ReadEnvironment):
+            transition = rule(replace(facts, live=self.rt.adapter.environment()))
+        if isinstance(transition.call, ReadEnvironment):  # a rule's bug: it had one
+            raise ValueError("a rule asked for the environment it was given")
         return transition
 
     def ask(self, call: Lookup) -> LookupAnswer:
