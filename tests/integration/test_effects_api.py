@@ -80,6 +80,32 @@ def test_a_call_killed_mid_write_and_called_again_sends_once(
     assert world.sandbox.files["notes.txt"] == "hello\n"
 
 
+@pytest.mark.parametrize("point", [CrashPoint.INTENT_PERSISTED, CrashPoint.EFFECT_SENT])
+def test_a_send_to_an_adapter_that_dedups_but_cannot_be_asked_answers_executed(
+    world: World, point: CrashPoint
+) -> None:
+    """On an idempotent adapter with no look-up, the call after a crash sends under the key: executed."""
+    world.sandbox = Sandbox(
+        {"notes.txt": "draft\n"}, instance_id="sbx-1", queryable=False, clock=world.clock.now
+    )
+    world.task = make_task(world.sandbox.environment().state_fingerprint)
+    with (
+        pytest.raises(SimulatedCrash),
+        effects.run(loop_runtime(world, CrashPlan(point)), "r1"),
+    ):
+        effects.call("file.write", "notes.txt", {"content": "hello\n"})
+    with effects.run(loop_runtime(world), "r1"):
+        again = effects.call("file.write", "notes.txt", {"content": "hello\n"})
+    # Its first send (nothing left before the crash) or a resend the adapter absorbed: this
+    # call sent it under the key, so it never claims "nothing was sent" (replayed).
+    assert again.outcome == "executed" and not again.replayed
+    assert again.receipt is not None
+    (held,) = world.sandbox.receipts_after(0)  # the adapter's own record of the one write
+    assert again.receipt == held.to_json()
+    assert world.sandbox.write_count() == 1
+    assert world.sandbox.files["notes.txt"] == "hello\n"
+
+
 def killed_after_a_blind_send(world: World) -> None:
     """A write to an adapter that can neither deduplicate nor be asked, crashed after the send."""
     world.sandbox = Sandbox(

@@ -292,11 +292,13 @@ def test_after_execute_follows_the_table(
     check_committable(t)
     got = summary(t)
     if answer_name == "committed":
-        kind = OutcomeKind.REPLAYED if retry else OutcomeKind.EXECUTED
+        # This step's own send returned it, first or again: executed, never "replayed".
         if approval == "missing":
             assert got[:3] == (OutcomeKind.FROZEN, "approval_boundary", (EffectStatus.COMMITTED,))
         else:
-            assert got == (kind, None, (EffectStatus.COMMITTED,), None, Phase.RUNNING)
+            executed = (OutcomeKind.EXECUTED, None, (EffectStatus.COMMITTED,), None, Phase.RUNNING)
+            assert got == executed
+            assert t.events[0][0] == "effect_committed"
     elif answer_name == "conflict":
         assert got == (OutcomeKind.FROZEN, "key_conflict", (), None, Phase.NEEDS_REVIEW)
     elif answer_name == "precondition":

@@ -39,7 +39,9 @@ absent, not final, not idempotent   outcome unknown -> needs_review
 ==================================  ===========================================
 execute answer                      after_execute
 ==================================  ===========================================
-receipt                             reconcile (below)
+receipt                             reconcile (below): ``executed``, first send
+                                    or a resend alike (a look-up's receipt,
+                                    nothing sent, is ``replayed``)
 conflict (same key, other intent)   key_conflict -> needs_review
 precondition failed, first send     rejected; the run goes on
 precondition failed, a retry        outcome unknown -> needs_review (the first
@@ -382,7 +384,11 @@ def after_execute(
     """Act on the adapter's answer to a send."""
     _pending(state)  # a caller bug to ask with nothing pending
     if answer.status is ExecuteStatus.COMMITTED and answer.receipt is not None:
-        return reconcile(state, facts, answer.receipt, fresh=call.known_absent or not call.retry)
+        # Sent by this step, first time or again under the key: executed. Whether
+        # an earlier attempt had landed is not this answer's to say (an idempotent
+        # adapter returns the same receipt either way); only a look-up's receipt,
+        # read back with nothing sent, is a replay.
+        return reconcile(state, facts, answer.receipt, fresh=True)
     if answer.status is ExecuteStatus.CONFLICT:
         return freeze(
             state,
@@ -425,7 +431,11 @@ def after_execute(
 
 
 def reconcile(state: RunState, facts: Facts, receipt: Receipt, *, fresh: bool) -> Transition:
-    """Accept the adapter's receipt only if it is bound to exactly this intent."""
+    """Accept the adapter's receipt only if it is bound to exactly this intent.
+
+    ``fresh``: the receipt answers this step's own send (``executed``);
+    otherwise a look-up read it back and nothing was sent (``replayed``).
+    """
     pending = _pending(state)
     if (
         receipt.idempotency_key != pending.idempotency_key
