@@ -419,6 +419,16 @@ __all__ += [
     "with_subject_terms",
 ]
 
+from tether.core._held import (  # noqa: E402
+    AfterSettle,
+    HeldKind,
+    after_settle,
+    answers_held,
+    held_kind,
+)
+
+__all__ += ["AfterSettle", "HeldKind", "after_settle", "answers_held", "held_kind"]
+
 from tether.core import _policy_change as policy_rules  # noqa: E402
 from tether.core._policy_change import Adoption  # noqa: E402
 

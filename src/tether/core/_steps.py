@@ -55,7 +55,6 @@ __all__ = [
     "abandoned_stretch",
     "action_id_of",
     "actions_taken",
-    "asks_for",
     "begin_step",
     "budget_reason",
     "cancel",
@@ -204,15 +203,6 @@ def propose_write(
         ledger=notes,
         reason=OutcomeReason.APPROVAL_REQUIRED,
         message=f"the write needs an approval: `tether approve {state.run_id} {pending.action_id}`",
-    )
-
-
-def asks_for(intent: Intent, proposal: Proposal) -> bool:
-    """Whether ``proposal`` asks for exactly the held (non-write) action ``intent`` records."""
-    return (intent.kind, intent.target, intent.args) == (
-        proposal.kind,
-        proposal.target,
-        dict(proposal.args),
     )
 
 

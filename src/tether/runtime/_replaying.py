@@ -111,12 +111,6 @@ def replay_or_fork(
     )
 
 
-def is_held_replay(session: Session, pending: PendingWrite) -> bool:
-    """Whether ``pending`` is a replay waiting for approval (a write's kind, held, not mutating)."""
-    kind = session.rt.kinds.get(pending.intent.kind)
-    return not pending.mutating and kind is not None and kind.mutating
-
-
 def carry_out_held(session: Session, pending: PendingWrite) -> Outcome:
     """A held replay, once approved: judged again now (the adapter asked again), then answered.
 

@@ -28,8 +28,8 @@ from tether.adapters import (
 )
 from tether.core import (
     ActionResult,
+    AfterSettle,
     CommitOutcomeUnknownError,
-    ContractViolationError,
     EffectStatus,
     EnvironmentState,
     Execute,
@@ -37,7 +37,7 @@ from tether.core import (
     ExecuteStatus,
     Facts,
     GenerationConflictError,
-    Intent,
+    HeldKind,
     LedgerEntry,
     LedgerNote,
     Lookup,
@@ -58,19 +58,17 @@ from tether.core import (
     SpecError,
     TraceEvent,
     Transition,
+    after_settle,
     awaits_approval,
-    gate,
-    needs_approval,
+    held_kind,
     replay_rules,
-    risk_of,
     seal_commit,
     settle_rules,
     step_rules,
     with_subject_terms,
 )
-from tether.core import Rejection as GateRejection
 from tether.runtime import _calls as calls
-from tether.runtime import _carry, _compensate, _humans, _replaying, _rewind, _stopping
+from tether.runtime import _carry, _compensate, _humans, _propose, _replaying, _rewind, _stopping
 from tether.runtime._agent import Agent, AgentContext
 from tether.runtime._crash import CrashPoint
 from tether.runtime._lease import LeaseHolder
@@ -569,7 +567,9 @@ class RunSession(LeaseHolder):
         if proposal is None:
             self.commit(base, [*events, ("agent_waited", {})], context=decision.context)
             return Outcome(OutcomeKind.WAITED, self.state, event="agent_waited")
-        return self._act(base, decision.context, proposal, events, runtime_finish=decision.finished)
+        return _propose.act(
+            self, base, decision.context, proposal, events, runtime_finish=decision.finished
+        )
 
     def act(self, proposal: Proposal, *, finish: bool = False) -> Outcome:
         """Carry out one proposal made by the caller's own loop, not by an :class:`Agent`.
@@ -586,13 +586,15 @@ class RunSession(LeaseHolder):
         with self.working():
             held = self.state.pending
             settled = self._settle_first()
-            if settled is not None and self.state.pending is None:
-                if held is not None and self.rt.same_action(held, proposal):
-                    # The action this call asks for (a person approved it), carried
-                    # out now: its answer is this call's, never a "replay" of itself.
-                    return replace(settled, action_id=held.action_id)
-                settled = self._settle_first()  # one settled; a rewind or the next may follow
-            if settled is not None:
+            asked = settled is not None and held is not None and self.rt.same_action(held, proposal)
+            then = after_settle(self.state, settled=settled is not None, asked=asked)
+            if then is AfterSettle.ANSWER and settled is not None and held is not None:
+                # The held action this call asks for, carried out now: its answer is
+                # this call's, never a "replay" of itself.
+                return replace(settled, action_id=held.action_id)
+            if then is AfterSettle.STOPPED:
+                self._refuse_if_stopped()
+            if then is not AfterSettle.PROCEED and settled is not None:
                 return settled
             observed = self._observe()
             if isinstance(observed, Outcome):
@@ -603,7 +605,7 @@ class RunSession(LeaseHolder):
                 # The caller's loop saw the world through its own tools, not an
                 # Observation: the call is built on the version read just now.
                 proposal = replace(proposal, based_on_version=base.environment.version)
-            return self._act(base, self.context, proposal, events, runtime_finish=finish)
+            return _propose.act(self, base, self.context, proposal, events, runtime_finish=finish)
 
     def finish_proposal(self, summary: str = "") -> Proposal:
         """The runtime's finish action: its id names the generation it is taken at."""
@@ -623,13 +625,15 @@ class RunSession(LeaseHolder):
             return _rewind.finish(self)  # a rewind admitted before a crash: finish it first
         self.keep()  # renews a held lease when due; a lost one is refused at the commit
         pending = self.state.pending
-        if self.state.phase is Phase.PENDING and pending is not None:
-            if _replaying.is_held_replay(self, pending):
-                return _replaying.carry_out_held(self, pending)
-            if not pending.mutating:
-                return _carry.carry_out_approved(self, pending)
-            return self._decide_and_apply(settle_rules.settle)
-        return None
+        if self.state.phase is not Phase.PENDING or pending is None:
+            return None
+        kind = self.rt.kinds.get(pending.intent.kind)
+        held = held_kind(pending, kind_mutates=None if kind is None else kind.mutating)
+        if held is HeldKind.REPLAY:
+            return _replaying.carry_out_held(self, pending)
+        if held is HeldKind.ACTION:
+            return _carry.carry_out_approved(self, pending)
+        return self._decide_and_apply(settle_rules.settle)
 
     def _observe(self) -> Outcome | tuple[RunState, list[Event], EnvironmentState]:
         """The budgets checked, then the environment read: the state a new action starts from."""
@@ -657,94 +661,6 @@ class RunSession(LeaseHolder):
         results = self.rt.checkpointer.results(self.state)
         self._results = (wanted, results)
         return results
-
-    # -- acting --------------------------------------------------------------
-
-    def _act(
-        self,
-        base: RunState,
-        context: AgentContext,
-        proposal: Proposal,
-        events: list[Event],
-        *,
-        runtime_finish: bool = False,
-    ) -> Outcome:
-        """Gate one proposal, then carry it out the way its kind's class says."""
-        rt = self.rt
-        rejection = gate(
-            proposal,
-            kinds=rt.kinds,
-            task=rt.task,
-            policy=rt.policy,
-            phase=base.phase,
-            environment=base.environment,
-            now=rt.clock.now(),
-            # The runtime's own finish id is unique by generation; an agent
-            # cannot make it "used before" by borrowing it.
-            action_seen=proposal.action_id in self.actions and not runtime_finish,
-            cost_spent=base.spent.cost,
-        )
-        kind = rt.kinds.get(proposal.kind) if rejection is None else None
-        args: dict[str, Any] = {}
-        if kind is not None and kind.mutating:
-            try:
-                args = rt.adapter.normalize(proposal.kind, proposal.target, proposal.args)
-            except ContractViolationError as exc:
-                rejection = GateRejection(exc.reason, str(exc))
-        elif kind is not None:
-            args = dict(proposal.args)  # the gate checked it is an object
-        if rejection is not None or kind is None:
-            if rejection is None:  # unreachable: the gate refuses unknown kinds
-                rejection = GateRejection(OutcomeReason.UNKNOWN_KIND, f"no kind {proposal.kind!r}")
-            return self.apply(
-                step_rules.reject(base, proposal, rejection, rt.task.budgets),
-                prefix=events,
-                context=context,
-            )
-        if kind.mutating:
-            return self._propose_write(base, context, proposal, args, events)
-        if needs_approval(rt.policy, kind):
-            intent = Intent(kind.name, proposal.target, args, risk_of(rt.policy, kind).value)
-            held = step_rules.hold(
-                base, proposal, intent, key=rt.ids.new_id("idem"), now=rt.clock.now()
-            )
-            return self.apply(held, prefix=events, context=context)
-        return _carry.carry_out(self, base, context, proposal, kind, events, spent_already=False)
-
-    def _propose_write(
-        self,
-        base: RunState,
-        context: AgentContext,
-        proposal: Proposal,
-        args: dict[str, Any],
-        events: list[Event],
-    ) -> Outcome:
-        rt = self.rt
-        kind = rt.kinds[proposal.kind]
-        intent = Intent(proposal.kind, proposal.target, args, risk_of(rt.policy, kind).value)
-        decided = _replaying.replay_or_fork(self, base, proposal, intent, rt.effect_digest(intent))
-        if isinstance(decided, Transition):
-            if decided.state is None:
-                return Outcome(decided.outcome, self.state, decided.reason, decided.message)
-            return self.apply(decided, prefix=events, context=context)
-        base, events = decided.state, [*events, *decided.events]
-        transition = step_rules.propose_write(
-            base,
-            proposal,
-            intent,
-            key=rt.ids.new_id("idem"),  # minted once, before anything is sent; never again
-            expected_post=rt.adapter.derive_post_state(base.environment, intent),
-            now=rt.clock.now(),
-            needs_approval=needs_approval(rt.policy, kind),
-            capabilities=capabilities_of(rt.adapter, proposal.kind),
-        )
-        outcome = self.apply(transition, prefix=events, context=context)
-        if outcome.kind is OutcomeKind.WAITING_FOR_APPROVAL:
-            return outcome  # it waits, durable, for a person; nothing leaves the process
-        rt.crash.hit(CrashPoint.INTENT_PERSISTED)
-        return self._decide_and_apply(settle_rules.dispatch)
-
-    # -- failing -----------------------------------------------------------------
 
     # -- helpers ---------------------------------------------------------------
 
