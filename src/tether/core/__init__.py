@@ -139,6 +139,7 @@ from tether.core._state import (
     Binding,
     RunState,
     Spent,
+    SpentNonce,
     validate_state,
 )
 from tether.core._trace import TraceEvent, chain_hash, seal_event, verify_trace
@@ -228,6 +229,7 @@ __all__ = [
     "SignatureError",
     "SpecError",
     "Spent",
+    "SpentNonce",
     "SplitRewindError",
     "StaleCheckpointError",
     "StaleMarkError",
@@ -350,6 +352,7 @@ from tether.core._evidence import (  # noqa: E402
     check_nonce,
     committed_within_approval,
     consumed_nonces,
+    keep_approval_nonce,
     remember_replay_approval,
     replay_approved,
 )
@@ -404,6 +407,7 @@ __all__ += [
     "check_nonce",
     "committed_within_approval",
     "consumed_nonces",
+    "keep_approval_nonce",
     "orphans_of",
     "people_rules",
     "redact_receipt",

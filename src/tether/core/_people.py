@@ -18,7 +18,7 @@ from typing import Any
 from tether.core._budgets import failed
 from tether.core._canonical import digest
 from tether.core._errors import CanonicalJSONError
-from tether.core._evidence import ReviewDecision
+from tether.core._evidence import ReviewDecision, keep_approval_nonce, parse_utc
 from tether.core._model import EnvironmentState, LastOutcome, Receipt, ReviewCase
 from tether.core._phases import OutcomeReason, Phase
 from tether.core._spec import Policy
@@ -39,14 +39,19 @@ def evidence_digest(document: Any) -> str | None:
 
 
 def record_approval(
-    state: RunState, document: dict[str, Any], body: dict[str, Any], *, cursor: int | None
+    state: RunState,
+    document: dict[str, Any],
+    body: dict[str, Any],
+    *,
+    cursor: int | None,
+    now: datetime,
 ) -> Transition:
     """A verified approval becomes the one in force for the pending action.
 
-    The approval it replaces is sealed into the trace; its nonce joins the
-    pending action's consumed nonces (they leave with the pending action, so
-    checkpoints stay flat however many approvals a run collects), which
-    :func:`~tether.core.consumed_nonces` counts with every other kind's.
+    The approval it replaces is sealed into the trace; its nonce is consumed
+    for the run until the approval expires (:func:`~tether.core.keep_approval_nonce`),
+    counted by :func:`~tether.core.consumed_nonces` with every other kind's,
+    so no later document of any kind, for any case, can carry it meanwhile.
     """
     pending = state.pending
     if pending is None:
@@ -63,10 +68,15 @@ def record_approval(
             },
         )
     )
-    approved = replace(pending, approvals=(document,), nonces=(*pending.nonces, body["nonce"]))
+    approved = replace(pending, approvals=(document,))
+    spent = keep_approval_nonce(
+        state.approval_nonces, str(body["nonce"]), parse_utc(body, "expires_at"), now=now
+    )
     return Transition(
         OutcomeKind.RECORDED,
-        state=state.evolve(pending=approved, inbox_cursor=_cursor(state, cursor)),
+        state=state.evolve(
+            pending=approved, approval_nonces=spent, inbox_cursor=_cursor(state, cursor)
+        ),
         events=tuple(events),
         reason=OutcomeReason.APPROVAL_RECORDED,
     )
