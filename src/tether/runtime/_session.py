@@ -64,6 +64,7 @@ from tether.core import (
     replay_rules,
     seal_commit,
     settle_rules,
+    step_progressed,
     step_rules,
     with_subject_terms,
 )
@@ -387,7 +388,14 @@ class RunSession(LeaseHolder):
     # -- driving -------------------------------------------------------------
 
     def run(self, max_steps: int | None = None) -> Outcome:
-        """Step until the run is terminal, frozen, or waits (or ``max_steps``); the last outcome."""
+        """Step until the run is terminal or frozen, or a step gets nowhere (or ``max_steps``).
+
+        A step gets nowhere (:func:`~tether.core.step_progressed`) when it waits for a
+        person's approval, for the adapter (in flight, unreachable), or for its agent,
+        which asked for nothing: then ``run`` returns that outcome and the run waits,
+        durable, instead of asking again at once. Call it again later (a
+        :class:`~tether.runtime.Worker` does, backing off). The last outcome is returned.
+        """
         taken = 0
         self.reload()
         outcome = Outcome(OutcomeKind.WAITED, self.state)
@@ -404,8 +412,8 @@ class RunSession(LeaseHolder):
                 break
             outcome = self.step()
             taken += 1
-            if outcome.kind in _WAITS:
-                break  # a person, or the adapter, has to act first; the run waits, durable
+            if not step_progressed(outcome.kind):
+                break  # a person, the adapter or the agent has to act first; it waits, durable
         return outcome
 
     def consume_inbox(self) -> RunState:
@@ -690,8 +698,3 @@ _ENDED = {
     Phase.CANCELLED: (OutcomeKind.CANCELLED, "run_cancelled"),
     Phase.FAILED: (OutcomeKind.FAILED, "failed"),
 }
-
-# A person or the adapter must act before another step can change anything.
-_WAITS = frozenset(
-    {OutcomeKind.WAITING_FOR_APPROVAL, OutcomeKind.IN_FLIGHT, OutcomeKind.RETRY_LATER}
-)
