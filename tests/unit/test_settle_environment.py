@@ -13,99 +13,43 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 
-from tests._states import pending_state, pending_write
+from tests.unit.test_settle import (
+    EXECUTES,
+    INTENT,
+    KEY,
+    LOOKUPS,
+    NOW,
+    OTHER,
+    POST,
+    PRE,
+    state_with,
+)
 from tether.core import (
     Capabilities,
     EffectStatus,
-    EnvironmentState,
     Execute,
-    ExecuteAnswer,
-    ExecuteStatus,
     Facts,
-    Intent,
-    LookupAnswer,
-    LookupStatus,
     OutcomeKind,
     Phase,
     ReadEnvironment,
-    Receipt,
     Rejection,
     RunState,
     Transition,
-    format_time,
     settle_rules,
 )
 
-NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
-PRE = EnvironmentState("ns", "inst", 3, "sha256:" + "a" * 64)
-POST = EnvironmentState("ns", "inst", 4, "sha256:" + "b" * 64)
-OTHER = EnvironmentState("ns", "inst", 4, "sha256:" + "c" * 64)
-INTENT = Intent("file.write", "a.txt", {"content": "x"}, "low")
-KEY = "idem-1"
 LIVES = (PRE, POST, OTHER)
-
 CAPS = [
     Capabilities(idempotent=i, queryable=q, conditional_writes=True, absent_is_final=f)
     for i, q, f in itertools.product([False, True], repeat=3)
 ]
 FORBIDDEN = {"allowed": None, "forbidden": Rejection("risk", "the policy in force forbids it")}
+LOOKUP_ANSWERS = list(LOOKUPS.values())
+EXECUTE_ANSWERS = list(EXECUTES.values())
 
-
-def receipt(*, intent_digest: str | None = None, post: EnvironmentState = POST) -> Receipt:
-    return Receipt(
-        namespace="ns",
-        adapter_version="1",
-        receipt_id="rcpt-1",
-        idempotency_key=KEY,
-        intent_digest=intent_digest or INTENT.digest,
-        result={"ok": True},
-        business_object_id="a.txt",
-        committed_at=format_time(NOW - timedelta(seconds=5)),
-        post_state=post,
-    )
-
-
-def held(status: EffectStatus, approval: str) -> RunState:
-    approvals: tuple[dict[str, Any], ...] = ()
-    if approval in {"valid", "expired"}:
-        expires = NOW + timedelta(minutes=5) if approval == "valid" else NOW - timedelta(seconds=1)
-        approvals = (
-            {
-                "body": {
-                    "state_fingerprint": PRE.state_fingerprint,
-                    "environment_instance_id": PRE.instance_id,
-                    "expires_at": format_time(expires),
-                    "nonce": "n" * 16,
-                }
-            },
-        )
-    pending = pending_write(
-        INTENT, prestate=PRE, expected_post=POST, at=NOW, status=status, approvals=approvals
-    )
-    return pending_state(pending, at=NOW)
-
-
-LOOKUPS = [
-    LookupAnswer(LookupStatus.COMMITTED, receipt()),
-    LookupAnswer(LookupStatus.COMMITTED, receipt(intent_digest="sha256:" + "d" * 64)),
-    LookupAnswer(LookupStatus.COMMITTED, receipt(post=OTHER)),
-    LookupAnswer(LookupStatus.ABSENT),
-    LookupAnswer(LookupStatus.IN_PROGRESS, detail="busy"),
-    LookupAnswer(LookupStatus.UNAVAILABLE, detail="down"),
-    LookupAnswer(LookupStatus.REFUSED, detail="400"),
-]
-EXECUTES = [
-    ExecuteAnswer(ExecuteStatus.COMMITTED, receipt()),
-    ExecuteAnswer(ExecuteStatus.CONFLICT, receipt(intent_digest="sha256:" + "d" * 64)),
-    ExecuteAnswer(ExecuteStatus.PRECONDITION_FAILED, detail="changed"),
-    ExecuteAnswer(ExecuteStatus.IN_PROGRESS, detail="busy"),
-    ExecuteAnswer(ExecuteStatus.UNAVAILABLE, detail="down"),
-]
 
 Rule = Callable[[RunState, Facts], Transition]
 
@@ -115,7 +59,7 @@ RULES: list[tuple[str, Rule]] = [
     ("send_again", settle_rules.send_again),
     *[
         (f"after_lookup:{a.status}", lambda s, f, a=a: settle_rules.after_lookup(s, f, a))
-        for a in LOOKUPS
+        for a in LOOKUP_ANSWERS
     ],
     *[
         (
@@ -124,13 +68,13 @@ RULES: list[tuple[str, Rule]] = [
                 s, f, Execute(KEY, INTENT, PRE, retry=r), a
             ),
         )
-        for a in EXECUTES
+        for a in EXECUTE_ANSWERS
         for retry in (False, True)
     ],
     ("cancel_pending:unaskable", lambda s, f: settle_rules.cancel_pending(s, f, None)),
     *[
         (f"cancel_pending:{a.status}", lambda s, f, a=a: settle_rules.cancel_pending(s, f, a))
-        for a in LOOKUPS
+        for a in LOOKUP_ANSWERS
     ],
 ]
 
@@ -143,7 +87,7 @@ def test_a_rule_reads_the_environment_exactly_where_it_decides_the_step(
     caps: Capabilities, status: EffectStatus, approval: str, verdict: str
 ) -> None:
     """Asked only for a freeze or the approval gate, committing nothing; else blind to the world."""
-    state = held(status, approval)
+    state = state_with(status, approval)
     blind = Facts(
         now=NOW,
         live=None,
