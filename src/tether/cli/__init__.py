@@ -176,13 +176,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--backoff",
         type=_seconds(24 * 3600, real=True),
         default=1.0,
-        help="first retry delay after a failed step, doubled per failure (default 1 s)",
+        help="how long to leave a run alone before trying it again, when a step failed or "
+        "got nowhere (the service was down, a request was still in flight, the agent asked "
+        "for nothing); the wait doubles each time in a row, with some randomness, and other "
+        "runs are worked on meanwhile (default 1 s)",
     )
     worker.add_argument(
         "--max-backoff",
         type=_seconds(366 * 24 * 3600, real=True),
         default=300.0,
-        help="cap on the retry delay (default 300 s)",
+        help="the longest that wait grows to (default 300 s)",
     )
     worker.add_argument(
         "--idle-exit", action="store_true", help="exit when no run is waiting to be claimed"

@@ -62,6 +62,7 @@ from tether.core import (
     NotInRunError,
     Outcome,
     OutcomeKind,
+    OutcomeReason,
     Phase,
     Proposal,
     RunFrozenError,
@@ -310,7 +311,7 @@ class GuardedRun:
             raise self._frozen(outcome.message)
         if kind is OutcomeKind.REJECTED:
             raise EffectRejectedError(
-                outcome.reason or "rejected", outcome.message, run_id=self.run_id
+                outcome.reason or OutcomeKind.REJECTED.value, outcome.message, run_id=self.run_id
             )
         if state.phase.terminal:
             raise RunTerminalError(
@@ -324,7 +325,7 @@ class GuardedRun:
         # Earlier work settled (a write a crash left pending, a person's
         # decision) and the caller's own action never ran: nothing was sent for it.
         raise EffectNotSettledError(
-            "settled_earlier_work",
+            OutcomeReason.SETTLED_EARLIER_WORK,
             f"the run settled earlier work first ({outcome.message or kind.value}); "
             f"{proposal.action_id!r} was not carried out: call again",
             run_id=self.run_id,

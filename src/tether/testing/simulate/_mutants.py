@@ -138,10 +138,15 @@ def _never_asks_about_a_commit(real: Any) -> Any:
 
 def _commit_from_the_ledger(real: Any) -> Any:
     def judge_committed(facts: Any, known: Any, recorded: Any) -> Any:
-        from tether.core import replay_rules
+        from tether.core import OutcomeReason, replay_rules
 
         return replay_rules.Judgement(
-            replay_rules.Verdict.REPLAY, "effect_replayed", known, recorded, "", "ledger"
+            replay_rules.Verdict.REPLAY,
+            OutcomeReason.EFFECT_REPLAYED,
+            known,
+            recorded,
+            "",
+            "ledger",
         )
 
     return judge_committed
