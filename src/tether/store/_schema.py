@@ -8,6 +8,24 @@ one here is refused rather than written to.
 
 from __future__ import annotations
 
+#: When a run becomes claimable, by its lease columns (store clock, microseconds):
+#: at once (0) when free, at ``retry_at`` when deferred, when its lease (and any
+#: back-off) runs out when held; NULL when it never will (a lease with no expiry).
+#: Migration 8 indexes exactly this text and the claim orders by exactly it: an
+#: index on an expression serves only a query that spells it the same, so a
+#: change here is a new migration, never an edit.
+CLAIMABLE_AT = (
+    "(CASE WHEN lease_owner IS NULL THEN COALESCE(retry_at, 0) "
+    "WHEN retry_at IS NULL OR retry_at < lease_expires_at THEN lease_expires_at "
+    "ELSE retry_at END)"
+)
+#: The runs a claim may take at all: not ended, not parked for a person. The
+#: claim index covers only these rows (a partial index), so finished runs and
+#: runs waiting for a person cost a claim nothing however many there are.
+CLAIM_SCOPE = "phase IN ('needs_review', 'pending', 'running') AND waiting_after IS NULL"
+#: The phases :data:`CLAIM_SCOPE` names.
+CLAIM_PHASES = frozenset({"needs_review", "pending", "running"})
+
 
 def migrations(blob: str) -> list[tuple[int, list[str]]]:
     """Numbered schema migrations; ``blob`` is the dialect's byte-string type."""
@@ -196,6 +214,25 @@ def migrations(blob: str) -> list[tuple[int, list[str]]]:
                     envelope {blob} NOT NULL,
                     PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
                 )""",
+            ],
+        ),
+        (
+            8,
+            [
+                # Claims are served by an index in their own order: "when did this
+                # run become claimable, then run id", over the rows a claim may take
+                # at all. Before it, every claim sorted every claimable row.
+                f"CREATE INDEX tether_marks_due ON tether_marks ({CLAIMABLE_AT}, run_id) "
+                f"WHERE {CLAIM_SCOPE}",
+                # Only the claim read the old index.
+                "DROP INDEX tether_marks_claim",
+                # A run parked for a person now leaves the index, and the evidence
+                # that wakes it clears its wait as it lands (put_evidence). A run
+                # whose evidence arrived before this upgrade is woken here.
+                """UPDATE tether_marks SET waiting_after = NULL
+                    WHERE waiting_after IS NOT NULL AND EXISTS (
+                        SELECT 1 FROM tether_inbox i
+                         WHERE i.run_id = tether_marks.run_id AND i.seq > tether_marks.waiting_after)""",
             ],
         ),
     ]

@@ -327,6 +327,13 @@ class SQLBase(LeaseSQL):
                 "VALUES (?, ?, ?, ?, ?)",
                 (run_id, seq, kind, text, format_time(datetime.now(UTC))),
             )
+            # A run parked for a person waits for exactly this: it is claimable
+            # again (once its floor passes) from this commit on.
+            self._run(
+                "UPDATE tether_marks SET waiting_after = NULL "
+                "WHERE run_id = ? AND waiting_after < ?",
+                (run_id, seq),
+            )
             return seq
 
         return self._write(body)
