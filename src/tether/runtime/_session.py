@@ -58,6 +58,7 @@ from tether.core import (
     Transition,
     awaits_approval,
     gate,
+    listing_of,
     needs_approval,
     replay_rules,
     risk_of,
@@ -221,6 +222,7 @@ class RunSession(LeaseHolder):
                 expected_lease_version=0 if self.lease is None else self.lease.lease_version,
                 ledger=list(sealed.entries),
                 lease_to=lease_to,
+                listing=listing_of(new, self.rt.policy),
             )
         except CommitOutcomeUnknownError as exc:
             self._unsettled = exc  # landed or not, only the store can say

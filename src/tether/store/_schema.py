@@ -26,6 +26,17 @@ CLAIM_SCOPE = "phase IN ('needs_review', 'pending', 'running') AND waiting_after
 #: The phases :data:`CLAIM_SCOPE` names.
 CLAIM_PHASES = frozenset({"needs_review", "pending", "running"})
 
+#: The runs that may be waiting for a person, whatever the time: frozen for
+#: review, a pending write an approval applies to, a run whose claims are
+#: counted, or one recorded without a listing (only its checkpoint can say).
+#: ``--needs-me`` pages through an index over exactly these rows; the time
+#: (an approval expiring, a lease running out) decides among them. Like
+#: :data:`CLAIM_SCOPE`, indexed by migration 9 as spelled here.
+ATTENTION = (
+    "(phase = 'needs_review' OR (phase = 'pending' AND gate IS NOT NULL) "
+    "OR (phase IN ('pending', 'running') AND (attempts > 0 OR epoch IS NULL)))"
+)
+
 
 def migrations(blob: str) -> list[tuple[int, list[str]]]:
     """Numbered schema migrations; ``blob`` is the dialect's byte-string type."""
@@ -233,6 +244,26 @@ def migrations(blob: str) -> list[tuple[int, list[str]]]:
                     WHERE waiting_after IS NOT NULL AND EXISTS (
                         SELECT 1 FROM tether_inbox i
                          WHERE i.run_id = tether_marks.run_id AND i.seq > tether_marks.waiting_after)""",
+            ],
+        ),
+        (
+            9,
+            [
+                # What a list of runs shows of each (core.Listing), recorded by the
+                # runtime with the mark at every commit, so `tether runs` and the
+                # page read a page of runs in one query instead of every checkpoint.
+                # NULL epoch: a run committed before this (its checkpoint says).
+                "ALTER TABLE tether_marks ADD COLUMN epoch BIGINT",
+                "ALTER TABLE tether_marks ADD COLUMN subject TEXT",
+                "ALTER TABLE tether_marks ADD COLUMN pending_action TEXT",
+                "ALTER TABLE tether_marks ADD COLUMN gate TEXT",
+                "ALTER TABLE tether_marks ADD COLUMN approved_until TEXT",
+                # Pages are by run id: the primary key serves the whole list, these
+                # serve a phase and "needs a person". None of them names a column
+                # a commit changes on every step, so the commit path keeps its
+                # cost (and PostgreSQL its heap-only updates).
+                "CREATE INDEX tether_marks_phase ON tether_marks (phase, run_id)",
+                f"CREATE INDEX tether_marks_attention ON tether_marks (run_id) WHERE {ATTENTION}",
             ],
         ),
     ]
