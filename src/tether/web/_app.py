@@ -50,8 +50,9 @@ from tether.web._guard import Guard, Sessions
 HERE = Path(__file__).parent
 #: A prepared document must be signed within this many seconds, or prepared again.
 DRAFT_TTL_S = 300.0
-#: Runs on one page of the runs list.
+#: Runs on one page of the runs list (``?limit=`` asks for another number, up to MAX_PAGE).
 PAGE_SIZE = 50
+MAX_PAGE = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,13 +148,14 @@ def create_app(config: WebConfig) -> Starlette:
             phase = None
         needs = query.get("needs") == "1"
         after = query.get("after") or None
+        size = query.get("limit", "")
+        limit = int(size) if size.isdigit() and 1 <= int(size) <= MAX_PAGE else PAGE_SIZE
         # The page's own identity besides its rows (who is signed in, with what):
         # a refresh that finds both unchanged is answered 304 without a render.
         sid = request.scope["state"]["sid"]
+        signing = [(signer.signer_id, signer.role.value) for signer in config.signers]
         context = hashlib.sha256(
-            repr(
-                (sessions.csrf(sid), config.read_only, config.signers, config.keyring is not None)
-            ).encode()
+            repr((sessions.csrf(sid), signing, config.keyring is not None)).encode()
         ).hexdigest()[:16]
         try:
             with store() as s:
@@ -163,7 +165,7 @@ def create_app(config: WebConfig) -> Starlette:
                     phase=phase,
                     needs_person=needs,
                     after=after,
-                    limit=PAGE_SIZE,
+                    limit=limit,
                     unless=_shown_version(request, context),
                 )
         except TetherError as exc:
@@ -174,7 +176,11 @@ def create_app(config: WebConfig) -> Starlette:
                 status_code=304, headers={"ETag": request.headers.get("if-none-match", "")}
             )
         etag = _etag(page.version, context)
-        filters = {"phase": phase or "", "needs": "1" if needs else ""}
+        filters = {
+            "phase": phase or "",
+            "needs": "1" if needs else "",
+            "limit": "" if limit == PAGE_SIZE else str(limit),
+        }
         kept = {key: value for key, value in filters.items() if value}
         answer = render(
             request,
