@@ -63,7 +63,14 @@ def approvable(pending: PendingWrite | None, policy: Policy | None) -> bool:
 
 
 def listing_of(state: RunState, policy: Policy | None) -> Listing:
-    """The listing of ``state`` under ``policy`` (the one in force when it is committed)."""
+    """The listing of ``state`` under ``policy``, if that is the policy ``state`` is bound to.
+
+    Any other policy is not the run's rules: the listing is then made as if
+    none were known (an approval is taken to apply), as a reader who finds
+    no policy for the run would make it.
+    """
+    if policy is not None and policy.fingerprint != state.binding.policy_fingerprint:
+        policy = None
     pending = state.pending
     subject = None
     if state.phase is Phase.NEEDS_REVIEW:

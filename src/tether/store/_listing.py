@@ -91,9 +91,11 @@ class ListingSQL(SQLEngine):
         sql = (
             f"SELECT {mark_columns(raw)}, {raw.format('updated_at')}, {listing}{envelope} "
             f"FROM tether_marks{' WHERE ' + ' AND '.join(where) if where else ''} "
-            "ORDER BY run_id LIMIT ?"
+            # Written in, not bound: a plan cached for an unknown LIMIT would
+            # expect to read a tenth of the table (see claim_expired).
+            f"ORDER BY run_id LIMIT {int(limit)}"
         )
-        rows = self._read(lambda: self._all(sql, [*params, limit]))
+        rows = self._read(lambda: self._all(sql, params))
         runs: list[ListedRun] = []
         damaged: list[CheckpointCorruptError] = []
         ids: list[str] = []

@@ -194,7 +194,11 @@ class ContentStore(Protocol):
         ...
 
     def put_evidence(self, run_id: str, kind: str, document: dict[str, Any]) -> int:
-        """Append signed evidence to the run's inbox; returns its sequence number (from 1)."""
+        """Append signed evidence to the run's inbox; returns its sequence number (from 1).
+
+        A run waiting for a person (see ``GenerationStore.wait_for_evidence``)
+        in the same database is claimable again from this commit on.
+        """
         ...
 
     def evidence(self, run_id: str, after: int = 0) -> list[Evidence]:
@@ -331,8 +335,11 @@ class GenerationStore(Protocol):
 
         ``seen`` is the last inbox entry the run has read: evidence past it (an
         approval, a reviewer decision) makes the run claimable again, but not
-        before ``floor_s``. Raises :class:`~tether.core.LeaseLostError` unless
-        ``worker`` holds ``lease_version``.
+        before ``floor_s``; evidence already past it leaves the run claimable
+        (it does not wait). :meth:`ContentStore.put_evidence` wakes a waiting
+        run as its evidence lands, so a claim never reads inboxes. Raises
+        :class:`~tether.core.LeaseLostError` unless ``worker`` holds
+        ``lease_version``.
         """
         ...
 
