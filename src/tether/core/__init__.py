@@ -531,3 +531,8 @@ __all__ += [
     "retry_rules",
     "step_progressed",
 ]
+
+from tether.core import _listing as listing_rules  # noqa: E402
+from tether.core._listing import Listing, approvable, listing_of  # noqa: E402
+
+__all__ += ["Listing", "approvable", "listing_of", "listing_rules"]

@@ -61,6 +61,7 @@ from tether.core import (
     after_settle,
     awaits_approval,
     held_kind,
+    listing_of,
     replay_rules,
     seal_commit,
     settle_rules,
@@ -222,6 +223,7 @@ class RunSession(LeaseHolder):
                 expected_lease_version=0 if self.lease is None else self.lease.lease_version,
                 ledger=list(sealed.entries),
                 lease_to=lease_to,
+                listing=listing_of(new, self.rt.policy),
             )
         except CommitOutcomeUnknownError as exc:
             self._unsettled = exc  # landed or not, only the store can say

@@ -17,7 +17,9 @@ from tether.store._protocols import (
     GenerationStore,
     Lease,
     LeaseRequest,
+    ListedRun,
     Mark,
+    MarksPage,
 )
 from tether.store._sql import SQLBase
 from tether.store._sqlite import SQLiteStore
@@ -33,7 +35,9 @@ __all__ = [
     "Lease",
     "LeaseRequest",
     "LedgerEntry",
+    "ListedRun",
     "Mark",
+    "MarksPage",
     "PostgresStore",
     "SQLBase",
     "SQLStatements",

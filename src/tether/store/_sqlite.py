@@ -178,6 +178,14 @@ class SQLiteStore(SQLBase):
                     conn.rollback()
             raise
 
+    def _clock_bound(self) -> tuple[str, tuple[Any, ...]]:
+        # SQLite starts an index range only from a parameter, not from a call to
+        # the clock; inside the write transaction the clock is read just before.
+        row = self._one(f"SELECT {self.clock_sql}")
+        if row is None:
+            raise StoreUnavailableError(f"SQLite store {str(self.path)!r} read no clock")
+        return "?", (row[0],)
+
     def _insert_ignore(
         self, table: str, columns: Sequence[str], values: Sequence[str] | None = None
     ) -> str:
