@@ -137,11 +137,10 @@ def test_a_healthy_run_ends_beside_one_that_cannot_go_on() -> None:
         assert then.split()[1] in {"running", "pending", "needs_review"}, result.neighbour
 
 
-def test_the_known_defect_of_drawn_neighbours_still_shows() -> None:
-    """A seed with a healthy run drawn in still breaks invariant 7 (a run let go by a refused
-    recovery is claimed first, in run-id order): when this fails, the defect is fixed and the
-    knob can join the CI corpus."""
-    assert set(KNOWN_DEFECTS) == {"drawn_neighbours"}
-    result = run(190, knobs=CI_KNOBS | {"drawn_neighbours"})
-    assert [v.invariant for v in result.violations] == [7], result.violations
-    assert run(190).ok  # the same seed, no healthy run drawn in
+def test_a_healthy_run_drawn_in_beside_a_refused_one_gets_its_turn() -> None:
+    """Seed 190 once broke invariant 7 (a run let go by a refused recovery was claimed first,
+    in run-id order, starving the healthy one); a released run now waits its turn."""
+    assert not KNOWN_DEFECTS
+    result = run(190, knobs=CI_KNOBS)
+    assert result.ok, result.violations
+    assert result.neighbour.startswith("completed"), result.neighbour

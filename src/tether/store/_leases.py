@@ -123,10 +123,14 @@ class LeaseSQL(SQLEngine):
         """Give the lease up; a repeated release is a no-op, a lost lease raises LeaseLostError."""
 
         def body() -> None:
-            # A clean release ends a run of failures too.
+            # A clean release ends a run of failures too. The run is claimable from
+            # now, so it waits its turn behind runs claimable longer (a released run
+            # claimable "since ever" would be taken before all of them, and a caller
+            # that keeps taking up and letting go of one run would starve the rest).
             moved = self._run(
                 "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
-                "attempts = 0, retry_at = NULL, last_error = NULL, waiting_after = NULL "
+                f"attempts = 0, retry_at = {self.clock_sql}, last_error = NULL, "
+                "waiting_after = NULL "
                 "WHERE run_id = ? AND lease_owner = ? AND lease_version = ?",
                 (run_id, worker, lease_version),
             )

@@ -220,6 +220,20 @@ def _let_go_at_once(real: Any) -> Any:
     return defer
 
 
+def _released_claimable_since_ever(real: Any) -> Any:
+    def release_lease(self: Any, run_id: str, worker: str, lease_version: int) -> None:
+        real(self, run_id, worker, lease_version)
+        # The old release: no "claimable from" time, so it sorts before every waiting run.
+        self._write(
+            lambda: self._run(
+                "UPDATE tether_marks SET retry_at = NULL WHERE run_id = ? AND lease_owner IS NULL",
+                (run_id,),
+            )
+        )
+
+    return release_lease
+
+
 def _reads_never_stale(real: Any) -> Any:
     def version_problem(kind: Any, based_on: Any, environment: Any) -> Any:
         return real(kind, based_on, environment) if kind.mutating else None  # only writes
@@ -379,6 +393,11 @@ def _mutants() -> dict[str, Mutant]:
                 "no_backoff_across_claims",
                 "a run that made no progress is let go without a back-off: claimed again at once",
                 ((_leases.LeaseSQL, "defer", _let_go_at_once),),
+            ),
+            Mutant(
+                "released_run_claimed_first",
+                "a run let go without a deferral is claimed before every run waiting its turn",
+                ((_leases.LeaseSQL, "release_lease", _released_claimable_since_ever),),
             ),
             Mutant(
                 "stale_reads_unchecked",

@@ -27,16 +27,15 @@ FOUND_DEFECTS: dict[str, str] = {
     "gated_repeats": "a replay of an approval-gated effect needed no approval",
     "service_down": "a worker hammered a service that was down (a checkpoint per resend)",
     "policy_change": "a policy change released a write the old policy held",
+    "drawn_neighbours": (
+        "a run let go without a deferral (a refused recovery releases the lease it took) "
+        "was claimed before every run waiting its turn: a caller that kept taking up a "
+        "failing run starved a healthy one"
+    ),
 }
 
 #: Knobs whose defect is known and not yet fixed: the CI corpus switches these off.
-KNOWN_DEFECTS: dict[str, str] = {
-    "drawn_neighbours": (
-        "a run let go without a deferral (a refused recovery releases the lease it took, "
-        "and the worker's back-off with it) is claimed before every run waiting its turn, "
-        "in run-id order: a caller that keeps taking up a failing run starves a healthy one"
-    ),
-}
+KNOWN_DEFECTS: dict[str, str] = {}
 
 #: Every knob; all on is the full exploration.
 ALL_KNOBS: frozenset[str] = frozenset(
