@@ -55,8 +55,7 @@ def build(db: str) -> MCPServer:
             who = f.read().strip()
         os.remove(marker)
         os.kill(os.getppid() if who == "parent" else os.getpid(), signal.SIGKILL)
-        if who == "parent":
-            signal.pause()  # never answer: the gateway is gone
+        os._exit(0)  # never answer: the gateway is gone, and this server goes with it
 
     @server.tool(annotations=ToolAnnotations(destructive_hint=True, read_only_hint=False))
     def add_note(text: str) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from tether.crypto import Keyring, Signer, TrustRoots
 from tether.integrations.mcp._policy import GatewayPolicy, run_rules
 from tether.integrations.mcp._tools import (
     ARGUMENTS,
+    RECEIVED_AT,
     UpstreamTools,
     blocking_reader,
     forwarding_effect,
@@ -241,9 +242,11 @@ class Gateway:
                     continue  # the run is free now: this call's own turn
                 return _error(f"tether: {name} was not carried out ({exc}); call it again", meta)
             except ApprovalRequiredError as exc:
-                return _error(self._waits_for_approval(name, exc), meta | {"waits_for": "approval"})
+                waits = {"waits_for": "approval", "action_id": exc.action_id}
+                return _error(self._waits_for_approval(name, exc), meta | waits)
             except NeedsReviewError as exc:
-                return _error(self._waits_for_review(name, exc), meta | {"waits_for": "review"})
+                waits = {"waits_for": "review", "case_id": exc.case_id, "reason": exc.reason}
+                return _error(self._waits_for_review(name, exc), meta | waits)
             except EffectRejectedError as exc:
                 return _error(
                     f"tether: {name} was refused, nothing happened: {exc}",
@@ -282,7 +285,7 @@ class Gateway:
                     }
                 ]
             }
-        answer = dict(doc)
+        answer = {k: v for k, v in doc.items() if k != RECEIVED_AT}
         answer["_meta"] = dict(answer.get("_meta") or {}) | {CALL_META: meta}
         return types.CallToolResult.model_validate(answer)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import mcp_types as types
@@ -48,6 +49,7 @@ from tether.core import (
     TargetKind,
     VerifierRefusedError,
     digest,
+    format_time,
 )
 from tether.integrations.mcp._policy import GatewayPolicy
 from tether.integrations.mcp._upstream import (
@@ -62,6 +64,9 @@ ARGUMENTS = "arguments"
 IDEMPOTENCY_KEY_META = "idempotencyKey"
 #: The namespace of every receipt the gateway records.
 NAMESPACE = "mcp"
+#: Where a recorded answer keeps the moment the gateway received it (the receipt's commit
+#: time: the upstream committed before it answered, so this bounds it from above).
+RECEIVED_AT = "tether_received_at"
 #: Reserved ``_meta`` keys the SDK stamps per connection: not part of a tool's answer.
 _RESERVED_META = "io.modelcontextprotocol/"
 
@@ -148,7 +153,8 @@ def forwarding_effect(
         live[idempotency_key] = doc
         if result.is_error and rule.errors_are_refusals:
             raise ToolRefusedError(f"{name} answered with an error: {text_of(doc)}")
-        return doc
+        # An approval is checked against the commit time: the answer's arrival bounds it.
+        return doc | {RECEIVED_AT: format_time(datetime.now(UTC))}
 
     forward.__qualname__ = forward.__name__ = f"forward_{name}"
     return FunctionEffect(
@@ -158,6 +164,7 @@ def forwarding_effect(
         idempotent=accepts_key,
         retention_s=retention if accepts_key else None,
         refusals=(ToolRefusedError,),
+        committed_at=RECEIVED_AT,
         namespace=NAMESPACE,
         instance=instance,
     )

@@ -1,0 +1,270 @@
+"""`tether mcp` between the official MCP SDK's client and an upstream server written with the SDK.
+
+Every part is real: the client is ``mcp.Client`` (in the test process, or a
+process of its own killed with SIGKILL), the gateway is ``python -m
+tether.cli mcp`` started by the client over stdio, and the upstream is a
+child of the gateway (or a streamable HTTP server) that inserts a row in its
+own SQLite file per effect: the rows are what the world received, whatever
+any process believes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+pytest.importorskip("mcp", reason="needs the [mcp] extra")
+
+from mcp.shared.exceptions import MCPError
+
+from tests.integration._mcp_kit import Setup, call_in_child, connected, document, text
+from tether.cli import main as tether_main
+from tether.crypto import Keyring
+from tether.runtime import open_run
+from tether.store import open_store
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Setup:
+    Keyring.generate("k1").write_file(tmp_path / "keyring.json")
+    return Setup(tmp_path)
+
+
+def run_view(setup: Setup) -> Any:
+    """The run as `tether inspect` reads it, verified under the keyring."""
+    store = open_store(setup.store)
+    try:
+        return open_run(store, setup.run_id, keyring=Keyring.from_file(setup.keyring))
+    finally:
+        store.close()
+
+
+def meta(result: Any) -> dict[str, Any]:
+    return document(result)["_meta"]["tether/call"]
+
+
+async def call_killed(setup: Setup, tool: str, args: dict[str, Any]) -> str:
+    """Call ``tool`` through a gateway that is killed meanwhile; what the client saw."""
+    try:
+        async with connected(setup.gateway()) as client:
+            await client.call_tool(tool, args)
+    except BaseExceptionGroup as group:  # the SDK's task groups wrap the closed connection
+        errors = group.exceptions
+        while len(errors) == 1 and isinstance(errors[0], BaseExceptionGroup):
+            errors = errors[0].exceptions
+        assert all(isinstance(e, MCPError) for e in errors), errors
+        return " ".join(str(e) for e in errors)
+    raise AssertionError("the gateway answered: it was not killed")
+
+
+def test_lists_the_upstreams_tools_unchanged(setup: Setup) -> None:
+    """The agent sees the upstream's tools as the upstream lists them: names, schemas, annotations, _meta."""
+
+    async def main() -> None:
+        async with connected(setup.direct()) as direct:
+            upstream = (await direct.list_tools()).tools
+        async with connected(setup.gateway()) as gateway:
+            offered = (await gateway.list_tools()).tools
+        assert [t.model_dump(mode="json") for t in offered] == [
+            t.model_dump(mode="json") for t in upstream
+        ]
+        names = {t.name for t in offered}
+        assert names == {"add_note", "count_notes", "charge"}
+
+    anyio.run(main)
+
+
+def test_an_effect_is_sent_once_and_its_twin_answered_from_the_record(setup: Setup) -> None:
+    """The same tool with the same arguments in one run reaches the upstream once; a read passes through."""
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            first = await client.call_tool("add_note", {"text": "milk"})
+            again = await client.call_tool("add_note", {"text": "milk"})
+            other = await client.call_tool("add_note", {"text": "eggs"})
+            count = await client.call_tool("count_notes", {})
+        assert not first.is_error and first.structured_content == {"id": 1, "text": "milk"}
+        assert meta(first)["outcome"] == "executed"
+        assert again.structured_content == first.structured_content
+        assert meta(again)["outcome"] == "replayed"
+        assert meta(again)["effect"] == meta(first)["effect"]
+        assert other.structured_content == {"id": 2, "text": "eggs"}
+        assert meta(count)["outcome"] == "observed" and count.structured_content == {"result": 2}
+
+    anyio.run(main)
+    assert setup.rows() == 2
+    view = run_view(setup)
+    kinds = [e.terms.kind for e in view.ledger if e.status.value == "committed" and e.terms]
+    assert kinds == ["add_note", "add_note"]
+    committed = [e for e in view.ledger if e.status.value == "committed"]
+    assert committed[0].receipt["result"]["structuredContent"] == {"id": 1, "text": "milk"}
+    assert committed[0].receipt["namespace"] == "mcp"
+    assert any(
+        e.kind == "action_observed" or "count_notes" in json.dumps(e.data) for e in view.trace
+    )
+
+
+def test_a_client_killed_after_the_tool_returned_gets_the_recorded_answer(setup: Setup) -> None:
+    """A client SIGKILLed right after add_note returned, started again, asks again: one row, not two."""
+    answer = setup.base / "answer.json"
+    code = call_in_child(setup.gateway(), "add_note", {"text": "call the plumber"}, answer)
+    assert code == -signal.SIGKILL
+    assert setup.rows() == 1
+    first = json.loads(answer.read_text())
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            again = await client.call_tool("add_note", {"text": "call the plumber"})
+        assert not again.is_error
+        assert again.structured_content == first["structuredContent"]
+        assert meta(again)["outcome"] == "replayed"
+
+    anyio.run(main)
+    assert setup.rows() == 1
+    assert run_view(setup).state.epoch >= 2  # the same run, continued in a new epoch
+
+
+def test_the_unguarded_control_repeats_the_effect(setup: Setup) -> None:
+    """The same client straight to the upstream, killed and asking again, makes the effect twice."""
+    answer = setup.base / "answer.json"
+    code = call_in_child(setup.direct(), "add_note", {"text": "call the plumber"}, answer)
+    assert code == -signal.SIGKILL
+    assert setup.rows() == 1
+
+    async def main() -> None:
+        async with connected(setup.direct()) as client:
+            await client.call_tool("add_note", {"text": "call the plumber"})
+
+    anyio.run(main)
+    assert setup.rows() == 2
+
+
+def test_a_gateway_killed_after_forwarding_leaves_the_call_to_a_person(setup: Setup) -> None:
+    """The gateway SIGKILLed after add_note landed upstream: asked again, the agent is told a person decides; one row."""
+    setup.arm("parent")
+
+    assert "Connection closed" in anyio.run(
+        call_killed, setup, "add_note", {"text": "wire the money"}
+    )
+    assert setup.rows() == 1
+
+    async def again() -> None:
+        async with connected(setup.gateway()) as client:
+            answer = await client.call_tool("add_note", {"text": "wire the money"})
+            assert answer.is_error
+            assert "tether review" in text(answer) and "agent-run" in text(answer)
+            assert meta(answer)["waits_for"] == "review"
+            assert meta(answer)["case_id"] in text(answer)
+            other = await client.call_tool("add_note", {"text": "something else"})
+            assert other.is_error and meta(other)["waits_for"] == "review"
+
+    anyio.run(again)
+    assert setup.rows() == 1
+    view = run_view(setup)
+    assert view.state.phase.value == "needs_review"
+    assert [e.status.value for e in view.ledger][-1] == "outcome_unknown"
+
+
+def test_a_gateway_killed_after_forwarding_a_keyed_call_is_settled_by_its_key(setup: Setup) -> None:
+    """charge accepts a key: the gateway killed after it landed, asked again, sends it again under the same key; one charge."""
+    setup.arm("parent")
+
+    anyio.run(call_killed, setup, "charge", {"account": "acme", "cents": 500})
+    assert setup.rows("charges") == 1
+
+    async def again() -> None:
+        async with connected(setup.gateway()) as client:
+            answer = await client.call_tool("charge", {"account": "acme", "cents": 500})
+            assert not answer.is_error, text(answer)
+            assert answer.structured_content == {"charge_id": 1, "account": "acme", "cents": 500}
+
+    anyio.run(again)
+    assert setup.rows("charges") == 1
+    assert run_view(setup).state.phase.value == "running"
+
+
+def test_an_upstream_killed_mid_call_is_never_repeated(setup: Setup) -> None:
+    """The upstream SIGKILLed after add_note landed and before it answered: one row, and a person decides."""
+    setup.arm("self")
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            first = await client.call_tool("add_note", {"text": "order the parts"})
+            assert first.is_error
+            again = await client.call_tool("add_note", {"text": "order the parts"})
+            assert again.is_error and "tether review" in text(again)
+            keyed = await client.call_tool("count_notes", {})
+            assert keyed.is_error  # the run is frozen: nothing is asked until a person decides
+
+    anyio.run(main)
+    assert setup.rows() == 1
+    assert run_view(setup).state.phase.value == "needs_review"
+
+
+def test_an_upstream_killed_mid_keyed_call_is_asked_again_under_its_key(setup: Setup) -> None:
+    """The upstream SIGKILLed mid-charge is started again by the gateway and asked under the same key: one charge."""
+    setup.arm("self")
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            first = await client.call_tool("charge", {"account": "acme", "cents": 700})
+            assert first.is_error
+            again = await client.call_tool("charge", {"account": "acme", "cents": 700})
+            assert not again.is_error, text(again)
+            assert again.structured_content == {"charge_id": 1, "account": "acme", "cents": 700}
+
+    anyio.run(main)
+    assert setup.rows("charges") == 1
+
+
+def test_a_gated_tool_waits_for_tether_approve(setup: Setup, tmp_path: Path) -> None:
+    """A tool the policy gates answers that it waits for a person; `tether approve` lets it through once."""
+    keys = tmp_path / "keys"
+    assert (
+        tether_main(["keys", "new", "--role", "approver", "--id", "alice", "--out", str(keys)]) == 0
+    )
+    setup.trust = keys / "alice.trust.json"
+    setup.policy = {"reads": ["count_notes"], "tools": {"add_note": {"needs_approval": True}}}
+
+    async def ask() -> dict[str, Any]:
+        async with connected(setup.gateway()) as client:
+            answer = await client.call_tool("add_note", {"text": "pay the rent"})
+        assert answer.is_error and "tether approve" in text(answer), text(answer)
+        return meta(answer)
+
+    waiting = anyio.run(ask)
+    assert waiting["waits_for"] == "approval"
+    assert setup.rows() == 0
+    action = run_view(setup).state.pending.action_id
+    assert waiting["action_id"] == action
+    code = tether_main(
+        [
+            "approve",
+            setup.run_id,
+            action,
+            "--store",
+            setup.store,
+            "--key",
+            str(keys / "alice.key"),
+            "--yes",
+        ]
+    )
+    assert code == 0
+
+    async def again() -> None:
+        async with connected(setup.gateway()) as client:
+            answer = await client.call_tool("add_note", {"text": "pay the rent"})
+            assert not answer.is_error, text(answer)
+            assert answer.structured_content == {"id": 1, "text": "pay the rent"}
+            twice = await client.call_tool("add_note", {"text": "pay the rent"})
+            assert meta(twice)["outcome"] == "replayed"
+
+    anyio.run(again)
+    assert setup.rows() == 1
