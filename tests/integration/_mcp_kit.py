@@ -127,6 +127,21 @@ class Setup:
             except sqlite3.OperationalError:
                 return 0
 
+    def upstream_pids(self) -> list[int]:
+        """The processes serving this setup's upstream file (read from /proc)."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            module = argv[1:3] == [b"-m", b"tests.integration._mcp_upstream"]
+            if module and str(self.db).encode() in argv:
+                found.append(int(entry.name))
+        return found
+
     def arm(self, who: str) -> None:
         """Make the upstream's next effect kill ``parent`` (the gateway) or ``self``."""
         self.kill_marker.write_text(who)

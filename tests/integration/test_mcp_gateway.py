@@ -11,7 +11,12 @@ any process believes.
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +27,16 @@ pytest.importorskip("mcp", reason="needs the [mcp] extra")
 
 from mcp.shared.exceptions import MCPError
 
-from tests.integration._mcp_kit import Setup, call_in_child, connected, document, text
+from tests.integration._mcp_kit import (
+    ROOT,
+    UPSTREAM,
+    Setup,
+    call_in_child,
+    child_env,
+    connected,
+    document,
+    text,
+)
 from tether.cli import main as tether_main
 from tether.crypto import Keyring
 from tether.runtime import open_run
@@ -222,6 +236,75 @@ def test_an_upstream_killed_mid_keyed_call_is_asked_again_under_its_key(setup: S
 
     anyio.run(main)
     assert setup.rows("charges") == 1
+
+
+def test_an_upstream_that_died_between_calls_is_started_again_before_the_next_effect(
+    setup: Setup,
+) -> None:
+    """An upstream killed while idle is found dead by a ping and started again: nothing goes to review."""
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            first = await client.call_tool("add_note", {"text": "one"})
+            assert not first.is_error
+            (pid,) = setup.upstream_pids()
+            os.kill(pid, signal.SIGKILL)
+            await anyio.sleep(1.2)  # idle past the ping threshold
+            second = await client.call_tool("add_note", {"text": "two"})
+            assert not second.is_error, text(second)
+            assert meta(second)["outcome"] == "executed"
+            assert setup.upstream_pids() not in ([], [pid])
+
+    anyio.run(main)
+    assert setup.rows() == 2
+    assert run_view(setup).state.phase.value == "running"
+
+
+@pytest.fixture
+def http_upstream(setup: Setup) -> Iterator[str]:
+    """The test upstream served over streamable HTTP on loopback (a process of its own)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [*UPSTREAM, str(setup.db), "--http", str(port)],
+        env=child_env(),
+        cwd=str(ROOT),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the HTTP upstream did not start")
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_an_upstream_over_streamable_http_is_guarded_the_same(
+    setup: Setup, http_upstream: str
+) -> None:
+    """With --upstream URL the tools are the upstream's and an effect is sent once across two client sessions."""
+    setup.upstream_url = http_upstream
+
+    async def session(text_: str) -> Any:
+        async with connected(setup.gateway()) as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert names == {"add_note", "count_notes", "charge"}
+            return await client.call_tool("add_note", {"text": text_})
+
+    first = anyio.run(session, "over http")
+    again = anyio.run(session, "over http")
+    assert meta(first)["outcome"] == "executed" and meta(again)["outcome"] == "replayed"
+    assert again.structured_content == first.structured_content == {"id": 1, "text": "over http"}
+    assert setup.rows() == 1
 
 
 def test_a_gated_tool_waits_for_tether_approve(setup: Setup, tmp_path: Path) -> None:

@@ -70,9 +70,8 @@ RECEIVED_AT = "tether_received_at"
 #: Reserved ``_meta`` keys the SDK stamps per connection: not part of a tool's answer.
 _RESERVED_META = "io.modelcontextprotocol/"
 
-Caller = Callable[
-    [str, dict[str, Any], dict[str, Any] | None], Coroutine[Any, Any, types.CallToolResult]
-]
+Caller = Callable[..., Coroutine[Any, Any, types.CallToolResult]]
+"""``call(tool, arguments, meta, effect=...)``: the upstream's answer (see ``Upstream.call``)."""
 
 
 class ToolRefusedError(Exception):
@@ -146,7 +145,7 @@ def forwarding_effect(
     async def forward(arguments: dict[str, Any], idempotency_key: str) -> dict[str, Any]:
         meta = {IDEMPOTENCY_KEY_META: idempotency_key} if accepts_key else None
         try:
-            result = await call(name, arguments, meta)
+            result = await call(name, arguments, meta, effect=True)
         except (UpstreamRefusedError, UpstreamDownError) as exc:
             raise ToolRefusedError(str(exc)) from exc
         doc = result_document(result)

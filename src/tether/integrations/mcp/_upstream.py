@@ -34,6 +34,9 @@ from tether.core import TetherError
 REFUSING_CODES = frozenset({types.METHOD_NOT_FOUND, types.INVALID_PARAMS})
 #: The most pages of tools one listing may take (a paginator that never ends).
 MAX_PAGES = 100
+#: An effect sent on a connection idle this long is preceded by a ping: an upstream that
+#: died between calls is found before the call is sent, not by an unknown outcome after.
+PING_AFTER_IDLE_S = 1.0
 
 
 class UpstreamError(TetherError):
@@ -84,6 +87,7 @@ class Upstream:
         self._closing: anyio.Event | None = None
         self._group: TaskGroup | None = None
         self._lock = anyio.Lock()
+        self._last_answer = 0.0  # anyio's clock when the connection last answered
         #: The upstream's self-description from its latest connection.
         self.server_info: types.Implementation | None = None
         self.instructions: str | None = None
@@ -113,6 +117,7 @@ class Upstream:
                     f"cannot connect to the upstream MCP server: {type(exc).__name__}: {exc}"
                 ) from exc
             self._client = client
+            self._last_answer = anyio.current_time()  # it answered the handshake just now
             return client
 
     async def _hold(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
@@ -153,12 +158,24 @@ class Upstream:
         raise UpstreamDownError(f"the upstream's tool listing did not end after {MAX_PAGES} pages")
 
     async def call(
-        self, name: str, arguments: dict[str, Any], meta: dict[str, Any] | None = None
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        meta: dict[str, Any] | None = None,
+        *,
+        effect: bool = False,
     ) -> types.CallToolResult:
-        """Call ``name`` once; its result, or one of the errors of the module docstring."""
+        """Call ``name`` once; its result, or one of the errors of the module docstring.
+
+        An ``effect`` on a connection idle for :data:`PING_AFTER_IDLE_S` is
+        sent only after a ping answered (else a new connection is opened
+        first): a failure then is known to have sent nothing.
+        """
         client = await self._connect()
+        if effect and anyio.current_time() - self._last_answer >= PING_AFTER_IDLE_S:
+            client = await self._alive(client)
         try:
-            return await client.call_tool(
+            result = await client.call_tool(
                 name,
                 arguments,
                 read_timeout_seconds=self.timeout_s,
@@ -178,6 +195,18 @@ class Upstream:
                 f"{name}: the connection failed during the call ({type(exc).__name__}: {exc}); "
                 "the upstream may have acted"
             ) from exc
+        self._last_answer = anyio.current_time()
+        return result
+
+    async def _alive(self, client: Client) -> Client:
+        """``client`` if it answers a ping, else a new connection (``UpstreamDownError``)."""
+        try:
+            with anyio.fail_after(min(self.timeout_s, 10.0)):
+                await client.send_ping()
+            return client
+        except Exception:  # a dead connection: nothing was sent on it
+            self._broken(client)
+        return await self._connect()
 
     def _broken(self, client: Client) -> None:
         """Drop ``client`` so the next call connects again."""
