@@ -60,6 +60,28 @@ def run_view(setup: Setup) -> Any:
         store.close()
 
 
+def operator_page(setup: Setup) -> str:
+    """The run's page of `tether serve` (read-only), as a person's browser gets it."""
+    from starlette.testclient import TestClient
+
+    from tether.web import WebConfig, create_app
+
+    token = "t" * 32
+    app = create_app(
+        WebConfig(
+            store=setup.store,
+            token=token,
+            keyring=Keyring.from_file(setup.keyring),
+            hosts=("testserver",),
+        )
+    )
+    with TestClient(app) as browser:
+        browser.get(f"/runs?token={token}")
+        answer = browser.get(f"/runs/{setup.run_id}")
+        assert answer.status_code == 200, answer.text
+        return answer.text
+
+
 def meta(result: Any) -> dict[str, Any]:
     return document(result)["_meta"]["tether/call"]
 
@@ -95,7 +117,9 @@ def test_lists_the_upstreams_tools_unchanged(setup: Setup) -> None:
     anyio.run(main)
 
 
-def test_an_effect_is_sent_once_and_its_twin_answered_from_the_record(setup: Setup) -> None:
+def test_an_effect_is_sent_once_and_its_twin_answered_from_the_record(
+    setup: Setup, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The same tool with the same arguments in one run reaches the upstream once; a read passes through."""
 
     async def main() -> None:
@@ -184,6 +208,10 @@ def test_a_gateway_killed_after_forwarding_leaves_the_call_to_a_person(setup: Se
     view = run_view(setup)
     assert view.state.phase.value == "needs_review"
     assert [e.status.value for e in view.ledger][-1] == "outcome_unknown"
+    # The operator page shows the MCP effect and its review case like any other.
+    page = operator_page(setup)
+    assert "add_note" in page and "outcome_unknown" in page
+    assert view.state.review_cases[-1].case_id in page
 
 
 def test_a_gateway_killed_after_forwarding_a_keyed_call_is_settled_by_its_key(setup: Setup) -> None:
