@@ -151,8 +151,8 @@ async def main(calls: int, rounds: int, where: Path) -> None:
                     results.setdefault((name, kind), []).extend(times)
                     medians[(name, kind)] = statistics.median(times)
             serial += calls
-            for kind in pairs:
-                pairs[kind].append(medians[("gateway", kind)] - medians[("direct", kind)])
+            for kind, added in pairs.items():
+                added.append(medians[("gateway", kind)] - medians[("direct", kind)])
     commit = bare_commit_ms(where)
     print(f"MCP gateway over stdio, {rounds} rounds x {calls} calls per kind, store in {where}")
     print(f"  one bare synchronous=FULL SQLite commit here: {commit:.2f} ms")
