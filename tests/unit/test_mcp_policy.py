@@ -39,17 +39,17 @@ def rules(document: dict[str, Any]) -> dict[str, Any]:
         (
             {},
             {
-                "add_note": ("mcp.call", "medium", False, False),
-                "count_notes": ("mcp.call", "medium", False, False),
-                "charge": ("mcp.call", "medium", False, False),
+                "add_note": ("mcp.tools", "medium", False, False),
+                "count_notes": ("mcp.tools", "medium", False, False),
+                "charge": ("mcp.tools", "medium", False, False),
             },
         ),
         (
             {"reads": ["count_notes"]},
             {
-                "add_note": ("mcp.call", "medium", False, False),
-                "count_notes": ("mcp.read", "low", False, False),
-                "charge": ("mcp.call", "medium", False, False),
+                "add_note": ("mcp.tools", "medium", False, False),
+                "count_notes": ("mcp.tools", "low", False, False),
+                "charge": ("mcp.tools", "medium", False, False),
             },
         ),
         (
@@ -59,9 +59,9 @@ def rules(document: dict[str, Any]) -> dict[str, Any]:
                 "tools": {"add_note": {"needs_approval": False, "sensitive": True}},
             },
             {
-                "add_note": ("mcp.call", "high", False, True),
-                "count_notes": ("mcp.read", "low", False, False),
-                "charge": ("mcp.call", "high", True, False),
+                "add_note": ("mcp.tools", "high", False, True),
+                "count_notes": ("mcp.tools", "low", False, False),
+                "charge": ("mcp.tools", "high", True, False),
             },
         ),
     ],
@@ -71,6 +71,21 @@ def test_every_tool_the_policy_does_not_name_a_read_is_an_effect(
 ) -> None:
     """A table: each policy file gives each tool a read's rule only when it names it a read."""
     assert rules(document) == expected
+
+
+def test_a_changed_policy_file_changes_the_policy_not_the_task() -> None:
+    """Naming a tool a read or gating one is a policy change; the task is the tool list alone."""
+    plain = run_rules(GatewayPolicy(), TOOLS, ENV, "mcp:notes")
+    gated = run_rules(
+        GatewayPolicy.from_json({"reads": ["count_notes"], "default": {"needs_approval": True}}),
+        TOOLS,
+        ENV,
+        "mcp:notes",
+    )
+    assert plain.task.fingerprint == gated.task.fingerprint
+    assert plain.policy.fingerprint != gated.policy.fingerprint
+    other = run_rules(GatewayPolicy(), [*TOOLS, "delete_note"], ENV, "mcp:notes")
+    assert other.task.fingerprint != plain.task.fingerprint
 
 
 def test_the_run_is_the_same_for_the_same_configuration() -> None:
@@ -162,5 +177,7 @@ def test_a_recorded_answer_drops_what_the_connection_stamped() -> None:
 
 def test_a_store_url_is_shown_without_its_password() -> None:
     """The command a person is told to run never carries the store's password."""
-    assert shown_store("postgresql://bob:s3cret@db:5432/runs") == "postgresql://bob:***@db:5432/runs"
+    assert (
+        shown_store("postgresql://bob:s3cret@db:5432/runs") == "postgresql://bob:***@db:5432/runs"
+    )
     assert shown_store("sqlite:///runs.sqlite") == "sqlite:///runs.sqlite"

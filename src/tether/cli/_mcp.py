@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,13 @@ def add_mcp(sub: Any, seconds: Any) -> None:
         "the outcome is unknown",
     )
     p.add_argument(
+        "--print-rules",
+        action="store_true",
+        help="print the run's task and tether policy (JSON) derived from the upstream's tools "
+        "and the policy file, and exit: the policy a person admits with `tether admit --policy` "
+        "after the policy file changed",
+    )
+    p.add_argument(
         "command",
         nargs=argparse.REMAINDER,
         metavar="-- COMMAND",
@@ -103,5 +111,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     )
     target = args.upstream if args.upstream else stdio_target(command, os.getcwd())
     gateway = Gateway(config, Upstream(target, timeout_s=float(args.call_timeout)))
+    if args.print_rules:
+        rules = anyio.run(gateway.rules_only)
+        body = {"task": rules.task.to_json(), "policy": rules.policy.to_json()}
+        print(json.dumps(body, indent=2, sort_keys=True))
+        return 0
     anyio.run(gateway.serve_stdio)
     return 0

@@ -43,10 +43,11 @@ from tether.core import (
     LeaseHeldError,
     NeedsReviewError,
     RunTerminalError,
+    TaskMismatchError,
     TetherError,
 )
 from tether.crypto import Keyring, Signer, TrustRoots
-from tether.integrations.mcp._policy import GatewayPolicy, run_rules
+from tether.integrations.mcp._policy import GatewayPolicy, RunRules, run_rules
 from tether.integrations.mcp._tools import (
     ARGUMENTS,
     RECEIVED_AT,
@@ -100,6 +101,14 @@ def shown_store(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
+def _leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The one exception a nest of task groups carries (the group itself if several)."""
+    errors: Any = group.exceptions
+    while len(errors) == 1 and isinstance(errors[0], BaseExceptionGroup):
+        errors = errors[0].exceptions
+    return errors[0] if len(errors) == 1 else group
+
+
 def _error(text: str, meta: dict[str, Any]) -> types.CallToolResult:
     return types.CallToolResult.model_validate(
         {"content": [{"type": "text", "text": text}], "isError": True, "_meta": {CALL_META: meta}}
@@ -115,6 +124,8 @@ class Gateway:
         self.tools: list[types.Tool] = []
         self.adapter: UpstreamTools | None = None
         self.run: effects.GuardedRun | None = None
+        #: The run's task and policy, once the upstream's tools are known.
+        self.rules: RunRules | None = None
         # Each answer as it arrives, by key: the receipt keeps at most 16 KiB of it.
         self._live: dict[str, dict[str, Any]] = {}
 
@@ -139,6 +150,7 @@ class Gateway:
         rules = run_rules(
             config.policy, names, adapter.environment(), config.task_id or f"mcp:{instance}"
         )
+        self.rules = rules
         gated = sorted(n for n, r in rules.policy.kinds.items() if r.needs_approval)
         if gated and config.trust is None:
             raise TetherError(
@@ -168,6 +180,14 @@ class Gateway:
                     effects.run_async(runtime, self.config.run_id)
                 )
                 return
+            except TaskMismatchError:
+                names = sorted(tool.name for tool in self.tools)
+                log(
+                    f"run {self.config.run_id} was started for another task: its task is the "
+                    f"upstream's tool list (now {names}), the instance and the task id; a changed "
+                    "upstream is another task, so give a new --run (the old run stays as it was)"
+                )
+                raise
             except LeaseHeldError as exc:
                 if waited >= limit:
                     raise
@@ -177,7 +197,36 @@ class Gateway:
                 waited += 0.25
 
     async def serve_stdio(self) -> None:
-        """Connect the upstream, open the run, and serve MCP on stdin/stdout until EOF."""
+        """Connect the upstream, open the run, and serve MCP on stdin/stdout until EOF.
+
+        A failure is raised as itself, not wrapped in the task groups it
+        crossed, so the CLI says it in one line.
+        """
+        try:
+            await self._serve_stdio()
+        except BaseExceptionGroup as group:
+            raise _leaf(group) from None
+
+    async def rules_only(self) -> RunRules:
+        """The run's task and policy for the upstream as it is now; the run is not touched."""
+        try:
+            async with anyio.create_task_group() as group:
+                await self.upstream.start(group)
+                try:
+                    tools = await self.upstream.tools()
+                    runtime = self.build_runtime(tools, lambda *_: {})
+                    close = getattr(runtime.store, "close", None)
+                    if callable(close):
+                        close()
+                finally:
+                    await self.upstream.aclose()
+        except BaseExceptionGroup as group_error:
+            raise _leaf(group_error) from None
+        if self.rules is None:  # pragma: no cover - build_runtime sets it
+            raise TetherError("no rules were derived")
+        return self.rules
+
+    async def _serve_stdio(self) -> None:
         async with anyio.create_task_group() as group, contextlib.AsyncExitStack() as stack:
             await self.upstream.start(group)
             stack.push_async_callback(self.upstream.aclose)

@@ -61,10 +61,10 @@ from tether.core import (
 )
 from tether.core import CanonicalJSONError as _JSONError
 
-#: The permission every read needs (named in the task and in each read's rule).
-READ_PERMISSION = "mcp.read"
-#: The permission every effect needs.
-CALL_PERMISSION = "mcp.call"
+#: The one permission every tool's rule names. One for reads and effects alike, so the
+#: run's task is the tool list alone: a changed policy file is a policy change (which
+#: tether's admission rules decide), never another task.
+PERMISSION = "mcp.tools"
 #: The default approval lifetime: fifteen minutes.
 DEFAULT_APPROVAL_TTL_S = 900
 
@@ -210,13 +210,13 @@ def run_rules(
     risks = [Risk.LOW]
     for name in names:
         if gateway.is_read(name):
-            kinds[name] = {"risk": "low", "permission": READ_PERMISSION, "needs_approval": False}
+            kinds[name] = {"risk": "low", "permission": PERMISSION, "needs_approval": False}
             continue
         rule = gateway.rule(name)
         risks.append(rule.risk)
         body: dict[str, Any] = {
             "risk": rule.risk.value,
-            "permission": CALL_PERMISSION,
+            "permission": PERMISSION,
             "needs_approval": rule.needs_approval,
         }
         if rule.sensitive:
@@ -237,7 +237,7 @@ def run_rules(
             "task_version": "1",
             "allowed_kinds": names,
             "allowed_paths": [],
-            "permissions": [READ_PERMISSION, CALL_PERMISSION],
+            "permissions": [PERMISSION],
             "budgets": {
                 "proposals": MAX_COUNT,
                 "steps": MAX_COUNT,
