@@ -53,6 +53,8 @@ class Setup:
     policy: dict[str, Any] = field(default_factory=lambda: {"reads": ["count_notes"]})
     trust: Path | None = None
     upstream_url: str | None = None
+    upstream_headers: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
     lease_ttl: str = "1"
 
     @property
@@ -96,6 +98,8 @@ class Setup:
         if self.trust is not None:
             argv += ["--trust", str(self.trust)]
         if self.upstream_url is not None:
+            for header in self.upstream_headers:
+                argv += ["--upstream-header", header]
             return [*argv, "--upstream", self.upstream_url]
         return [*argv, "--", *UPSTREAM, str(self.db)]
 
@@ -104,7 +108,7 @@ class Setup:
         return StdioServerParameters(
             command=sys.executable,
             args=self.gateway_argv(),
-            env=child_env(TETHER_TEST_KILL=str(self.kill_marker)),
+            env=child_env(TETHER_TEST_KILL=str(self.kill_marker), **self.extra_env),
             cwd=str(ROOT),
         )
 

@@ -10,6 +10,9 @@
   idempotency key in ``_meta`` and deduplicates by it: one row in
   ``charges`` per key, the first answer returned again for the same key.
 
+Over HTTP with ``NOTES_TOKEN`` set, ``add_note`` and ``count_notes`` answer
+an error to a request without ``Authorization: Bearer <token>``.
+
 ``TETHER_TEST_KILL`` (a file path): when it exists at a call of ``add_note``
 or ``charge``, the row is committed, the file removed, and then the named
 process is SIGKILLed before the answer is written: ``parent`` kills the
@@ -26,6 +29,7 @@ import sys
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
 KEY_META = "idempotencyKey"
@@ -57,17 +61,25 @@ def build(db: str) -> MCPServer:
         os.kill(os.getppid() if who == "parent" else os.getpid(), signal.SIGKILL)
         os._exit(0)  # never answer: the gateway is gone, and this server goes with it
 
+    def check_token(ctx: Context) -> None:
+        """Over HTTP with ``NOTES_TOKEN`` set, a call without ``Authorization: Bearer TOKEN`` fails."""
+        token = os.environ.get("NOTES_TOKEN")
+        if token and (ctx.headers or {}).get("authorization") != f"Bearer {token}":
+            raise ToolError("no valid bearer token")
+
     @server.tool(annotations=ToolAnnotations(destructive_hint=True, read_only_hint=False))
-    def add_note(text: str) -> dict[str, Any]:
+    def add_note(text: str, ctx: Context) -> dict[str, Any]:
         """Add a note to the notebook; returns its id."""
+        check_token(ctx)
         with connect() as con:
             row = con.execute("INSERT INTO notes (text) VALUES (?)", (text,)).lastrowid
         maybe_die()
         return {"id": row, "text": text}
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=True))
-    def count_notes() -> int:
+    def count_notes(ctx: Context) -> int:
         """How many notes the notebook holds."""
+        check_token(ctx)
         with connect() as con:
             return int(con.execute("SELECT COUNT(*) FROM notes").fetchone()[0])
 

@@ -296,7 +296,7 @@ def http_upstream(setup: Setup) -> Iterator[str]:
         port = probe.getsockname()[1]
     server = subprocess.Popen(
         [*UPSTREAM, str(setup.db), "--http", str(port)],
-        env=child_env(),
+        env=child_env(NOTES_TOKEN="s3cret-token"),
         cwd=str(ROOT),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -319,8 +319,10 @@ def http_upstream(setup: Setup) -> Iterator[str]:
 def test_an_upstream_over_streamable_http_is_guarded_the_same(
     setup: Setup, http_upstream: str
 ) -> None:
-    """With --upstream URL the tools are the upstream's and an effect is sent once across two client sessions."""
+    """With --upstream URL (and its bearer token from the environment) an effect is sent once across two sessions."""
     setup.upstream_url = http_upstream
+    setup.upstream_headers = ["Authorization: Bearer ${NOTES_TOKEN}"]
+    setup.extra_env = {"NOTES_TOKEN": "s3cret-token"}
 
     async def session(text_: str) -> Any:
         async with connected(setup.gateway()) as client:
@@ -332,6 +334,11 @@ def test_an_upstream_over_streamable_http_is_guarded_the_same(
     again = anyio.run(session, "over http")
     assert meta(first)["outcome"] == "executed" and meta(again)["outcome"] == "replayed"
     assert again.structured_content == first.structured_content == {"id": 1, "text": "over http"}
+    assert setup.rows() == 1
+    # Without the token the upstream refuses; the gateway recorded that answer, not a row.
+    setup.extra_env = {"NOTES_TOKEN": "wrong"}
+    refused = anyio.run(session, "without the token")
+    assert refused.is_error and "bearer token" in text(refused)
     assert setup.rows() == 1
 
 

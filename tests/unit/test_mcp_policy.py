@@ -181,3 +181,15 @@ def test_a_store_url_is_shown_without_its_password() -> None:
         shown_store("postgresql://bob:s3cret@db:5432/runs") == "postgresql://bob:***@db:5432/runs"
     )
     assert shown_store("sqlite:///runs.sqlite") == "sqlite:///runs.sqlite"
+
+
+def test_a_header_reads_its_secret_from_the_environment_or_is_refused() -> None:
+    """`${VAR}` in an upstream header comes from the environment; an unset one is never sent as written."""
+    from tether.integrations.mcp import UpstreamDownError, expanded_header
+
+    env = {"TOKEN": "abc"}
+    assert expanded_header("Authorization: Bearer ${TOKEN}", env) == ("Authorization", "Bearer abc")
+    with pytest.raises(UpstreamDownError, match="TOKEN"):
+        expanded_header("Authorization: Bearer ${TOKEN}", {})
+    with pytest.raises(UpstreamDownError):
+        expanded_header("no colon here", env)

@@ -43,6 +43,14 @@ def add_mcp(sub: Any, seconds: Any) -> None:
     )
     p.add_argument("--upstream", metavar="URL", help="the upstream's streamable HTTP URL")
     p.add_argument(
+        "--upstream-header",
+        action="append",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="a header sent to the --upstream URL on every request (repeatable); ${VAR} in the "
+        "value is read from the environment, so a token stays out of the command line",
+    )
+    p.add_argument(
         "--instance",
         help="the upstream's identity in the run (default: the name the upstream gives itself)",
     )
@@ -86,6 +94,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         GatewayConfig,
         GatewayPolicy,
         Upstream,
+        expanded_header,
         stdio_target,
     )
 
@@ -110,7 +119,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         lease_ttl_s=float(args.lease_ttl),
     )
     target = args.upstream if args.upstream else stdio_target(command, os.getcwd())
-    gateway = Gateway(config, Upstream(target, timeout_s=float(args.call_timeout)))
+    headers = dict(expanded_header(h, os.environ) for h in args.upstream_header)
+    upstream = Upstream(target, timeout_s=float(args.call_timeout), headers=headers)
+    gateway = Gateway(config, upstream)
     if args.print_rules:
         rules = anyio.run(gateway.rules_only)
         body = {"task": rules.task.to_json(), "policy": rules.policy.to_json()}

@@ -27,6 +27,7 @@ from tether.integrations.mcp._upstream import (
     UpstreamError,
     UpstreamLostError,
     UpstreamRefusedError,
+    expanded_header,
     stdio_target,
 )
 
@@ -44,6 +45,7 @@ __all__ = [
     "UpstreamLostError",
     "UpstreamRefusedError",
     "UpstreamTools",
+    "expanded_header",
     "forwarding_effect",
     "key_declaration",
     "result_document",

@@ -18,14 +18,18 @@ unknown).
 from __future__ import annotations
 
 import os
+import string
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from tether.core import TetherError
@@ -80,9 +84,18 @@ class Upstream:
     streamable HTTP URL. ``timeout_s`` bounds one call's wait for its answer.
     """
 
-    def __init__(self, target: StdioServerParameters | str, *, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        target: StdioServerParameters | str,
+        *,
+        timeout_s: float = 300.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if headers and not isinstance(target, str):
+            raise UpstreamDownError("headers are for an upstream reached by URL (--upstream)")
         self.target = target
         self.timeout_s = timeout_s
+        self._headers = dict(headers or {})
         self._client: Client | None = None
         self._closing: anyio.Event | None = None
         self._group: TaskGroup | None = None
@@ -125,7 +138,7 @@ class Upstream:
         closing = anyio.Event()
         held: Client | None = None
         try:
-            async with Client(self.target, read_timeout_seconds=self.timeout_s) as client:
+            async with Client(self._transport(), read_timeout_seconds=self.timeout_s) as client:
                 held = client
                 self._closing = closing
                 self.server_info = client.server_info
@@ -139,6 +152,13 @@ class Upstream:
         finally:
             if held is not None and self._client is held:
                 self._client = None
+
+    def _transport(self) -> Any:
+        """What the SDK's client connects with: the target, or a URL with its headers."""
+        target = self.target
+        if not self._headers or not isinstance(target, str):
+            return target
+        return _http_with_headers(target, self._headers)
 
     async def tools(self) -> list[types.Tool]:
         """Every tool the upstream lists (all pages), as it lists them."""
@@ -214,6 +234,32 @@ class Upstream:
             self._client = None
             if self._closing is not None:
                 self._closing.set()
+
+
+@asynccontextmanager
+async def _http_with_headers(url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
+    """Streamable HTTP to ``url`` with ``headers`` on every request (an upstream's credentials)."""
+    timeout = httpx2.Timeout(30.0, read=300.0)  # the SDK's own defaults for MCP over HTTP
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=timeout) as http,
+        streamable_http_client(url, http_client=http) as streams,
+    ):
+        yield streams
+
+
+def expanded_header(text: str, environ: Mapping[str, str]) -> tuple[str, str]:
+    """``"Name: value"`` with ``${VAR}`` in the value read from ``environ`` (a secret stays out
+    of the command line); a variable that is not set is refused, never sent as written."""
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip() or not value.strip():
+        raise UpstreamDownError(f"a header is 'Name: value', not {text!r}")
+    try:
+        return name.strip(), string.Template(value.strip()).substitute(environ)
+    except (KeyError, ValueError) as exc:
+        raise UpstreamDownError(
+            f"header {name.strip()}: the environment variable {exc} is not set (or the value "
+            "is malformed); nothing was sent"
+        ) from None
 
 
 def log(message: str) -> None:
