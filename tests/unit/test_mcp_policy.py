@@ -193,3 +193,16 @@ def test_a_header_reads_its_secret_from_the_environment_or_is_refused() -> None:
         expanded_header("Authorization: Bearer ${TOKEN}", {})
     with pytest.raises(UpstreamDownError):
         expanded_header("no colon here", env)
+
+
+def test_the_upstream_child_never_gets_tethers_keyring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The upstream started as a child gets the gateway's environment without TETHER_KEYRING*."""
+    from tether.integrations.mcp import stdio_target
+
+    monkeypatch.setenv("TETHER_KEYRING", '{"keys": "secret"}')
+    monkeypatch.setenv("TETHER_KEYRING_FILE", "/home/me/keyring.json")
+    monkeypatch.setenv("ACME_TOKEN", "for-the-upstream")
+    target = stdio_target(["npx", "-y", "@acme/issues-mcp"])
+    assert target.env is not None and target.env["ACME_TOKEN"] == "for-the-upstream"
+    assert not [k for k in target.env if k.startswith("TETHER_KEYRING")]
+    assert (target.command, target.args) == ("npx", ["-y", "@acme/issues-mcp"])

@@ -149,9 +149,9 @@ def forwarding_effect(
         except (UpstreamRefusedError, UpstreamDownError) as exc:
             raise ToolRefusedError(str(exc)) from exc
         doc = result_document(result)
-        live[idempotency_key] = doc
         if result.is_error and rule.errors_are_refusals:
             raise ToolRefusedError(f"{name} answered with an error: {text_of(doc)}")
+        live[idempotency_key] = doc
         # An approval is checked against the commit time: the answer's arrival bounds it.
         return doc | {RECEIVED_AT: format_time(datetime.now(UTC))}
 

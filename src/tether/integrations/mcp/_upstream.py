@@ -64,17 +64,18 @@ class UpstreamRefusedError(UpstreamError):
 
 
 def stdio_target(argv: Sequence[str], cwd: str | None = None) -> StdioServerParameters:
-    """The upstream started as a child: ``argv`` with the gateway's whole environment.
+    """The upstream started as a child: ``argv`` with the gateway's environment.
 
     The SDK passes a child only a few variables by default; an upstream
     configured in a desktop client reads its API keys from the environment
-    the client gave the gateway, so all of it is passed on.
+    the client gave the gateway, so that is passed on, all of it but
+    tether's own keyring (``TETHER_KEYRING*``): the key that seals the run's
+    checkpoints never reaches the server it guards.
     """
     if not argv:
         raise UpstreamDownError("no upstream command given (after --) and no --upstream URL")
-    return StdioServerParameters(
-        command=argv[0], args=list(argv[1:]), env=dict(os.environ), cwd=cwd
-    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_KEYRING")}
+    return StdioServerParameters(command=argv[0], args=list(argv[1:]), env=env, cwd=cwd)
 
 
 class Upstream:
