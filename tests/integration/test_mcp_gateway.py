@@ -100,30 +100,21 @@ async def call_killed(setup: Setup, tool: str, args: dict[str, Any]) -> str:
     raise AssertionError("the gateway answered: it was not killed")
 
 
-def test_lists_the_upstreams_tools_unchanged(setup: Setup) -> None:
-    """The agent sees the upstream's tools as the upstream lists them: names, schemas, annotations, _meta."""
+def test_an_effect_is_sent_once_and_its_twin_answered_from_the_record(
+    setup: Setup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The upstream's tools are offered unchanged; the same call in one run reaches the upstream once; a read passes through."""
 
     async def main() -> None:
         async with connected(setup.direct()) as direct:
             upstream = (await direct.list_tools()).tools
-        async with connected(setup.gateway()) as gateway:
-            offered = (await gateway.list_tools()).tools
-        assert [t.model_dump(mode="json") for t in offered] == [
-            t.model_dump(mode="json") for t in upstream
-        ]
-        names = {t.name for t in offered}
-        assert names == {"add_note", "count_notes", "charge"}
-
-    anyio.run(main)
-
-
-def test_an_effect_is_sent_once_and_its_twin_answered_from_the_record(
-    setup: Setup, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The same tool with the same arguments in one run reaches the upstream once; a read passes through."""
-
-    async def main() -> None:
         async with connected(setup.gateway()) as client:
+            offered = (await client.list_tools()).tools
+            # Names, schemas, descriptions, annotations and _meta, as the upstream lists them.
+            assert [t.model_dump(mode="json") for t in offered] == [
+                t.model_dump(mode="json") for t in upstream
+            ]
+            assert {t.name for t in offered} == {"add_note", "count_notes", "charge"}
             first = await client.call_tool("add_note", {"text": "milk"})
             again = await client.call_tool("add_note", {"text": "milk"})
             other = await client.call_tool("add_note", {"text": "eggs"})
