@@ -179,9 +179,8 @@ def test_a_gateway_killed_after_forwarding_leaves_the_call_to_a_person(setup: Se
     """The gateway SIGKILLed after add_note landed upstream: asked again, the agent is told a person decides; one row."""
     setup.arm("parent")
 
-    assert "Connection closed" in anyio.run(
-        call_killed, setup, "add_note", {"text": "wire the money"}
-    )
+    seen = anyio.run(call_killed, setup, "add_note", {"text": "wire the money"})
+    assert "Connection closed" in seen
     assert setup.rows() == 1
 
     async def again() -> None:
@@ -336,9 +335,8 @@ def test_an_upstream_over_streamable_http_is_guarded_the_same(
 def test_a_gated_tool_waits_for_tether_approve(setup: Setup, tmp_path: Path) -> None:
     """A tool the policy gates answers that it waits for a person; `tether approve` lets it through once."""
     keys = tmp_path / "keys"
-    assert (
-        tether_main(["keys", "new", "--role", "approver", "--id", "alice", "--out", str(keys)]) == 0
-    )
+    made = tether_main(["keys", "new", "--role", "approver", "--id", "alice", "--out", str(keys)])
+    assert made == 0
     setup.trust = keys / "alice.trust.json"
     setup.policy = {"reads": ["count_notes"], "tools": {"add_note": {"needs_approval": True}}}
 

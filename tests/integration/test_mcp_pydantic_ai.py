@@ -51,7 +51,8 @@ def test_an_agent_killed_after_the_tool_returned_and_run_again(
     setup: Setup, through: str, rows: int
 ) -> None:
     """Through the gateway the re-run agent gets the recorded answer (1 row); straight to the upstream, 2."""
-    assert killed_agent(setup, through, "buy milk") == -signal.SIGKILL
+    code = killed_agent(setup, through, "buy milk")
+    assert code == -signal.SIGKILL
     assert setup.rows() == 1
     output = anyio.run(lambda: run_agent(setup, "buy milk", through=through))
     assert setup.rows() == rows
