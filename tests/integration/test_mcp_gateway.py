@@ -129,6 +129,12 @@ def test_an_effect_is_sent_once_and_its_twin_answered_from_the_record(
 
     anyio.run(main)
     assert setup.rows() == 2
+    store = open_store(setup.store)
+    try:
+        mark = store.get_mark(setup.run_id)
+    finally:
+        store.close()
+    assert mark is not None and mark.lease_owner is None  # the ended session let the run go
     view = run_view(setup)
     kinds = [e.terms.kind for e in view.ledger if e.status.value == "committed" and e.terms]
     assert kinds == ["add_note", "add_note"]

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import mcp_types as types
+from anyio.abc import TaskGroup
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
@@ -43,6 +44,7 @@ from tether.core import (
     LeaseHeldError,
     NeedsReviewError,
     RunTerminalError,
+    SpecError,
     TaskMismatchError,
     TetherError,
 )
@@ -153,9 +155,10 @@ class Gateway:
         self.rules = rules
         gated = sorted(n for n, r in rules.policy.kinds.items() if r.needs_approval)
         if gated and config.trust is None:
-            raise TetherError(
-                f"the policy gates {gated}: give --trust (the approvers' public keys) so a "
-                "person's approval can be checked"
+            raise SpecError(
+                "--trust",
+                f"the policy gates {gated}: give the approvers' public keys so a person's "
+                "approval can be checked",
             )
         self.tools = tools
         self.adapter = adapter
@@ -227,27 +230,35 @@ class Gateway:
         return self.rules
 
     async def _serve_stdio(self) -> None:
-        async with anyio.create_task_group() as group, contextlib.AsyncExitStack() as stack:
-            await self.upstream.start(group)
-            stack.push_async_callback(self.upstream.aclose)
-            tools = await self.upstream.tools()
-            reader = blocking_reader(
-                self.upstream.call, asyncio.get_running_loop(), self.upstream.timeout_s
-            )
-            runtime = await anyio.to_thread.run_sync(self.build_runtime, tools, reader)
-            close = getattr(runtime.store, "close", None)
-            if callable(close):
-                stack.callback(close)
-            await self.open_run(runtime, stack)
-            run = self.run
-            phase = "?" if run is None else run.phase.value
-            log(
-                f"run {self.config.run_id} ({phase}): {len(tools)} tools of {runtime.adapter.instance_id}"
-            )
-            server = self.server()
-            async with stdio_server() as (read_stream, write_stream):
-                await server.run(read_stream, write_stream, server.create_initialization_options())
-            group.cancel_scope.cancel()
+        async with anyio.create_task_group() as group:
+            try:
+                # Left before the group is cancelled: the run's lease is given up on the way
+                # out (a cancelled scope would cancel that release), then the upstream closed.
+                async with contextlib.AsyncExitStack() as stack:
+                    await self._serve(group, stack)
+            finally:
+                group.cancel_scope.cancel()
+
+    async def _serve(self, group: TaskGroup, stack: contextlib.AsyncExitStack) -> None:
+        await self.upstream.start(group)
+        stack.push_async_callback(self.upstream.aclose)
+        tools = await self.upstream.tools()
+        reader = blocking_reader(
+            self.upstream.call, asyncio.get_running_loop(), self.upstream.timeout_s
+        )
+        runtime = await anyio.to_thread.run_sync(self.build_runtime, tools, reader)
+        close = getattr(runtime.store, "close", None)
+        if callable(close):
+            stack.callback(close)
+        await self.open_run(runtime, stack)
+        phase = "?" if self.run is None else self.run.phase.value
+        log(
+            f"run {self.config.run_id} ({phase}): {len(tools)} tools of "
+            f"{runtime.adapter.instance_id}"
+        )
+        server = self.server()
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
 
     def server(self) -> Server[Any]:
         """The MCP server the agent talks to."""
