@@ -372,7 +372,7 @@ class Gateway:
         case = exc.case_id or "CASE"
         reason = f" ({exc.reason})" if exc.reason else ""
         return (
-            f"tether: run {run_id} is frozen for a person's review{reason}: an earlier call's "
+            f"tether: run {run_id} is frozen for a person's review{reason}: a call's "
             "outcome is unknown (it may have happened) and the tool cannot be asked again "
             f"safely, so nothing more is sent until a person decides. {exc.detail} "
             f"A person looks with: tether inspect {run_id} --store {store}; and decides with: "
