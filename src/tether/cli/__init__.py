@@ -22,6 +22,7 @@ from tether.cli._crashtest import add_crashtest
 from tether.cli._demo_child import CHILD_COMMAND
 from tether.cli._demo_cmd import child_parser, cmd_demo
 from tether.cli._inspect import add_reader, cmd_inspect, cmd_verify
+from tether.cli._mcp import add_mcp
 from tether.cli._onboard import add_onboarding
 from tether.cli._recovery import add_recovery
 from tether.cli._runs import add_runs
@@ -200,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_recovery(sub, _seconds(MAX_APPROVAL_TTL_S))
     add_crashtest(sub, _count)
     add_serve(sub)
+    add_mcp(sub, _seconds(24 * 3600, real=True))
     return parser
 
 
