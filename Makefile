@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,postgres,http,demo,web,langgraph,pydantic-ai]'
+	$(BIN)/pip install --quiet -e '.[dev,postgres,http,demo,web,langgraph,pydantic-ai,mcp]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -28,8 +28,9 @@ unit: $(STAMP)
 
 # The runtime may not depend on `assert`: the whole suite runs again with -O.
 # Every test runs; the crash matrices repeat each cell 3 times instead of 20
-# (the first pass already ran 20 per point), and the simulator runs a smaller
-# corpus, which keeps CI's two passes under 45 minutes on this machine.
+# (the first pass already ran 20 per point), and the simulator and the damaged-store
+# fuzz run a smaller corpus, which keeps CI's two passes under 45 minutes on this
+# machine. (Not pytest-xdist: its workers are started without -O.)
 optimized: $(STAMP)
 	TETHER_CRASH_TRIALS=3 $(BIN)/python -O -m pytest -q -p no:cacheprovider --durations=15
 

@@ -1,6 +1,6 @@
 """History length: recovery, a write step, inspect and the run page at 10 and at 10,000 steps.
 
-:func:`measure` seeds two runs in one store through the real runtime (a
+:func:`measure_store` seeds two runs in one store through the real runtime (a
 ``Runtime`` driving guarded ``file.write`` steps on a queryable, idempotent
 ``Sandbox``, each step a new effect under a new action id), one 10 steps long
 and one 10,000, and then measures each figure on both side by side,
@@ -13,8 +13,8 @@ alternating short and long so the machine's noise lands on both:
 - the operator page's ``/runs/RUN``, in-process over HTTP: time and bytes.
 
 Each figure comes with the ratio long/short; recovery and the step carry a
-verdict against the issue's target (at most 1.2x). ``bench/scale.py`` imports
-:func:`measure`; run alone, this prints a table for SQLite, and for
+verdict against the issue's target (at most 1.2x). ``bench/scale.py`` calls
+:func:`measure` (the same figures, one row each, for the stores it names); run alone, this prints a table for SQLite, and for
 PostgreSQL too when ``TETHER_TEST_PG_DSN`` is set (in a schema of its own,
 dropped afterwards):
 
@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +201,7 @@ def _counting(store: Any) -> Iterator[list[int]]:
         store._all, store._one = all_, one
 
 
-def measure(
+def measure_store(
     store_url: str,
     *,
     short: int = 10,
@@ -302,6 +302,66 @@ def measure(
     }
 
 
+#: The figures :func:`measure` hands ``bench/scale.py``: key, what, target (0: shown only).
+_ROWS = (
+    ("recovery", "history: recovery", FLAT),
+    ("step", "history: write step at the end", FLAT),
+    ("step_cpu", "history: its CPU time", FLAT),
+    ("inspect", "history: inspect, first page", 0.0),
+    ("page", "history: run page", 0.0),
+)
+
+
+def measure(places: Mapping[str, str], **sizes: int) -> list[dict[str, Any]]:
+    """:func:`measure_store` on each store ``places`` names, as ``bench/scale.py``'s figures.
+
+    ``places``: ``"sqlite"`` -> a directory to make the database in,
+    ``"postgres"`` -> a DSN (the run gets a schema of its own, dropped
+    after). Each figure is a dict with the fields of ``scale.Figure``;
+    ``sizes`` go to :func:`measure_store` (``short``, ``long``, ...).
+    """
+    results = []
+    if "sqlite" in places:
+        path = Path(places["sqlite"]) / f"history-{uuid.uuid4().hex[:8]}.sqlite"
+        try:
+            results.append(("sqlite", measure_store(f"sqlite:///{path}", **sizes)))
+        finally:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+    if "postgres" in places:
+        with _pg_schema(places["postgres"]) as url:
+            results.append(("postgres", measure_store(url, **sizes)))
+    figures = []
+    for store, result in results:
+        labels = {
+            "small_label": f"{result['short_steps']:,} steps",
+            "large_label": f"{result['long_steps']:,} steps",
+        }
+        for key, what, target in _ROWS:
+            f = result[key]
+            common = {"store": store, "target": target, **labels}
+            figures.append(
+                {
+                    "what": what,
+                    "small": f["short_ms"],
+                    "large": f["long_ms"],
+                    "paired": f["ratio"],
+                    **common,
+                }
+            )
+            if "short_bytes" in f:
+                figures.append(
+                    {
+                        "what": f"{what} (bytes)",
+                        "small": float(f["short_bytes"]),
+                        "large": float(f["long_bytes"]),
+                        "unit": "bytes",
+                        **common,
+                    }
+                )
+    return figures
+
+
 def table(figures: dict[str, Any]) -> str:
     """One store's figures as a text table."""
     s, n = figures["short_steps"], figures["long_steps"]
@@ -369,11 +429,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        results.append(measure(f"sqlite:///{Path(tmp) / 'history.sqlite'}", **sizes))
+        results.append(measure_store(f"sqlite:///{Path(tmp) / 'history.sqlite'}", **sizes))
         print(table(results[-1]), flush=True)
     if args.pg:
         with _pg_schema(args.pg) as url:
-            results.append(measure(url, **sizes))
+            results.append(measure_store(url, **sizes))
             print(table(results[-1]), flush=True)
     failed = [
         f"{r['store']} {key}"

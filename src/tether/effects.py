@@ -4,16 +4,42 @@ See :mod:`tether.runtime._effects` for the contract: each call is one step of
 the protocol (gate, key and intent persisted first, the owning adapter's
 call, the receipt recorded); a call a host framework repeats after a crash
 returns the recorded receipt; what needs a person is raised, typed.
+
+Your own function can be the one that performs an effect (``@effect`` with
+what it proves declared, then ``fn.adapter`` given to the runtime; or
+:func:`function_effect` built at run time): see
+:mod:`tether.runtime._decorator` and :class:`~tether.adapters.FunctionEffect`.
+From a coroutine: :func:`run_async`, :func:`call_async`.
 """
 
+from tether.adapters import EffectToUndo, FunctionEffect, current_key
+from tether.runtime._decorator import FIRST_PARAMETER, EffectFunction, effect
 from tether.runtime._effects import (
-    FIRST_PARAMETER,
     CallResult,
     GuardedRun,
     call,
+    call_async,
     current,
-    effect,
     run,
+    run_async,
 )
 
-__all__ = ["FIRST_PARAMETER", "CallResult", "GuardedRun", "call", "current", "effect", "run"]
+#: Build a function effect at run time: ``function_effect(kind, fn, idempotent=..., lookup=...)``
+#: is a :class:`~tether.adapters.FunctionEffect`, an adapter the runtime accepts like any other.
+function_effect = FunctionEffect
+
+__all__ = [
+    "FIRST_PARAMETER",
+    "CallResult",
+    "EffectFunction",
+    "EffectToUndo",
+    "GuardedRun",
+    "call",
+    "call_async",
+    "current",
+    "current_key",
+    "effect",
+    "function_effect",
+    "run",
+    "run_async",
+]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from examples.own_function.tickets import KIND, open_ticket
 
 from tests.integration._services import delivered, effects_service, smtp_adapter, smtp_server
 from tether.adapters import FileWorkspace, HttpEffect, Sandbox
@@ -21,8 +22,10 @@ def file_write(n: int) -> tuple[str, str, dict[str, Any]]:
     return "file.write", "notes.txt", {"content": f"version {n}\n"}
 
 
-@pytest.fixture(params=["sandbox", "workspace", "http", "smtp"])
-def tether_adapter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AdapterSubject]:
+@pytest.fixture(params=["sandbox", "workspace", "http", "smtp", "function"])
+def tether_adapter(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[AdapterSubject]:
     if request.param == "sandbox":
         sandbox = Sandbox({"notes.txt": "draft\n"})
         yield AdapterSubject(
@@ -63,6 +66,19 @@ def tether_adapter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[A
                 ),
                 effects=lambda: len(delivered(maildir)),
                 lose_next_reply=lose_next_reply,
+            )
+        return
+    if request.param == "function":
+        # examples/own_function: httpx in a function body, idempotent, with a look-up and
+        # a compensation. A function effect keeps no state, so one object is any object.
+        with effects_service(tmp_path) as service:
+            monkeypatch.setenv("TICKETS_URL", service.url)
+            yield AdapterSubject(
+                make=lambda: open_ticket.adapter,
+                write=lambda n: (KIND, "", {"title": f"ticket {n}"}),
+                effects=lambda: len(service.tickets()),
+                lose_next_reply=lambda: service.mode(drop_after_commit=True) and None,
+                compensations=lambda: len(service.compensations()),
             )
         return
     with effects_service(tmp_path) as service:

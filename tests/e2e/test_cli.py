@@ -239,6 +239,16 @@ def test_every_command_has_help_and_appears_in_the_readme() -> None:
         assert re.search(rf"tether {name}\b", readme), f"README does not mention tether {name}"
 
 
+def test_the_workers_backoff_help_says_when_and_how_it_waits() -> None:
+    """--backoff's help names what it waits out (a failed step and one that got nowhere) and how."""
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    worker = sub.choices["worker"]
+    helps = {a.dest: a.help or "" for a in worker._actions}
+    for words in ("failed", "got nowhere", "service was down", "doubles", "other runs"):
+        assert words in helps["backoff"], words
+    assert "longest" in helps["max_backoff"]
+
+
 @pytest.mark.parametrize("args", [["inspect", "nope", "--db", "{db}", "--keyring", "{kr}"]])
 def test_unknown_run_is_a_clear_error(tmp_path: Path, args: list[str]) -> None:
     """Inspecting a run the store does not know fails with a one-line error, not a traceback."""

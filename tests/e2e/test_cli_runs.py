@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ScriptedAgent, World, finish
 from tests.e2e.test_cli import tether
 from tests.e2e.test_cli_humans import _frozen_pending
 from tether.crypto import Signer
@@ -140,3 +141,28 @@ def test_cancel_signs_a_cancel_for_an_operator_and_refuses_other_keys(tmp_path: 
     report = json.loads(out.stdout)
     assert report["kind"] == "cancel" and report["signed"]["reason"] == "duplicate ticket"
     assert _inbox(db) == 1
+
+
+def test_runs_pages_by_run_id_and_each_page_names_the_next(world: World) -> None:
+    """--limit cuts pages, --after follows them: every run once; the text says how to go on."""
+    rt = world.runtime(ScriptedAgent([finish]))
+    ids = [f"run-{i}" for i in range(5)]
+    for run_id in reversed(ids):
+        rt.start(run_id)
+    db = str(world.db)
+    seen: list[str] = []
+    after: list[str] = []
+    for _ in range(5):
+        report = json.loads(tether("runs", "--db", db, "--json", "--limit", "2", *after).stdout)
+        seen += [row["run_id"] for row in report["runs"]]
+        if report["next"] is None:
+            break
+        after = ["--after", report["next"]]
+    assert seen == ids
+    text = tether("runs", "--db", db, "--limit", "3").stdout
+    assert "run-2" in text and "run-3" not in text
+    assert text.strip().endswith("more: run again with --after run-2")
+    last = tether("runs", "--db", db, "--limit", "3", "--after", "run-2").stdout
+    assert "run-3" in last and "run-4" in last and "more:" not in last
+    refused = tether("runs", "--db", db, "--limit", "0", check=False)
+    assert refused.returncode == 2 and "1 to 1000" in refused.stderr

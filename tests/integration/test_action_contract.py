@@ -3,7 +3,8 @@
 One regression test per defect: a read or a test run built on a version the
 environment has left was carried out; a rejection spending the last proposal
 failed the run without a traced ``failed``; a reviewer decision reusing a
-nonce another case consumed was accepted.
+nonce another case consumed was accepted; an approval's nonce was forgotten
+once the write it approved settled.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tether.core import (
     OutcomeKind,
     Phase,
     Proposal,
+    ReviewReason,
     RunTerminalError,
     new_approval,
     new_decision,
@@ -265,3 +267,53 @@ def test_a_fork_reusing_a_decisions_nonce_is_refused(world: World) -> None:
     assert session.state.forks == ()
     session.fork(fork(secrets.token_hex(16)))
     assert session.state.forks == (effect,)
+
+
+# -- an approval's nonce outlives the write it approved ----------------------------
+
+GUARDED = {"file.write": {"risk": "low", "permission": "workspace.write", "needs_approval": True}}
+
+
+def _approval(world: World, session: RunSession, nonce: str) -> dict[str, Any]:
+    now = world.clock.now()
+    body = new_approval(
+        session.state,
+        ALICE.signer_id,
+        issued_at=now,
+        expires_at=now + timedelta(seconds=300),
+        nonce=nonce,
+    )
+    return ALICE.sign(body)
+
+
+def test_an_approval_nonce_stays_consumed_after_its_write_settled(world: World) -> None:
+    """Write 1 approved with nonce N and sent; the next write's approval and a later case's
+    decision carrying N are refused (NonceReusedError, traced), after a restore too; once
+    N's approval has expired the checkpoint forgets it, and fresh nonces are taken."""
+    world.policy = make_policy(kinds=GUARDED)
+    nonce = secrets.token_hex(16)
+    session = world.runtime(_writes(), trust=TRUST).start("r1")
+    assert session.step().kind is OutcomeKind.WAITING_FOR_APPROVAL
+    session.approve(_approval(world, session, nonce))
+    assert session.step().kind is OutcomeKind.EXECUTED
+    assert session.state.pending is None
+    assert session.step().kind is OutcomeKind.WAITING_FOR_APPROVAL  # the second write
+    with pytest.raises(NonceReusedError, match="consumed before"):
+        session.approve(_approval(world, session, nonce))
+    refused = session.trace()[-1]
+    assert (refused.kind, refused.data["error"]) == ("evidence_refused", "NonceReusedError")
+    restored = world.runtime(_writes(), trust=TRUST).recover("r1")
+    with pytest.raises(NonceReusedError):
+        restored.approve(_approval(world, restored, nonce))
+    restored.park(ReviewReason.WORKER_ERROR, "stuck, for a person")  # a case of another kind
+    with pytest.raises(NonceReusedError):
+        restored.review(_decision(world, restored, nonce))
+    assert restored.state.phase is Phase.NEEDS_REVIEW
+    restored.review(_decision(world, restored, secrets.token_hex(16)))
+    assert restored.state.phase is Phase.RUNNING
+    # Six minutes on, N's approval has expired on every clock: it is no longer carried.
+    world.clock.advance(360)
+    assert restored.step().kind is OutcomeKind.WAITING_FOR_APPROVAL
+    restored.approve(_approval(world, restored, secrets.token_hex(16)))
+    assert nonce not in {spent.nonce for spent in restored.state.approval_nonces}
+    assert restored.step().kind is OutcomeKind.EXECUTED

@@ -80,6 +80,52 @@ def test_a_call_killed_mid_write_and_called_again_sends_once(
     assert world.sandbox.files["notes.txt"] == "hello\n"
 
 
+@pytest.mark.parametrize("point", [CrashPoint.INTENT_PERSISTED, CrashPoint.EFFECT_SENT])
+def test_a_send_to_an_adapter_that_dedups_but_cannot_be_asked_answers_executed(
+    world: World, point: CrashPoint
+) -> None:
+    """On an idempotent adapter with no look-up, the call after a crash sends under the key: executed."""
+    world.sandbox = Sandbox(
+        {"notes.txt": "draft\n"}, instance_id="sbx-1", queryable=False, clock=world.clock.now
+    )
+    world.task = make_task(world.sandbox.environment().state_fingerprint)
+    with (
+        pytest.raises(SimulatedCrash),
+        effects.run(loop_runtime(world, CrashPlan(point)), "r1"),
+    ):
+        effects.call("file.write", "notes.txt", {"content": "hello\n"})
+    with effects.run(loop_runtime(world), "r1"):
+        again = effects.call("file.write", "notes.txt", {"content": "hello\n"})
+    # Its first send (nothing left before the crash) or a resend the adapter absorbed: this
+    # call sent it under the key, so it never claims "nothing was sent" (replayed).
+    assert again.outcome == "executed" and not again.replayed
+    assert again.receipt is not None
+    (held,) = world.sandbox.receipts_after(0)  # the adapter's own record of the one write
+    assert again.receipt == held.to_json()
+    assert world.sandbox.write_count() == 1
+    assert world.sandbox.files["notes.txt"] == "hello\n"
+
+
+def test_a_call_settles_another_write_a_crash_left_then_carries_out_its_own(world: World) -> None:
+    """The write a crash left is settled by its key first; the call's own write follows, in one call."""
+    with (
+        pytest.raises(SimulatedCrash),
+        effects.run(loop_runtime(world, CrashPlan(CrashPoint.INTENT_PERSISTED)), "r1"),
+    ):
+        effects.call("file.write", "notes.txt", {"content": "first\n"})
+    with effects.run(loop_runtime(world), "r1") as run:
+        other = effects.call("file.write", "src/todo.txt", {"content": "second\n"})
+        trace = [e.kind for e in run.session.trace()]
+    assert other.outcome == "executed" and other.receipt is not None
+    assert other.receipt["business_object_id"] == "src/todo.txt"
+    assert world.sandbox.files == {"notes.txt": "first\n", "src/todo.txt": "second\n"}
+    assert world.sandbox.write_count() == 2
+    # The crash-left write was settled (found absent, sent once) before this call's own.
+    committed = [i for i, kind in enumerate(trace) if kind == "effect_committed"]
+    persisted = [i for i, kind in enumerate(trace) if kind == "intent_persisted"]
+    assert len(committed) == len(persisted) == 2 and committed[0] < persisted[1]
+
+
 def killed_after_a_blind_send(world: World) -> None:
     """A write to an adapter that can neither deduplicate nor be asked, crashed after the send."""
     world.sandbox = Sandbox(

@@ -340,7 +340,7 @@ def test_the_run_page_shows_the_newest_events_first_with_a_link_to_older(world: 
 
 
 def test_a_store_from_before_the_index_columns_is_migrated_and_read_by_them(world: World) -> None:
-    """Migration 8 fills the effect and action id columns of rows written before it."""
+    """Migration 10 fills the effect and action id columns of rows written before it."""
     long_world(world)
     run(world, "r1", 6)
     with sqlite3.connect(world.db) as conn:
@@ -350,7 +350,7 @@ def test_a_store_from_before_the_index_columns_is_migrated_and_read_by_them(worl
             conn.execute(f"DROP INDEX {index}")
         conn.execute("ALTER TABLE tether_ledger DROP COLUMN effect")
         conn.execute("ALTER TABLE tether_trace DROP COLUMN action_id")
-        conn.execute("DELETE FROM tether_migrations WHERE version = 8")
+        conn.execute("DELETE FROM tether_migrations WHERE version = 10")
     world.store().close()  # opening migrates: the columns come back, filled from the rows
     with sqlite3.connect(world.db) as conn:
         filled = conn.execute(
@@ -392,7 +392,7 @@ def test_a_postgresql_store_from_before_the_index_columns_is_migrated_too(world:
             conn.execute(
                 "DROP INDEX tether_trace_landmark, tether_checkpoints_generation, tether_trace_seq"
             )
-            conn.execute("DELETE FROM tether_migrations WHERE version = 8")
+            conn.execute("DELETE FROM tether_migrations WHERE version = 10")
         with open_store(url) as store:  # migrates
             checkpointer = Checkpointer(store, world.keyring)
             state = checkpointer.load("p1").state

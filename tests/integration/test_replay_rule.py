@@ -180,6 +180,34 @@ def test_a_replay_of_an_approval_gated_write_needs_an_approval_alive(world: Worl
     assert statuses == [EffectStatus.INTENDED, EffectStatus.DISPATCHED, EffectStatus.COMMITTED]
 
 
+def test_a_held_replay_frozen_when_carried_out_records_the_world_as_it_is_then(
+    world: World,
+) -> None:
+    """Approved after an unrelated edit and a deleted receipt: the case binds the world read then."""
+    rule = {"risk": "low", "permission": "workspace.write", "needs_approval": True}
+    world.policy = make_policy(kinds={"file.write": rule})
+    steps = [write("notes.txt", "hello\n", f"a{i}") for i in range(2)] + [finish]
+    session = world.runtime(ScriptedAgent(steps), trust=TRUST).start("r1")
+    assert session.step().kind is OutcomeKind.WAITING_FOR_APPROVAL
+    session.approve(signed_approval(APPROVER, session.state, world.clock.now()))
+    assert session.step().kind is OutcomeKind.EXECUTED
+    world.clock.advance(301)
+    assert session.step().kind is OutcomeKind.WAITING_FOR_APPROVAL  # a1, a held replay
+    held_in = session.state.environment
+    world.sandbox.bypass_write("src/other.txt", "x\n")
+    assert world.sandbox.delete_receipt(keys(session.state, world)[0])
+    session.approve(signed_approval(APPROVER, session.state, world.clock.now()))
+    outcome = session.step()
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.FROZEN, "receipt_missing")
+    (case,) = session.state.review_cases
+    assert case.environment == world.sandbox.environment() != held_in
+    # Bound to the world as it is, a reviewer's decision applies (no stale case to refresh).
+    replan(session, world.clock.now())
+    assert session.state.phase is Phase.RUNNING
+    assert session.state.environment == world.sandbox.environment()
+    assert world.sandbox.write_count() == 1
+
+
 def test_a_replay_that_spends_the_last_proposal_ends_the_run_at_once(world: World) -> None:
     """The run fails on its budget in the same step, with a failed event in its trace."""
     world.task = make_task(world.sandbox.environment().state_fingerprint, budgets={"proposals": 2})

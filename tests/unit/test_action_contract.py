@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ from tether.core import (
     Rejection,
     ReviewDecision,
     RunState,
+    SpentNonce,
     admission_request,
     catalog,
     check_admission,
@@ -29,6 +30,7 @@ from tether.core import (
     check_decision,
     consumed_nonces,
     gate,
+    keep_approval_nonce,
     new_admission,
     new_approval,
     new_cancel,
@@ -255,14 +257,16 @@ def _consumed_by(state: RunState, source: str) -> RunState:
         return state.evolve(fork_nonces=(NONCE,))
     if source == "cancel":
         return state.evolve(cancel_nonces=(NONCE,))
-    if source == "approval":
+    if source == "approval":  # as a checkpoint written before approval_nonces kept it
         pending = state.pending
         assert pending is not None
         return state.evolve(pending=replace(pending, nonces=(NONCE,)))
+    if source == "settled approval":  # its action long gone, the approval still alive
+        return state.evolve(approval_nonces=(SpentNonce(NONCE, T0 + timedelta(hours=1)),))
     return state
 
 
-SOURCES = ["decision", "effect_decision", "fork", "cancel", "approval"]
+SOURCES = ["decision", "effect_decision", "fork", "cancel", "approval", "settled approval"]
 
 
 @pytest.mark.parametrize("source", [*SOURCES, "nothing"])
@@ -340,3 +344,41 @@ def test_a_decision_reusing_the_nonce_of_a_closed_case_is_refused(world: World) 
     second = new_decision(again, again.review_cases[0], "rev", "replan", **alive)
     with pytest.raises(NonceReusedError):
         check_decision(second, "rev", again, again.review_cases[0], now=now, ttl_s=600)
+
+
+T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+SKEW = timedelta(seconds=60)
+
+
+@pytest.mark.parametrize(
+    ("until", "now", "kept"),
+    [
+        (T0 + timedelta(minutes=5), T0, True),  # alive
+        (T0, T0, True),  # just expired: another worker's clock may still accept it
+        (T0, T0 + SKEW - timedelta(microseconds=1), True),
+        (T0, T0 + SKEW, False),  # expired on every clock tolerated: refused anyway
+        (T0, T0 + timedelta(hours=1), False),
+    ],
+)
+def test_an_approval_nonce_is_forgotten_only_once_its_approval_has_expired(
+    until: datetime, now: datetime, kept: bool
+) -> None:
+    """keep_approval_nonce drops a nonce only past its approval's expiry plus the clock skew."""
+    old = SpentNonce("o" * 32, until)
+    after = keep_approval_nonce((old,), NONCE, now + timedelta(minutes=5), now=now)
+    assert after[-1] == SpentNonce(NONCE, now + timedelta(minutes=5))  # the new one, always
+    assert (old in after) is kept
+    assert len(after) == (2 if kept else 1)
+
+
+def test_an_approval_nonce_outlives_the_action_it_approved(world: World) -> None:
+    """Recorded, then its write settled: the nonce stays consumed for every other document."""
+    state = _pending(world)
+    now = world.clock.now()
+    alive = {"issued_at": now, "expires_at": now + timedelta(seconds=300), "nonce": NONCE}
+    body = new_approval(state, "alice", **alive)
+    recorded = people_rules.record_approval(state, {"body": body}, body, cursor=None, now=now)
+    assert recorded.state is not None
+    settled = recorded.state.evolve(phase=Phase.RUNNING, pending=None)
+    assert NONCE in consumed_nonces(settled)
+    assert settled.approval_nonces == (SpentNonce(NONCE, now + timedelta(seconds=300)),)

@@ -128,13 +128,29 @@ def test_public_api_is_pinned() -> None:
             "VerifierResult",
             "Worker",
             "__version__",
+            "current_key",
             "effect",
             "effects",
+            "function_effect",
             "open_store",
         ]
     )
     assert sorted(tether.effects.__all__) == sorted(
-        ["FIRST_PARAMETER", "CallResult", "GuardedRun", "call", "current", "effect", "run"]
+        [
+            "FIRST_PARAMETER",
+            "CallResult",
+            "EffectFunction",
+            "EffectToUndo",
+            "GuardedRun",
+            "call",
+            "call_async",
+            "current",
+            "current_key",
+            "effect",
+            "function_effect",
+            "run",
+            "run_async",
+        ]
     )
     for name in tether.__all__:
         assert getattr(tether, name) is not None

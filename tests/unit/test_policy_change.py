@@ -15,13 +15,12 @@ from typing import Any
 
 import pytest
 
+from tests._states import pending_state, pending_write
 from tests.conftest import make_policy, make_task
 from tether.adapters import Sandbox
 from tether.core import (
     COMPENSATES,
-    GENESIS_HASH,
     Adoption,
-    Binding,
     Capabilities,
     EffectStatus,
     EnvironmentState,
@@ -29,7 +28,6 @@ from tether.core import (
     Facts,
     Intent,
     OutcomeKind,
-    PendingWrite,
     Phase,
     PolicyChange,
     Proposal,
@@ -99,46 +97,17 @@ def state(
     mutating: bool = True,
     clause: PolicyChange = REFUSE,
 ) -> RunState:
-    pending = PendingWrite(
-        action_id="a1",
-        intent=intent,
-        intent_digest=intent.digest,
-        idempotency_key="idem-1",
+    pending = pending_write(
+        intent,
         prestate=PRE,
         expected_post=POST if mutating else PRE,
-        generation=2,
-        proposed_at=NOW,
-        cost=cost,
+        at=NOW,
         status=status,
+        cost=cost,
         mutating=mutating,
     )
-    return RunState(
-        run_id="r1",
-        generation=2,
-        epoch=1,
-        worker="w",
-        binding=Binding("t1", "1", "f", "p1", "1", "f", "s"),
-        phase=Phase.PENDING,
-        stop_reason=None,
-        started_at=NOW,
-        updated_at=NOW,
-        plan_cursor=0,
-        agent_context_digest="sha256:" + "0" * 64,
-        spent=Spent(proposals=1, cost=spent_cost),
-        environment=PRE,
-        adapter_version="1",
-        observed_version=3,
-        pending=pending,
-        last_write=None,
-        writes_committed=0,
-        verification=None,
-        review_cases=(),
-        quarantined_keys=(),
-        trace_head=GENESIS_HASH,
-        trace_length=0,
-        ledger_head=GENESIS_HASH,
-        ledger_length=0,
-        policy_change=clause,
+    return pending_state(
+        pending, at=NOW, spent=Spent(proposals=1, cost=spent_cost), policy_change=clause
     )
 
 

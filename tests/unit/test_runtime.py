@@ -542,11 +542,30 @@ def test_exhausted_proposal_budget_fails_the_run_and_terminal_refuses(world: Wor
         world.runtime(ScriptedAgent([finish])).recover("r1").step()
 
 
+def test_run_returns_when_the_agent_asks_for_nothing_instead_of_asking_again(
+    world: World,
+) -> None:
+    """An agent that only waits: run() takes one step, commits it, and returns WAITED at once."""
+    idle = ScriptedAgent([lambda c, o: Decision(c)])
+    session = world.runtime(idle).start("r1")
+    before = session.state.generation
+    outcome = session.run()
+    assert (outcome.kind, outcome.event) == (OutcomeKind.WAITED, "agent_waited")
+    assert idle.calls == 1 and session.state.generation == before + 1
+    assert session.state.phase is Phase.RUNNING
+    # Asked again later, it takes one more step; the run is there, durable, in the file.
+    assert world.runtime(idle).recover("r1").run().kind is OutcomeKind.WAITED
+    assert idle.calls == 2
+
+
 def test_exhausted_step_and_wall_time_budgets_fail_the_run(world: World) -> None:
     """Running out of steps, or of wall time on the injected clock, fails the run."""
     world.task = make_task(world.sandbox.environment().state_fingerprint, budgets={"steps": 2})
     idle = ScriptedAgent([lambda c, o: Decision(c)])
-    assert world.runtime(idle).start("r1").run().state.stop_reason == "budget_exhausted:steps"
+    waiting = world.runtime(idle).start("r1")
+    ran = [waiting.run() for _ in range(3)]  # each run() returns at the agent's wait
+    assert [o.kind for o in ran] == [OutcomeKind.WAITED, OutcomeKind.WAITED, OutcomeKind.FAILED]
+    assert ran[-1].state.stop_reason == "budget_exhausted:steps"
     world.task = make_task(
         world.sandbox.environment().state_fingerprint, budgets={"wall_time_s": 60}
     )

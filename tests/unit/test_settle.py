@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests._states import pending_state, pending_write
 from tether.core import (
-    GENESIS_HASH,
-    Binding,
     Capabilities,
     EffectStatus,
     EnvironmentState,
@@ -31,11 +30,9 @@ from tether.core import (
     LookupAnswer,
     LookupStatus,
     OutcomeKind,
-    PendingWrite,
     Phase,
     Receipt,
     RunState,
-    Spent,
     Transition,
     format_time,
     settle_rules,
@@ -86,46 +83,10 @@ def state_with(status: EffectStatus, approval: str) -> RunState:
                 }
             },
         )
-    pending = PendingWrite(
-        action_id="a1",
-        intent=INTENT,
-        intent_digest=INTENT.digest,
-        idempotency_key=KEY,
-        prestate=PRE,
-        expected_post=POST,
-        generation=2,
-        proposed_at=NOW,
-        cost=0,
-        status=status,
-        approvals=approvals,
+    pending = pending_write(
+        INTENT, prestate=PRE, expected_post=POST, at=NOW, status=status, approvals=approvals
     )
-    return RunState(
-        run_id="r1",
-        generation=2,
-        epoch=1,
-        worker="w",
-        binding=Binding("t", "1", "f", "p", "1", "f", "s"),
-        phase=Phase.PENDING,
-        stop_reason=None,
-        started_at=NOW,
-        updated_at=NOW,
-        plan_cursor=0,
-        agent_context_digest="sha256:" + "0" * 64,
-        spent=Spent(),
-        environment=PRE,
-        adapter_version="1",
-        observed_version=3,
-        pending=pending,
-        last_write=None,
-        writes_committed=0,
-        verification=None,
-        review_cases=(),
-        quarantined_keys=(),
-        trace_head=GENESIS_HASH,
-        trace_length=0,
-        ledger_head=GENESIS_HASH,
-        ledger_length=0,
-    )
+    return pending_state(pending, at=NOW)
 
 
 def facts(caps: Capabilities, approval: str, live: EnvironmentState) -> Facts:
@@ -331,11 +292,13 @@ def test_after_execute_follows_the_table(
     check_committable(t)
     got = summary(t)
     if answer_name == "committed":
-        kind = OutcomeKind.REPLAYED if retry else OutcomeKind.EXECUTED
+        # This step's own send returned it, first or again: executed, never "replayed".
         if approval == "missing":
             assert got[:3] == (OutcomeKind.FROZEN, "approval_boundary", (EffectStatus.COMMITTED,))
         else:
-            assert got == (kind, None, (EffectStatus.COMMITTED,), None, Phase.RUNNING)
+            executed = (OutcomeKind.EXECUTED, None, (EffectStatus.COMMITTED,), None, Phase.RUNNING)
+            assert got == executed
+            assert t.events[0][0] == "effect_committed"
     elif answer_name == "conflict":
         assert got == (OutcomeKind.FROZEN, "key_conflict", (), None, Phase.NEEDS_REVIEW)
     elif answer_name == "precondition":

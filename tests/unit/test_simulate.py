@@ -1,20 +1,31 @@
 """The deterministic simulator: the CI corpus holds the promise, replays exactly, and shrinks.
 
 The corpus runs with every knob on except those named in ``KNOWN_DEFECTS``
-(features whose defect is known and not fixed: none today). That the
-defects it found stay fixed is shown by planting each again
-(``test_simulate_mutants``).
+(features whose defect is known and not fixed: healthy runs drawn into random
+seeds, see below). That the defects it found stay fixed is shown by planting
+each again (``test_simulate_mutants``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import replace
 
 import pytest
 
 from tether.core import Capabilities
-from tether.testing.simulate import CI_KNOBS, Item, draw, run, shrink, simulate
+from tether.testing.simulate import (
+    CI_KNOBS,
+    KNOWN_DEFECTS,
+    Item,
+    Result,
+    Scenario,
+    draw,
+    run,
+    shrink,
+    simulate,
+)
 from tether.testing.simulate.__main__ import main
 from tether.testing.simulate._directed import case_of, directed
 from tether.testing.simulate._mutants import planted
@@ -32,13 +43,17 @@ def test_the_ci_corpus_keeps_the_promise(seed: int) -> None:
     assert result.events >= 60 and result.checks > 0
 
 
+@functools.cache
+def directed_results() -> tuple[tuple[Scenario, Result], ...]:
+    """Every directed case and its result (simulated once, read by the tests below)."""
+    return tuple((s, simulate(s)) for s in directed())
+
+
 def test_the_directed_cases_keep_the_promise() -> None:
     """Every hard case set up on purpose, on every capability mix, breaks no invariant."""
-    scenarios = directed()
-    assert len(scenarios) >= 50
-    broken = [
-        (s.seed, case_of(s), r.violations[0]) for s in scenarios for r in [simulate(s)] if not r.ok
-    ]
+    results = directed_results()
+    assert len(results) >= 50
+    broken = [(s.seed, case_of(s), r.violations[0]) for s, r in results if not r.ok]
     assert not broken, broken
 
 
@@ -108,3 +123,24 @@ def test_the_issues_ticket_past_retention_reaches_the_service_once() -> None:
     result = simulate(scenario)
     assert result.ok, result.violations
     assert sum("printer" in line for line in result.world) == 1
+
+
+def test_a_healthy_run_ends_beside_one_that_cannot_go_on() -> None:
+    """Beside a run whose services are down, whose agent fails, or that is frozen for a person,
+    a healthy run handed to the same worker completes while the other is not over."""
+    beside = [(s, r) for s, r in directed_results() if case_of(s).startswith("beside_")]
+    assert len(beside) == 18
+    for scenario, result in beside:
+        assert result.ok, (scenario.seed, result.violations)
+        ending, _, then = result.neighbour.partition(", ")
+        assert ending.startswith("completed"), (scenario.seed, result.neighbour)
+        assert then.split()[1] in {"running", "pending", "needs_review"}, result.neighbour
+
+
+def test_a_healthy_run_drawn_in_beside_a_refused_one_gets_its_turn() -> None:
+    """Seed 190 once broke invariant 7 (a run let go by a refused recovery was claimed first,
+    in run-id order, starving the healthy one); a released run now waits its turn."""
+    assert not KNOWN_DEFECTS
+    result = run(190, knobs=CI_KNOBS)
+    assert result.ok, result.violations
+    assert result.neighbour.startswith("completed"), result.neighbour

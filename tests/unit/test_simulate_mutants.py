@@ -2,7 +2,8 @@
 
 A seed catches a mutant when it passes on the real code and fails with the
 mutant planted (``tether.testing.simulate._mutants``): the rules of settle,
-replay, retry, approval and policy, the lease fence and the ledger's read-back.
+replay, retry, approval and policy, the lease fence and the ledger's read-back,
+a worker's turn, and the first seed's action contract.
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ CAUGHT = {
     "replay_foreign_receipt": 79,
     "replay_unapproved": 57,
     "replay_result_dropped": 1_000_003,
+    "worker_never_yields": 1_000_145,
+    "no_backoff_across_claims": 1_000_139,
+    "released_run_claimed_first": 190,
+    "stale_reads_unchecked": 1_000_157,
+    "refusal_fails_untraced": 1_000_167,
+    "replay_budget_left_open": 1_000_160,
+    "decision_nonce_reused": 1_000_176,
+    "approval_any_policy_version": 1_000_179,
 }
 
 #: Each defect the simulator found in the rules as they were (issue 25), and the mutants
@@ -46,6 +55,7 @@ REPLANTED = {
     "gated_repeats": ("replay_unapproved",),
     "service_down": ("resend_is_progress", "resend_recorded_each_time"),
     "policy_change": ("held_write_not_rejudged", "risk_unchecked"),
+    "drawn_neighbours": ("released_run_claimed_first",),
 }
 
 

@@ -21,6 +21,8 @@ from tether.adapters._base import (
 from tether.adapters._composite import Adapters, AdaptersConfigError
 from tether.adapters._errors import (
     FenceRejectedError,
+    FunctionKeyConflictError,
+    FunctionRefusedError,
     HttpConfigError,
     JournalCorruptError,
     KeyInFlightError,
@@ -32,6 +34,8 @@ from tether.adapters._errors import (
     UnsupportedEntryError,
     WorkspaceConfigError,
 )
+from tether.adapters._fncall import current_key
+from tether.adapters._function import EffectToUndo, FunctionEffect
 from tether.adapters._http import REFERENCE_PROFILE, HttpEffect, ServiceProfile
 from tether.adapters._httpfields import (
     FENCE,
@@ -59,9 +63,13 @@ __all__ = [
     "Capabilities",
     "CompensatesEffects",
     "DeclaresEffectIdentity",
+    "EffectToUndo",
     "Fence",
     "FenceRejectedError",
     "FileWorkspace",
+    "FunctionEffect",
+    "FunctionKeyConflictError",
+    "FunctionRefusedError",
     "HeaderFieldError",
     "HttpConfigError",
     "HttpEffect",
@@ -86,6 +94,7 @@ __all__ = [
     "WorkspaceConfigError",
     "capabilities_of",
     "compensate_with",
+    "current_key",
     "effect_identity",
     "external_effects",
     "fence_header",

@@ -143,6 +143,43 @@ class RequestRefusedError(PreconditionFailedError):
         AdapterError.__init__(self, f"POST /{target} refused with {status}: {response[:500]}")
 
 
+class FunctionRefusedError(PreconditionFailedError):
+    """A function effect's body raised an exception it declares as "nothing happened" (refused).
+
+    ``error`` is that exception (its type name in ``actual``). Read like any
+    refusal: a first send's is a rejected effect; a resend's, an unknown outcome
+    (the first attempt may have landed).
+    """
+
+    def __init__(self, kind: str, target: str, error: BaseException) -> None:
+        self.target = target
+        self.expected = "success"
+        self.actual = type(error).__name__
+        self.error = error
+        AdapterError.__init__(
+            self, f"{kind} refused ({type(error).__name__}: {str(error)[:500]}); nothing happened"
+        )
+
+
+class FunctionKeyConflictError(IdempotencyConflictError):
+    """A function effect's body says the callee holds its key for another request: a person decides.
+
+    ``error`` is the exception the body raised (one of its declared ``conflicts``);
+    no receipt exists for the other request.
+    """
+
+    def __init__(self, key: str, expected_digest: str, error: BaseException) -> None:
+        self.key = key
+        self.expected_digest = expected_digest
+        self.receipt = None
+        self.error = error
+        AdapterError.__init__(
+            self,
+            f"the callee holds key {key} for another request ({type(error).__name__}: "
+            f"{str(error)[:500]})",
+        )
+
+
 class RestoreIncompleteError(AdapterError):
     """A snapshot restore to ``root`` began and did not finish; the tree is part-way there.
 

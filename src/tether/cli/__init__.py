@@ -22,6 +22,7 @@ from tether.cli._crashtest import add_crashtest
 from tether.cli._demo_child import CHILD_COMMAND
 from tether.cli._demo_cmd import child_parser, cmd_demo
 from tether.cli._inspect import add_paging, add_reader, cmd_inspect, cmd_verify
+from tether.cli._mcp import add_mcp
 from tether.cli._onboard import add_onboarding
 from tether.cli._recovery import add_recovery
 from tether.cli._runs import add_runs
@@ -177,13 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--backoff",
         type=_seconds(24 * 3600, real=True),
         default=1.0,
-        help="first retry delay after a failed step, doubled per failure (default 1 s)",
+        help="how long to leave a run alone before trying it again, when a step failed or "
+        "got nowhere (the service was down, a request was still in flight, the agent asked "
+        "for nothing); the wait doubles each time in a row, with some randomness, and other "
+        "runs are worked on meanwhile (default 1 s)",
     )
     worker.add_argument(
         "--max-backoff",
         type=_seconds(366 * 24 * 3600, real=True),
         default=300.0,
-        help="cap on the retry delay (default 300 s)",
+        help="the longest that wait grows to (default 300 s)",
     )
     worker.add_argument(
         "--idle-exit", action="store_true", help="exit when no run is waiting to be claimed"
@@ -198,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_recovery(sub, _seconds(MAX_APPROVAL_TTL_S))
     add_crashtest(sub, _count)
     add_serve(sub)
+    add_mcp(sub, _seconds(24 * 3600, real=True))
     return parser
 
 

@@ -195,6 +195,10 @@ def _state(paths: _demo.DemoPaths) -> RunState:
         store.close()
 
 
+#: The approval demo's first approval: taken by one process, expired before the next.
+APPROVAL_DEMO_TTL_S = 4.0
+
+
 def _approve(paths: _demo.DemoPaths, ttl_s: float) -> dict[str, Any]:
     signer = Signer.from_file(paths.signer_key("approver"))
     now = datetime.now(UTC)
@@ -217,13 +221,17 @@ def _approval_story(paths: _demo.DemoPaths, story: list[str]) -> None:
         "process 1 read calc.py and proposed the fix; the policy says a person must approve "
         f"every file write, so the write waits ({state.phase}) and process 1 exits"
     )
-    first = _approve(paths, ttl_s=1.0)
+    # Long enough for process 2 to take it on a busy machine (a child that starts slowly
+    # must not find it expired already), then waited out.
+    first = _approve(paths, ttl_s=APPROVAL_DEMO_TTL_S)
     _stage(paths, "take-evidence")
     story.append(
-        f"the approver signed an approval that lives 1 second (until {first['expires_at']}); "
-        "process 2 took it from the inbox into the checkpoint and exited before writing"
+        f"the approver signed an approval that lives {APPROVAL_DEMO_TTL_S:g} seconds "
+        f"(until {first['expires_at']}); process 2 took it from the inbox into the "
+        "checkpoint and exited before writing"
     )
-    time.sleep(1.2)
+    expires = datetime.fromisoformat(str(first["expires_at"]).replace("Z", "+00:00"))
+    time.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()) + 0.2)
     _stage(paths, "recover")
     state = _state(paths)
     if state.phase is not Phase.PENDING:

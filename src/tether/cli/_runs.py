@@ -1,7 +1,7 @@
 """`tether runs`, `tether resume`, `tether cancel`: which runs wait for whom, and moving them on.
 
 ``runs`` answers "which runs need me?" from the store alone (verified when a
-keyring is given). ``resume`` makes a parked run claimable again and can
+keyring is given), a page at a time by run id. ``resume`` makes a parked run claimable again and can
 admit its next recovery with a person's signature. ``cancel`` ends a run,
 in this process under the run's lease (``--app``).
 """
@@ -29,21 +29,27 @@ from tether.core import OutcomeKind, Phase, TetherError
 from tether.crypto import Keyring, Signer
 from tether.runtime import (
     RunSummary,
-    list_runs,
     load_factory,
     prepare_cancel,
+    runs_page,
 )
 from tether.store import SQLiteStore
+
+#: Runs per page of `tether runs` unless --limit says otherwise.
+PAGE_SIZE = 50
 
 
 def add_runs(sub: Any, seconds: Any) -> None:
     """Register ``runs``, ``resume`` and ``cancel`` on the ``tether`` parser."""
     runs = sub.add_parser(
         "runs",
-        help="list runs: phase, generation, epoch, what each waits for and since when",
-        description="List the store's runs, those that need a person first (a pending write "
-        "waiting for an approval, an open review case, a run that keeps failing), then the "
-        "longest waiting. With --keyring every checkpoint is verified.",
+        help="list runs a page at a time: phase, generation, epoch, what each waits for",
+        description="List the store's runs by run id, a page at a time (--limit runs, 50 by "
+        "default); the page ends with the --after value that shows the next one. --needs-me "
+        "keeps the runs that wait for a person (a pending write waiting for an approval, an "
+        "open review case, a run that keeps failing), --phase one phase; both are filtered "
+        "in the store, so a page costs the same however many runs it holds. With --keyring "
+        "every listed run's checkpoint is verified.",
     )
     where = runs.add_mutually_exclusive_group(required=True)
     where.add_argument("--db", type=Path, help="SQLite store file")
@@ -52,7 +58,22 @@ def add_runs(sub: Any, seconds: Any) -> None:
     runs.add_argument("--keyring", type=Path, help="verify each run's checkpoint (optional)")
     runs.add_argument("--phase", choices=[p.value for p in Phase], help="only runs in this phase")
     runs.add_argument("--needs-me", action="store_true", help="only runs that wait for a person")
-    runs.add_argument("--json", action="store_true", help="print one JSON object")
+    runs.add_argument(
+        "--limit",
+        type=_page_size,
+        default=PAGE_SIZE,
+        help=f"runs per page, 1 to 1000 (default {PAGE_SIZE})",
+    )
+    runs.add_argument(
+        "--after",
+        metavar="RUN",
+        help="start after this run id (the value the previous page ended with)",
+    )
+    runs.add_argument(
+        "--json",
+        action="store_true",
+        help='print one JSON object: {"runs": [...], "next": the --after of the next page or null}',
+    )
     runs.set_defaults(func=cmd_runs)
 
     resume = sub.add_parser(
@@ -104,21 +125,43 @@ def cmd_runs(args: argparse.Namespace) -> int:
     marks = None if args.marks is None else SQLiteStore(args.marks, read_only=True)
     try:
         keyring = None if args.keyring is None else Keyring.from_file(args.keyring)
-        rows = list_runs(
-            store, keyring=keyring, marks=marks, phase=args.phase, needs_person=args.needs_me
+        page = runs_page(
+            store,
+            keyring=keyring,
+            marks=marks,
+            phase=args.phase,
+            needs_person=args.needs_me,
+            after=args.after,
+            limit=args.limit,
         )
     finally:
         store.close()
         if marks is not None:
             marks.close()
+    if page is None:  # unreachable: no version was passed
+        raise TetherError("the store returned no page")
+    rows = list(page.rows)
     if args.json:
-        print(json.dumps({"runs": [row.to_json() for row in rows]}, sort_keys=True))
+        report = {"runs": [row.to_json() for row in rows], "next": page.after}
+        print(json.dumps(report, sort_keys=True))
         return 0
     if not rows:
         print("no runs" + (" need a person" if args.needs_me else ""))
-        return 0
-    print(_table(rows))
+    else:
+        print(_table(rows))
+    if page.after is not None:
+        print(f"more: run again with --after {page.after}")
     return 0
+
+
+def _page_size(text: str) -> int:
+    try:
+        size = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of runs: {text!r}") from None
+    if not 1 <= size <= 1000:
+        raise argparse.ArgumentTypeError(f"a page holds 1 to 1000 runs, not {size}")
+    return size
 
 
 def _table(rows: list[RunSummary]) -> str:

@@ -98,6 +98,7 @@ from tether.core._model import (
 from tether.core._phases import (
     Compensation,
     EffectStatus,
+    OutcomeReason,
     Phase,
     RetrySemantics,
     ReviewReason,
@@ -138,6 +139,7 @@ from tether.core._state import (
     Binding,
     RunState,
     Spent,
+    SpentNonce,
     validate_state,
 )
 from tether.core._trace import TraceEvent, chain_hash, seal_event, verify_trace
@@ -198,6 +200,7 @@ __all__ = [
     "NeedsReviewError",
     "NonceReusedError",
     "NotInRunError",
+    "OutcomeReason",
     "PendingWrite",
     "Phase",
     "Policy",
@@ -226,6 +229,7 @@ __all__ = [
     "SignatureError",
     "SpecError",
     "Spent",
+    "SpentNonce",
     "SplitRewindError",
     "StaleCheckpointError",
     "StaleMarkError",
@@ -348,6 +352,7 @@ from tether.core._evidence import (  # noqa: E402
     check_nonce,
     committed_within_approval,
     consumed_nonces,
+    keep_approval_nonce,
     remember_replay_approval,
     replay_approved,
 )
@@ -373,6 +378,7 @@ from tether.core._transition import (  # noqa: E402
     LookupStatus,
     Outcome,
     OutcomeKind,
+    ReadEnvironment,
     Transition,
 )
 
@@ -390,6 +396,7 @@ __all__ += [
     "LookupStatus",
     "Outcome",
     "OutcomeKind",
+    "ReadEnvironment",
     "Sealed",
     "Transition",
     "active_approval",
@@ -400,6 +407,7 @@ __all__ += [
     "check_nonce",
     "committed_within_approval",
     "consumed_nonces",
+    "keep_approval_nonce",
     "orphans_of",
     "people_rules",
     "redact_receipt",
@@ -414,6 +422,16 @@ __all__ += [
     "verify_ledger",
     "with_subject_terms",
 ]
+
+from tether.core._held import (  # noqa: E402
+    AfterSettle,
+    HeldKind,
+    after_settle,
+    answers_held,
+    held_kind,
+)
+
+__all__ += ["AfterSettle", "HeldKind", "after_settle", "answers_held", "held_kind"]
 
 from tether.core import _policy_change as policy_rules  # noqa: E402
 from tether.core._policy_change import Adoption  # noqa: E402
@@ -513,6 +531,11 @@ __all__ += [
     "retry_rules",
     "step_progressed",
 ]
+
+from tether.core import _listing as listing_rules  # noqa: E402
+from tether.core._listing import Listing, approvable, listing_of  # noqa: E402
+
+__all__ += ["Listing", "approvable", "listing_of", "listing_rules"]
 
 from tether.core._segment import ChainRow, Stretch, hashes_to_itself, walk_down  # noqa: E402
 

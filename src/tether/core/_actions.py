@@ -51,7 +51,7 @@ from tether.core._canonical import JSONValue, canonical_bytes
 from tether.core._errors import CanonicalJSONError, SpecError
 from tether.core._fields import Fields
 from tether.core._model import CompletedWrite, EnvironmentState, LastOutcome
-from tether.core._phases import Compensation, Phase
+from tether.core._phases import Compensation, OutcomeReason, Phase
 from tether.core._spec import KindRule, Policy, Risk, TaskSpec, check_canonical_path
 
 # Fields an agent may never put in its own proposal: approval is given by a
@@ -212,14 +212,14 @@ def gate(
 ) -> Rejection | None:
     """Return ``None`` when ``proposal`` passes every check, else the first failure."""
     if phase is not Phase.RUNNING:
-        return Rejection("pending_exists", f"run is {phase}; one action at a time")
+        return Rejection(OutcomeReason.PENDING_EXISTS, f"run is {phase}; one action at a time")
     shape = _shape(proposal)
     if shape is not None:
         return shape
     embedded = _FORBIDDEN_ARGS & set(proposal.args)
     if embedded:
         return Rejection(
-            "embedded_approval",
+            OutcomeReason.EMBEDDED_APPROVAL,
             f"a proposal may not carry its own approval ({sorted(embedded)}); approvals are signed "
             "outside the runtime",
         )
@@ -231,10 +231,10 @@ def gate(
         return allowed
     missing = kind.required - set(proposal.args)
     if missing:
-        return Rejection("missing_argument", f"{kind.name} needs {sorted(missing)}")
+        return Rejection(OutcomeReason.MISSING_ARGUMENT, f"{kind.name} needs {sorted(missing)}")
     unknown = set(proposal.args) - kind.required - kind.optional
     if unknown:
-        return Rejection("unknown_argument", f"{kind.name} takes no {sorted(unknown)}")
+        return Rejection(OutcomeReason.UNKNOWN_ARGUMENT, f"{kind.name} takes no {sorted(unknown)}")
     scope = _scope(kind, proposal.target, task)
     if scope is not None:
         return scope
@@ -247,14 +247,16 @@ def gate(
             if kind.mutating
             else (f"{kind.name} changes nothing, so it has no idempotency key")
         )
-        return Rejection("agent_key", f"the proposal carries an idempotency key; {what}")
+        return Rejection(
+            OutcomeReason.AGENT_KEY, f"the proposal carries an idempotency key; {what}"
+        )
     ruled = _ruled(kind, task, policy)
     if ruled is not None:
         return ruled
     risk = risk_of(policy, kind)  # ruled: the policy has a rule for the kind
     if proposal.risk is not None and proposal.risk != risk.value:
         return Rejection(
-            "risk_mismatch",
+            OutcomeReason.RISK_MISMATCH,
             f"the proposal declares {proposal.risk!r} risk; {kind.name} is {risk} risk",
         )
     risky = _within_risk(kind, policy)
@@ -264,9 +266,11 @@ def gate(
     if version is not None:
         return version
     if proposal.deadline is not None and now >= proposal.deadline:
-        return Rejection("deadline", "the proposal's deadline has passed")
+        return Rejection(OutcomeReason.DEADLINE, "the proposal's deadline has passed")
     if action_seen:
-        return Rejection("duplicate_action", f"action id {proposal.action_id!r} was used before")
+        return Rejection(
+            OutcomeReason.DUPLICATE_ACTION, f"action id {proposal.action_id!r} was used before"
+        )
     return _affordable(proposal.cost, cost_spent, task)
 
 
@@ -302,21 +306,23 @@ def contract_problem(
 
 
 def _unknown_kind(name: str) -> Rejection:
-    return Rejection("unknown_kind", f"no adapter declares the kind {name!r}")
+    return Rejection(OutcomeReason.UNKNOWN_KIND, f"no adapter declares the kind {name!r}")
 
 
 def _allowed_kind(kind: ActionKind, task: TaskSpec) -> Rejection | None:
     if kind.action_class not in _CONTROL and kind.name not in task.allowed_kinds:
-        return Rejection("scope_kind", f"kind {kind.name!r} is not allowed by the task")
+        return Rejection(OutcomeReason.SCOPE_KIND, f"kind {kind.name!r} is not allowed by the task")
     return None
 
 
 def _ruled(kind: ActionKind, task: TaskSpec, policy: Policy) -> Rejection | None:
     rule = rule_for(policy, kind)
     if rule is None:
-        return Rejection("no_rule", f"the policy has no rule for kind {kind.name!r}")
+        return Rejection(OutcomeReason.NO_RULE, f"the policy has no rule for kind {kind.name!r}")
     if rule.permission and rule.permission not in task.permissions:
-        return Rejection("permission", f"kind {kind.name!r} needs permission {rule.permission!r}")
+        return Rejection(
+            OutcomeReason.PERMISSION, f"kind {kind.name!r} needs permission {rule.permission!r}"
+        )
     return None
 
 
@@ -324,14 +330,15 @@ def _within_risk(kind: ActionKind, policy: Policy) -> Rejection | None:
     risk = risk_of(policy, kind)
     if risk.rank > policy.max_risk.rank:
         return Rejection(
-            "risk", f"kind {kind.name!r} is {risk} risk; the policy allows {policy.max_risk}"
+            OutcomeReason.RISK,
+            f"kind {kind.name!r} is {risk} risk; the policy allows {policy.max_risk}",
         )
     return None
 
 
 def _affordable(cost: int, cost_spent: int, task: TaskSpec) -> Rejection | None:
     if cost_spent + cost > task.budgets.cost:
-        return Rejection("budget_cost", "the proposal would exceed the cost budget")
+        return Rejection(OutcomeReason.BUDGET_COST, "the proposal would exceed the cost budget")
     return None
 
 
@@ -354,12 +361,13 @@ def version_problem(
     if based_on is None:
         if kind.mutating:
             return Rejection(
-                "missing_version", "a mutation must say which environment version it was built on"
+                OutcomeReason.MISSING_VERSION,
+                "a mutation must say which environment version it was built on",
             )
         return None
     if based_on != environment.version:
         return Rejection(
-            "stale_version",
+            OutcomeReason.STALE_VERSION,
             f"{kind.name} was built on version {based_on}, the environment is at "
             f"{environment.version}; observe again",
         )
@@ -368,30 +376,30 @@ def version_problem(
 
 def _shape(proposal: Proposal) -> Rejection | None:
     if not isinstance(proposal.action_id, str) or not proposal.action_id:
-        return Rejection("schema", "action_id must be a non-empty string")
+        return Rejection(OutcomeReason.SCHEMA, "action_id must be a non-empty string")
     if not isinstance(proposal.kind, str) or not isinstance(proposal.target, str):
-        return Rejection("schema", "kind and target must be strings")
+        return Rejection(OutcomeReason.SCHEMA, "kind and target must be strings")
     if not isinstance(proposal.args, dict):
-        return Rejection("schema", "args must be an object")
+        return Rejection(OutcomeReason.SCHEMA, "args must be an object")
     if not all(isinstance(name, str) for name in proposal.args):
-        return Rejection("schema", "argument names must be strings")
+        return Rejection(OutcomeReason.SCHEMA, "argument names must be strings")
     try:
         canonical_bytes(proposal.args)
     except CanonicalJSONError as exc:
-        return Rejection("schema", f"args must be JSON: {exc}")
+        return Rejection(OutcomeReason.SCHEMA, f"args must be JSON: {exc}")
     if proposal.extra:
-        return Rejection("schema", f"unknown proposal fields {sorted(proposal.extra)}")
+        return Rejection(OutcomeReason.SCHEMA, f"unknown proposal fields {sorted(proposal.extra)}")
     if isinstance(proposal.cost, bool) or not isinstance(proposal.cost, int) or proposal.cost < 0:
-        return Rejection("schema", "cost must be a non-negative integer")
+        return Rejection(OutcomeReason.SCHEMA, "cost must be a non-negative integer")
     version = proposal.based_on_version
     if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
-        return Rejection("schema", "based_on_version must be an integer")
+        return Rejection(OutcomeReason.SCHEMA, "based_on_version must be an integer")
     if proposal.risk is not None and not isinstance(proposal.risk, str):
-        return Rejection("schema", "risk must be a string")
+        return Rejection(OutcomeReason.SCHEMA, "risk must be a string")
     if proposal.deadline is not None and (
         not isinstance(proposal.deadline, datetime) or proposal.deadline.tzinfo is None
     ):
-        return Rejection("schema", "deadline must be a timezone-aware datetime")
+        return Rejection(OutcomeReason.SCHEMA, "deadline must be a timezone-aware datetime")
     return None
 
 
@@ -400,30 +408,32 @@ def _text_args(kind: ActionKind, args: dict[str, Any]) -> Rejection | None:
     if kind.action_class is ActionClass.CANCEL:
         reason = args.get("reason")
         if not isinstance(reason, str) or not reason.strip():
-            return Rejection("schema", "cancel needs a non-empty reason")
+            return Rejection(OutcomeReason.SCHEMA, "cancel needs a non-empty reason")
     if kind.action_class is ActionClass.FINISH and not isinstance(args.get("summary", ""), str):
-        return Rejection("schema", "a finish's summary must be text")
+        return Rejection(OutcomeReason.SCHEMA, "a finish's summary must be text")
     return None
 
 
 def _scope(kind: ActionKind, target: str, task: TaskSpec) -> Rejection | None:
     if kind.target is TargetKind.NONE:
         if target:
-            return Rejection("schema", f"{kind.name} takes no target")
+            return Rejection(OutcomeReason.SCHEMA, f"{kind.name} takes no target")
         return None
     if kind.target is TargetKind.TEST:
         if target not in task.tests:
             return Rejection(
-                "test_target",
+                OutcomeReason.TEST_TARGET,
                 f"{target!r} is not on the task's test allowlist {sorted(task.tests)}",
             )
         return None
     try:
         check_canonical_path(target, "target")
     except SpecError as exc:
-        return Rejection("scope_target", exc.problem)
+        return Rejection(OutcomeReason.SCOPE_TARGET, exc.problem)
     if not task.allows_target(target):
-        return Rejection("scope_target", f"target {target!r} is outside the task's paths")
+        return Rejection(
+            OutcomeReason.SCOPE_TARGET, f"target {target!r} is outside the task's paths"
+        )
     return None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime
 
-from tether.core._phases import Phase
+from tether.core._phases import OutcomeReason, Phase
 from tether.core._spec import Budgets
 from tether.core._state import RunState, Spent, working_ms
 from tether.core._transition import Event, OutcomeKind, Transition
@@ -42,7 +42,7 @@ def spent_budget(
     return None
 
 
-def failed(state: RunState, reason: str) -> tuple[RunState, Event]:
+def failed(state: RunState, reason: OutcomeReason) -> tuple[RunState, Event]:
     """The one ending of a failed run: ``state`` in ``failed`` with ``reason`` as its stop
     reason, and the ``failed`` event that traces it.
 
@@ -50,12 +50,13 @@ def failed(state: RunState, reason: str) -> tuple[RunState, Event]:
     at a step's start, a rejection that spent the last proposal, a review's
     abort), so a failed run always says why in its trace, the same way.
     """
-    return state.evolve(phase=Phase.FAILED, stop_reason=reason), ("failed", {"reason": reason})
+    word = OutcomeReason(reason).value
+    return state.evolve(phase=Phase.FAILED, stop_reason=word), ("failed", {"reason": word})
 
 
-def budget_reason(which: str) -> str:
-    """The stop reason of a run that failed on the budget ``which``."""
-    return f"budget_exhausted:{which}"
+def budget_reason(which: str) -> OutcomeReason:
+    """The stop reason of a run that failed on the budget ``which`` (a :func:`spent_budget` word)."""
+    return OutcomeReason(f"budget_exhausted:{which}")
 
 
 def exhausted(

@@ -49,7 +49,7 @@ from tether.core._evidence import (
 from tether.core._ledger import EffectTerms, LedgerEntry
 from tether.core._model import Capabilities, EnvironmentState, Intent, PendingWrite, format_time
 from tether.core._people import apply_decision, evidence_digest
-from tether.core._phases import Compensation, EffectStatus, Phase
+from tether.core._phases import Compensation, EffectStatus, OutcomeReason, Phase
 from tether.core._state import RunState
 from tether.core._transition import EffectRef, Event, LedgerNote, OutcomeKind, Transition
 
@@ -318,7 +318,7 @@ def accept_effect(
             OutcomeKind.RECORDED,
             state=closed.state,
             events=(*closed.events, accepted),
-            reason="effect_accepted",
+            reason=OutcomeReason.EFFECT_ACCEPTED,
         )
     return Transition(
         OutcomeKind.RECORDED,
@@ -326,7 +326,7 @@ def accept_effect(
             decisions=(*state.decisions, document), inbox_cursor=_cursor(state, cursor)
         ),
         events=(accepted,),
-        reason="effect_accepted",
+        reason=OutcomeReason.EFFECT_ACCEPTED,
     )
 
 
@@ -395,5 +395,5 @@ def order_compensation(
         ),
         events=events,
         ledger=notes,
-        reason="compensation_ordered",
+        reason=OutcomeReason.COMPENSATION_ORDERED,
     )

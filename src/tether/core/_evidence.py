@@ -26,8 +26,8 @@ from tether.core._model import (
     format_time,
     parse_time_text,
 )
-from tether.core._phases import ReviewReason
-from tether.core._state import ReplayApproval, RunState
+from tether.core._phases import OutcomeReason, ReviewReason
+from tether.core._state import ReplayApproval, RunState, SpentNonce
 
 APPROVAL_FIELDS = (
     "kind", "approver_id", "task_id", "run_id", "policy_version", "action_id",
@@ -215,15 +215,18 @@ def consumed_nonces(state: RunState) -> frozenset[str]:
 
     Each kind keeps its own: reviewer and effect decisions whole in
     ``decisions``, forks in ``fork_nonces``, cancels read without ending the
-    run in ``cancel_nonces``, approvals with the pending action they approve
-    (``pending.nonces``: they leave with it, so checkpoints stay flat however
-    many approvals a run collects). A nonce is one-time across all of them:
-    every check refuses a document whose nonce is here (:func:`check_nonce`),
-    so a decision for one case cannot reuse a nonce another case, an
-    approval, a fork or a cancel consumed. Older checkpoints keep the same
-    fields, so they are read the same way.
+    run in ``cancel_nonces``, approvals in ``approval_nonces`` until the
+    approval expires (:func:`keep_approval_nonce`: whatever action it
+    approved has long settled by then, and the checkpoint stays bounded by
+    the approvals alive). A nonce is one-time across all of them: every check
+    refuses a document whose nonce is here (:func:`check_nonce`), so a
+    decision for one case cannot reuse a nonce another case, an approval, a
+    fork or a cancel consumed. Checkpoints written before ``approval_nonces``
+    kept an approval's nonce with its pending action (``pending.nonces``),
+    read the same way.
     """
     nonces = {*state.fork_nonces, *state.cancel_nonces}
+    nonces.update(spent.nonce for spent in state.approval_nonces)
     if state.pending is not None:
         nonces.update(state.pending.nonces)
     for document in state.decisions:
@@ -233,13 +236,32 @@ def consumed_nonces(state: RunState) -> frozenset[str]:
     return frozenset(nonces)
 
 
+def keep_approval_nonce(
+    kept: tuple[SpentNonce, ...], nonce: str, expires_at: datetime, *, now: datetime
+) -> tuple[SpentNonce, ...]:
+    """The approval nonces a run keeps once it consumes ``nonce`` (its approval expiring at
+    ``expires_at``) at ``now``.
+
+    A nonce is forgotten only once its approval has expired on any clock the
+    runtime tolerates (``until`` plus :data:`CLOCK_SKEW`): the approval itself
+    is refused as expired from then on, and never binds another action (its
+    key is minted once), so the record holds only the approvals that could
+    still be presented, and is bounded by them, never by the run's history.
+    """
+    alive = tuple(spent for spent in kept if now < spent.until + CLOCK_SKEW)
+    return (*alive, SpentNonce(nonce, expires_at))
+
+
 def check_nonce(body: dict[str, Any], consumed: tuple[str, ...] | frozenset[str]) -> None:
     """Refuse a nonce that is too short to be one-time, or that ``consumed`` holds."""
     nonce = body.get("nonce")
     if not isinstance(nonce, str) or len(nonce) < 16:
         raise EvidenceSignatureError("evidence nonce must be a string of at least 16 characters")
     if nonce in consumed:
-        raise NonceReusedError(f"nonce {nonce!r} was consumed before")
+        raise NonceReusedError(
+            f"nonce {nonce!r} was consumed before by a signed document of this run (a nonce is "
+            "one-time across every kind of document and every case): sign it with a fresh nonce"
+        )
 
 
 def check_decision(
@@ -350,7 +372,7 @@ def approval_problem(
     live: EnvironmentState,
     idempotent: bool,
     policy_version: str | None = None,
-) -> tuple[str, str] | None:
+) -> tuple[OutcomeReason, str] | None:
     """Why the pending write may not be sent now for want of approval, or ``None``.
 
     Checked right before every send: an approval in force, unexpired on the
@@ -370,20 +392,20 @@ def approval_problem(
         and body.get("policy_version") != policy_version
     ):
         return (
-            "approval_policy_changed",
+            OutcomeReason.APPROVAL_POLICY_CHANGED,
             f"approval {body.get('nonce')!r} was signed under policy version "
             f"{body.get('policy_version')!r}; the run is now under {policy_version!r}: a fresh "
             f"approval is needed (`tether approve {state.run_id} {pending.action_id}`)",
         )
     if body is None:
         return (
-            "approval_required",
+            OutcomeReason.APPROVAL_REQUIRED,
             f"run {state.run_id}: the pending write needs an approval; sign one with "
             f"`tether approve {state.run_id} {pending.action_id}`",
         )
     if now >= parse_utc(body, "expires_at"):
         return (
-            "approval_expired",
+            OutcomeReason.APPROVAL_EXPIRED,
             f"approval {body.get('nonce')!r} expired at {body['expires_at']}; a fresh "
             "approval is needed",
         )
@@ -392,7 +414,7 @@ def approval_problem(
         allowed.add(pending.expected_post.state_fingerprint)
     if live.state_fingerprint not in allowed or live.instance_id != body["environment_instance_id"]:
         return (
-            "approval_stale",
+            OutcomeReason.APPROVAL_STALE,
             f"run {state.run_id}: the environment changed since the approval was signed; "
             "a fresh approval is needed",
         )

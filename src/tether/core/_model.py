@@ -36,7 +36,14 @@ def _utc_text(moment: datetime) -> str:
 
 def parse_time_text(text: object) -> datetime:
     """The inverse of :func:`format_time`; raises ``ValueError`` for anything else."""
-    return datetime.strptime(str(text), _TIME_FORMAT).replace(tzinfo=UTC)
+    return _parsed(str(text))
+
+
+# A recovery parses every stored time of the run again (ledger, trace, marks): the
+# same few texts, each a strptime call. A refused text raises, and is not kept.
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> datetime:
+    return datetime.strptime(text, _TIME_FORMAT).replace(tzinfo=UTC)
 
 
 def parse_time(f: Fields, key: str) -> datetime:

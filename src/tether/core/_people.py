@@ -18,9 +18,9 @@ from typing import Any
 from tether.core._budgets import failed
 from tether.core._canonical import digest
 from tether.core._errors import CanonicalJSONError
-from tether.core._evidence import ReviewDecision
+from tether.core._evidence import ReviewDecision, keep_approval_nonce, parse_utc
 from tether.core._model import EnvironmentState, LastOutcome, Receipt, ReviewCase
-from tether.core._phases import Phase
+from tether.core._phases import OutcomeReason, Phase
 from tether.core._spec import Policy
 from tether.core._state import RunState
 from tether.core._transition import Event, OutcomeKind, Transition
@@ -39,14 +39,19 @@ def evidence_digest(document: Any) -> str | None:
 
 
 def record_approval(
-    state: RunState, document: dict[str, Any], body: dict[str, Any], *, cursor: int | None
+    state: RunState,
+    document: dict[str, Any],
+    body: dict[str, Any],
+    *,
+    cursor: int | None,
+    now: datetime,
 ) -> Transition:
     """A verified approval becomes the one in force for the pending action.
 
-    The approval it replaces is sealed into the trace; its nonce joins the
-    pending action's consumed nonces (they leave with the pending action, so
-    checkpoints stay flat however many approvals a run collects), which
-    :func:`~tether.core.consumed_nonces` counts with every other kind's.
+    The approval it replaces is sealed into the trace; its nonce is consumed
+    for the run until the approval expires (:func:`~tether.core.keep_approval_nonce`),
+    counted by :func:`~tether.core.consumed_nonces` with every other kind's,
+    so no later document of any kind, for any case, can carry it meanwhile.
     """
     pending = state.pending
     if pending is None:
@@ -63,12 +68,17 @@ def record_approval(
             },
         )
     )
-    approved = replace(pending, approvals=(document,), nonces=(*pending.nonces, body["nonce"]))
+    approved = replace(pending, approvals=(document,))
+    spent = keep_approval_nonce(
+        state.approval_nonces, str(body["nonce"]), parse_utc(body, "expires_at"), now=now
+    )
     return Transition(
         OutcomeKind.RECORDED,
-        state=state.evolve(pending=approved, inbox_cursor=_cursor(state, cursor)),
+        state=state.evolve(
+            pending=approved, approval_nonces=spent, inbox_cursor=_cursor(state, cursor)
+        ),
         events=tuple(events),
-        reason="approval_recorded",
+        reason=OutcomeReason.APPROVAL_RECORDED,
     )
 
 
@@ -124,7 +134,7 @@ def apply_decision(
         )
         told = LastOutcome.bounded(
             OutcomeKind.RECORDED.value,
-            reason="accepted",
+            reason=OutcomeReason.ACCEPTED,
             message=f"a reviewer accepted the environment as observed (version "
             f"{case.environment.version}, changed outside the run); look at it again before "
             "acting",
@@ -133,7 +143,7 @@ def apply_decision(
             OutcomeKind.RECORDED,
             state=after.evolve(phase=Phase.RUNNING, last_outcome=told),
             events=(sealed, accepted),
-            reason="accepted",
+            reason=OutcomeReason.ACCEPTED,
         )
     if decision is ReviewDecision.REPLAN:
         return Transition(
@@ -144,18 +154,21 @@ def apply_decision(
                 last_outcome=LastOutcome.bounded(
                     OutcomeKind.RECORDED.value,
                     action_id=case.action_id or None,
-                    reason="replanned",
+                    reason=OutcomeReason.REPLANNED,
                     message=f"a reviewer decided replan on {case.reason}: "
                     + ("nothing pending was carried on (its key is quarantined); " if key else "")
                     + "plan again from the environment as it is",
                 ),
             ),
             events=(sealed, *quarantine),
-            reason="replanned",
+            reason=OutcomeReason.REPLANNED,
         )
-    aborted, ending = failed(after, "aborted_by_review")
+    aborted, ending = failed(after, OutcomeReason.ABORTED_BY_REVIEW)
     return Transition(
-        OutcomeKind.FAILED, state=aborted, events=(sealed, ending), reason="aborted_by_review"
+        OutcomeKind.FAILED,
+        state=aborted,
+        events=(sealed, ending),
+        reason=OutcomeReason.ABORTED_BY_REVIEW,
     )
 
 
@@ -175,7 +188,7 @@ def refused(
         OutcomeKind.REJECTED,
         state=state.evolve(inbox_cursor=_cursor(state, cursor)),
         events=(("evidence_refused", data),),
-        reason="evidence_refused",
+        reason=OutcomeReason.EVIDENCE_REFUSED,
         message=str(error),
     )
 
@@ -221,7 +234,7 @@ def refresh_case(
         OutcomeKind.FROZEN,
         state=state.evolve(review_cases=cases),
         events=(("review_case_refreshed", {"replaces": case.case_id, "case": fresh.to_json()}),),
-        reason="review_case_refreshed",
+        reason=OutcomeReason.REVIEW_CASE_REFRESHED,
         message=why[-500:],
     )
 
@@ -232,7 +245,7 @@ def noted_admission(state: RunState, cursor: int) -> Transition:
         OutcomeKind.RECORDED,
         state=state.evolve(inbox_cursor=_cursor(state, cursor)),
         events=(("admission_read", {"seq": cursor}),),
-        reason="admission_read",
+        reason=OutcomeReason.ADMISSION_READ,
     )
 
 

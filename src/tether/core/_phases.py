@@ -176,3 +176,113 @@ class ReviewReason(StrEnum):
     WORKER_ERROR = "worker_error"
     #: A rewind could not restore the workspace it was admitted to restore.
     REWIND_FAILED = "rewind_failed"
+
+
+class OutcomeReason(StrEnum):
+    """Why a step ended as it did, in one stable word (defined once, here).
+
+    A frozen step's reason is its review case's (:class:`ReviewReason`); every
+    other reason tether gives an outcome, a trace's ending or an agent's
+    result is one of these. The two share no word. An adapter that refuses a
+    proposal (``ContractViolationError``) may name its own.
+    """
+
+    # -- the adapter has not settled it yet ---------------------------------
+    #: An earlier attempt under the key is still running at the adapter.
+    IN_FLIGHT = "in_flight"
+    #: The adapter could not be reached; nothing changed.
+    ADAPTER_UNAVAILABLE = "adapter_unavailable"
+
+    # -- approvals --------------------------------------------------------------
+    #: The policy needs a person's signed approval, and none is on record.
+    APPROVAL_REQUIRED = "approval_required"
+    #: The approval on record ran out.
+    APPROVAL_EXPIRED = "approval_expired"
+    #: The environment moved since the approval was signed.
+    APPROVAL_STALE = "approval_stale"
+    #: The approval was signed under another policy version than the one in force.
+    APPROVAL_POLICY_CHANGED = "approval_policy_changed"
+
+    # -- the replay rule (what it said of a re-proposed effect) ---------------
+    #: Nothing the ledger records: a new effect.
+    NEW_EFFECT = "new_effect"
+    #: A stateful target no longer holds what the recorded write left: a new effect.
+    TARGET_MOVED = "target_moved"
+    #: The adapter proves the earlier attempt never landed.
+    NEVER_LANDED = "never_landed"
+    #: A signed fork let the effect happen once more.
+    FORK_USED = "fork_used"
+    #: It happened already: the recorded receipt answers, nothing is sent.
+    EFFECT_REPLAYED = "effect_replayed"
+    #: An approved replay whose effect no longer stands (the world moved while it waited).
+    REPLAY_OUTDATED = "replay_outdated"
+
+    # -- a pending write the adapter refused ----------------------------------
+    #: The adapter recorded that it refused this very request: nothing landed.
+    REFUSED = "refused"
+    #: The write's precondition failed on its first send: nothing landed.
+    PRECONDITION_FAILED = "precondition_failed"
+    #: The adapter refused to carry out a read or a test run (an adapter error).
+    ADAPTER_REFUSED = "adapter_refused"
+
+    # -- people -------------------------------------------------------------------
+    APPROVAL_RECORDED = "approval_recorded"
+    FORK_RECORDED = "fork_recorded"
+    #: A reviewer accepted a drifted environment as observed.
+    ACCEPTED = "accepted"
+    #: A reviewer decided replan: the run plans again from the world as it is.
+    REPLANNED = "replanned"
+    #: A reviewer decided abort: the run failed.
+    ABORTED_BY_REVIEW = "aborted_by_review"
+    #: A signed document the run would not accept (traced, the inbox moved past it).
+    EVIDENCE_REFUSED = "evidence_refused"
+    #: The world moved under an open review case: it was replaced by one recording it now.
+    REVIEW_CASE_REFRESHED = "review_case_refreshed"
+    #: The inbox admission that opened this epoch was read.
+    ADMISSION_READ = "admission_read"
+    #: A reviewer accepted an effect as it stands.
+    EFFECT_ACCEPTED = "effect_accepted"
+    #: A reviewer ordered an effect compensated: the compensation is pending.
+    COMPENSATION_ORDERED = "compensation_ordered"
+    #: A rewind restored context and workspace together.
+    REWOUND = "rewound"
+
+    # -- endings and the verifier ---------------------------------------------
+    CANCELLED = "cancelled"
+    #: Completed: the task's verifier passed at the final state.
+    VERIFIED = "verified"
+    #: Completed on the agent's word: the task names no verifier.
+    FINISHED_UNVERIFIED = "finished_unverified"
+    VERIFIER_FAILED = "verifier_failed"
+    #: The verifier judged another state than the run's (the world moved under it).
+    VERIFIER_JUDGED_OTHER_STATE = "verifier_judged_other_state"
+    EXHAUSTED_STEPS = "budget_exhausted:steps"
+    EXHAUSTED_PROPOSALS = "budget_exhausted:proposals"
+    EXHAUSTED_COST = "budget_exhausted:cost"
+    EXHAUSTED_WALL_TIME = "budget_exhausted:wall_time"
+    EXHAUSTED_DEADLINE = "budget_exhausted:deadline"
+
+    # -- the gate's refusals of a proposal ------------------------------------
+    PENDING_EXISTS = "pending_exists"
+    EMBEDDED_APPROVAL = "embedded_approval"
+    MISSING_ARGUMENT = "missing_argument"
+    UNKNOWN_ARGUMENT = "unknown_argument"
+    AGENT_KEY = "agent_key"
+    RISK_MISMATCH = "risk_mismatch"
+    DEADLINE = "deadline"
+    DUPLICATE_ACTION = "duplicate_action"
+    UNKNOWN_KIND = "unknown_kind"
+    SCOPE_KIND = "scope_kind"
+    SCOPE_TARGET = "scope_target"
+    TEST_TARGET = "test_target"
+    NO_RULE = "no_rule"
+    PERMISSION = "permission"
+    RISK = "risk"
+    BUDGET_COST = "budget_cost"
+    MISSING_VERSION = "missing_version"
+    STALE_VERSION = "stale_version"
+    SCHEMA = "schema"
+
+    # -- the effects API ------------------------------------------------------
+    #: The call's own action did not run: earlier work was settled first.
+    SETTLED_EARLIER_WORK = "settled_earlier_work"

@@ -71,7 +71,7 @@ from tether.core._errors import EvidenceBindingError, EvidenceSignatureError, No
 from tether.core._evidence import check_lifetime, check_nonce, consumed_nonces
 from tether.core._ledger import LedgerEntry, redact_receipt
 from tether.core._model import Capabilities, EnvironmentState, Intent, Receipt, format_time
-from tether.core._phases import EffectStatus, ReviewReason
+from tether.core._phases import EffectStatus, OutcomeReason, ReviewReason
 from tether.core._results import with_result
 from tether.core._spec import Budgets
 from tether.core._state import RunState
@@ -85,11 +85,6 @@ from tether.core._transition import (
     OutcomeKind,
     Transition,
 )
-
-REPLAY_OF_UNKNOWN = ReviewReason.REPLAY_OF_UNKNOWN
-RECEIPT_MISSING = ReviewReason.RECEIPT_MISSING
-RECEIPT_DRIFT = ReviewReason.RECEIPT_DRIFT
-KEY_CONFLICT = ReviewReason.KEY_CONFLICT
 
 
 def effect_digest(namespace: str, kind: str, target: str, identity: Mapping[str, Any]) -> str:
@@ -221,7 +216,7 @@ class Judgement:
     """The verdict, why, the attempt it stands on, and the receipt a replay answers with."""
 
     verdict: Verdict
-    reason: str
+    reason: OutcomeReason | ReviewReason
     known: KnownEffect | None = None
     #: For a replay: the receipt as the ledger would hold it, its fingerprint, and who said so.
     receipt: dict[str, Any] | None = None
@@ -250,17 +245,17 @@ def lookup_key(
 def judge(facts: ReplayFacts) -> Judgement:
     """Replay, proceed, hold, wait or review a write whose effect the ledger may know."""
     if facts.forked:
-        return Judgement(Verdict.FORKED, "fork_used")
+        return Judgement(Verdict.FORKED, OutcomeReason.FORK_USED)
     record = facts.record
     if record is None or record.current is None:
-        return Judgement(Verdict.PROCEED, "new_effect")
+        return Judgement(Verdict.PROCEED, OutcomeReason.NEW_EFFECT)
     if record.unsettled is not None:
         return _approved(facts, _judge_unsettled(facts, record.unsettled))
     committed = record.committed
     if committed is None or committed.receipt is None:  # a commit always has its receipt
-        return Judgement(Verdict.PROCEED, "new_effect")
+        return Judgement(Verdict.PROCEED, OutcomeReason.NEW_EFFECT)
     if facts.capabilities.stateful and facts.target_moved:
-        return Judgement(Verdict.PROCEED, "target_moved", committed)
+        return Judgement(Verdict.PROCEED, OutcomeReason.TARGET_MOVED, committed)
     return _approved(facts, _judge_committed(facts, committed, committed.receipt))
 
 
@@ -269,7 +264,7 @@ def _judge_unsettled(facts: ReplayFacts, known: KnownEffect) -> Judgement:
     answer = facts.answer
     caps = facts.capabilities
     if answer is None or not caps.queryable:
-        return Judgement(Verdict.REVIEW, REPLAY_OF_UNKNOWN, known)
+        return Judgement(Verdict.REVIEW, ReviewReason.REPLAY_OF_UNKNOWN, known)
     status = answer.status
     if status is LookupStatus.COMMITTED and answer.receipt is not None:
         receipt = answer.receipt
@@ -282,14 +277,14 @@ def _judge_unsettled(facts: ReplayFacts, known: KnownEffect) -> Judgement:
             # ours, and no proof that ours did not land either (the adapter may be
             # wrong). Sending the effect again takes a person's signed fork, even
             # after a replan set the key aside.
-            return Judgement(Verdict.REVIEW, KEY_CONFLICT, known)
+            return Judgement(Verdict.REVIEW, ReviewReason.KEY_CONFLICT, known)
         if caps.stateful and facts.target_moved:
-            return Judgement(Verdict.PROCEED, "target_moved", known)
+            return Judgement(Verdict.PROCEED, OutcomeReason.TARGET_MOVED, known)
         # Only the result's digest where the kind is sensitive, as the ledger holds it.
         body = receipt.to_json()
         return Judgement(
             Verdict.REPLAY,
-            "effect_replayed",
+            OutcomeReason.EFFECT_REPLAYED,
             known,
             redact_receipt(body) if facts.sensitive else body,
             receipt.fingerprint,
@@ -298,10 +293,10 @@ def _judge_unsettled(facts: ReplayFacts, known: KnownEffect) -> Judgement:
     if status in {LookupStatus.IN_PROGRESS, LookupStatus.UNAVAILABLE}:
         return Judgement(Verdict.WAIT, _waiting(status), known)
     if status is LookupStatus.REFUSED:
-        return Judgement(Verdict.PROCEED, "never_landed", known)
+        return Judgement(Verdict.PROCEED, OutcomeReason.NEVER_LANDED, known)
     if status is LookupStatus.ABSENT and caps.absent_is_final and _remembered(facts, known):
-        return Judgement(Verdict.PROCEED, "never_landed", known)
-    return Judgement(Verdict.REVIEW, REPLAY_OF_UNKNOWN, known)
+        return Judgement(Verdict.PROCEED, OutcomeReason.NEVER_LANDED, known)
+    return Judgement(Verdict.REVIEW, ReviewReason.REPLAY_OF_UNKNOWN, known)
 
 
 def _judge_committed(facts: ReplayFacts, known: KnownEffect, recorded: dict[str, Any]) -> Judgement:
@@ -310,7 +305,12 @@ def _judge_committed(facts: ReplayFacts, known: KnownEffect, recorded: dict[str,
         # Nothing can be asked: the signed ledger holds the only copy of the
         # adapter's receipt, given by the adapter when the write landed.
         return Judgement(
-            Verdict.REPLAY, "effect_replayed", known, recorded, digest(recorded), "ledger"
+            Verdict.REPLAY,
+            OutcomeReason.EFFECT_REPLAYED,
+            known,
+            recorded,
+            digest(recorded),
+            "ledger",
         )
     answer = facts.answer
     if answer is None:
@@ -321,10 +321,15 @@ def _judge_committed(facts: ReplayFacts, known: KnownEffect, recorded: dict[str,
     if status is LookupStatus.COMMITTED and answer.receipt is not None:
         if same_receipt(recorded, answer.receipt):
             return Judgement(
-                Verdict.REPLAY, "effect_replayed", known, recorded, digest(recorded), "adapter"
+                Verdict.REPLAY,
+                OutcomeReason.EFFECT_REPLAYED,
+                known,
+                recorded,
+                digest(recorded),
+                "adapter",
             )
-        return Judgement(Verdict.REVIEW, RECEIPT_DRIFT, known)
-    return Judgement(Verdict.REVIEW, RECEIPT_MISSING, known)
+        return Judgement(Verdict.REVIEW, ReviewReason.RECEIPT_DRIFT, known)
+    return Judgement(Verdict.REVIEW, ReviewReason.RECEIPT_MISSING, known)
 
 
 def same_receipt(recorded: Mapping[str, Any], receipt: Receipt) -> bool:
@@ -342,7 +347,7 @@ def _approved(facts: ReplayFacts, judgement: Judgement) -> Judgement:
     if judgement.verdict is Verdict.REPLAY and facts.needs_approval and not facts.approved:
         return Judgement(
             Verdict.HOLD,
-            "approval_required",
+            OutcomeReason.APPROVAL_REQUIRED,
             judgement.known,
             judgement.receipt,
             judgement.fingerprint,
@@ -361,8 +366,10 @@ def _remembered(facts: ReplayFacts, known: KnownEffect) -> bool:
     return (facts.now - known.sent_at).total_seconds() <= limit
 
 
-def _waiting(status: LookupStatus) -> str:
-    return "in_flight" if status is LookupStatus.IN_PROGRESS else "adapter_unavailable"
+def _waiting(status: LookupStatus) -> OutcomeReason:
+    if status is LookupStatus.IN_PROGRESS:
+        return OutcomeReason.IN_FLIGHT
+    return OutcomeReason.ADAPTER_UNAVAILABLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,13 +484,13 @@ def _held(
 
 
 _REVIEW_WHY = {
-    REPLAY_OF_UNKNOWN: "has an unknown outcome and cannot be settled by its key: sending it "
+    ReviewReason.REPLAY_OF_UNKNOWN: "has an unknown outcome and cannot be settled by its key: sending it "
     "again could be a second effect",
-    KEY_CONFLICT: "is held by the adapter under its key for another intent (a key conflict "
+    ReviewReason.KEY_CONFLICT: "is held by the adapter under its key for another intent (a key conflict "
     "no person has reviewed)",
-    RECEIPT_DRIFT: "has a receipt at the adapter that differs from the ledger's copy: the "
+    ReviewReason.RECEIPT_DRIFT: "has a receipt at the adapter that differs from the ledger's copy: the "
     "recorded effect cannot be claimed, and sending it could be a second effect",
-    RECEIPT_MISSING: "is committed in the ledger, but the adapter holds no receipt for its key "
+    ReviewReason.RECEIPT_MISSING: "is committed in the ledger, but the adapter holds no receipt for its key "
     "(deleted, or forgotten): the effect cannot be claimed, and sending it could be a second "
     "effect",
 }
@@ -494,7 +501,7 @@ def _review(
     proposal: Proposal,
     effect: str,
     known: KnownEffect,
-    reason: str,
+    reason: OutcomeReason | ReviewReason,
     case_id: str,
     now: datetime,
     live: EnvironmentState,
@@ -554,7 +561,7 @@ def _replayed(
         kind=proposal.kind,
         target=proposal.target,
         outcome=OutcomeKind.REPLAYED.value,
-        reason="effect_replayed",
+        reason=OutcomeReason.EFFECT_REPLAYED,
         data={
             **facts,
             "business_object_id": receipt.get("business_object_id"),
@@ -569,7 +576,7 @@ def _replayed(
         state=after,
         events=(("effect_replayed", {"action_id": proposal.action_id, **facts}),),
         blobs=blobs,
-        reason="effect_replayed",
+        reason=OutcomeReason.EFFECT_REPLAYED,
         message=f"effect {effect} already committed as receipt {facts['receipt_id']}; replayed",
     )
 
@@ -675,5 +682,5 @@ def record_fork(
                 },
             ),
         ),
-        reason="fork_recorded",
+        reason=OutcomeReason.FORK_RECORDED,
     )

@@ -39,7 +39,9 @@ absent, not final, not idempotent   outcome unknown -> needs_review
 ==================================  ===========================================
 execute answer                      after_execute
 ==================================  ===========================================
-receipt                             reconcile (below)
+receipt                             reconcile (below): ``executed``, first send
+                                    or a resend alike (a look-up's receipt,
+                                    nothing sent, is ``replayed``)
 conflict (same key, other intent)   key_conflict -> needs_review
 precondition failed, first send     rejected; the run goes on
 precondition failed, a retry        outcome unknown -> needs_review (the first
@@ -75,6 +77,11 @@ rejected where nothing can have landed, else outcome unknown (see
 The approval gate: where the policy needs one, an approval in force,
 unexpired on the runtime's clock, for the environment as it is now; without
 it the write waits (``waiting_for_approval``) and nothing is committed.
+
+The environment as it is now is read only where it decides the step: a
+freeze records it in its case, and the approval gate judges against it.
+Given none (``Facts.live`` is ``None``), those rules ask for it
+(:func:`read_first`) and the caller decides the step again with it.
 """
 
 from __future__ import annotations
@@ -88,7 +95,7 @@ from tether.core._canonical import digest
 from tether.core._compensation import compensated_note
 from tether.core._evidence import approval_problem, committed_within_approval
 from tether.core._model import CompletedWrite, PendingWrite, Receipt
-from tether.core._phases import EffectStatus, Phase, ReviewReason
+from tether.core._phases import EffectStatus, OutcomeReason, Phase, ReviewReason
 from tether.core._retry import in_flight_allowance, records_resend
 from tether.core._review import open_review
 from tether.core._state import RunState
@@ -103,6 +110,7 @@ from tether.core._transition import (
     LookupAnswer,
     LookupStatus,
     OutcomeKind,
+    ReadEnvironment,
     Transition,
 )
 
@@ -160,11 +168,16 @@ def _waiting(state: RunState, facts: Facts, *, known_absent: bool = False) -> Tr
             "it is not sent again, so whether it landed is unknown: a person must decide",
             ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
         )
+    if not facts.needs_approval:
+        return None
+    live = facts.live
+    if live is None:
+        return read_first(OutcomeKind.WAITING_FOR_APPROVAL)  # judged against the world now
     problem = approval_problem(
         state,
-        needs=facts.needs_approval,
+        needs=True,
         now=facts.now,
-        live=facts.live,
+        live=live,
         idempotent=facts.capabilities.idempotent,
         policy_version=facts.policy_version,
     )
@@ -247,7 +260,7 @@ def after_lookup(state: RunState, facts: Facts, answer: LookupAnswer) -> Transit
     if answer.status is LookupStatus.IN_PROGRESS:
         return _stuck(state, facts, answer.detail) or Transition(
             OutcomeKind.IN_FLIGHT,
-            reason="in_flight",
+            reason=OutcomeReason.IN_FLIGHT,
             message=answer.detail or "an earlier attempt under this key is still in flight",
         )
     if answer.status is LookupStatus.REFUSED:
@@ -266,11 +279,11 @@ def after_lookup(state: RunState, facts: Facts, answer: LookupAnswer) -> Transit
             )
         # Sent once, and the adapter recorded that it refused this very request:
         # nothing landed, and a resend under the key would only be refused again.
-        return _rejected(state, "refused", answer.detail)
+        return _rejected(state, OutcomeReason.REFUSED, answer.detail)
     if answer.status is LookupStatus.UNAVAILABLE:
         return Transition(
             OutcomeKind.RETRY_LATER,
-            reason="adapter_unavailable",
+            reason=OutcomeReason.ADAPTER_UNAVAILABLE,
             message=answer.detail or "the adapter could not be asked; nothing changed",
         )
     if caps.absent_is_final or caps.idempotent:
@@ -371,7 +384,11 @@ def after_execute(
     """Act on the adapter's answer to a send."""
     _pending(state)  # a caller bug to ask with nothing pending
     if answer.status is ExecuteStatus.COMMITTED and answer.receipt is not None:
-        return reconcile(state, facts, answer.receipt, fresh=call.known_absent or not call.retry)
+        # Sent by this step, first time or again under the key: executed. Whether
+        # an earlier attempt had landed is not this answer's to say (an idempotent
+        # adapter returns the same receipt either way); only a look-up's receipt,
+        # read back with nothing sent, is a replay.
+        return reconcile(state, facts, answer.receipt, fresh=True)
     if answer.status is ExecuteStatus.CONFLICT:
         return freeze(
             state,
@@ -391,10 +408,10 @@ def after_execute(
                 "adapter holds no receipt; the first attempt may have landed",
                 ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
             )
-        return _rejected(state, "precondition_failed", answer.detail)
+        return _rejected(state, OutcomeReason.PRECONDITION_FAILED, answer.detail)
     if answer.status is ExecuteStatus.IN_PROGRESS:
         return _stuck(state, facts, answer.detail) or Transition(
-            OutcomeKind.IN_FLIGHT, reason="in_flight", message=answer.detail
+            OutcomeKind.IN_FLIGHT, reason=OutcomeReason.IN_FLIGHT, message=answer.detail
         )
     if facts.capabilities.blind:
         return freeze(
@@ -408,13 +425,17 @@ def after_execute(
         )
     return Transition(
         OutcomeKind.RETRY_LATER,
-        reason="adapter_unavailable",
+        reason=OutcomeReason.ADAPTER_UNAVAILABLE,
         message=answer.detail or "the adapter failed; the write stays dispatched",
     )
 
 
 def reconcile(state: RunState, facts: Facts, receipt: Receipt, *, fresh: bool) -> Transition:
-    """Accept the adapter's receipt only if it is bound to exactly this intent."""
+    """Accept the adapter's receipt only if it is bound to exactly this intent.
+
+    ``fresh``: the receipt answers this step's own send (``executed``);
+    otherwise a look-up read it back and nothing was sent (``replayed``).
+    """
     pending = _pending(state)
     if (
         receipt.idempotency_key != pending.idempotency_key
@@ -527,19 +548,36 @@ def freeze(
     ledger: tuple[LedgerNote, ...] = (),
     status: EffectStatus | None = None,
 ) -> Transition:
-    """Enter needs_review, keeping the pending intent and every piece of evidence."""
+    """Enter needs_review, keeping the pending intent and every piece of evidence.
+
+    The case records the environment as it is now: given none, the freeze
+    asks for it first (:func:`read_first`).
+    """
     _pending(state)  # a caller's bug to freeze a write that is not there
+    live = facts.live
+    if live is None:
+        return read_first(OutcomeKind.FROZEN)
     return open_review(
         state,
         case_id=facts.case_id,
         reason=reason,
         detail=detail,
         now=facts.now,
-        live=facts.live,
+        live=live,
         receipt=receipt,
         ledger=ledger,
         status=status,
     )
+
+
+def read_first(outcome: OutcomeKind) -> Transition:
+    """A step that needs the environment as it is now, and was given none.
+
+    It commits nothing; the caller reads the environment and decides the
+    same step again with it (see :class:`~tether.core.ReadEnvironment`).
+    ``outcome`` is what the step is about to be.
+    """
+    return Transition(outcome, call=ReadEnvironment())
 
 
 def cancel_pending(state: RunState, facts: Facts, answer: LookupAnswer | None) -> Transition:

@@ -150,6 +150,27 @@ class ReplayApproval:
 
 
 @dataclass(frozen=True, slots=True)
+class SpentNonce:
+    """An approval's nonce the run consumed, kept until the approval that carried it expires.
+
+    Past ``until`` the approval is refused as expired whatever its nonce, so
+    the run may forget it (see :func:`tether.core.keep_approval_nonce`).
+    """
+
+    nonce: str
+    until: datetime
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {"nonce": self.nonce, "until": format_time(self.until)}
+
+    @classmethod
+    def parse(cls, f: Fields) -> SpentNonce:
+        spent = cls(nonce=f.str("nonce"), until=parse_time(f, "until"))
+        f.done()
+        return spent
+
+
+@dataclass(frozen=True, slots=True)
 class RunState:
     """Everything a checkpoint records about one run at one generation."""
 
@@ -212,6 +233,10 @@ class RunState:
     #: Effects whose replay a person approved, and until when (the approval the
     #: effect was sent under counts too): a gated kind's replay needs one alive.
     replay_approvals: tuple[ReplayApproval, ...] = ()
+    #: Every approval nonce the run consumed whose approval has not expired yet
+    #: (with its expiry): one-time across every document and case, and bounded
+    #: by the approvals alive, not by the run's history.
+    approval_nonces: tuple[SpentNonce, ...] = ()
     #: How the agent's last action ended (the gate's refusal, the adapter's,
     #: the verifier's verdict and output): its next observation carries it.
     last_outcome: LastOutcome | None = None
@@ -270,6 +295,8 @@ class RunState:
             body["cancel_nonces"] = list(self.cancel_nonces)
         if self.replay_approvals:
             body["replay_approvals"] = [a.to_json() for a in self.replay_approvals]
+        if self.approval_nonces:
+            body["approval_nonces"] = [n.to_json() for n in self.approval_nonces]
         if self.last_outcome is not None:
             body["last_outcome"] = self.last_outcome.to_json()
         if self.policy_change is not PolicyChange.REFUSE:
@@ -333,6 +360,9 @@ class RunState:
                 ReplayApproval.parse(item) for item in f.items("replay_approvals")
             )
             if f.has("replay_approvals")
+            else (),
+            approval_nonces=tuple(SpentNonce.parse(item) for item in f.items("approval_nonces"))
+            if f.has("approval_nonces")
             else (),
             last_outcome=None if last_outcome is None else LastOutcome.parse(last_outcome),
             policy_change=_policy_change(f),
@@ -449,6 +479,9 @@ def validate_state(state: RunState) -> bytes:
         raise breach("updated before it started")
     if state.ledger_length == 0 and state.ledger_head != GENESIS_HASH:
         raise breach("empty effect ledger with a non-genesis head")
+    spent = [n.nonce for n in state.approval_nonces]
+    if len(set(spent)) != len(spent):
+        raise breach("an approval nonce is recorded as consumed twice")
     if pending is not None:
         if len(set(pending.nonces)) != len(pending.nonces):
             raise breach("a nonce is recorded as consumed twice")

@@ -32,7 +32,7 @@ from tether.core._model import (
     Receipt,
     Verification,
 )
-from tether.core._phases import EffectStatus, Phase, ReviewReason
+from tether.core._phases import EffectStatus, OutcomeReason, Phase, ReviewReason
 from tether.core._results import (
     NOTED_OUTCOMES,
     decode_results,
@@ -55,7 +55,6 @@ __all__ = [
     "abandoned_stretch",
     "action_id_of",
     "actions_taken",
-    "asks_for",
     "begin_step",
     "budget_reason",
     "cancel",
@@ -202,17 +201,8 @@ def propose_write(
         state=after,
         events=(persisted, requested),
         ledger=notes,
-        reason="approval_required",
+        reason=OutcomeReason.APPROVAL_REQUIRED,
         message=f"the write needs an approval: `tether approve {state.run_id} {pending.action_id}`",
-    )
-
-
-def asks_for(intent: Intent, proposal: Proposal) -> bool:
-    """Whether ``proposal`` asks for exactly the held (non-write) action ``intent`` records."""
-    return (intent.kind, intent.target, intent.args) == (
-        proposal.kind,
-        proposal.target,
-        dict(proposal.args),
     )
 
 
@@ -241,7 +231,7 @@ def hold(
         OutcomeKind.WAITING_FOR_APPROVAL,
         state=after,
         events=(requested,),
-        reason="approval_required",
+        reason=OutcomeReason.APPROVAL_REQUIRED,
         message=f"{intent.kind} needs an approval: `tether approve {state.run_id} "
         f"{proposal.action_id}`",
     )
@@ -344,14 +334,16 @@ def verified(
     )
     after = state.evolve(spent=spent, verification=verification, phase=Phase.RUNNING, pending=None)
     if verification.passed and judged_here:
-        stop = "verified" if named else "finished_unverified"
+        stop = OutcomeReason.VERIFIED if named else OutcomeReason.FINISHED_UNVERIFIED
         return Transition(
             OutcomeKind.FINISHED,
             state=after.evolve(phase=Phase.COMPLETED, stop_reason=stop, results_digest=None),
             events=(ran, ("completed", {"summary": summary})),
             reason=stop,
         )
-    reason = "verifier_failed" if judged_here else "verifier_judged_other_state"
+    reason = (
+        OutcomeReason.VERIFIER_FAILED if judged_here else OutcomeReason.VERIFIER_JUDGED_OTHER_STATE
+    )
     result = ActionResult(
         action_id=proposal.action_id,
         kind=proposal.kind,
@@ -416,13 +408,13 @@ def cancel(
         OutcomeKind.CANCELLED,
         state=state.evolve(
             phase=Phase.CANCELLED,
-            stop_reason="cancelled",
+            stop_reason=OutcomeReason.CANCELLED,
             pending=None,
             results_digest=None,
         ),
         events=(("run_cancelled", data),),
         ledger=notes,
-        reason="cancelled",
+        reason=OutcomeReason.CANCELLED,
         message=reason,
     )
 

@@ -93,7 +93,19 @@ class Execute:
     known_absent: bool = False
 
 
-Call = Lookup | Execute
+@dataclass(frozen=True, slots=True)
+class ReadEnvironment:
+    """Read the adapter's environment now, then decide again with it as :attr:`Facts.live`.
+
+    A rule given no environment (``Facts.live`` is ``None``) asks for it,
+    committing nothing, only where the world as it is now decides the step:
+    a freeze records it in its review case (a person's decision is bound to
+    it), and an approval is judged against it before a send. Every other
+    step is decided without reading it.
+    """
+
+
+Call = Lookup | Execute | ReadEnvironment
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,13 +204,15 @@ class Facts:
     """What the session knows right now that a pure step may need.
 
     ``case_id`` is minted by the session in advance and used only if the step
-    opens a review case; ``live`` is the adapter's environment as read now.
-    ``forbidden``: why the policy in force forbids the pending write
-    (:func:`tether.core.policy_rules.held_problem`), so it is never sent.
+    opens a review case; ``live`` is the adapter's environment as read now,
+    or ``None`` when it was not read (a rule that needs it asks for it:
+    :class:`ReadEnvironment`). ``forbidden``: why the policy in force
+    forbids the pending write (:func:`tether.core.policy_rules.held_problem`),
+    so it is never sent.
     """
 
     now: datetime
-    live: EnvironmentState
+    live: EnvironmentState | None
     needs_approval: bool
     case_id: str
     capabilities: Capabilities

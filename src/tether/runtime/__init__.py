@@ -22,8 +22,9 @@ from tether.runtime._operator import (
     prepare_rewind,
     signer_roles,
 )
+from tether.runtime._runs import RunsPage, RunSummary, list_runs, runs_page
 from tether.runtime._runtime import Runtime
-from tether.runtime._runview import InboxItem, Page, RunSummary, RunView, list_runs, open_run
+from tether.runtime._runview import InboxItem, Page, RunView, open_run
 from tether.runtime._session import RunSession
 from tether.runtime._worker import (
     AppLoadError,
@@ -54,6 +55,7 @@ __all__ = [
     "RunSession",
     "RunSummary",
     "RunView",
+    "RunsPage",
     "Runtime",
     "RuntimeFactory",
     "SimulatedCrash",
@@ -76,5 +78,6 @@ __all__ = [
     "prepare_fork",
     "prepare_review",
     "prepare_rewind",
+    "runs_page",
     "signer_roles",
 ]

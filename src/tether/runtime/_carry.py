@@ -15,6 +15,7 @@ from tether.core import (
     ContractViolationError,
     Outcome,
     OutcomeKind,
+    OutcomeReason,
     PendingWrite,
     Phase,
     Proposal,
@@ -97,9 +98,13 @@ def carry_out(
                 spent_already=spent_already,
             )
     except AdapterUnavailableError as exc:
-        return Outcome(OutcomeKind.RETRY_LATER, session.state, "adapter_unavailable", str(exc))
+        return Outcome(
+            OutcomeKind.RETRY_LATER, session.state, OutcomeReason.ADAPTER_UNAVAILABLE, str(exc)
+        )
     except (ContractViolationError, AdapterError) as exc:
-        reason = exc.reason if isinstance(exc, ContractViolationError) else "adapter_refused"
+        reason = (
+            exc.reason if isinstance(exc, ContractViolationError) else OutcomeReason.ADAPTER_REFUSED
+        )
         transition = step_rules.reject(
             base,
             proposal,

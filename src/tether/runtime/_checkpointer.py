@@ -42,6 +42,7 @@ from tether.core import (
     EnvironmentState,
     LedgerEntry,
     LedgerIntegrityError,
+    Listing,
     MissingHighWaterMarkError,
     Phase,
     PolicyMismatchError,
@@ -157,11 +158,13 @@ class Checkpointer:
         expected_lease_version: int = 0,
         ledger: Sequence[LedgerEntry] = (),
         lease_to: LeaseRequest | None = None,
+        listing: Listing | None = None,
     ) -> tuple[str, Lease | None]:
         """Commit ``state`` as generation ``expected_generation + 1``: its digest, and a lease.
 
         ``lease_to`` (the first generation only) creates the run leased to
         that worker in the same statement; the lease granted is returned.
+        ``listing`` (what a list of runs shows of ``state``) lands with the mark.
         """
         if state.generation != expected_generation + 1:
             raise CheckpointCorruptError(
@@ -180,6 +183,7 @@ class Checkpointer:
             blobs=blobs,
             phase=state.phase.value,
             ledger=tuple(ledger),
+            listing=listing,
         )
         # "Receipt persisted, state not advanced": the receipt and the advance
         # are one commit now, so that window is inside it (co-located: the
@@ -209,6 +213,7 @@ class Checkpointer:
                     expected_lease_version,
                     phase=state.phase.value,
                     lease_to=lease_to,
+                    listing=listing,
                 )
         except CommitOutcomeUnknownError as exc:
             raise CommitOutcomeUnknownError(

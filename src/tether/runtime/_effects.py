@@ -23,26 +23,33 @@ settle alone is raised, typed: :class:`~tether.core.ApprovalRequiredError`
 (an unknown outcome is never sent again), :class:`~tether.core.EffectRejectedError`,
 :class:`~tether.core.EffectNotSettledError`.
 
-The decorated function's body is never run: the adapter that owns the kind
-performs the effect, and the function's signature says what the call's
-target and arguments are (a tool's schema, for the model that calls it).
-Outside a run the call is refused (:class:`~tether.core.NotInRunError`), so
-an effect is never performed unguarded.
+The adapter that owns the kind performs the effect. A decorated function is
+an adapter of its own (``fn.adapter``, a
+:class:`~tether.adapters.FunctionEffect`): give it to the runtime and its
+body performs the effect, once per intent, under a key persisted before it
+starts (see :mod:`tether.runtime._decorator`); where another adapter owns
+the kind, the body is never run and the function's signature only says
+what the call's target and arguments are (a tool's schema, for the model
+that calls it). Outside a run the call is refused
+(:class:`~tether.core.NotInRunError`), so an effect is never performed
+unguarded.
+
+From a coroutine, :func:`run_async` and :func:`call_async` (and ``await`` on
+a decorated ``async def``) keep the store's commits off the event loop, in
+worker threads, and await an ``async def`` body on the loop itself.
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import functools
-import inspect
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from tether.adapters._fncall import refuse_inside_a_body
 from tether.core import (
     ActionClass,
     ActionResult,
@@ -55,6 +62,7 @@ from tether.core import (
     NotInRunError,
     Outcome,
     OutcomeKind,
+    OutcomeReason,
     Phase,
     Proposal,
     RunFrozenError,
@@ -65,6 +73,7 @@ from tether.core import (
     canonical_bytes,
 )
 from tether.runtime._agent import AgentContext
+from tether.runtime._offloop import off_loop
 from tether.runtime._runtime import Runtime
 from tether.runtime._session import RunSession
 
@@ -139,6 +148,7 @@ class GuardedRun:
             raise SpecError("call", "kind and target must be strings")
         if args is not None and not isinstance(args, dict):
             raise SpecError("args", f"must be a JSON object, not {type(args).__name__}")
+        refuse_inside_a_body(kind)
         try:
             canonical_bytes(args or {})  # a programming error costs no budget
         except CanonicalJSONError as exc:
@@ -166,6 +176,7 @@ class GuardedRun:
         on: fix what the verifier reports, then finish again); a refusal is
         raised as :meth:`call` raises it.
         """
+        refuse_inside_a_body("finish")
         with self._lock:
             session = self._open()
             proposal = session.finish_proposal(summary)
@@ -190,6 +201,17 @@ class GuardedRun:
             self._closed = True
             self.session.release()
 
+    async def call_async(
+        self, kind: str, target: str = "", args: dict[str, Any] | None = None
+    ) -> CallResult:
+        """:meth:`call` from a coroutine: the protocol's commits in a worker thread, never on
+        this loop; an ``async def`` effect's body is awaited on this loop."""
+        return await off_loop(self.call, kind, target, args)
+
+    async def finish_async(self, summary: str = "") -> Outcome:
+        """:meth:`finish` from a coroutine, off this loop."""
+        return await off_loop(self.finish, summary)
+
     def __enter__(self) -> GuardedRun:
         if not self._tokens:
             _refuse_if_open(self.run_id)
@@ -207,6 +229,19 @@ class GuardedRun:
             if kind is None:
                 raise
             # The block's own exception is what the caller must see.
+
+    async def __aenter__(self) -> GuardedRun:
+        return self.__enter__()  # no I/O: the session is open already
+
+    async def __aexit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        _current.reset(self._tokens.pop())
+        if self._tokens:
+            return
+        try:
+            await off_loop(self.close)  # the lease's release is a store write
+        except TetherError:
+            if kind is None:
+                raise
 
     def _open(self) -> RunSession:
         if self._closed:
@@ -276,7 +311,7 @@ class GuardedRun:
             raise self._frozen(outcome.message)
         if kind is OutcomeKind.REJECTED:
             raise EffectRejectedError(
-                outcome.reason or "rejected", outcome.message, run_id=self.run_id
+                outcome.reason or OutcomeKind.REJECTED.value, outcome.message, run_id=self.run_id
             )
         if state.phase.terminal:
             raise RunTerminalError(
@@ -290,7 +325,7 @@ class GuardedRun:
         # Earlier work settled (a write a crash left pending, a person's
         # decision) and the caller's own action never ran: nothing was sent for it.
         raise EffectNotSettledError(
-            "settled_earlier_work",
+            OutcomeReason.SETTLED_EARLIER_WORK,
             f"the run settled earlier work first ({outcome.message or kind.value}); "
             f"{proposal.action_id!r} was not carried out: call again",
             run_id=self.run_id,
@@ -307,9 +342,6 @@ class GuardedRun:
             detail="" if case is None else case.detail,
         )
 
-
-#: The first parameter of a method, left out of the call.
-_RECEIVERS = frozenset({"self", "cls"})
 
 #: Kinds that end the run: not effects a call makes.
 _RUN_LEVEL = frozenset({ActionClass.FINISH, ActionClass.CANCEL})
@@ -351,6 +383,22 @@ def run(
         yield guarded
 
 
+@asynccontextmanager
+async def run_async(
+    runtime: Runtime, run_id: str, *, context: AgentContext | None = None
+) -> AsyncIterator[GuardedRun]:
+    """:func:`run` for a coroutine: the run is started or recovered, and let go, off this loop.
+
+    Inside the block, ``await`` decorated coroutine functions or
+    :func:`call_async`: their commits run in worker threads, their ``async
+    def`` bodies on this loop, so many runs in one loop progress together.
+    """
+    _refuse_if_open(run_id)
+    session = await off_loop(runtime.start_or_recover, run_id, context)
+    async with GuardedRun(session) as guarded:
+        yield guarded
+
+
 def current() -> GuardedRun:
     """The run this context's effects go through; :class:`~tether.core.NotInRunError` if none."""
     guarded = _current.get()
@@ -367,81 +415,7 @@ def call(kind: str, target: str = "", args: dict[str, Any] | None = None) -> Cal
     return current().call(kind, target, args)
 
 
-class _First:
-    """The decorator's default target: the function's first parameter."""
-
-
-FIRST_PARAMETER = _First()
-
-
-def effect(
-    kind: str, *, target: str | _First | None = FIRST_PARAMETER
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Route a tool function's calls through the current run as effects of ``kind``.
-
-    The function's parameters are the call: ``target`` names the one that
-    holds the target (default: the first; ``None``: the kind takes none), the
-    others, defaults applied, are the arguments (``**extra`` spread among
-    them; a method's ``self`` or ``cls`` left out). The body is never run (the
-    owning adapter performs the effect); a coroutine function gets an async
-    wrapper that does the call in a worker thread.
-    """
-    if not isinstance(kind, str) or not kind:
-        raise SpecError("kind", "an effect needs its action kind, e.g. 'email.send'")
-
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(fn)
-        params = signature.parameters
-        spread = [p.name for p in params.values() if p.kind is p.VAR_POSITIONAL]
-        if spread:
-            raise SpecError(
-                fn.__name__, f"*{spread[0]} has no name to become an argument; name each one"
-            )
-        # A method's receiver is not part of the call.
-        names = [n for n in params if not (n in _RECEIVERS and n == next(iter(params)))]
-        if isinstance(target, _First):
-            if not names:
-                raise SpecError("target", f"{fn.__name__} has no parameter to hold the target")
-            holder: str | None = names[0]
-        else:
-            holder = target
-        if holder is not None and holder not in names:
-            raise SpecError("target", f"{fn.__name__} has no parameter {holder!r}")
-
-        def split(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-            try:
-                bound = signature.bind(*args, **kwargs)
-            except TypeError as exc:
-                raise SpecError(fn.__name__, str(exc)) from None
-            bound.apply_defaults()
-            values: dict[str, Any] = {}
-            for name, value in bound.arguments.items():
-                if name not in names:
-                    continue  # the receiver
-                if params[name].kind is inspect.Parameter.VAR_KEYWORD:
-                    values.update(value)  # **extra: each one an argument of its own
-                else:
-                    values[name] = value
-            where = "" if holder is None else values.pop(holder)
-            if not isinstance(where, str):
-                raise SpecError(str(holder), f"the target must be a string, not {where!r}")
-            return where, values
-
-        if inspect.iscoroutinefunction(fn):
-
-            @functools.wraps(fn)
-            async def guarded_async(*args: Any, **kwargs: Any) -> CallResult:
-                where, values = split(args, kwargs)
-                run = current()  # read here: the worker thread gets a copy of this context
-                return await asyncio.to_thread(run.call, kind, where, values)
-
-            return guarded_async
-
-        @functools.wraps(fn)
-        def guarded(*args: Any, **kwargs: Any) -> CallResult:
-            where, values = split(args, kwargs)
-            return call(kind, where, values)
-
-        return guarded
-
-    return wrap
+async def call_async(kind: str, target: str = "", args: dict[str, Any] | None = None) -> CallResult:
+    """Carry out one effect through the current run from a coroutine (see
+    :meth:`GuardedRun.call_async`)."""
+    return await current().call_async(kind, target, args)

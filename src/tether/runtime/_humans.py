@@ -175,7 +175,8 @@ def approve(session: Session, document: Any, *, cursor: int | None = None) -> Ru
     except (EvidenceError, PolicyError) as exc:
         _refuse(session, "approval", document, exc, cursor)
         raise
-    _commit(session, people.record_approval(state, document, body, cursor=cursor))
+    recorded = people.record_approval(state, document, body, cursor=cursor, now=rt.clock.now())
+    _commit(session, recorded)
     return session.state
 
 

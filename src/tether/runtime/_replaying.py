@@ -21,6 +21,7 @@ from tether.core import (
     Lookup,
     Outcome,
     OutcomeKind,
+    OutcomeReason,
     PendingWrite,
     Phase,
     Proposal,
@@ -99,7 +100,7 @@ def replay_or_fork(
         budgets=rt.task.budgets,
         case_id=rt.ids.new_id("case"),
         now=rt.clock.now(),
-        live=base.environment,
+        live=base.environment if live is None else live,  # what a review case records
         charged=charged,
         # A replay the policy gates waits as a held action: the proposal as it came,
         # keyed only to bind a person's approval to exactly it.
@@ -108,12 +109,6 @@ def replay_or_fork(
         ),
         hold_key=rt.ids.new_id("idem") if judgement.verdict is replay_rules.Verdict.HOLD else "",
     )
-
-
-def is_held_replay(session: Session, pending: PendingWrite) -> bool:
-    """Whether ``pending`` is a replay waiting for approval (a write's kind, held, not mutating)."""
-    kind = session.rt.kinds.get(pending.intent.kind)
-    return not pending.mutating and kind is not None and kind.mutating
 
 
 def carry_out_held(session: Session, pending: PendingWrite) -> Outcome:
@@ -172,7 +167,7 @@ def carry_out_held(session: Session, pending: PendingWrite) -> Outcome:
                 base,
                 proposal,
                 GateRejection(
-                    "replay_outdated",
+                    OutcomeReason.REPLAY_OUTDATED,
                     "the effect this approval would have replayed no longer stands; propose "
                     "the write again",
                 ),

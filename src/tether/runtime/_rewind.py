@@ -35,6 +35,7 @@ from tether.core import (
     LedgerNote,
     Outcome,
     OutcomeKind,
+    OutcomeReason,
     Phase,
     Purpose,
     ReviewReason,
@@ -292,7 +293,9 @@ def finish(session: Session) -> Outcome:
     }
     session.commit(rewound, [("rewound", event)], context=context, ledger=notes)
     session.reopen(session.state)  # ids of the suffix left behind are free again
-    return Outcome(OutcomeKind.RECORDED, session.state, "rewound", plan.reason, "rewound")
+    return Outcome(
+        OutcomeKind.RECORDED, session.state, OutcomeReason.REWOUND, plan.reason, "rewound"
+    )
 
 
 def _abandon(session: Session, plan: RewindPlan, exc: Exception) -> Outcome:

@@ -55,6 +55,7 @@ from tether.core import (
     TaskSpec,
     TetherError,
     admission_request,
+    answers_held,
     canonical_bytes,
     catalog,
     check_contract,
@@ -64,7 +65,6 @@ from tether.core import (
     parse_contract,
     policy_rules,
     retry_semantics,
-    step_rules,
 )
 from tether.crypto import Keyring, SecretBox, Signer, TrustRoots
 from tether.runtime import _humans
@@ -180,19 +180,18 @@ class Runtime:
         return self.effect_of(intent.kind, intent.target, intent.args)
 
     def same_action(self, held: PendingWrite, proposal: Proposal) -> bool:
-        """Whether ``proposal`` asks for the action ``held`` pending: its own id, or the same
-        action (a write: the same effect). The one test of "this call answers the held
-        action", for a step and for :func:`tether.effects.call` alike."""
-        if held.action_id == proposal.action_id:
-            return True
-        if not held.mutating:
-            return step_rules.asks_for(held.intent, proposal)
+        """Whether ``proposal`` asks for the action ``held`` pending (core's
+        :func:`~tether.core.answers_held`, given the effect digests this adapter
+        makes of both), for a step and for :func:`tether.effects.call` alike."""
+        if held.action_id == proposal.action_id or not held.mutating:
+            return answers_held(held, proposal)
         try:
             args = self.adapter.normalize(proposal.kind, proposal.target, dict(proposal.args))
         except TetherError:
-            return False  # what the gate refuses is no held write's twin
-        return self.effect_of(proposal.kind, proposal.target, args) == self.effect_digest(
-            held.intent
+            args = None  # what the gate refuses is no held write's twin
+        effect = None if args is None else self.effect_of(proposal.kind, proposal.target, args)
+        return answers_held(
+            held, proposal, effect=effect, held_effect=self.effect_digest(held.intent)
         )
 
     def effect_of(self, kind: str, target: str, args: dict[str, Any]) -> str:

@@ -1,9 +1,10 @@
 """What the people around a run see of it: one reading for the CLI and the page.
 
 :func:`open_run` reads a run back (verified when a keyring is given: the
-checkpoint, and its history page by page), :func:`list_runs` says which
-runs wait for whom, and since when. Nothing here holds a key or changes run
-state; the documents people sign are :mod:`._operator`'s.
+checkpoint, and its history page by page); who it waits for is decided by
+``core.listing_rules``, the same rules a list of runs uses (:mod:`._runs`).
+Nothing here holds a key or changes run state; the documents people sign
+are :mod:`._operator`'s.
 
 A view holds one :class:`Page` of the run's history: the newest ``limit``
 trace events and ledger entries below a seq, newest first, and the seq to
@@ -23,15 +24,12 @@ from typing import Any
 
 from tether.core import (
     GENESIS_HASH,
-    ActionClass,
-    ActionKind,
     CanonicalJSONError,
     CheckpointCorruptError,
-    EffectStatus,
     IntegrityError,
     LedgerEntry,
     LedgerIntegrityError,
-    Phase,
+    Listing,
     Policy,
     RunNotFoundError,
     RunState,
@@ -40,11 +38,12 @@ from tether.core import (
     TetherError,
     TraceEvent,
     TraceIntegrityError,
-    compensated_effect,
+    approvable,
     digest_bytes,
     format_time,
     hashes_to_itself,
-    needs_approval,
+    listing_of,
+    listing_rules,
     replay_rules,
     strict_loads,
     validate_state,
@@ -134,23 +133,21 @@ class RunView:
         return self.state.run_id
 
     @property
+    def listing(self) -> Listing:
+        """What a list of runs shows of this run (as the runtime records it at each commit)."""
+        return listing_of(self.state, self.policy)
+
+    @property
     def waiting_for(self) -> str | None:
         """Who or what the run waits for, in a few words (``None``: nothing, or it ended)."""
-        state = self.state
-        if state.phase is Phase.NEEDS_REVIEW:
-            cases = ", ".join(f"{c.case_id} ({c.reason})" for c in state.review_cases)
-            return f"a reviewer's decision on {cases or 'the run'}"
-        if state.phase is Phase.PENDING and state.pending is not None:
-            pending = state.pending
-            if self.needs_approval:
-                return f"an approval of {pending.action_id} ({pending.intent.kind} {pending.intent.target})"
-            return f"a worker to settle {pending.action_id}"
-        if state.phase.terminal:
-            return None
-        if self.failing:
-            why = self.mark.last_error or "a worker stopped while holding it"
-            return f"a retry after {self.mark.attempts} failed attempt(s): {why}"
-        return None
+        return listing_rules.waiting_for(
+            self.state.phase.value,
+            self.listing,
+            approval=self.needs_approval,
+            failing=self.failing,
+            attempts=self.mark.attempts,
+            last_error=self.mark.last_error,
+        )
 
     @property
     def held(self) -> bool:
@@ -165,23 +162,16 @@ class RunView:
         A claim counts an attempt when it is taken, so a claim being worked on
         (a live lease, no error yet) is not a failure.
         """
-        return self.mark.attempts > 0 and (self.mark.last_error is not None or not self.held)
+        mark = self.mark
+        return listing_rules.failing(
+            mark.attempts, mark.last_error, mark.lease_owner, mark.lease_expires_at, self.read_at
+        )
 
     @property
     def needs_approval(self) -> bool:
         """The pending write waits for an approval no valid document gives yet."""
-        pending = self.state.pending
-        if self.state.phase is not Phase.PENDING or pending is None or not self.approvable:
-            return False
-        if pending.status is not EffectStatus.INTENDED and self.mark.waiting_after is None:
-            # Sent: the adapter settles it, and a fresh approval is asked for only if it
-            # must go again (the run then waits for a person, and the mark says so).
-            return False
-        # An approval in force that has not expired: the worker goes on by itself.
-        return not any(
-            # Compared as the canonical UTC text they are signed in.
-            str(document.get("body", {}).get("expires_at", "")) > format_time(self.read_at)
-            for document in pending.approvals
+        return listing_rules.awaits_approval(
+            self.state.phase.value, self.listing, self.mark.waiting_after, self.read_at
         )
 
     @property
@@ -193,21 +183,12 @@ class RunView:
         already sent takes one too: if the adapter cannot settle it, it goes
         again only under an approval in force.
         """
-        pending = self.state.pending
-        if pending is None:
-            return False
-        if compensated_effect(pending.intent) is not None:
-            return False
-        if self.policy is None:
-            return True  # unknown rules: the runtime decides; the tool does not guess no
-        return needs_approval(self.policy, ActionKind(pending.intent.kind, ActionClass.WRITE))
+        return approvable(self.state.pending, self.policy)
 
     @property
     def needs_person(self) -> bool:
         """Nothing happens to this run until a person acts (or it keeps failing)."""
-        if self.state.phase is Phase.NEEDS_REVIEW or self.needs_approval:
-            return True
-        return not self.state.phase.terminal and self.failing
+        return listing_rules.needs_person(self.state.phase.value, self.needs_approval, self.failing)
 
     def epochs(self) -> list[dict[str, Any]]:
         """Every epoch of the run, from its trace: how it was opened, by whom, from where, why."""
@@ -271,34 +252,6 @@ class RunView:
         return list(by_key.values())
 
 
-@dataclass(frozen=True, slots=True)
-class RunSummary:
-    """One line of ``tether runs``: where a run is and what it waits for, since when."""
-
-    run_id: str
-    phase: str
-    generation: int | None
-    epoch: int | None
-    waiting_for: str | None
-    since: datetime | None
-    needs_person: bool
-    attempts: int
-    last_error: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "phase": self.phase,
-            "generation": self.generation,
-            "epoch": self.epoch,
-            "waiting_for": self.waiting_for,
-            "since": None if self.since is None else self.since.isoformat(),
-            "needs_person": self.needs_person,
-            "attempts": self.attempts,
-            "last_error": self.last_error,
-        }
-
-
 def open_run(
     store: ContentStore,
     run_id: str,
@@ -358,7 +311,7 @@ def open_run(
         trace=trace,
         ledger=ledger,
         inbox=_inbox(store.evidence(run_id), state, landmarks if history else None),
-        policy=_stored_policy(store, state),
+        policy=stored_policy(store, state),
         read_at=now if now is not None else SystemClock().now(),
         older_trace=older[0],
         older_ledger=older[1],
@@ -501,68 +454,6 @@ def _effect_records(
     return records
 
 
-def list_runs(
-    store: ContentStore,
-    *,
-    keyring: Keyring | None = None,
-    marks: GenerationStore | None = None,
-    phase: str | None = None,
-    needs_person: bool = False,
-    now: datetime | None = None,
-) -> list[RunSummary]:
-    """Every run the store holds, those that need a person first, then the longest waiting.
-
-    A run that cannot be read back (a damaged checkpoint, a key the keyring
-    lacks) is listed too, as needing a person, with the reason.
-    """
-    damaged: list[CheckpointCorruptError] = []
-    found = (marks if marks is not None else marks_of(store)).runs(damaged=damaged)
-    # A run whose mark row is malformed is listed, in any phase filter: its phase is unknown.
-    rows = [_unreadable(str(exc.run_id), "unknown", None, exc) for exc in damaged]
-    for mark in found:
-        if phase is not None and mark.phase != phase:
-            continue
-        try:
-            view = open_run(
-                store, mark.run_id, keyring=keyring, marks=marks, now=now, history=False
-            )
-        except TetherError as exc:
-            rows.append(_unreadable(mark.run_id, mark.phase, mark, exc))
-            continue
-        rows.append(
-            RunSummary(
-                view.run_id,
-                view.state.phase.value,
-                view.state.generation,
-                view.state.epoch,
-                view.waiting_for,
-                view.state.updated_at,
-                view.needs_person,
-                mark.attempts,
-                mark.last_error,
-            )
-        )
-    if needs_person:
-        rows = [row for row in rows if row.needs_person]
-    rows.sort(key=lambda r: (not r.needs_person, r.since is None, r.since or 0, r.run_id))
-    return rows
-
-
-def _unreadable(run_id: str, phase: str, mark: Mark | None, exc: TetherError) -> RunSummary:
-    """A run that cannot be read back, listed as needing a person, with the reason."""
-    return RunSummary(
-        run_id,
-        phase,
-        None if mark is None else mark.generation,
-        None,
-        f"a person: cannot read it ({type(exc).__name__}: {exc})",
-        None,
-        True,
-        0 if mark is None else mark.attempts,
-        None if mark is None else mark.last_error,
-    )
-
-
 def marks_of(store: ContentStore) -> GenerationStore:
     if not isinstance(store, GenerationStore):
         raise TetherError("this store keeps no high-water marks: name the marks store")
@@ -598,7 +489,8 @@ def read_state(
     return state, mark
 
 
-def _stored_policy(store: ContentStore, state: RunState) -> Policy | None:
+def stored_policy(store: ContentStore, state: RunState) -> Policy | None:
+    """The run's policy as the store keeps it (by the fingerprint its binding names), if it does."""
     fingerprint = state.binding.policy_fingerprint
     data = store.get_blob(fingerprint)
     if data is None or digest_bytes(data) != fingerprint:

@@ -29,8 +29,8 @@ from tether.adapters import (
 )
 from tether.core import (
     ActionResult,
+    AfterSettle,
     CommitOutcomeUnknownError,
-    ContractViolationError,
     EffectStatus,
     EnvironmentState,
     Execute,
@@ -38,7 +38,7 @@ from tether.core import (
     ExecuteStatus,
     Facts,
     GenerationConflictError,
-    Intent,
+    HeldKind,
     LedgerEntry,
     LedgerNote,
     Lookup,
@@ -46,10 +46,12 @@ from tether.core import (
     Observation,
     Outcome,
     OutcomeKind,
+    OutcomeReason,
     PendingWrite,
     Phase,
     PolicyError,
     Proposal,
+    ReadEnvironment,
     ReviewReason,
     RunFrozenError,
     RunState,
@@ -57,19 +59,19 @@ from tether.core import (
     SpecError,
     TraceEvent,
     Transition,
+    after_settle,
     awaits_approval,
-    gate,
-    needs_approval,
+    held_kind,
+    listing_of,
     replay_rules,
-    risk_of,
     seal_commit,
     settle_rules,
+    step_progressed,
     step_rules,
     with_subject_terms,
 )
-from tether.core import Rejection as GateRejection
 from tether.runtime import _calls as calls
-from tether.runtime import _carry, _compensate, _humans, _replaying, _rewind, _stopping
+from tether.runtime import _carry, _compensate, _humans, _propose, _replaying, _rewind, _stopping
 from tether.runtime._agent import Agent, AgentContext
 from tether.runtime._crash import CrashPoint
 from tether.runtime._history import History
@@ -232,6 +234,7 @@ class RunSession(LeaseHolder):
                 expected_lease_version=0 if self.lease is None else self.lease.lease_version,
                 ledger=list(sealed.entries),
                 lease_to=lease_to,
+                listing=listing_of(new, self.rt.policy),
             )
         except CommitOutcomeUnknownError as exc:
             self._unsettled = exc  # landed or not, only the store can say
@@ -348,6 +351,8 @@ class RunSession(LeaseHolder):
                 transition = self.decide(
                     lambda facts, a=answer: settle_rules.after_lookup(self.state, facts, a)
                 )
+            elif isinstance(call, ReadEnvironment):  # decide() answers it; never committed
+                raise ValueError("a transition that reads the environment was not decided")
             else:
                 result = self._execute(call)
                 if result.status is ExecuteStatus.COMMITTED:
@@ -358,16 +363,14 @@ class RunSession(LeaseHolder):
                     )
                 )
 
-    def facts(self, *, live: bool = False) -> Facts:
-        """What a pure step may need now; the environment is read only where it matters."""
+    def facts(self) -> Facts:
+        """What a pure step may need now (the environment unread: a rule asks for it)."""
         rt = self.rt
-        needs = _humans.needs_approval(rt, self.state)
-        env = rt.adapter.environment() if (live or needs) else self.state.environment
         kind = None if self.state.pending is None else self.state.pending.intent.kind
         return Facts(
             now=rt.clock.now(),
-            live=env,
-            needs_approval=needs,
+            live=None,
+            needs_approval=_humans.needs_approval(rt, self.state),
             case_id=rt.ids.new_id("case"),
             capabilities=capabilities_of(rt.adapter, kind),
             namespace=namespace_of(rt.adapter, kind),
@@ -376,11 +379,13 @@ class RunSession(LeaseHolder):
         )
 
     def decide(self, rule: Any) -> Transition:
-        """Evaluate a pure rule; a freeze is re-evaluated with the live environment read."""
+        """Evaluate a pure rule; one that asks for the environment is given it, and asked again."""
         facts = self.facts()
         transition: Transition = rule(facts)
-        if transition.outcome is OutcomeKind.FROZEN and facts.live is self.state.environment:
-            transition = rule(self.facts(live=True))
+        if isinstance(transition.call, ReadEnvironment):
+            transition = rule(replace(facts, live=self.rt.adapter.environment()))
+        if isinstance(transition.call, ReadEnvironment):  # a rule's bug: it had one
+            raise ValueError("a rule asked for the environment it was given")
         return transition
 
     def ask(self, call: Lookup) -> LookupAnswer:
@@ -395,7 +400,14 @@ class RunSession(LeaseHolder):
     # -- driving -------------------------------------------------------------
 
     def run(self, max_steps: int | None = None) -> Outcome:
-        """Step until the run is terminal, frozen, or waits (or ``max_steps``); the last outcome."""
+        """Step until the run is terminal or frozen, or a step gets nowhere (or ``max_steps``).
+
+        A step gets nowhere (:func:`~tether.core.step_progressed`) when it waits for a
+        person's approval, for the adapter (in flight, unreachable), or for its agent,
+        which asked for nothing: then ``run`` returns that outcome and the run waits,
+        durable, instead of asking again at once. Call it again later (a
+        :class:`~tether.runtime.Worker` does, backing off). The last outcome is returned.
+        """
         taken = 0
         self.reload()
         outcome = Outcome(OutcomeKind.WAITED, self.state)
@@ -412,8 +424,8 @@ class RunSession(LeaseHolder):
                 break
             outcome = self.step()
             taken += 1
-            if outcome.kind in _WAITS:
-                break  # a person, or the adapter, has to act first; the run waits, durable
+            if not step_progressed(outcome.kind):
+                break  # a person, the adapter or the agent has to act first; it waits, durable
         return outcome
 
     def consume_inbox(self) -> RunState:
@@ -475,7 +487,10 @@ class RunSession(LeaseHolder):
         """:meth:`decide_effect` as the inbox applies it (``cursor``: its inbox entry)."""
         transition = _compensate.decide(self, document, cursor=cursor)
         outcome = self.apply(transition)
-        if self.state.phase is not Phase.PENDING or outcome.reason != "compensation_ordered":
+        if (
+            self.state.phase is not Phase.PENDING
+            or outcome.reason != OutcomeReason.COMPENSATION_ORDERED
+        ):
             return outcome
         self.rt.crash.hit(CrashPoint.INTENT_PERSISTED)
         return self._decide_and_apply(settle_rules.dispatch)
@@ -572,7 +587,9 @@ class RunSession(LeaseHolder):
         if proposal is None:
             self.commit(base, [*events, ("agent_waited", {})], context=decision.context)
             return Outcome(OutcomeKind.WAITED, self.state, event="agent_waited")
-        return self._act(base, decision.context, proposal, events, runtime_finish=decision.finished)
+        return _propose.act(
+            self, base, decision.context, proposal, events, runtime_finish=decision.finished
+        )
 
     def act(self, proposal: Proposal, *, finish: bool = False) -> Outcome:
         """Carry out one proposal made by the caller's own loop, not by an :class:`Agent`.
@@ -589,13 +606,15 @@ class RunSession(LeaseHolder):
         with self.working():
             held = self.state.pending
             settled = self._settle_first()
-            if settled is not None and self.state.pending is None:
-                if held is not None and self.rt.same_action(held, proposal):
-                    # The action this call asks for (a person approved it), carried
-                    # out now: its answer is this call's, never a "replay" of itself.
-                    return replace(settled, action_id=held.action_id)
-                settled = self._settle_first()  # one settled; a rewind or the next may follow
-            if settled is not None:
+            asked = settled is not None and held is not None and self.rt.same_action(held, proposal)
+            then = after_settle(self.state, settled=settled is not None, asked=asked)
+            if then is AfterSettle.ANSWER and settled is not None and held is not None:
+                # The held action this call asks for, carried out now: its answer is
+                # this call's, never a "replay" of itself.
+                return replace(settled, action_id=held.action_id)
+            if then is AfterSettle.STOPPED:
+                self._refuse_if_stopped()
+            if then is not AfterSettle.PROCEED and settled is not None:
                 return settled
             observed = self._observe()
             if isinstance(observed, Outcome):
@@ -606,7 +625,7 @@ class RunSession(LeaseHolder):
                 # The caller's loop saw the world through its own tools, not an
                 # Observation: the call is built on the version read just now.
                 proposal = replace(proposal, based_on_version=base.environment.version)
-            return self._act(base, self.context, proposal, events, runtime_finish=finish)
+            return _propose.act(self, base, self.context, proposal, events, runtime_finish=finish)
 
     def finish_proposal(self, summary: str = "") -> Proposal:
         """The runtime's finish action: its id names the generation it is taken at."""
@@ -626,13 +645,15 @@ class RunSession(LeaseHolder):
             return _rewind.finish(self)  # a rewind admitted before a crash: finish it first
         self.keep()  # renews a held lease when due; a lost one is refused at the commit
         pending = self.state.pending
-        if self.state.phase is Phase.PENDING and pending is not None:
-            if _replaying.is_held_replay(self, pending):
-                return _replaying.carry_out_held(self, pending)
-            if not pending.mutating:
-                return _carry.carry_out_approved(self, pending)
-            return self._decide_and_apply(settle_rules.settle)
-        return None
+        if self.state.phase is not Phase.PENDING or pending is None:
+            return None
+        kind = self.rt.kinds.get(pending.intent.kind)
+        held = held_kind(pending, kind_mutates=None if kind is None else kind.mutating)
+        if held is HeldKind.REPLAY:
+            return _replaying.carry_out_held(self, pending)
+        if held is HeldKind.ACTION:
+            return _carry.carry_out_approved(self, pending)
+        return self._decide_and_apply(settle_rules.settle)
 
     def _observe(self) -> Outcome | tuple[RunState, list[Event], EnvironmentState]:
         """The budgets checked, then the environment read: the state a new action starts from."""
@@ -660,94 +681,6 @@ class RunSession(LeaseHolder):
         results = self.rt.checkpointer.results(self.state)
         self._results = (wanted, results)
         return results
-
-    # -- acting --------------------------------------------------------------
-
-    def _act(
-        self,
-        base: RunState,
-        context: AgentContext,
-        proposal: Proposal,
-        events: list[Event],
-        *,
-        runtime_finish: bool = False,
-    ) -> Outcome:
-        """Gate one proposal, then carry it out the way its kind's class says."""
-        rt = self.rt
-        rejection = gate(
-            proposal,
-            kinds=rt.kinds,
-            task=rt.task,
-            policy=rt.policy,
-            phase=base.phase,
-            environment=base.environment,
-            now=rt.clock.now(),
-            # The runtime's own finish id is unique by generation; an agent
-            # cannot make it "used before" by borrowing it.
-            action_seen=not runtime_finish and self.history.action_used(proposal.action_id),
-            cost_spent=base.spent.cost,
-        )
-        kind = rt.kinds.get(proposal.kind) if rejection is None else None
-        args: dict[str, Any] = {}
-        if kind is not None and kind.mutating:
-            try:
-                args = rt.adapter.normalize(proposal.kind, proposal.target, proposal.args)
-            except ContractViolationError as exc:
-                rejection = GateRejection(exc.reason, str(exc))
-        elif kind is not None:
-            args = dict(proposal.args)  # the gate checked it is an object
-        if rejection is not None or kind is None:
-            if rejection is None:  # unreachable: the gate refuses unknown kinds
-                rejection = GateRejection("unknown_kind", f"no kind {proposal.kind!r}")
-            return self.apply(
-                step_rules.reject(base, proposal, rejection, rt.task.budgets),
-                prefix=events,
-                context=context,
-            )
-        if kind.mutating:
-            return self._propose_write(base, context, proposal, args, events)
-        if needs_approval(rt.policy, kind):
-            intent = Intent(kind.name, proposal.target, args, risk_of(rt.policy, kind).value)
-            held = step_rules.hold(
-                base, proposal, intent, key=rt.ids.new_id("idem"), now=rt.clock.now()
-            )
-            return self.apply(held, prefix=events, context=context)
-        return _carry.carry_out(self, base, context, proposal, kind, events, spent_already=False)
-
-    def _propose_write(
-        self,
-        base: RunState,
-        context: AgentContext,
-        proposal: Proposal,
-        args: dict[str, Any],
-        events: list[Event],
-    ) -> Outcome:
-        rt = self.rt
-        kind = rt.kinds[proposal.kind]
-        intent = Intent(proposal.kind, proposal.target, args, risk_of(rt.policy, kind).value)
-        decided = _replaying.replay_or_fork(self, base, proposal, intent, rt.effect_digest(intent))
-        if isinstance(decided, Transition):
-            if decided.state is None:
-                return Outcome(decided.outcome, self.state, decided.reason, decided.message)
-            return self.apply(decided, prefix=events, context=context)
-        base, events = decided.state, [*events, *decided.events]
-        transition = step_rules.propose_write(
-            base,
-            proposal,
-            intent,
-            key=rt.ids.new_id("idem"),  # minted once, before anything is sent; never again
-            expected_post=rt.adapter.derive_post_state(base.environment, intent),
-            now=rt.clock.now(),
-            needs_approval=needs_approval(rt.policy, kind),
-            capabilities=capabilities_of(rt.adapter, proposal.kind),
-        )
-        outcome = self.apply(transition, prefix=events, context=context)
-        if outcome.kind is OutcomeKind.WAITING_FOR_APPROVAL:
-            return outcome  # it waits, durable, for a person; nothing leaves the process
-        rt.crash.hit(CrashPoint.INTENT_PERSISTED)
-        return self._decide_and_apply(settle_rules.dispatch)
-
-    # -- failing -----------------------------------------------------------------
 
     # -- helpers ---------------------------------------------------------------
 
@@ -777,8 +710,3 @@ _ENDED = {
     Phase.CANCELLED: (OutcomeKind.CANCELLED, "run_cancelled"),
     Phase.FAILED: (OutcomeKind.FAILED, "failed"),
 }
-
-# A person or the adapter must act before another step can change anything.
-_WAITS = frozenset(
-    {OutcomeKind.WAITING_FOR_APPROVAL, OutcomeKind.IN_FLIGHT, OutcomeKind.RETRY_LATER}
-)

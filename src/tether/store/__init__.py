@@ -17,7 +17,9 @@ from tether.store._protocols import (
     GenerationStore,
     Lease,
     LeaseRequest,
+    ListedRun,
     Mark,
+    MarksPage,
 )
 from tether.store._schema import LANDMARK_KINDS
 from tether.store._sql import SQLBase
@@ -35,7 +37,9 @@ __all__ = [
     "Lease",
     "LeaseRequest",
     "LedgerEntry",
+    "ListedRun",
     "Mark",
+    "MarksPage",
     "PostgresStore",
     "SQLBase",
     "SQLStatements",

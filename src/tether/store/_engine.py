@@ -37,7 +37,7 @@ class SQLEngine:
     clock_sql: ClassVar[str] = ""
     #: Appended to the claim scan: lock the rows it picks and skip rows others hold.
     skip_locked: ClassVar[str] = ""
-    #: Statements that fill migration 8's index columns for rows written before it.
+    #: Statements that fill migration 10's index columns for rows written before it.
     index_backfill: ClassVar[tuple[str, ...]] = ()
     #: How many times a transient failure re-runs a unit of work.
     retries: int = 5

@@ -37,6 +37,7 @@ from tether.store._rows import (
     ttl_micros,
     whole,
 )
+from tether.store._schema import CLAIM_PHASES, CLAIM_SCOPE, CLAIMABLE_AT
 
 log = logging.getLogger("tether.store")
 
@@ -122,10 +123,14 @@ class LeaseSQL(SQLEngine):
         """Give the lease up; a repeated release is a no-op, a lost lease raises LeaseLostError."""
 
         def body() -> None:
-            # A clean release ends a run of failures too.
+            # A clean release ends a run of failures too. The run is claimable from
+            # now, so it waits its turn behind runs claimable longer (a released run
+            # claimable "since ever" would be taken before all of them, and a caller
+            # that keeps taking up and letting go of one run would starve the rest).
             moved = self._run(
                 "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
-                "attempts = 0, retry_at = NULL, last_error = NULL, waiting_after = NULL "
+                f"attempts = 0, retry_at = {self.clock_sql}, last_error = NULL, "
+                "waiting_after = NULL "
                 "WHERE run_id = ? AND lease_owner = ? AND lease_version = ?",
                 (run_id, worker, lease_version),
             )
@@ -194,11 +199,18 @@ class LeaseSQL(SQLEngine):
         floor = round(min(floor_s, 366 * 24 * 3600) * 1_000_000)
 
         def body() -> None:
+            # Evidence past ``seen`` may have landed since the run read its inbox:
+            # then it does not wait at all. The run's lock orders this against
+            # put_evidence (which wakes a waiting run), so no evidence is missed
+            # between the two: one of them sees the other's row.
+            self._lock_run(run_id)
             moved = self._run(
                 "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
-                f"waiting_after = ?, retry_at = {self.clock_sql} + ?, attempts = 0 "
+                "waiting_after = CASE WHEN EXISTS (SELECT 1 FROM tether_inbox i "
+                "WHERE i.run_id = tether_marks.run_id AND i.seq > ?) THEN NULL ELSE ? END, "
+                f"retry_at = {self.clock_sql} + ?, attempts = 0 "
                 "WHERE run_id = ? AND lease_owner = ? AND lease_version = ?",
-                (seen, floor, run_id, worker, lease_version),
+                (seen, seen, floor, run_id, worker, lease_version),
             )
             if moved == 1:
                 return
@@ -265,6 +277,15 @@ class LeaseSQL(SQLEngine):
         if expires <= now:
             raise LeaseExpiredError(run_id, version, from_micros(expires))
 
+    def _clock_bound(self) -> tuple[str, tuple[Any, ...]]:
+        """The store's clock as a value an index range can start from: SQL and its parameters.
+
+        PostgreSQL evaluates an uncorrelated subquery once (an InitPlan) and
+        uses it as an index bound; SQLite uses only a parameter as one, so
+        its dialect reads the clock first (see SQLiteStore).
+        """
+        return f"(SELECT {self.clock_sql})", ()
+
     def claim_expired(
         self,
         worker: str,
@@ -273,35 +294,55 @@ class LeaseSQL(SQLEngine):
         phases: Sequence[str] = ("running", "pending"),
         max_attempts: int | None = None,
     ) -> list[Lease]:
-        """Take up to ``limit`` unowned or expired runs in ``phases``; each gets a new version."""
+        """Take up to ``limit`` unowned or expired runs in ``phases``; each gets a new version.
+
+        Served by the ``tether_marks_due`` index in its own order (when the run
+        became claimable, then run id): the claim reads the due rows at the
+        front of the index, never the runs that ended or wait for a person.
+        Phases outside the index's (a claim of ended runs) are read without it.
+        """
         ttl = ttl_micros(ttl_s)
         wanted = sorted({phase_text(p) for p in phases})
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise StoreError(f"limit must be a whole number of runs, not {limit!r}")
         if limit < 1 or not wanted:
             return []
         clock = self.clock_sql
         # Free, due (a deferred run waits out its back-off) and not parked.
         ceiling = 2**62 if max_attempts is None else int(max_attempts)
-        # A run parked for a person wakes only for evidence it has not read.
-        news = (
-            "(waiting_after IS NULL OR EXISTS (SELECT 1 FROM tether_inbox i "
-            "WHERE i.run_id = tether_marks.run_id AND i.seq > tether_marks.waiting_after))"
-        )
+        # A run parked for a person is woken by the evidence that lands for it
+        # (put_evidence clears its wait), so a claim never looks into inboxes.
         free = (
             f"(lease_owner IS NULL OR lease_expires_at <= {clock}) "
-            f"AND (retry_at IS NULL OR retry_at <= {clock}) AND attempts < {ceiling} AND {news}"
+            f"AND (retry_at IS NULL OR retry_at <= {clock}) AND attempts < {ceiling} "
+            "AND waiting_after IS NULL"
         )
+        # The index's own predicate, spelled as it is, so both planners prove the
+        # partial index applies; the caller's phases narrow it further.
+        scope = f"{CLAIM_SCOPE} AND " if CLAIM_PHASES.issuperset(wanted) else ""
+
+        # Phases (checked names) and the limit are written into the statement, not
+        # bound: PostgreSQL caches one plan per statement, and a plan made for an
+        # unknown LIMIT expects to read a tenth of the index, so it would plan
+        # every claim anew; with them written in, the cached plan is the index's.
+        phase_list = ", ".join(f"'{phase}'" for phase in wanted)
+        count = int(limit)
 
         def body() -> list[Lease]:
+            now, now_params = self._clock_bound()
             # The scan locks what it picks and skips rows other claimers (or
             # committers) hold, so concurrent claimers never take the same run.
+            # The outer WHERE judges each picked row again by the clock (on
+            # PostgreSQL against the row as it is once its lock is granted).
             rows = self._all(
                 f"UPDATE tether_marks SET lease_owner = ?, lease_version = lease_version + 1, "
                 f"lease_expires_at = {clock} + ?, waiting_after = NULL, retry_at = NULL, "
                 f"attempts = attempts + 1 WHERE {free} AND run_id IN ("
-                f"SELECT run_id FROM tether_marks WHERE phase IN ({', '.join('?' for _ in wanted)}) "
-                f"AND {free} ORDER BY COALESCE(retry_at, lease_expires_at, 0), run_id LIMIT ?"
+                f"SELECT run_id FROM tether_marks WHERE {scope}phase IN ({phase_list}) "
+                f"AND {CLAIMABLE_AT} <= {now} AND attempts < {ceiling} AND waiting_after IS NULL "
+                f"ORDER BY {CLAIMABLE_AT}, run_id LIMIT {count}"
                 f"{self.skip_locked}) RETURNING {mark_columns(self.raw_column)}",
-                (worker, ttl, *wanted, limit),
+                (worker, ttl, *now_params),
             )
             leases = []
             for row in rows:

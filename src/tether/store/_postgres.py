@@ -38,7 +38,7 @@ from tether.core import (
     format_time,
 )
 from tether.store._protocols import BeforeCommit, Commit, Lease, LeaseRequest
-from tether.store._rows import action_key, effect_key, ledger_columns, phase_text
+from tether.store._rows import action_key, effect_key, ledger_columns, listing_values, phase_text
 from tether.store._schema import ACTION_KINDS, kinds_sql
 from tether.store._sql import SQLBase
 
@@ -63,7 +63,8 @@ INSTALL_HINT = "pip install 'tether[postgres]'"
 _COMMIT_STATEMENT = """
 WITH cas AS (
     UPDATE tether_marks SET generation = %s, checkpoint_digest = %s,
-           state_version = state_version + 1, phase = %s, updated_at = %s
+           state_version = state_version + 1, phase = %s, updated_at = %s,
+           epoch = %s, subject = %s, pending_action = %s, gate = %s, approved_until = %s
      WHERE run_id = %s AND generation = %s AND lease_version = %s
        AND (lease_version = 0 OR lease_owner IS NOT NULL)
     RETURNING run_id, generation, checkpoint_digest
@@ -134,7 +135,7 @@ class PostgresStore(SQLBase):
     blob_type = "BYTEA"
     placeholder = "%s"
     clock_sql = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT"
-    # Rows from before migration 8: their keys read from their JSON by a function
+    # Rows from before migration 10: their keys read from their JSON by a function
     # that lives for the migration only. \u0000 has no text form here; read as
     # U+FFFD, as the column keeps it. A row that is not JSON keeps NULL.
     index_backfill = (
@@ -299,6 +300,7 @@ class PostgresStore(SQLBase):
             commit.checkpoint_digest,
             phase_text(commit.phase),
             format_time(self._now()),
+            *listing_values(commit.listing),
             commit.run_id,
             expected_generation,
             expected_lease_version,

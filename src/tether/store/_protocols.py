@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from tether.core import CheckpointCorruptError, LedgerEntry, TraceEvent
+from tether.core import CheckpointCorruptError, LedgerEntry, Listing, TraceEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +97,40 @@ class Commit:
     #: Effect-ledger entries, sealed into the run's chain; they land with the
     #: checkpoint or not at all, under the same compare-and-set.
     ledger: Sequence[LedgerEntry] = ()
+    #: What a list of runs shows of the state committed, kept with the mark
+    #: (``None``: nothing; a list then reads the checkpoint itself).
+    listing: Listing | None = None
 
 
 BeforeCommit = Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ListedRun:
+    """One run as a page of the runs list reads it: its mark, its last commit, its listing.
+
+    ``listing`` is ``None`` for a run last committed without one (by an older
+    tether, or a caller that records none): its checkpoint says the rest.
+    """
+
+    mark: Mark
+    updated_at: datetime
+    listing: Listing | None
+    #: The sealed checkpoint the mark names, when the page was asked for it.
+    envelope: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MarksPage:
+    """One page of runs by run id, and where the next one starts.
+
+    ``after`` is the run id to pass for the next page (``None``: this was
+    the last). Rows too damaged to read are in ``damaged``, never dropped.
+    """
+
+    runs: tuple[ListedRun, ...]
+    damaged: tuple[CheckpointCorruptError, ...] = ()
+    after: str | None = None
 
 
 @runtime_checkable
@@ -218,7 +249,11 @@ class ContentStore(Protocol):
         ...
 
     def put_evidence(self, run_id: str, kind: str, document: dict[str, Any]) -> int:
-        """Append signed evidence to the run's inbox; returns its sequence number (from 1)."""
+        """Append signed evidence to the run's inbox; returns its sequence number (from 1).
+
+        A run waiting for a person (see ``GenerationStore.wait_for_evidence``)
+        in the same database is claimable again from this commit on.
+        """
         ...
 
     def evidence(self, run_id: str, after: int = 0) -> list[Evidence]:
@@ -252,8 +287,12 @@ class GenerationStore(Protocol):
         *,
         phase: str = "running",
         lease_to: LeaseRequest | None = None,
+        listing: Listing | None = None,
     ) -> Lease | None:
         """Move the mark from ``expected_generation`` (0: create) and record ``phase``, or raise.
+
+        ``listing`` is recorded with the mark, replacing the one before
+        (``None`` records none: a list reads the checkpoint for that run).
 
         ``lease_to`` (allowed for the first generation only) creates the run
         with its lease in the same statement, version 1, and returns it, so no
@@ -269,6 +308,26 @@ class GenerationStore(Protocol):
 
     def runs(self, *, damaged: list[CheckpointCorruptError] | None = None) -> list[Mark]:
         """Every run's mark; a malformed row raises, or goes into ``damaged`` when given."""
+        ...
+
+    def runs_page(
+        self,
+        *,
+        after: str | None = None,
+        limit: int = 50,
+        phase: str | None = None,
+        needs_person_at: datetime | None = None,
+        envelopes: bool = False,
+    ) -> MarksPage:
+        """Up to ``limit`` runs with a run id after ``after``, by run id: one indexed read.
+
+        ``phase`` keeps the runs in that phase; ``needs_person_at`` keeps the
+        runs that wait for a person at that moment (by the rules of
+        :mod:`tether.core.listing_rules`), and those recorded without a listing,
+        which only their checkpoint can answer for. ``envelopes`` also reads the
+        checkpoint each mark names (when the marks and the content share a
+        database).
+        """
         ...
 
     def acquire_lease(self, run_id: str, worker: str, ttl_s: float) -> Lease:
@@ -331,8 +390,11 @@ class GenerationStore(Protocol):
 
         ``seen`` is the last inbox entry the run has read: evidence past it (an
         approval, a reviewer decision) makes the run claimable again, but not
-        before ``floor_s``. Raises :class:`~tether.core.LeaseLostError` unless
-        ``worker`` holds ``lease_version``.
+        before ``floor_s``; evidence already past it leaves the run claimable
+        (it does not wait). :meth:`ContentStore.put_evidence` wakes a waiting
+        run as its evidence lands, so a claim never reads inboxes. Raises
+        :class:`~tether.core.LeaseLostError` unless ``worker`` holds
+        ``lease_version``.
         """
         ...
 

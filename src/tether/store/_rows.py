@@ -22,6 +22,7 @@ from tether.core import (
     Fields,
     LedgerEntry,
     LedgerIntegrityError,
+    Listing,
     Phase,
     RetrySemantics,
     StoreError,
@@ -49,6 +50,46 @@ _MARK = (
     "waiting_after",
 )
 MARK_COLUMNS = ", ".join(_MARK)
+
+
+#: The columns a commit records a run's listing in (see ``core.Listing``).
+LISTING_COLUMNS = ("epoch", "subject", "pending_action", "gate", "approved_until")
+
+
+def listing_values(listing: Listing | None) -> tuple[Any, ...]:
+    """The values of :data:`LISTING_COLUMNS` for ``listing`` (all NULL for none)."""
+    if listing is None:
+        return (None,) * len(LISTING_COLUMNS)
+    return (
+        listing.epoch,
+        listing.subject,
+        listing.pending_action,
+        listing.gate,
+        listing.approved_until,
+    )
+
+
+def listing_of_row(run_id: str, row: Sequence[Any]) -> Listing | None:
+    """The listing stored in :data:`LISTING_COLUMNS`, ``None`` when none was recorded."""
+    epoch, subject, pending_action, gate, approved_until = row
+    if epoch is None:
+        return None
+
+    def text(value: Any) -> str | None:
+        return None if value is None else text_of(value)
+
+    try:
+        return Listing(
+            epoch=whole(epoch),
+            subject=text(subject),
+            pending_action=text(pending_action),
+            gate=None if gate is None else EffectStatus(text_of(gate)).value,
+            approved_until=text(approved_until),
+        )
+    except (TypeError, ValueError) as exc:
+        raise CheckpointCorruptError(
+            f"run {run_id}: its listing columns are malformed: {exc}", run_id=run_id
+        ) from exc
 
 
 def mark_columns(raw: str) -> str:

@@ -20,6 +20,36 @@ ACTION_KINDS = (
     "effect_replayed",
 )
 
+#: When a run becomes claimable, by its lease columns (store clock, microseconds):
+#: at once (0) when free, at ``retry_at`` when deferred, when its lease (and any
+#: back-off) runs out when held; NULL when it never will (a lease with no expiry).
+#: Migration 8 indexes exactly this text and the claim orders by exactly it: an
+#: index on an expression serves only a query that spells it the same, so a
+#: change here is a new migration, never an edit.
+CLAIMABLE_AT = (
+    "(CASE WHEN lease_owner IS NULL THEN COALESCE(retry_at, 0) "
+    "WHEN retry_at IS NULL OR retry_at < lease_expires_at THEN lease_expires_at "
+    "ELSE retry_at END)"
+)
+#: The runs a claim may take at all: not ended, not parked for a person. The
+#: claim index covers only these rows (a partial index), so finished runs and
+#: runs waiting for a person cost a claim nothing however many there are.
+CLAIM_SCOPE = "phase IN ('needs_review', 'pending', 'running') AND waiting_after IS NULL"
+#: The phases :data:`CLAIM_SCOPE` names.
+CLAIM_PHASES = frozenset({"needs_review", "pending", "running"})
+
+#: The runs that may be waiting for a person, whatever the time: frozen for
+#: review, a pending write an approval applies to, a run whose claims are
+#: counted, or one recorded without a listing (only its checkpoint can say).
+#: ``--needs-me`` pages through an index over exactly these rows; the time
+#: (an approval expiring, a lease running out) decides among them. Like
+#: :data:`CLAIM_SCOPE`, indexed by migration 9 as spelled here.
+ATTENTION = (
+    "(phase = 'needs_review' OR (phase = 'pending' AND gate IS NOT NULL) "
+    "OR (phase IN ('pending', 'running') AND (attempts > 0 OR epoch IS NULL)))"
+)
+
+
 #: Trace events people look up by kind (epochs, rewinds, refused evidence): a
 #: handful per run, whatever its length, found through a partial index.
 LANDMARK_KINDS = ("run_started", "recovered", "rewind_started", "rewound", "evidence_refused")
@@ -33,7 +63,7 @@ def kinds_sql(kinds: tuple[str, ...], column: str = "kind") -> str:
 def migrations(blob: str, backfill: tuple[str, ...] = ()) -> list[tuple[int, list[str]]]:
     """Numbered schema migrations; ``blob`` is the dialect's byte-string type.
 
-    ``backfill``: the dialect's statements that fill migration 8's index
+    ``backfill``: the dialect's statements that fill migration 10's index
     columns for rows written before it (from the JSON those rows hold).
     """
     return [
@@ -225,6 +255,45 @@ def migrations(blob: str, backfill: tuple[str, ...] = ()) -> list[tuple[int, lis
         ),
         (
             8,
+            [
+                # Claims are served by an index in their own order: "when did this
+                # run become claimable, then run id", over the rows a claim may take
+                # at all. Before it, every claim sorted every claimable row.
+                f"CREATE INDEX tether_marks_due ON tether_marks ({CLAIMABLE_AT}, run_id) "
+                f"WHERE {CLAIM_SCOPE}",
+                # Only the claim read the old index.
+                "DROP INDEX tether_marks_claim",
+                # A run parked for a person now leaves the index, and the evidence
+                # that wakes it clears its wait as it lands (put_evidence). A run
+                # whose evidence arrived before this upgrade is woken here.
+                """UPDATE tether_marks SET waiting_after = NULL
+                    WHERE waiting_after IS NOT NULL AND EXISTS (
+                        SELECT 1 FROM tether_inbox i
+                         WHERE i.run_id = tether_marks.run_id AND i.seq > tether_marks.waiting_after)""",
+            ],
+        ),
+        (
+            9,
+            [
+                # What a list of runs shows of each (core.Listing), recorded by the
+                # runtime with the mark at every commit, so `tether runs` and the
+                # page read a page of runs in one query instead of every checkpoint.
+                # NULL epoch: a run committed before this (its checkpoint says).
+                "ALTER TABLE tether_marks ADD COLUMN epoch BIGINT",
+                "ALTER TABLE tether_marks ADD COLUMN subject TEXT",
+                "ALTER TABLE tether_marks ADD COLUMN pending_action TEXT",
+                "ALTER TABLE tether_marks ADD COLUMN gate TEXT",
+                "ALTER TABLE tether_marks ADD COLUMN approved_until TEXT",
+                # Pages are by run id: the primary key serves the whole list, these
+                # serve a phase and "needs a person". None of them names a column
+                # a commit changes on every step, so the commit path keeps its
+                # cost (and PostgreSQL its heap-only updates).
+                "CREATE INDEX tether_marks_phase ON tether_marks (phase, run_id)",
+                f"CREATE INDEX tether_marks_attention ON tether_marks (run_id) WHERE {ATTENTION}",
+            ],
+        ),
+        (
+            10,
             [
                 # A recovery and a step read the run's past by index, not by
                 # walking it: the entries of one effect (what replay-or-fork

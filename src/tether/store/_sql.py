@@ -23,6 +23,7 @@ from tether.core import (
     GenerationConflictError,
     LeaseLostError,
     LedgerEntry,
+    Listing,
     MigrationError,
     StoreError,
     TraceEvent,
@@ -33,6 +34,7 @@ from tether.core import (
 )
 from tether.store._history_sql import LEDGER_COLUMNS, TRACE_COLUMNS, HistorySQL
 from tether.store._leases import LeaseSQL
+from tether.store._listing import ListingSQL
 from tether.store._protocols import (
     EVIDENCE_KINDS,
     BeforeCommit,
@@ -43,6 +45,7 @@ from tether.store._protocols import (
     Mark,
 )
 from tether.store._rows import (
+    LISTING_COLUMNS,
     MARK_COLUMNS,
     action_key,
     effect_key,
@@ -50,6 +53,7 @@ from tether.store._rows import (
     lease_of,
     ledger_columns,
     ledger_entry_of,
+    listing_values,
     mark_of,
     phase_text,
     stored_int,
@@ -61,7 +65,7 @@ from tether.store._schema import migrations
 log = logging.getLogger("tether.store")
 
 
-class SQLBase(HistorySQL, LeaseSQL):
+class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
     """Every store statement, written once; subclasses provide the dialect hooks.
 
     An integration that keeps tables of its own in the store's database runs
@@ -342,6 +346,13 @@ class SQLBase(HistorySQL, LeaseSQL):
                 "VALUES (?, ?, ?, ?, ?)",
                 (run_id, seq, kind, text, format_time(datetime.now(UTC))),
             )
+            # A run parked for a person waits for exactly this: it is claimable
+            # again (once its floor passes) from this commit on.
+            self._run(
+                "UPDATE tether_marks SET waiting_after = NULL "
+                "WHERE run_id = ? AND waiting_after < ?",
+                (run_id, seq),
+            )
             return seq
 
         return self._write(body)
@@ -465,6 +476,7 @@ class SQLBase(HistorySQL, LeaseSQL):
         expected_lease_version: int,
         phase: str,
         lease_to: LeaseRequest | None = None,
+        listing: Listing | None = None,
     ) -> Lease | None:
         phase = phase_text(phase)
         if new_generation != expected_generation + 1:
@@ -484,6 +496,7 @@ class SQLBase(HistorySQL, LeaseSQL):
                     "state_version",
                     "phase",
                     "updated_at",
+                    *LISTING_COLUMNS,
                 ]
                 params: list[Any] = [
                     run_id,
@@ -492,6 +505,7 @@ class SQLBase(HistorySQL, LeaseSQL):
                     new_generation,
                     phase,
                     now,
+                    *listing_values(listing),
                 ]
                 if lease_to is None:
                     inserted = self._run(self._insert_ignore("tether_marks", columns), params)
@@ -520,7 +534,7 @@ class SQLBase(HistorySQL, LeaseSQL):
         # lock, and a waiting writer re-checks the WHERE against the winner's row.
         moved = self._run(
             "UPDATE tether_marks SET generation = ?, checkpoint_digest = ?, "
-            "state_version = state_version + 1, phase = ?, updated_at = ? "
+            f"state_version = state_version + 1, phase = ?, updated_at = ?, {_SET_LISTING} "
             "WHERE run_id = ? AND generation = ? AND lease_version = ? "
             "AND (lease_version = 0 OR lease_owner IS NOT NULL)",
             (
@@ -528,6 +542,7 @@ class SQLBase(HistorySQL, LeaseSQL):
                 checkpoint_digest,
                 phase,
                 now,
+                *listing_values(listing),
                 run_id,
                 expected_generation,
                 expected_lease_version,
@@ -565,11 +580,13 @@ class SQLBase(HistorySQL, LeaseSQL):
         *,
         phase: str = "running",
         lease_to: LeaseRequest | None = None,
+        listing: Listing | None = None,
     ) -> Lease | None:
         """Move the mark from ``expected_generation`` (0: create) and record ``phase``, or raise.
 
         ``lease_to`` (first generation only) creates the run leased to that
-        worker; the granted lease is returned.
+        worker; the granted lease is returned. ``listing`` is recorded with
+        the mark (see the protocol).
         """
         return self._write(
             lambda: self._cas_mark(
@@ -580,6 +597,7 @@ class SQLBase(HistorySQL, LeaseSQL):
                 expected_lease_version,
                 phase,
                 lease_to,
+                listing,
             )
         )
 
@@ -604,6 +622,7 @@ class SQLBase(HistorySQL, LeaseSQL):
                 expected_lease_version,
                 commit.phase,
                 lease_to,
+                commit.listing,
             )
             self._put_content(commit)
             if before_commit is not None:
@@ -611,6 +630,10 @@ class SQLBase(HistorySQL, LeaseSQL):
             return lease
 
         return self._write(body)
+
+
+#: Every commit records the state's listing with the mark (NULLs when it has none).
+_SET_LISTING = ", ".join(f"{column} = ?" for column in LISTING_COLUMNS)
 
 
 def _version(value: Any) -> int:

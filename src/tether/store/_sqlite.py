@@ -46,7 +46,7 @@ class SQLiteStore(SQLBase):
     # SQLite keeps whatever it is given, in any column, and text that is not
     # UTF-8 too: integers and NULL come back as they are, anything else as bytes.
     raw_column = "CASE WHEN typeof({0}) IN ('integer', 'null') THEN {0} ELSE CAST({0} AS BLOB) END"
-    # Rows from before migration 8: their keys read from their JSON (a row that
+    # Rows from before migration 10: their keys read from their JSON (a row that
     # is not JSON, or names no such string, keeps NULL, as a new one would).
     index_backfill = (
         "UPDATE tether_ledger SET effect = replace(json_extract(terms, '$.effect'), "
@@ -187,6 +187,14 @@ class SQLiteStore(SQLBase):
                 with contextlib.suppress(sqlite3.Error):
                     conn.rollback()
             raise
+
+    def _clock_bound(self) -> tuple[str, tuple[Any, ...]]:
+        # SQLite starts an index range only from a parameter, not from a call to
+        # the clock; inside the write transaction the clock is read just before.
+        row = self._one(f"SELECT {self.clock_sql}")
+        if row is None:
+            raise StoreUnavailableError(f"SQLite store {str(self.path)!r} read no clock")
+        return "?", (row[0],)
 
     def _insert_ignore(
         self, table: str, columns: Sequence[str], values: Sequence[str] | None = None

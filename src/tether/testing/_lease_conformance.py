@@ -430,7 +430,20 @@ def test_a_deferred_run_is_not_claimed_until_its_back_off_has_passed(tether_stor
     expect_eq([x.run_id for x in again], ["r"], "claimed once the back-off passed")
     tether_store.release_lease("r", "w2", again[0].lease_version)
     after = tether_store.get_mark("r")
-    expect_eq((after.attempts, after.retry_at, after.last_error), (0, None, None), "reset")
+    expect_eq((after.attempts, after.last_error), (0, None), "reset")
+    # Claimable at once again, from the moment it was let go (see the next test).
+    expect_eq(tether_store.claim_expired("w3", LONG)[0].run_id, "r", "claimable at once")
+
+
+def test_a_released_run_waits_its_turn_behind_runs_claimable_longer(tether_store: Any) -> None:
+    """A run let go cleanly is claimable from then on, so a run claimable longer comes first."""
+    for run_id in ("a", "b"):
+        tether_store.commit(make_commit(run_id, 1), 0)
+    first = tether_store.claim_expired("w1", LONG)
+    expect_eq([x.run_id for x in first], ["a"], "the smaller run id first, on a tie")
+    tether_store.release_lease("a", "w1", first[0].lease_version)
+    expect_eq([x.run_id for x in tether_store.claim_expired("w2", LONG)], ["b"], "b waited longer")
+    expect_eq([x.run_id for x in tether_store.claim_expired("w2", LONG)], ["a"], "then a")
 
 
 def test_a_run_with_too_many_failed_attempts_is_parked(tether_store: Any) -> None:
@@ -501,6 +514,7 @@ __all__ = [
     "test_a_late_commit_racing_a_takeover_never_lands_after_it",
     "test_a_live_lease_is_not_taken",
     "test_a_released_lease_does_not_commit",
+    "test_a_released_run_waits_its_turn_behind_runs_claimable_longer",
     "test_a_run_created_with_its_lease_is_held_from_its_first_statement",
     "test_a_run_waiting_for_a_person_is_claimed_only_when_evidence_arrives",
     "test_a_run_with_too_many_failed_attempts_is_parked",

@@ -15,7 +15,10 @@ In a test module::
         )
 
 ``make`` is called once per check and again where a check needs a second
-object on the same world (a recovering process). ``write(n)`` gives the
+object on the same world (a recovering process). A function effect is an
+adapter like any other: ``make=lambda: open_ticket.adapter`` (or a
+``tether.function_effect(kind, fn, ...)``) puts your own function through
+the same checks, for what it declares (idempotent, a look-up, a compensation). ``write(n)`` gives the
 n-th of as many distinct writes as a check needs: ``(kind, target, args)``
 before the adapter's ``normalize``. ``effects()`` counts what the world
 really received, by the world's own books, never the adapter's. Optionally

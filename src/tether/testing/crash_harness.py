@@ -36,7 +36,9 @@ agent's run would be stepped::
 
 It is called for the fresh run and for every recovery alike, so it opens
 the run with ``tether.effects.run`` (which starts or recovers it) and
-leaves a run that already ended alone.
+leaves a run that already ended alone. An app whose effects are your own
+functions (``@tether.effect`` with ``fn.adapter`` as the runtime's adapter)
+is put through the harness the same way: ``examples/own_function/crash_app.py``.
 
 What it does: one clean run first, in a child process, to learn how often
 the run passes each :class:`~tether.runtime.CrashPoint` and what the world

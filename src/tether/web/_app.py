@@ -9,6 +9,7 @@ signed; a second click signs that very body and leaves it in the inbox.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import threading
 import time
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.applications import Starlette
 from starlette.datastructures import FormData
@@ -39,7 +41,7 @@ from tether.core import (
     format_time,
 )
 from tether.crypto import Keyring, Signer, TrustRoots
-from tether.runtime import InboxItem, Page, deliver, list_runs, open_run
+from tether.runtime import InboxItem, Page, deliver, open_run, runs_page
 from tether.store import SQLBase, SQLiteStore, open_store
 from tether.web import _actions as actions
 from tether.web import _read as read
@@ -48,6 +50,9 @@ from tether.web._guard import Guard, Sessions
 HERE = Path(__file__).parent
 #: A prepared document must be signed within this many seconds, or prepared again.
 DRAFT_TTL_S = 300.0
+#: Runs on one page of the runs list (``?limit=`` asks for another number, up to MAX_PAGE).
+PAGE_SIZE = 50
+MAX_PAGE = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,15 +142,62 @@ def create_app(config: WebConfig) -> Starlette:
         return RedirectResponse("/runs", status_code=303)
 
     def runs(request: Request) -> Response:
-        phase = request.query_params.get("phase") or None
+        query = request.query_params
+        phase = query.get("phase") or None
         if phase is not None and phase not in {p.value for p in Phase}:
             phase = None
+        needs = query.get("needs") == "1"
+        after = query.get("after") or None
+        size = query.get("limit", "")
+        limit = int(size) if size.isdigit() and 1 <= int(size) <= MAX_PAGE else PAGE_SIZE
+        # The page's own identity besides its rows (who is signed in, with what):
+        # a refresh that finds both unchanged is answered 304 without a render.
+        sid = request.scope["state"]["sid"]
+        signing = [(signer.signer_id, signer.role.value) for signer in config.signers]
+        context = hashlib.sha256(
+            repr((sessions.csrf(sid), signing, config.keyring is not None)).encode()
+        ).hexdigest()[:16]
         try:
             with store() as s:
-                rows = list_runs(s, keyring=config.keyring, phase=phase)
+                page = runs_page(
+                    s,
+                    keyring=config.keyring,
+                    phase=phase,
+                    needs_person=needs,
+                    after=after,
+                    limit=limit,
+                    unless=_shown_version(request, context),
+                )
         except TetherError as exc:
             return failure(request, exc)
-        return render(request, "runs.html", rows=rows, phase=phase, phases=[p.value for p in Phase])
+        if page is None:
+            # Nothing the page shows changed: no checkpoint read, nothing rendered.
+            return Response(
+                status_code=304, headers={"ETag": request.headers.get("if-none-match", "")}
+            )
+        etag = _etag(page.version, context)
+        filters = {
+            "phase": phase or "",
+            "needs": "1" if needs else "",
+            "limit": "" if limit == PAGE_SIZE else str(limit),
+        }
+        kept = {key: value for key, value in filters.items() if value}
+        answer = render(
+            request,
+            "runs.html",
+            rows=page.rows,
+            phase=phase,
+            needs=needs,
+            after=after,
+            first_url="/runs" + (f"?{urlencode(kept)}" if kept else ""),
+            next_url=None
+            if page.after is None
+            else f"/runs?{urlencode({**kept, 'after': page.after})}",
+            phases=[p.value for p in Phase],
+            etag=etag,
+        )
+        answer.headers["ETag"] = etag
+        return answer
 
     def run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -262,6 +314,20 @@ def _writable(
     if not sessions.csrf_matches(sid, str(form.get("csrf", ""))):
         return PlainTextResponse("forbidden: missing or wrong CSRF token\n", 403)
     return None
+
+
+def _etag(version: str, context: str) -> str:
+    """The runs page's entity tag: what it shows (``version``) and for whom (``context``)."""
+    return f'W/"{version}.{context}"'
+
+
+def _shown_version(request: Request, context: str) -> str | None:
+    """The page version the browser already shows, if its tag was made for this context."""
+    tag = request.headers.get("if-none-match", "").strip()
+    if tag.startswith("W/"):
+        tag = tag[2:]
+    version, _, made_for = tag.strip('"').partition(".")
+    return version if version and made_for == context else None
 
 
 def _when(value: Any) -> str:

@@ -8,7 +8,7 @@ afresh (``p<cursor>.i<incarnation>``), as ACRFence's re-proposal does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tether.core import Observation, Proposal
@@ -23,6 +23,35 @@ _KINDS = {
 }
 
 
+class SimAgentError(Exception):
+    """The agent's own code failed (armed by an ``agent_error`` event): a failing run."""
+
+
+@dataclass
+class AgentFaults:
+    """What the simulator armed for the run's agent, whichever process it lives in."""
+
+    errors: int = 0  # the next N decisions raise SimAgentError
+    stale: int = 0  # the next N proposals are built on a version the agent saw before
+    #: Every environment version the agent has observed.
+    seen: set[int] = field(default_factory=set)
+    #: Action id -> (the version it was built on, the version observed then): stale ones.
+    staled: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def built_on(self, action_id: str, version: int) -> tuple[str, int]:
+        """The action's id and the version it is built on: the one observed, or (armed) an
+        older one, under an id of its own (no earlier event can name it)."""
+        older = sorted(v for v in self.seen if v != version)
+        self.seen.add(version)
+        if self.stale <= 0 or not older:
+            return action_id, version
+        self.stale -= 1
+        based = max([v for v in older if v < version] or older)
+        action_id = f"{action_id}.s{len(self.staled) + 1}"
+        self.staled[action_id] = (based, version)
+        return action_id, based
+
+
 @dataclass
 class SimAgent:
     """Plays ``plan``; ``incarnation`` names its actions; ``calls`` counts its decisions."""
@@ -32,9 +61,13 @@ class SimAgent:
     #: The plan kinds it tries again after a replan ("write", "ticket").
     redo: frozenset[str] = frozenset({"write", "ticket"})
     calls: int = 0
+    faults: AgentFaults = field(default_factory=AgentFaults)
 
     def decide(self, context: AgentContext, observation: Observation) -> Decision:
         self.calls += 1
+        if self.faults.errors > 0:
+            self.faults.errors -= 1
+            raise SimAgentError("simulated: the agent's own code failed")
         cursor = context.plan_cursor
         item = self.plan[min(cursor, len(self.plan) - 1)]
         after = AgentContext(context.messages, context.memory, cursor + 1)
@@ -55,12 +88,9 @@ class SimAgent:
             args = {"title": item.value}
         else:
             args = {}
+        action_id, based_on = self.faults.built_on(action_id, observation.environment.version)
         proposal = Proposal(
-            action_id,
-            _KINDS[item.kind],
-            item.target,
-            args,
-            based_on_version=observation.environment.version,
+            action_id, _KINDS[item.kind], item.target, args, based_on_version=based_on
         )
         return Decision(after, proposal)
 

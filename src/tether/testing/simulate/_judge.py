@@ -16,10 +16,16 @@ Numbered as in issue 25:
 5. every ledger entry survives every rewind, restore and recovery;
 6. while an adapter is down, sends per effect within one worker's claim are
    bounded, and ``dispatched`` rows grow at most one per back-off period;
-7. with a healthy world and people who answer, the run ends within a bound.
+7. with a healthy world and people who answer, the run ends within a bound;
+   one failing run never stops a healthy one: a worker yields its turn, and a
+   healthy run handed to the same workers is not passed over while it could be
+   claimed, and ends (judged in ``_neighbour``).
 
-0 is the simulator's own: the runtime raised an error that is not a
-``TetherError`` (a bug, not a refusal).
+8 is the first seed's action contract (see ``_contract``): an action built on
+a version the environment left is refused; a failed run traces ``failed``; the
+last proposal spent on a refusal or a replay ends the run at once; a decision
+reusing a consumed nonce is refused. 0 is the simulator's own: the runtime
+raised an error that is not a ``TetherError`` (a bug, not a refusal).
 """
 
 from __future__ import annotations

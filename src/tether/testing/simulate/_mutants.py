@@ -138,10 +138,15 @@ def _never_asks_about_a_commit(real: Any) -> Any:
 
 def _commit_from_the_ledger(real: Any) -> Any:
     def judge_committed(facts: Any, known: Any, recorded: Any) -> Any:
-        from tether.core import replay_rules
+        from tether.core import OutcomeReason, replay_rules
 
         return replay_rules.Judgement(
-            replay_rules.Verdict.REPLAY, "effect_replayed", known, recorded, "", "ledger"
+            replay_rules.Verdict.REPLAY,
+            OutcomeReason.EFFECT_REPLAYED,
+            known,
+            recorded,
+            "",
+            "ledger",
         )
 
     return judge_committed
@@ -200,10 +205,72 @@ def _result_dropped(real: Any) -> Any:
     return replayed
 
 
+def _tries_again_at_once(real: Any) -> Any:
+    def again(self: Any, lease: Any, session: Any, exc: Any, *args: Any) -> None:
+        self.drive(lease)  # the same run again, in the same turn: it never yields it
+
+    return again
+
+
+def _let_go_at_once(real: Any) -> Any:
+    def defer(self: Any, run_id: str, worker: str, lease_version: int, *a: Any, **kw: Any) -> Any:
+        self.release_lease(run_id, worker, lease_version)  # no back-off: claimable at once
+        return self.get_mark(run_id)
+
+    return defer
+
+
+def _released_claimable_since_ever(real: Any) -> Any:
+    def release_lease(self: Any, run_id: str, worker: str, lease_version: int) -> None:
+        real(self, run_id, worker, lease_version)
+        # The old release: no "claimable from" time, so it sorts before every waiting run.
+        self._write(
+            lambda: self._run(
+                "UPDATE tether_marks SET retry_at = NULL WHERE run_id = ? AND lease_owner IS NULL",
+                (run_id,),
+            )
+        )
+
+    return release_lease
+
+
+def _reads_never_stale(real: Any) -> Any:
+    def version_problem(kind: Any, based_on: Any, environment: Any) -> Any:
+        return real(kind, based_on, environment) if kind.mutating else None  # only writes
+
+    return version_problem
+
+
+def _untraced_failure(real: Any) -> Any:
+    def charged_last(state: Any, budgets: Any) -> Any:
+        after, _ = real(state, budgets)
+        return after, ()  # failed, and the trace never says so
+
+    return charged_last
+
+
+def _budget_left_open(real: Any) -> Any:
+    return lambda state, budgets: (state, ())  # the run fails at its next step, not now
+
+
+def _nonces_not_one_time(real: Any) -> Any:
+    return lambda state: frozenset()  # a decision or an approval: no nonce was ever consumed
+
+
+def _any_policy_version(real: Any) -> Any:
+    def checked(state: Any, **kw: Any) -> Any:
+        return real(state, **{**kw, "policy_version": None})  # signed under any version
+
+    return checked
+
+
 def _mutants() -> dict[str, Mutant]:
     from tether.core import _actions as actions_rules
+    from tether.core import _budgets as budget_rules
+    from tether.core import _evidence as evidence_rules
     from tether.core import _replay as replay_rules
-    from tether.runtime import _lease, _runtime, _worker
+    from tether.core import _steps as step_rules
+    from tether.runtime import _carry, _lease, _replaying, _runtime, _session, _worker
     from tether.store import _leases, _sql
 
     return {
@@ -313,6 +380,58 @@ def _mutants() -> dict[str, Mutant]:
                 "held_write_not_rejudged",
                 "a held write is re-checked only for its approval after a policy change",
                 ((_runtime.Runtime, "held_problem", _held_never_rejudged),),
+            ),
+            Mutant(
+                "worker_never_yields",
+                "a worker tries a failing run again at once, in the same turn, never the next",
+                (
+                    (_worker.Worker, "_failed", _tries_again_at_once),
+                    (_worker.Worker, "_outage", _tries_again_at_once),
+                ),
+            ),
+            Mutant(
+                "no_backoff_across_claims",
+                "a run that made no progress is let go without a back-off: claimed again at once",
+                ((_leases.LeaseSQL, "defer", _let_go_at_once),),
+            ),
+            Mutant(
+                "released_run_claimed_first",
+                "a run let go without a deferral is claimed before every run waiting its turn",
+                ((_leases.LeaseSQL, "release_lease", _released_claimable_since_ever),),
+            ),
+            Mutant(
+                "stale_reads_unchecked",
+                "a read or a test run is never checked against the version it was built on",
+                (
+                    (actions_rules, "version_problem", _reads_never_stale),
+                    (_carry, "version_problem", _reads_never_stale),
+                ),
+            ),
+            Mutant(
+                "refusal_fails_untraced",
+                "a refusal that spends the last proposal fails the run without a failed event",
+                ((step_rules, "charged_last", _untraced_failure),),
+            ),
+            Mutant(
+                "replay_budget_left_open",
+                "a replay that spends the last proposal leaves the run going until its next step",
+                ((budget_rules, "charged_last", _budget_left_open),),
+            ),
+            Mutant(
+                "decision_nonce_reused",
+                "a decision carrying a nonce another case (or an approval) consumed is accepted",
+                ((evidence_rules, "consumed_nonces", _nonces_not_one_time),),
+            ),
+            Mutant(
+                "approval_any_policy_version",
+                "an approval signed under an older policy version lets a send go under a newer one",
+                (
+                    (settle_rules, "approval_problem", _any_policy_version),
+                    (_session, "awaits_approval", _any_policy_version),
+                    (_carry, "approval_problem", _any_policy_version),
+                    (_replaying, "approval_problem", _any_policy_version),
+                ),
+                frozenset({"policy_change"}),
             ),
             Mutant(
                 "ledger_forgets",

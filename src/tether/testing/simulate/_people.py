@@ -10,7 +10,7 @@ invariants can tell an approved send or a signed fork from one nobody asked for.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -20,6 +20,7 @@ from tether.core import (
     Purpose,
     TetherError,
     admission_request,
+    consumed_nonces,
     new_admission,
     new_approval,
     new_cancel,
@@ -46,7 +47,9 @@ LIFETIME = timedelta(seconds=300)
 class People:
     """What the people signed: approvals by (key, digest) and by action id, forks by key."""
 
-    approvals: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: (key, digest) -> the policy version each approval was signed under -> until when
+    #: the longest-lived of them lives (simulated seconds).
+    approvals: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     approved_actions: set[str] = field(default_factory=set)
     #: Action id -> until when its approval lives (simulated seconds).
     approved_until: dict[str, float] = field(default_factory=dict)
@@ -55,11 +58,19 @@ class People:
     replays_approved: dict[str, float] = field(default_factory=dict)
     #: Idempotency keys of committed effects a signed fork asked to do once more.
     forked: list[str] = field(default_factory=list)
+    #: A nonce the run had consumed -> the case a reviewer's decision reused it for.
+    reused: dict[str, str] = field(default_factory=dict)
     nonce: int = 0
 
     def next_nonce(self) -> str:
         self.nonce += 1
         return f"{self.nonce:032x}"
+
+    def approval_until(self, key: str, digest: str, versions: Iterable[str]) -> float | None:
+        """Until when an approval of (key, digest) signed under one of ``versions`` lives."""
+        signed, wanted = self.approvals.get((key, digest), {}), set(versions)
+        found = [until for version, until in signed.items() if version in wanted]
+        return max(found) if found else None
 
 
 def _deliver(sim: Simulation, kind: str, signer: Signer, body: dict[str, Any]) -> None:
@@ -85,10 +96,11 @@ def approve(sim: Simulation, event: Event) -> None:
         nonce=sim.people.next_nonce(),
     )
     bound = (pending.idempotency_key, pending.intent.digest)
-    # The longest-lived approval counts: an earlier one may already be recorded.
-    sim.people.approvals[bound] = max(
-        sim.people.approvals.get(bound, -1.0), sim.clock.seconds + ttl
-    )
+    # The longest-lived approval counts: an earlier one may already be recorded. It
+    # is an approval under the policy version the run is bound to, and no other.
+    signed = sim.people.approvals.setdefault(bound, {})
+    version = state.binding.policy_version
+    signed[version] = max(signed.get(version, -1.0), sim.clock.seconds + ttl)
     sim.people.approved_actions.add(pending.action_id)
     sim.people.approved_until[pending.action_id] = max(
         sim.people.approved_until.get(pending.action_id, -1.0), sim.clock.seconds + ttl
@@ -117,6 +129,33 @@ def review(sim: Simulation, event: Event) -> None:
     _deliver(sim, "review_decision", REVIEWER, body)
 
 
+def reuse(sim: Simulation, event: Event) -> None:
+    """A reviewer decides the open case with a nonce the run consumed before (another case's,
+    an approval's, a fork's or a cancel's): the runtime must refuse it."""
+    state = sim.state("needs_review")
+    if state is None or state.phase is not Phase.NEEDS_REVIEW or not state.review_cases:
+        return
+    consumed = sorted(consumed_nonces(state))
+    if not consumed:
+        return
+    case = state.review_cases[-1]
+    now = sim.clock.now()
+    try:
+        body = new_decision(
+            state,
+            case,
+            REVIEWER.signer_id,
+            event.arg,
+            issued_at=now,
+            expires_at=now + LIFETIME,
+            nonce=consumed[0],
+        )
+    except TetherError:
+        return
+    sim.people.reused[consumed[0]] = case.case_id
+    _deliver(sim, "review_decision", REVIEWER, body)
+
+
 def cancel(sim: Simulation, event: Event) -> None:
     """An operator cancels a run that is neither over nor frozen."""
     state = sim.state("running", "pending")
@@ -136,9 +175,8 @@ def cancel(sim: Simulation, event: Event) -> None:
 
 def _admission(sim: Simulation, purpose: Purpose, target: int | None, kind: str) -> None:
 
-    try:
-        restored = sim.slots[0].runtime.checkpointer.load(RUN_ID)
-    except TetherError:
+    restored = sim.load()
+    if restored is None:
         return
     state = restored.state
     if state.phase.terminal:
@@ -184,7 +222,7 @@ def fork(sim: Simulation, event: Event) -> None:
     state = sim.state("running", "pending", "needs_review")
     if state is None:
         return
-    known = replay_rules.known_effects(sim.observer.ledger(RUN_ID))
+    known = replay_rules.known_effects(sim.ledger())
     current = [k.current for k in known.values() if k.current is not None]
     committed = [c for c in current if c.receipt_id is not None]
     if not committed:
@@ -206,6 +244,7 @@ def fork(sim: Simulation, event: Event) -> None:
 ACTS: dict[str, Callable[[Simulation, Event], None]] = {
     "approve": approve,
     "review": review,
+    "reuse": reuse,
     "cancel": cancel,
     "rewind": rewind,
     "admit": admit,

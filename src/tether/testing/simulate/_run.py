@@ -98,6 +98,7 @@ def explore(
             if stop_at_first:
                 break
         if progress is not None:
+            found.seconds = time.perf_counter() - started  # the rate shown is this seed's too
             progress(found)
         seed += 1
     found.seconds = time.perf_counter() - started

@@ -9,7 +9,7 @@ drain: the world healed, people answering, the run must end within a bound.
 
 from __future__ import annotations
 
-import contextlib
+import random
 import tempfile
 import traceback
 from dataclasses import dataclass
@@ -22,75 +22,49 @@ from tether.core import (
     IllegalTransitionError,
     InvariantError,
     LedgerEntry,
-    OutcomeKind,
     Policy,
     PolicyChange,
     RunState,
-    TaskSpec,
     TetherError,
 )
-from tether.crypto import Keyring
-from tether.runtime import CrashPlan, CrashPoint, RunSession, Runtime, SimulatedCrash, Worker
+from tether.runtime import (
+    CrashPlan,
+    CrashPoint,
+    Restored,
+    RunSession,
+    Runtime,
+    SimulatedCrash,
+    Worker,
+)
+from tether.store import SQLiteStore
 from tether.testing.simulate import _people
-from tether.testing.simulate._agent import SimAgent, planned
+from tether.testing.simulate._agent import AgentFaults, SimAgent, SimAgentError
+from tether.testing.simulate._contract import Contract
 from tether.testing.simulate._judge import SENDS_PER_CLAIM, Judge, Violation
+from tether.testing.simulate._neighbour import (
+    DRAIN_DRIVES,
+    NEIGHBOUR_ID,
+    Neighbour,
+    Runaway,
+    ended,
+)
 from tether.testing.simulate._people import TRUST, People
+from tether.testing.simulate._process import KEYRING, LEASE_TTL_S, SimRuntime, SimWorker, rules
+from tether.testing.simulate._reports import reported
 from tether.testing.simulate._scenario import FILES, RUN_ID, Event, Scenario
 from tether.testing.simulate._store import SimStore
 from tether.testing.simulate._world import SimClock, SimIds, SimTickets, SimWorkspace, World
 
 _ITEM_KIND = {"file.write": "write", "ticket.create": "ticket"}
-LEASE_TTL_S = 30.0
 #: Drain iterations (one scheduler decision each) a healthy run may take to end.
 DRAIN_BOUND = 120
 #: Errors that say tether's own invariants broke (nothing in the simulated world tampers
 #: with the store): invariant 0, never a refusal to step over.
 BROKEN = (IllegalTransitionError, InvariantError, CheckpointCorruptError)
-#: What a replay handed the agent, when the step's results hold nothing for it.
-_UNSEEN = object()
 #: Look-ups of one key a worker may make within one event while its service is down.
 LOOKUPS_PER_CLAIM = 4
 #: Commits one event may make before the simulator calls it a runaway loop.
 COMMITS_PER_EVENT = 200
-
-_KEYRING = Keyring.generate("sim")
-
-
-class _Still:
-    """A heartbeat that never runs: simulated steps take no simulated time.
-
-    The real heartbeat renews a lease from a thread polling the wall clock,
-    a source of nondeterminism the simulator must own; in a simulation no
-    time passes inside a step, so the step's own ``keep()`` renews exactly
-    when the real one would (a third of the ttl, by the simulated clock).
-    """
-
-    failure = None
-
-    def busy(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-    def stop(self) -> None:
-        return None
-
-
-class SimRuntime(Runtime):
-    """The real runtime, its sessions without a heartbeat thread (see :class:`_Still`)."""
-
-    def start(self, run_id: str | None = None, context: Any = None) -> RunSession:
-        return _still(super().start(run_id, context))
-
-    def recover(self, run_id: str, lease: Any = None, *, admission: Any = None) -> RunSession:
-        return _still(super().recover(run_id, lease, admission=admission))
-
-
-def _still(session: RunSession) -> RunSession:
-    vars(session)["_heartbeat"] = _Still()  # before its first step: no thread has started
-    return session
-
-
-class Runaway(BaseException):
-    """An event that never returns (a worker looping on a down service): stopped and judged."""
 
 
 @dataclass
@@ -105,6 +79,9 @@ class Result:
     phase: str
     #: Every effect that reached the world, in order (what an exact replay must repeat).
     world: tuple[str, ...] = ()
+    #: The healthy run beside it, if one was handed over: how and when it ended, and
+    #: where the simulated run stood then ("" when there was none).
+    neighbour: str = ""
 
     @property
     def ok(self) -> bool:
@@ -120,63 +97,9 @@ class Slot:
     runtime: Runtime
     crash: CrashPlan
     agent: SimAgent
+    #: The worker loop of this process (its back-off memory dies with it).
+    worker: Worker
     session: RunSession | None = None
-
-
-def rules(
-    scenario: Scenario, workspace_fp: str, namespace: str, variant: str = "first"
-) -> tuple[TaskSpec, Policy]:
-    """The task and a policy: the first (its gated kinds need approval), looser or stricter.
-
-    The looser one gates nothing and lets any later policy in; the stricter
-    one gates every write and puts ``ticket.create`` above its ``max_risk``.
-    """
-    perms = {
-        "file.read": "workspace.read",
-        "file.list": "workspace.read",
-        "tests.run": "workspace.read",
-        "file.write": "workspace.write",
-        "ticket.create": "service.write",
-    }
-    task = TaskSpec.from_json(
-        {
-            "task_id": "sim",
-            "task_version": "1",
-            "allowed_kinds": sorted(perms),
-            "allowed_paths": ["src/", "tickets"],
-            "permissions": sorted(set(perms.values())),
-            "budgets": {"proposals": 40, "steps": 120, "wall_time_s": 10**6, "cost": 100},
-            "initial_environment": {"namespace": namespace, "state_fingerprint": workspace_fp},
-            "verifier": {"argv": ["true"], "timeout_s": 30},
-            "tests": {"unit": {"argv": ["true"], "timeout_s": 30}},
-        }
-    )
-    gated = {
-        "first": set(scenario.gated),
-        "looser": set(),
-        "stricter": {"file.write", "ticket.create"},
-    }[variant]
-    clause = {"first": scenario.policy_change, "looser": "new_occurrence"}.get(
-        variant, scenario.policy_change
-    )
-    policy = Policy.from_json(
-        {
-            "policy_id": "sim",
-            "policy_version": {"first": "1", "looser": "2", "stricter": "3"}[variant],
-            "kinds": {
-                kind: {
-                    "risk": "high" if variant == "stricter" and kind == "ticket.create" else "low",
-                    "permission": perm,
-                    "needs_approval": kind in gated,
-                }
-                for kind, perm in perms.items()
-            },
-            "max_risk": "medium",
-            "approval_ttl_s": 600,
-            "authority": {"policy_change": clause},
-        }
-    )
-    return task, policy
 
 
 class Simulation:
@@ -199,8 +122,16 @@ class Simulation:
         self.deployed: dict[str, Policy] = {self.policy.policy_version: self.policy}
         self.adopted_wrongly = False
         self.db = directory / "sim.sqlite"
+        _copy_template(self.db)
         self.observer = SimStore(self.db, self.clock.micros)
+        #: The observer's last read of the ledger, and the shape of the rows it was read from.
+        self._ledger: tuple[Any, list[LedgerEntry]] | None = None
+        #: The shape of the ledger the judge last judged (``ledger()`` may read it for others).
+        self._judged: Any = ()
+        #: The last checkpoint a person read, by the (generation, digest) the mark named.
+        self._read: tuple[tuple[int, str], Restored] | None = None
         self.judge = Judge()
+        self.contract = Contract()
         self.people = People()
         self.incarnations = 0
         self.event_no = 0
@@ -215,6 +146,14 @@ class Simulation:
         self.world.attempt = self._attempted
         self.world.asked = self._asked
         self.world.restored = self.restored
+        #: The run's agent faults, whichever process its agent lives in.
+        self.agent = AgentFaults()
+        #: The workers' jitter, drawn from the seed (a retry delay decides what a claim takes).
+        self.jitter = random.Random(scenario.seed * 7919 + 3)
+        #: The healthy run beside this one, once a ``neighbour`` event handed it over.
+        self.neighbour: Neighbour | None = None
+        self.neighbour_store: SimStore | None = None
+        self.builds = 0
         workers = 2 if "two_workers" in scenario.knobs else 1
         self.slots = [self._slot(i, SimStore(self.db, self.clock.micros)) for i in range(workers)]
         first = self.slots[0]
@@ -229,10 +168,10 @@ class Simulation:
         if "gated_repeats" not in self.scenario.knobs:
             # Trying a gated action again after a replan is a gated repeat.
             redo -= {_ITEM_KIND[k] for k in self.scenario.gated}
-        agent = SimAgent(self.scenario.plan, self.incarnations, frozenset(redo))
+        agent = SimAgent(self.scenario.plan, self.incarnations, frozenset(redo), faults=self.agent)
         runtime = SimRuntime(
             store=store,
-            keyring=_KEYRING,
+            keyring=KEYRING,
             adapter=self.adapter,
             task=self.task,
             policy=self.policy,
@@ -244,7 +183,29 @@ class Simulation:
             trust=TRUST,
             lease_ttl_s=LEASE_TTL_S,
         )
-        return Slot(index, store, runtime, crash, agent)
+
+        def build(claimed_from: Any, run_id: str, worker_id: str) -> Runtime:
+            self.builds += 1
+            Neighbour.built(self.judge, self.builds, run_id, worker_id)
+            if self.neighbour is not None and run_id == NEIGHBOUR_ID:
+                return self.neighbour.runtime(self.neighbour_store, worker_id)
+            return runtime
+
+        worker = SimWorker(
+            store,
+            build,
+            f"w{index}",
+            lease_ttl_s=LEASE_TTL_S,
+            draw=self.jitter.random,
+            failed=self._drive_failed,
+        )
+        return Slot(index, store, runtime, crash, agent, worker)
+
+    def _drive_failed(self, exc: BaseException) -> None:
+        """A drive failed and the worker backs the run off: tether's own errors are bugs."""
+        self.judge.checks += 1
+        if isinstance(exc, BROKEN) or not isinstance(exc, TetherError | SimAgentError):
+            self.judge.fail(0, f"in a drive: {type(exc).__name__}: {exc} | {_where(exc)}")
 
     def _die(self, slot: Slot) -> None:
         """The worker's process died: its session is gone, a new process starts empty."""
@@ -255,6 +216,8 @@ class Simulation:
         for store in {id(s.store): s.store for s in self.slots}.values():
             store.close()
         self.observer.close()
+        if self.neighbour_store is not None:
+            self.neighbour_store.close()
 
     # -- the world's hooks ---------------------------------------------------
 
@@ -281,7 +244,10 @@ class Simulation:
         self.judge.received(
             r,
             gated=gated,
-            approved_until=self.people.approvals.get((r.key, r.intent_digest)),
+            # (An approval signed under another policy version is no approval under this one.)
+            approved_until=self.people.approval_until(
+                r.key, r.intent_digest, (p.policy_version for p in policies)
+            ),
             committed=self._committed_now() if self.judge.unknowable else self.committed,
         )
         caps = self.scenario.tickets if r.namespace == "tickets" else self.scenario.workspace
@@ -325,10 +291,15 @@ class Simulation:
         return sum(s.store.commits for s in self.slots)
 
     def _committed_now(self) -> set[str]:
-        self.committed = {
-            e.idempotency_key for e in self.observer.ledger(RUN_ID) if e.status.value == "committed"
-        }
+        self.committed = {e.idempotency_key for e in self.ledger() if e.status.value == "committed"}
         return self.committed
+
+    def ledger(self) -> list[LedgerEntry]:
+        """The run's ledger as the store reads it back (read again only when its rows changed)."""
+        shape = self.observer.ledger_shape(RUN_ID)
+        if self._ledger is None or self._ledger[0] != shape:
+            self._ledger = (shape, self.observer.ledger(RUN_ID))
+        return self._ledger[1]
 
     # -- events --------------------------------------------------------------
 
@@ -360,11 +331,19 @@ class Simulation:
                 self.judge.outage_over()
         if self._commits() == self.commits_at_event:
             return  # only a commit changes the ledger or the phase (the inbox is in neither)
-        entries: list[LedgerEntry] = self.observer.ledger(RUN_ID)
-        self.committed = self.judge.ledger(entries, self.outages, now)
+        entries = self.ledger()
+        shape = None if self._ledger is None else self._ledger[0]
+        if shape != self._judged:
+            self.committed = self.judge.ledger(entries, self.outages, now)
+            self._judged = shape
+        else:
+            # The store holds the very rows judged last time (invariants 5 and 6 judge
+            # what changed): the probe that says so was this event's check.
+            self.judge.checks += 2
         mark = self.observer.get_mark(RUN_ID)
         if mark is not None:
             self.judge.phase(mark.phase, self.committed)
+            self.contract.after_commit(self, mark.phase)
         if self.policy is not self.in_force and not self.adopted_wrongly:
             # A policy the one in force does not let in was deployed: the run
             # must not go on under it (only a signed admission adopts it).
@@ -399,133 +378,34 @@ class Simulation:
         except TetherError:
             slot.session = None  # refused (a lost lease, a frozen run...): recover next time
             return
+        except SimAgentError:
+            slot.session = None  # the caller's own agent failed: its loop recovers next time
+            return
         except Exception as exc:  # a bug in the runtime, not a refusal
             self.judge.fail(0, f"{type(exc).__name__}: {exc} | {_where(exc)}")
             self._die(slot)
             return
-        self._reported(slot, outcome)
-
-    def _reported(self, slot: Slot, outcome: Any) -> None:
-        """Invariants 2 and 3 on what a step reports: a write executed or replayed."""
-        if outcome.kind not in (OutcomeKind.EXECUTED, OutcomeKind.REPLAYED):
-            return
-        entry = outcome.committed
-        action = outcome.action_id or (entry.action_id if entry is not None else None)
-        if outcome.kind is OutcomeKind.REPLAYED and slot.session is not None:
-            # A replay names the proposal it answered in its event; its committed entry
-            # (when the adapter settled an earlier attempt) is the earlier attempt's.
-            for event in reversed(slot.session.trace(3)):
-                if event.kind in {"effect_replayed", "effect_reconciled", "effect_committed"}:
-                    action = str(event.data.get("action_id", action))
-                    break
-        if action is None:
-            trace = slot.session.trace(1) if slot.session is not None else []
-            action = str(trace[-1].data.get("action_id", "")) if trace else ""
-        item = planned(self.scenario.plan, action)
-        self.judge.checks += 2
-        if item is None:
-            return
-        if item.kind == "ticket" and not any(
-            r.namespace == "tickets" and item.value in r.identity for r in self.world.receptions
-        ):
-            self.judge.fail(
-                3,
-                f"{action} ({item}) reported {outcome.kind.value}; no such ticket reached the world",
-            )
-        if item.kind == "write":
-            held = self.workspace.files.get(item.target)
-            if held != item.value:
-                self.judge.fail(
-                    3,
-                    f"{action} ({item}) reported {outcome.kind.value}, "
-                    f"but {item.target} holds {held!r}",
-                )
-        if outcome.kind is OutcomeKind.REPLAYED:
-            kind = "file.write" if item.kind == "write" else "ticket.create"
-            rule = self.in_force.kinds.get(kind)
-            gated = rule is not None and rule.needs_approval
-            replayed = self._replay_event(slot, action)
-            now = self.clock.seconds
-            if gated and not self._replay_approved(action, replayed, now):
-                self.judge.fail(2, f"{action} ({item}) was replayed without an approval")
-            caps = self.scenario.tickets if item.kind == "ticket" else self.scenario.workspace
-            if replayed is not None and caps.queryable:
-                # Where the adapter cannot be asked, the signed ledger holds the only
-                # copy of its receipt: the world's content (above) is what is judged.
-                key, receipt_id = replayed
-                adapter = self.tickets if item.kind == "ticket" else self.workspace
-                held_receipt = adapter.held(key)
-                # (The receipt id, not the fingerprint: the composite adapter
-                # translates a workspace receipt's post-state into its own identity.)
-                answered = self._replayed_result(slot, action)
-                if (
-                    held_receipt is None
-                    or held_receipt.receipt_id != receipt_id
-                    or (answered is not _UNSEEN and answered != held_receipt.result)
-                ):
-                    self.judge.fail(
-                        3,
-                        f"{action} ({item}) replayed from the receipt under {key}, which "
-                        "the adapter does not hold (deleted or drifted)",
-                    )
-
-    def _replay_approved(self, action: str, replayed: tuple[str, str] | None, now: float) -> bool:
-        """Whether a replay of a gated effect stands on an approval alive now: one a person
-        signed for this very replay, or the one the effect was sent under, or one a person
-        signed for an earlier replay of it (each counts while it lives)."""
-        people = self.people
-        key = None if replayed is None else replayed[0]
-        if action in people.approved_actions:
-            if key is not None:
-                until = people.approved_until.get(action, -1.0)
-                people.replays_approved[key] = max(people.replays_approved.get(key, -1.0), until)
-            return True
-        if key is None:
-            return False
-        sent_under = max(
-            (until for (k, _), until in people.approvals.items() if k == key), default=-1.0
-        )
-        return now < max(sent_under, people.replays_approved.get(key, -1.0))
-
-    def _replayed_result(self, slot: Slot, action: str) -> Any:
-        """The result the replay handed the agent (``_UNSEEN`` if the step's results hold
-        none for it: a replay that ended the run hands nothing on)."""
-        if slot.session is None:
-            return _UNSEEN
-        for result in slot.session.results():
-            if result.action_id == action:
-                return result.data.get("result")
-        return _UNSEEN
-
-    def _replay_event(self, slot: Slot, action: str) -> tuple[str, str] | None:
-        """The key and receipt id the run's ``effect_replayed`` event names."""
-        if slot.session is None:
-            return None
-        for event in reversed(slot.session.trace(4)):
-            data = event.data
-            if event.kind == "effect_replayed" and data.get("action_id") == action:
-                return str(data.get("idempotency_key")), str(data.get("receipt_id"))
-        return None
+        reported(self, slot, outcome)
+        Contract.after_step(self, slot.session, outcome)
 
     def _on_drive(self, event: Event) -> None:
+        """One turn of a worker: it claims a run whose lease is free and drives it."""
         slot = self._slot_of(event)
-        worker = Worker(
-            slot.store,
-            lambda store, run_id, worker_id: slot.runtime,
-            f"w{slot.index}",
-            lease_ttl_s=LEASE_TTL_S,
-        )
+        neighbour = self.neighbour
+        waited = neighbour is not None and neighbour.claimable(self.observer.get_mark(NEIGHBOUR_ID))
+        self.builds = 0  # runtimes this worker builds in this turn
         try:
             claimed = slot.store.claim_expired(
-                worker.worker_id,
+                slot.worker.worker_id,
                 LEASE_TTL_S,
                 limit=1,
                 phases=("running", "pending", "needs_review"),
-                max_attempts=worker.max_attempts,
+                max_attempts=slot.worker.max_attempts,
             )
             for lease in claimed:
-                slot.session = None
-                worker.drive(lease)
+                if lease.run_id == RUN_ID:
+                    slot.session = None
+                slot.worker.drive(lease)
         except SimulatedCrash:
             self._die(slot)
         except BROKEN as exc:
@@ -533,6 +413,28 @@ class Simulation:
             self._die(slot)
         except TetherError:
             pass
+        finally:
+            if neighbour is not None:
+                mark = self.observer.get_mark(NEIGHBOUR_ID)
+                neighbour.turn_ended(self.judge, waited, mark)
+                if ended(mark) and not neighbour.ending:
+                    main = self.observer.get_mark(RUN_ID)
+                    neighbour.ending = (
+                        f"{None if mark is None else mark.phase} at event {self.event_no}, "
+                        f"{RUN_ID} {None if main is None else main.phase} then"
+                    )
+
+    def _on_neighbour(self, event: Event) -> None:
+        if self.neighbour is None:
+            self.neighbour_store = SimStore(self.db, self.clock.micros)
+            self.neighbour = Neighbour(self.scenario, self.clock)
+            self.neighbour.arrive(self.neighbour_store)
+
+    def _on_agent_error(self, event: Event) -> None:
+        self.agent.errors += max(1, int(event.num))
+
+    def _on_stale(self, event: Event) -> None:
+        self.agent.stale += max(1, int(event.num))
 
     def _on_advance(self, event: Event) -> None:
         self.clock.advance(event.num)
@@ -573,7 +475,7 @@ class Simulation:
             forgotten = adapter.forget(caps.retention_s)
             if not forgotten:
                 continue
-            latest = {e.idempotency_key: e.status.value for e in self.observer.ledger(RUN_ID)}
+            latest = {e.idempotency_key: e.status.value for e in self.ledger()}
             for key in forgotten:
                 # Only a write the run still waits on (dispatched, unsettled) is
                 # unknowable now; one settled or decided by a person is not.
@@ -615,14 +517,27 @@ class Simulation:
         ``phases``: read it only if the mark says the run is in one of them
         (``None`` otherwise): a person who has nothing to do reads no checkpoint.
         """
-        if phases:
-            mark = self.observer.get_mark(RUN_ID)
-            if mark is None or mark.phase not in phases:
-                return None
+        restored = self.load(*phases)
+        return None if restored is None else restored.state
+
+    def load(self, *phases: str) -> Restored | None:
+        """The verified checkpoint the mark names (see :meth:`state`), with the mark.
+
+        Checkpoint content is write-once per generation: while the mark names
+        the same one, the checkpoint read (and verified) last time is still it.
+        """
+        mark = self.observer.get_mark(RUN_ID)
+        if mark is None or (phases and mark.phase not in phases):
+            return None
+        named = (mark.generation, mark.checkpoint_digest)
+        if self._read is not None and self._read[0] == named:
+            return self._read[1]
         try:
-            return self.slots[0].runtime.checkpointer.load(RUN_ID).state
+            restored = self.slots[0].runtime.checkpointer.load(RUN_ID)
         except TetherError:
             return None
+        self._read = ((restored.mark.generation, restored.mark.checkpoint_digest), restored)
+        return restored
 
     def _gated(self, kind: str) -> bool:
         """Whether a person is asked to approve ``kind`` (by the policy run or in force)."""
@@ -653,10 +568,11 @@ class Simulation:
 
     # -- the end ---------------------------------------------------------------
 
-    def drain(self) -> int:
-        """Heal the world, let people answer, and step until the run ends; the events used."""
+    def drain(self) -> None:
+        """Heal the world, let people answer, and step until the run ends (and its neighbour)."""
         self.workspace.faults = type(self.workspace.faults)()
         self.tickets.heal()
+        self.agent.errors = self.agent.stale = 0
         if self.policy is not self.in_force:
             self._deploy(self.in_force)  # the operator puts back the policy in force
         state = self.state()
@@ -672,12 +588,22 @@ class Simulation:
         for slot in self.slots:
             slot.store.crash_at = None
             slot.crash.point = None
+        self._drain_run()
+        if self.neighbour is not None:
+            for _ in range(DRAIN_DRIVES):
+                if ended(self.observer.get_mark(NEIGHBOUR_ID)):
+                    break
+                self.apply(Event("drive", 0))
+                self.clock.advance(LEASE_TTL_S + 1)
+            self.neighbour.judge_end(self.judge, self.observer.get_mark(NEIGHBOUR_ID))
+
+    def _drain_run(self) -> None:
         replans = 0
-        for used in range(1, DRAIN_BOUND + 1):
+        for _ in range(DRAIN_BOUND):
             mark = self.observer.get_mark(RUN_ID)
+            if ended(mark):
+                return
             phase = None if mark is None else mark.phase
-            if phase in {"completed", "failed", "cancelled"}:
-                return used - 1
             if phase == "needs_review":
                 replans += 1
                 decision = "replan" if replans <= 2 else "abort"
@@ -685,13 +611,15 @@ class Simulation:
             elif phase == "pending":
                 state = self.state()
                 pending = None if state is None else state.pending
+                until = None
+                if state is not None and pending is not None:
+                    bound = state.binding.policy_version
+                    key, digest = pending.idempotency_key, pending.intent.digest
+                    until = self.people.approval_until(key, digest, (bound,))
                 if (
                     pending is not None
                     and self._gated(pending.intent.kind)
-                    and self.people.approvals.get(
-                        (pending.idempotency_key, pending.intent.digest), -1.0
-                    )
-                    <= self.clock.seconds
+                    and (until is None or until <= self.clock.seconds)
                 ):
                     self.apply(Event("approve", arg="yes"))
             self.apply(Event("step", 0))
@@ -702,12 +630,25 @@ class Simulation:
             f"the run did not end within {DRAIN_BOUND} drain steps "
             f"(phase {None if state is None else state.phase.value})",
         )
-        return DRAIN_BOUND
 
 
 def _where(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     return "; ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[-3:])
+
+
+#: An empty store with tether's schema, as bytes: made once per process and written out
+#: for each simulation (migrating a fresh file for every seed cost a tenth of the run).
+_TEMPLATE: list[bytes] = []
+
+
+def _copy_template(path: Path) -> None:
+    if not _TEMPLATE:
+        with tempfile.TemporaryDirectory(prefix="tether-sim-", dir=_tmp_root()) as made:
+            template = Path(made) / "template.sqlite"
+            SQLiteStore(template, synchronous="OFF").close()  # closed: the WAL folded in
+            _TEMPLATE.append(template.read_bytes())
+    path.write_bytes(_TEMPLATE[0])
 
 
 def simulate(scenario: Scenario) -> Result:
@@ -729,6 +670,7 @@ def simulate(scenario: Scenario) -> Result:
                 tuple(
                     f"{r.namespace} {r.key} {r.identity} @{r.at:g}" for r in sim.world.receptions
                 ),
+                "" if sim.neighbour is None else sim.neighbour.ending,
             )
         finally:
             sim.close()

@@ -27,6 +27,11 @@ FOUND_DEFECTS: dict[str, str] = {
     "gated_repeats": "a replay of an approval-gated effect needed no approval",
     "service_down": "a worker hammered a service that was down (a checkpoint per resend)",
     "policy_change": "a policy change released a write the old policy held",
+    "drawn_neighbours": (
+        "a run let go without a deferral (a refused recovery releases the lease it took) "
+        "was claimed before every run waiting its turn: a caller that kept taking up a "
+        "failing run starved a healthy one"
+    ),
 }
 
 #: Knobs whose defect is known and not yet fixed: the CI corpus switches these off.
@@ -34,7 +39,19 @@ KNOWN_DEFECTS: dict[str, str] = {}
 
 #: Every knob; all on is the full exploration.
 ALL_KNOBS: frozenset[str] = frozenset(
-    {*FOUND_DEFECTS, "crashes", "two_workers", "drive", "people", "faults", "in_flight"}
+    {
+        *FOUND_DEFECTS,
+        "crashes",
+        "two_workers",
+        "drive",
+        "people",
+        "faults",
+        "in_flight",
+        "neighbours",
+        "stale_actions",
+        "reused_nonces",
+        *KNOWN_DEFECTS,
+    }
 )
 
 #: The knobs the CI corpus runs with: everything but the known, unfixed defects.
@@ -96,6 +113,8 @@ class Scenario:
     knobs: frozenset[str] = field(default_factory=lambda: CI_KNOBS)
     #: The first policy's own clause on adopting another one ("refuse" or "new_occurrence").
     policy_change: str = "refuse"
+    #: The task's proposals budget.
+    proposals: int = 40
 
     def describe(self) -> str:
         """The scenario, as a person reads it (the event log included)."""
@@ -104,7 +123,7 @@ class Scenario:
             f"workspace {_caps(self.workspace)}",
             f"tickets   {_caps(self.tickets)}",
             f"gated     {', '.join(self.gated) or '-'} (policy_change: {self.policy_change})",
-            f"plan      {'; '.join(str(i) for i in self.plan)}",
+            f"plan      {'; '.join(str(i) for i in self.plan)} (budget: {self.proposals} proposals)",
             f"events ({len(self.events)}):",
         ]
         lines += [f"  {n:4d} {e}" for n, e in enumerate(self.events, 1)]
@@ -165,7 +184,35 @@ def draw(
     plan = _plan(rng, knobs, gated)
     # From a stream of its own, so that adding it moved no other seed's draw.
     clause = random.Random(seed * 7919 + 1).choice(("refuse", "new_occurrence"))
-    return Scenario(seed, ws, tk, gated, plan, _events(rng, knobs, events), knobs, clause)
+    drawn = _events(rng, knobs, events)
+    for stream, (needed, event, chance, most) in enumerate(_SIDE_EVENTS, 2):
+        if needed <= knobs:
+            # Each from a stream of its own too: turning one on moves no other event.
+            drawn = _insert(random.Random(seed * 7919 + stream), drawn, event, chance, most)
+    return Scenario(seed, ws, tk, gated, plan, drawn[:events], knobs, clause)
+
+
+#: Events set among the drawn ones from streams of their own: the knobs they need,
+#: the event, the chance a seed has any, and at most how many.
+_SIDE_EVENTS: tuple[tuple[frozenset[str], Event, float, int], ...] = (
+    # A healthy run handed to the same workers (see _neighbour).
+    (frozenset({"neighbours", "drawn_neighbours", "drive"}), Event("neighbour"), 0.5, 1),
+    # The agent builds its next proposal on a version it saw before (the environment moved).
+    (frozenset({"stale_actions"}), Event("stale"), 0.4, 3),
+    # A reviewer decides the open case with a nonce the run consumed before.
+    (frozenset({"reused_nonces", "people"}), Event("reuse", arg="replan"), 0.4, 2),
+)
+
+
+def _insert(
+    rng: random.Random, events: tuple[Event, ...], event: Event, chance: float, most: int
+) -> tuple[Event, ...]:
+    if rng.random() >= chance:
+        return events
+    out = list(events)
+    for _ in range(rng.randint(1, most)):
+        out.insert(rng.randrange(len(out) + 1), event)
+    return tuple(out)
 
 
 def _plan(rng: random.Random, knobs: frozenset[str], gated: tuple[str, ...]) -> tuple[Item, ...]:
@@ -314,6 +361,10 @@ NEEDS = {
     "fork": "people",
     "drive": "drive",
     "policy": "policy_change",
+    "neighbour": "neighbours",
+    "agent_error": "faults",
+    "stale": "stale_actions",
+    "reuse": "reused_nonces",
 }
 
 

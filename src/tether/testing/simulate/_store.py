@@ -38,3 +38,15 @@ class SimStore(SQLiteStore):
         if armed == "after":
             raise SimulatedCrash(CrashPoint.CHECKPOINT_WRITE)
         return lease
+
+    def ledger_shape(self, run_id: str) -> tuple[Any, ...] | None:
+        """What the judge reads of the run's ledger rows, as SQLite sums it up in one probe:
+        their number, the newest row, and every (key, seq, status). Equal shapes, equal rows
+        (rows are only ever inserted): the ledger need not be read back and parsed again."""
+        return self._read(
+            lambda: self._one(
+                "SELECT count(*), max(rowid), group_concat(idempotency_key || ' ' || seq || ' ' "
+                "|| status, ',') FROM tether_ledger WHERE run_id = ?",
+                (run_id,),
+            )
+        )

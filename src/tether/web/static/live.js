@@ -1,4 +1,5 @@
-// The operator page's only script: live expiry countdowns and a quiet refresh.
+// The operator page's only script: live expiry countdowns and a quiet refresh
+// (conditional: a page that is unchanged is answered 304 and left alone).
 // It loads nothing from elsewhere and sends nothing but same-origin GETs.
 (function () {
   "use strict";
@@ -29,15 +30,29 @@
     return el && el !== document.body && el.closest && el.closest("form");
   }
 
+  // The version of the page shown: a page that has one (the runs list) answers
+  // 304 when nothing it shows changed, and nothing is sent or swapped.
+  var shown = null;
+
   async function refresh() {
     if (busy() || document.hidden) return;
     var response;
+    var headers = shown ? { "If-None-Match": shown } : {};
     try {
-      response = await fetch(location.href, { credentials: "same-origin", cache: "no-store" });
+      response = await fetch(location.href, {
+        credentials: "same-origin",
+        cache: "no-store",
+        headers: headers,
+      });
     } catch (e) {
       return;
     }
+    if (response.status === 304) {
+      tick();
+      return;
+    }
     if (!response.ok) return;
+    shown = response.headers.get("ETag");
     var doc = new DOMParser().parseFromString(await response.text(), "text/html");
     document.querySelectorAll("[data-live]").forEach(function (el) {
       var fresh = doc.getElementById(el.id);
@@ -47,6 +62,7 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () {
+    shown = document.body.getAttribute("data-etag");
     tick();
     setInterval(tick, 1000);
     var every = Number(document.body.getAttribute("data-refresh") || 0);

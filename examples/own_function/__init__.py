@@ -1,0 +1,1 @@
+"""Your own function as an effect: httpx against the reference ticket service, guarded."""

@@ -1,0 +1,382 @@
+"""``tether mcp``: an MCP server in front of an upstream one, whose effects are never repeated.
+
+The agent sees the upstream's tools unchanged (names, schemas,
+descriptions, annotations, ``_meta``). Each call is one step of a tether
+run that outlives the agent:
+
+- a **read** (the policy names it) is asked of the upstream and traced;
+- an **effect** (every other tool) goes through tether's protocol: the
+  gate, a key minted and the intent persisted, then the upstream's
+  ``tools/call`` (with the key in ``_meta`` where the tool accepts one),
+  and its answer recorded as the receipt. A call equal to one the run
+  already committed (same tool, same canonical arguments) gets the
+  recorded answer back and reaches nothing.
+
+What needs a person is said to the agent as the tool's answer, ``isError``
+with a text that names the person's command: a tool the policy gates waits
+for ``tether approve``; an outcome a crash left unknown, on a tool that
+cannot be asked again safely, waits for ``tether review``. Every answer
+carries ``_meta["tether/call"]``: the run, the action, and whether it was
+executed now, replayed, or read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import mcp_types as types
+from anyio.abc import TaskGroup
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+from tether import __version__, effects
+from tether.adapters import FunctionEffect
+from tether.core import (
+    ApprovalRequiredError,
+    EffectNotSettledError,
+    EffectRejectedError,
+    LeaseHeldError,
+    NeedsReviewError,
+    RunTerminalError,
+    SpecError,
+    TaskMismatchError,
+    TetherError,
+)
+from tether.crypto import Keyring, Signer, TrustRoots
+from tether.integrations.mcp._policy import GatewayPolicy, RunRules, run_rules
+from tether.integrations.mcp._tools import (
+    ARGUMENTS,
+    RECEIVED_AT,
+    UpstreamTools,
+    blocking_reader,
+    forwarding_effect,
+)
+from tether.integrations.mcp._upstream import Upstream, UpstreamError, log
+from tether.runtime import Runtime
+from tether.store import open_store
+
+#: Where each answer says what tether did with the call.
+CALL_META = "tether/call"
+#: How many times a call is made again when the run first settled earlier work.
+_SETTLE_RETRIES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Everything ``tether mcp`` is told: where the run lives and what guards it.
+
+    ``store``: the store URL; ``run_id``: the run every session of this
+    configuration continues; ``keyring``: seals its checkpoints; ``trust``:
+    the people whose approvals and review decisions count (needed when the
+    policy gates a tool); ``instance``: the upstream's identity in the
+    run's environment (default: the name the upstream gives itself);
+    ``lease_ttl_s``: how long the run stays held by a gateway that died.
+    """
+
+    store: str
+    run_id: str
+    keyring: Keyring
+    policy: GatewayPolicy
+    trust: TrustRoots | None = None
+    principal: Signer | None = None
+    instance: str | None = None
+    task_id: str | None = None
+    lease_ttl_s: float = 15.0
+
+
+def shown_store(url: str) -> str:
+    """The store URL as a person may see it: any password replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "STORE"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def _leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The one exception a nest of task groups carries (the group itself if several)."""
+    errors: Any = group.exceptions
+    while len(errors) == 1 and isinstance(errors[0], BaseExceptionGroup):
+        errors = errors[0].exceptions
+    return errors[0] if len(errors) == 1 else group
+
+
+def _error(text: str, meta: dict[str, Any]) -> types.CallToolResult:
+    return types.CallToolResult.model_validate(
+        {"content": [{"type": "text", "text": text}], "isError": True, "_meta": {CALL_META: meta}}
+    )
+
+
+class Gateway:
+    """One gateway: an upstream connection, one tether run, and the MCP server over stdio."""
+
+    def __init__(self, config: GatewayConfig, upstream: Upstream) -> None:
+        self.config = config
+        self.upstream = upstream
+        self.tools: list[types.Tool] = []
+        self.adapter: UpstreamTools | None = None
+        self.run: effects.GuardedRun | None = None
+        #: The run's task and policy, once the upstream's tools are known.
+        self.rules: RunRules | None = None
+        # Each answer as it arrives, by key: the receipt keeps at most 16 KiB of it.
+        self._live: dict[str, dict[str, Any]] = {}
+
+    # --- setting up ---------------------------------------------------
+
+    def build_runtime(self, tools: list[types.Tool], reader: Callable[..., Any]) -> Runtime:
+        """The runtime of this gateway's run, for the upstream's ``tools``."""
+        config = self.config
+        names = [tool.name for tool in tools]
+        config.policy.check_names(names)
+        server = self.upstream.server_info
+        instance = config.instance or (server.name if server is not None else "") or "upstream"
+        effects_by_tool: dict[str, FunctionEffect] = {
+            tool.name: forwarding_effect(
+                tool, config.policy, self.upstream.call, instance, self._live
+            )
+            for tool in tools
+            if not config.policy.is_read(tool.name)
+        }
+        reads = frozenset(n for n in names if config.policy.is_read(n))
+        adapter = UpstreamTools(instance, effects_by_tool, reads, reader)
+        rules = run_rules(
+            config.policy, names, adapter.environment(), config.task_id or f"mcp:{instance}"
+        )
+        self.rules = rules
+        gated = sorted(n for n, r in rules.policy.kinds.items() if r.needs_approval)
+        if gated and config.trust is None:
+            raise SpecError(
+                "--trust",
+                f"the policy gates {gated}: give the approvers' public keys so a person's "
+                "approval can be checked",
+            )
+        self.tools = tools
+        self.adapter = adapter
+        return Runtime(
+            store=open_store(config.store),
+            keyring=config.keyring,
+            adapter=adapter,
+            task=rules.task,
+            policy=rules.policy,
+            trust=config.trust,
+            principal=config.principal,
+            lease_ttl_s=config.lease_ttl_s,
+        )
+
+    async def open_run(self, runtime: Runtime, stack: contextlib.AsyncExitStack) -> None:
+        """Start the run, or continue it; wait (up to a lease) for a gateway that died holding it."""
+        waited = 0.0
+        limit = self.config.lease_ttl_s + 2.0
+        while True:
+            try:
+                self.run = await stack.enter_async_context(
+                    effects.run_async(runtime, self.config.run_id)
+                )
+                return
+            except TaskMismatchError:
+                names = sorted(tool.name for tool in self.tools)
+                log(
+                    f"run {self.config.run_id} was started for another task: its task is the "
+                    f"upstream's tool list (now {names}), the instance and the task id; a changed "
+                    "upstream is another task, so give a new --run (the old run stays as it was)"
+                )
+                raise
+            except LeaseHeldError as exc:
+                if waited >= limit:
+                    raise
+                if waited == 0.0:
+                    log(f"run {self.config.run_id} is held ({exc}); waiting for its lease")
+                await anyio.sleep(0.25)
+                waited += 0.25
+
+    async def serve_stdio(self) -> None:
+        """Connect the upstream, open the run, and serve MCP on stdin/stdout until EOF.
+
+        A failure is raised as itself, not wrapped in the task groups it
+        crossed, so the CLI says it in one line.
+        """
+        try:
+            await self._serve_stdio()
+        except BaseExceptionGroup as group:
+            raise _leaf(group) from None
+
+    async def rules_only(self) -> RunRules:
+        """The run's task and policy for the upstream as it is now; the run is not touched."""
+        try:
+            async with anyio.create_task_group() as group:
+                await self.upstream.start(group)
+                try:
+                    tools = await self.upstream.tools()
+                    runtime = self.build_runtime(tools, lambda *_: {})
+                    close = getattr(runtime.store, "close", None)
+                    if callable(close):
+                        close()
+                finally:
+                    await self.upstream.aclose()
+        except BaseExceptionGroup as group_error:
+            raise _leaf(group_error) from None
+        if self.rules is None:  # pragma: no cover - build_runtime sets it
+            raise TetherError("no rules were derived")
+        return self.rules
+
+    async def _serve_stdio(self) -> None:
+        async with anyio.create_task_group() as group:
+            try:
+                # Left before the group is cancelled: the run's lease is given up on the way
+                # out (a cancelled scope would cancel that release), then the upstream closed.
+                async with contextlib.AsyncExitStack() as stack:
+                    await self._serve(group, stack)
+            finally:
+                group.cancel_scope.cancel()
+
+    async def _serve(self, group: TaskGroup, stack: contextlib.AsyncExitStack) -> None:
+        await self.upstream.start(group)
+        stack.push_async_callback(self.upstream.aclose)
+        tools = await self.upstream.tools()
+        reader = blocking_reader(
+            self.upstream.call, asyncio.get_running_loop(), self.upstream.timeout_s
+        )
+        runtime = await anyio.to_thread.run_sync(self.build_runtime, tools, reader)
+        close = getattr(runtime.store, "close", None)
+        if callable(close):
+            stack.callback(close)
+        await self.open_run(runtime, stack)
+        phase = "?" if self.run is None else self.run.phase.value
+        log(
+            f"run {self.config.run_id} ({phase}): {len(tools)} tools of "
+            f"{runtime.adapter.instance_id}"
+        )
+        server = self.server()
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+
+    def server(self) -> Server[Any]:
+        """The MCP server the agent talks to."""
+        return Server(
+            "tether",
+            version=__version__,
+            instructions=self.upstream.instructions,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
+
+    # --- answering ----------------------------------------------------
+
+    async def _list_tools(
+        self, ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=self.tools)
+
+    async def _call_tool(
+        self, ctx: Any, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        return await self.call(params.name, dict(params.arguments or {}))
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        """One tool call through the run: its answer, or what stops it, as the agent reads it."""
+        run = self.run
+        meta: dict[str, Any] = {"run_id": self.config.run_id, "tool": name}
+        if run is None or self.adapter is None:
+            return _error("tether: the gateway's run is not open", meta)
+        try:
+            self.adapter.owner(name)
+        except TetherError:
+            return _error(
+                f"tether: the upstream offered no tool {name!r} when the gateway started", meta
+            )
+        for _ in range(_SETTLE_RETRIES):
+            try:
+                done = await run.call_async(name, "", {ARGUMENTS: arguments})
+            except EffectNotSettledError as exc:
+                if exc.reason == "settled_earlier_work":
+                    continue  # the run is free now: this call's own turn
+                return _error(f"tether: {name} was not carried out ({exc}); call it again", meta)
+            except ApprovalRequiredError as exc:
+                waits = {"waits_for": "approval", "action_id": exc.action_id}
+                return _error(self._waits_for_approval(name, exc), meta | waits)
+            except NeedsReviewError as exc:
+                waits = {"waits_for": "review", "case_id": exc.case_id, "reason": exc.reason}
+                return _error(self._waits_for_review(name, exc), meta | waits)
+            except EffectRejectedError as exc:
+                return _error(
+                    f"tether: {name} was refused, nothing happened: {exc}",
+                    meta | {"outcome": "rejected"},
+                )
+            except RunTerminalError as exc:
+                return _error(f"tether: the run has ended, nothing is sent any more: {exc}", meta)
+            except (TetherError, UpstreamError) as exc:
+                return _error(f"tether: {name} failed: {type(exc).__name__}: {exc}", meta)
+            return self._answer(done, meta)
+        return _error(
+            f"tether: {name} was not carried out (the run kept settling); call it again", meta
+        )
+
+    def _answer(self, done: effects.CallResult, meta: dict[str, Any]) -> types.CallToolResult:
+        meta = meta | {"action_id": done.action_id, "outcome": done.outcome}
+        if done.effect_digest is not None:
+            meta["effect"] = done.effect_digest
+        if done.outcome == "observed":
+            doc: Any = done.data
+        else:
+            receipt = done.receipt or {}
+            key = receipt.get("idempotency_key")
+            doc = self._live.pop(key, None) if isinstance(key, str) else None
+            if doc is None:
+                doc = done.result
+        if not isinstance(doc, dict) or not isinstance(doc.get("content"), list):
+            # A sensitive tool's answer, or one over 16 KiB, is kept as a digest only.
+            doc = {
+                "content": [
+                    {
+                        "type": "text",
+                        "text": "tether: this call was made earlier in this run and is not made "
+                        "again; its answer was not kept whole (sensitive, or over 16 KiB): "
+                        f"{doc}",
+                    }
+                ]
+            }
+        answer = {k: v for k, v in doc.items() if k != RECEIVED_AT}
+        answer["_meta"] = dict(answer.get("_meta") or {}) | {CALL_META: meta}
+        return types.CallToolResult.model_validate(answer)
+
+    def _waits_for_approval(self, name: str, exc: ApprovalRequiredError) -> str:
+        store = shown_store(self.config.store)
+        run_id = self.config.run_id
+        action = exc.action_id or "ACTION"
+        head = (
+            f"tether: {name} needs a person's approval before it is sent; nothing has been sent."
+            if exc.for_this_call
+            else f"tether: {name} waits behind another call that needs a person's approval "
+            f"({action}); nothing has been sent for it."
+        )
+        return (
+            f"{head} Run {run_id} waits for a signed approval of action {action}. A person "
+            f"approves with: tether approve {run_id} {action} --store {store} --key APPROVER.key "
+            f"(see it first with: tether inspect {run_id} --store {store}). Then call {name} "
+            "again with the same arguments."
+        )
+
+    def _waits_for_review(self, name: str, exc: NeedsReviewError) -> str:
+        store = shown_store(self.config.store)
+        run_id = self.config.run_id
+        case = exc.case_id or "CASE"
+        reason = f" ({exc.reason})" if exc.reason else ""
+        return (
+            f"tether: run {run_id} is frozen for a person's review{reason}: a call's "
+            "outcome is unknown (it may have happened) and the tool cannot be asked again "
+            f"safely, so nothing more is sent until a person decides. {exc.detail} "
+            f"A person looks with: tether inspect {run_id} --store {store}; and decides with: "
+            f"tether review {run_id} {case} --decision replan|abort --store {store} "
+            f"--key REVIEWER.key (replan: the call did not happen or may be made again; abort: "
+            f"end the run). Do not call {name} again until then."
+        ).replace("  ", " ")

@@ -1,0 +1,268 @@
+"""The gateway's one connection to the upstream MCP server, kept open and opened again.
+
+The upstream is a command the gateway starts as its child (stdio) or a URL
+(streamable HTTP). The connection is held by a task of its own (the SDK's
+client is a context manager that must be left in the task that entered
+it); a call that finds it broken marks it so, and the next call opens a new
+one (a stdio upstream that died is started again).
+
+What a call's failure means for the effect is said here, once, as the type
+raised: :class:`UpstreamRefusedError` (the upstream answered with a
+protocol error that refuses the request before any tool ran: an unknown
+tool, invalid parameters), :class:`UpstreamDownError` (no connection could
+be made: nothing was sent), :class:`UpstreamLostError` (the request may
+have reached the upstream and its answer did not come back: the outcome is
+unknown).
+"""
+
+from __future__ import annotations
+
+import os
+import string
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+from anyio.abc import TaskGroup
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from tether.core import TetherError
+
+#: JSON-RPC errors with which a server refuses a request it did not carry out.
+REFUSING_CODES = frozenset({types.METHOD_NOT_FOUND, types.INVALID_PARAMS})
+#: The most pages of tools one listing may take (a paginator that never ends).
+MAX_PAGES = 100
+#: An effect sent on a connection idle this long is preceded by a ping: an upstream that
+#: died between calls is found before the call is sent, not by an unknown outcome after.
+PING_AFTER_IDLE_S = 1.0
+
+
+class UpstreamError(TetherError):
+    """The upstream MCP server could not be reached, or did not answer a call."""
+
+
+class UpstreamDownError(UpstreamError):
+    """No connection to the upstream could be opened: nothing was sent."""
+
+
+class UpstreamLostError(UpstreamError):
+    """A call was sent, or may have been, and its answer was lost: the outcome is unknown."""
+
+
+class UpstreamRefusedError(UpstreamError):
+    """The upstream refused the request with a protocol error before any tool ran."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"the upstream refused the call (error {code}): {message}")
+        self.code = code
+
+
+def stdio_target(argv: Sequence[str], cwd: str | None = None) -> StdioServerParameters:
+    """The upstream started as a child: ``argv`` with the gateway's environment.
+
+    The SDK passes a child only a few variables by default; an upstream
+    configured in a desktop client reads its API keys from the environment
+    the client gave the gateway, so that is passed on, all of it but
+    tether's own keyring (``TETHER_KEYRING*``): the key that seals the run's
+    checkpoints never reaches the server it guards.
+    """
+    if not argv:
+        raise UpstreamDownError("no upstream command given (after --) and no --upstream URL")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_KEYRING")}
+    return StdioServerParameters(command=argv[0], args=list(argv[1:]), env=env, cwd=cwd)
+
+
+class Upstream:
+    """The connection to one upstream MCP server (see the module docstring).
+
+    ``target`` is a :class:`~mcp.StdioServerParameters` (a child) or a
+    streamable HTTP URL. ``timeout_s`` bounds one call's wait for its answer.
+    """
+
+    def __init__(
+        self,
+        target: StdioServerParameters | str,
+        *,
+        timeout_s: float = 300.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if headers and not isinstance(target, str):
+            raise UpstreamDownError("headers are for an upstream reached by URL (--upstream)")
+        self.target = target
+        self.timeout_s = timeout_s
+        self._headers = dict(headers or {})
+        self._client: Client | None = None
+        self._closing: anyio.Event | None = None
+        self._group: TaskGroup | None = None
+        self._lock = anyio.Lock()
+        self._last_answer = 0.0  # anyio's clock when the connection last answered
+        #: The upstream's self-description from its latest connection.
+        self.server_info: types.Implementation | None = None
+        self.instructions: str | None = None
+
+    async def start(self, group: TaskGroup) -> None:
+        """Open the first connection, in a task of ``group`` (which must outlive the calls)."""
+        self._group = group
+        await self._connect()
+
+    async def aclose(self) -> None:
+        """Close the connection (a stdio child is asked to end, then stopped)."""
+        if self._closing is not None:
+            self._closing.set()
+        self._client = None
+
+    async def _connect(self) -> Client:
+        async with self._lock:
+            if self._client is not None:
+                return self._client
+            group = self._group
+            if group is None:
+                raise UpstreamDownError("the upstream connection was never started")
+            try:
+                client: Client = await group.start(self._hold)
+            except Exception as exc:  # whatever the transport raised: nothing was sent
+                raise UpstreamDownError(
+                    f"cannot connect to the upstream MCP server: {type(exc).__name__}: {exc}"
+                ) from exc
+            self._client = client
+            self._last_answer = anyio.current_time()  # it answered the handshake just now
+            return client
+
+    async def _hold(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        """Keep one connection open until it is closed or found broken."""
+        closing = anyio.Event()
+        held: Client | None = None
+        try:
+            async with Client(self._transport(), read_timeout_seconds=self.timeout_s) as client:
+                held = client
+                self._closing = closing
+                self.server_info = client.server_info
+                self.instructions = client.instructions
+                task_status.started(client)
+                await closing.wait()
+        except Exception:
+            if held is None:
+                raise  # before started(): the caller's start() sees it
+            # A broken connection's exit may raise; it is gone either way.
+        finally:
+            if held is not None and self._client is held:
+                self._client = None
+
+    def _transport(self) -> Any:
+        """What the SDK's client connects with: the target, or a URL with its headers."""
+        target = self.target
+        if not self._headers or not isinstance(target, str):
+            return target
+        return _http_with_headers(target, self._headers)
+
+    async def tools(self) -> list[types.Tool]:
+        """Every tool the upstream lists (all pages), as it lists them."""
+        client = await self._connect()
+        found: list[types.Tool] = []
+        cursor: str | None = None
+        for _ in range(MAX_PAGES):
+            try:
+                page = await client.list_tools(cursor=cursor)
+            except Exception as exc:
+                self._broken(client)
+                raise UpstreamDownError(f"the upstream did not list its tools: {exc}") from exc
+            found.extend(page.tools)
+            cursor = page.next_cursor
+            if cursor is None:
+                return found
+        raise UpstreamDownError(f"the upstream's tool listing did not end after {MAX_PAGES} pages")
+
+    async def call(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        meta: dict[str, Any] | None = None,
+        *,
+        effect: bool = False,
+    ) -> types.CallToolResult:
+        """Call ``name`` once; its result, or one of the errors of the module docstring.
+
+        An ``effect`` on a connection idle for :data:`PING_AFTER_IDLE_S` is
+        sent only after a ping answered (else a new connection is opened
+        first): a failure then is known to have sent nothing.
+        """
+        client = await self._connect()
+        if effect and anyio.current_time() - self._last_answer >= PING_AFTER_IDLE_S:
+            client = await self._alive(client)
+        try:
+            result = await client.call_tool(
+                name,
+                arguments,
+                read_timeout_seconds=self.timeout_s,
+                meta=meta,  # type: ignore[arg-type]  # an open map (RequestParamsMeta)
+            )
+        except MCPError as exc:
+            if exc.code in REFUSING_CODES:
+                raise UpstreamRefusedError(exc.code, exc.message) from exc
+            self._broken(client)
+            raise UpstreamLostError(
+                f"{name}: the upstream's answer was lost (error {exc.code}: {exc.message}); "
+                "it may have acted"
+            ) from exc
+        except Exception as exc:  # the transport failed with the request in flight
+            self._broken(client)
+            raise UpstreamLostError(
+                f"{name}: the connection failed during the call ({type(exc).__name__}: {exc}); "
+                "the upstream may have acted"
+            ) from exc
+        self._last_answer = anyio.current_time()
+        return result
+
+    async def _alive(self, client: Client) -> Client:
+        """``client`` if it answers a ping, else a new connection (``UpstreamDownError``)."""
+        try:
+            with anyio.fail_after(min(self.timeout_s, 10.0)):
+                await client.send_ping()
+            return client
+        except Exception:  # a dead connection: nothing was sent on it
+            self._broken(client)
+        return await self._connect()
+
+    def _broken(self, client: Client) -> None:
+        """Drop ``client`` so the next call connects again."""
+        if self._client is client:
+            self._client = None
+            if self._closing is not None:
+                self._closing.set()
+
+
+@asynccontextmanager
+async def _http_with_headers(url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
+    """Streamable HTTP to ``url`` with ``headers`` on every request (an upstream's credentials)."""
+    timeout = httpx2.Timeout(30.0, read=300.0)  # the SDK's own defaults for MCP over HTTP
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=timeout) as http,
+        streamable_http_client(url, http_client=http) as streams,
+    ):
+        yield streams
+
+
+def expanded_header(text: str, environ: Mapping[str, str]) -> tuple[str, str]:
+    """``"Name: value"`` with ``${VAR}`` in the value read from ``environ`` (a secret stays out
+    of the command line); a variable that is not set is refused, never sent as written."""
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip() or not value.strip():
+        raise UpstreamDownError(f"a header is 'Name: value', not {text!r}")
+    try:
+        return name.strip(), string.Template(value.strip()).substitute(environ)
+    except (KeyError, ValueError) as exc:
+        raise UpstreamDownError(
+            f"header {name.strip()}: the environment variable {exc} is not set (or the value "
+            "is malformed); nothing was sent"
+        ) from None
+
+
+def log(message: str) -> None:
+    """One line on stderr: stdout is the MCP channel of a stdio gateway."""
+    print(f"tether mcp: {message}", file=sys.stderr, flush=True)

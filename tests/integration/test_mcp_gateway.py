@@ -1,0 +1,383 @@
+"""`tether mcp` between the official MCP SDK's client and an upstream server written with the SDK.
+
+Every part is real: the client is ``mcp.Client`` (in the test process, or a
+process of its own killed with SIGKILL), the gateway is ``python -m
+tether.cli mcp`` started by the client over stdio, and the upstream is a
+child of the gateway (or a streamable HTTP server) that inserts a row in its
+own SQLite file per effect: the rows are what the world received, whatever
+any process believes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+pytest.importorskip("mcp", reason="needs the [mcp] extra")
+
+from mcp.shared.exceptions import MCPError
+
+from tests.integration._mcp_kit import (
+    ROOT,
+    UPSTREAM,
+    Setup,
+    call_in_child,
+    child_env,
+    connected,
+    document,
+    text,
+)
+from tether.cli import main as tether_main
+from tether.crypto import Keyring
+from tether.runtime import open_run
+from tether.store import open_store
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Setup:
+    Keyring.generate("k1").write_file(tmp_path / "keyring.json")
+    return Setup(tmp_path)
+
+
+def run_view(setup: Setup) -> Any:
+    """The run as `tether inspect` reads it, verified under the keyring."""
+    store = open_store(setup.store)
+    try:
+        return open_run(store, setup.run_id, keyring=Keyring.from_file(setup.keyring))
+    finally:
+        store.close()
+
+
+def operator_page(setup: Setup) -> str:
+    """The run's page of `tether serve` (read-only), as a person's browser gets it."""
+    from starlette.testclient import TestClient
+
+    from tether.web import WebConfig, create_app
+
+    token = "t" * 32
+    app = create_app(
+        WebConfig(
+            store=setup.store,
+            token=token,
+            keyring=Keyring.from_file(setup.keyring),
+            hosts=("testserver",),
+        )
+    )
+    with TestClient(app) as browser:
+        browser.get(f"/runs?token={token}")
+        answer = browser.get(f"/runs/{setup.run_id}")
+        assert answer.status_code == 200, answer.text
+        return answer.text
+
+
+def meta(result: Any) -> dict[str, Any]:
+    return document(result)["_meta"]["tether/call"]
+
+
+async def call_killed(setup: Setup, tool: str, args: dict[str, Any]) -> str:
+    """Call ``tool`` through a gateway that is killed meanwhile; what the client saw."""
+    try:
+        async with connected(setup.gateway()) as client:
+            await client.call_tool(tool, args)
+    except BaseExceptionGroup as group:  # the SDK's task groups wrap the closed connection
+        errors = group.exceptions
+        while len(errors) == 1 and isinstance(errors[0], BaseExceptionGroup):
+            errors = errors[0].exceptions
+        assert all(isinstance(e, MCPError) for e in errors), errors
+        return " ".join(str(e) for e in errors)
+    raise AssertionError("the gateway answered: it was not killed")
+
+
+def test_an_effect_is_sent_once_and_its_twin_answered_from_the_record(
+    setup: Setup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The upstream's tools are offered unchanged; the same call in one run reaches the upstream once; a read passes through."""
+
+    async def main() -> None:
+        async with connected(setup.direct()) as direct:
+            upstream = (await direct.list_tools()).tools
+        async with connected(setup.gateway()) as client:
+            offered = (await client.list_tools()).tools
+            # Names, schemas, descriptions, annotations and _meta, as the upstream lists them.
+            assert [t.model_dump(mode="json") for t in offered] == [
+                t.model_dump(mode="json") for t in upstream
+            ]
+            assert {t.name for t in offered} == {"add_note", "count_notes", "charge"}
+            first = await client.call_tool("add_note", {"text": "milk"})
+            again = await client.call_tool("add_note", {"text": "milk"})
+            other = await client.call_tool("add_note", {"text": "eggs"})
+            count = await client.call_tool("count_notes", {})
+        assert not first.is_error and first.structured_content == {"id": 1, "text": "milk"}
+        assert meta(first)["outcome"] == "executed"
+        assert again.structured_content == first.structured_content
+        assert meta(again)["outcome"] == "replayed"
+        assert meta(again)["effect"] == meta(first)["effect"]
+        assert other.structured_content == {"id": 2, "text": "eggs"}
+        assert meta(count)["outcome"] == "observed" and count.structured_content == {"result": 2}
+
+    anyio.run(main)
+    assert setup.rows() == 2
+    store = open_store(setup.store)
+    try:
+        mark = store.get_mark(setup.run_id)
+    finally:
+        store.close()
+    assert mark is not None and mark.lease_owner is None  # the ended session let the run go
+    view = run_view(setup)
+    kinds = [e.terms.kind for e in view.ledger if e.status.value == "committed" and e.terms]
+    assert kinds == ["add_note", "add_note"]
+    committed = [e for e in view.ledger if e.status.value == "committed"]
+    assert committed[0].receipt["result"]["structuredContent"] == {"id": 1, "text": "milk"}
+    assert committed[0].receipt["namespace"] == "mcp"
+    assert any(
+        e.kind == "action_observed" or "count_notes" in json.dumps(e.data) for e in view.trace
+    )
+
+
+def test_a_client_killed_after_the_tool_returned_gets_the_recorded_answer(setup: Setup) -> None:
+    """A client SIGKILLed right after add_note returned, started again, asks again: one row, not two."""
+    answer = setup.base / "answer.json"
+    code = call_in_child(setup.gateway(), "add_note", {"text": "call the plumber"}, answer)
+    assert code == -signal.SIGKILL
+    assert setup.rows() == 1
+    first = json.loads(answer.read_text())
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            again = await client.call_tool("add_note", {"text": "call the plumber"})
+        assert not again.is_error
+        assert again.structured_content == first["structuredContent"]
+        assert meta(again)["outcome"] == "replayed"
+
+    anyio.run(main)
+    assert setup.rows() == 1
+    assert run_view(setup).state.epoch >= 2  # the same run, continued in a new epoch
+
+
+def test_the_unguarded_control_repeats_the_effect(setup: Setup) -> None:
+    """The same client straight to the upstream, killed and asking again, makes the effect twice."""
+    answer = setup.base / "answer.json"
+    code = call_in_child(setup.direct(), "add_note", {"text": "call the plumber"}, answer)
+    assert code == -signal.SIGKILL
+    assert setup.rows() == 1
+
+    async def main() -> None:
+        async with connected(setup.direct()) as client:
+            await client.call_tool("add_note", {"text": "call the plumber"})
+
+    anyio.run(main)
+    assert setup.rows() == 2
+
+
+def test_a_gateway_killed_after_forwarding_leaves_the_call_to_a_person(setup: Setup) -> None:
+    """The gateway SIGKILLed after add_note landed upstream: asked again, the agent is told a person decides; one row."""
+    setup.arm("parent")
+
+    seen = anyio.run(call_killed, setup, "add_note", {"text": "wire the money"})
+    assert "Connection closed" in seen
+    assert setup.rows() == 1
+
+    async def again() -> None:
+        async with connected(setup.gateway()) as client:
+            answer = await client.call_tool("add_note", {"text": "wire the money"})
+            assert answer.is_error
+            assert "tether review" in text(answer) and "agent-run" in text(answer)
+            assert meta(answer)["waits_for"] == "review"
+            assert meta(answer)["case_id"] in text(answer)
+            other = await client.call_tool("add_note", {"text": "something else"})
+            assert other.is_error and meta(other)["waits_for"] == "review"
+
+    anyio.run(again)
+    assert setup.rows() == 1
+    view = run_view(setup)
+    assert view.state.phase.value == "needs_review"
+    assert [e.status.value for e in view.ledger][-1] == "outcome_unknown"
+    # The operator page shows the MCP effect and its review case like any other.
+    page = operator_page(setup)
+    assert "add_note" in page and "outcome_unknown" in page
+    assert view.state.review_cases[-1].case_id in page
+
+
+def test_a_gateway_killed_after_forwarding_a_keyed_call_is_settled_by_its_key(setup: Setup) -> None:
+    """charge accepts a key: the gateway killed after it landed, asked again, sends it again under the same key; one charge."""
+    setup.arm("parent")
+
+    anyio.run(call_killed, setup, "charge", {"account": "acme", "cents": 500})
+    assert setup.rows("charges") == 1
+
+    async def again() -> None:
+        async with connected(setup.gateway()) as client:
+            answer = await client.call_tool("charge", {"account": "acme", "cents": 500})
+            assert not answer.is_error, text(answer)
+            assert answer.structured_content == {"charge_id": 1, "account": "acme", "cents": 500}
+
+    anyio.run(again)
+    assert setup.rows("charges") == 1
+    assert run_view(setup).state.phase.value == "running"
+
+
+def test_an_upstream_killed_mid_call_is_never_repeated(setup: Setup) -> None:
+    """The upstream SIGKILLed after add_note landed and before it answered: one row, and a person decides."""
+    setup.arm("self")
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            first = await client.call_tool("add_note", {"text": "order the parts"})
+            assert first.is_error
+            again = await client.call_tool("add_note", {"text": "order the parts"})
+            assert again.is_error and "tether review" in text(again)
+            keyed = await client.call_tool("count_notes", {})
+            assert keyed.is_error  # the run is frozen: nothing is asked until a person decides
+
+    anyio.run(main)
+    assert setup.rows() == 1
+    assert run_view(setup).state.phase.value == "needs_review"
+
+
+def test_an_upstream_killed_mid_keyed_call_is_asked_again_under_its_key(setup: Setup) -> None:
+    """The upstream SIGKILLed mid-charge is started again by the gateway and asked under the same key: one charge."""
+    setup.arm("self")
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            first = await client.call_tool("charge", {"account": "acme", "cents": 700})
+            assert first.is_error
+            again = await client.call_tool("charge", {"account": "acme", "cents": 700})
+            assert not again.is_error, text(again)
+            assert again.structured_content == {"charge_id": 1, "account": "acme", "cents": 700}
+
+    anyio.run(main)
+    assert setup.rows("charges") == 1
+
+
+def test_an_upstream_that_died_between_calls_is_started_again_before_the_next_effect(
+    setup: Setup,
+) -> None:
+    """An upstream killed while idle is found dead by a ping and started again: nothing goes to review."""
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            first = await client.call_tool("add_note", {"text": "one"})
+            assert not first.is_error
+            (pid,) = setup.upstream_pids()
+            os.kill(pid, signal.SIGKILL)
+            await anyio.sleep(1.2)  # idle past the ping threshold
+            second = await client.call_tool("add_note", {"text": "two"})
+            assert not second.is_error, text(second)
+            assert meta(second)["outcome"] == "executed"
+            assert setup.upstream_pids() not in ([], [pid])
+
+    anyio.run(main)
+    assert setup.rows() == 2
+    assert run_view(setup).state.phase.value == "running"
+
+
+@pytest.fixture
+def http_upstream(setup: Setup) -> Iterator[str]:
+    """The test upstream served over streamable HTTP on loopback (a process of its own)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [*UPSTREAM, str(setup.db), "--http", str(port)],
+        env=child_env(NOTES_TOKEN="s3cret-token"),
+        cwd=str(ROOT),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the HTTP upstream did not start")
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_an_upstream_over_streamable_http_is_guarded_the_same(
+    setup: Setup, http_upstream: str
+) -> None:
+    """With --upstream URL (and its bearer token from the environment) an effect is sent once across two sessions."""
+    setup.upstream_url = http_upstream
+    setup.upstream_headers = ["Authorization: Bearer ${NOTES_TOKEN}"]
+    setup.extra_env = {"NOTES_TOKEN": "s3cret-token"}
+
+    async def session(text_: str) -> Any:
+        async with connected(setup.gateway()) as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert names == {"add_note", "count_notes", "charge"}
+            return await client.call_tool("add_note", {"text": text_})
+
+    first = anyio.run(session, "over http")
+    again = anyio.run(session, "over http")
+    assert meta(first)["outcome"] == "executed" and meta(again)["outcome"] == "replayed"
+    assert again.structured_content == first.structured_content == {"id": 1, "text": "over http"}
+    assert setup.rows() == 1
+    # Without the token the upstream refuses; the gateway recorded that answer, not a row.
+    setup.extra_env = {"NOTES_TOKEN": "wrong"}
+    refused = anyio.run(session, "without the token")
+    assert refused.is_error and "bearer token" in text(refused)
+    assert setup.rows() == 1
+
+
+def test_a_gated_tool_waits_for_tether_approve(setup: Setup, tmp_path: Path) -> None:
+    """A tool the policy gates answers that it waits for a person; `tether approve` lets it through once."""
+    keys = tmp_path / "keys"
+    made = tether_main(["keys", "new", "--role", "approver", "--id", "alice", "--out", str(keys)])
+    assert made == 0
+    setup.trust = keys / "alice.trust.json"
+    setup.policy = {"reads": ["count_notes"], "tools": {"add_note": {"needs_approval": True}}}
+
+    async def ask() -> dict[str, Any]:
+        async with connected(setup.gateway()) as client:
+            answer = await client.call_tool("add_note", {"text": "pay the rent"})
+        assert answer.is_error and "tether approve" in text(answer), text(answer)
+        return meta(answer)
+
+    waiting = anyio.run(ask)
+    assert waiting["waits_for"] == "approval"
+    assert setup.rows() == 0
+    action = run_view(setup).state.pending.action_id
+    assert waiting["action_id"] == action
+    code = tether_main(
+        [
+            "approve",
+            setup.run_id,
+            action,
+            "--store",
+            setup.store,
+            "--key",
+            str(keys / "alice.key"),
+            "--yes",
+        ]
+    )
+    assert code == 0
+
+    async def again() -> None:
+        async with connected(setup.gateway()) as client:
+            answer = await client.call_tool("add_note", {"text": "pay the rent"})
+            assert not answer.is_error, text(answer)
+            assert answer.structured_content == {"id": 1, "text": "pay the rent"}
+            twice = await client.call_tool("add_note", {"text": "pay the rent"})
+            assert meta(twice)["outcome"] == "replayed"
+
+    anyio.run(again)
+    assert setup.rows() == 1
