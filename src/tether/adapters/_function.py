@@ -46,7 +46,11 @@ anything else                              an unknown outcome (as above)
 
 ``compensate=fn`` undoes a committed effect under its own, freshly minted
 key (the compensation protocol: a reviewer orders it): ``fn`` is called with
-an :class:`EffectToUndo` and reads its key the same way.
+an :class:`EffectToUndo` and reads its key the same way. The undo is another
+call than the write, so it proves nothing the write declared: after a crash
+between its send and its receipt, it goes to review and is never run again,
+unless ``compensate_idempotent=True`` declares that the callee deduplicates
+the undo by its key (a refund under a key it remembers).
 
 An ``async def`` body (or look-up, or compensation) is awaited on the event
 loop of the caller that made the call (``await`` on a decorated coroutine
@@ -180,6 +184,7 @@ class FunctionEffect(RemoteEffect):
         refusals: tuple[type[Exception], ...] = (),
         conflicts: tuple[type[Exception], ...] = (),
         compensate: Callable[..., Any] | None = None,
+        compensate_idempotent: bool = False,
         object_id: str | None = None,
         committed_at: str | None = None,
         key_parameter: str = KEY_PARAMETER,
@@ -207,12 +212,18 @@ class FunctionEffect(RemoteEffect):
         for param in shape.signature.parameters.values():
             if param.kind is param.POSITIONAL_ONLY:
                 raise SpecError(fn_name, f"{param.name} is positional-only; name each parameter")
-        for field_name, flag in (("idempotent", idempotent), ("absent_is_final", absent_is_final)):
+        for field_name, flag in (
+            ("idempotent", idempotent),
+            ("absent_is_final", absent_is_final),
+            ("compensate_idempotent", compensate_idempotent),
+        ):
             if not isinstance(flag, bool):
                 raise SpecError(field_name, f"must be True or False, not {flag!r}")
         for field_name, given in (("lookup", lookup), ("compensate", compensate)):
             if given is not None and not callable(given):
                 raise SpecError(field_name, f"must be a function, not {given!r}")
+        if compensate_idempotent and compensate is None:
+            raise SpecError("compensate_idempotent", "says what compensate proves: give compensate")
         if absent_is_final and lookup is None:
             raise SpecError("absent_is_final", "says what a look-up's absence proves: give lookup")
         if retention_s is not None and (
@@ -257,6 +268,16 @@ class FunctionEffect(RemoteEffect):
             conditional_writes=False,
             fencing=False,
             absent_is_final=absent_is_final,
+            retention_s=None if retention_s is None else float(retention_s),
+            stateful=False,
+        )
+        # The undo's own proofs: none unless declared (the write's are not the undo's).
+        self._undo_capabilities = Capabilities(
+            idempotent=compensate_idempotent,
+            queryable=False,
+            conditional_writes=False,
+            fencing=False,
+            absent_is_final=False,
             retention_s=None if retention_s is None else float(retention_s),
             stateful=False,
         )
@@ -319,6 +340,11 @@ class FunctionEffect(RemoteEffect):
     def function(self) -> Callable[..., Any]:
         """The function whose body performs the effect."""
         return self._fn
+
+    @property
+    def compensation_capabilities(self) -> Capabilities:
+        """What ``compensate`` proves after a crash: only ``compensate_idempotent``, if declared."""
+        return self._undo_capabilities
 
     @property
     def instance_id(self) -> str:
@@ -461,6 +487,9 @@ class FunctionEffect(RemoteEffect):
             raise NotQueryableError(f"{self._namespace} declares no look-up by key")
         if not key:
             raise ContractViolationError("bad_key", "the idempotency key must not be empty")
+        if intent is not None and compensated_effect(intent) is not None:
+            # The look-up answers for the write's keys, not for its undo's.
+            raise NotQueryableError(f"{self._namespace} declares no look-up of its compensations")
         if awaits(finder) and loop_running_here():
             raise AdapterUnavailableError(
                 f"{self._namespace}: an async look-up cannot be awaited from its own loop's thread"

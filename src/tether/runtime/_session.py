@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from tether.adapters import (
-    capabilities_of,
+    capabilities_for,
     namespace_of,
     offers_snapshots,
 )
@@ -362,7 +362,9 @@ class RunSession(LeaseHolder):
             live=None,
             needs_approval=_humans.needs_approval(rt, self.state),
             case_id=rt.ids.new_id("case"),
-            capabilities=capabilities_of(rt.adapter, kind),
+            capabilities=capabilities_for(
+                rt.adapter, None if self.state.pending is None else self.state.pending.intent
+            ),
             namespace=namespace_of(rt.adapter, kind),
             forbidden=rt.held_problem(self.state),  # judged again before any send
             policy_version=rt.binding.policy_version,

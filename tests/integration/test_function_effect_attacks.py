@@ -1,0 +1,56 @@
+"""Function effects under attack: each test reproduces a defect found from outside, fixed.
+
+Real SQLite files, real child processes killed with SIGKILL (see ``_fnchild``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration._fnchild import seen
+from tether.core import EffectStatus
+from tether.crypto import Signer
+from tether.store import SQLiteStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def child(root: Path, scenario: str, stage: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run one stage of a scenario in a child process (``DIE=tag`` kills it after that effect)."""
+    return subprocess.run(
+        [sys.executable, "-m", "tests.integration._fnchild", str(root), scenario, stage],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]), **env},
+    )
+
+
+def ledger(root: Path) -> list[EffectStatus]:
+    """Run r's ledger, status by status."""
+    with SQLiteStore(root / "runs.sqlite", read_only=True) as store:
+        return [e.status for e in store.ledger("r")]
+
+
+@pytest.mark.parametrize("declared", ["idempotent", "final"])
+def test_a_compensation_killed_after_its_send_goes_to_review_not_again(
+    tmp_path: Path, declared: str
+) -> None:
+    """The charge's proofs are not the refund's: killed inside compensate, the refund is never resent."""
+    (tmp_path / "reviewer.json").write_bytes(Signer.generate("rev", "reviewer").to_json())
+    scenario = f"compensation:{declared}"
+    assert child(tmp_path, scenario, "charge").returncode == 0
+    killed = child(tmp_path, scenario, "undo", DIE="refund")
+    assert killed.returncode == -9, killed.stderr
+    for _ in range(2):  # reopened twice: never a second refund
+        again = child(tmp_path, scenario, "charge")
+        assert "NeedsReviewError" in again.stderr, again.stderr
+    assert len(seen(tmp_path, "refund")) == 1 and len(seen(tmp_path, "charge")) == 1
+    assert ledger(tmp_path)[-1] is EffectStatus.OUTCOME_UNKNOWN
