@@ -5,15 +5,19 @@ Real SQLite files, real child processes killed with SIGKILL (see ``_fnchild``).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.integration._fnchild import seen
-from tether.core import EffectStatus
+import tether
+from tests.integration._fnchild import KIND, record, runtime, seen
+from tether import effects
+from tether.core import EffectStatus, RunBusyError
 from tether.crypto import Signer
 from tether.store import SQLiteStore
 
@@ -54,3 +58,41 @@ def test_a_compensation_killed_after_its_send_goes_to_review_not_again(
         assert "NeedsReviewError" in again.stderr, again.stderr
     assert len(seen(tmp_path, "refund")) == 1 and len(seen(tmp_path, "charge")) == 1
     assert ledger(tmp_path)[-1] is EffectStatus.OUTCOME_UNKNOWN
+
+
+@pytest.mark.parametrize("declared", [{}, {"idempotent": True}])
+def test_a_second_block_on_an_open_run_in_one_process_is_refused(
+    tmp_path: Path, declared: dict[str, Any]
+) -> None:
+    """Two tasks open one run at once: the second is refused typed; the first gets its result."""
+    sent: list[str] = []
+
+    @tether.effect(KIND, target=None, **declared)
+    async def charge(cents: int, idempotency_key: str) -> dict[str, Any]:
+        await asyncio.sleep(0.3)
+        record(tmp_path, "charge", idempotency_key, cents)
+        sent.append(idempotency_key)
+        return {"charged": cents}
+
+    rt = runtime(tmp_path, charge.adapter)
+
+    async def block(delay: float) -> str:
+        await asyncio.sleep(delay)
+        try:
+            async with effects.run_async(rt, "r"):
+                return str((await charge(500)).outcome)
+        except RunBusyError as exc:
+            return type(exc).__name__
+
+    async def both() -> list[str]:
+        return list(await asyncio.gather(block(0), block(0.1)))
+
+    assert asyncio.run(both()) == ["executed", "RunBusyError"]
+    assert len(seen(tmp_path, "charge")) == 1
+    with effects.run(rt, "r"):  # the first block ended: the run opens again
+        assert charge_again(charge) == "replayed"
+
+
+def charge_again(fn: Any) -> str:
+    """Call the async effect ``fn`` once more from code with no loop; its outcome."""
+    return str(asyncio.run(fn(500)).outcome)
