@@ -136,11 +136,44 @@ def compensation(root: Path, declared: str, stage: str) -> None:
         print(run.session.decide_effect(reviewer.sign(body)).kind.value)
 
 
+def takeover(root: Path, declared: str, stage: str) -> None:
+    """A charge whose body waits (``SLOW``) before it sends; leases on, ttl 1 s.
+
+    ``fenced``: the world refuses a fencing token lower than the highest it saw.
+    """
+
+    def find(key: str) -> dict[str, Any] | None:
+        rows = [b for k, b in seen(root, "charge") if k == key]
+        return {"charge": rows[0]} if rows else None
+
+    fenced = declared == "fenced"
+
+    @tether.effect(KIND, target=None, lookup=find, absent_is_final=True, fencing=fenced)
+    def charge(cents: int, idempotency_key: str) -> dict[str, Any]:
+        record(root, "entered", idempotency_key, cents)
+        if os.environ.get("SLOW"):
+            import time
+
+            time.sleep(3)
+        fence = tether.current_fence()
+        if fence is None:
+            raise SystemExit("leases are on: the body must see its fence")
+        highest = max((int(b) for _, b in seen(root, "fence")), default=0)
+        if fenced and fence.lease_version < highest:
+            raise RuntimeError("stale fence refused")  # the world refuses the older worker
+        record(root, "fence", idempotency_key, fence.lease_version)
+        record(root, "charge", idempotency_key, cents)
+        return {"charged": cents}
+
+    with effects.run(runtime(root, charge.adapter, lease_ttl_s=1), "r"):
+        print(charge(500).outcome)
+
+
 def main() -> None:
     """Run one scenario's stage in this process."""
     root, scenario, stage = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     name, _, declared = scenario.partition(":")
-    {"compensation": compensation}[name](root, declared, stage)
+    {"compensation": compensation, "takeover": takeover}[name](root, declared, stage)
 
 
 if __name__ == "__main__":

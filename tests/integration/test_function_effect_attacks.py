@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -96,3 +98,40 @@ def test_a_second_block_on_an_open_run_in_one_process_is_refused(
 def charge_again(fn: Any) -> str:
     """Call the async effect ``fn`` once more from code with no loop; its outcome."""
     return str(asyncio.run(fn(500)).outcome)
+
+
+@pytest.mark.parametrize("declared", ["unfenced", "fenced"])
+def test_a_worker_paused_past_its_lease_inside_the_body_never_doubles(
+    tmp_path: Path, declared: str
+) -> None:
+    """SIGSTOP inside the body, another worker takes over: an unfenced absence goes to review."""
+    scenario = f"takeover:{declared}"
+    paused = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration._fnchild", str(tmp_path), scenario, "send"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+            "SLOW": "1",
+        },
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not seen(tmp_path, "entered"):
+            assert time.monotonic() < deadline and paused.poll() is None
+            time.sleep(0.02)
+        os.kill(paused.pid, signal.SIGSTOP)  # inside the body, before its send
+        time.sleep(1.5)  # past the 1 s lease
+        taker = child(tmp_path, scenario, "send")
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+        paused.communicate(timeout=60)
+    if declared == "unfenced":
+        assert "NeedsReviewError" in taker.stderr, taker.stderr
+        assert ledger(tmp_path)[-1] is EffectStatus.OUTCOME_UNKNOWN
+    else:  # the callee refuses the older worker's fence: the absence stays final
+        assert taker.returncode == 0 and "executed" in taker.stdout, taker.stderr
+    assert len(seen(tmp_path, "charge")) == 1

@@ -9,6 +9,7 @@ from tether.adapters._base import (
     LooksUpIntents,
     RoutesKinds,
     VerifierResult,
+    absence_outlives_takeover,
     capabilities_for,
     capabilities_of,
     compensate_with,
@@ -18,6 +19,7 @@ from tether.adapters._base import (
     namespace_of,
     offers_compensation,
     offers_snapshots,
+    wants_fence,
 )
 from tether.adapters._composite import Adapters, AdaptersConfigError
 from tether.adapters._errors import (
@@ -35,7 +37,7 @@ from tether.adapters._errors import (
     UnsupportedEntryError,
     WorkspaceConfigError,
 )
-from tether.adapters._fncall import current_key
+from tether.adapters._fncall import current_fence, current_key
 from tether.adapters._function import EffectToUndo, FunctionEffect
 from tether.adapters._http import REFERENCE_PROFILE, HttpEffect, ServiceProfile
 from tether.adapters._httpfields import (
@@ -93,9 +95,11 @@ __all__ = [
     "VerifierResult",
     "WatchMissedChangeWarning",
     "WorkspaceConfigError",
+    "absence_outlives_takeover",
     "capabilities_for",
     "capabilities_of",
     "compensate_with",
+    "current_fence",
     "current_key",
     "effect_identity",
     "external_effects",
@@ -109,4 +113,5 @@ __all__ = [
     "parse_fence",
     "parse_sf_string",
     "sf_string",
+    "wants_fence",
 ]

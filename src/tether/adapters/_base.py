@@ -271,6 +271,31 @@ def capabilities_for(adapter: Adapter, intent: Intent | None) -> Capabilities:
     return capabilities_of(adapter, intent.kind)
 
 
+def wants_fence(adapter: Adapter) -> bool:
+    """Whether the runtime hands ``adapter`` its fencing token: it fences, or a function
+    effect (itself or a member) hands it to a body (:func:`~tether.current_fence`)."""
+    if adapter.capabilities.fencing:
+        return True
+    members = getattr(adapter, "members", None) or (adapter,)
+    return any(getattr(m, "absence_needs_fence", False) is True for m in members)
+
+
+def absence_outlives_takeover(adapter: Adapter, intent: Intent) -> bool:
+    """Whether a final absence still proves "never landed" once another worker's lease lapsed.
+
+    An adapter says no with ``absence_needs_fence = True`` (a function effect:
+    its look-up cannot see a request an older worker, paused inside the body,
+    has not sent yet) unless its capabilities declare ``fencing`` (the callee
+    refuses the older worker's stale fence).
+    """
+    owner: Any = adapter
+    if _offers(adapter, "owner"):
+        owner = cast(RoutesKinds, adapter).owner(intent.kind)
+    if getattr(owner, "absence_needs_fence", False) is not True:
+        return True
+    return capabilities_for(adapter, intent).fencing
+
+
 def namespace_of(adapter: Adapter, kind: str | None) -> str:
     """The namespace whose receipts ``kind`` produces."""
     if kind is not None and _offers(adapter, "owner"):

@@ -19,6 +19,14 @@ nothing (default)      the outcome is unknown: the run goes to review
                        never run again
 =====================  ========================================================
 
+With leases on, a run whose worker's lease lapsed (a paused process, a
+VM stopped) is taken over by another; the paused one may wake inside the
+body and send. A look-up finding nothing cannot rule that out, so after a
+takeover an absence is not final: the run goes to review, unless
+``fencing=True`` declares that the callee refuses a stale fencing token,
+which the body reads from :func:`current_fence` and passes on (an
+``idempotent`` callee needs no fence: both sends carry the same key).
+
 The body reads the key, minted and persisted with the intent before it
 starts, from :func:`current_key` or from a parameter named
 ``idempotency_key`` (``key_parameter``), which is not part of the intent,
@@ -170,6 +178,10 @@ class FunctionEffect(RemoteEffect):
 
     #: A function's effects are taken to leave the process (undeclared is external).
     local_effects: ClassVar[bool] = False
+    #: A look-up cannot see a request a worker paused inside the body has not
+    #: sent yet: once the run was taken over (a lapsed lease), a final absence
+    #: proves nothing unless ``fencing=True`` (see the module docstring).
+    absence_needs_fence: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -180,6 +192,7 @@ class FunctionEffect(RemoteEffect):
         idempotent: bool = False,
         lookup: Callable[[str], Any] | None = None,
         absent_is_final: bool = False,
+        fencing: bool = False,
         retention_s: float | None = None,
         refusals: tuple[type[Exception], ...] = (),
         conflicts: tuple[type[Exception], ...] = (),
@@ -215,6 +228,7 @@ class FunctionEffect(RemoteEffect):
         for field_name, flag in (
             ("idempotent", idempotent),
             ("absent_is_final", absent_is_final),
+            ("fencing", fencing),
             ("compensate_idempotent", compensate_idempotent),
         ):
             if not isinstance(flag, bool):
@@ -266,7 +280,7 @@ class FunctionEffect(RemoteEffect):
             idempotent=idempotent,
             queryable=lookup is not None,
             conditional_writes=False,
-            fencing=False,
+            fencing=fencing,
             absent_is_final=absent_is_final,
             retention_s=None if retention_s is None else float(retention_s),
             stateful=False,
@@ -412,7 +426,7 @@ class FunctionEffect(RemoteEffect):
             kwargs[self._shape.holder] = intent.target
         if self._shape.key is not None:
             kwargs[self._shape.key] = key
-        value = self._perform(self._fn, (), kwargs, key, intent)
+        value = self._perform(self._fn, (), kwargs, key, intent, fence)
         return self._receipt(key, intent.digest, value)
 
     def compensate(self, key: str, intent: Intent, fence: Fence | None = None) -> Receipt:
@@ -439,7 +453,7 @@ class FunctionEffect(RemoteEffect):
             business_object_id=str(named.get("business_object_id", "")),
         )
         kwargs = {} if self._undo_key is None else {self._undo_key: key}
-        value = self._perform(undo, (effect,), kwargs, key, intent)
+        value = self._perform(undo, (effect,), kwargs, key, intent, fence)
         return self._receipt(key, intent.digest, value)
 
     def _perform(
@@ -449,6 +463,7 @@ class FunctionEffect(RemoteEffect):
         kwargs: dict[str, Any],
         key: str,
         intent: Intent,
+        fence: Fence | None = None,
     ) -> Any:
         """Call one of the user's functions that acts; its exceptions in the protocol's words."""
         if awaits(fn) and loop_running_here():
@@ -457,7 +472,7 @@ class FunctionEffect(RemoteEffect):
                 intent.kind, intent.target, RuntimeError("an async body called from its own loop")
             )
         try:
-            return call_with_key(fn, args, kwargs, key)
+            return call_with_key(fn, args, kwargs, key, fence)
         except _PROTOCOL_ERRORS:
             raise
         except self._conflicts as exc:
