@@ -19,7 +19,7 @@ import pytest
 import tether
 from tests.integration._fnchild import KIND, record, runtime, seen
 from tether import effects
-from tether.core import EffectStatus, RunBusyError
+from tether.core import EffectStatus, RunBusyError, SpecError
 from tether.crypto import Signer
 from tether.store import SQLiteStore
 
@@ -135,3 +135,25 @@ def test_a_worker_paused_past_its_lease_inside_the_body_never_doubles(
     else:  # the callee refuses the older worker's fence: the absence stays final
         assert taker.returncode == 0 and "executed" in taker.stdout, taker.stderr
     assert len(seen(tmp_path, "charge")) == 1
+
+
+def test_a_generator_body_or_a_bad_declaration_is_refused_at_decoration() -> None:
+    """A generator would be recorded committed without running; bad flags raise SpecError at once."""
+
+    def gen(cents: int) -> Any:
+        yield cents
+
+    async def agen(cents: int) -> Any:
+        yield cents
+
+    for body in (gen, agen):
+        with pytest.raises(SpecError, match="generator"):
+            tether.effect(KIND, target=None)(body)
+    for wrong in (
+        {"absent_is_final": True},
+        {"idempotent": 1},
+        {"retention_s": -5},
+        {"object_id": 123},
+    ):
+        with pytest.raises(SpecError):
+            tether.effect(KIND, target=None, **wrong)(lambda cents: None)

@@ -211,6 +211,14 @@ class FunctionEffect(RemoteEffect):
             raise SpecError(
                 "fn", "is decorated with @tether.effect already: give the runtime its .adapter"
             )
+        for field_name, given in (("fn", fn), ("lookup", lookup), ("compensate", compensate)):
+            if inspect.isgeneratorfunction(given) or inspect.isasyncgenfunction(given):
+                # Calling it runs none of its body: the effect would be recorded, never made.
+                raise SpecError(
+                    field_name,
+                    f"{getattr(given, '__qualname__', given)!r} is a generator function; calling "
+                    "it runs nothing: give a plain function (or async def) that acts and returns",
+                )
         name = kind.name if isinstance(kind, ActionKind) else kind
         if not isinstance(name, str) or not name:
             raise SpecError("kind", "an effect needs its action kind, e.g. 'tickets.create'")

@@ -133,7 +133,7 @@ def effect(
                 instance=instance,
             )
         except SpecError:
-            if declared:
+            if declared or (shape.receiver is None and shape.spread is None):
                 raise
             # A method or a **extra function: only an adapter can perform its kind.
         split = _splitter(fn, shape)
