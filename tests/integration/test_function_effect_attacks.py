@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,16 @@ import pytest
 import tether
 from tests.integration._fnchild import KIND, record, runtime, seen
 from tether import effects
-from tether.core import EffectStatus, RunBusyError, SpecError
+from tether.adapters import Found
+from tether.core import (
+    EffectNotSettledError,
+    EffectStatus,
+    NeedsReviewError,
+    RunBusyError,
+    SpecError,
+)
 from tether.crypto import Signer
+from tether.runtime import CrashPlan, CrashPoint, SimulatedCrash
 from tether.store import SQLiteStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,3 +166,66 @@ def test_a_generator_body_or_a_bad_declaration_is_refused_at_decoration() -> Non
     ):
         with pytest.raises(SpecError):
             tether.effect(KIND, target=None, **wrong)(lambda cents: None)
+
+
+class Clock:
+    """A runtime clock a test moves forward."""
+
+    def __init__(self) -> None:
+        self.at = datetime.now(UTC)
+
+    def now(self) -> datetime:
+        """The moment the test set."""
+        return self.at
+
+
+def test_a_falsy_look_up_answer_is_no_receipt_and_goes_to_review_past_the_in_flight_limit(
+    tmp_path: Path,
+) -> None:
+    """A look-up answering [] is neither absence nor receipt: in flight, then review at 900 s."""
+
+    def rows(key: str) -> list[str]:
+        return [b for k, b in seen(tmp_path, "charge") if k == key]
+
+    @tether.effect(KIND, target=None, lookup=rows, absent_is_final=True)
+    def charge(cents: int, idempotency_key: str) -> dict[str, Any]:
+        record(tmp_path, "charge", idempotency_key, cents)
+        return {"charged": cents}
+
+    clock = Clock()
+    crash = CrashPlan(CrashPoint.INTENT_PERSISTED)
+    with (
+        pytest.raises(SimulatedCrash),
+        effects.run(runtime(tmp_path, charge.adapter, crash=crash, clock=clock), "r"),
+    ):
+        charge(500)
+    rt = runtime(tmp_path, charge.adapter, clock=clock)
+    with effects.run(rt, "r"), pytest.raises(EffectNotSettledError, match="only None means absent"):
+        charge(500)
+    clock.at += timedelta(seconds=901)
+    with effects.run(rt, "r"), pytest.raises(NeedsReviewError):
+        charge(500)
+    assert seen(tmp_path, "charge") == [] and ledger(tmp_path)[-1] is EffectStatus.OUTCOME_UNKNOWN
+
+
+def test_a_body_returning_none_is_found_as_found_none_and_replays(tmp_path: Path) -> None:
+    """A None-returning body whose look-up answers Found(None): settled by key, replayed, no drift."""
+
+    def sent(key: str) -> Found | None:
+        return Found(None) if any(k == key for k, _ in seen(tmp_path, "mail")) else None
+
+    @tether.effect(KIND, target=None, lookup=sent)
+    def mail(cents: int, idempotency_key: str) -> None:
+        record(tmp_path, "mail", idempotency_key, cents)
+
+    crash = CrashPlan(CrashPoint.EFFECT_SENT)
+    with (
+        pytest.raises(SimulatedCrash),
+        effects.run(runtime(tmp_path, mail.adapter, crash=crash), "r"),
+    ):
+        mail(1)
+    with effects.run(runtime(tmp_path, mail.adapter), "r"):
+        again = mail(1)
+        once_more = mail(1)
+    assert again.replayed and again.result == {"value": None}
+    assert once_more.replayed and len(seen(tmp_path, "mail")) == 1

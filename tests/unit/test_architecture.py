@@ -142,6 +142,7 @@ def test_public_api_is_pinned() -> None:
             "CallResult",
             "EffectFunction",
             "EffectToUndo",
+            "Found",
             "GuardedRun",
             "call",
             "call_async",

@@ -38,7 +38,7 @@ from tether.adapters._errors import (
     WorkspaceConfigError,
 )
 from tether.adapters._fncall import current_fence, current_key
-from tether.adapters._function import EffectToUndo, FunctionEffect
+from tether.adapters._function import EffectToUndo, Found, FunctionEffect
 from tether.adapters._http import REFERENCE_PROFILE, HttpEffect, ServiceProfile
 from tether.adapters._httpfields import (
     FENCE,
@@ -70,6 +70,7 @@ __all__ = [
     "Fence",
     "FenceRejectedError",
     "FileWorkspace",
+    "Found",
     "FunctionEffect",
     "FunctionKeyConflictError",
     "FunctionRefusedError",

@@ -27,6 +27,13 @@ takeover an absence is not final: the run goes to review, unless
 which the body reads from :func:`current_fence` and passes on (an
 ``idempotent`` callee needs no fence: both sends carry the same key).
 
+A look-up answers what the body returned for that key (the ledger compares
+the two): ``None`` alone means "nothing under this key"; a body whose
+answer is ``None`` (or any falsy value) is found as ``Found(None)`` (see
+:class:`Found`). Any other falsy answer (``[]``, ``{}``, ``0``, ``False``,
+``""``) is not taken for a receipt nor for an absence: the write stays
+unsettled (in flight) and after ``in_flight_limit_s`` goes to review.
+
 The body reads the key, minted and persisted with the intent before it
 starts, from :func:`current_key` or from a parameter named
 ``idempotency_key`` (``key_parameter``), which is not part of the intent,
@@ -87,6 +94,7 @@ from tether.adapters._base import Adapter, Fence, RoutesKinds
 from tether.adapters._errors import (
     FunctionKeyConflictError,
     FunctionRefusedError,
+    KeyInFlightError,
     NotQueryableError,
     UnresolvedWriteError,
 )
@@ -150,6 +158,18 @@ class EffectToUndo:
     business_object_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A look-up's answer "found under this key, and the body returned ``value``".
+
+    Needed where the body's answer is ``None`` (or another falsy value): a
+    bare ``None`` from a look-up means absence, and a bare falsy value is
+    refused as ambiguous.
+    """
+
+    value: Any = None
+
+
 def _is_exception_types(value: object) -> bool:
     return isinstance(value, tuple) and all(
         isinstance(t, type) and issubclass(t, Exception) for t in value
@@ -165,7 +185,11 @@ class FunctionEffect(RemoteEffect):
     ``target``: the parameter holding the target (default the first; ``None``:
     the kind takes none). ``idempotent``, ``lookup``, ``absent_is_final``,
     ``retention_s`` (keys are remembered at least this long by the callee;
-    ``None``: for ever): what it can prove. ``refusals``, ``conflicts``:
+    ``None``: for ever), ``fencing`` (the callee refuses a stale
+    :func:`current_fence`): what it can prove. ``in_flight_limit_s``: a key
+    the look-up still reports in flight (``UnresolvedWriteError``, or an
+    ambiguous falsy answer) this long after its dispatch goes to review
+    (default 900 s; ``None``: wait for ever). ``refusals``, ``conflicts``:
     exception types meaning "nothing happened" and "the key is held for
     another request". ``compensate``: undoes an effect (``fn(EffectToUndo)``).
     ``object_id``, ``committed_at``: fields of a returned JSON object naming
@@ -194,6 +218,7 @@ class FunctionEffect(RemoteEffect):
         absent_is_final: bool = False,
         fencing: bool = False,
         retention_s: float | None = None,
+        in_flight_limit_s: float | None = 900.0,
         refusals: tuple[type[Exception], ...] = (),
         conflicts: tuple[type[Exception], ...] = (),
         compensate: Callable[..., Any] | None = None,
@@ -254,6 +279,14 @@ class FunctionEffect(RemoteEffect):
             or not 0 < retention_s <= 10 * 366 * 86400
         ):
             raise SpecError("retention_s", "must be positive seconds, at most ten years, or None")
+        if in_flight_limit_s is not None and (
+            isinstance(in_flight_limit_s, bool)
+            or not isinstance(in_flight_limit_s, int | float)
+            or not 0 < in_flight_limit_s <= 30 * 86400
+        ):
+            raise SpecError(
+                "in_flight_limit_s", "must be positive seconds, at most 30 days, or None"
+            )
         for field_name, types in (("refusals", refusals), ("conflicts", conflicts)):
             if not _is_exception_types(types):
                 raise SpecError(field_name, "must be a tuple of exception classes")
@@ -291,6 +324,7 @@ class FunctionEffect(RemoteEffect):
             fencing=fencing,
             absent_is_final=absent_is_final,
             retention_s=None if retention_s is None else float(retention_s),
+            in_flight_limit_s=None if in_flight_limit_s is None else float(in_flight_limit_s),
             stateful=False,
         )
         # The undo's own proofs: none unless declared (the write's are not the undo's).
@@ -530,6 +564,16 @@ class FunctionEffect(RemoteEffect):
             ) from exc
         if value is None:
             return None
+        if isinstance(value, Found):
+            value = value.value
+        elif not value:
+            # [] or 0 or False is neither a record nor a clear "nothing": never a receipt
+            # for a write that may not have been sent, never an absence either.
+            raise KeyInFlightError(
+                key,
+                f"the look-up answered {type(value).__name__} {str(value)[:40]!r}: only None "
+                "means absent; a found record is a value, or Found(value) for a falsy one",
+            )
         return self._receipt(key, UNJUDGED if intent is None else intent.digest, value)
 
     # --- receipts -----------------------------------------------------
