@@ -25,6 +25,7 @@ from tether.core import (
     EffectNotSettledError,
     EffectStatus,
     NeedsReviewError,
+    Phase,
     RunBusyError,
     SpecError,
 )
@@ -229,3 +230,33 @@ def test_a_body_returning_none_is_found_as_found_none_and_replays(tmp_path: Path
         once_more = mail(1)
     assert again.replayed and again.result == {"value": None}
     assert once_more.replayed and len(seen(tmp_path, "mail")) == 1
+
+
+def test_a_body_that_mutates_its_arguments_and_returns_odd_values_still_commits_once(
+    tmp_path: Path,
+) -> None:
+    """Mutated arguments leave the intent whole; a tuple, a 2**60 id, a cycle: committed, replayed."""
+    loop: list[Any] = []
+    loop.append(loop)
+    answers: dict[str, Any] = {
+        "tuple": (17, "https://tickets/17"),
+        "bigint": {"id": 2**60, "text": "hi"},
+        "cycle": loop,
+    }
+
+    @tether.effect(KIND, target=None)
+    def post(items: list[str], shape: str, idempotency_key: str) -> Any:
+        items.append("changed by the body")  # a body that changes what it was handed
+        record(tmp_path, "post", idempotency_key, shape)
+        return answers[shape]
+
+    with effects.run(runtime(tmp_path, post.adapter), "r") as run:
+        with pytest.warns(UserWarning):
+            done = {shape: post(["a"], shape) for shape in answers}
+        again = {shape: post(["a"], shape) for shape in answers}
+        assert run.phase is Phase.RUNNING
+    assert done["tuple"].result == {"value": [17, "https://tickets/17"]}
+    assert done["bigint"].result == {"not_json": "dict", "why": "not a safe integer"}
+    assert done["cycle"].result == {"not_json": "list", "why": "not JSON"}
+    assert all(d.outcome == "executed" for d in done.values())
+    assert all(a.replayed for a in again.values()) and len(seen(tmp_path, "post")) == 3

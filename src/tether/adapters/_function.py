@@ -126,6 +126,7 @@ from tether.core import (
     TetherError,
     canonical_bytes,
     compensated_effect,
+    strict_loads,
 )
 
 #: The largest result a receipt keeps whole (the ledger stores receipts).
@@ -463,7 +464,8 @@ class FunctionEffect(RemoteEffect):
             raise ContractViolationError(
                 "bad_args", "a compensation intent is carried out by compensate(), not execute()"
             )
-        kwargs = dict(intent.args)
+        # A copy of its own: a body that changes its arguments must not change the intent.
+        kwargs = copy.deepcopy(dict(intent.args))
         if self._shape.holder is not None:
             kwargs[self._shape.holder] = intent.target
         if self._shape.key is not None:
@@ -605,25 +607,37 @@ def owner_of(adapter: Adapter, kind: str) -> Adapter | None:
 
 
 def _kept(value: Any, kind: str) -> dict[str, Any]:
-    """What a receipt keeps of a returned value: a JSON object as it is, else wrapped."""
+    """What a receipt keeps of a returned value: a JSON object as it is, else wrapped.
+
+    The effect happened whatever the value is: one that cannot be encoded (not
+    JSON, an integer past 2**53, a cycle, too deep, an object whose methods
+    raise) is kept as its type name, with a warning saying why; it never
+    turns a performed effect into an error.
+    """
     try:
         encoded = canonical_bytes(value)
-    except TetherError:
+        kept = strict_loads(encoded)  # a pure JSON copy: lists for tuples, nothing shared
+    except Exception as exc:  # the user's value: whatever its encoding raised, it returned
+        why = "not a safe integer" if "safe integer" in str(exc) else "not JSON"
+        name = type(value).__name__
         warnings.warn(
-            f"{kind} returned a {type(value).__name__}, not JSON: the receipt records only that "
-            "it returned (return a JSON value to keep it)",
+            f"{kind} returned a {name}, {why} ({str(exc)[:120]}): the receipt records only "
+            "that it returned (return a JSON value, integers within 2**53, to keep it)",
             stacklevel=2,
         )
-        return {"not_json": type(value).__name__}
+        return {"not_json": name, "why": why}
     if len(encoded) > MAX_RESULT_BYTES:
         return {"value_sha256": "sha256:" + hashlib.sha256(encoded).hexdigest()}
-    if isinstance(value, dict):
-        return copy.deepcopy(value)
-    return {"value": copy.deepcopy(value)}
+    if isinstance(kept, dict):
+        return kept
+    return {"value": kept}
 
 
 def _field(value: Any, name: str | None) -> str:
     if name is None or not isinstance(value, dict):
         return ""
-    found = value.get(name)
-    return "" if found is None else str(found)
+    try:
+        found = value.get(name)
+        return "" if found is None else str(found)
+    except Exception:  # the user's object: a field that cannot be read names nothing
+        return ""
