@@ -260,3 +260,20 @@ def test_a_body_that_mutates_its_arguments_and_returns_odd_values_still_commits_
     assert done["cycle"].result == {"not_json": "list", "why": "not JSON"}
     assert all(d.outcome == "executed" for d in done.values())
     assert all(a.replayed for a in again.values()) and len(seen(tmp_path, "post")) == 3
+
+
+def test_a_body_exception_text_is_stored_redacted(tmp_path: Path) -> None:
+    """A secret in the body's exception text reaches neither the caller nor the SQLite file."""
+    secret = "sk_live_" + "Z9" * 16
+
+    @tether.effect(KIND, target=None)
+    def charge(cents: int, idempotency_key: str) -> None:
+        record(tmp_path, "charge", idempotency_key, cents)
+        raise ConnectionError(f"GET https://api.example.com/v1/charge?api_key={secret} reset")
+
+    rt = runtime(tmp_path, charge.adapter)
+    with effects.run(rt, "r"), pytest.raises(NeedsReviewError) as caught:
+        charge(500)
+    assert secret not in str(caught.value) and "ConnectionError" in str(caught.value)
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("runs.sqlite*") if p.is_file())
+    assert secret.encode() not in stored

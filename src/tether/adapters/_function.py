@@ -59,6 +59,12 @@ tether's own ``PreconditionFailedError``,  what the adapter protocol says of it
 anything else                              an unknown outcome (as above)
 =========================================  ====================================
 
+What tether keeps of an exception the body (or look-up) raised, in the
+checkpoint, the trace and the error the caller sees, is its type name and
+its first line redacted (:func:`~tether.adapters._errors.exception_summary`:
+URL credentials and queries, ``token=``-like pairs, bearer tokens and long
+opaque strings removed): an exception's text often carries a secret.
+
 ``compensate=fn`` undoes a committed effect under its own, freshly minted
 key (the compensation protocol: a reviewer orders it): ``fn`` is called with
 an :class:`EffectToUndo` and reads its key the same way. The undo is another
@@ -97,6 +103,7 @@ from tether.adapters._errors import (
     KeyInFlightError,
     NotQueryableError,
     UnresolvedWriteError,
+    exception_summary,
 )
 from tether.adapters._fncall import (
     FIRST_PARAMETER,
@@ -525,7 +532,7 @@ class FunctionEffect(RemoteEffect):
             raise FunctionRefusedError(intent.kind, intent.target, exc) from exc
         except Exception as exc:  # the user's code: whatever it raised, it may have acted
             raise AdapterUnavailableError(
-                f"{intent.kind} under key {key} raised {type(exc).__name__}: {str(exc)[:500]}; "
+                f"{intent.kind} under key {key} raised {exception_summary(exc)}; "
                 "the outcome is unknown (it may have acted)"
             ) from exc
 
@@ -562,7 +569,7 @@ class FunctionEffect(RemoteEffect):
             raise FunctionRefusedError(self._declared.name, "", exc) from exc
         except Exception as exc:  # the user's code: a look-up that failed proves nothing
             raise AdapterUnavailableError(
-                f"the look-up of key {key} raised {type(exc).__name__}: {str(exc)[:500]}"
+                f"the look-up of key {key} raised {exception_summary(exc)}"
             ) from exc
         if value is None:
             return None
