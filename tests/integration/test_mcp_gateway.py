@@ -284,6 +284,25 @@ def test_an_upstream_that_died_between_calls_is_started_again_before_the_next_ef
     assert run_view(setup).state.phase.value == "running"
 
 
+def test_an_effect_after_an_idle_gap_keeps_the_same_upstream(setup: Setup) -> None:
+    """An effect sent after more than a second idle reaches the upstream already running, not a new one."""
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            first = await client.call_tool("add_note", {"text": "one"})
+            assert not first.is_error, text(first)
+            (pid,) = setup.upstream_pids()
+            for n in ("two", "three"):
+                await anyio.sleep(1.2)  # idle past the liveness check's threshold
+                later = await client.call_tool("add_note", {"text": n})
+                assert not later.is_error, text(later)
+                assert meta(later)["outcome"] == "executed"
+                assert setup.upstream_pids() == [pid]
+
+    anyio.run(main)
+    assert setup.rows() == 3
+
+
 @pytest.fixture
 def http_upstream(setup: Setup) -> Iterator[str]:
     """The test upstream served over streamable HTTP on loopback (a process of its own)."""

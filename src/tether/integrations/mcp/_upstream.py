@@ -36,6 +36,8 @@ from tether.core import TetherError
 
 #: JSON-RPC errors with which a server refuses a request it did not carry out.
 REFUSING_CODES = frozenset({types.METHOD_NOT_FOUND, types.INVALID_PARAMS})
+#: What the SDK raises itself when the transport failed (no answer came from the server).
+LOCAL_FAILURE_CODES = frozenset({types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT})
 #: The most pages of tools one listing may take (a paginator that never ends).
 MAX_PAGES = 100
 #: An effect sent on a connection idle this long is preceded by a ping: an upstream that
@@ -220,11 +222,25 @@ class Upstream:
         return result
 
     async def _alive(self, client: Client) -> Client:
-        """``client`` if it answers a ping, else a new connection (``UpstreamDownError``)."""
+        """``client`` if the upstream answers on it, else a new connection (``UpstreamDownError``).
+
+        Any answer proves the connection alive, an error answer too: a
+        server of protocol 2026-07-28, which dropped ``ping``, answers it
+        "method not found". Only a failed transport (the connection closed,
+        or no answer in time) means it is dead.
+        """
         try:
             with anyio.fail_after(min(self.timeout_s, 10.0)):
-                await client.send_ping()
+                # The session's request, not the client's deprecated wrapper: the question is
+                # whether anything answers, and every version answers a ping somehow.
+                await client.session.send_ping()
+            self._last_answer = anyio.current_time()
             return client
+        except MCPError as exc:
+            if exc.code not in LOCAL_FAILURE_CODES:
+                self._last_answer = anyio.current_time()
+                return client  # an answer, if a refusal: the connection is alive
+            self._broken(client)
         except Exception:  # a dead connection: nothing was sent on it
             self._broken(client)
         return await self._connect()
