@@ -18,6 +18,10 @@ or ``charge``, the row is committed, the file removed, and then the named
 process is SIGKILLed before the answer is written: ``parent`` kills the
 gateway that started this server (the gateway killed after forwarding),
 ``self`` kills this server (the upstream killed mid-call).
+
+``NOTES_TEST_SLOW_START`` (a file path): when it exists as the server
+starts, it is removed and the server waits five seconds before it serves
+(an upstream slow to start again).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import signal
 import sqlite3
 import sys
+import time
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -107,6 +112,10 @@ def build(db: str) -> MCPServer:
 
 def main(argv: list[str]) -> None:
     """Serve over stdio, or over streamable HTTP with ``--http PORT``."""
+    slow = os.environ.get("NOTES_TEST_SLOW_START")
+    if slow and os.path.exists(slow):
+        os.remove(slow)
+        time.sleep(5)
     server = build(argv[0])
     if "--http" in argv:
         port = int(argv[argv.index("--http") + 1])

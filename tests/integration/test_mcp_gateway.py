@@ -303,6 +303,47 @@ def test_an_effect_after_an_idle_gap_keeps_the_same_upstream(setup: Setup) -> No
     assert setup.rows() == 3
 
 
+def test_a_gateway_killed_while_the_upstream_starts_again_leaves_a_call_made_again(
+    setup: Setup,
+) -> None:
+    """The gateway SIGKILLed while it starts a dead upstream again for an effect: nothing was dispatched, so asked again it is simply made."""
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            first = await client.call_tool("add_note", {"text": "one"})
+            assert not first.is_error, text(first)
+            (upstream,) = setup.upstream_pids()
+            os.kill(upstream, signal.SIGKILL)
+            setup.slow_start_marker.write_text("slow")
+            await anyio.sleep(1.2)  # idle past the liveness check's threshold
+            (gateway,) = setup.gateway_pids()
+
+            async def kill_once_restarting() -> None:
+                while setup.slow_start_marker.exists():  # the new upstream is starting
+                    await anyio.sleep(0.02)
+                os.kill(gateway, signal.SIGKILL)
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(kill_once_restarting)
+                await client.call_tool("add_note", {"text": "two"})
+
+    with pytest.raises(BaseExceptionGroup):
+        anyio.run(main)
+    assert setup.rows() == 1
+    for pid in setup.upstream_pids():  # the slow upstream outlived its gateway
+        os.kill(pid, signal.SIGKILL)
+
+    async def again() -> None:
+        async with connected(setup.gateway()) as client:
+            answer = await client.call_tool("add_note", {"text": "two"})
+            assert not answer.is_error, text(answer)
+            assert meta(answer)["outcome"] == "executed"
+
+    anyio.run(again)
+    assert setup.rows() == 2
+    assert run_view(setup).state.phase.value == "running"
+
+
 @pytest.fixture
 def http_upstream(setup: Setup) -> Iterator[str]:
     """The test upstream served over streamable HTTP on loopback (a process of its own)."""

@@ -294,6 +294,13 @@ class Gateway:
             return _error(
                 f"tether: the upstream offered no tool {name!r} when the gateway started", meta
             )
+        if self.adapter.effect_of(name) is not None:
+            try:
+                # Before the protocol takes the call: a crash while the upstream is started
+                # again leaves nothing dispatched, so the call is simply made again.
+                await self.upstream.ready()
+            except UpstreamError as exc:  # a recorded answer may still be replayed
+                log(f"{name}: the upstream is not reachable ({exc})")
         for _ in range(_SETTLE_RETRIES):
             try:
                 done = await run.call_async(name, "", {ARGUMENTS: arguments})

@@ -40,8 +40,9 @@ REFUSING_CODES = frozenset({types.METHOD_NOT_FOUND, types.INVALID_PARAMS})
 LOCAL_FAILURE_CODES = frozenset({types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT})
 #: The most pages of tools one listing may take (a paginator that never ends).
 MAX_PAGES = 100
-#: An effect sent on a connection idle this long is preceded by a ping: an upstream that
-#: died between calls is found before the call is sent, not by an unknown outcome after.
+#: An effect sent on a connection idle this long is preceded by a ping (:meth:`Upstream.ready`):
+#: an upstream that died between calls is found before the call is sent, not by an unknown
+#: outcome after.
 PING_AFTER_IDLE_S = 1.0
 
 
@@ -190,13 +191,22 @@ class Upstream:
     ) -> types.CallToolResult:
         """Call ``name`` once; its result, or one of the errors of the module docstring.
 
-        An ``effect`` on a connection idle for :data:`PING_AFTER_IDLE_S` is
-        sent only after a ping answered (else a new connection is opened
-        first): a failure then is known to have sent nothing.
+        An ``effect`` is sent only on the connection :meth:`ready` checked
+        before tether's protocol took the call: it never opens a connection
+        of its own (a stdio upstream started) after the intent was
+        dispatched, where a crash would leave an unknown outcome for
+        something never sent. With no connection it is refused
+        (:class:`UpstreamDownError`): nothing was sent.
         """
-        client = await self._connect()
-        if effect and anyio.current_time() - self._last_answer >= PING_AFTER_IDLE_S:
-            client = await self._alive(client)
+        if effect:
+            client = self._client
+            if client is None:
+                raise UpstreamDownError(
+                    f"{name}: the connection to the upstream was lost before the call was sent; "
+                    "nothing was sent"
+                )
+        else:
+            client = await self._connect()
         try:
             result = await client.call_tool(
                 name,
@@ -220,6 +230,19 @@ class Upstream:
             ) from exc
         self._last_answer = anyio.current_time()
         return result
+
+    async def ready(self) -> None:
+        """Make sure a live connection is open before an effect enters tether's protocol.
+
+        A connection idle for :data:`PING_AFTER_IDLE_S` is asked whether it
+        is alive; a dead one is replaced (a stdio upstream started again).
+        Done before the intent is persisted, so a crash in here leaves a
+        call that is simply made again. Raises :class:`UpstreamDownError`
+        when no connection can be opened.
+        """
+        client = await self._connect()
+        if anyio.current_time() - self._last_answer >= PING_AFTER_IDLE_S:
+            await self._alive(client)
 
     async def _alive(self, client: Client) -> Client:
         """``client`` if the upstream answers on it, else a new connection (``UpstreamDownError``).
