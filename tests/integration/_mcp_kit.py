@@ -109,7 +109,7 @@ class Setup:
             command=sys.executable,
             args=self.gateway_argv(),
             env=child_env(
-                TETHER_TEST_KILL=str(self.kill_marker),
+                NOTES_TEST_KILL=str(self.kill_marker),
                 NOTES_TEST_SLOW_START=str(self.slow_start_marker),
                 **self.extra_env,
             ),
@@ -121,7 +121,7 @@ class Setup:
         return StdioServerParameters(
             command=UPSTREAM[0],
             args=[*UPSTREAM[1:], str(self.db)],
-            env=child_env(TETHER_TEST_KILL=str(self.kill_marker)),
+            env=child_env(NOTES_TEST_KILL=str(self.kill_marker)),
             cwd=str(ROOT),
         )
 

@@ -344,6 +344,26 @@ def test_a_gateway_killed_while_the_upstream_starts_again_leaves_a_call_made_aga
     assert run_view(setup).state.phase.value == "running"
 
 
+def test_the_upstream_child_gets_none_of_tethers_variables(setup: Setup) -> None:
+    """The gateway given tether's keyring, secret keys and tokens in its environment starts the upstream without any of them."""
+    seen = setup.base / "upstream-env.json"
+    setup.extra_env = {
+        "NOTES_TEST_ENV_FILE": str(seen),
+        "TETHER_KEYRING": setup.keyring.read_text(),
+        "TETHER_SECRET_KEYS": '{"k": "secret"}',
+        "TETHER_SERVE_TOKEN": "t" * 32,
+    }
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            answer = await client.call_tool("add_note", {"text": "one"})
+            assert not answer.is_error, text(answer)
+
+    anyio.run(main)
+    assert json.loads(seen.read_text()) == []
+    assert setup.rows() == 1
+
+
 @pytest.fixture
 def http_upstream(setup: Setup) -> Iterator[str]:
     """The test upstream served over streamable HTTP on loopback (a process of its own)."""

@@ -195,14 +195,24 @@ def test_a_header_reads_its_secret_from_the_environment_or_is_refused() -> None:
         expanded_header("no colon here", env)
 
 
-def test_the_upstream_child_never_gets_tethers_keyring(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The upstream started as a child gets the gateway's environment without TETHER_KEYRING*."""
-    from tether.integrations.mcp import stdio_target
+def test_the_upstream_child_never_gets_tethers_own_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The upstream started as a child gets the gateway's environment without any TETHER_* variable but those passed."""
+    from tether.integrations.mcp import UpstreamDownError, stdio_target
 
     monkeypatch.setenv("TETHER_KEYRING", '{"keys": "secret"}')
     monkeypatch.setenv("TETHER_KEYRING_FILE", "/home/me/keyring.json")
+    monkeypatch.setenv("TETHER_SECRET_KEYS", '{"k": "secret"}')
+    monkeypatch.setenv("TETHER_SERVE_TOKEN", "operator-token")
+    monkeypatch.setenv("TETHER_LOG_LEVEL", "debug")
     monkeypatch.setenv("ACME_TOKEN", "for-the-upstream")
     target = stdio_target(["npx", "-y", "@acme/issues-mcp"])
     assert target.env is not None and target.env["ACME_TOKEN"] == "for-the-upstream"
-    assert not [k for k in target.env if k.startswith("TETHER_KEYRING")]
+    assert not [k for k in target.env if k.startswith("TETHER_")]
     assert (target.command, target.args) == ("npx", ["-y", "@acme/issues-mcp"])
+    passed = stdio_target(["npx"], passed=["TETHER_LOG_LEVEL"])
+    assert passed.env is not None
+    assert [k for k in passed.env if k.startswith("TETHER_")] == ["TETHER_LOG_LEVEL"]
+    with pytest.raises(UpstreamDownError, match="--pass-env"):
+        stdio_target(["npx"], passed=["ACME_TOKEN"])

@@ -51,6 +51,15 @@ def add_mcp(sub: Any, seconds: Any) -> None:
         "value is read from the environment, so a token stays out of the command line",
     )
     p.add_argument(
+        "--pass-env",
+        action="append",
+        default=[],
+        metavar="TETHER_NAME",
+        help="a TETHER_* variable the upstream started after -- may see (repeatable); it sees "
+        "every other variable of the gateway's environment, and none of tether's own (keyring, "
+        "secret keys, tokens) unless named here",
+    )
+    p.add_argument(
         "--instance",
         help="the upstream's identity in the run (default: the name the upstream gives itself)",
     )
@@ -118,7 +127,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         task_id=args.task_id,
         lease_ttl_s=float(args.lease_ttl),
     )
-    target = args.upstream if args.upstream else stdio_target(command, os.getcwd())
+    target = args.upstream if args.upstream else stdio_target(command, os.getcwd(), args.pass_env)
     headers = dict(expanded_header(h, os.environ) for h in args.upstream_header)
     upstream = Upstream(target, timeout_s=float(args.call_timeout), headers=headers)
     gateway = Gateway(config, upstream)

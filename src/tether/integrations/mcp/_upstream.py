@@ -36,6 +36,8 @@ from tether.core import TetherError
 
 #: JSON-RPC errors with which a server refuses a request it did not carry out.
 REFUSING_CODES = frozenset({types.METHOD_NOT_FOUND, types.INVALID_PARAMS})
+#: tether's own environment variables (keys, tokens): never given to a stdio upstream.
+TETHER_PREFIX = "TETHER_"
 #: What the SDK raises itself when the transport failed (no answer came from the server).
 LOCAL_FAILURE_CODES = frozenset({types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT})
 #: The most pages of tools one listing may take (a paginator that never ends).
@@ -66,18 +68,29 @@ class UpstreamRefusedError(UpstreamError):
         self.code = code
 
 
-def stdio_target(argv: Sequence[str], cwd: str | None = None) -> StdioServerParameters:
-    """The upstream started as a child: ``argv`` with the gateway's environment.
+def stdio_target(
+    argv: Sequence[str], cwd: str | None = None, passed: Sequence[str] = ()
+) -> StdioServerParameters:
+    """The upstream started as a child: ``argv`` with the gateway's environment, less tether's.
 
     The SDK passes a child only a few variables by default; an upstream
     configured in a desktop client reads its API keys from the environment
     the client gave the gateway, so that is passed on, all of it but
-    tether's own keyring (``TETHER_KEYRING*``): the key that seals the run's
-    checkpoints never reaches the server it guards.
+    tether's own variables (``TETHER_*``: the keyring sealing the run's
+    checkpoints, the secret keys, the operator page's token, ...): what
+    guards the run never reaches the server it guards. ``passed`` names
+    ``TETHER_*`` variables the person lets through (``--pass-env``).
     """
     if not argv:
         raise UpstreamDownError("no upstream command given (after --) and no --upstream URL")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_KEYRING")}
+    for name in passed:
+        if not name.startswith(TETHER_PREFIX):
+            raise UpstreamDownError(
+                f"--pass-env {name}: only tether's own variables ({TETHER_PREFIX}*) are kept "
+                "from the upstream, every other one is passed already"
+            )
+    kept = frozenset(passed)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(TETHER_PREFIX) or k in kept}
     return StdioServerParameters(command=argv[0], args=list(argv[1:]), env=env, cwd=cwd)
 
 
