@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ import pytest
 
 pytest.importorskip("mcp", reason="needs the [mcp] extra")
 
+from mcp import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from tests.integration._mcp_kit import (
@@ -361,6 +363,47 @@ def test_the_upstream_child_gets_none_of_tethers_variables(setup: Setup) -> None
 
     anyio.run(main)
     assert json.loads(seen.read_text()) == []
+    assert setup.rows() == 1
+
+
+def test_another_upstream_behind_the_same_run_is_refused(setup: Setup) -> None:
+    """The same --run with the upstream started on another file is refused with a line naming a new --run; --upstream-moved continues it."""
+
+    async def first() -> None:
+        async with connected(setup.gateway()) as client:
+            answer = await client.call_tool("add_note", {"text": "deploy v2"})
+            assert not answer.is_error, text(answer)
+
+    anyio.run(first)
+    other_db = setup.base / "production.sqlite"
+    argv = [*setup.gateway_argv()[:-1], str(other_db)]
+    refused = subprocess.run(
+        [sys.executable, *argv],
+        env=child_env(),
+        cwd=str(ROOT),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert refused.returncode != 0
+    assert "new --run" in refused.stderr and "--upstream-moved" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+
+    moved = StdioServerParameters(
+        command=sys.executable,
+        args=[*argv[: argv.index("--")], "--upstream-moved", *argv[argv.index("--") :]],
+        env=child_env(),
+        cwd=str(ROOT),
+    )
+
+    async def again() -> None:
+        async with connected(moved) as client:
+            answer = await client.call_tool("add_note", {"text": "deploy v2"})
+            assert meta(answer)["outcome"] == "replayed"  # the person said: the same server
+
+    anyio.run(again)
     assert setup.rows() == 1
 
 

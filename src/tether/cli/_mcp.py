@@ -63,6 +63,12 @@ def add_mcp(sub: Any, seconds: Any) -> None:
         "--instance",
         help="the upstream's identity in the run (default: the name the upstream gives itself)",
     )
+    p.add_argument(
+        "--upstream-moved",
+        action="store_true",
+        help="continue run RUN with an upstream started or reached otherwise than it was (the "
+        "same server at another path or URL); without it, another upstream is refused",
+    )
     p.add_argument("--task-id", help="the run's task id (default: mcp:INSTANCE)")
     p.add_argument(
         "--lease-ttl",
@@ -126,6 +132,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         instance=args.instance,
         task_id=args.task_id,
         lease_ttl_s=float(args.lease_ttl),
+        upstream_moved=bool(args.upstream_moved),
     )
     target = args.upstream if args.upstream else stdio_target(command, os.getcwd(), args.pass_env)
     headers = dict(expanded_header(h, os.environ) for h in args.upstream_header)

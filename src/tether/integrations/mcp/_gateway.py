@@ -52,13 +52,14 @@ from tether.crypto import Keyring, Signer, TrustRoots
 from tether.integrations.mcp._policy import GatewayPolicy, RunRules, run_rules
 from tether.integrations.mcp._tools import (
     ARGUMENTS,
+    NAMESPACE,
     RECEIVED_AT,
     UpstreamTools,
     blocking_reader,
     forwarding_effect,
 )
 from tether.integrations.mcp._upstream import Upstream, UpstreamError, log
-from tether.runtime import Runtime
+from tether.runtime import Runtime, open_run
 from tether.store import open_store
 
 #: Where each answer says what tether did with the call.
@@ -76,7 +77,10 @@ class GatewayConfig:
     the people whose approvals and review decisions count (needed when the
     policy gates a tool); ``instance``: the upstream's identity in the
     run's environment (default: the name the upstream gives itself);
-    ``lease_ttl_s``: how long the run stays held by a gateway that died.
+    ``lease_ttl_s``: how long the run stays held by a gateway that died;
+    ``upstream_moved``: the run continues with an upstream started or
+    reached otherwise than it was (the same server, moved): the identity
+    the run recorded is kept.
     """
 
     store: str
@@ -88,6 +92,7 @@ class GatewayConfig:
     instance: str | None = None
     task_id: str | None = None
     lease_ttl_s: float = 15.0
+    upstream_moved: bool = False
 
 
 def shown_store(url: str) -> str:
@@ -148,7 +153,15 @@ class Gateway:
             if not config.policy.is_read(tool.name)
         }
         reads = frozenset(n for n in names if config.policy.is_read(n))
-        adapter = UpstreamTools(instance, effects_by_tool, reads, reader)
+        fingerprint = self._recorded_identity(instance) if config.upstream_moved else None
+        adapter = UpstreamTools(
+            instance,
+            effects_by_tool,
+            reads,
+            reader,
+            target=self.upstream.target_identity,
+            fingerprint=fingerprint,
+        )
         rules = run_rules(
             config.policy, names, adapter.environment(), config.task_id or f"mcp:{instance}"
         )
@@ -173,6 +186,31 @@ class Gateway:
             lease_ttl_s=config.lease_ttl_s,
         )
 
+    def _recorded_identity(self, instance: str) -> str:
+        """The upstream identity run ``--run`` recorded, for ``--upstream-moved``."""
+        config = self.config
+        store = open_store(config.store)
+        try:
+            view = open_run(store, config.run_id, keyring=config.keyring, history=False)
+        except TetherError as exc:
+            raise SpecError(
+                "--upstream-moved",
+                f"run {config.run_id} cannot be read ({exc}); the flag continues a run that exists",
+            ) from exc
+        finally:
+            close = getattr(store, "close", None)
+            if callable(close):
+                close()
+        recorded = view.state.environment
+        if recorded.namespace != NAMESPACE or recorded.instance_id != instance:
+            raise SpecError(
+                "--upstream-moved",
+                f"run {config.run_id} was started for {recorded.namespace}:{recorded.instance_id}, "
+                f"not this upstream ({NAMESPACE}:{instance}); the flag is for the same server, "
+                "moved",
+            )
+        return recorded.state_fingerprint
+
     async def open_run(self, runtime: Runtime, stack: contextlib.AsyncExitStack) -> None:
         """Start the run, or continue it; wait (up to a lease) for a gateway that died holding it."""
         waited = 0.0
@@ -187,8 +225,11 @@ class Gateway:
                 names = sorted(tool.name for tool in self.tools)
                 log(
                     f"run {self.config.run_id} was started for another task: its task is the "
-                    f"upstream's tool list (now {names}), the instance and the task id; a changed "
-                    "upstream is another task, so give a new --run (the old run stays as it was)"
+                    f"upstream's tool list (now {names}), the instance, the task id and the "
+                    "upstream itself (the command line and directory it is started with, or its "
+                    "URL); another upstream is another task, so give a new --run (the old run "
+                    "stays as it was). If it is the same server, moved (another path, another "
+                    "URL), give --upstream-moved to continue the run with it"
                 )
                 raise
             except LeaseHeldError as exc:

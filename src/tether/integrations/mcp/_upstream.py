@@ -17,12 +17,14 @@ unknown).
 
 from __future__ import annotations
 
+import json
 import os
 import string
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import httpx2
@@ -121,6 +123,25 @@ class Upstream:
         #: The upstream's self-description from its latest connection.
         self.server_info: types.Implementation | None = None
         self.instructions: str | None = None
+
+    @property
+    def target_identity(self) -> str:
+        """What names this upstream in the run: its command line and directory, or its URL.
+
+        A URL's user and password are left out (credentials change, the
+        server does not); headers are not part of it either.
+        """
+        target = self.target
+        if isinstance(target, str):
+            try:
+                parts = urlsplit(target)
+            except ValueError:
+                return json.dumps({"url": target})
+            netloc = parts.netloc.rsplit("@", 1)[-1]
+            return json.dumps({"url": urlunsplit(parts._replace(netloc=netloc))})
+        command = [target.command, *target.args]
+        cwd = None if target.cwd is None else str(target.cwd)
+        return json.dumps({"command": command, "cwd": cwd})
 
     async def start(self, group: TaskGroup) -> None:
         """Open the first connection, in a task of ``group`` (which must outlive the calls)."""
