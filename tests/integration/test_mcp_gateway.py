@@ -504,3 +504,37 @@ def test_a_gated_tool_waits_for_tether_approve(setup: Setup, tmp_path: Path) -> 
 
     anyio.run(again)
     assert setup.rows() == 1
+
+
+def test_an_approved_call_carried_out_by_another_call_is_said_and_replayed(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """A call with other arguments after an approval is told the approved call was carried out; the approved call asked again gets its recorded answer."""
+    keys = tmp_path / "keys"
+    made = tether_main(["keys", "new", "--role", "approver", "--id", "alice", "--out", str(keys)])
+    assert made == 0
+    setup.trust = keys / "alice.trust.json"
+    setup.policy = {"reads": ["count_notes"], "tools": {"add_note": {"needs_approval": True}}}
+
+    async def ask(note: str) -> Any:
+        async with connected(setup.gateway()) as client:
+            return await client.call_tool("add_note", {"text": note})
+
+    waiting = anyio.run(ask, "pay the rent")
+    action = meta(waiting)["action_id"]
+    approve = ["approve", setup.run_id, action, "--store", setup.store]
+    assert tether_main([*approve, "--key", str(keys / "alice.key"), "--yes"]) == 0
+
+    other = anyio.run(ask, "buy a boat")
+    assert other.is_error and meta(other)["waits_for"] == "approval"
+    assert meta(other)["settled_first"] == action
+    said = text(other)
+    assert "carried out the call a person approved" in said and "pay the rent" in said, said
+    assert action in said
+    assert setup.rows() == 1
+
+    again = anyio.run(ask, "pay the rent")
+    assert not again.is_error, text(again)
+    assert meta(again)["outcome"] == "replayed"
+    assert again.structured_content == {"id": 1, "text": "pay the rent"}
+    assert setup.rows() == 1

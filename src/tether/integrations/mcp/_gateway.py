@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,7 @@ from tether.integrations.mcp._tools import (
     UpstreamTools,
     blocking_reader,
     forwarding_effect,
+    text_of,
 )
 from tether.integrations.mcp._upstream import Upstream, UpstreamError, log
 from tether.runtime import Runtime, open_run
@@ -131,6 +133,7 @@ class Gateway:
         self.tools: list[types.Tool] = []
         self.adapter: UpstreamTools | None = None
         self.run: effects.GuardedRun | None = None
+        self.runtime: Runtime | None = None
         #: The run's task and policy, once the upstream's tools are known.
         self.rules: RunRules | None = None
         # Each answer as it arrives, by key: the receipt keeps at most 16 KiB of it.
@@ -175,7 +178,7 @@ class Gateway:
             )
         self.tools = tools
         self.adapter = adapter
-        return Runtime(
+        self.runtime = Runtime(
             store=open_store(config.store),
             keyring=config.keyring,
             adapter=adapter,
@@ -185,6 +188,7 @@ class Gateway:
             principal=config.principal,
             lease_ttl_s=config.lease_ttl_s,
         )
+        return self.runtime
 
     def _recorded_identity(self, instance: str) -> str:
         """The upstream identity run ``--run`` recorded, for ``--upstream-moved``."""
@@ -342,34 +346,117 @@ class Gateway:
                 await self.upstream.ready()
             except UpstreamError as exc:  # a recorded answer may still be replayed
                 log(f"{name}: the upstream is not reachable ({exc})")
+        # An action held for a person that is not this call: a step may carry it out first.
+        held = run.session.state.pending
+        if held is not None and run.waits_for(name, "", {ARGUMENTS: arguments}):
+            held = None
+        notes: list[str] = []
         for _ in range(_SETTLE_RETRIES):
-            try:
-                done = await run.call_async(name, "", {ARGUMENTS: arguments})
-            except EffectNotSettledError as exc:
-                if exc.reason == "settled_earlier_work":
-                    continue  # the run is free now: this call's own turn
-                return _error(f"tether: {name} was not carried out ({exc}); call it again", meta)
-            except ApprovalRequiredError as exc:
-                waits = {"waits_for": "approval", "action_id": exc.action_id}
-                return _error(self._waits_for_approval(name, exc), meta | waits)
-            except NeedsReviewError as exc:
-                waits = {"waits_for": "review", "case_id": exc.case_id, "reason": exc.reason}
-                return _error(self._waits_for_review(name, exc), meta | waits)
-            except EffectRejectedError as exc:
-                return _error(
-                    f"tether: {name} was refused, nothing happened: {exc}",
-                    meta | {"outcome": "rejected"},
-                )
-            except RunTerminalError as exc:
-                return _error(f"tether: the run has ended, nothing is sent any more: {exc}", meta)
-            except (TetherError, UpstreamError) as exc:
-                return _error(f"tether: {name} failed: {type(exc).__name__}: {exc}", meta)
-            return self._answer(done, meta)
+            got = await self._attempt(run, name, arguments)
+            now = run.session.state.pending
+            if held is not None and (now is None or now.action_id != held.action_id):
+                # Say what became of it: the agent may believe nothing was ever sent.
+                notes.append(await anyio.to_thread.run_sync(self._settled_note, run, held))
+                meta = meta | {"settled_first": held.action_id}
+                held = None
+            if got is None:
+                continue  # the run settled earlier work: this call's own turn now
+            if isinstance(got, effects.CallResult):
+                return self._answer(got, meta, notes)
+            text, extra = got
+            return _error(" ".join([*notes, text]), meta | extra)
         return _error(
-            f"tether: {name} was not carried out (the run kept settling); call it again", meta
+            " ".join(
+                [
+                    *notes,
+                    f"tether: {name} was not carried out (the run kept settling); call it again",
+                ]
+            ),
+            meta,
         )
 
-    def _answer(self, done: effects.CallResult, meta: dict[str, Any]) -> types.CallToolResult:
+    async def _attempt(
+        self, run: effects.GuardedRun, name: str, arguments: dict[str, Any]
+    ) -> effects.CallResult | tuple[str, dict[str, Any]] | None:
+        """One try of a call: its result, what stops it (text, meta), or ``None`` (try again)."""
+        try:
+            return await run.call_async(name, "", {ARGUMENTS: arguments})
+        except EffectNotSettledError as exc:
+            if exc.reason == "settled_earlier_work":
+                return None
+            return f"tether: {name} was not carried out ({exc}); call it again", {}
+        except ApprovalRequiredError as exc:
+            if not exc.for_this_call:
+                # The same call, made earlier in the run, is answered from the record: it
+                # waits behind nothing.
+                recorded = await anyio.to_thread.run_sync(self._recorded, run, name, arguments)
+                if recorded is not None:
+                    return recorded
+            waits = {"waits_for": "approval", "action_id": exc.action_id}
+            return self._waits_for_approval(name, exc), waits
+        except NeedsReviewError as exc:
+            waits = {"waits_for": "review", "case_id": exc.case_id, "reason": exc.reason}
+            return self._waits_for_review(name, exc), waits
+        except EffectRejectedError as exc:
+            return f"tether: {name} was refused, nothing happened: {exc}", {"outcome": "rejected"}
+        except RunTerminalError as exc:
+            return f"tether: the run has ended, nothing is sent any more: {exc}", {}
+        except (TetherError, UpstreamError) as exc:
+            return f"tether: {name} failed: {type(exc).__name__}: {exc}", {}
+
+    def _recorded(
+        self, run: effects.GuardedRun, name: str, arguments: dict[str, Any]
+    ) -> effects.CallResult | None:
+        """This call's committed answer, if the run already made the same call (a replay)."""
+        runtime = self.runtime
+        if self.adapter is None or runtime is None or self.adapter.effect_of(name) is None:
+            return None
+        session = run.session
+        try:
+            args = self.adapter.normalize(name, "", {ARGUMENTS: arguments})
+            effect = runtime.effect_of(name, "", args)
+        except TetherError:
+            return None
+        record = session.effects.get(effect)
+        if record is None or record.unsettled is not None or record.committed is None:
+            return None
+        known = record.committed
+        if known.receipt is None:
+            return None
+        return effects.CallResult(
+            known.action_id, name, "", "replayed", effect_digest=effect, receipt=dict(known.receipt)
+        )
+
+    def _settled_note(self, run: effects.GuardedRun, held: Any) -> str:
+        """What the run did with ``held`` (a person's approved call) before this call's turn."""
+        intent = held.intent
+        kind = intent.kind
+        if self.config.policy.rule(kind).sensitive:
+            shown = "(arguments not shown: the tool is sensitive)"
+        else:
+            shown = json.dumps(intent.args.get(ARGUMENTS, intent.args), sort_keys=True)[:500]
+        what = f"{kind} with arguments {shown} (action {held.action_id})"
+        record = run.session.effects.get(run.session.rt.effect_digest(intent))
+        known = None if record is None else record.committed
+        if known is None or known.action_id != held.action_id or known.receipt is None:
+            return (
+                f"tether: before this call, the run settled the call a person approved "
+                f"earlier, {what}; see it with: tether inspect {self.config.run_id}."
+            )
+        key = known.receipt.get("idempotency_key")
+        doc = self._live.get(key) if isinstance(key, str) else None
+        if doc is None:
+            doc = known.receipt.get("result")
+        answer = text_of(doc, 500) if isinstance(doc, dict) else "(kept as a digest)"
+        return (
+            f"tether: before this call, the run carried out the call a person approved earlier: "
+            f"{what}; the upstream answered: {answer}. Calling {kind} again with those "
+            "arguments gets that answer back; nothing is sent again."
+        )
+
+    def _answer(
+        self, done: effects.CallResult, meta: dict[str, Any], notes: list[str] | None = None
+    ) -> types.CallToolResult:
         meta = meta | {"action_id": done.action_id, "outcome": done.outcome}
         if done.effect_digest is not None:
             meta["effect"] = done.effect_digest
@@ -394,6 +481,8 @@ class Gateway:
                 ]
             }
         answer = {k: v for k, v in doc.items() if k != RECEIVED_AT}
+        if notes:  # what the run did first, after the tool's own answer
+            answer["content"] = [*answer["content"], {"type": "text", "text": " ".join(notes)}]
         answer["_meta"] = dict(answer.get("_meta") or {}) | {CALL_META: meta}
         return types.CallToolResult.model_validate(answer)
 
