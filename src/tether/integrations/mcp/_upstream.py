@@ -112,6 +112,16 @@ class Upstream:
     ) -> None:
         if headers and not isinstance(target, str):
             raise UpstreamDownError("headers are for an upstream reached by URL (--upstream)")
+        if isinstance(target, str):
+            try:
+                scheme = urlsplit(target).scheme
+            except ValueError:
+                scheme = "?"
+            if scheme not in {"http", "https"}:
+                raise UpstreamDownError(
+                    "the upstream URL must be http:// or https:// (streamable HTTP); this one "
+                    + (f"is {scheme}://..." if scheme else "has no scheme")
+                )
         self.target = target
         self.timeout_s = timeout_s
         self._headers = dict(headers or {})
@@ -165,11 +175,23 @@ class Upstream:
                 client: Client = await group.start(self._hold)
             except Exception as exc:  # whatever the transport raised: nothing was sent
                 raise UpstreamDownError(
-                    f"cannot connect to the upstream MCP server: {type(exc).__name__}: {exc}"
+                    f"cannot connect to the upstream MCP server: {self._failure(exc)}"
                 ) from exc
             self._client = client
             self._last_answer = anyio.current_time()  # it answered the handshake just now
             return client
+
+    def _failure(self, exc: BaseException) -> str:
+        """What went wrong, in one line: the errors inside the SDK's task groups, not the groups."""
+        leaves = _leaves(exc)
+        said = "; ".join(dict.fromkeys(f"{type(e).__name__}: {e}" for e in leaves))
+        closed = any(isinstance(e, MCPError) and e.code == types.CONNECTION_CLOSED for e in leaves)
+        if closed and not isinstance(self.target, str):
+            said += (
+                f" (the command {self.target.command!r} exited or closed its output before it "
+                "answered the MCP handshake: is it an MCP server speaking over stdio?)"
+            )
+        return said
 
     async def _hold(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep one connection open until it is closed or found broken."""
@@ -308,6 +330,13 @@ class Upstream:
             self._client = None
             if self._closing is not None:
                 self._closing.set()
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions a nest of exception groups carries (``exc`` itself if it is none)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 @asynccontextmanager
