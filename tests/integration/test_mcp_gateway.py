@@ -198,8 +198,13 @@ def test_a_gateway_killed_after_forwarding_leaves_the_call_to_a_person(setup: Se
             assert "tether review" in text(answer) and "agent-run" in text(answer)
             assert meta(answer)["waits_for"] == "review"
             assert meta(answer)["case_id"] in text(answer)
+            # This call is the one whose outcome is unknown: made again only after a fork.
+            assert "with these arguments was sent" in text(answer)
+            assert "tether fork agent-run sha256:" in text(answer)
+            assert "started without --trust" in text(answer)  # no decision can be checked yet
             other = await client.call_tool("add_note", {"text": "something else"})
             assert other.is_error and meta(other)["waits_for"] == "review"
+            assert "with these arguments" not in text(other)
 
     anyio.run(again)
     assert setup.rows() == 1

@@ -44,6 +44,7 @@ from tether.core import (
     EffectRejectedError,
     LeaseHeldError,
     NeedsReviewError,
+    Phase,
     RunTerminalError,
     SpecError,
     TaskMismatchError,
@@ -301,6 +302,11 @@ class Gateway:
             f"run {self.config.run_id} ({phase}): {len(tools)} tools of "
             f"{runtime.adapter.instance_id}"
         )
+        if self.config.trust is None:
+            log(
+                "no --trust: a person's review decision cannot be checked by this gateway; "
+                "give --trust with the reviewers' public keys so a frozen run can be decided"
+            )
         server = self.server()
         async with stdio_server() as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
@@ -347,7 +353,8 @@ class Gateway:
             except UpstreamError as exc:  # a recorded answer may still be replayed
                 log(f"{name}: the upstream is not reachable ({exc})")
         # An action held for a person that is not this call: a step may carry it out first.
-        held = run.session.state.pending
+        # (Only a call waiting for approval: a frozen run's write is a person's to decide.)
+        held = run.session.state.pending if run.phase is Phase.PENDING else None
         if held is not None and run.waits_for(name, "", {ARGUMENTS: arguments}):
             held = None
         notes: list[str] = []
@@ -396,7 +403,11 @@ class Gateway:
             return self._waits_for_approval(name, exc), waits
         except NeedsReviewError as exc:
             waits = {"waits_for": "review", "case_id": exc.case_id, "reason": exc.reason}
-            return self._waits_for_review(name, exc), waits
+            effect = await anyio.to_thread.run_sync(self._effect_digest, name, arguments)
+            record = None if effect is None else run.session.effects.get(effect)
+            # This very call is the one whose earlier attempt's outcome is unknown.
+            mine = record is not None and record.unsettled is not None
+            return self._waits_for_review(name, exc, effect, mine=mine), waits
         except EffectRejectedError as exc:
             return f"tether: {name} was refused, nothing happened: {exc}", {"outcome": "rejected"}
         except RunTerminalError as exc:
@@ -404,20 +415,25 @@ class Gateway:
         except (TetherError, UpstreamError) as exc:
             return f"tether: {name} failed: {type(exc).__name__}: {exc}", {}
 
+    def _effect_digest(self, name: str, arguments: dict[str, Any]) -> str | None:
+        """The effect digest of this call (what a fork names), or ``None`` for a read."""
+        runtime = self.runtime
+        if self.adapter is None or runtime is None or self.adapter.effect_of(name) is None:
+            return None
+        try:
+            args = self.adapter.normalize(name, "", {ARGUMENTS: arguments})
+            return runtime.effect_of(name, "", args)
+        except TetherError:
+            return None
+
     def _recorded(
         self, run: effects.GuardedRun, name: str, arguments: dict[str, Any]
     ) -> effects.CallResult | None:
         """This call's committed answer, if the run already made the same call (a replay)."""
-        runtime = self.runtime
-        if self.adapter is None or runtime is None or self.adapter.effect_of(name) is None:
+        effect = self._effect_digest(name, arguments)
+        if effect is None:
             return None
-        session = run.session
-        try:
-            args = self.adapter.normalize(name, "", {ARGUMENTS: arguments})
-            effect = runtime.effect_of(name, "", args)
-        except TetherError:
-            return None
-        record = session.effects.get(effect)
+        record = run.session.effects.get(effect)
         if record is None or record.unsettled is not None or record.committed is None:
             return None
         known = record.committed
@@ -503,17 +519,37 @@ class Gateway:
             "again with the same arguments."
         )
 
-    def _waits_for_review(self, name: str, exc: NeedsReviewError) -> str:
+    def _waits_for_review(
+        self, name: str, exc: NeedsReviewError, effect: str | None, *, mine: bool
+    ) -> str:
         store = shown_store(self.config.store)
         run_id = self.config.run_id
         case = exc.case_id or "CASE"
         reason = f" ({exc.reason})" if exc.reason else ""
-        return (
+        fork = f"tether fork {run_id} {effect or 'EFFECT'} --store {store} --key REVIEWER.key"
+        text = (
             f"tether: run {run_id} is frozen for a person's review{reason}: a call's "
             "outcome is unknown (it may have happened) and the tool cannot be asked again "
             f"safely, so nothing more is sent until a person decides. {exc.detail} "
             f"A person looks with: tether inspect {run_id} --store {store}; and decides with: "
             f"tether review {run_id} {case} --decision replan|abort --store {store} "
-            f"--key REVIEWER.key (replan: the call did not happen or may be made again; abort: "
+            "--key REVIEWER.key (replan: the run goes on, but the call whose outcome is unknown "
+            "is never made again by asking for it with the same arguments, since it may have "
+            f"happened: to make it again a person signs a fork of its effect ({fork}); abort: "
             f"end the run). Do not call {name} again until then."
-        ).replace("  ", " ")
+        )
+        if mine:
+            text = (
+                f"tether: {name} with these arguments was sent in run {run_id} and its "
+                "outcome is unknown (it may have happened): asking again does not make it "
+                f"again. If a person decides it must be made again, they sign a fork ({fork}) "
+                f"and decide the review below with replan; then call {name} again. Meanwhile: "
+                + text.removeprefix("tether: ")
+            )
+        if self.config.trust is None:
+            text += (
+                " This gateway was started without --trust, so no person's decision can be "
+                "checked: restart it with --trust naming the reviewer's public key (tether "
+                "keys new --role reviewer) for the decision to be applied."
+            )
+        return text.replace("  ", " ")
