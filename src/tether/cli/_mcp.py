@@ -97,6 +97,12 @@ def add_mcp(sub: Any, seconds: Any) -> None:
         "after the policy file changed",
     )
     p.add_argument(
+        "--json",
+        action="store_true",
+        help="print --print-rules and a refusal at start as one JSON object on one line "
+        "(while serving, stdout is the MCP channel either way)",
+    )
+    p.add_argument(
         "command",
         nargs=argparse.REMAINDER,
         metavar="-- COMMAND",
@@ -162,7 +168,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     if args.print_rules:
         rules = anyio.run(gateway.rules_only)
         body = {"task": rules.task.to_json(), "policy": rules.policy.to_json()}
-        print(json.dumps(body, indent=2, sort_keys=True))
+        print(json.dumps(body, sort_keys=True, indent=None if args.json else 2))
         return 0
     anyio.run(gateway.serve_stdio)
     return 0
