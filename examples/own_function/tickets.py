@@ -94,6 +94,7 @@ def cancel_ticket(effect: EffectToUndo, idempotency_key: str) -> dict[str, Any]:
     refusals=(TicketRefused,),
     conflicts=(KeyReused,),
     compensate=cancel_ticket,
+    compensate_idempotent=True,  # the service deduplicates cancellations by key too
     object_id="ticket_id",
     committed_at="created_at",
 )

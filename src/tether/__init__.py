@@ -31,7 +31,7 @@ from tether.core import (
     TetherError,
 )
 from tether.crypto import Keyring, SecretBox, Signer, TrustRoots
-from tether.effects import current_key, effect, function_effect
+from tether.effects import current_fence, current_key, effect, function_effect
 from tether.runtime import (
     Agent,
     AgentContext,
@@ -79,6 +79,7 @@ __all__ = [
     "VerifierResult",
     "Worker",
     "__version__",
+    "current_fence",
     "current_key",
     "effect",
     "effects",

@@ -12,7 +12,7 @@ what it proves declared, then ``fn.adapter`` given to the runtime; or
 From a coroutine: :func:`run_async`, :func:`call_async`.
 """
 
-from tether.adapters import EffectToUndo, FunctionEffect, current_key
+from tether.adapters import EffectToUndo, Found, FunctionEffect, current_fence, current_key
 from tether.runtime._decorator import FIRST_PARAMETER, EffectFunction, effect
 from tether.runtime._effects import (
     CallResult,
@@ -33,10 +33,12 @@ __all__ = [
     "CallResult",
     "EffectFunction",
     "EffectToUndo",
+    "Found",
     "GuardedRun",
     "call",
     "call_async",
     "current",
+    "current_fence",
     "current_key",
     "effect",
     "function_effect",

@@ -108,7 +108,11 @@ class Setup:
         return StdioServerParameters(
             command=sys.executable,
             args=self.gateway_argv(),
-            env=child_env(TETHER_TEST_KILL=str(self.kill_marker), **self.extra_env),
+            env=child_env(
+                NOTES_TEST_KILL=str(self.kill_marker),
+                NOTES_TEST_SLOW_START=str(self.slow_start_marker),
+                **self.extra_env,
+            ),
             cwd=str(ROOT),
         )
 
@@ -117,7 +121,7 @@ class Setup:
         return StdioServerParameters(
             command=UPSTREAM[0],
             args=[*UPSTREAM[1:], str(self.db)],
-            env=child_env(TETHER_TEST_KILL=str(self.kill_marker)),
+            env=child_env(NOTES_TEST_KILL=str(self.kill_marker)),
             cwd=str(ROOT),
         )
 
@@ -130,6 +134,19 @@ class Setup:
                 return int(con.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
             except sqlite3.OperationalError:
                 return 0
+
+    @property
+    def slow_start_marker(self) -> Path:
+        """While this file exists, the next upstream started waits five seconds before serving."""
+        return self.base / "slow-start"
+
+    def gateway_pids(self) -> list[int]:
+        """The gateway processes of this setup's store (read from /proc)."""
+        return [
+            pid
+            for pid, argv in _processes()
+            if b"tether.cli" in argv and self.store.encode() in argv
+        ]
 
     def upstream_pids(self) -> list[int]:
         """The processes serving this setup's upstream file (read from /proc)."""
@@ -149,6 +166,19 @@ class Setup:
     def arm(self, who: str) -> None:
         """Make the upstream's next effect kill ``parent`` (the gateway) or ``self``."""
         self.kill_marker.write_text(who)
+
+
+def _processes() -> list[tuple[int, list[bytes]]]:
+    """Every process's id and command line (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            found.append((int(entry.name), (entry / "cmdline").read_bytes().split(b"\0")))
+        except OSError:
+            continue
+    return found
 
 
 @asynccontextmanager

@@ -13,19 +13,28 @@
 Over HTTP with ``NOTES_TOKEN`` set, ``add_note`` and ``count_notes`` answer
 an error to a request without ``Authorization: Bearer <token>``.
 
-``TETHER_TEST_KILL`` (a file path): when it exists at a call of ``add_note``
+``NOTES_TEST_KILL`` (a file path): when it exists at a call of ``add_note``
 or ``charge``, the row is committed, the file removed, and then the named
 process is SIGKILLed before the answer is written: ``parent`` kills the
 gateway that started this server (the gateway killed after forwarding),
 ``self`` kills this server (the upstream killed mid-call).
+
+``NOTES_TEST_SLOW_START`` (a file path): when it exists as the server
+starts, it is removed and the server waits five seconds before it serves
+(an upstream slow to start again).
+
+``NOTES_TEST_ENV_FILE`` (a file path): the server writes there, as it
+starts, the names of the ``TETHER_*`` variables it was given.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
 import sys
+import time
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -52,7 +61,7 @@ def build(db: str) -> MCPServer:
         return sqlite3.connect(db, timeout=10)
 
     def maybe_die() -> None:
-        marker = os.environ.get("TETHER_TEST_KILL")
+        marker = os.environ.get("NOTES_TEST_KILL")
         if not marker or not os.path.exists(marker):
             return
         with open(marker) as f:
@@ -107,6 +116,14 @@ def build(db: str) -> MCPServer:
 
 def main(argv: list[str]) -> None:
     """Serve over stdio, or over streamable HTTP with ``--http PORT``."""
+    seen = os.environ.get("NOTES_TEST_ENV_FILE")
+    if seen:
+        with open(seen, "w") as f:
+            json.dump(sorted(k for k in os.environ if k.startswith("TETHER_")), f)
+    slow = os.environ.get("NOTES_TEST_SLOW_START")
+    if slow and os.path.exists(slow):
+        os.remove(slow)
+        time.sleep(5)
     server = build(argv[0])
     if "--http" in argv:
         port = int(argv[argv.index("--http") + 1])

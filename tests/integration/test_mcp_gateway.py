@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ import pytest
 
 pytest.importorskip("mcp", reason="needs the [mcp] extra")
 
+from mcp import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from tests.integration._mcp_kit import (
@@ -196,8 +198,13 @@ def test_a_gateway_killed_after_forwarding_leaves_the_call_to_a_person(setup: Se
             assert "tether review" in text(answer) and "agent-run" in text(answer)
             assert meta(answer)["waits_for"] == "review"
             assert meta(answer)["case_id"] in text(answer)
+            # This call is the one whose outcome is unknown: made again only after a fork.
+            assert "with these arguments was sent" in text(answer)
+            assert "tether fork agent-run sha256:" in text(answer)
+            assert "started without --trust" in text(answer)  # no decision can be checked yet
             other = await client.call_tool("add_note", {"text": "something else"})
             assert other.is_error and meta(other)["waits_for"] == "review"
+            assert "with these arguments" not in text(other)
 
     anyio.run(again)
     assert setup.rows() == 1
@@ -282,6 +289,127 @@ def test_an_upstream_that_died_between_calls_is_started_again_before_the_next_ef
     anyio.run(main)
     assert setup.rows() == 2
     assert run_view(setup).state.phase.value == "running"
+
+
+def test_an_effect_after_an_idle_gap_keeps_the_same_upstream(setup: Setup) -> None:
+    """An effect sent after more than a second idle reaches the upstream already running, not a new one."""
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            first = await client.call_tool("add_note", {"text": "one"})
+            assert not first.is_error, text(first)
+            (pid,) = setup.upstream_pids()
+            for n in ("two", "three"):
+                await anyio.sleep(1.2)  # idle past the liveness check's threshold
+                later = await client.call_tool("add_note", {"text": n})
+                assert not later.is_error, text(later)
+                assert meta(later)["outcome"] == "executed"
+                assert setup.upstream_pids() == [pid]
+
+    anyio.run(main)
+    assert setup.rows() == 3
+
+
+def test_a_gateway_killed_while_the_upstream_starts_again_leaves_a_call_made_again(
+    setup: Setup,
+) -> None:
+    """The gateway SIGKILLed while it starts a dead upstream again for an effect: nothing was dispatched, so asked again it is simply made."""
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            first = await client.call_tool("add_note", {"text": "one"})
+            assert not first.is_error, text(first)
+            (upstream,) = setup.upstream_pids()
+            os.kill(upstream, signal.SIGKILL)
+            setup.slow_start_marker.write_text("slow")
+            await anyio.sleep(1.2)  # idle past the liveness check's threshold
+            (gateway,) = setup.gateway_pids()
+
+            async def kill_once_restarting() -> None:
+                while setup.slow_start_marker.exists():  # the new upstream is starting
+                    await anyio.sleep(0.02)
+                os.kill(gateway, signal.SIGKILL)
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(kill_once_restarting)
+                await client.call_tool("add_note", {"text": "two"})
+
+    with pytest.raises(BaseExceptionGroup):
+        anyio.run(main)
+    assert setup.rows() == 1
+    for pid in setup.upstream_pids():  # the slow upstream outlived its gateway
+        os.kill(pid, signal.SIGKILL)
+
+    async def again() -> None:
+        async with connected(setup.gateway()) as client:
+            answer = await client.call_tool("add_note", {"text": "two"})
+            assert not answer.is_error, text(answer)
+            assert meta(answer)["outcome"] == "executed"
+
+    anyio.run(again)
+    assert setup.rows() == 2
+    assert run_view(setup).state.phase.value == "running"
+
+
+def test_the_upstream_child_gets_none_of_tethers_variables(setup: Setup) -> None:
+    """The gateway given tether's keyring, secret keys and tokens in its environment starts the upstream without any of them."""
+    seen = setup.base / "upstream-env.json"
+    setup.extra_env = {
+        "NOTES_TEST_ENV_FILE": str(seen),
+        "TETHER_KEYRING": setup.keyring.read_text(),
+        "TETHER_SECRET_KEYS": '{"k": "secret"}',
+        "TETHER_SERVE_TOKEN": "t" * 32,
+    }
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            answer = await client.call_tool("add_note", {"text": "one"})
+            assert not answer.is_error, text(answer)
+
+    anyio.run(main)
+    assert json.loads(seen.read_text()) == []
+    assert setup.rows() == 1
+
+
+def test_another_upstream_behind_the_same_run_is_refused(setup: Setup) -> None:
+    """The same --run with the upstream started on another file is refused with a line naming a new --run; --upstream-moved continues it."""
+
+    async def first() -> None:
+        async with connected(setup.gateway()) as client:
+            answer = await client.call_tool("add_note", {"text": "deploy v2"})
+            assert not answer.is_error, text(answer)
+
+    anyio.run(first)
+    other_db = setup.base / "production.sqlite"
+    argv = [*setup.gateway_argv()[:-1], str(other_db)]
+    refused = subprocess.run(
+        [sys.executable, *argv],
+        env=child_env(),
+        cwd=str(ROOT),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert refused.returncode != 0
+    assert "new --run" in refused.stderr and "--upstream-moved" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+
+    moved = StdioServerParameters(
+        command=sys.executable,
+        args=[*argv[: argv.index("--")], "--upstream-moved", *argv[argv.index("--") :]],
+        env=child_env(),
+        cwd=str(ROOT),
+    )
+
+    async def again() -> None:
+        async with connected(moved) as client:
+            answer = await client.call_tool("add_note", {"text": "deploy v2"})
+            assert meta(answer)["outcome"] == "replayed"  # the person said: the same server
+
+    anyio.run(again)
+    assert setup.rows() == 1
 
 
 @pytest.fixture
@@ -380,4 +508,38 @@ def test_a_gated_tool_waits_for_tether_approve(setup: Setup, tmp_path: Path) -> 
             assert meta(twice)["outcome"] == "replayed"
 
     anyio.run(again)
+    assert setup.rows() == 1
+
+
+def test_an_approved_call_carried_out_by_another_call_is_said_and_replayed(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """A call with other arguments after an approval is told the approved call was carried out; the approved call asked again gets its recorded answer."""
+    keys = tmp_path / "keys"
+    made = tether_main(["keys", "new", "--role", "approver", "--id", "alice", "--out", str(keys)])
+    assert made == 0
+    setup.trust = keys / "alice.trust.json"
+    setup.policy = {"reads": ["count_notes"], "tools": {"add_note": {"needs_approval": True}}}
+
+    async def ask(note: str) -> Any:
+        async with connected(setup.gateway()) as client:
+            return await client.call_tool("add_note", {"text": note})
+
+    waiting = anyio.run(ask, "pay the rent")
+    action = meta(waiting)["action_id"]
+    approve = ["approve", setup.run_id, action, "--store", setup.store]
+    assert tether_main([*approve, "--key", str(keys / "alice.key"), "--yes"]) == 0
+
+    other = anyio.run(ask, "buy a boat")
+    assert other.is_error and meta(other)["waits_for"] == "approval"
+    assert meta(other)["settled_first"] == action
+    said = text(other)
+    assert "carried out the call a person approved" in said and "pay the rent" in said, said
+    assert action in said
+    assert setup.rows() == 1
+
+    again = anyio.run(ask, "pay the rent")
+    assert not again.is_error, text(again)
+    assert meta(again)["outcome"] == "replayed"
+    assert again.structured_content == {"id": 1, "text": "pay the rent"}
     assert setup.rows() == 1

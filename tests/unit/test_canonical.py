@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -121,3 +123,19 @@ def test_lone_surrogates_are_refused_by_the_strict_parser(text: bytes | str) -> 
     with pytest.raises(CanonicalJSONError, match="surrogate"):
         strict_loads(text)
     assert strict_loads(b'"\\ud83d\\ude00"') == "\U0001f600"
+
+
+def test_a_value_that_holds_itself_or_nests_too_deeply_is_refused_typed() -> None:
+    """A cycle (list or dict) or nesting past the recursion limit raises CanonicalJSONError, not a hang."""
+    loop: list[Any] = []
+    loop.append(loop)
+    mapping: dict[str, Any] = {}
+    mapping["self"] = mapping
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    for value in (loop, mapping, {"a": [loop]}, deep, (deep,)):
+        with pytest.raises(CanonicalJSONError):
+            canonical_bytes(value)
+    shared = [1]
+    assert canonical_bytes([shared, shared]) == b"[[1],[1]]"  # shared, not cyclic: fine

@@ -206,7 +206,10 @@ def test_a_result_too_large_or_not_json_is_kept_as_a_digest_or_a_name() -> None:
     odd = FunctionEffect(KIND, lambda text: {1, 2}, target=None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert odd.execute(KEY, intent_of(odd), odd.environment()).result == {"not_json": "set"}
+        assert odd.execute(KEY, intent_of(odd), odd.environment()).result == {
+            "not_json": "set",
+            "why": "not JSON",
+        }
     assert caught and "not JSON" in str(caught[0].message)
 
 

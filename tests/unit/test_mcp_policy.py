@@ -195,14 +195,61 @@ def test_a_header_reads_its_secret_from_the_environment_or_is_refused() -> None:
         expanded_header("no colon here", env)
 
 
-def test_the_upstream_child_never_gets_tethers_keyring(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The upstream started as a child gets the gateway's environment without TETHER_KEYRING*."""
-    from tether.integrations.mcp import stdio_target
+def test_the_upstream_child_never_gets_tethers_own_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The upstream started as a child gets the gateway's environment without any TETHER_* variable but those passed."""
+    from tether.integrations.mcp import UpstreamDownError, stdio_target
 
     monkeypatch.setenv("TETHER_KEYRING", '{"keys": "secret"}')
     monkeypatch.setenv("TETHER_KEYRING_FILE", "/home/me/keyring.json")
+    monkeypatch.setenv("TETHER_SECRET_KEYS", '{"k": "secret"}')
+    monkeypatch.setenv("TETHER_SERVE_TOKEN", "operator-token")
+    monkeypatch.setenv("TETHER_LOG_LEVEL", "debug")
     monkeypatch.setenv("ACME_TOKEN", "for-the-upstream")
     target = stdio_target(["npx", "-y", "@acme/issues-mcp"])
     assert target.env is not None and target.env["ACME_TOKEN"] == "for-the-upstream"
-    assert not [k for k in target.env if k.startswith("TETHER_KEYRING")]
+    assert not [k for k in target.env if k.startswith("TETHER_")]
     assert (target.command, target.args) == ("npx", ["-y", "@acme/issues-mcp"])
+    passed = stdio_target(["npx"], passed=["TETHER_LOG_LEVEL"])
+    assert passed.env is not None
+    assert [k for k in passed.env if k.startswith("TETHER_")] == ["TETHER_LOG_LEVEL"]
+    with pytest.raises(UpstreamDownError, match="--pass-env"):
+        stdio_target(["npx"], passed=["ACME_TOKEN"])
+
+
+@pytest.mark.parametrize("bad", ["", " r1", "a/b", "a b", "r1\n"])
+def test_a_run_id_that_cannot_be_typed_back_is_a_usage_error(
+    bad: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tether mcp --run` refuses an empty id, whitespace and '/' with a usage error naming --run."""
+    from tether.cli import main as tether_main
+
+    store = f"sqlite:///{tmp_path / 't.sqlite'}"
+    assert tether_main(["mcp", "--store", store, "--run", bad, "--", "true"]) == 2
+    assert "argument --run" in capsys.readouterr().err
+
+
+def test_the_cli_says_why_an_upstream_cannot_be_reached_in_one_line(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad URL scheme, a command that exits at once and a missing policy file each give one clear line, no exception group."""
+    from tether.cli import main as tether_main
+    from tether.crypto import Keyring
+
+    keyring = tmp_path / "keyring.json"
+    Keyring.generate("k1").write_file(keyring)
+    base = ["mcp", "--store", f"sqlite:///{tmp_path / 't.sqlite'}", "--run", "r1"]
+    base += ["--keyring", str(keyring)]
+    cases = [
+        (["--upstream", "ftp://host/mcp"], "http:// or https://"),
+        (["--upstream", "not-a-url"], "has no scheme"),
+        (["--", "false"], "exited or closed its output before it answered"),
+        (["--policy", str(tmp_path / "nosuch.json"), "--", "false"], "--policy: cannot read"),
+    ]
+    for extra, said in cases:
+        assert tether_main([*base, *extra]) != 0
+        err = capsys.readouterr().err
+        assert said in err, err
+        assert "ExceptionGroup" not in err and "TaskGroup" not in err, err
+        assert len(err.strip().splitlines()) == 1, err

@@ -9,6 +9,8 @@ from tether.adapters._base import (
     LooksUpIntents,
     RoutesKinds,
     VerifierResult,
+    absence_outlives_takeover,
+    capabilities_for,
     capabilities_of,
     compensate_with,
     effect_identity,
@@ -17,6 +19,7 @@ from tether.adapters._base import (
     namespace_of,
     offers_compensation,
     offers_snapshots,
+    wants_fence,
 )
 from tether.adapters._composite import Adapters, AdaptersConfigError
 from tether.adapters._errors import (
@@ -34,8 +37,8 @@ from tether.adapters._errors import (
     UnsupportedEntryError,
     WorkspaceConfigError,
 )
-from tether.adapters._fncall import current_key
-from tether.adapters._function import EffectToUndo, FunctionEffect
+from tether.adapters._fncall import current_fence, current_key
+from tether.adapters._function import EffectToUndo, Found, FunctionEffect
 from tether.adapters._http import REFERENCE_PROFILE, HttpEffect, ServiceProfile
 from tether.adapters._httpfields import (
     FENCE,
@@ -67,6 +70,7 @@ __all__ = [
     "Fence",
     "FenceRejectedError",
     "FileWorkspace",
+    "Found",
     "FunctionEffect",
     "FunctionKeyConflictError",
     "FunctionRefusedError",
@@ -92,8 +96,11 @@ __all__ = [
     "VerifierResult",
     "WatchMissedChangeWarning",
     "WorkspaceConfigError",
+    "absence_outlives_takeover",
+    "capabilities_for",
     "capabilities_of",
     "compensate_with",
+    "current_fence",
     "current_key",
     "effect_identity",
     "external_effects",
@@ -107,4 +114,5 @@ __all__ = [
     "parse_fence",
     "parse_sf_string",
     "sf_string",
+    "wants_fence",
 ]

@@ -19,6 +19,7 @@ from tether.core import (
     JSONValue,
     Receipt,
     Verification,
+    compensated_effect,
 )
 
 
@@ -248,6 +249,51 @@ def capabilities_of(adapter: Adapter, kind: str | None) -> Capabilities:
     if kind is not None and _offers(adapter, "owner"):
         return cast(RoutesKinds, adapter).owner(kind).capabilities
     return adapter.capabilities
+
+
+def capabilities_for(adapter: Adapter, intent: Intent | None) -> Capabilities:
+    """What the adapter promises for ``intent``: a compensation's own proofs where it declares
+    them apart (``compensation_capabilities``), else its kind's (see :func:`capabilities_of`).
+
+    An adapter whose undo is a different call from its write (a function
+    effect's ``compensate``) cannot lend the write's proofs to the undo: a
+    refund resent because the charge was idempotent is a second refund.
+    """
+    if intent is None:
+        return capabilities_of(adapter, None)
+    owner: Any = adapter
+    if _offers(adapter, "owner"):
+        owner = cast(RoutesKinds, adapter).owner(intent.kind)
+    if compensated_effect(intent) is not None:
+        caps = getattr(owner, "compensation_capabilities", None)
+        if isinstance(caps, Capabilities):
+            return caps
+    return capabilities_of(adapter, intent.kind)
+
+
+def wants_fence(adapter: Adapter) -> bool:
+    """Whether the runtime hands ``adapter`` its fencing token: it fences, or a function
+    effect (itself or a member) hands it to a body (:func:`~tether.current_fence`)."""
+    if adapter.capabilities.fencing:
+        return True
+    members = getattr(adapter, "members", None) or (adapter,)
+    return any(getattr(m, "absence_needs_fence", False) is True for m in members)
+
+
+def absence_outlives_takeover(adapter: Adapter, intent: Intent) -> bool:
+    """Whether a final absence still proves "never landed" once another worker's lease lapsed.
+
+    An adapter says no with ``absence_needs_fence = True`` (a function effect:
+    its look-up cannot see a request an older worker, paused inside the body,
+    has not sent yet) unless its capabilities declare ``fencing`` (the callee
+    refuses the older worker's stale fence).
+    """
+    owner: Any = adapter
+    if _offers(adapter, "owner"):
+        owner = cast(RoutesKinds, adapter).owner(intent.kind)
+    if getattr(owner, "absence_needs_fence", False) is not True:
+        return True
+    return capabilities_for(adapter, intent).fencing
 
 
 def namespace_of(adapter: Adapter, kind: str | None) -> str:

@@ -6,7 +6,40 @@ handles "the adapter refused or failed" handles these too.
 
 from __future__ import annotations
 
+import re
+
 from tether.core import AdapterError, IdempotencyConflictError, PreconditionFailedError
+
+#: What may carry a secret in an exception's text: a URL's user and query,
+#: a ``name=value`` whose name says secret, a bearer token, a long opaque run.
+_SECRETS = (
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@"), r"\1[redacted]@"),
+    (re.compile(r"(?i)(\?|#)[^\s'\"]*"), r"\1[redacted]"),
+    (re.compile(r"(?i)\b(bearer|basic)\s+\S+"), r"\1 [redacted]"),
+    (
+        re.compile(
+            r"(?i)\b(\w*(?:key|token|secret|passw\w*|pwd|auth\w*|cookie|session|sig\w*))"
+            r"(\s*[=:]\s*)('[^']*'|\"[^\"]*\"|\S+)"
+        ),
+        r"\1\2[redacted]",
+    ),
+    (re.compile(r"[A-Za-z0-9_\-+/=.]{24,}"), "[redacted]"),
+)
+
+
+def exception_summary(error: BaseException) -> str:
+    """An exception as tether stores it (checkpoint, trace): its type and a redacted first line.
+
+    A user's exception text may hold a secret (a URL with a token, a header
+    echoed back): only the first line, at most 200 characters, is kept, with
+    URL credentials and queries, ``token=...``-like pairs, bearer tokens and
+    long opaque strings replaced by ``[redacted]``.
+    """
+    lines = str(error).strip().splitlines()
+    text = lines[0][:200] if lines else ""
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 class WorkspaceConfigError(AdapterError):
@@ -157,7 +190,7 @@ class FunctionRefusedError(PreconditionFailedError):
         self.actual = type(error).__name__
         self.error = error
         AdapterError.__init__(
-            self, f"{kind} refused ({type(error).__name__}: {str(error)[:500]}); nothing happened"
+            self, f"{kind} refused ({exception_summary(error)}); nothing happened"
         )
 
 
@@ -175,8 +208,7 @@ class FunctionKeyConflictError(IdempotencyConflictError):
         self.error = error
         AdapterError.__init__(
             self,
-            f"the callee holds key {key} for another request ({type(error).__name__}: "
-            f"{str(error)[:500]})",
+            f"the callee holds key {key} for another request ({exception_summary(error)})",
         )
 
 

@@ -17,6 +17,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from tether.adapters._base import Fence
 from tether.core import NotInRunError, SpecError
 
 #: The parameter a body (or a compensation) may declare to be handed its key.
@@ -25,6 +26,7 @@ KEY_PARAMETER = "idempotency_key"
 RECEIVERS = frozenset({"self", "cls"})
 
 _key: ContextVar[str | None] = ContextVar("tether_effect_key", default=None)
+_fence: ContextVar[Fence | None] = ContextVar("tether_effect_fence", default=None)
 _caller_loop: ContextVar[asyncio.AbstractEventLoop | None] = ContextVar(
     "tether_caller_loop", default=None
 )
@@ -44,6 +46,20 @@ def current_key() -> str:
             "that tether runs as an effect (@tether.effect, tether.function_effect)"
         )
     return key
+
+
+def current_fence() -> Fence | None:
+    """The run's lease as a fencing token, for the effect whose body is running here.
+
+    ``None`` where the runtime runs without leases. Pass ``lease_version`` to
+    a callee that refuses a token lower than the highest it has seen for the
+    run (and declare ``fencing=True``): a worker paused past its lease, whose
+    run another worker took over, is then refused instead of sending twice.
+    Outside an effect's body: :class:`~tether.core.NotInRunError`.
+    """
+    if _key.get() is None:
+        raise NotInRunError("no effect's body is running here: current_fence() answers inside one")
+    return _fence.get()
 
 
 def inside_effect_body() -> bool:
@@ -158,22 +174,30 @@ def loop_running_here() -> bool:
 
 
 def call_with_key(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], key: str
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    key: str,
+    fence: Fence | None = None,
 ) -> Any:
-    """Run ``fn`` with ``key`` current: a coroutine on the caller's loop (or a fresh one)."""
-    token = _key.set(key)
+    """Run ``fn`` with ``key`` (and ``fence``) current: a coroutine on the caller's loop (or a
+    fresh one)."""
+    token, fenced = _key.set(key), _fence.set(fence)
     try:
         value = fn(*args, **kwargs)
     finally:
+        _fence.reset(fenced)
         _key.reset(token)
     if not inspect.isawaitable(value):
         return value
 
     async def keyed() -> Any:
-        inner = _key.set(key)  # the coroutine runs in its task's own context
+        # The coroutine runs in its task's own context.
+        inner, inner_fence = _key.set(key), _fence.set(fence)
         try:
             return await value
         finally:
+            _fence.reset(inner_fence)
             _key.reset(inner)
 
     loop = _caller_loop.get()

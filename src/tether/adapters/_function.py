@@ -19,6 +19,21 @@ nothing (default)      the outcome is unknown: the run goes to review
                        never run again
 =====================  ========================================================
 
+With leases on, a run whose worker's lease lapsed (a paused process, a
+VM stopped) is taken over by another; the paused one may wake inside the
+body and send. A look-up finding nothing cannot rule that out, so after a
+takeover an absence is not final: the run goes to review, unless
+``fencing=True`` declares that the callee refuses a stale fencing token,
+which the body reads from :func:`current_fence` and passes on (an
+``idempotent`` callee needs no fence: both sends carry the same key).
+
+A look-up answers what the body returned for that key (the ledger compares
+the two): ``None`` alone means "nothing under this key"; a body whose
+answer is ``None`` (or any falsy value) is found as ``Found(None)`` (see
+:class:`Found`). Any other falsy answer (``[]``, ``{}``, ``0``, ``False``,
+``""``) is not taken for a receipt nor for an absence: the write stays
+unsettled (in flight) and after ``in_flight_limit_s`` goes to review.
+
 The body reads the key, minted and persisted with the intent before it
 starts, from :func:`current_key` or from a parameter named
 ``idempotency_key`` (``key_parameter``), which is not part of the intent,
@@ -44,9 +59,19 @@ tether's own ``PreconditionFailedError``,  what the adapter protocol says of it
 anything else                              an unknown outcome (as above)
 =========================================  ====================================
 
+What tether keeps of an exception the body (or look-up) raised, in the
+checkpoint, the trace and the error the caller sees, is its type name and
+its first line redacted (:func:`~tether.adapters._errors.exception_summary`:
+URL credentials and queries, ``token=``-like pairs, bearer tokens and long
+opaque strings removed): an exception's text often carries a secret.
+
 ``compensate=fn`` undoes a committed effect under its own, freshly minted
 key (the compensation protocol: a reviewer orders it): ``fn`` is called with
-an :class:`EffectToUndo` and reads its key the same way.
+an :class:`EffectToUndo` and reads its key the same way. The undo is another
+call than the write, so it proves nothing the write declared: after a crash
+between its send and its receipt, it goes to review and is never run again,
+unless ``compensate_idempotent=True`` declares that the callee deduplicates
+the undo by its key (a refund under a key it remembers).
 
 An ``async def`` body (or look-up, or compensation) is awaited on the event
 loop of the caller that made the call (``await`` on a decorated coroutine
@@ -75,8 +100,10 @@ from tether.adapters._base import Adapter, Fence, RoutesKinds
 from tether.adapters._errors import (
     FunctionKeyConflictError,
     FunctionRefusedError,
+    KeyInFlightError,
     NotQueryableError,
     UnresolvedWriteError,
+    exception_summary,
 )
 from tether.adapters._fncall import (
     FIRST_PARAMETER,
@@ -106,6 +133,7 @@ from tether.core import (
     TetherError,
     canonical_bytes,
     compensated_effect,
+    strict_loads,
 )
 
 #: The largest result a receipt keeps whole (the ledger stores receipts).
@@ -138,6 +166,18 @@ class EffectToUndo:
     business_object_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A look-up's answer "found under this key, and the body returned ``value``".
+
+    Needed where the body's answer is ``None`` (or another falsy value): a
+    bare ``None`` from a look-up means absence, and a bare falsy value is
+    refused as ambiguous.
+    """
+
+    value: Any = None
+
+
 def _is_exception_types(value: object) -> bool:
     return isinstance(value, tuple) and all(
         isinstance(t, type) and issubclass(t, Exception) for t in value
@@ -153,7 +193,11 @@ class FunctionEffect(RemoteEffect):
     ``target``: the parameter holding the target (default the first; ``None``:
     the kind takes none). ``idempotent``, ``lookup``, ``absent_is_final``,
     ``retention_s`` (keys are remembered at least this long by the callee;
-    ``None``: for ever): what it can prove. ``refusals``, ``conflicts``:
+    ``None``: for ever), ``fencing`` (the callee refuses a stale
+    :func:`current_fence`): what it can prove. ``in_flight_limit_s``: a key
+    the look-up still reports in flight (``UnresolvedWriteError``, or an
+    ambiguous falsy answer) this long after its dispatch goes to review
+    (default 900 s; ``None``: wait for ever). ``refusals``, ``conflicts``:
     exception types meaning "nothing happened" and "the key is held for
     another request". ``compensate``: undoes an effect (``fn(EffectToUndo)``).
     ``object_id``, ``committed_at``: fields of a returned JSON object naming
@@ -166,6 +210,10 @@ class FunctionEffect(RemoteEffect):
 
     #: A function's effects are taken to leave the process (undeclared is external).
     local_effects: ClassVar[bool] = False
+    #: A look-up cannot see a request a worker paused inside the body has not
+    #: sent yet: once the run was taken over (a lapsed lease), a final absence
+    #: proves nothing unless ``fencing=True`` (see the module docstring).
+    absence_needs_fence: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -176,10 +224,13 @@ class FunctionEffect(RemoteEffect):
         idempotent: bool = False,
         lookup: Callable[[str], Any] | None = None,
         absent_is_final: bool = False,
+        fencing: bool = False,
         retention_s: float | None = None,
+        in_flight_limit_s: float | None = 900.0,
         refusals: tuple[type[Exception], ...] = (),
         conflicts: tuple[type[Exception], ...] = (),
         compensate: Callable[..., Any] | None = None,
+        compensate_idempotent: bool = False,
         object_id: str | None = None,
         committed_at: str | None = None,
         key_parameter: str = KEY_PARAMETER,
@@ -193,6 +244,14 @@ class FunctionEffect(RemoteEffect):
             raise SpecError(
                 "fn", "is decorated with @tether.effect already: give the runtime its .adapter"
             )
+        for field_name, given in (("fn", fn), ("lookup", lookup), ("compensate", compensate)):
+            if inspect.isgeneratorfunction(given) or inspect.isasyncgenfunction(given):
+                # Calling it runs none of its body: the effect would be recorded, never made.
+                raise SpecError(
+                    field_name,
+                    f"{getattr(given, '__qualname__', given)!r} is a generator function; calling "
+                    "it runs nothing: give a plain function (or async def) that acts and returns",
+                )
         name = kind.name if isinstance(kind, ActionKind) else kind
         if not isinstance(name, str) or not name:
             raise SpecError("kind", "an effect needs its action kind, e.g. 'tickets.create'")
@@ -207,12 +266,19 @@ class FunctionEffect(RemoteEffect):
         for param in shape.signature.parameters.values():
             if param.kind is param.POSITIONAL_ONLY:
                 raise SpecError(fn_name, f"{param.name} is positional-only; name each parameter")
-        for field_name, flag in (("idempotent", idempotent), ("absent_is_final", absent_is_final)):
+        for field_name, flag in (
+            ("idempotent", idempotent),
+            ("absent_is_final", absent_is_final),
+            ("fencing", fencing),
+            ("compensate_idempotent", compensate_idempotent),
+        ):
             if not isinstance(flag, bool):
                 raise SpecError(field_name, f"must be True or False, not {flag!r}")
         for field_name, given in (("lookup", lookup), ("compensate", compensate)):
             if given is not None and not callable(given):
                 raise SpecError(field_name, f"must be a function, not {given!r}")
+        if compensate_idempotent and compensate is None:
+            raise SpecError("compensate_idempotent", "says what compensate proves: give compensate")
         if absent_is_final and lookup is None:
             raise SpecError("absent_is_final", "says what a look-up's absence proves: give lookup")
         if retention_s is not None and (
@@ -221,6 +287,14 @@ class FunctionEffect(RemoteEffect):
             or not 0 < retention_s <= 10 * 366 * 86400
         ):
             raise SpecError("retention_s", "must be positive seconds, at most ten years, or None")
+        if in_flight_limit_s is not None and (
+            isinstance(in_flight_limit_s, bool)
+            or not isinstance(in_flight_limit_s, int | float)
+            or not 0 < in_flight_limit_s <= 30 * 86400
+        ):
+            raise SpecError(
+                "in_flight_limit_s", "must be positive seconds, at most 30 days, or None"
+            )
         for field_name, types in (("refusals", refusals), ("conflicts", conflicts)):
             if not _is_exception_types(types):
                 raise SpecError(field_name, "must be a tuple of exception classes")
@@ -255,8 +329,19 @@ class FunctionEffect(RemoteEffect):
             idempotent=idempotent,
             queryable=lookup is not None,
             conditional_writes=False,
-            fencing=False,
+            fencing=fencing,
             absent_is_final=absent_is_final,
+            retention_s=None if retention_s is None else float(retention_s),
+            in_flight_limit_s=None if in_flight_limit_s is None else float(in_flight_limit_s),
+            stateful=False,
+        )
+        # The undo's own proofs: none unless declared (the write's are not the undo's).
+        self._undo_capabilities = Capabilities(
+            idempotent=compensate_idempotent,
+            queryable=False,
+            conditional_writes=False,
+            fencing=False,
+            absent_is_final=False,
             retention_s=None if retention_s is None else float(retention_s),
             stateful=False,
         )
@@ -321,6 +406,11 @@ class FunctionEffect(RemoteEffect):
         return self._fn
 
     @property
+    def compensation_capabilities(self) -> Capabilities:
+        """What ``compensate`` proves after a crash: only ``compensate_idempotent``, if declared."""
+        return self._undo_capabilities
+
+    @property
     def instance_id(self) -> str:
         """The declared instance (default: the namespace)."""
         return self._instance
@@ -381,12 +471,13 @@ class FunctionEffect(RemoteEffect):
             raise ContractViolationError(
                 "bad_args", "a compensation intent is carried out by compensate(), not execute()"
             )
-        kwargs = dict(intent.args)
+        # A copy of its own: a body that changes its arguments must not change the intent.
+        kwargs = copy.deepcopy(dict(intent.args))
         if self._shape.holder is not None:
             kwargs[self._shape.holder] = intent.target
         if self._shape.key is not None:
             kwargs[self._shape.key] = key
-        value = self._perform(self._fn, (), kwargs, key, intent)
+        value = self._perform(self._fn, (), kwargs, key, intent, fence)
         return self._receipt(key, intent.digest, value)
 
     def compensate(self, key: str, intent: Intent, fence: Fence | None = None) -> Receipt:
@@ -413,7 +504,7 @@ class FunctionEffect(RemoteEffect):
             business_object_id=str(named.get("business_object_id", "")),
         )
         kwargs = {} if self._undo_key is None else {self._undo_key: key}
-        value = self._perform(undo, (effect,), kwargs, key, intent)
+        value = self._perform(undo, (effect,), kwargs, key, intent, fence)
         return self._receipt(key, intent.digest, value)
 
     def _perform(
@@ -423,6 +514,7 @@ class FunctionEffect(RemoteEffect):
         kwargs: dict[str, Any],
         key: str,
         intent: Intent,
+        fence: Fence | None = None,
     ) -> Any:
         """Call one of the user's functions that acts; its exceptions in the protocol's words."""
         if awaits(fn) and loop_running_here():
@@ -431,7 +523,7 @@ class FunctionEffect(RemoteEffect):
                 intent.kind, intent.target, RuntimeError("an async body called from its own loop")
             )
         try:
-            return call_with_key(fn, args, kwargs, key)
+            return call_with_key(fn, args, kwargs, key, fence)
         except _PROTOCOL_ERRORS:
             raise
         except self._conflicts as exc:
@@ -440,7 +532,7 @@ class FunctionEffect(RemoteEffect):
             raise FunctionRefusedError(intent.kind, intent.target, exc) from exc
         except Exception as exc:  # the user's code: whatever it raised, it may have acted
             raise AdapterUnavailableError(
-                f"{intent.kind} under key {key} raised {type(exc).__name__}: {str(exc)[:500]}; "
+                f"{intent.kind} under key {key} raised {exception_summary(exc)}; "
                 "the outcome is unknown (it may have acted)"
             ) from exc
 
@@ -461,6 +553,9 @@ class FunctionEffect(RemoteEffect):
             raise NotQueryableError(f"{self._namespace} declares no look-up by key")
         if not key:
             raise ContractViolationError("bad_key", "the idempotency key must not be empty")
+        if intent is not None and compensated_effect(intent) is not None:
+            # The look-up answers for the write's keys, not for its undo's.
+            raise NotQueryableError(f"{self._namespace} declares no look-up of its compensations")
         if awaits(finder) and loop_running_here():
             raise AdapterUnavailableError(
                 f"{self._namespace}: an async look-up cannot be awaited from its own loop's thread"
@@ -474,10 +569,20 @@ class FunctionEffect(RemoteEffect):
             raise FunctionRefusedError(self._declared.name, "", exc) from exc
         except Exception as exc:  # the user's code: a look-up that failed proves nothing
             raise AdapterUnavailableError(
-                f"the look-up of key {key} raised {type(exc).__name__}: {str(exc)[:500]}"
+                f"the look-up of key {key} raised {exception_summary(exc)}"
             ) from exc
         if value is None:
             return None
+        if isinstance(value, Found):
+            value = value.value
+        elif not value:
+            # [] or 0 or False is neither a record nor a clear "nothing": never a receipt
+            # for a write that may not have been sent, never an absence either.
+            raise KeyInFlightError(
+                key,
+                f"the look-up answered {type(value).__name__} {str(value)[:40]!r}: only None "
+                "means absent; a found record is a value, or Found(value) for a falsy one",
+            )
         return self._receipt(key, UNJUDGED if intent is None else intent.digest, value)
 
     # --- receipts -----------------------------------------------------
@@ -509,25 +614,37 @@ def owner_of(adapter: Adapter, kind: str) -> Adapter | None:
 
 
 def _kept(value: Any, kind: str) -> dict[str, Any]:
-    """What a receipt keeps of a returned value: a JSON object as it is, else wrapped."""
+    """What a receipt keeps of a returned value: a JSON object as it is, else wrapped.
+
+    The effect happened whatever the value is: one that cannot be encoded (not
+    JSON, an integer past 2**53, a cycle, too deep, an object whose methods
+    raise) is kept as its type name, with a warning saying why; it never
+    turns a performed effect into an error.
+    """
     try:
         encoded = canonical_bytes(value)
-    except TetherError:
+        kept = strict_loads(encoded)  # a pure JSON copy: lists for tuples, nothing shared
+    except Exception as exc:  # the user's value: whatever its encoding raised, it returned
+        why = "not a safe integer" if "safe integer" in str(exc) else "not JSON"
+        name = type(value).__name__
         warnings.warn(
-            f"{kind} returned a {type(value).__name__}, not JSON: the receipt records only that "
-            "it returned (return a JSON value to keep it)",
+            f"{kind} returned a {name}, {why} ({str(exc)[:120]}): the receipt records only "
+            "that it returned (return a JSON value, integers within 2**53, to keep it)",
             stacklevel=2,
         )
-        return {"not_json": type(value).__name__}
+        return {"not_json": name, "why": why}
     if len(encoded) > MAX_RESULT_BYTES:
         return {"value_sha256": "sha256:" + hashlib.sha256(encoded).hexdigest()}
-    if isinstance(value, dict):
-        return copy.deepcopy(value)
-    return {"value": copy.deepcopy(value)}
+    if isinstance(kept, dict):
+        return kept
+    return {"value": kept}
 
 
 def _field(value: Any, name: str | None) -> str:
     if name is None or not isinstance(value, dict):
         return ""
-    found = value.get(name)
-    return "" if found is None else str(found)
+    try:
+        found = value.get(name)
+        return "" if found is None else str(found)
+    except Exception:  # the user's object: a field that cannot be read names nothing
+        return ""

@@ -23,7 +23,13 @@ def add_mcp(sub: Any, seconds: Any) -> None:
         "(--upstream URL). Logs go to stderr; stdout is the MCP channel.",
     )
     p.add_argument("--store", required=True, help="store URL: sqlite:///path or postgresql://...")
-    p.add_argument("--run", required=True, metavar="RUN", help="the run every session continues")
+    p.add_argument(
+        "--run",
+        required=True,
+        type=run_id,
+        metavar="RUN",
+        help="the run every session continues (no spaces, no '/')",
+    )
     p.add_argument("--policy", type=Path, help="the gateway's policy file (JSON; default: none)")
     p.add_argument(
         "--keyring",
@@ -51,8 +57,23 @@ def add_mcp(sub: Any, seconds: Any) -> None:
         "value is read from the environment, so a token stays out of the command line",
     )
     p.add_argument(
+        "--pass-env",
+        action="append",
+        default=[],
+        metavar="TETHER_NAME",
+        help="a TETHER_* variable the upstream started after -- may see (repeatable); it sees "
+        "every other variable of the gateway's environment, and none of tether's own (keyring, "
+        "secret keys, tokens) unless named here",
+    )
+    p.add_argument(
         "--instance",
         help="the upstream's identity in the run (default: the name the upstream gives itself)",
+    )
+    p.add_argument(
+        "--upstream-moved",
+        action="store_true",
+        help="continue run RUN with an upstream started or reached otherwise than it was (the "
+        "same server at another path or URL); without it, another upstream is refused",
     )
     p.add_argument("--task-id", help="the run's task id (default: mcp:INSTANCE)")
     p.add_argument(
@@ -76,6 +97,12 @@ def add_mcp(sub: Any, seconds: Any) -> None:
         "after the policy file changed",
     )
     p.add_argument(
+        "--json",
+        action="store_true",
+        help="print --print-rules and a refusal at start as one JSON object on one line "
+        "(while serving, stdout is the MCP channel either way)",
+    )
+    p.add_argument(
         "command",
         nargs=argparse.REMAINDER,
         metavar="-- COMMAND",
@@ -84,10 +111,19 @@ def add_mcp(sub: Any, seconds: Any) -> None:
     p.set_defaults(func=cmd_mcp)
 
 
+def run_id(text: str) -> str:
+    """``--run``: a run id a person can type back (not empty, no whitespace, no ``/``)."""
+    if not text or text != text.strip() or any(c.isspace() or c == "/" for c in text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a run id: give a non-empty name without spaces or '/'"
+        )
+    return text
+
+
 def cmd_mcp(args: argparse.Namespace) -> int:
     import anyio
 
-    from tether.core import TetherError
+    from tether.core import SpecError, TetherError
     from tether.crypto import Keyring, Signer, TrustRoots
     from tether.integrations.mcp import (
         Gateway,
@@ -106,7 +142,13 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             "give the upstream either as a command after -- or as --upstream URL (one of them)"
         )
     keyring = Keyring.from_file(args.keyring) if args.keyring else Keyring.from_environ()
-    policy = GatewayPolicy.from_json(args.policy.read_bytes()) if args.policy else GatewayPolicy()
+    policy = GatewayPolicy()
+    if args.policy:
+        try:
+            text = args.policy.read_bytes()
+        except OSError as exc:
+            raise SpecError("--policy", f"cannot read {args.policy}: {exc.strerror}") from None
+        policy = GatewayPolicy.from_json(text)
     config = GatewayConfig(
         store=args.store,
         run_id=args.run,
@@ -117,15 +159,16 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         instance=args.instance,
         task_id=args.task_id,
         lease_ttl_s=float(args.lease_ttl),
+        upstream_moved=bool(args.upstream_moved),
     )
-    target = args.upstream if args.upstream else stdio_target(command, os.getcwd())
+    target = args.upstream if args.upstream else stdio_target(command, os.getcwd(), args.pass_env)
     headers = dict(expanded_header(h, os.environ) for h in args.upstream_header)
     upstream = Upstream(target, timeout_s=float(args.call_timeout), headers=headers)
     gateway = Gateway(config, upstream)
     if args.print_rules:
         rules = anyio.run(gateway.rules_only)
         body = {"task": rules.task.to_json(), "policy": rules.policy.to_json()}
-        print(json.dumps(body, indent=2, sort_keys=True))
+        print(json.dumps(body, sort_keys=True, indent=None if args.json else 2))
         return 0
     anyio.run(gateway.serve_stdio)
     return 0

@@ -42,14 +42,18 @@ def canonical_bytes(value: JSONValue) -> bytes:
             text = json.dumps(
                 value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
             )
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError) as exc:  # a value that holds itself among them
             raise CanonicalJSONError(f"value is not canonical JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise CanonicalJSONError("value is nested too deeply to be JSON") from exc
         if not risky and text.isascii():
             return text.encode("ascii")
     try:
         return bytes(rfc8785.dumps(value))
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
         raise CanonicalJSONError(f"value is not canonical JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise CanonicalJSONError("value is nested too deeply to be JSON") from exc
 
 
 def _scan(value: JSONValue) -> bool:
@@ -64,8 +68,14 @@ def _scan(value: JSONValue) -> bool:
     """
     risky = False
     stack = [value]
+    # Each container is walked once: a value that holds itself would loop for
+    # ever (the encoder after the scan refuses the cycle, typed).
+    walked: set[int] = set()
     while stack:
         item = stack.pop()
+        if id(item) in walked:
+            continue
+        walked.add(id(item))
         if isinstance(item, dict):
             if set(map(type, item)) != {str}:
                 for key in item:

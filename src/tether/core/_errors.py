@@ -281,6 +281,16 @@ class RunTerminalError(PolicyError):
     """The run is completed, failed or cancelled and refuses all further input."""
 
 
+class RunBusyError(PolicyError):
+    """The run is open already in this process (another block, task or thread acts on it).
+
+    Two blocks on one run in one process would race each other's steps (and,
+    with leases, share one worker's lease): the second is refused before it
+    recovers anything, so the first goes on undisturbed. Wait for the first
+    block to end, or make the call through it.
+    """
+
+
 class RunFrozenError(PolicyError):
     """The run is in needs_review: no proposal or execution until a signed decision."""
 

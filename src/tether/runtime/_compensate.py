@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tether.adapters import capabilities_of, offers_compensation
+from tether.adapters import capabilities_for, offers_compensation
 from tether.core import (
     ActionClass,
     ActionKind,
@@ -85,6 +85,6 @@ def decide(session: Session, document: Any, *, cursor: int | None) -> Transition
         key=rt.ids.new_id("idem"),  # minted once, before anything is sent; never again
         expected_post=rt.adapter.derive_post_state(state.environment, intent),
         now=rt.clock.now(),
-        capabilities=capabilities_of(rt.adapter, kind),
+        capabilities=capabilities_for(rt.adapter, intent),
         cursor=cursor,
     )

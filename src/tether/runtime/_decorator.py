@@ -78,10 +78,13 @@ def effect(
     idempotent: bool = False,
     lookup: Callable[[str], Any] | None = None,
     absent_is_final: bool = False,
+    fencing: bool = False,
     retention_s: float | None = None,
+    in_flight_limit_s: float | None = 900.0,
     refusals: tuple[type[Exception], ...] = (),
     conflicts: tuple[type[Exception], ...] = (),
     compensate: Callable[..., Any] | None = None,
+    compensate_idempotent: bool = False,
     object_id: str | None = None,
     committed_at: str | None = None,
     key_parameter: str = KEY_PARAMETER,
@@ -118,10 +121,13 @@ def effect(
                 idempotent=idempotent,
                 lookup=lookup,
                 absent_is_final=absent_is_final,
+                fencing=fencing,
                 retention_s=retention_s,
+                in_flight_limit_s=in_flight_limit_s,
                 refusals=refusals,
                 conflicts=conflicts,
                 compensate=compensate,
+                compensate_idempotent=compensate_idempotent,
                 object_id=object_id,
                 committed_at=committed_at,
                 key_parameter=key_parameter,
@@ -129,7 +135,7 @@ def effect(
                 instance=instance,
             )
         except SpecError:
-            if declared:
+            if declared or (shape.receiver is None and shape.spread is None):
                 raise
             # A method or a **extra function: only an adapter can perform its kind.
         split = _splitter(fn, shape)

@@ -65,6 +65,7 @@ from tether.core import (
     OutcomeReason,
     Phase,
     Proposal,
+    RunBusyError,
     RunFrozenError,
     RunTerminalError,
     SpecError,
@@ -124,8 +125,10 @@ class GuardedRun:
     entering it again, in a new block.
     """
 
-    def __init__(self, session: RunSession) -> None:
+    def __init__(self, session: RunSession, claim: tuple[int, str] | None = None) -> None:
         self.session = session
+        #: This block's hold on the run in this process (see :func:`_claim`).
+        self._claim = claim
         self._lock = threading.Lock()
         self._tokens: list[Token[GuardedRun | None]] = []
         self._closed = False
@@ -199,7 +202,11 @@ class GuardedRun:
         """Give the run's lease up, so another worker may take it at once (after any call in flight)."""
         with self._lock:
             self._closed = True
-            self.session.release()
+            try:
+                self.session.release()
+            finally:
+                _unclaim(self._claim)
+                self._claim = None
 
     async def call_async(
         self, kind: str, target: str = "", args: dict[str, Any] | None = None
@@ -355,6 +362,35 @@ def _result_of(results: tuple[ActionResult, ...], action_id: str) -> ActionResul
 
 
 _current: ContextVar[GuardedRun | None] = ContextVar("tether_guarded_run", default=None)
+#: The runs open in a block in this process: (id of the runtime, run id).
+_open_runs: set[tuple[int, str]] = set()
+_open_runs_lock = threading.Lock()
+
+
+def _claim(runtime: Runtime, run_id: str) -> tuple[int, str]:
+    """Hold ``run_id`` for one block of ``runtime`` in this process, or refuse (RunBusyError).
+
+    Another task or thread of the same process opening the same run would
+    recover it under this process's own worker name while the first block's
+    step is in flight: both would send (or the first's receipt would hit a
+    newer generation). The second is refused before it reads anything.
+    """
+    held = (id(runtime), run_id)
+    with _open_runs_lock:
+        if held in _open_runs:
+            raise RunBusyError(
+                f"run {run_id} is open in another block of this process (another task or "
+                "thread acts on it); wait for that block to end, or call through it",
+                run_id=run_id,
+            )
+        _open_runs.add(held)
+    return held
+
+
+def _unclaim(held: tuple[int, str] | None) -> None:
+    if held is not None:
+        with _open_runs_lock:
+            _open_runs.discard(held)
 
 
 def _refuse_if_open(run_id: str) -> None:
@@ -379,7 +415,13 @@ def run(
     :meth:`GuardedRun.finish` when the work is done.
     """
     _refuse_if_open(run_id)  # before recovering: that would take the open block's lease
-    with GuardedRun(runtime.start_or_recover(run_id, context)) as guarded:
+    held = _claim(runtime, run_id)
+    try:
+        session = runtime.start_or_recover(run_id, context)
+    except BaseException:
+        _unclaim(held)
+        raise
+    with GuardedRun(session, held) as guarded:
         yield guarded
 
 
@@ -394,8 +436,13 @@ async def run_async(
     def`` bodies on this loop, so many runs in one loop progress together.
     """
     _refuse_if_open(run_id)
-    session = await off_loop(runtime.start_or_recover, run_id, context)
-    async with GuardedRun(session) as guarded:
+    held = _claim(runtime, run_id)
+    try:
+        session = await off_loop(runtime.start_or_recover, run_id, context)
+    except BaseException:
+        _unclaim(held)
+        raise
+    async with GuardedRun(session, held) as guarded:
         yield guarded
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from tether.adapters import UnresolvedWriteError, capabilities_of, look_up
+from tether.adapters import UnresolvedWriteError, capabilities_for, look_up
 from tether.core import (
     ActionClass,
     ActionKind,
@@ -302,8 +302,7 @@ def _reread(
         if pending is not None and pending.idempotency_key == case.idempotency_key
         else None
     )
-    kind = None if intent is None else intent.kind
-    queryable = capabilities_of(rt.adapter, kind).queryable and bool(case.idempotency_key)
+    queryable = capabilities_for(rt.adapter, intent).queryable and bool(case.idempotency_key)
     receipt = _receipt_under(rt, case.idempotency_key, intent) if queryable else None
     if live != case.environment:
         why = f"the environment changed since the case was opened (now version {live.version})"

@@ -19,7 +19,7 @@ import threading
 from datetime import datetime
 from typing import Protocol
 
-from tether.adapters import Adapter, Fence
+from tether.adapters import Adapter, Fence, wants_fence
 from tether.core import LeaseLostError
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import Clock
@@ -140,6 +140,6 @@ class LeaseHolder:
                 raise LeaseLostError(self.run_id, self._released, self._released)
             return None
         self.rt.checkpointer.marks.check_lease(self.run_id, lease.lease_version)
-        if not self.rt.adapter.capabilities.fencing:
+        if not wants_fence(self.rt.adapter):
             return None
         return Fence(self.run_id, lease.lease_version, lease.expires_at)

@@ -19,7 +19,7 @@ from tether.adapters import (
     Adapter,
     ListsReceipts,
     UnresolvedWriteError,
-    capabilities_of,
+    capabilities_for,
     effect_identity,
     external_effects,
     look_up,
@@ -159,7 +159,7 @@ class Runtime:
             adapter=namespace_of(self.adapter, intent.kind),
             kind=intent.kind,
             target=intent.target,
-            retry=retry_semantics(capabilities_of(self.adapter, intent.kind)),
+            retry=retry_semantics(capabilities_for(self.adapter, intent)),
             compensation=Compensation.NONE if declared is None else declared.compensation,
             sensitive=rule is not None and rule.sensitive,
             effect=self.effect_digest(intent),
@@ -482,7 +482,7 @@ class Runtime:
             pending is not None
             and pending.mutating
             and pending.status is EffectStatus.INTENDED
-            and capabilities_of(self.adapter, pending.intent.kind).queryable
+            and capabilities_for(self.adapter, pending.intent).queryable
         ):
             try:
                 receipt = look_up(self.adapter, pending.idempotency_key, pending.intent)

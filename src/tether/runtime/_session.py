@@ -23,7 +23,8 @@ from dataclasses import replace
 from typing import Any
 
 from tether.adapters import (
-    capabilities_of,
+    absence_outlives_takeover,
+    capabilities_for,
     namespace_of,
     offers_snapshots,
 )
@@ -114,6 +115,14 @@ class RunSession(LeaseHolder):
         self.release_secrets = False
         #: When this session began: its working time counts from here, never the downtime before.
         self.resumed_at = runtime.clock.now()
+        # The key of a write an earlier worker dispatched and left unsettled: with
+        # leases on, that worker's lease lapsed and it may still be sending.
+        pending = state.pending
+        self._inherited: str | None = (
+            pending.idempotency_key
+            if pending is not None and pending.status is EffectStatus.DISPATCHED
+            else None
+        )
 
     @property
     def run_id(self) -> str:
@@ -367,12 +376,24 @@ class RunSession(LeaseHolder):
         """What a pure step may need now (the environment unread: a rule asks for it)."""
         rt = self.rt
         kind = None if self.state.pending is None else self.state.pending.intent.kind
+        pending = self.state.pending
+        caps = capabilities_for(rt.adapter, None if pending is None else pending.intent)
+        if (
+            pending is not None
+            and caps.absent_is_final
+            and self.lease is not None
+            and pending.idempotency_key == self._inherited
+            and not absence_outlives_takeover(rt.adapter, pending.intent)
+        ):
+            # Taken over from a worker whose lease lapsed: a look-up that finds
+            # nothing cannot prove that worker is not still about to send.
+            caps = replace(caps, absent_is_final=False)
         return Facts(
             now=rt.clock.now(),
             live=None,
             needs_approval=_humans.needs_approval(rt, self.state),
             case_id=rt.ids.new_id("case"),
-            capabilities=capabilities_of(rt.adapter, kind),
+            capabilities=caps,
             namespace=namespace_of(rt.adapter, kind),
             forbidden=rt.held_problem(self.state),  # judged again before any send
             policy_version=rt.binding.policy_version,

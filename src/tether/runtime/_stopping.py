@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tether.adapters import capabilities_of
+from tether.adapters import capabilities_for
 from tether.core import (
     AdapterUnavailableError,
     EffectStatus,
@@ -57,7 +57,7 @@ def cancel(
     pending = session.state.pending
     if pending is not None and pending.mutating and pending.status is not EffectStatus.INTENDED:
         ask = Lookup(pending.idempotency_key, pending.intent)
-        caps = capabilities_of(session.rt.adapter, pending.intent.kind)
+        caps = capabilities_for(session.rt.adapter, pending.intent)
         answer = session.ask(ask) if caps.queryable else None
         settled = session.decide(
             lambda facts: settle_rules.cancel_pending(session.state, facts, answer)
@@ -84,8 +84,11 @@ def park(
     live = rt.adapter.environment()
     receipt = None
     pending = session.state.pending
-    kind = None if pending is None else pending.intent.kind
-    if pending is not None and pending.mutating and capabilities_of(rt.adapter, kind).queryable:
+    if (
+        pending is not None
+        and pending.mutating
+        and capabilities_for(rt.adapter, pending.intent).queryable
+    ):
         answer = session.ask(Lookup(pending.idempotency_key, pending.intent))
         if answer.status in {LookupStatus.IN_PROGRESS, LookupStatus.UNAVAILABLE}:
             raise AdapterUnavailableError(

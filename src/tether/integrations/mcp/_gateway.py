@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ from tether.core import (
     EffectRejectedError,
     LeaseHeldError,
     NeedsReviewError,
+    Phase,
     RunTerminalError,
     SpecError,
     TaskMismatchError,
@@ -52,13 +54,15 @@ from tether.crypto import Keyring, Signer, TrustRoots
 from tether.integrations.mcp._policy import GatewayPolicy, RunRules, run_rules
 from tether.integrations.mcp._tools import (
     ARGUMENTS,
+    NAMESPACE,
     RECEIVED_AT,
     UpstreamTools,
     blocking_reader,
     forwarding_effect,
+    text_of,
 )
 from tether.integrations.mcp._upstream import Upstream, UpstreamError, log
-from tether.runtime import Runtime
+from tether.runtime import Runtime, open_run
 from tether.store import open_store
 
 #: Where each answer says what tether did with the call.
@@ -76,7 +80,10 @@ class GatewayConfig:
     the people whose approvals and review decisions count (needed when the
     policy gates a tool); ``instance``: the upstream's identity in the
     run's environment (default: the name the upstream gives itself);
-    ``lease_ttl_s``: how long the run stays held by a gateway that died.
+    ``lease_ttl_s``: how long the run stays held by a gateway that died;
+    ``upstream_moved``: the run continues with an upstream started or
+    reached otherwise than it was (the same server, moved): the identity
+    the run recorded is kept.
     """
 
     store: str
@@ -88,6 +95,7 @@ class GatewayConfig:
     instance: str | None = None
     task_id: str | None = None
     lease_ttl_s: float = 15.0
+    upstream_moved: bool = False
 
 
 def shown_store(url: str) -> str:
@@ -126,6 +134,7 @@ class Gateway:
         self.tools: list[types.Tool] = []
         self.adapter: UpstreamTools | None = None
         self.run: effects.GuardedRun | None = None
+        self.runtime: Runtime | None = None
         #: The run's task and policy, once the upstream's tools are known.
         self.rules: RunRules | None = None
         # Each answer as it arrives, by key: the receipt keeps at most 16 KiB of it.
@@ -148,7 +157,15 @@ class Gateway:
             if not config.policy.is_read(tool.name)
         }
         reads = frozenset(n for n in names if config.policy.is_read(n))
-        adapter = UpstreamTools(instance, effects_by_tool, reads, reader)
+        fingerprint = self._recorded_identity(instance) if config.upstream_moved else None
+        adapter = UpstreamTools(
+            instance,
+            effects_by_tool,
+            reads,
+            reader,
+            target=self.upstream.target_identity,
+            fingerprint=fingerprint,
+        )
         rules = run_rules(
             config.policy, names, adapter.environment(), config.task_id or f"mcp:{instance}"
         )
@@ -162,7 +179,7 @@ class Gateway:
             )
         self.tools = tools
         self.adapter = adapter
-        return Runtime(
+        self.runtime = Runtime(
             store=open_store(config.store),
             keyring=config.keyring,
             adapter=adapter,
@@ -172,6 +189,32 @@ class Gateway:
             principal=config.principal,
             lease_ttl_s=config.lease_ttl_s,
         )
+        return self.runtime
+
+    def _recorded_identity(self, instance: str) -> str:
+        """The upstream identity run ``--run`` recorded, for ``--upstream-moved``."""
+        config = self.config
+        store = open_store(config.store)
+        try:
+            view = open_run(store, config.run_id, keyring=config.keyring, history=False)
+        except TetherError as exc:
+            raise SpecError(
+                "--upstream-moved",
+                f"run {config.run_id} cannot be read ({exc}); the flag continues a run that exists",
+            ) from exc
+        finally:
+            close = getattr(store, "close", None)
+            if callable(close):
+                close()
+        recorded = view.state.environment
+        if recorded.namespace != NAMESPACE or recorded.instance_id != instance:
+            raise SpecError(
+                "--upstream-moved",
+                f"run {config.run_id} was started for {recorded.namespace}:{recorded.instance_id}, "
+                f"not this upstream ({NAMESPACE}:{instance}); the flag is for the same server, "
+                "moved",
+            )
+        return recorded.state_fingerprint
 
     async def open_run(self, runtime: Runtime, stack: contextlib.AsyncExitStack) -> None:
         """Start the run, or continue it; wait (up to a lease) for a gateway that died holding it."""
@@ -187,8 +230,11 @@ class Gateway:
                 names = sorted(tool.name for tool in self.tools)
                 log(
                     f"run {self.config.run_id} was started for another task: its task is the "
-                    f"upstream's tool list (now {names}), the instance and the task id; a changed "
-                    "upstream is another task, so give a new --run (the old run stays as it was)"
+                    f"upstream's tool list (now {names}), the instance, the task id and the "
+                    "upstream itself (the command line and directory it is started with, or its "
+                    "URL); another upstream is another task, so give a new --run (the old run "
+                    "stays as it was). If it is the same server, moved (another path, another "
+                    "URL), give --upstream-moved to continue the run with it"
                 )
                 raise
             except LeaseHeldError as exc:
@@ -256,6 +302,11 @@ class Gateway:
             f"run {self.config.run_id} ({phase}): {len(tools)} tools of "
             f"{runtime.adapter.instance_id}"
         )
+        if self.config.trust is None:
+            log(
+                "no --trust: a person's review decision cannot be checked by this gateway; "
+                "give --trust with the reviewers' public keys so a frozen run can be decided"
+            )
         server = self.server()
         async with stdio_server() as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
@@ -294,34 +345,134 @@ class Gateway:
             return _error(
                 f"tether: the upstream offered no tool {name!r} when the gateway started", meta
             )
-        for _ in range(_SETTLE_RETRIES):
+        if self.adapter.effect_of(name) is not None:
             try:
-                done = await run.call_async(name, "", {ARGUMENTS: arguments})
-            except EffectNotSettledError as exc:
-                if exc.reason == "settled_earlier_work":
-                    continue  # the run is free now: this call's own turn
-                return _error(f"tether: {name} was not carried out ({exc}); call it again", meta)
-            except ApprovalRequiredError as exc:
-                waits = {"waits_for": "approval", "action_id": exc.action_id}
-                return _error(self._waits_for_approval(name, exc), meta | waits)
-            except NeedsReviewError as exc:
-                waits = {"waits_for": "review", "case_id": exc.case_id, "reason": exc.reason}
-                return _error(self._waits_for_review(name, exc), meta | waits)
-            except EffectRejectedError as exc:
-                return _error(
-                    f"tether: {name} was refused, nothing happened: {exc}",
-                    meta | {"outcome": "rejected"},
-                )
-            except RunTerminalError as exc:
-                return _error(f"tether: the run has ended, nothing is sent any more: {exc}", meta)
-            except (TetherError, UpstreamError) as exc:
-                return _error(f"tether: {name} failed: {type(exc).__name__}: {exc}", meta)
-            return self._answer(done, meta)
+                # Before the protocol takes the call: a crash while the upstream is started
+                # again leaves nothing dispatched, so the call is simply made again.
+                await self.upstream.ready()
+            except UpstreamError as exc:  # a recorded answer may still be replayed
+                log(f"{name}: the upstream is not reachable ({exc})")
+        # An action held for a person that is not this call: a step may carry it out first.
+        # (Only a call waiting for approval: a frozen run's write is a person's to decide.)
+        held = run.session.state.pending if run.phase is Phase.PENDING else None
+        if held is not None and run.waits_for(name, "", {ARGUMENTS: arguments}):
+            held = None
+        notes: list[str] = []
+        for _ in range(_SETTLE_RETRIES):
+            got = await self._attempt(run, name, arguments)
+            now = run.session.state.pending
+            if held is not None and (now is None or now.action_id != held.action_id):
+                # Say what became of it: the agent may believe nothing was ever sent.
+                notes.append(await anyio.to_thread.run_sync(self._settled_note, run, held))
+                meta = meta | {"settled_first": held.action_id}
+                held = None
+            if got is None:
+                continue  # the run settled earlier work: this call's own turn now
+            if isinstance(got, effects.CallResult):
+                return self._answer(got, meta, notes)
+            text, extra = got
+            return _error(" ".join([*notes, text]), meta | extra)
         return _error(
-            f"tether: {name} was not carried out (the run kept settling); call it again", meta
+            " ".join(
+                [
+                    *notes,
+                    f"tether: {name} was not carried out (the run kept settling); call it again",
+                ]
+            ),
+            meta,
         )
 
-    def _answer(self, done: effects.CallResult, meta: dict[str, Any]) -> types.CallToolResult:
+    async def _attempt(
+        self, run: effects.GuardedRun, name: str, arguments: dict[str, Any]
+    ) -> effects.CallResult | tuple[str, dict[str, Any]] | None:
+        """One try of a call: its result, what stops it (text, meta), or ``None`` (try again)."""
+        try:
+            return await run.call_async(name, "", {ARGUMENTS: arguments})
+        except EffectNotSettledError as exc:
+            if exc.reason == "settled_earlier_work":
+                return None
+            return f"tether: {name} was not carried out ({exc}); call it again", {}
+        except ApprovalRequiredError as exc:
+            if not exc.for_this_call:
+                # The same call, made earlier in the run, is answered from the record: it
+                # waits behind nothing.
+                recorded = await anyio.to_thread.run_sync(self._recorded, run, name, arguments)
+                if recorded is not None:
+                    return recorded
+            waits = {"waits_for": "approval", "action_id": exc.action_id}
+            return self._waits_for_approval(name, exc), waits
+        except NeedsReviewError as exc:
+            waits = {"waits_for": "review", "case_id": exc.case_id, "reason": exc.reason}
+            effect = await anyio.to_thread.run_sync(self._effect_digest, name, arguments)
+            record = None if effect is None else run.session.effects.get(effect)
+            # This very call is the one whose earlier attempt's outcome is unknown.
+            mine = record is not None and record.unsettled is not None
+            return self._waits_for_review(name, exc, effect, mine=mine), waits
+        except EffectRejectedError as exc:
+            return f"tether: {name} was refused, nothing happened: {exc}", {"outcome": "rejected"}
+        except RunTerminalError as exc:
+            return f"tether: the run has ended, nothing is sent any more: {exc}", {}
+        except (TetherError, UpstreamError) as exc:
+            return f"tether: {name} failed: {type(exc).__name__}: {exc}", {}
+
+    def _effect_digest(self, name: str, arguments: dict[str, Any]) -> str | None:
+        """The effect digest of this call (what a fork names), or ``None`` for a read."""
+        runtime = self.runtime
+        if self.adapter is None or runtime is None or self.adapter.effect_of(name) is None:
+            return None
+        try:
+            args = self.adapter.normalize(name, "", {ARGUMENTS: arguments})
+            return runtime.effect_of(name, "", args)
+        except TetherError:
+            return None
+
+    def _recorded(
+        self, run: effects.GuardedRun, name: str, arguments: dict[str, Any]
+    ) -> effects.CallResult | None:
+        """This call's committed answer, if the run already made the same call (a replay)."""
+        effect = self._effect_digest(name, arguments)
+        if effect is None:
+            return None
+        record = run.session.effects.get(effect)
+        if record is None or record.unsettled is not None or record.committed is None:
+            return None
+        known = record.committed
+        if known.receipt is None:
+            return None
+        return effects.CallResult(
+            known.action_id, name, "", "replayed", effect_digest=effect, receipt=dict(known.receipt)
+        )
+
+    def _settled_note(self, run: effects.GuardedRun, held: Any) -> str:
+        """What the run did with ``held`` (a person's approved call) before this call's turn."""
+        intent = held.intent
+        kind = intent.kind
+        if self.config.policy.rule(kind).sensitive:
+            shown = "(arguments not shown: the tool is sensitive)"
+        else:
+            shown = json.dumps(intent.args.get(ARGUMENTS, intent.args), sort_keys=True)[:500]
+        what = f"{kind} with arguments {shown} (action {held.action_id})"
+        record = run.session.effects.get(run.session.rt.effect_digest(intent))
+        known = None if record is None else record.committed
+        if known is None or known.action_id != held.action_id or known.receipt is None:
+            return (
+                f"tether: before this call, the run settled the call a person approved "
+                f"earlier, {what}; see it with: tether inspect {self.config.run_id}."
+            )
+        key = known.receipt.get("idempotency_key")
+        doc = self._live.get(key) if isinstance(key, str) else None
+        if doc is None:
+            doc = known.receipt.get("result")
+        answer = text_of(doc, 500) if isinstance(doc, dict) else "(kept as a digest)"
+        return (
+            f"tether: before this call, the run carried out the call a person approved earlier: "
+            f"{what}; the upstream answered: {answer}. Calling {kind} again with those "
+            "arguments gets that answer back; nothing is sent again."
+        )
+
+    def _answer(
+        self, done: effects.CallResult, meta: dict[str, Any], notes: list[str] | None = None
+    ) -> types.CallToolResult:
         meta = meta | {"action_id": done.action_id, "outcome": done.outcome}
         if done.effect_digest is not None:
             meta["effect"] = done.effect_digest
@@ -346,6 +497,8 @@ class Gateway:
                 ]
             }
         answer = {k: v for k, v in doc.items() if k != RECEIVED_AT}
+        if notes:  # what the run did first, after the tool's own answer
+            answer["content"] = [*answer["content"], {"type": "text", "text": " ".join(notes)}]
         answer["_meta"] = dict(answer.get("_meta") or {}) | {CALL_META: meta}
         return types.CallToolResult.model_validate(answer)
 
@@ -366,17 +519,37 @@ class Gateway:
             "again with the same arguments."
         )
 
-    def _waits_for_review(self, name: str, exc: NeedsReviewError) -> str:
+    def _waits_for_review(
+        self, name: str, exc: NeedsReviewError, effect: str | None, *, mine: bool
+    ) -> str:
         store = shown_store(self.config.store)
         run_id = self.config.run_id
         case = exc.case_id or "CASE"
         reason = f" ({exc.reason})" if exc.reason else ""
-        return (
+        fork = f"tether fork {run_id} {effect or 'EFFECT'} --store {store} --key REVIEWER.key"
+        text = (
             f"tether: run {run_id} is frozen for a person's review{reason}: a call's "
             "outcome is unknown (it may have happened) and the tool cannot be asked again "
             f"safely, so nothing more is sent until a person decides. {exc.detail} "
             f"A person looks with: tether inspect {run_id} --store {store}; and decides with: "
             f"tether review {run_id} {case} --decision replan|abort --store {store} "
-            f"--key REVIEWER.key (replan: the call did not happen or may be made again; abort: "
+            "--key REVIEWER.key (replan: the run goes on, but the call whose outcome is unknown "
+            "is never made again by asking for it with the same arguments, since it may have "
+            f"happened: to make it again a person signs a fork of its effect ({fork}); abort: "
             f"end the run). Do not call {name} again until then."
-        ).replace("  ", " ")
+        )
+        if mine:
+            text = (
+                f"tether: {name} with these arguments was sent in run {run_id} and its "
+                "outcome is unknown (it may have happened): asking again does not make it "
+                f"again. If a person decides it must be made again, they sign a fork ({fork}) "
+                f"and decide the review below with replan; then call {name} again. Meanwhile: "
+                + text.removeprefix("tether: ")
+            )
+        if self.config.trust is None:
+            text += (
+                " This gateway was started without --trust, so no person's decision can be "
+                "checked: restart it with --trust naming the reviewer's public key (tether "
+                "keys new --role reviewer) for the decision to be applied."
+            )
+        return text.replace("  ", " ")

@@ -172,6 +172,8 @@ def forwarding_effect(
 class UpstreamTools:
     """One adapter for all of the upstream's tools: the run's environment is the upstream.
 
+    ``target`` is the upstream's target as :attr:`Upstream.target_identity` says it.
+
     ``effects`` maps each effect tool to its forwarding function effect;
     ``reads`` names the read tools, answered by ``read`` (a blocking call of
     the upstream from the protocol's worker thread) and traced like any
@@ -188,10 +190,14 @@ class UpstreamTools:
         effects: Mapping[str, FunctionEffect],
         reads: frozenset[str],
         read: Callable[[str, dict[str, Any]], dict[str, Any]],
+        *,
+        target: str = "",
+        fingerprint: str | None = None,
     ) -> None:
         if not instance:
             raise ContractViolationError("bad_instance", "the upstream needs an instance name")
         self._instance = instance
+        self._fingerprint = fingerprint or digest({"instance": instance, "target": target})
         self._effects = dict(effects)
         self._reads = {name: tool_kind(name, ActionClass.READ) for name in sorted(reads)}
         self._read = read
@@ -222,9 +228,15 @@ class UpstreamTools:
         )
 
     def environment(self) -> EnvironmentState:
-        """The upstream's identity; version 0 (what it holds is not fingerprinted)."""
-        instance = self._instance
-        return EnvironmentState(NAMESPACE, instance, 0, digest({"instance": instance}))
+        """The upstream's identity; version 0 (what it holds is not fingerprinted).
+
+        Its fingerprint binds the instance and the upstream's target (the
+        command line and directory it is started with, or its URL), so the
+        run's task names one upstream: another one behind the same run is
+        another task, refused. ``fingerprint`` (given) is the identity a
+        run recorded, kept for a server that moved (``--upstream-moved``).
+        """
+        return EnvironmentState(NAMESPACE, self._instance, 0, self._fingerprint)
 
     @property
     def kinds(self) -> tuple[ActionKind, ...]:

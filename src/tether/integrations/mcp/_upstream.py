@@ -17,12 +17,14 @@ unknown).
 
 from __future__ import annotations
 
+import json
 import os
 import string
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import httpx2
@@ -36,10 +38,15 @@ from tether.core import TetherError
 
 #: JSON-RPC errors with which a server refuses a request it did not carry out.
 REFUSING_CODES = frozenset({types.METHOD_NOT_FOUND, types.INVALID_PARAMS})
+#: tether's own environment variables (keys, tokens): never given to a stdio upstream.
+TETHER_PREFIX = "TETHER_"
+#: What the SDK raises itself when the transport failed (no answer came from the server).
+LOCAL_FAILURE_CODES = frozenset({types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT})
 #: The most pages of tools one listing may take (a paginator that never ends).
 MAX_PAGES = 100
-#: An effect sent on a connection idle this long is preceded by a ping: an upstream that
-#: died between calls is found before the call is sent, not by an unknown outcome after.
+#: An effect sent on a connection idle this long is preceded by a ping (:meth:`Upstream.ready`):
+#: an upstream that died between calls is found before the call is sent, not by an unknown
+#: outcome after.
 PING_AFTER_IDLE_S = 1.0
 
 
@@ -63,18 +70,29 @@ class UpstreamRefusedError(UpstreamError):
         self.code = code
 
 
-def stdio_target(argv: Sequence[str], cwd: str | None = None) -> StdioServerParameters:
-    """The upstream started as a child: ``argv`` with the gateway's environment.
+def stdio_target(
+    argv: Sequence[str], cwd: str | None = None, passed: Sequence[str] = ()
+) -> StdioServerParameters:
+    """The upstream started as a child: ``argv`` with the gateway's environment, less tether's.
 
     The SDK passes a child only a few variables by default; an upstream
     configured in a desktop client reads its API keys from the environment
     the client gave the gateway, so that is passed on, all of it but
-    tether's own keyring (``TETHER_KEYRING*``): the key that seals the run's
-    checkpoints never reaches the server it guards.
+    tether's own variables (``TETHER_*``: the keyring sealing the run's
+    checkpoints, the secret keys, the operator page's token, ...): what
+    guards the run never reaches the server it guards. ``passed`` names
+    ``TETHER_*`` variables the person lets through (``--pass-env``).
     """
     if not argv:
         raise UpstreamDownError("no upstream command given (after --) and no --upstream URL")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_KEYRING")}
+    for name in passed:
+        if not name.startswith(TETHER_PREFIX):
+            raise UpstreamDownError(
+                f"--pass-env {name}: only tether's own variables ({TETHER_PREFIX}*) are kept "
+                "from the upstream, every other one is passed already"
+            )
+    kept = frozenset(passed)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(TETHER_PREFIX) or k in kept}
     return StdioServerParameters(command=argv[0], args=list(argv[1:]), env=env, cwd=cwd)
 
 
@@ -94,6 +112,16 @@ class Upstream:
     ) -> None:
         if headers and not isinstance(target, str):
             raise UpstreamDownError("headers are for an upstream reached by URL (--upstream)")
+        if isinstance(target, str):
+            try:
+                scheme = urlsplit(target).scheme
+            except ValueError:
+                scheme = "?"
+            if scheme not in {"http", "https"}:
+                raise UpstreamDownError(
+                    "the upstream URL must be http:// or https:// (streamable HTTP); this one "
+                    + (f"is {scheme}://..." if scheme else "has no scheme")
+                )
         self.target = target
         self.timeout_s = timeout_s
         self._headers = dict(headers or {})
@@ -105,6 +133,25 @@ class Upstream:
         #: The upstream's self-description from its latest connection.
         self.server_info: types.Implementation | None = None
         self.instructions: str | None = None
+
+    @property
+    def target_identity(self) -> str:
+        """What names this upstream in the run: its command line and directory, or its URL.
+
+        A URL's user and password are left out (credentials change, the
+        server does not); headers are not part of it either.
+        """
+        target = self.target
+        if isinstance(target, str):
+            try:
+                parts = urlsplit(target)
+            except ValueError:
+                return json.dumps({"url": target})
+            netloc = parts.netloc.rsplit("@", 1)[-1]
+            return json.dumps({"url": urlunsplit(parts._replace(netloc=netloc))})
+        command = [target.command, *target.args]
+        cwd = None if target.cwd is None else str(target.cwd)
+        return json.dumps({"command": command, "cwd": cwd})
 
     async def start(self, group: TaskGroup) -> None:
         """Open the first connection, in a task of ``group`` (which must outlive the calls)."""
@@ -128,11 +175,23 @@ class Upstream:
                 client: Client = await group.start(self._hold)
             except Exception as exc:  # whatever the transport raised: nothing was sent
                 raise UpstreamDownError(
-                    f"cannot connect to the upstream MCP server: {type(exc).__name__}: {exc}"
+                    f"cannot connect to the upstream MCP server: {self._failure(exc)}"
                 ) from exc
             self._client = client
             self._last_answer = anyio.current_time()  # it answered the handshake just now
             return client
+
+    def _failure(self, exc: BaseException) -> str:
+        """What went wrong, in one line: the errors inside the SDK's task groups, not the groups."""
+        leaves = _leaves(exc)
+        said = "; ".join(dict.fromkeys(f"{type(e).__name__}: {e}" for e in leaves))
+        closed = any(isinstance(e, MCPError) and e.code == types.CONNECTION_CLOSED for e in leaves)
+        if closed and not isinstance(self.target, str):
+            said += (
+                f" (the command {self.target.command!r} exited or closed its output before it "
+                "answered the MCP handshake: is it an MCP server speaking over stdio?)"
+            )
+        return said
 
     async def _hold(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep one connection open until it is closed or found broken."""
@@ -188,13 +247,22 @@ class Upstream:
     ) -> types.CallToolResult:
         """Call ``name`` once; its result, or one of the errors of the module docstring.
 
-        An ``effect`` on a connection idle for :data:`PING_AFTER_IDLE_S` is
-        sent only after a ping answered (else a new connection is opened
-        first): a failure then is known to have sent nothing.
+        An ``effect`` is sent only on the connection :meth:`ready` checked
+        before tether's protocol took the call: it never opens a connection
+        of its own (a stdio upstream started) after the intent was
+        dispatched, where a crash would leave an unknown outcome for
+        something never sent. With no connection it is refused
+        (:class:`UpstreamDownError`): nothing was sent.
         """
-        client = await self._connect()
-        if effect and anyio.current_time() - self._last_answer >= PING_AFTER_IDLE_S:
-            client = await self._alive(client)
+        if effect:
+            client = self._client
+            if client is None:
+                raise UpstreamDownError(
+                    f"{name}: the connection to the upstream was lost before the call was sent; "
+                    "nothing was sent"
+                )
+        else:
+            client = await self._connect()
         try:
             result = await client.call_tool(
                 name,
@@ -219,12 +287,39 @@ class Upstream:
         self._last_answer = anyio.current_time()
         return result
 
+    async def ready(self) -> None:
+        """Make sure a live connection is open before an effect enters tether's protocol.
+
+        A connection idle for :data:`PING_AFTER_IDLE_S` is asked whether it
+        is alive; a dead one is replaced (a stdio upstream started again).
+        Done before the intent is persisted, so a crash in here leaves a
+        call that is simply made again. Raises :class:`UpstreamDownError`
+        when no connection can be opened.
+        """
+        client = await self._connect()
+        if anyio.current_time() - self._last_answer >= PING_AFTER_IDLE_S:
+            await self._alive(client)
+
     async def _alive(self, client: Client) -> Client:
-        """``client`` if it answers a ping, else a new connection (``UpstreamDownError``)."""
+        """``client`` if the upstream answers on it, else a new connection (``UpstreamDownError``).
+
+        Any answer proves the connection alive, an error answer too: a
+        server of protocol 2026-07-28, which dropped ``ping``, answers it
+        "method not found". Only a failed transport (the connection closed,
+        or no answer in time) means it is dead.
+        """
         try:
             with anyio.fail_after(min(self.timeout_s, 10.0)):
-                await client.send_ping()
+                # The session's request, not the client's deprecated wrapper: the question is
+                # whether anything answers, and every version answers a ping somehow.
+                await client.session.send_ping()
+            self._last_answer = anyio.current_time()
             return client
+        except MCPError as exc:
+            if exc.code not in LOCAL_FAILURE_CODES:
+                self._last_answer = anyio.current_time()
+                return client  # an answer, if a refusal: the connection is alive
+            self._broken(client)
         except Exception:  # a dead connection: nothing was sent on it
             self._broken(client)
         return await self._connect()
@@ -235,6 +330,13 @@ class Upstream:
             self._client = None
             if self._closing is not None:
                 self._closing.set()
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions a nest of exception groups carries (``exc`` itself if it is none)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 @asynccontextmanager

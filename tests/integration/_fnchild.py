@@ -1,0 +1,180 @@
+"""A child process for the function-effect attack tests: it acts, and may die (SIGKILL) or stop.
+
+``python -m tests.integration._fnchild DIR SCENARIO STAGE``: ``DIR`` holds the run's
+SQLite store (``runs.sqlite``), the keyring and the world (``world.sqlite``, one row
+per effect the world saw, whoever made it). ``DIE=<tag>`` kills the process with
+SIGKILL right after the world recorded an effect tagged ``<tag>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import sqlite3
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import tether
+from tether import effects
+from tether.core import EffectRecord, new_effect_decision
+from tether.crypto import Keyring, Signer, TrustRoots
+from tether.runtime import Runtime
+from tether.store import SQLiteStore
+
+KIND = "pay.charge"
+
+
+def world(root: Path) -> sqlite3.Connection:
+    """The world's own record of what happened (a real SQLite file, shared by processes)."""
+    conn = sqlite3.connect(root / "world.sqlite", timeout=30, isolation_level=None)
+    conn.execute("CREATE TABLE IF NOT EXISTS fx (tag TEXT, key TEXT, body TEXT)")
+    return conn
+
+
+def record(root: Path, tag: str, key: str, body: Any) -> None:
+    """The world performs one effect; ``DIE=tag`` kills this process right after it."""
+    with world(root) as conn:
+        conn.execute("INSERT INTO fx VALUES (?, ?, ?)", (tag, key, json.dumps(body)))
+    if os.environ.get("DIE") == tag:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def seen(root: Path, tag: str) -> list[tuple[str, str]]:
+    """The effects tagged ``tag`` the world saw: (key, body) each."""
+    with world(root) as conn:
+        return [(k, b) for k, b in conn.execute("SELECT key, body FROM fx WHERE tag = ?", (tag,))]
+
+
+def runtime(root: Path, adapter: Any, **extra: Any) -> Runtime:
+    """A runtime over ``root``'s SQLite store whose one adapter is ``adapter``."""
+    keyfile = root / "keys.json"
+    if not keyfile.exists():
+        Keyring.generate("fnchild-1").write_file(keyfile)
+    env = adapter.environment()
+    kinds = [k.name for k in adapter.kinds]
+    task = tether.TaskSpec.from_json(
+        {
+            "task_id": "fnchild",
+            "task_version": "1",
+            "allowed_kinds": kinds,
+            "allowed_paths": [],
+            "permissions": ["p"],
+            "budgets": {"proposals": 50, "steps": 100, "wall_time_s": 3600, "cost": 10},
+            "initial_environment": {
+                "namespace": env.namespace,
+                "state_fingerprint": env.state_fingerprint,
+            },
+        }
+    )
+    policy = tether.Policy.from_json(
+        {
+            "policy_id": "fnchild",
+            "policy_version": "1",
+            "kinds": {
+                k: {"risk": "low", "permission": "p", "needs_approval": False} for k in kinds
+            },
+            "max_risk": "low",
+            "approval_ttl_s": 600,
+        }
+    )
+    return Runtime(
+        store=SQLiteStore(root / "runs.sqlite"),
+        keyring=Keyring.from_file(keyfile),
+        adapter=adapter,
+        task=task,
+        policy=policy,
+        **extra,
+    )
+
+
+def compensation(root: Path, declared: str, stage: str) -> None:
+    """Charge, then a reviewer orders the refund (the world does not deduplicate refunds)."""
+    reviewer = Signer.from_json((root / "reviewer.json").read_text())
+
+    def find(key: str) -> dict[str, Any] | None:
+        rows = [b for k, b in seen(root, "charge") if k == key]
+        return {"charge": rows[0]} if rows else None
+
+    def refund(effect: Any, idempotency_key: str) -> dict[str, Any]:
+        record(root, "refund", idempotency_key, effect.idempotency_key)
+        return {"refunded": effect.idempotency_key}
+
+    proofs: dict[str, Any] = {
+        "idempotent": {"idempotent": True},
+        "final": {"lookup": find, "absent_is_final": True},
+    }[declared]
+
+    @tether.effect(KIND, target=None, compensate=refund, **proofs)
+    def charge(cents: int, idempotency_key: str) -> dict[str, Any]:
+        record(root, "charge", idempotency_key, cents)
+        return {"charged": cents}
+
+    rt = runtime(root, charge.adapter, trust=TrustRoots.of(reviewer.trust_root()))
+    with effects.run(rt, "r") as run:
+        if stage == "charge":
+            print(charge(500).outcome)
+            return
+        state = run.session.state
+        (entry,) = [e for e in rt.store.ledger("r") if e.status.value == "committed"]
+        found = EffectRecord.find(rt.checkpointer.verified_ledger(state), entry.idempotency_key)
+        if found is None:
+            raise SystemExit("no committed effect to undo")
+        now = datetime.now(UTC)
+        body = new_effect_decision(
+            state,
+            found,
+            reviewer.signer_id,
+            "compensate",
+            issued_at=now,
+            expires_at=now + timedelta(minutes=5),
+            nonce=secrets.token_hex(16),
+        )
+        print(run.session.decide_effect(reviewer.sign(body)).kind.value)
+
+
+def takeover(root: Path, declared: str, stage: str) -> None:
+    """A charge whose body waits (``SLOW``) before it sends; leases on, ttl 1 s.
+
+    ``fenced``: the world refuses a fencing token lower than the highest it saw.
+    """
+
+    def find(key: str) -> dict[str, Any] | None:
+        rows = [b for k, b in seen(root, "charge") if k == key]
+        return {"charge": rows[0]} if rows else None
+
+    fenced = declared == "fenced"
+
+    @tether.effect(KIND, target=None, lookup=find, absent_is_final=True, fencing=fenced)
+    def charge(cents: int, idempotency_key: str) -> dict[str, Any]:
+        record(root, "entered", idempotency_key, cents)
+        if os.environ.get("SLOW"):
+            import time
+
+            time.sleep(3)
+        fence = tether.current_fence()
+        if fence is None:
+            raise SystemExit("leases are on: the body must see its fence")
+        highest = max((int(b) for _, b in seen(root, "fence")), default=0)
+        if fenced and fence.lease_version < highest:
+            raise RuntimeError("stale fence refused")  # the world refuses the older worker
+        record(root, "fence", idempotency_key, fence.lease_version)
+        record(root, "charge", idempotency_key, cents)
+        return {"charged": cents}
+
+    with effects.run(runtime(root, charge.adapter, lease_ttl_s=1), "r"):
+        print(charge(500).outcome)
+
+
+def main() -> None:
+    """Run one scenario's stage in this process."""
+    root, scenario, stage = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    name, _, declared = scenario.partition(":")
+    {"compensation": compensation, "takeover": takeover}[name](root, declared, stage)
+
+
+if __name__ == "__main__":
+    main()
