@@ -266,4 +266,17 @@ def migrations(blob: str) -> list[tuple[int, list[str]]]:
                 f"CREATE INDEX tether_marks_attention ON tether_marks (run_id) WHERE {ATTENTION}",
             ],
         ),
+        (
+            10,
+            [
+                # Checkpoints of schema 4: the signed payload names the state's
+                # big parts (binding, pending write, last write, review cases...)
+                # by digest, and their bytes are stored once as content-addressed
+                # rows of tether_blobs, in the checkpoint's own transaction. No
+                # table changes; the version is recorded so that a tether which
+                # cannot read such checkpoints refuses this database when it
+                # opens it ("newer than this tether"), instead of failing run by
+                # run at recovery after it took their leases.
+            ],
+        ),
     ]
