@@ -111,17 +111,17 @@ REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "own_function" / "quickstart.py"
 
 
-def readme_block(heading: str) -> str:
-    """The first ``python`` code block under ``heading`` in the README."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index(heading) :]
-    start = section.index("```python\n") + len("```python\n")
-    return section[start : section.index("```", start)]
+def first_python_block(page: Path) -> str:
+    """The first ``python`` code block of a docs page."""
+    text = page.read_text()
+    start = text.index("```python\n") + len("```python\n")
+    return text[start : text.index("```", start)]
 
 
-def test_the_readme_shows_the_quickstart_as_it_is() -> None:
-    """The README's "Guard your own function" example is quickstart.py, byte for byte."""
-    assert readme_block("### Guard your own function") == QUICKSTART.read_text()
+def test_the_docs_show_the_quickstart_as_it_is() -> None:
+    """The "Guard your own function" page's example is quickstart.py, byte for byte."""
+    page = REPO / "docs" / "how-to" / "own-function.md"
+    assert first_python_block(page) == QUICKSTART.read_text()
 
 
 def quickstart(cwd: Path, url: str) -> subprocess.Popen[str]:
