@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint types unit optimized bench bench-compare clean
+.PHONY: demo test lint types docs docs-check unit optimized bench bench-compare clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,16 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(BIN)/mypy -p tether -p examples
 
+# The docs site (mkdocs.yml, docs/): `make docs` serves it on 127.0.0.1:8000 and
+# rebuilds on every edit; `make docs-check` builds it with --strict (a broken link,
+# a page left out of the nav or a stale API name fails). The pages' code blocks
+# run in `make unit` (tests/docs).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+docs-check: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
+
 # --durations: each pass ends with its slowest tests, where CI's time goes.
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15
@@ -34,7 +44,7 @@ unit: $(STAMP)
 optimized: $(STAMP)
 	TETHER_CRASH_TRIALS=3 $(BIN)/python -O -m pytest -q -p no:cacheprovider --durations=15
 
-test: lint types unit optimized
+test: lint types docs-check unit optimized
 
 bench: $(STAMP)
 	$(BIN)/python bench/checkpoint.py
@@ -44,7 +54,7 @@ bench: $(STAMP)
 
 # tether side by side with LangGraph and DBOS (bench/compare.py). The peers are
 # installed here only, never by `make test`; the run writes bench/compare.md,
-# bench/compare.json and the README's compare-marked table.
+# bench/compare.json and the compare-marked table of docs/explanation/benchmarks.md.
 PEERS := langgraph-checkpoint-sqlite langgraph-checkpoint-postgres dbos
 
 bench-compare: $(STAMP)
@@ -52,4 +62,4 @@ bench-compare: $(STAMP)
 	$(BIN)/python bench/compare.py $(COMPARE_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache site

@@ -36,10 +36,11 @@ bytes per step flat in history, 0 duplicates for tether where every peer has
 more than 0. The script prints the ratios, whether each target is met, and
 writes the Markdown report to ``--out`` (default ``bench/compare.md``), the
 run's figures beside it as JSON (``bench/compare.json``) and, when ``--out``
-is the default, the table between the README's ``<!-- compare:begin`` and
-``<!-- compare:end`` lines (all three rendered by ``bench/_compare_report.py``
-from those figures). ``--readme-only`` measures nothing and renders the
-README's table again from the saved JSON.
+is the default, the table between the ``<!-- compare:begin`` and
+``<!-- compare:end`` lines of the docs' benchmarks page,
+``docs/explanation/benchmarks.md`` (all three rendered by
+``bench/_compare_report.py`` from those figures). ``--readme-only`` measures
+nothing and renders that page's table again from the saved JSON.
 
 Run: ``make bench-compare`` (installs the peers), or
 ``.venv/bin/python bench/compare.py [--rounds 10] [--steps 100] [--late 2000]
@@ -75,6 +76,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_OUT = HERE / "compare.md"
+#: The docs page whose compare-marked table a default run rewrites (the README links to it).
+BENCHMARKS_PAGE = REPO / "docs" / "explanation" / "benchmarks.md"
 SPEED_TARGET = 5.0
 FLAT_TARGET = 1.25  # bytes/step late over early; pages make small windows lumpy
 # The rows of the table, what they run on, and the bare store each is divided by.
@@ -592,25 +595,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--readme",
         type=Path,
-        help="the README whose compare-marked table the run rewrites (default: README.md "
-        "when --out is bench/compare.md, none otherwise)",
+        help="the page whose compare-marked table the run rewrites (default: "
+        "docs/explanation/benchmarks.md when --out is bench/compare.md, none otherwise)",
     )
     parser.add_argument(
         "--readme-only",
         action="store_true",
-        help="measure nothing: render the README's table again from the figures saved "
+        help="measure nothing: render the page's table again from the figures saved "
         "beside --out (bench/compare.json)",
     )
     args = parser.parse_args(argv)
     saved = args.out.with_suffix(".json")
     readme = args.readme
     if readme is None and args.out.resolve() == DEFAULT_OUT.resolve():
-        readme = REPO / "README.md"
+        readme = BENCHMARKS_PAGE
     try:
         if args.readme_only:
             figures_saved = compare_report.load(saved)
             check_figures(figures_saved)
-            rewrite_readme(readme or REPO / "README.md", figures_saved)
+            rewrite_readme(readme or BENCHMARKS_PAGE, figures_saved)
             return 0
         if readme is not None:  # refuse before an hour of measuring, not after
             compare_report.check_markers(readme.read_text())
@@ -656,7 +659,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def rewrite_readme(readme: Path, found: dict[str, Any]) -> None:
-    """Render the README's compare-marked table from ``found``; the rest stays as it was."""
+    """Render the page's compare-marked table from ``found``; the rest stays as it was."""
     text = readme.read_text()
     new = compare_report.readme_with(text, found)
     if new != text:

@@ -1,4 +1,4 @@
-"""The README's comparison table is rendered from bench/compare.py's saved figures, never typed."""
+"""The benchmarks page's comparison table is rendered from bench/compare.py's saved figures, never typed."""
 
 from __future__ import annotations
 
@@ -39,16 +39,19 @@ def test_the_saved_figures_render_the_committed_report_byte_for_byte() -> None:
     assert compare_report.report(FIGURES) == (BENCH / "compare.md").read_text()
 
 
-def test_the_readme_table_is_the_one_the_saved_figures_render() -> None:
-    """The README's marked region equals what the saved figures render (a hand edit fails)."""
-    readme = (REPO / "README.md").read_text()
+PAGE = REPO / "docs" / "explanation" / "benchmarks.md"
+
+
+def test_the_benchmarks_page_table_is_the_one_the_saved_figures_render() -> None:
+    """The benchmarks page's marked region equals what the saved figures render (a hand edit fails)."""
+    readme = PAGE.read_text()
     assert compare_report.readme_with(readme, FIGURES) == readme
     assert "| tether Runtime | SQLite |" in _region(readme)
 
 
-def test_a_hand_edited_figure_in_the_readme_is_caught() -> None:
-    """Changing one number inside the marked region makes the README differ from its rendering."""
-    readme = (REPO / "README.md").read_text()
+def test_a_hand_edited_figure_on_the_page_is_caught() -> None:
+    """Changing one number inside the marked region makes the page differ from its rendering."""
+    readme = PAGE.read_text()
     region = _region(readme)
     row = next(line for line in region.splitlines() if line.startswith("| tether Runtime |"))
     cells = row.split("|")

@@ -1,4 +1,4 @@
-"""The README's MCP gateway section: every JSON block in it is what the gateway accepts."""
+"""The MCP gateway's docs page: every JSON block on it is what the gateway accepts."""
 
 from __future__ import annotations
 
@@ -17,15 +17,12 @@ from tether.cli import build_parser
 from tether.core import EnvironmentState
 from tether.integrations.mcp import GatewayPolicy, key_declaration, run_rules
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "mcp.md"
 
 
 def blocks() -> list[Any]:
-    """The ```json blocks of the section "Any MCP server", parsed."""
-    text = README.read_text()
-    start = text.index("### Any MCP server: `tether mcp`")
-    section = text[start : text.index("\n### ", start + 1)]
-    return [json.loads(b) for b in re.findall(r"```json\n(.*?)```", section, re.DOTALL)]
+    """The ```json blocks of the page "Any MCP server", parsed."""
+    return [json.loads(b) for b in re.findall(r"```json\n(.*?)```", PAGE.read_text(), re.DOTALL)]
 
 
 def test_the_client_configuration_starts_the_gateway_in_front_of_the_server() -> None:
@@ -39,8 +36,8 @@ def test_the_client_configuration_starts_the_gateway_in_front_of_the_server() ->
     assert args.policy.name == "issues-policy.json"
 
 
-def test_the_policy_file_in_the_readme_derives_a_run() -> None:
-    """The README's policy file parses strictly and gates what it says it gates."""
+def test_the_policy_file_on_the_page_derives_a_run() -> None:
+    """The page's policy file parses strictly and gates what it says it gates."""
     policy = GatewayPolicy.from_json(next(b for b in blocks() if "reads" in b))
     tools = ["search_issues", "get_issue", "delete_repo", "send_email", "create_issue"]
     env = EnvironmentState("mcp", "issues", 0, "sha256:" + "0" * 64)
@@ -50,7 +47,7 @@ def test_the_policy_file_in_the_readme_derives_a_run() -> None:
     assert policy.rule("create_issue").errors_are_refusals
 
 
-def test_the_key_declaration_in_the_readme_is_the_one_the_gateway_reads() -> None:
-    """A tool listed as the README shows accepts a key remembered for a day."""
+def test_the_key_declaration_on_the_page_is_the_one_the_gateway_reads() -> None:
+    """A tool listed as the page shows accepts a key remembered for a day."""
     listing = next(b for b in blocks() if b.get("name") == "charge")
     assert key_declaration(Tool.model_validate(listing)) == (True, 86400.0)
