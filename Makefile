@@ -16,8 +16,8 @@ demo: $(STAMP)
 	$(BIN)/tether demo --crash-at effect_sent
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests $(wildcard bench) examples
-	$(BIN)/ruff format --check src tests $(wildcard bench) examples
+	$(BIN)/ruff check src tests $(wildcard bench) examples docs/_hooks
+	$(BIN)/ruff format --check src tests $(wildcard bench) examples docs/_hooks
 
 types: $(STAMP)
 	$(BIN)/mypy -p tether -p examples

@@ -64,7 +64,7 @@ def aliases(parser: argparse.ArgumentParser | None = None) -> dict[str, list[str
     sub = _subparsers(parser)
     found: dict[str, list[str]] = {}
     first: dict[int, str] = {}
-    for name, child in (sub.choices.items() if sub else []):
+    for name, child in sub.choices.items() if sub else []:
         if id(child) in first:
             found.setdefault(first[id(child)], []).append(name)
         else:

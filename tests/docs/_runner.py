@@ -93,7 +93,7 @@ def run_shell_line(line: str) -> str | None:
     if head == "export":
         for assignment in argv[1:]:
             name, _, value = assignment.partition("=")
-            os.environ[name] = value
+            os.environ[name] = os.path.expanduser(value)
         return None
     if head in {".", "source"} and argv[1:] == [".venv/bin/activate"]:
         return None  # the tests already run in the venv
@@ -162,9 +162,7 @@ def _loaders() -> list[tuple[Callable[[dict[str, Any]], bool], Callable[[dict[st
 
 def evaluate_json(example: Example) -> None:
     """Parse strictly (no duplicate key, no NaN), then load with the loader the fields name."""
-    document = json.loads(
-        example.parsed, object_pairs_hook=_strict, parse_constant=_no_constant
-    )
+    document = json.loads(example.parsed, object_pairs_hook=_strict, parse_constant=_no_constant)
     if isinstance(document, dict):
         for matches, load in _loaders():
             if matches(document):

@@ -66,8 +66,6 @@ def postgres(tmp_path: Path) -> Iterator[None]:
         yield
 
 
-
-
 #: What a page needs that it says in prose and does not start itself.
 FIXTURES: dict[str, tuple[Callable[[Path], AbstractContextManager[None]], ...]] = {
     "docs/how-to/own-function.md": (tickets,),

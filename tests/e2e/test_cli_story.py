@@ -54,7 +54,9 @@ def test_every_command_has_json_help_and_a_docs_mention() -> None:
         assert helptext, f"tether {name} has no help"
         options = {o for a in parser._actions for o in a.option_strings}
         assert "--json" in options, f"tether {name} has no --json"
-        assert re.search(rf"tether {re.escape(name)}\b", readme), f"no docs page names tether {name}"
+        assert re.search(rf"tether {re.escape(name)}\b", readme), (
+            f"no docs page names tether {name}"
+        )
 
 
 def test_help_lists_no_internal_command() -> None:
