@@ -72,7 +72,7 @@ FIXTURES: dict[str, tuple[Callable[[Path], AbstractContextManager[None]], ...]] 
     "docs/how-to/own-loop.md": (tickets, mail),
     "docs/how-to/compensation.md": (tickets,),
     "docs/how-to/pydantic-ai.md": (tickets, mail),
-    "docs/how-to/http-and-email.md": (tickets,),
+    "docs/how-to/http-and-email.md": (tickets, mail),
     "docs/how-to/langgraph.md": (tickets,),
     "docs/how-to/workers.md": (postgres,),
 }
