@@ -91,6 +91,21 @@ def test_every_code_block_names_a_known_language(page: Path) -> None:
 
 
 @pytest.mark.parametrize("page", pages(), ids=_id)
+def test_no_page_has_an_indented_code_block(page: Path) -> None:
+    """Code is fenced, never indented by four spaces outside a list (an indented block is not run)."""
+    lines = page.read_text().splitlines()
+    inside = False
+    for number, line in enumerate(lines, 1):
+        if line.startswith("```"):
+            inside = not inside
+        if inside or not line.startswith("    ") or number < 2 or lines[number - 2].strip():
+            continue
+        before = next((b for b in reversed(lines[: number - 2]) if b.strip()), "")
+        in_list = before.startswith(("- ", "* ", "  ")) or before.split(".")[0].isdigit()
+        assert in_list, f"{_id(page)}:{number}: an indented code block; fence it"
+
+
+@pytest.mark.parametrize("page", pages(), ids=_id)
 def test_every_skipped_block_says_why(page: Path) -> None:
     """A block marked not-run carries its reason in the marker."""
     for marker in re.findall(r"<!--\s*skip:(.*?)-->", page.read_text(), re.DOTALL):
