@@ -16,7 +16,7 @@ from typing import Any
 
 MARKER = "<!-- cli-reference: generated from tether.cli.build_parser() by docs/_hooks/cli_reference.py -->"
 #: Help is wrapped at this width whatever the terminal that builds the site.
-WIDTH = "100"
+WIDTH = "80"
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction[Any] | None:
