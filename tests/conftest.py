@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from tether.adapters import Sandbox
 from tether.core import (
     Observation,
     Policy,
@@ -26,6 +25,7 @@ from tether.core import (
 from tether.crypto import Keyring, Signer
 from tether.runtime import AgentContext, CrashPlan, Decision, Runtime
 from tether.store import SQLiteStore
+from tether.testing import Sandbox
 
 
 @pytest.hookimpl(wrapper=True)

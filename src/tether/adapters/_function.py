@@ -132,9 +132,9 @@ from tether.core import (
     TargetKind,
     TetherError,
     canonical_bytes,
-    compensated_effect,
     strict_loads,
 )
+from tether.core._compensation import compensated_effect
 
 #: The largest result a receipt keeps whole (the ledger stores receipts).
 MAX_RESULT_BYTES = 16_384
