@@ -42,6 +42,14 @@ def pytest_make_collect_report(collector: pytest.Collector) -> pytest.CollectRep
     return report
 
 
+@pytest.fixture(autouse=True)
+def _own_data_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No test reads or makes the user's default keyring: each has a data directory of its own."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("data-home")))
+
+
 class ManualClock:
     """A clock the test moves by hand (the runtime's injected clock, not a mock)."""
 
