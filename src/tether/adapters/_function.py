@@ -411,6 +411,15 @@ class FunctionEffect(RemoteEffect):
         return self._undo_capabilities
 
     @property
+    def committed_at(self) -> str | None:
+        """The returned object's field holding the effect's commit time, if declared.
+
+        A kind under approval needs it: a receipt without a commit time cannot
+        be checked against the approval's expiry, and goes to review.
+        """
+        return self._committed_at
+
+    @property
     def instance_id(self) -> str:
         """The declared instance (default: the namespace)."""
         return self._instance

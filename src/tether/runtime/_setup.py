@@ -30,7 +30,8 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tether.adapters import Adapter, Adapters
+from tether.adapters import Adapter, Adapters, FunctionEffect
+from tether.adapters._function import owner_of
 from tether.core import ANY_TARGET, ActionKind, Policy, SpecError, TaskSpec
 from tether.crypto import Keyring, TrustRoots
 from tether.runtime._runtime import Runtime
@@ -68,6 +69,7 @@ def guard(
     adapter = _adapter(effects)
     kinds = tuple(kind for kind in adapter.kinds if kind.name not in _RUNTIME_OWNED)
     approvals = _approvals(approve, kinds)
+    _check_commit_times(adapter, approvals)
     if isinstance(policy, Policy) and approvals:
         raise SpecError(
             "approve", "say which kinds need approval in the Policy you pass (needs_approval)"
@@ -175,6 +177,26 @@ def _approvals(approve: Iterable[Any], kinds: tuple[ActionKind, ...]) -> tuple[s
             )
         names.append(name)
     return tuple(names)
+
+
+def _check_commit_times(adapter: Adapter, approvals: tuple[str, ...]) -> None:
+    """Refuse an approval of a function effect whose receipt cannot say when it committed.
+
+    The approval's expiry is checked against the receipt's commit time; a
+    receipt without one goes to review after every send, so the setup that
+    would make it is refused before anything runs.
+    """
+    for index, kind in enumerate(approvals):
+        owner = owner_of(adapter, kind)
+        if isinstance(owner, FunctionEffect) and owner.committed_at is None:
+            name = getattr(owner.function, "__qualname__", kind)
+            raise SpecError(
+                f"approve[{index}]",
+                f"{kind!r} is to need an approval, and {name} does not say when its effect "
+                "committed, so every send would go to review (the approval's expiry is checked "
+                "against it): declare committed_at='FIELD' in @tether.effect and return that "
+                "field, the commit time as tether.core.format_time(datetime.now(UTC)) writes it",
+            )
 
 
 def _store(store: str | os.PathLike[str] | ContentStore) -> ContentStore:
