@@ -252,3 +252,16 @@ def test_approving_a_function_that_cannot_say_when_it_committed_is_refused_at_se
     text = str(caught.value)
     assert "every send would go to review" in text and "committed_at='FIELD'" in text
     assert "format_time" in text
+
+
+def test_a_store_in_a_missing_directory_and_a_finished_run_say_what_to_do(tmp_path: Path) -> None:
+    """A store path under no directory names the directory; a call on a finished run, a new run id."""
+    with pytest.raises(tether.StoreError, match=r"its directory '.*nowhere' does not exist"):
+        tether.guard(f"sqlite:///{tmp_path / 'nowhere' / 'runs.sqlite'}", send_email)
+    rt = tether.guard(tmp_path / "runs.sqlite", send_email)
+    with tether.effects.run(rt, "case-1") as run:
+        run.finish()
+    with pytest.raises(tether.RunTerminalError) as caught, tether.effects.run(rt, "case-1"):
+        send_email("ana@example.com", "hi")
+    assert "new run id" in str(caught.value) and "`tether inspect case-1`" in str(caught.value)
+    assert SENT == []

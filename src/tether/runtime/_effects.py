@@ -332,7 +332,8 @@ class GuardedRun:
             )
         if state.phase.terminal:
             raise RunTerminalError(
-                f"run {self.run_id} ended ({state.phase}: {state.stop_reason})",
+                f"run {self.run_id} ended ({state.phase}: {state.stop_reason}); start new work "
+                f"under a new run id (`tether inspect {self.run_id}` shows what it did)",
                 run_id=self.run_id,
             )
         if kind in {OutcomeKind.IN_FLIGHT, OutcomeKind.RETRY_LATER}:

@@ -23,8 +23,9 @@ def trust_roots(role: Role | str, *, given: bool = False) -> str:
         if given
         else "this runtime was given no trust roots"
     )
+    article = "an" if name[0] in "aeiou" else "a"
     return (
-        f"{have}, so it cannot check what a {name} signs: make the {name}'s key "
+        f"{have}, so it cannot check what {article} {name} signs: make the {name}'s key "
         f"(`tether keys new --role {name} --id NAME --out people`; NAME.key stays with the "
         f"person), trust its public half (`tether trust add people/NAME.trust.json --to "
         f'trust.json`) and give the runtime trust=tether.TrustRoots.from_file("trust.json")'

@@ -706,7 +706,12 @@ class RunSession(LeaseHolder):
     def _refuse_if_stopped(self) -> None:
         phase = self.state.phase
         if phase.terminal:
-            raise RunTerminalError(f"run {self.run_id} is {phase}", run_id=self.run_id)
+            raise RunTerminalError(
+                f"run {self.run_id} is {phase} ({self.state.stop_reason}): nothing more happens "
+                f"in it; start new work under a new run id (`tether inspect {self.run_id}` shows "
+                "what it did)",
+                run_id=self.run_id,
+            )
         if phase is Phase.NEEDS_REVIEW:
             raise RunFrozenError(
                 f"run {self.run_id} is frozen for review; only a signed decision opens it",
