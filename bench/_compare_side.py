@@ -149,11 +149,11 @@ class TetherSide(Side):
         growing: bool,
         commit_only: bool = False,
     ) -> None:
-        from tether.adapters import Sandbox
         from tether.core import Observation, Policy, Proposal, TaskSpec
         from tether.crypto import Keyring
         from tether.runtime import AgentContext, Decision, Runtime
         from tether.store import PostgresStore, SQLiteStore
+        from tether.testing import Sandbox
 
         class Keeper:
             """Rewrites the state in memory and writes one small file at every step."""

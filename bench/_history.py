@@ -40,8 +40,9 @@ from typing import Any
 from _progress import rounds
 
 import tether
-from tether import AgentContext, Decision, Keyring, Policy, Proposal, Runtime, Sandbox, TaskSpec
+from tether import AgentContext, Decision, Keyring, Policy, Proposal, Runtime, TaskSpec
 from tether.store import open_store
+from tether.testing import Sandbox
 
 #: The issue's target for recovery and for a step: at most this, long over short.
 FLAT = 1.2

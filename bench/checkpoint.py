@@ -63,11 +63,11 @@ from pathlib import Path
 
 from _progress import rounds as progress_rounds
 
-from tether.adapters import Sandbox
 from tether.core import Observation, Policy, Proposal, TaskSpec
 from tether.crypto import Keyring
 from tether.runtime import AgentContext, Decision, RunSession, Runtime
 from tether.store import SQLiteStore
+from tether.testing import Sandbox
 
 REPO = Path(__file__).resolve().parent.parent
 COMMIT_TARGET = 0.7

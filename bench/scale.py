@@ -61,12 +61,12 @@ from typing import Any
 
 from _progress import rounds as progress_rounds
 
-from tether.adapters import Sandbox
 from tether.cli import main as tether_main
 from tether.core import Observation, Policy, Proposal, TaskSpec
 from tether.crypto import Keyring
 from tether.runtime import AgentContext, Decision, Runtime, Worker
 from tether.store import PostgresStore, SQLBase, SQLiteStore
+from tether.testing import Sandbox
 
 TARGET = 2.0
 #: The --needs-me page measured: 3 in 100 runs need a person, so at 1,000 runs a

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import tether
-from tether import AgentContext, Decision, Keyring, Policy, Proposal, Runtime, Sandbox, TaskSpec
+from tether import AgentContext, Decision, Keyring, Policy, Proposal, Runtime, TaskSpec
+from tether.testing import Sandbox
 
 
 class Writer:

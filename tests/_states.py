@@ -12,7 +12,6 @@ from datetime import datetime
 from typing import Any
 
 from tether.core import (
-    GENESIS_HASH,
     Binding,
     EffectStatus,
     EnvironmentState,
@@ -22,6 +21,7 @@ from tether.core import (
     RunState,
     Spent,
 )
+from tether.core._state import GENESIS_HASH
 
 #: The task and policy the hand-built runs are bound to.
 BINDING = Binding("t1", "1", "f", "p1", "1", "f", "s")

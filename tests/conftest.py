@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from tether.adapters import Sandbox
 from tether.core import (
     Observation,
     Policy,
@@ -26,6 +25,7 @@ from tether.core import (
 from tether.crypto import Keyring, Signer
 from tether.runtime import AgentContext, CrashPlan, Decision, Runtime
 from tether.store import SQLiteStore
+from tether.testing import Sandbox
 
 
 @pytest.hookimpl(wrapper=True)
@@ -40,6 +40,14 @@ def pytest_make_collect_report(collector: pytest.Collector) -> pytest.CollectRep
         report.outcome = "failed"
         report.longrepr = f"skipped at collection, but TETHER_REQUIRE_EXTRAS=1: {report.longrepr}"
     return report
+
+
+@pytest.fixture(autouse=True)
+def _own_data_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No test reads or makes the user's default keyring: each has a data directory of its own."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("data-home")))
 
 
 class ManualClock:

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import tether
 from examples.plain_loop.desk import DRAFT, Config
-from tether.adapters import Adapters, FileWorkspace, HttpEffect, MaildirLookup, Sandbox, SmtpEffect
+from tether.adapters import Adapters, FileWorkspace, HttpEffect, MaildirLookup, SmtpEffect
 from tether.runtime import CrashPlan
 from tether.store import ContentStore
+from tether.testing import Sandbox
 
 CUSTOMERS = ["customer@example.com"]
 #: The finished run is judged on the workspace it owns: the reply promises a technician.

@@ -21,14 +21,8 @@ from typing import Any
 
 from tether import _demo, _desk
 from tether.adapters import Adapters, FileWorkspace, SmtpEffect
-from tether.core import (
-    REWIND_MEMORY_KEY,
-    Observation,
-    Proposal,
-    Purpose,
-    TaskSpec,
-    new_admission,
-)
+from tether.core import Observation, Proposal, Purpose, TaskSpec, new_admission
+from tether.core._rewind import REWIND_MEMORY_KEY
 from tether.crypto import Keyring, Signer
 from tether.runtime import AgentContext, Decision
 

@@ -11,9 +11,9 @@ import pytest
 from examples.own_function.tickets import KIND, open_ticket
 
 from tests.integration._services import delivered, effects_service, smtp_adapter, smtp_server
-from tether.adapters import FileWorkspace, HttpEffect, Sandbox
+from tether.adapters import FileWorkspace, HttpEffect
 from tether.core import ActionKind, Compensation, EnvironmentState, Intent, Receipt
-from tether.testing import adapter_conformance
+from tether.testing import Sandbox, adapter_conformance
 from tether.testing.adapter_conformance import *  # noqa: F403
 from tether.testing.adapter_conformance import AdapterSubject
 

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import ScriptedAgent, finish, make_policy, make_task, write
-from tether.adapters import Fence, Sandbox
+from tether.adapters import Fence
 from tether.core import EnvironmentState, Intent, Receipt
 from tether.crypto import Keyring
 from tether.runtime import CrashPlan, CrashPoint, Runtime
 from tether.store import SQLiteStore
+from tether.testing import Sandbox
 
 RUN_ID = "blind"
 INITIAL = Sandbox({"notes.txt": "draft\n"})  # the outbox before its first effect

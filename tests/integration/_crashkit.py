@@ -24,15 +24,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tether import _demo
-from tether.core import (
-    GENESIS_HASH,
-    EffectStatus,
-    Phase,
-    RunState,
-    TraceEvent,
-    chain_hash,
-    verify_ledger,
-)
+from tether.core import EffectStatus, Phase, RunState, TraceEvent
+from tether.core._ledger import verify_ledger
+from tether.core._state import GENESIS_HASH
+from tether.core._trace import chain_hash
 from tether.runtime import Checkpointer, CrashPlan, CrashPoint, Runtime, SimulatedCrash
 from tether.store import LedgerEntry, SQLBase, SQLiteStore
 

@@ -23,17 +23,11 @@ from typing import Any
 import httpx
 
 from tests.conftest import ScriptedAgent, finish, make_policy, make_task, write
-from tether.adapters import (
-    Adapters,
-    FileWorkspace,
-    HttpEffect,
-    MaildirLookup,
-    Sandbox,
-    SmtpEffect,
-)
+from tether.adapters import Adapters, FileWorkspace, HttpEffect, MaildirLookup, SmtpEffect
 from tether.crypto import Keyring
 from tether.runtime import CrashPlan, CrashPoint, Runtime
 from tether.store import open_store
+from tether.testing import Sandbox
 
 VERIFIER = ("python", "-c", "pass")
 BLIND_MAIL = "TETHER_DESK_BLIND_MAIL"

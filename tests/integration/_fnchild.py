@@ -20,7 +20,8 @@ from typing import Any
 
 import tether
 from tether import effects
-from tether.core import EffectRecord, new_effect_decision
+from tether.core import new_effect_decision
+from tether.core._compensation import EffectRecord
 from tether.crypto import Keyring, Signer, TrustRoots
 from tether.runtime import Runtime
 from tether.store import SQLiteStore

@@ -20,11 +20,11 @@ import pytest
 from tests.conformance._pg import fresh_schema, in_schema, pg_dsn
 from tests.conftest import CountingIds, ManualClock, ScriptedAgent, finish, make_policy, make_task
 from tests.conftest import write as write_step
-from tether.adapters import Sandbox
 from tether.core import CommitOutcomeUnknownError, Phase
 from tether.crypto import Keyring
 from tether.runtime import Runtime
 from tether.store import PostgresStore
+from tether.testing import Sandbox
 
 pytestmark = pytest.mark.postgres
 

@@ -22,7 +22,6 @@ from tests.integration._services import (
 from tether.adapters import REFERENCE_PROFILE, Adapter, HttpEffect
 from tether.core import (
     CompensationRefusedError,
-    EffectRecord,
     EffectStatus,
     EvidenceError,
     NonceReusedError,
@@ -32,6 +31,7 @@ from tether.core import (
     RunState,
     new_effect_decision,
 )
+from tether.core._compensation import EffectRecord
 from tether.crypto import Keyring, Signer, TrustRoots
 from tether.runtime import AgentContext, CrashPlan, CrashPoint, Decision, Runtime, SimulatedCrash
 from tether.store import SQLiteStore

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration import _blindkit as kit
-from tether.core import GENESIS_HASH, EffectStatus, Phase, verify_ledger
+from tether.core import EffectStatus, Phase
+from tether.core._ledger import verify_ledger
+from tether.core._state import GENESIS_HASH
 from tether.crypto import Keyring
 from tether.runtime import Checkpointer, CrashPoint
 from tether.store import SQLiteStore

@@ -296,9 +296,9 @@ def test_a_trace_cycle_on_postgresql_ends_the_walk_too() -> None:
         make_task,
         write,
     )
-    from tether.adapters import Sandbox
     from tether.runtime import Runtime
     from tether.store import open_store
+    from tether.testing import Sandbox
 
     dsn = pg_dsn()
     with fresh_schema(dsn) as schema, open_store(url_in_schema(dsn, schema)) as store:

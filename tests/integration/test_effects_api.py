@@ -9,7 +9,6 @@ import pytest
 
 import tether
 from tether import effects
-from tether.adapters import Sandbox
 from tether.core import (
     ApprovalRequiredError,
     EffectRejectedError,
@@ -23,6 +22,7 @@ from tether.core import (
 )
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import CrashPlan, CrashPoint, Runtime, SimulatedCrash
+from tether.testing import Sandbox
 
 from ..conftest import World, make_policy, make_task, signed_approval
 

@@ -29,10 +29,9 @@ import tether
 from tests.conftest import make_policy, make_task
 from tests.integration._services import EffectsService, effects_service
 from tether import effects
-from tether.adapters import Adapters, FunctionEffect, Sandbox
+from tether.adapters import Adapters, FunctionEffect
 from tether.core import (
     EffectNotSettledError,
-    EffectRecord,
     EffectRejectedError,
     EffectStatus,
     NeedsReviewError,
@@ -41,9 +40,11 @@ from tether.core import (
     SpecError,
     new_effect_decision,
 )
+from tether.core._compensation import EffectRecord
 from tether.crypto import Keyring, Signer, TrustRoots
 from tether.runtime import CrashPlan, CrashPoint, Runtime, SimulatedCrash
 from tether.store import SQLiteStore
+from tether.testing import Sandbox
 
 KEYS = Keyring.generate("fn-1")
 REVIEWER = Signer.generate("rev", "reviewer")

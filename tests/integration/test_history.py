@@ -20,15 +20,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import ScriptedAgent, World, make_task, write
-from tether.adapters import Sandbox
 from tether.cli import main as tether_main
-from tether.core import (
-    LedgerIntegrityError,
-    Observation,
-    OutcomeKind,
-    TraceIntegrityError,
-    seal_entry,
-)
+from tether.core import LedgerIntegrityError, Observation, OutcomeKind, TraceIntegrityError
+from tether.core._ledger import seal_entry
 from tether.runtime import (
     AgentContext,
     Checkpointer,
@@ -41,6 +35,7 @@ from tether.runtime import (
     open_run,
 )
 from tether.store import SQLiteStore
+from tether.testing import Sandbox
 
 EXIT_INTEGRITY = 3
 

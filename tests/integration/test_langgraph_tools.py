@@ -21,7 +21,6 @@ from langgraph.types import Command
 
 from tests.conformance._pg import fresh_schema, in_schema, pg_dsn
 from tether import effects
-from tether.adapters import Sandbox
 from tether.core import (
     ApprovalRequiredError,
     NotInRunError,
@@ -33,6 +32,7 @@ from tether.crypto import Signer, TrustRoots
 from tether.integrations.langgraph import GuardedTool, TetherSaver, guard, sign_answer
 from tether.runtime import CrashPlan, CrashPoint, Runtime, SimulatedCrash
 from tether.store import PostgresStore, SQLiteStore
+from tether.testing import Sandbox
 
 from ..conftest import World, make_policy, make_task
 

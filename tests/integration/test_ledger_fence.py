@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from tests.conftest import ScriptedAgent, World, finish, make_policy, write
-from tether.adapters import Sandbox
 from tether.core import (
     EffectStatus,
     LeaseLostError,
@@ -27,10 +26,10 @@ from tether.core import (
     StaleMarkError,
     canonical_bytes,
     format_time,
-    seal_entry,
 )
+from tether.core._ledger import seal_entry
 from tether.store import SQLiteStore
-from tether.testing import CrashPlan, CrashPoint, SimulatedCrash
+from tether.testing import CrashPlan, CrashPoint, Sandbox, SimulatedCrash
 
 
 def agent() -> ScriptedAgent:

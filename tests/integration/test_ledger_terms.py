@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.unit.test_ledger import effect, entry
-from tether.adapters import Adapters, Sandbox, look_up
-from tether.core import GENESIS_HASH, EffectStatus, Intent, verify_ledger
+from tether.adapters import Adapters, look_up
+from tether.core import EffectStatus, Intent
+from tether.core._ledger import verify_ledger
+from tether.core._state import GENESIS_HASH
 from tether.store import SQLiteStore
+from tether.testing import Sandbox
 from tether.testing._store_conformance import make_commit
 
 

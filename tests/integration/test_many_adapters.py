@@ -21,14 +21,7 @@ from tests.integration._services import (
     start_service,
     stop,
 )
-from tether.adapters import (
-    Adapters,
-    AdaptersConfigError,
-    FileWorkspace,
-    HttpEffect,
-    Sandbox,
-    SmtpEffect,
-)
+from tether.adapters import Adapters, AdaptersConfigError, FileWorkspace, HttpEffect, SmtpEffect
 from tether.core import (
     Compensation,
     EffectStatus,
@@ -39,6 +32,7 @@ from tether.core import (
 from tether.crypto import Keyring
 from tether.runtime import CrashPlan, CrashPoint, Runtime, SimulatedCrash
 from tether.store import SQLiteStore
+from tether.testing import Sandbox
 from tether.testing.counting import Calls, count_calls
 
 VERIFIER = ("python", "-c", "pass")

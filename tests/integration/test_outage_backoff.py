@@ -323,9 +323,9 @@ def test_a_service_that_hangs_up_on_everything_is_waited_out_without_a_commit(
 def test_a_run_whose_agent_asks_for_nothing_is_backed_off_more_each_time(tmp_path: Path) -> None:
     """An agent that only waits: asked once per claim, each claim defers it twice as long,
     and once another worker has moved the run on, the back-off starts from the base again."""
-    from tether.adapters import Sandbox
     from tether.core import Observation
     from tether.runtime import AgentContext, Decision
+    from tether.testing import Sandbox
 
     asked: list[int] = []
 

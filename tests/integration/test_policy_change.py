@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from tests.conftest import ScriptedAgent, World, finish, make_policy, write
-from tether.adapters import Sandbox
 from tether.core import (
     AdmissionRefusedError,
     EffectStatus,
@@ -23,8 +22,8 @@ from tether.core import (
     PolicyChange,
     PolicyMismatchError,
     Proposal,
-    gate,
 )
+from tether.core._actions import gate
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import (
     CrashPlan,
@@ -35,6 +34,7 @@ from tether.runtime import (
     open_run,
     prepare_admission,
 )
+from tether.testing import Sandbox
 
 OPERATOR = Signer.generate("op-ada", "operator")
 WORKER = Signer.generate("worker-7", "worker")

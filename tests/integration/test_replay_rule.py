@@ -24,10 +24,11 @@ from tests.conftest import (
 )
 from tests.integration._services import EffectsService, effects_service
 from tests.integration.test_http_effect import http_run
-from tether.adapters import REFERENCE_PROFILE, HttpEffect, KeyInFlightError, Sandbox
+from tether.adapters import REFERENCE_PROFILE, HttpEffect, KeyInFlightError
 from tether.core import EffectStatus, Intent, OutcomeKind, Phase, RunState, new_fork
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import CrashPlan, CrashPoint, RunSession, Runtime, SimulatedCrash
+from tether.testing import Sandbox
 
 REVIEWER = Signer.generate("rev", "reviewer")
 APPROVER = Signer.generate("alice", "approver")

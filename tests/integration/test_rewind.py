@@ -10,7 +10,6 @@ import pytest
 
 from tests.conftest import ScriptedAgent, World, make_policy, write
 from tether.core import (
-    REWIND_MEMORY_KEY,
     AdmissionRefusedError,
     CheckpointCorruptError,
     EffectStatus,
@@ -22,6 +21,7 @@ from tether.core import (
     digest_bytes,
     new_admission,
 )
+from tether.core._rewind import REWIND_MEMORY_KEY
 from tether.crypto import Signer, TrustRoots, open_envelope
 from tether.runtime import RunSession, Runtime
 

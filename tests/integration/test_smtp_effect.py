@@ -308,7 +308,8 @@ class Traced:
 
 def test_a_wrapped_mail_adapter_still_checks_what_it_found(tmp_path: Path) -> None:
     """Through a wrapper judged before around another adapter, a forgery still never settles."""
-    from tether.adapters import Sandbox, look_up
+    from tether.adapters import look_up
+    from tether.testing import Sandbox
 
     maildir = tmp_path / "Maildir"
     with smtp_server(maildir) as port:

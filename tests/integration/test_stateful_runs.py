@@ -29,7 +29,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from tests.conftest import CountingIds, ManualClock, make_policy, make_task
 from tests.integration._crashkit import chain_breaks
-from tether.adapters import Sandbox
 from tether.core import (
     EffectStatus,
     LeaseError,
@@ -51,6 +50,7 @@ from tether.runtime import (
     SimulatedCrash,
 )
 from tether.store import SQLiteStore
+from tether.testing import Sandbox
 from tether.testing.counting import Calls, count_calls
 
 OPS = ("read", "write", "test", "wait", "bad", "finish")

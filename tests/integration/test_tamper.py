@@ -16,7 +16,6 @@ import pytest
 
 from tests.conftest import ScriptedAgent, World, finish, make_policy, make_task, write
 from tether.core import (
-    SCHEMA_VERSION,
     AdmissionRefusedError,
     CheckpointCorruptError,
     IntegrityError,
@@ -34,6 +33,7 @@ from tether.core import (
     WrongKeyError,
     canonical_bytes,
 )
+from tether.core._state import SCHEMA_VERSION
 from tether.crypto import Keyring, KeyringError, seal
 
 

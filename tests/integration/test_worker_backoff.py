@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import ScriptedAgent, finish, make_policy, make_task, write
-from tether.adapters import Sandbox
 from tether.core import Observation, Phase
 from tether.crypto import Keyring
 from tether.runtime import AgentContext, Decision, Runtime, Worker
 from tether.store import SQLiteStore
+from tether.testing import Sandbox
 
 MAX_ATTEMPTS = 3
 

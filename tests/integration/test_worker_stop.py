@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import ScriptedAgent, finish, make_policy, make_task, write
-from tether.adapters import Sandbox
 from tether.core import Observation, Phase
 from tether.crypto import Keyring
 from tether.runtime import AgentContext, Decision, Runtime, Worker
 from tether.store import SQLiteStore
+from tether.testing import Sandbox
 
 WRITES = 6
 HELD_AT = 2  # the agent blocks while deciding its third write (two have landed)

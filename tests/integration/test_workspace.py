@@ -17,7 +17,6 @@ import pytest
 from tether.adapters import (
     Adapter,
     FileWorkspace,
-    Sandbox,
     UnresolvedWriteError,
     UnsupportedEntryError,
     WorkspaceConfigError,
@@ -36,6 +35,7 @@ from tether.core import (
     digest,
     digest_bytes,
 )
+from tether.testing import Sandbox
 
 PASS = ("python", "-c", "import sys; sys.exit(0 if open('a.txt').read() == 'done' else 3)")
 IMPORTS = ("python", "-c", "import helper; print(helper.VALUE)")

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tether.adapters import FileWorkspace, Sandbox, UnsupportedEntryError
+from tether.adapters import FileWorkspace, UnsupportedEntryError
 from tether.adapters._filewrite import fingerprint
 from tether.core import Intent, digest_bytes
+from tether.testing import Sandbox
 
 # Small enough for a test to outwait, large enough to cover the coarse kernel clock.
 WINDOW_NS = 20_000_000

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from tests.conftest import ScriptedAgent, World, make_policy, make_task, write
-from tether.adapters import Sandbox
 from tether.core import (
     AdmissionRefusedError,
     EnvironmentState,
@@ -18,27 +17,27 @@ from tether.core import (
     Phase,
     Proposal,
     Purpose,
-    Rejection,
     ReviewDecision,
     RunState,
-    SpentNonce,
     admission_request,
-    catalog,
-    check_admission,
-    check_approval,
-    check_cancel,
-    check_decision,
-    consumed_nonces,
-    gate,
-    keep_approval_nonce,
     new_admission,
     new_approval,
     new_cancel,
     new_decision,
-    people_rules,
-    step_rules,
-    version_problem,
 )
+from tether.core import _people as people_rules
+from tether.core import _steps as step_rules
+from tether.core._actions import Rejection, catalog, gate, version_problem
+from tether.core._admission import check_admission
+from tether.core._cancel import check_cancel
+from tether.core._evidence import (
+    check_approval,
+    check_decision,
+    consumed_nonces,
+    keep_approval_nonce,
+)
+from tether.core._state import SpentNonce
+from tether.testing import Sandbox
 
 KINDS = catalog(Sandbox({}).kinds)
 ENV = EnvironmentState("sandbox", "sbx-1", 4, "sha256:" + "a" * 64)

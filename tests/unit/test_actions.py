@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from tests.conftest import ScriptedAgent, Step, World, finish, make_policy, make_task, write
-from tether.adapters import Sandbox
 from tether.core import (
     ActionResult,
     ContractViolationError,
@@ -26,13 +25,13 @@ from tether.core import (
     SpecError,
     TetherError,
     TraceIntegrityError,
-    catalog,
-    gate,
     new_approval,
-    seal_commit,
 )
+from tether.core._actions import catalog, gate
+from tether.core._commit import seal_commit
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import AgentContext, CrashPlan, CrashPoint, Decision, SimulatedCrash
+from tether.testing import Sandbox
 
 ALICE = Signer.generate("alice", "approver")
 TRUST = TrustRoots.of(ALICE.trust_root())

@@ -7,16 +7,10 @@ from datetime import UTC, datetime
 import pytest
 
 from tests.conftest import ScriptedAgent, World, write
-from tether.core import (
-    COMPENSATES,
-    EffectRecord,
-    EffectRef,
-    EffectStatus,
-    IllegalTransitionError,
-    LedgerNote,
-    OutcomeKind,
-    seal_commit,
-)
+from tether.core import EffectStatus, IllegalTransitionError, OutcomeKind
+from tether.core._commit import seal_commit
+from tether.core._compensation import COMPENSATES, EffectRecord
+from tether.core._transition import EffectRef, LedgerNote
 
 
 def test_an_agent_cannot_propose_a_compensation_intent(world: World) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tether.adapters import Sandbox
 from tether.core import Intent
+from tether.testing import Sandbox
 from tether.testing.counting import Call, Calls, count_calls
 
 

@@ -25,17 +25,15 @@ from tether.core import (
     Compensation,
     ContractViolationError,
     EffectStatus,
-    Execute,
-    ExecuteStatus,
     Intent,
-    LookupStatus,
     NotInRunError,
     OutcomeKind,
     Phase,
     SpecError,
     TargetKind,
-    settle_rules,
 )
+from tether.core import _settle as settle_rules
+from tether.core._transition import Execute, ExecuteStatus, LookupStatus
 from tether.runtime._calls import ask, send
 
 KIND = "notes.post"

@@ -8,20 +8,9 @@ from datetime import UTC, datetime
 import pytest
 
 from tests._states import pending_state, pending_write
-from tether.core import (
-    AfterSettle,
-    EnvironmentState,
-    HeldKind,
-    Intent,
-    PendingWrite,
-    Phase,
-    Proposal,
-    RewindPlan,
-    RewindScope,
-    after_settle,
-    answers_held,
-    held_kind,
-)
+from tether.core import EnvironmentState, Intent, PendingWrite, Phase, Proposal
+from tether.core._held import AfterSettle, HeldKind, after_settle, answers_held, held_kind
+from tether.core._rewind import RewindPlan, RewindScope
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 PRE = EnvironmentState("ns", "inst", 3, "sha256:" + "a" * 64)

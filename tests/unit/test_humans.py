@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from tests.conftest import ScriptedAgent, World, finish, make_policy, make_task, write
-from tether.adapters import Sandbox
 from tether.core import (
     EffectStatus,
     EvidenceBindingError,
@@ -33,6 +32,7 @@ from tether.core import (
 )
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import CrashPlan, CrashPoint, RunSession, SimulatedCrash
+from tether.testing import Sandbox
 
 ALICE = Signer.generate("alice", "approver")
 MALLORY = Signer.generate("mallory", "approver")
@@ -475,7 +475,8 @@ def test_a_trusted_replan_quarantines_the_key_and_resumes_with_a_new_one(world: 
     assert session.state.last_write is not None
     assert session.state.last_write.idempotency_key not in session.state.quarantined_keys
     # A pending write may never reuse a quarantined key.
-    from tether.core import InvariantError, validate_state
+    from tether.core import InvariantError
+    from tether.core._state import validate_state
 
     state = session.state
     pending = replace(state.pending or _some_pending(state), idempotency_key=case.idempotency_key)
@@ -663,7 +664,7 @@ def test_a_document_without_signature_text_is_refused_saying_so(signature: objec
 def test_a_run_awaits_approval_exactly_while_it_has_none_alive(world: World) -> None:
     """None yet, then one alive (even for a since-changed environment), then one expired."""
     from tests.conftest import signed_approval
-    from tether.core import awaits_approval
+    from tether.core._evidence import awaits_approval
 
     rule = {"risk": "low", "permission": "workspace.write", "needs_approval": True}
     world.policy = make_policy(kinds={"file.write": rule})
@@ -687,7 +688,7 @@ def test_a_run_awaits_approval_exactly_while_it_has_none_alive(world: World) -> 
 def test_an_approval_under_another_policy_version_is_no_approval(world: World) -> None:
     """At the send and for awaits_approval alike: signed under v1, the run now under v2."""
     from tests.conftest import signed_approval
-    from tether.core import approval_problem, awaits_approval
+    from tether.core._evidence import approval_problem, awaits_approval
 
     rule = {"risk": "low", "permission": "workspace.write", "needs_approval": True}
     world.policy = make_policy(kinds={"file.write": rule})

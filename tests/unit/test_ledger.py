@@ -10,16 +10,15 @@ from typing import Any
 import pytest
 
 from tether.core import (
-    GENESIS_HASH,
     Compensation,
     EffectStatus,
     EffectTerms,
     LedgerEntry,
     LedgerIntegrityError,
     RetrySemantics,
-    seal_entry,
-    verify_ledger,
 )
+from tether.core._ledger import seal_entry, verify_ledger
+from tether.core._state import GENESIS_HASH
 
 AT = datetime(2026, 12, 4, tzinfo=UTC)
 RECEIPT = {"receipt_id": "r1", "result": {"text": "Dear customer, ..."}}

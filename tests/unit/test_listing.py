@@ -8,7 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.conftest import ScriptedAgent, World, finish, make_policy, write
-from tether.core import Listing, Phase, listing_of, listing_rules
+from tether.core import Phase
+from tether.core import _listing as listing_rules
+from tether.core._listing import Listing, listing_of
 from tether.runtime import CrashPlan, CrashPoint, SimulatedCrash
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)

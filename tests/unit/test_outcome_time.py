@@ -10,10 +10,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ScriptedAgent, Step, World, finish, make_policy, make_task, write
-from tether.adapters import Sandbox
 from tether.core import (
-    OUTCOME_OUTPUT_MAX,
-    LastOutcome,
     Observation,
     OutcomeKind,
     Phase,
@@ -22,11 +19,13 @@ from tether.core import (
     TaskSpec,
     UnknownFieldError,
     new_approval,
-    working_ms,
 )
 from tether.core._fields import Fields
+from tether.core._model import OUTCOME_OUTPUT_MAX, LastOutcome
+from tether.core._state import working_ms
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import AgentContext, CrashPlan, CrashPoint, Decision, SimulatedCrash
+from tether.testing import Sandbox
 
 ALICE = Signer.generate("alice", "approver")
 GUARDED = {"file.write": {"risk": "low", "permission": "workspace.write", "needs_approval": True}}

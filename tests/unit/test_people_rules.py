@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import ScriptedAgent, World, finish, make_policy
-from tether.core import Phase, ReviewReason, SpecError, people_rules
+from tether.core import Phase, ReviewReason, SpecError
+from tether.core import _people as people_rules
 
 READ, REFUSE, STOP = people_rules.InboxRead
 POLICY = make_policy()  # cancel: operators; rewind: operators and reviewers (the defaults)

@@ -17,30 +17,27 @@ import pytest
 
 from tests._states import pending_state, pending_write
 from tests.conftest import make_policy, make_task
-from tether.adapters import Sandbox
 from tether.core import (
-    COMPENSATES,
-    Adoption,
     Capabilities,
     EffectStatus,
     EnvironmentState,
-    Execute,
-    Facts,
     Intent,
     OutcomeKind,
     Phase,
     PolicyChange,
     Proposal,
-    Rejection,
     RunState,
     Spent,
     UnknownFieldError,
-    catalog,
-    gate,
-    policy_rules,
-    settle_rules,
-    validate_state,
 )
+from tether.core import _policy_change as policy_rules
+from tether.core import _settle as settle_rules
+from tether.core._actions import Rejection, catalog, gate
+from tether.core._compensation import COMPENSATES
+from tether.core._policy_change import Adoption
+from tether.core._state import validate_state
+from tether.core._transition import Execute, Facts
+from tether.testing import Sandbox
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 PRE = EnvironmentState("sandbox", "inst", 3, "sha256:" + "a" * 64)

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 import tether
-from tether.core import OutcomeReason, ReviewReason, replay_rules, step_rules
+from tether.core import OutcomeReason, ReviewReason
+from tether.core import _replay as replay_rules
+from tether.core import _steps as step_rules
 
 SRC = Path(tether.__file__).parent
 

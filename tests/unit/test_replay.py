@@ -11,17 +11,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import ScriptedAgent, World, finish, write
-from tether.adapters import Sandbox
 from tether.cli import main
 from tether.core import (
     Capabilities,
-    EffectHistory,
     EffectStatus,
     EnvironmentState,
     EvidenceBindingError,
-    KnownEffect,
-    LookupAnswer,
-    LookupStatus,
     NonceReusedError,
     OutcomeKind,
     Phase,
@@ -31,12 +26,15 @@ from tether.core import (
     UnknownSignerError,
     new_decision,
     new_fork,
-    redact_receipt,
-    replay_rules,
-    step_rules,
 )
+from tether.core import _replay as replay_rules
+from tether.core import _steps as step_rules
+from tether.core._ledger import redact_receipt
+from tether.core._replay import EffectHistory, KnownEffect
+from tether.core._transition import LookupAnswer, LookupStatus
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import CrashPlan, CrashPoint, RunSession, SimulatedCrash
+from tether.testing import Sandbox
 
 REVIEWER = Signer.generate("rev", "reviewer")
 OPERATOR = Signer.generate("ops", "operator")
@@ -509,7 +507,7 @@ def test_a_remembered_replay_approval_lives_as_long_as_its_approval_and_no_longe
     world: World,
 ) -> None:
     """Alive until its expiry, under its own policy version only; at most 32 are kept."""
-    from tether.core import remember_replay_approval, replay_approved
+    from tether.core._evidence import remember_replay_approval, replay_approved
 
     state = _state(world)
     body = {"expires_at": "2026-01-01T00:05:00.000000Z", "policy_version": "1"}

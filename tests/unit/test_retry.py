@@ -8,10 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tether.core import (
+from tether.core import OutcomeKind, RetrySettingsError
+from tether.core._retry import (
     NO_PROGRESS,
-    OutcomeKind,
-    RetrySettingsError,
     in_flight_allowance,
     records_resend,
     resend_margin,

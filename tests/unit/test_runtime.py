@@ -8,7 +8,6 @@ from datetime import timedelta
 import pytest
 
 from tests.conftest import ScriptedAgent, World, finish, make_task, write
-from tether.adapters import Sandbox
 from tether.core import (
     EffectStatus,
     EnvironmentDriftError,
@@ -21,10 +20,11 @@ from tether.core import (
     Verification,
     canonical_bytes,
     format_time,
-    seal_entry,
-    validate_state,
 )
+from tether.core._ledger import seal_entry
+from tether.core._state import validate_state
 from tether.runtime import CrashPlan, CrashPoint, Decision, SimulatedCrash
+from tether.testing import Sandbox
 from tether.testing.counting import count_calls
 
 

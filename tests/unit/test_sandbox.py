@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tether.adapters import Adapter, NotQueryableError, Sandbox, UnsupportedEntryError
+from tether.adapters import Adapter, NotQueryableError, UnsupportedEntryError
 from tether.core import (
     AdapterError,
     AdapterUnavailableError,
@@ -20,6 +20,7 @@ from tether.core import (
     digest,
     digest_bytes,
 )
+from tether.testing import Sandbox
 
 
 def counter_ids() -> itertools.count[int]:

@@ -7,14 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tether.core import (
-    GENESIS_HASH,
-    TraceEvent,
-    TraceIntegrityError,
-    hashes_to_itself,
-    seal_event,
-    walk_down,
-)
+from tether.core import TraceEvent, TraceIntegrityError
+from tether.core._segment import hashes_to_itself, walk_down
+from tether.core._state import GENESIS_HASH
+from tether.core._trace import seal_event
 
 T0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 

@@ -21,22 +21,24 @@ from tether.core import (
     Capabilities,
     EffectStatus,
     EnvironmentState,
-    Execute,
-    ExecuteAnswer,
-    ExecuteStatus,
-    Facts,
     Intent,
-    Lookup,
-    LookupAnswer,
-    LookupStatus,
     OutcomeKind,
     Phase,
     Receipt,
     RunState,
-    Transition,
     format_time,
-    settle_rules,
-    validate_state,
+)
+from tether.core import _settle as settle_rules
+from tether.core._state import validate_state
+from tether.core._transition import (
+    Execute,
+    ExecuteAnswer,
+    ExecuteStatus,
+    Facts,
+    Lookup,
+    LookupAnswer,
+    LookupStatus,
+    Transition,
 )
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -477,7 +479,8 @@ def test_a_stored_refusal_is_a_rejection_only_for_a_write_sent_once(resent: bool
 
 def test_a_write_whose_absence_proves_nothing_is_sent_only_after_its_own_dispatch_commit() -> None:
     """Queryable but not final (a mailbox search): intended alone first, so a crash there sent nothing."""
-    from tether.core import Proposal, step_rules
+    from tether.core import Proposal
+    from tether.core import _steps as step_rules
 
     state = state_with(EffectStatus.DISPATCHED, "not_needed").evolve(
         phase=Phase.RUNNING, pending=None

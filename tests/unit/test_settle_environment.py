@@ -27,19 +27,10 @@ from tests.unit.test_settle import (
     PRE,
     state_with,
 )
-from tether.core import (
-    Capabilities,
-    EffectStatus,
-    Execute,
-    Facts,
-    OutcomeKind,
-    Phase,
-    ReadEnvironment,
-    Rejection,
-    RunState,
-    Transition,
-    settle_rules,
-)
+from tether.core import Capabilities, EffectStatus, OutcomeKind, Phase, RunState
+from tether.core import _settle as settle_rules
+from tether.core._actions import Rejection
+from tether.core._transition import Execute, Facts, ReadEnvironment, Transition
 
 LIVES = (PRE, POST, OTHER)
 CAPS = [

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from tests.conftest import ManualClock, ScriptedAgent, World, finish, make_policy, write
-from tether.adapters import Sandbox
 from tether.core import (
     AcceptRefusedError,
     ApprovalExpiredError,
@@ -30,13 +29,14 @@ from tether.core import (
     ReviewDriftError,
     RunState,
     SpecError,
-    check_accept,
-    check_cancel,
     new_cancel,
     new_decision,
 )
+from tether.core._cancel import check_cancel
+from tether.core._evidence import check_accept
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import CrashPlan, CrashPoint, RunSession, SimulatedCrash
+from tether.testing import Sandbox
 
 REVIEWER = Signer.generate("rev", "reviewer")
 OPERATOR = Signer.generate("ops", "operator")

@@ -49,7 +49,6 @@ from tether.adapters._httpfields import (
     parse_sf_string,
     sf_string,
 )
-from tether.adapters._sandbox import Sandbox
 from tether.adapters._smtp import MaildirLookup, SmtpConfigError, SmtpEffect, message_id
 from tether.adapters._snapshot import missing_blobs
 from tether.adapters._watch import WatchMissedChangeWarning
@@ -87,7 +86,6 @@ __all__ = [
     "RequestRefusedError",
     "RestoreIncompleteError",
     "RoutesKinds",
-    "Sandbox",
     "ServiceProfile",
     "SmtpConfigError",
     "SmtpEffect",

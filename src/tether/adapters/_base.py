@@ -19,8 +19,8 @@ from tether.core import (
     JSONValue,
     Receipt,
     Verification,
-    compensated_effect,
 )
+from tether.core._compensation import compensated_effect
 
 
 @dataclass(frozen=True, slots=True)

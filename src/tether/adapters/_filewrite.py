@@ -20,17 +20,17 @@ from tether.core import (
     ContractViolationError,
     EnvironmentDriftError,
     EnvironmentState,
-    Fields,
     Intent,
     JSONValue,
     Receipt,
     SpecError,
     TargetKind,
     canonical_bytes,
-    check_canonical_path,
     digest_bytes,
     strict_loads,
 )
+from tether.core._fields import Fields
+from tether.core._spec import check_canonical_path
 
 FILE_WRITE = "file.write"
 FILE_READ = "file.read"

@@ -132,9 +132,9 @@ from tether.core import (
     TargetKind,
     TetherError,
     canonical_bytes,
-    compensated_effect,
     strict_loads,
 )
+from tether.core._compensation import compensated_effect
 
 #: The largest result a receipt keeps whole (the ledger stores receipts).
 MAX_RESULT_BYTES = 16_384
@@ -409,6 +409,15 @@ class FunctionEffect(RemoteEffect):
     def compensation_capabilities(self) -> Capabilities:
         """What ``compensate`` proves after a crash: only ``compensate_idempotent``, if declared."""
         return self._undo_capabilities
+
+    @property
+    def committed_at(self) -> str | None:
+        """The returned object's field holding the effect's commit time, if declared.
+
+        A kind under approval needs it: a receipt without a commit time cannot
+        be checked against the approval's expiry, and goes to review.
+        """
+        return self._committed_at
 
     @property
     def instance_id(self) -> str:

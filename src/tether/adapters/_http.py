@@ -81,9 +81,9 @@ from tether.core import (
     TargetKind,
     TetherError,
     canonical_bytes,
-    check_canonical_path,
-    compensated_effect,
 )
+from tether.core._compensation import compensated_effect
+from tether.core._spec import check_canonical_path
 
 ADAPTER_VERSION = "1"
 # What a POST created, a person can withdraw (close the ticket, refund the

@@ -26,11 +26,11 @@ from tether.core import (
     AdapterUnavailableError,
     CanonicalJSONError,
     ContractViolationError,
-    Fields,
     Intent,
     Receipt,
     strict_loads,
 )
+from tether.core._fields import Fields
 
 _SCHEMA_VERSION = 3
 _SCHEMA = (

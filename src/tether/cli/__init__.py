@@ -29,7 +29,7 @@ from tether.cli._runs import add_runs
 from tether.cli._serve import add_serve
 from tether.cli._sign import add_signing
 from tether.cli._start import add_start
-from tether.core import MAX_APPROVAL_TTL_S
+from tether.core._spec import MAX_APPROVAL_TTL_S
 from tether.runtime import CrashPoint
 
 EXIT_ERROR = _guard.EXIT_ERROR

@@ -9,10 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from tether.cli import _progress, _render
-from tether.core import (
-    format_time,
-    validate_state,
-)
+from tether.core import format_time
+from tether.core._state import validate_state
 from tether.crypto import Keyring
 from tether.runtime import Checkpointer, Page, RunView, open_run
 from tether.store import SQLBase, SQLiteStore, open_store

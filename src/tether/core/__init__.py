@@ -1,14 +1,30 @@
-"""Pure core: no I/O, no clock, no randomness. Everything else is built on it."""
+"""Pure core: no I/O, no clock, no randomness. Everything else is built on it.
 
+What is exported here is what a user of tether or an adapter's author
+writes or catches: the errors (one root, :class:`TetherError`), the task and
+policy documents, what an adapter declares and returns (kinds, capabilities,
+environments, intents, receipts), what a run's state, ledger and trace hold,
+and the helpers that build what a person signs. The rules themselves (the
+transition functions, replay, retry, settle, admission checks) are private
+modules of this package, imported by the runtime from there.
+"""
+
+from tether.core._actions import (
+    ActionClass,
+    ActionKind,
+    ActionResult,
+    Observation,
+    Proposal,
+    TargetKind,
+)
 from tether.core._admission import (
-    ADMISSION_FIELDS,
     Purpose,
-    admission_record,
     admission_request,
-    authorize,
-    check_admission,
     new_admission,
-    occurrence_of,
+)
+from tether.core._cancel import (
+    cancel_request,
+    new_cancel,
 )
 from tether.core._canonical import (
     JSONValue,
@@ -16,6 +32,17 @@ from tether.core._canonical import (
     digest,
     digest_bytes,
     strict_loads,
+)
+from tether.core._compensation import (
+    CompensationRefusedError,
+    EffectDecision,
+    effect_decision_request,
+    new_effect_decision,
+)
+from tether.core._contract import (
+    Contract,
+    ContractMismatchError,
+    ExternalEffectsError,
 )
 from tether.core._errors import (
     AcceptRefusedError,
@@ -82,7 +109,18 @@ from tether.core._errors import (
     WriteOnceError,
     WrongKeyError,
 )
-from tether.core._fields import Fields
+from tether.core._evidence import (
+    ReviewDecision,
+    answer_body,
+    approval_request,
+    decision_request,
+    new_approval,
+    new_decision,
+)
+from tether.core._ledger import (
+    EffectTerms,
+    LedgerEntry,
+)
 from tether.core._model import (
     Capabilities,
     CompletedWrite,
@@ -94,7 +132,6 @@ from tether.core._model import (
     Verification,
     format_time,
     parse_time,
-    parse_time_text,
 )
 from tether.core._phases import (
     Compensation,
@@ -103,25 +140,19 @@ from tether.core._phases import (
     Phase,
     RetrySemantics,
     ReviewReason,
-    check_effect_move,
-    check_phase_move,
+)
+from tether.core._replay import (
+    new_fork,
+)
+from tether.core._retry import (
+    RetrySettingsError,
 )
 from tether.core._rewind import (
-    REWIND_MEMORY_KEY,
-    RewindPlan,
     RewindRefusedError,
-    RewindScope,
     SplitRewindError,
-    crossed_effects,
-    rewind_memory,
-    tried_in,
-    with_memory,
 )
 from tether.core._spec import (
-    MAX_APPROVAL_TTL_S,
-    MAX_COUNT,
-    MAX_TIMEOUT_S,
-    MAX_WALL_TIME_S,
+    ANY_TARGET,
     Authority,
     Budgets,
     InitialEnvironment,
@@ -132,29 +163,26 @@ from tether.core._spec import (
     TaskSpec,
     Verifier,
     WithheldSecrets,
-    check_canonical_path,
 )
 from tether.core._state import (
-    GENESIS_HASH,
-    SCHEMA_VERSION,
     Binding,
     RunState,
     Spent,
-    SpentNonce,
-    validate_state,
 )
-from tether.core._trace import TraceEvent, chain_hash, seal_event, verify_trace
+from tether.core._trace import (
+    TraceEvent,
+)
+from tether.core._transition import (
+    Outcome,
+    OutcomeKind,
+)
 
 __all__ = [
-    "ADMISSION_FIELDS",
-    "GENESIS_HASH",
-    "MAX_APPROVAL_TTL_S",
-    "MAX_COUNT",
-    "MAX_TIMEOUT_S",
-    "MAX_WALL_TIME_S",
-    "REWIND_MEMORY_KEY",
-    "SCHEMA_VERSION",
+    "ANY_TARGET",
     "AcceptRefusedError",
+    "ActionClass",
+    "ActionKind",
+    "ActionResult",
     "AdapterError",
     "AdapterUnavailableError",
     "AdmissionRefusedError",
@@ -171,17 +199,22 @@ __all__ = [
     "CheckpointCorruptError",
     "CommitOutcomeUnknownError",
     "Compensation",
+    "CompensationRefusedError",
     "CompletedWrite",
+    "Contract",
+    "ContractMismatchError",
     "ContractViolationError",
+    "EffectDecision",
     "EffectNotSettledError",
     "EffectRejectedError",
     "EffectStatus",
+    "EffectTerms",
     "EnvironmentDriftError",
     "EnvironmentState",
     "EvidenceBindingError",
     "EvidenceError",
     "EvidenceSignatureError",
-    "Fields",
+    "ExternalEffectsError",
     "GenerationConflictError",
     "IdempotencyConflictError",
     "IllegalTransitionError",
@@ -195,12 +228,16 @@ __all__ = [
     "LeaseExpiredError",
     "LeaseHeldError",
     "LeaseLostError",
+    "LedgerEntry",
     "LedgerIntegrityError",
     "MigrationError",
     "MissingHighWaterMarkError",
     "NeedsReviewError",
     "NonceReusedError",
     "NotInRunError",
+    "Observation",
+    "Outcome",
+    "OutcomeKind",
     "OutcomeReason",
     "PendingWrite",
     "Phase",
@@ -209,16 +246,17 @@ __all__ = [
     "PolicyError",
     "PolicyMismatchError",
     "PreconditionFailedError",
+    "Proposal",
     "Purpose",
     "Receipt",
     "RetiredKeyError",
     "RetrySemantics",
+    "RetrySettingsError",
     "ReviewCase",
+    "ReviewDecision",
     "ReviewDriftError",
     "ReviewReason",
-    "RewindPlan",
     "RewindRefusedError",
-    "RewindScope",
     "Risk",
     "RunBusyError",
     "RunExistsError",
@@ -231,12 +269,12 @@ __all__ = [
     "SignatureError",
     "SpecError",
     "Spent",
-    "SpentNonce",
     "SplitRewindError",
     "StaleCheckpointError",
     "StaleMarkError",
     "StoreError",
     "StoreUnavailableError",
+    "TargetKind",
     "TaskMismatchError",
     "TaskSpec",
     "TetherError",
@@ -253,292 +291,22 @@ __all__ = [
     "WithheldSecrets",
     "WriteOnceError",
     "WrongKeyError",
-    "admission_record",
     "admission_request",
-    "authorize",
-    "canonical_bytes",
-    "chain_hash",
-    "check_admission",
-    "check_canonical_path",
-    "check_effect_move",
-    "check_phase_move",
-    "crossed_effects",
-    "digest",
-    "digest_bytes",
-    "format_time",
-    "new_admission",
-    "occurrence_of",
-    "parse_time",
-    "parse_time_text",
-    "rewind_memory",
-    "seal_event",
-    "strict_loads",
-    "tried_in",
-    "validate_state",
-    "verify_trace",
-    "with_memory",
-]
-
-from tether.core._actions import (
-    CANCEL,
-    FINISH,
-    RUNTIME_KINDS,
-    TESTS_RUN,
-    ActionClass,
-    ActionKind,
-    ActionResult,
-    Observation,
-    Proposal,
-    Rejection,
-    TargetKind,
-    catalog,
-    check_contract,
-    contract_problem,
-    gate,
-    needs_approval,
-    risk_of,
-    rule_for,
-    version_problem,
-)
-
-__all__ += [
-    "CANCEL",
-    "FINISH",
-    "RUNTIME_KINDS",
-    "TESTS_RUN",
-    "ActionClass",
-    "ActionKind",
-    "ActionResult",
-    "Observation",
-    "Proposal",
-    "Rejection",
-    "TargetKind",
-    "catalog",
-    "check_contract",
-    "contract_problem",
-    "gate",
-    "needs_approval",
-    "risk_of",
-    "rule_for",
-    "version_problem",
-]
-
-from tether.core._evidence import (  # noqa: E402
-    ReviewDecision,
-    answer_body,
-    approval_request,
-    decision_request,
-    new_approval,
-    new_decision,
-)
-
-__all__ += [
-    "ReviewDecision",
     "answer_body",
     "approval_request",
-    "decision_request",
-    "new_approval",
-    "new_decision",
-]
-
-from tether.core import _people as people_rules  # noqa: E402
-from tether.core import _settle as settle_rules  # noqa: E402
-from tether.core import _steps as step_rules  # noqa: E402
-from tether.core._commit import Sealed, seal_commit, with_subject_terms  # noqa: E402
-from tether.core._evidence import (  # noqa: E402
-    active_approval,
-    approval_problem,
-    awaits_approval,
-    check_approval,
-    check_decision,
-    check_nonce,
-    committed_within_approval,
-    consumed_nonces,
-    keep_approval_nonce,
-    remember_replay_approval,
-    replay_approved,
-)
-from tether.core._ledger import (  # noqa: E402
-    EffectTerms,
-    LedgerEntry,
-    orphans_of,
-    redact_receipt,
-    retry_semantics,
-    seal_entry,
-    stray_error,
-    verify_ledger,
-)
-from tether.core._transition import (  # noqa: E402
-    Call,
-    Execute,
-    ExecuteAnswer,
-    ExecuteStatus,
-    Facts,
-    LedgerNote,
-    Lookup,
-    LookupAnswer,
-    LookupStatus,
-    Outcome,
-    OutcomeKind,
-    ReadEnvironment,
-    Transition,
-)
-
-__all__ += [
-    "Call",
-    "EffectTerms",
-    "Execute",
-    "ExecuteAnswer",
-    "ExecuteStatus",
-    "Facts",
-    "LedgerEntry",
-    "LedgerNote",
-    "Lookup",
-    "LookupAnswer",
-    "LookupStatus",
-    "Outcome",
-    "OutcomeKind",
-    "ReadEnvironment",
-    "Sealed",
-    "Transition",
-    "active_approval",
-    "approval_problem",
-    "awaits_approval",
-    "check_approval",
-    "check_decision",
-    "check_nonce",
-    "committed_within_approval",
-    "consumed_nonces",
-    "keep_approval_nonce",
-    "orphans_of",
-    "people_rules",
-    "redact_receipt",
-    "remember_replay_approval",
-    "replay_approved",
-    "retry_semantics",
-    "seal_commit",
-    "seal_entry",
-    "settle_rules",
-    "step_rules",
-    "stray_error",
-    "verify_ledger",
-    "with_subject_terms",
-]
-
-from tether.core._held import (  # noqa: E402
-    AfterSettle,
-    HeldKind,
-    after_settle,
-    answers_held,
-    held_kind,
-)
-
-__all__ += ["AfterSettle", "HeldKind", "after_settle", "answers_held", "held_kind"]
-
-from tether.core import _policy_change as policy_rules  # noqa: E402
-from tether.core._policy_change import Adoption  # noqa: E402
-
-__all__ += ["Adoption", "policy_rules"]
-
-from tether.core import _compensation as compensation_rules  # noqa: E402
-from tether.core._compensation import (  # noqa: E402
-    COMPENSATES,
-    EFFECT_DECISION_FIELDS,
-    CompensationRefusedError,
-    EffectDecision,
-    EffectRecord,
-    check_effect_decision,
-    compensated_effect,
-    effect_decision_request,
-    new_effect_decision,
-)
-from tether.core._contract import (  # noqa: E402
-    Contract,
-    ContractMismatchError,
-    ExternalEffectsError,
-    check_local_only,
-    check_recovery_contract,
-    parse_contract,
-)
-from tether.core._transition import EffectRef  # noqa: E402
-
-__all__ += [
-    "COMPENSATES",
-    "EFFECT_DECISION_FIELDS",
-    "CompensationRefusedError",
-    "Contract",
-    "ContractMismatchError",
-    "EffectDecision",
-    "EffectRecord",
-    "EffectRef",
-    "ExternalEffectsError",
-    "check_effect_decision",
-    "check_local_only",
-    "check_recovery_contract",
-    "compensated_effect",
-    "compensation_rules",
-    "effect_decision_request",
-    "new_effect_decision",
-    "parse_contract",
-]
-from tether.core import _replay as replay_rules  # noqa: E402
-from tether.core._replay import EffectHistory, KnownEffect, effect_digest, new_fork  # noqa: E402
-
-__all__ += ["EffectHistory", "KnownEffect", "effect_digest", "new_fork", "replay_rules"]
-
-from tether.core._cancel import (  # noqa: E402
-    CANCEL_FIELDS,
-    cancel_read,
-    cancel_request,
-    check_cancel,
-    new_cancel,
-    spent_cancel,
-)
-from tether.core._evidence import DRIFT_REASONS, check_accept  # noqa: E402
-from tether.core._model import OUTCOME_OUTPUT_MAX, LastOutcome  # noqa: E402
-from tether.core._state import working_ms  # noqa: E402
-
-__all__ += [
-    "CANCEL_FIELDS",
-    "DRIFT_REASONS",
-    "OUTCOME_OUTPUT_MAX",
-    "LastOutcome",
-    "cancel_read",
     "cancel_request",
-    "check_accept",
-    "check_cancel",
+    "canonical_bytes",
+    "decision_request",
+    "digest",
+    "digest_bytes",
+    "effect_decision_request",
+    "format_time",
+    "new_admission",
+    "new_approval",
     "new_cancel",
-    "spent_cancel",
-    "working_ms",
+    "new_decision",
+    "new_effect_decision",
+    "new_fork",
+    "parse_time",
+    "strict_loads",
 ]
-
-from tether.core import _retry as retry_rules  # noqa: E402
-from tether.core._retry import (  # noqa: E402
-    NO_PROGRESS,
-    RetrySettingsError,
-    in_flight_allowance,
-    records_resend,
-    resend_margin,
-    retry_delay,
-    step_progressed,
-)
-
-__all__ += [
-    "NO_PROGRESS",
-    "RetrySettingsError",
-    "in_flight_allowance",
-    "records_resend",
-    "resend_margin",
-    "retry_delay",
-    "retry_rules",
-    "step_progressed",
-]
-
-from tether.core import _listing as listing_rules  # noqa: E402
-from tether.core._listing import Listing, approvable, listing_of  # noqa: E402
-
-__all__ += ["Listing", "approvable", "listing_of", "listing_rules"]
-
-from tether.core._segment import ChainRow, Stretch, hashes_to_itself, walk_down  # noqa: E402
-
-__all__ += ["ChainRow", "Stretch", "hashes_to_itself", "walk_down"]

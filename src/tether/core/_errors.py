@@ -53,22 +53,60 @@ class SignatureError(IntegrityError):
 
 
 class UnknownKeyError(IntegrityError):
-    """The envelope names a key id the keyring does not hold."""
+    """The envelope names a key id the keyring does not hold.
 
-    def __init__(self, key_id: str, *, run_id: str | None = None) -> None:
+    ``held`` is the key ids the keyring does hold and ``source`` where it was
+    read from (a path, a variable's name), when known: never a secret.
+    """
+
+    def __init__(
+        self,
+        key_id: str,
+        *,
+        run_id: str | None = None,
+        held: tuple[str, ...] | None = None,
+        source: str | None = None,
+    ) -> None:
         self.key_id = key_id
-        super().__init__(f"checkpoint signed with unknown key id {key_id!r}", run_id=run_id)
+        self.held = held
+        self.source = source
+        super().__init__(
+            f"checkpoint signed with unknown key id {key_id!r}" + _keyring_hint(held, source),
+            run_id=run_id,
+        )
 
 
 class WrongKeyError(IntegrityError):
     """The keyring holds a different key under the envelope's key id."""
 
-    def __init__(self, key_id: str, *, run_id: str | None = None) -> None:
+    def __init__(
+        self,
+        key_id: str,
+        *,
+        run_id: str | None = None,
+        held: tuple[str, ...] | None = None,
+        source: str | None = None,
+    ) -> None:
         self.key_id = key_id
+        self.held = held
+        self.source = source
         super().__init__(
-            f"key id {key_id!r} in the keyring is not the key that signed this checkpoint",
+            f"key id {key_id!r} in the keyring is not the key that signed this checkpoint"
+            + _keyring_hint(held, source),
             run_id=run_id,
         )
+
+
+def _keyring_hint(held: tuple[str, ...] | None, source: str | None) -> str:
+    """Which keyring was used, and what to do: give the runtime the one that sealed the run."""
+    if held is None and source is None:
+        return ""
+    where = "this keyring" if source is None else f"the keyring from {source}"
+    holds = "" if held is None else f" holds {list(held)}"
+    return (
+        f"; {where}{holds}: give the runtime the keyring the run was sealed with "
+        "(Runtime(keyring=...), $TETHER_KEYRING_FILE or --keyring FILE)"
+    )
 
 
 class RetiredKeyError(IntegrityError):
@@ -92,16 +130,39 @@ class UnknownFieldError(IntegrityError):
 
 
 class BindingMismatchError(IntegrityError):
-    """The checkpoint belongs to another task, policy or scenario than the caller named."""
+    """The checkpoint belongs to another task, policy or scenario than the caller named.
 
-    def __init__(self, what: str, expected: Any, actual: Any, *, run_id: str | None = None) -> None:
+    ``changes`` says what differs between the two documents, field by field,
+    when the store still holds the one the run was made under.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        expected: Any,
+        actual: Any,
+        *,
+        run_id: str | None = None,
+        changes: tuple[str, ...] = (),
+    ) -> None:
         self.what = what
         self.expected = expected
         self.actual = actual
-        super().__init__(
-            f"{what} mismatch: caller expects {expected!r}, checkpoint has {actual!r}",
-            run_id=run_id,
+        self.changes = changes
+        document = what.split(maxsplit=1)[0]  # "task", "policy" or "scenario"
+        lines = [
+            f"{what} mismatch: caller expects {expected!r}, checkpoint has {actual!r}"
+            + ("" if run_id is None else f" (run {run_id})")
+        ]
+        if changes:
+            lines.append(f"what changed in the {document} since the run started:")
+            lines += [f"  {change}" for change in changes]
+        lines.append(
+            f"a run goes on only under the {document} it was started with: give the runtime "
+            f"that {document} again, or start the changed one under a new run id"
+            + ("" if run_id is None else f" (`tether inspect {run_id}` shows the run's)")
         )
+        super().__init__("\n".join(lines), run_id=run_id)
 
 
 class TaskMismatchError(BindingMismatchError):
@@ -153,12 +214,45 @@ class MissingHighWaterMarkError(IntegrityError):
 
 
 class EnvironmentDriftError(IntegrityError):
-    """The live environment is neither the checkpointed state nor its one pending successor."""
+    """The live environment is neither the checkpointed state nor its one pending successor.
 
-    def __init__(self, message: str, *, expected: Any = None, actual: Any = None) -> None:
+    ``expected`` and ``actual`` are the two environments (namespace, instance,
+    version, fingerprint); the message shows both, whole, and ``hint`` says
+    what to do.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        expected: Any = None,
+        actual: Any = None,
+        hint: str = "",
+        run_id: str | None = None,
+    ) -> None:
         self.expected = expected
         self.actual = actual
-        super().__init__(message)
+        self.hint = hint
+        lines = [message]
+        for label, env in (("expected", expected), ("found", actual)):
+            if env is not None:
+                lines.append(f"  {label + ':':<10}{_environment_text(env)}")
+        if hint:
+            lines.append(hint)
+        super().__init__("\n".join(lines), run_id=run_id)
+
+
+def _environment_text(env: Any) -> str:
+    """An environment as one line: every field it has, the fingerprint whole."""
+    to_json = getattr(env, "to_json", None)
+    if callable(to_json):
+        env = to_json()
+    if not isinstance(env, dict):
+        return repr(env)
+    names = ("namespace", "instance_id", "version", "state_fingerprint", "fingerprint")
+    shown = [f"{name}={env[name]}" for name in names if name in env]
+    shown += [f"{name}={value}" for name, value in sorted(env.items()) if name not in names]
+    return " ".join(shown)
 
 
 class LedgerIntegrityError(IntegrityError):

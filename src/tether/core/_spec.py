@@ -9,6 +9,7 @@ someone forgot to bump its version.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -87,6 +88,11 @@ class Verifier:
     timeout_s: int
 
 
+#: An ``allowed_paths`` entry that lets a run touch any target its adapters accept
+#: (a canonical relative path, an address): what a task built for you allows.
+ANY_TARGET = "*"
+
+
 @dataclass(frozen=True, slots=True)
 class InitialEnvironment:
     """What the environment must look like when a run starts."""
@@ -105,7 +111,9 @@ class TaskSpec:
     allowed_paths: tuple[str, ...]
     permissions: tuple[str, ...]
     budgets: Budgets
-    initial_environment: InitialEnvironment
+    #: The state a run must start from; ``None``: whatever the adapters show
+    #: when the run starts (read then, and bound into its first checkpoint).
+    initial_environment: InitialEnvironment | None
     #: What ``finish`` runs to judge the final state; ``None``: the task names
     #: nothing to test, and the run completes on the agent's finish, recorded
     #: as such (``no_verifier`` in the trace, stop reason ``finished_unverified``).
@@ -133,11 +141,13 @@ class TaskSpec:
                     else {"deadline_s": self.budgets.deadline_s}
                 ),
             },
-            "initial_environment": {
+        }
+        if self.initial_environment is not None:
+            # Only when named, so a task that reads it at start says so in its fingerprint.
+            body["initial_environment"] = {
                 "namespace": self.initial_environment.namespace,
                 "state_fingerprint": self.initial_environment.state_fingerprint,
-            },
-        }
+            }
         if self.verifier is not None:
             # Only when named, so a task without a verifier says so in its fingerprint.
             body["verifier"] = {
@@ -160,13 +170,15 @@ class TaskSpec:
     def scenario_fingerprint(self) -> str:
         """Digest of the fixed scenario: initial environment and verifier."""
         body = self.to_json()
-        scenario = {"initial_environment": body["initial_environment"]}
-        if "verifier" in body:
-            scenario["verifier"] = body["verifier"]
+        scenario = {
+            name: body[name] for name in ("initial_environment", "verifier") if name in body
+        }
         return digest(scenario)
 
     def allows_target(self, target: str) -> bool:
         for allowed in self.allowed_paths:
+            if allowed == ANY_TARGET:
+                return True
             if allowed.endswith("/") and target.startswith(allowed):
                 return True
             if target == allowed:
@@ -178,11 +190,12 @@ class TaskSpec:
         """Parse a task spec strictly; raise ``SpecError`` naming the bad field."""
         f = Fields(_document(data), "", SpecError)
         budgets = f.obj("budgets")
-        initial = f.obj("initial_environment")
+        initial = f.optional_obj("initial_environment")
         verifier = f.optional_obj("verifier")
         paths = f.str_list("allowed_paths")
         for index, path in enumerate(paths):
-            check_canonical_path(path, f"allowed_paths[{index}]", allow_dir=True)
+            if path != ANY_TARGET:
+                check_canonical_path(path, f"allowed_paths[{index}]", allow_dir=True)
         tests: dict[str, Verifier] = {}
         tests_obj = f.optional_obj("tests")
         if tests_obj is not None:
@@ -206,7 +219,9 @@ class TaskSpec:
                 if budgets.optional_raw("deadline_s") is not None
                 else None,
             ),
-            initial_environment=InitialEnvironment(
+            initial_environment=None
+            if initial is None
+            else InitialEnvironment(
                 namespace=initial.str("namespace"),
                 state_fingerprint=initial.str("state_fingerprint"),
             ),
@@ -214,7 +229,8 @@ class TaskSpec:
             tests=tests,
         )
         for part in (budgets, initial, f):
-            part.done()
+            if part is not None:
+                part.done()
         return spec
 
 
@@ -416,3 +432,36 @@ def _document(data: bytes | str | dict[str, Any]) -> Any:
         return strict_loads(data)
     except CanonicalJSONError as exc:
         raise SpecError("document", str(exc)) from exc
+
+
+def describe_changes(before: Any, after: Any, *, limit: int = 6) -> tuple[str, ...]:
+    """What differs between two versions of a task or policy document, one line per field.
+
+    Nested objects are compared field by field (``kinds.email.send.needs_approval:
+    false -> true``); a value too long to read is shown by its size. At most
+    ``limit`` lines, the last saying how many more there were.
+    """
+    lines: list[str] = []
+    _diff(before, after, "", lines)
+    if len(lines) > limit:
+        lines[limit - 1 :] = [f"... and {len(lines) - limit + 1} more"]
+    return tuple(lines)
+
+
+def _diff(before: Any, after: Any, path: str, lines: list[str]) -> None:
+    if isinstance(before, dict) and isinstance(after, dict):
+        for key in sorted(set(before) | set(after)):
+            name = f"{path}.{key}" if path else str(key)
+            if key not in before:
+                lines.append(f"{name}: added ({_short(after[key])})")
+            elif key not in after:
+                lines.append(f"{name}: removed (was {_short(before[key])})")
+            else:
+                _diff(before[key], after[key], name, lines)
+    elif before != after:
+        lines.append(f"{path or 'document'}: {_short(before)} -> {_short(after)}")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= 80 else f"<{len(text)} characters>"

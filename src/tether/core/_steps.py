@@ -85,9 +85,13 @@ def begin_step(state: RunState, env: EnvironmentState) -> tuple[RunState, list[E
     """
     if env.instance_id != state.environment.instance_id:
         raise EnvironmentDriftError(
-            "the adapter now serves another environment instance; refusing to act",
+            f"run {state.run_id}: the adapter now serves another environment instance; "
+            "refusing to act",
             expected=state.environment.to_json(),
             actual=env.to_json(),
+            hint="nothing was done: give the runtime the adapter the run started with, "
+            "and recover the run",
+            run_id=state.run_id,
         )
     events: list[Event] = []
     if env != state.environment:

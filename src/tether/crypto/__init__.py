@@ -2,6 +2,7 @@
 
 from tether.crypto._envelope import envelope_digest, open_envelope, seal
 from tether.crypto._keyring import (
+    DEFAULT_KEYRING,
     ENV_KEYRING,
     ENV_KEYRING_FILE,
     MIN_KEY_BYTES,
@@ -9,6 +10,7 @@ from tether.crypto._keyring import (
     Keyring,
     KeyringError,
     KeyStatus,
+    default_keyring_path,
 )
 from tether.crypto._secrets import (
     ENV_SECRET_KEYS,
@@ -23,6 +25,7 @@ from tether.crypto._secrets import (
 from tether.crypto._signing import Alg, Role, Signer, TrustError, TrustRoots
 
 __all__ = [
+    "DEFAULT_KEYRING",
     "ENV_KEYRING",
     "ENV_KEYRING_FILE",
     "ENV_SECRET_KEYS",
@@ -43,6 +46,7 @@ __all__ = [
     "Signer",
     "TrustError",
     "TrustRoots",
+    "default_keyring_path",
     "envelope_digest",
     "open_envelope",
     "seal",

@@ -100,11 +100,11 @@ def open_envelope(blob: bytes, keyring: Keyring, *, run_id: str | None = None) -
     key_id: str = doc["key_id"]
     key = keyring.get(key_id)
     if key is None:
-        raise UnknownKeyError(key_id, run_id=run_id)
+        raise UnknownKeyError(key_id, run_id=run_id, held=keyring.key_ids, source=keyring.source)
     if key.status is KeyStatus.RETIRED:
         raise RetiredKeyError(key_id, run_id=run_id)
     if not hmac.compare_digest(key.check_value, doc["kcv"]):
-        raise WrongKeyError(key_id, run_id=run_id)
+        raise WrongKeyError(key_id, run_id=run_id, held=keyring.key_ids, source=keyring.source)
     expected = key.mac(_DOMAIN, key_id.encode("utf-8"), payload).hex()
     if not hmac.compare_digest(expected, doc["mac"]):
         raise SignatureError(

@@ -19,11 +19,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from tether.core import CanonicalJSONError, Fields, TetherError, canonical_bytes, strict_loads
+from tether.core import CanonicalJSONError, TetherError, canonical_bytes, strict_loads
+from tether.core._fields import Fields
 
 MIN_KEY_BYTES = 32
 ENV_KEYRING = "TETHER_KEYRING"
 ENV_KEYRING_FILE = "TETHER_KEYRING_FILE"
+#: Where the keyring lives when none is named: under the user's data directory
+#: (``$XDG_DATA_HOME``, else ``~/.local/share``), apart from the stores it seals.
+DEFAULT_KEYRING = Path("tether") / "keyring.json"
 _CHECK_LABEL = b"tether key check v1"
 
 
@@ -66,13 +70,16 @@ class Key:
 class Keyring:
     """A set of named keys with exactly one active key (unless all are retired)."""
 
-    __slots__ = ("_keys",)
+    __slots__ = ("_keys", "source")
 
-    def __init__(self, keys: Mapping[str, Key]) -> None:
+    def __init__(self, keys: Mapping[str, Key], *, source: str | None = None) -> None:
         active = [k for k in keys.values() if k.status is KeyStatus.ACTIVE]
         if len(active) > 1:
             raise KeyringError("a keyring has at most one active key")
         self._keys = dict(keys)
+        #: Where it was read from (a file's path, or the variable that held it), for
+        #: messages about it; ``None`` for one built in memory. Never the secrets.
+        self.source = source
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}:{v.status.value}" for k, v in sorted(self._keys.items()))
@@ -174,10 +181,14 @@ class Keyring:
         try:
             data = Path(path).read_bytes()
         except OSError as exc:
+            missing = isinstance(exc, FileNotFoundError)
             raise KeyringError(
                 f"cannot read keyring file {os.fspath(path)!r}: {exc.strerror}"
+                + (f"; make one with `tether keyring new {os.fspath(path)}`" if missing else "")
             ) from exc
-        return cls.from_json(data)
+        keyring = cls.from_json(data)
+        keyring.source = os.fspath(path)
+        return keyring
 
     def write_file(self, path: str | os.PathLike[str]) -> None:
         """Write the keyring to ``path`` with mode 0600, atomically."""
@@ -193,15 +204,124 @@ class Keyring:
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Keyring:
-        """``TETHER_KEYRING`` (the document) or ``TETHER_KEYRING_FILE`` (its path)."""
+        """``TETHER_KEYRING`` (the document) or ``TETHER_KEYRING_FILE`` (its path), else
+        the default keyring file if it exists (see :meth:`default`); never creates one."""
         env = os.environ if environ is None else environ
-        if env.get(ENV_KEYRING):
-            return cls.from_json(env[ENV_KEYRING])
-        if env.get(ENV_KEYRING_FILE):
-            return cls.from_file(env[ENV_KEYRING_FILE])
+        named = _named(env)
+        if named is not None:
+            return named
+        path = default_keyring_path(env)
+        if path is not None and path.exists():
+            _check_private(path)
+            return cls.from_file(path)
         raise KeyringError(
             f"no keyring: set {ENV_KEYRING_FILE} to a keyring file or {ENV_KEYRING} to its JSON"
+            + (
+                ""
+                if path is None
+                else f"; the default one, {path}, does not exist yet (tether.guard(...) or "
+                f"Keyring.default() makes it on first use, or `tether keyring new {path}`)"
+            )
         )
+
+    @classmethod
+    def default(cls, environ: Mapping[str, str] | None = None) -> Keyring:
+        """The keyring to use when none is named, made on first use.
+
+        ``TETHER_KEYRING`` or ``TETHER_KEYRING_FILE`` when set; else the file
+        :func:`default_keyring_path` names (``~/.local/share/tether/keyring.json``,
+        or under ``$XDG_DATA_HOME``), created there the first time with one
+        fresh key: mode 0600 in a 0700 directory, never printed. A file others
+        can read is refused. Keep it: checkpoints sealed with it verify only
+        with it (copy it to every machine that recovers the same runs).
+        """
+        env = os.environ if environ is None else environ
+        named = _named(env)
+        if named is not None:
+            return named
+        path = default_keyring_path(env)
+        if path is None:
+            raise KeyringError(
+                "no keyring and no place for the default one: set HOME or XDG_DATA_HOME, or "
+                f"{ENV_KEYRING_FILE} to a keyring file (`tether keyring new PATH` makes one)"
+            )
+        return cls.load_or_create(path)
+
+    @classmethod
+    def load_or_create(cls, path: str | os.PathLike[str]) -> Keyring:
+        """The keyring in ``path``; the first call makes it (one fresh key, mode 0600).
+
+        Two processes making it at once end with one keyring: the file appears
+        whole or not at all (written aside, then linked into place), and the
+        loser reads the winner's. A keyring file others can read is refused.
+        """
+        target = Path(path)
+        if not target.exists():
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fresh = cls.generate(f"k-{secrets.token_hex(4)}")
+            aside = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+            fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                data = memoryview(fresh.to_json())
+                while data:
+                    data = data[os.write(fd, data) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(aside, target)  # refuses to replace: another process's keyring stays
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(aside)
+            _fsync_dir(target.parent)
+        _check_private(target)
+        return cls.from_file(target)
+
+
+def default_keyring_path(environ: Mapping[str, str] | None = None) -> Path | None:
+    """Where the default keyring lives: ``$XDG_DATA_HOME/tether/keyring.json``, else
+    ``~/.local/share/tether/keyring.json``; ``None`` when neither variable is set."""
+    env = os.environ if environ is None else environ
+    data = env.get("XDG_DATA_HOME", "")
+    if data and os.path.isabs(data):  # the XDG spec: a relative value is ignored
+        return Path(data) / DEFAULT_KEYRING
+    home = env.get("HOME", "")
+    if home:
+        return Path(home) / ".local" / "share" / DEFAULT_KEYRING
+    return None
+
+
+def _named(env: Mapping[str, str]) -> Keyring | None:
+    """The keyring the environment names, or ``None`` when it names none."""
+    if env.get(ENV_KEYRING):
+        keyring = Keyring.from_json(env[ENV_KEYRING])
+        keyring.source = f"${ENV_KEYRING}"
+        return keyring
+    if env.get(ENV_KEYRING_FILE):
+        return Keyring.from_file(env[ENV_KEYRING_FILE])
+    return None
+
+
+def _check_private(path: Path) -> None:
+    """Refuse a keyring file that other users may read or write (as ssh refuses a key)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise KeyringError(f"cannot read keyring file {str(path)!r}: {exc.strerror}") from exc
+    if mode & 0o077:
+        raise KeyringError(
+            f"keyring file {str(path)!r} is open to other users (mode {mode & 0o777:04o}); "
+            f"make it private: chmod 600 {path}"
+        )
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _decode_secret(key_id: str, text: str) -> bytes:

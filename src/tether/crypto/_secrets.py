@@ -34,7 +34,6 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from tether.core import (
     CanonicalJSONError,
-    Fields,
     IntegrityError,
     JSONValue,
     PolicyError,
@@ -42,6 +41,7 @@ from tether.core import (
     canonical_bytes,
     strict_loads,
 )
+from tether.core._fields import Fields
 from tether.crypto._keyring import Keyring, KeyStatus
 
 ALG = "A256GCM"

@@ -30,12 +30,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from tether.core import (
     CanonicalJSONError,
     EvidenceSignatureError,
-    Fields,
     TetherError,
     UnknownSignerError,
     canonical_bytes,
     strict_loads,
 )
+from tether.core._fields import Fields
 from tether.crypto._keyring import MIN_KEY_BYTES
 
 _DOMAIN = b"tether.evidence.v1\x00"

@@ -26,6 +26,7 @@ from tether.runtime._runs import RunsPage, RunSummary, list_runs, runs_page
 from tether.runtime._runtime import Runtime
 from tether.runtime._runview import InboxItem, Page, RunView, open_run
 from tether.runtime._session import RunSession
+from tether.runtime._setup import guard
 from tether.runtime._worker import (
     AppLoadError,
     RuntimeFactory,
@@ -68,6 +69,7 @@ __all__ = [
     "check_environment",
     "deliver",
     "environment_ahead",
+    "guard",
     "install_signal_handlers",
     "list_runs",
     "load_factory",

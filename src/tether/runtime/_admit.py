@@ -31,23 +31,23 @@ from typing import Any
 
 from tether.core import (
     AdmissionRefusedError,
-    Adoption,
     Binding,
     EvidenceError,
     PolicyChange,
     Purpose,
     RunState,
-    admission_record,
+    TetherError,
     admission_request,
-    authorize,
     canonical_bytes,
-    check_admission,
-    consumed_nonces,
     digest_bytes,
     new_admission,
-    occurrence_of,
-    policy_rules,
+    strict_loads,
 )
+from tether.core import _policy_change as policy_rules
+from tether.core._admission import admission_record, authorize, check_admission, occurrence_of
+from tether.core._evidence import consumed_nonces
+from tether.core._policy_change import Adoption
+from tether.core._spec import describe_changes
 from tether.crypto import TrustRoots
 from tether.runtime._view import Runtime
 
@@ -135,7 +135,15 @@ def admit(
     if purpose is Purpose.RECOVERY:
         # A rewind runs in a session a recovery (or the start) already admitted
         # under this policy: only a recovery adopts one.
-        _adopt(state, rt.binding, changed=changed, admitted_by=role if by_person else None)
+        _adopt(
+            state,
+            rt.binding,
+            changed=changed,
+            admitted_by=role if by_person else None,
+            changes=rules_changes(rt, state.binding.policy_fingerprint, rt.policy.to_json())
+            if changed
+            else (),
+        )
     epoch_id = rt.ids.new_id("epoch")
     occurrence = rt.ids.new_id("occ") if changed else occurrence_of(state)
     may_read = role in authority.read_secrets
@@ -183,24 +191,48 @@ def admit(
     return Admitted(digest, body_bytes, changes, event, may_read)
 
 
-def _adopt(state: RunState, current: Binding, *, changed: bool, admitted_by: str | None) -> None:
+def _adopt(
+    state: RunState,
+    current: Binding,
+    *,
+    changed: bool,
+    admitted_by: str | None,
+    changes: tuple[str, ...] = (),
+) -> None:
     """Refuse the admission where the policy in force does not let it adopt ``current``."""
     if policy_rules.adoption(state.policy_change, changed=changed, admitted_by=admitted_by) is not (
         Adoption.REFUSED
     ):
         return
     was = state.binding
+    what = "".join(f"\n  {change}" for change in changes)
     raise AdmissionRefusedError(
         "policy",
-        f"the run is bound to policy {was.policy_id} {was.policy_version}, which refuses a "
-        f"change (authority.policy_change: {PolicyChange.REFUSE.value}); this runtime has "
-        f"{current.policy_id} {current.policy_version}. Only an operator's signed admission "
-        f"adopts it (`tether admit {state.run_id} --policy NEW_POLICY --key OPERATOR_KEY`); "
+        f"the run is bound to policy {was.policy_id} {was.policy_version} "
+        f"({was.policy_fingerprint}), which refuses a change (authority.policy_change: "
+        f"{PolicyChange.REFUSE.value}); this runtime has {current.policy_id} "
+        f"{current.policy_version} ({current.policy_fingerprint})"
+        + (f". What changed:{what}\n" if what else ". ")
+        + "Give the runtime the policy the run started with; or start the new policy under a "
+        "new run id; or, to go on under it, an operator's signed admission adopts it "
+        f"(`tether admit {state.run_id} --policy NEW_POLICY --key OPERATOR_KEY`); "
         "what the new policy says of itself does not count",
         run_id=state.run_id,
         expected=was.policy_fingerprint,
         actual=current.policy_fingerprint,
     )
+
+
+def rules_changes(rt: Runtime, fingerprint: str, current: dict[str, Any]) -> tuple[str, ...]:
+    """What differs between the task or policy document the store keeps under
+    ``fingerprint`` (the one a run was made under) and ``current``; nothing when
+    the store does not hold it (a run older than the documents' copies)."""
+    try:
+        blob = rt.store.get_blob(fingerprint)
+        before = None if blob is None else strict_loads(blob)
+    except TetherError:
+        return ()
+    return () if before is None else describe_changes(before, current)
 
 
 def _verified(

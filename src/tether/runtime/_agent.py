@@ -27,7 +27,6 @@ from typing import Any, Protocol, runtime_checkable
 from tether.core import (
     CanonicalJSONError,
     CheckpointCorruptError,
-    Fields,
     JSONValue,
     Observation,
     Proposal,
@@ -36,6 +35,7 @@ from tether.core import (
     digest_bytes,
     strict_loads,
 )
+from tether.core._fields import Fields
 from tether.crypto import SealedSecret, SecretAccessError, SecretBox, SecretKeyError
 
 #: What a withheld secret item reads as; its name is in ``AgentContext.redacted``.

@@ -8,17 +8,15 @@ adapter raised it.
 from __future__ import annotations
 
 from tether.adapters import Adapter, Fence, UnresolvedWriteError, compensate_with, look_up
-from tether.core import (
-    AdapterUnavailableError,
+from tether.core import AdapterUnavailableError, IdempotencyConflictError, PreconditionFailedError
+from tether.core._compensation import compensated_effect
+from tether.core._transition import (
     Execute,
     ExecuteAnswer,
     ExecuteStatus,
-    IdempotencyConflictError,
     Lookup,
     LookupAnswer,
     LookupStatus,
-    PreconditionFailedError,
-    compensated_effect,
 )
 
 

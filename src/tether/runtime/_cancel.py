@@ -19,12 +19,11 @@ from tether.core import (
     Phase,
     PolicyError,
     UnknownSignerError,
-    check_cancel,
-    spent_cancel,
 )
-from tether.core import people_rules as people
+from tether.core import _people as people
+from tether.core._cancel import check_cancel, spent_cancel
 from tether.crypto import Role
-from tether.runtime import _stopping
+from tether.runtime import _hints, _stopping
 from tether.runtime._view import Session
 
 
@@ -34,7 +33,7 @@ def from_inbox(session: Session, document: Any, *, cursor: int) -> Outcome:
     verified: dict[str, Any] | None = None
     try:
         if rt.trust is None:
-            raise EvidenceError("this runtime was given no trust roots; it cannot accept evidence")
+            raise EvidenceError(_hints.trust_roots(Role.OPERATOR))
         body, role = _verify(rt.trust, document, sorted(rt.policy.authority.cancel))
         reason = check_cancel(
             body, document["signer"], state, now=rt.clock.now(), ttl_s=rt.policy.approval_ttl_s

@@ -21,13 +21,12 @@ from tether.core import (
     Proposal,
     RunState,
     Verification,
-    approval_problem,
     digest_bytes,
-    needs_approval,
-    step_rules,
-    version_problem,
 )
-from tether.core import Rejection as GateRejection
+from tether.core import _steps as step_rules
+from tether.core._actions import Rejection as GateRejection
+from tether.core._actions import needs_approval, version_problem
+from tether.core._evidence import approval_problem
 from tether.runtime._agent import AgentContext
 from tether.runtime._view import Event, Session
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from tether.core import GENESIS_HASH, ChainRow, IntegrityError, walk_down
+from tether.core import IntegrityError
+from tether.core._segment import ChainRow, walk_down
+from tether.core._state import GENESIS_HASH
 
 Row = TypeVar("Row", bound=ChainRow)
 

@@ -32,8 +32,6 @@ from dataclasses import dataclass, replace
 
 from tether.adapters import Adapter
 from tether.core import (
-    GENESIS_HASH,
-    SCHEMA_VERSION,
     ActionResult,
     CheckpointCorruptError,
     CommitOutcomeUnknownError,
@@ -42,7 +40,6 @@ from tether.core import (
     EnvironmentState,
     LedgerEntry,
     LedgerIntegrityError,
-    Listing,
     MissingHighWaterMarkError,
     Phase,
     PolicyMismatchError,
@@ -58,14 +55,13 @@ from tether.core import (
     TraceEvent,
     TraceIntegrityError,
     UnknownFieldError,
-    orphans_of,
-    step_rules,
-    stray_error,
-    validate_state,
-    verify_ledger,
-    verify_trace,
 )
 from tether.core import Binding as CoreBinding
+from tether.core import _steps as step_rules
+from tether.core._ledger import orphans_of, stray_error, verify_ledger
+from tether.core._listing import Listing
+from tether.core._state import GENESIS_HASH, SCHEMA_VERSION, validate_state
+from tether.core._trace import verify_trace
 from tether.crypto import (
     Keyring,
     SecretBox,
@@ -696,7 +692,19 @@ def check_environment(state: RunState, live: EnvironmentState) -> None:
             f"run {state.run_id}: environment drifted: {problem}",
             expected=state.environment.to_json(),
             actual=live.to_json(),
+            hint=f"the run is {state.phase}, so nothing acts on it; `tether inspect "
+            f"{state.run_id}` shows its last environment and what it did",
+            run_id=state.run_id,
         )
+
+
+def another_instance_hint(run_id: str) -> str:
+    """What to do when the adapters serve another environment than the run's."""
+    return (
+        "the run was made against another environment (another workspace directory, service "
+        "or mail system, or adapters named otherwise): give the runtime the adapters the run "
+        f"started with, or start a new run id; `tether inspect {run_id}` shows the run's"
+    )
 
 
 def drift_problem(state: RunState, live: EnvironmentState) -> str | None:
@@ -715,6 +723,8 @@ def drift_problem(state: RunState, live: EnvironmentState) -> str | None:
             f"{live.namespace}/{live.instance_id}",
             expected=recorded.to_json(),
             actual=live.to_json(),
+            hint=another_instance_hint(state.run_id),
+            run_id=state.run_id,
         )
     if live == recorded:
         return None

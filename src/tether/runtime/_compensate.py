@@ -23,17 +23,17 @@ from tether.core import (
     ActionClass,
     ActionKind,
     EffectDecision,
-    EffectRecord,
     EvidenceError,
     PolicyError,
     RunTerminalError,
-    Transition,
-    check_effect_decision,
-    compensation_rules,
-    risk_of,
 )
-from tether.core import people_rules as people
+from tether.core import _compensation as compensation_rules
+from tether.core import _people as people
+from tether.core._actions import risk_of
+from tether.core._compensation import EffectRecord, check_effect_decision
+from tether.core._transition import Transition
 from tether.crypto import Role
+from tether.runtime import _hints
 from tether.runtime._view import Session
 
 
@@ -47,7 +47,7 @@ def decide(session: Session, document: Any, *, cursor: int | None) -> Transition
                 run_id=state.run_id,
             )
         if rt.trust is None:
-            raise EvidenceError("this runtime was given no trust roots; it cannot accept evidence")
+            raise EvidenceError(_hints.trust_roots(Role.REVIEWER))
         body = rt.trust.verify(document, Role.REVIEWER)
         ledger = rt.checkpointer.verified_ledger(state)
         effect = EffectRecord.find(ledger, body.get("idempotency_key"))

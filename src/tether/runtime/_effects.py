@@ -73,6 +73,8 @@ from tether.core import (
     approval_request,
     canonical_bytes,
 )
+from tether.crypto import Role
+from tether.runtime import _hints
 from tether.runtime._agent import AgentContext
 from tether.runtime._offloop import off_loop
 from tether.runtime._runtime import Runtime
@@ -305,10 +307,18 @@ class GuardedRun:
         pending = state.pending
         if kind is OutcomeKind.WAITING_FOR_APPROVAL and pending is not None:
             mine = self.session.rt.same_action(pending, proposal)
+            trust = self.session.rt.trust
             raise ApprovalRequiredError(
-                f"run {self.run_id}: {pending.action_id!r} waits for a person's signed "
-                "approval (`tether approve`); call again once it is delivered"
-                + ("" if mine else f" ({proposal.action_id!r}, another call, waits behind it)"),
+                f"run {self.run_id}: {pending.intent.kind} {pending.action_id!r} waits for a "
+                f"person's signed approval (`tether approve {self.run_id} {pending.action_id} "
+                "--store STORE --key APPROVER.key`, or run.approve(document)); call again "
+                "once it is delivered"
+                + ("" if mine else f" ({proposal.action_id!r}, another call, waits behind it)")
+                + (
+                    ""
+                    if _hints.trusts(trust, Role.APPROVER)
+                    else f". First: {_hints.trust_roots(Role.APPROVER, given=trust is not None)}"
+                ),
                 run_id=self.run_id,
                 action_id=pending.action_id,
                 request=approval_request(state),
@@ -322,7 +332,8 @@ class GuardedRun:
             )
         if state.phase.terminal:
             raise RunTerminalError(
-                f"run {self.run_id} ended ({state.phase}: {state.stop_reason})",
+                f"run {self.run_id} ended ({state.phase}: {state.stop_reason}); start new work "
+                f"under a new run id (`tether inspect {self.run_id}` shows what it did)",
                 run_id=self.run_id,
             )
         if kind in {OutcomeKind.IN_FLIGHT, OutcomeKind.RETRY_LATER}:
@@ -342,7 +353,8 @@ class GuardedRun:
         state = self.session.state
         case = state.review_cases[-1] if state.review_cases else None
         return NeedsReviewError(
-            message or f"run {self.run_id} is frozen for review",
+            (message or f"run {self.run_id} is frozen for review")
+            + f"; {_hints.review(self.run_id, None if case is None else case.case_id)}",
             run_id=self.run_id,
             case_id=None if case is None else case.case_id,
             reason=None if case is None else case.reason,

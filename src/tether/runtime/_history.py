@@ -23,13 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from tether.core import (
-    LedgerEntry,
-    RunState,
-    TraceEvent,
-    replay_rules,
-    step_rules,
-)
+from tether.core import LedgerEntry, RunState, TraceEvent
+from tether.core import _replay as replay_rules
+from tether.core import _steps as step_rules
 from tether.runtime._chains import ProvenChain
 from tether.runtime._checkpointer import Checkpointer
 

@@ -25,19 +25,18 @@ from tether.core import (
     ReviewDriftError,
     RunFrozenError,
     RunState,
-    Transition,
     TrustRootsRequiredError,
     UnknownSignerError,
-    check_approval,
-    check_decision,
-    compensated_effect,
-    replay_rules,
     strict_loads,
 )
-from tether.core import needs_approval as core_needs_approval
-from tether.core import people_rules as people
+from tether.core import _people as people
+from tether.core import _replay as replay_rules
+from tether.core._actions import needs_approval as core_needs_approval
+from tether.core._compensation import compensated_effect
+from tether.core._evidence import check_approval, check_decision
+from tether.core._transition import Transition
 from tether.crypto import Role, TrustRoots
-from tether.runtime import _cancel
+from tether.runtime import _cancel, _hints
 from tether.runtime._view import Runtime, Session
 
 
@@ -81,9 +80,15 @@ def consume_inbox(session: Session) -> None:
                 continue
             # The runtime's configuration is at fault, not the document: refusing it
             # would burn a valid signature. Stop here; the cursor stays put.
+            roles_needed = sorted(people.signers_of(session.rt.policy, item.kind))
             raise TrustRootsRequiredError(
                 f"run {state.run_id}: inbox entry #{item.seq} is {item.kind} evidence and this "
-                f"runtime's trust roots name no {needed}; add them, and it is read then",
+                f"runtime's trust roots name no {needed}; add them, and it is read then"
+                + (
+                    f" ({_hints.trust_roots(roles_needed[0], given=True)})"
+                    if len(roles_needed) == 1
+                    else ""
+                ),
                 run_id=state.run_id,
             )
         if session.state.phase.terminal:
@@ -164,7 +169,7 @@ def approve(session: Session, document: Any, *, cursor: int | None = None) -> Ru
         pending = state.pending
         if pending is None:  # checked by _refuse_unless; keeps the type checker honest
             raise PolicyError("no pending write", run_id=state.run_id)
-        body = _trust(rt).verify(document, Role.APPROVER)
+        body = _trust(rt, Role.APPROVER).verify(document, Role.APPROVER)
         check_approval(
             body,
             document["signer"],
@@ -187,7 +192,7 @@ def review(session: Session, document: Any, *, cursor: int | None = None) -> Run
     case = None
     try:
         _refuse_unless(state, Phase.NEEDS_REVIEW, "review")
-        body = _trust(rt).verify(document, Role.REVIEWER)
+        body = _trust(rt, Role.REVIEWER).verify(document, Role.REVIEWER)
         case = next((c for c in state.review_cases if c.case_id == body.get("case_id")), None)
         if case is None:
             raise ReviewDriftError(f"no open review case {body.get('case_id')!r}")
@@ -234,7 +239,7 @@ def fork(session: Session, document: Any, *, cursor: int | None = None) -> RunSt
     try:
         if state.phase.terminal:
             raise RunFrozenError(f"run {state.run_id} is {state.phase}; nothing to fork")
-        body = _verify_fork(_trust(rt), document)
+        body = _verify_fork(_trust(rt, Role.REVIEWER), document)
         replay_rules.check_fork(
             body,
             document["signer"],
@@ -276,7 +281,7 @@ def check_restorable(rt: Runtime, state: RunState) -> None:
         if trust is None or role not in trust.roles():
             raise TrustRootsRequiredError(
                 f"run {state.run_id} carries signed {role} evidence; pass the {role}s' trust "
-                "roots to restore it",
+                f"roots to restore it ({_hints.trust_roots(role, given=trust is not None)})",
                 run_id=state.run_id,
             )
         for document in documents:
@@ -328,9 +333,9 @@ def _receipt_under(rt: Runtime, key: str, intent: Any) -> Receipt | None:
         return None
 
 
-def _trust(rt: Runtime) -> TrustRoots:
+def _trust(rt: Runtime, role: Role) -> TrustRoots:
     if rt.trust is None:
-        raise EvidenceError("this runtime was given no trust roots; it cannot accept evidence")
+        raise EvidenceError(_hints.trust_roots(role))
     return rt.trust
 
 

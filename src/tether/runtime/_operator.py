@@ -28,10 +28,6 @@ from tether.core import (
     RunState,
     admission_request,
     approval_request,
-    check_admission,
-    check_approval,
-    check_cancel,
-    check_decision,
     decision_request,
     format_time,
     new_admission,
@@ -39,8 +35,11 @@ from tether.core import (
     new_cancel,
     new_decision,
     new_fork,
-    replay_rules,
 )
+from tether.core import _replay as replay_rules
+from tether.core._admission import check_admission
+from tether.core._cancel import check_cancel
+from tether.core._evidence import check_approval, check_decision
 from tether.crypto import Role, Signer, TrustRoots
 from tether.runtime._clock import SystemClock
 from tether.runtime._runview import RunView, read_state

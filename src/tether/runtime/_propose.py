@@ -22,14 +22,12 @@ from tether.core import (
     OutcomeReason,
     Proposal,
     RunState,
-    Transition,
-    gate,
-    needs_approval,
-    risk_of,
-    settle_rules,
-    step_rules,
 )
-from tether.core import Rejection as GateRejection
+from tether.core import _settle as settle_rules
+from tether.core import _steps as step_rules
+from tether.core._actions import Rejection as GateRejection
+from tether.core._actions import gate, needs_approval, risk_of
+from tether.core._transition import Transition
 from tether.runtime import _carry, _replaying
 from tether.runtime._agent import AgentContext
 from tether.runtime._crash import CrashPoint

@@ -18,7 +18,6 @@ from tether.core import (
     ContractViolationError,
     EnvironmentState,
     Intent,
-    Lookup,
     Outcome,
     OutcomeKind,
     OutcomeReason,
@@ -26,17 +25,18 @@ from tether.core import (
     Phase,
     Proposal,
     RunState,
-    Transition,
+)
+from tether.core import _replay as replay_rules
+from tether.core import _steps as step_rules
+from tether.core._actions import Rejection as GateRejection
+from tether.core._actions import needs_approval, risk_of
+from tether.core._evidence import (
     active_approval,
     approval_problem,
-    needs_approval,
     remember_replay_approval,
     replay_approved,
-    replay_rules,
-    risk_of,
-    step_rules,
 )
-from tether.core import Rejection as GateRejection
+from tether.core._transition import Lookup, Transition
 from tether.runtime._view import Session
 
 

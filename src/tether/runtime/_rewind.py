@@ -26,30 +26,31 @@ from typing import Any
 
 from tether.adapters import capabilities_of, missing_blobs, offers_snapshots
 from tether.core import (
-    REWIND_MEMORY_KEY,
     AdapterUnavailableError,
-    EffectRef,
     EffectStatus,
     EnvironmentDriftError,
     LeaseError,
-    LedgerNote,
     Outcome,
     OutcomeKind,
     OutcomeReason,
     Phase,
     Purpose,
     ReviewReason,
-    RewindPlan,
     RewindRefusedError,
-    RewindScope,
     SplitRewindError,
     StoreUnavailableError,
     TetherError,
+)
+from tether.core._rewind import (
+    REWIND_MEMORY_KEY,
+    RewindPlan,
+    RewindScope,
     crossed_effects,
     rewind_memory,
     tried_in,
     with_memory,
 )
+from tether.core._transition import EffectRef, LedgerNote
 from tether.runtime import _stopping
 from tether.runtime._admit import admit
 from tether.runtime._view import Session

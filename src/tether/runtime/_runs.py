@@ -28,17 +28,16 @@ from datetime import datetime
 from typing import Any
 
 from tether.core import (
-    SCHEMA_VERSION,
     CheckpointCorruptError,
-    Listing,
     Policy,
     RunState,
     SchemaVersionError,
     TetherError,
     UnknownFieldError,
-    listing_of,
-    listing_rules,
 )
+from tether.core import _listing as listing_rules
+from tether.core._listing import Listing, listing_of
+from tether.core._state import SCHEMA_VERSION
 from tether.crypto import Keyring, envelope_digest, open_envelope
 from tether.runtime._clock import SystemClock
 from tether.runtime._runview import marks_of, open_run, stored_policy

@@ -26,28 +26,25 @@ from tether.adapters import (
     namespace_of,
 )
 from tether.core import (
-    GENESIS_HASH,
-    MAX_TIMEOUT_S,
     ActionKind,
     AdapterError,
     AdmissionRefusedError,
-    Adoption,
     Binding,
+    BindingMismatchError,
     Compensation,
     Contract,
     EffectStatus,
     EffectTerms,
     EnvironmentDriftError,
     Intent,
-    LedgerNote,
     MissingHighWaterMarkError,
     PendingWrite,
     Phase,
     Policy,
+    PolicyMismatchError,
     Proposal,
     Purpose,
     Receipt,
-    Rejection,
     ReviewReason,
     RunState,
     SpecError,
@@ -55,20 +52,21 @@ from tether.core import (
     TaskSpec,
     TetherError,
     admission_request,
-    answers_held,
     canonical_bytes,
-    catalog,
-    check_contract,
-    check_local_only,
-    check_recovery_contract,
-    effect_digest,
-    parse_contract,
-    policy_rules,
-    retry_semantics,
 )
+from tether.core import _policy_change as policy_rules
+from tether.core._actions import Rejection, catalog, check_contract
+from tether.core._contract import check_local_only, check_recovery_contract, parse_contract
+from tether.core._held import answers_held
+from tether.core._ledger import retry_semantics
+from tether.core._policy_change import Adoption
+from tether.core._replay import effect_digest
+from tether.core._spec import MAX_TIMEOUT_S
+from tether.core._state import GENESIS_HASH
+from tether.core._transition import LedgerNote
 from tether.crypto import Keyring, SecretBox, Signer, TrustRoots
 from tether.runtime import _humans
-from tether.runtime._admit import Admitted, admit, policy_changed
+from tether.runtime._admit import Admitted, admit, policy_changed, rules_changes
 from tether.runtime._agent import Agent, AgentContext, Withheld
 from tether.runtime._checkpointer import Checkpointer, Restored, check_binding
 from tether.runtime._clock import Clock, IdSource, RandomIds, SystemClock
@@ -76,6 +74,13 @@ from tether.runtime._crash import NO_CRASH, CrashPlan
 from tether.runtime._heartbeat import DEFAULT_MAX_S
 from tether.runtime._session import RunSession
 from tether.store import ContentStore, GenerationStore, Lease, LeaseRequest
+
+#: What to do when a run cannot start from the environment it finds.
+START_DRIFT_HINT = (
+    "the task's initial_environment is the state a run must start from: put the environment "
+    "back in that state, or set initial_environment to the state found (`tether init` computes "
+    "a workspace's), or leave it out of the task so a run takes the state it finds at start"
+)
 
 
 class Runtime:
@@ -203,20 +208,22 @@ class Runtime:
         """Begin a new run in the task's expected initial environment."""
         env = self.adapter.environment()
         expected = self.task.initial_environment
-        if (
+        run_id = run_id if run_id is not None else self.ids.new_id("run")
+        if expected is not None and (
             env.namespace != expected.namespace
             or env.state_fingerprint != expected.state_fingerprint
         ):
             raise EnvironmentDriftError(
-                "the environment is not the task's expected initial state",
+                f"run {run_id} cannot start: the environment is not the task's initial state",
                 expected={
                     "namespace": expected.namespace,
-                    "fingerprint": expected.state_fingerprint,
+                    "state_fingerprint": expected.state_fingerprint,
                 },
                 actual=env.to_json(),
+                hint=START_DRIFT_HINT,
+                run_id=run_id,
             )
         now = self.clock.now()
-        run_id = run_id if run_id is not None else self.ids.new_id("run")
         context = context if context is not None else AgentContext()
         context = context.seal(run_id=run_id, box=self.secrets)
         context_digest, body = context.encode()
@@ -352,14 +359,18 @@ class Runtime:
         # Whether another policy may be adopted is the policy in force's call
         # (its clause is in the signed state), never this runtime's: admission
         # decides, below; a run that is over is only read, where it could be.
-        restored = self.checkpointer.restore(
-            run_id, self.binding, self.adapter, policy_may_change=True
-        )
-        state = restored.state
+        try:
+            restored = self.checkpointer.restore(
+                run_id, self.binding, self.adapter, policy_may_change=True
+            )
+            state = restored.state
+            if state.phase.terminal:
+                _readable_under(state, self.binding)
+        except BindingMismatchError as exc:
+            raise self._explained(exc, run_id) from None
         check_recovery_contract(run_id, state.contract, self.contract)
         seen: dict[int, str] = {}
         if state.phase.terminal:
-            _readable_under(state, self.binding)
             admitted = None  # nothing resumes: an operator can still read everything
             if admission is not None:
                 admit(
@@ -428,6 +439,22 @@ class Runtime:
             reason, detail, evidence = drift_case(session.state, restored.drifted)
             session.park(reason, detail, evidence=evidence)
         return session
+
+    def _explained(self, exc: BindingMismatchError, run_id: str) -> BindingMismatchError:
+        """``exc`` again, saying what changed in the task or policy since the run started."""
+        policy = isinstance(exc, PolicyMismatchError)
+        try:
+            made_under = self.checkpointer.load(run_id).state.binding
+        except TetherError:
+            return exc
+        changes = rules_changes(
+            self,
+            made_under.policy_fingerprint if policy else made_under.task_fingerprint,
+            self.policy.to_json() if policy else self.task.to_json(),
+        )
+        if not changes:
+            return exc
+        return type(exc)(exc.what, exc.expected, exc.actual, run_id=run_id, changes=changes)
 
     def _admit(
         self, state: RunState, checkpoint_digest: str, document: Any

@@ -23,13 +23,11 @@ from datetime import datetime
 from typing import Any
 
 from tether.core import (
-    GENESIS_HASH,
     CanonicalJSONError,
     CheckpointCorruptError,
     IntegrityError,
     LedgerEntry,
     LedgerIntegrityError,
-    Listing,
     Policy,
     RunNotFoundError,
     RunState,
@@ -38,17 +36,15 @@ from tether.core import (
     TetherError,
     TraceEvent,
     TraceIntegrityError,
-    approvable,
     digest_bytes,
     format_time,
-    hashes_to_itself,
-    listing_of,
-    listing_rules,
-    replay_rules,
     strict_loads,
-    validate_state,
-    walk_down,
 )
+from tether.core import _listing as listing_rules
+from tether.core import _replay as replay_rules
+from tether.core._listing import Listing, approvable, listing_of
+from tether.core._segment import hashes_to_itself, walk_down
+from tether.core._state import GENESIS_HASH, validate_state
 from tether.crypto import Keyring
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import SystemClock

@@ -30,20 +30,11 @@ from tether.adapters import (
 )
 from tether.core import (
     ActionResult,
-    AfterSettle,
     CommitOutcomeUnknownError,
     EffectStatus,
     EnvironmentState,
-    Execute,
-    ExecuteAnswer,
-    ExecuteStatus,
-    Facts,
     GenerationConflictError,
-    HeldKind,
     LedgerEntry,
-    LedgerNote,
-    Lookup,
-    LookupAnswer,
     Observation,
     Outcome,
     OutcomeKind,
@@ -52,24 +43,31 @@ from tether.core import (
     Phase,
     PolicyError,
     Proposal,
-    ReadEnvironment,
     ReviewReason,
     RunFrozenError,
     RunState,
     RunTerminalError,
     SpecError,
     TraceEvent,
+)
+from tether.core import _replay as replay_rules
+from tether.core import _settle as settle_rules
+from tether.core import _steps as step_rules
+from tether.core._commit import seal_commit, with_subject_terms
+from tether.core._evidence import awaits_approval
+from tether.core._held import AfterSettle, HeldKind, after_settle, held_kind
+from tether.core._listing import listing_of
+from tether.core._retry import step_progressed
+from tether.core._transition import (
+    Execute,
+    ExecuteAnswer,
+    ExecuteStatus,
+    Facts,
+    LedgerNote,
+    Lookup,
+    LookupAnswer,
+    ReadEnvironment,
     Transition,
-    after_settle,
-    awaits_approval,
-    held_kind,
-    listing_of,
-    replay_rules,
-    seal_commit,
-    settle_rules,
-    step_progressed,
-    step_rules,
-    with_subject_terms,
 )
 from tether.runtime import _calls as calls
 from tether.runtime import _carry, _compensate, _humans, _propose, _replaying, _rewind, _stopping
@@ -708,7 +706,12 @@ class RunSession(LeaseHolder):
     def _refuse_if_stopped(self) -> None:
         phase = self.state.phase
         if phase.terminal:
-            raise RunTerminalError(f"run {self.run_id} is {phase}", run_id=self.run_id)
+            raise RunTerminalError(
+                f"run {self.run_id} is {phase} ({self.state.stop_reason}): nothing more happens "
+                f"in it; start new work under a new run id (`tether inspect {self.run_id}` shows "
+                "what it did)",
+                run_id=self.run_id,
+            )
         if phase is Phase.NEEDS_REVIEW:
             raise RunFrozenError(
                 f"run {self.run_id} is frozen for review; only a signed decision opens it",

@@ -11,18 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from tether.adapters import capabilities_for
-from tether.core import (
-    AdapterUnavailableError,
-    EffectStatus,
-    Lookup,
-    LookupStatus,
-    Outcome,
-    Phase,
-    ReviewReason,
-    cancel_read,
-    settle_rules,
-    step_rules,
-)
+from tether.core import AdapterUnavailableError, EffectStatus, Outcome, Phase, ReviewReason
+from tether.core import _settle as settle_rules
+from tether.core import _steps as step_rules
+from tether.core._cancel import cancel_read
+from tether.core._transition import Lookup, LookupStatus
 from tether.runtime._view import Session
 
 

@@ -19,19 +19,16 @@ from tether.core import (
     EffectTerms,
     Intent,
     LedgerEntry,
-    LedgerNote,
-    Lookup,
-    LookupAnswer,
     Outcome,
     PendingWrite,
     Policy,
     Proposal,
-    Rejection,
     RunState,
     TaskSpec,
-    Transition,
-    replay_rules,
 )
+from tether.core import _replay as replay_rules
+from tether.core._actions import Rejection
+from tether.core._transition import LedgerNote, Lookup, LookupAnswer, Transition
 from tether.crypto import Signer, TrustRoots
 from tether.runtime._agent import Agent, AgentContext
 from tether.runtime._checkpointer import Checkpointer

@@ -48,9 +48,10 @@ from tether.core import (
     StoreUnavailableError,
     TetherError,
     TrustRootsRequiredError,
-    retry_delay,
-    step_progressed,
 )
+from tether.core._retry import retry_delay, step_progressed
+from tether.crypto import Role
+from tether.runtime import _hints
 from tether.runtime._runtime import Runtime
 from tether.store import Lease
 
@@ -219,7 +220,11 @@ class Worker:
                         # configuration error, backed off and counted like one.
                         raise TrustRootsRequiredError(
                             f"run {lease.run_id} has signed evidence in its inbox and this "
-                            "worker's runtime has no trust roots to verify it",
+                            "worker's runtime has no trust roots to verify it ("
+                            + _hints.trust_roots(
+                                Role.APPROVER if waits else Role.REVIEWER, given=False
+                            )
+                            + ")",
                             run_id=lease.run_id,
                         )
                     self.store.wait_for_evidence(lease.run_id, self.worker_id, held, cursor, 0)

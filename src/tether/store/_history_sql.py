@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from tether.core import LedgerEntry, StoreError, TraceEvent, step_rules
+from tether.core import LedgerEntry, StoreError, TraceEvent
+from tether.core import _steps as step_rules
 from tether.store._engine import SQLEngine
 from tether.store._rows import index_key, ledger_entry_of, trace_event_of
 from tether.store._schema import LANDMARK_KINDS, kinds_sql

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from tether.core import CheckpointCorruptError, LedgerEntry, Listing, TraceEvent
+from tether.core import CheckpointCorruptError, LedgerEntry, TraceEvent
+from tether.core._listing import Listing
 
 
 @dataclass(frozen=True, slots=True)

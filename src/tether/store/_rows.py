@@ -19,19 +19,19 @@ from tether.core import (
     Compensation,
     EffectStatus,
     EffectTerms,
-    Fields,
     LedgerEntry,
     LedgerIntegrityError,
-    Listing,
     Phase,
     RetrySemantics,
     StoreError,
     TraceEvent,
     TraceIntegrityError,
-    parse_time_text,
-    step_rules,
     strict_loads,
 )
+from tether.core import _steps as step_rules
+from tether.core._fields import Fields
+from tether.core._listing import Listing
+from tether.core._model import parse_time_text
 from tether.store._protocols import Evidence, Lease, Mark
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -23,15 +23,15 @@ from tether.core import (
     GenerationConflictError,
     LeaseLostError,
     LedgerEntry,
-    Listing,
     MigrationError,
     StoreError,
     TraceEvent,
     WriteOnceError,
     canonical_bytes,
-    chain_hash,
     format_time,
 )
+from tether.core._listing import Listing
+from tether.core._trace import chain_hash
 from tether.store._history_sql import LEDGER_COLUMNS, TRACE_COLUMNS, HistorySQL
 from tether.store._leases import LeaseSQL
 from tether.store._listing import ListingSQL

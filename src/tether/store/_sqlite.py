@@ -107,8 +107,10 @@ class SQLiteStore(SQLBase):
                 raise CheckpointCorruptError(
                     f"SQLite store {str(self.path)!r} is damaged: {exc}"
                 ) from exc
+            parent = Path(self.path).parent
+            missing = "" if parent.is_dir() else f" (its directory {str(parent)!r} does not exist)"
             raise StoreUnavailableError(
-                f"cannot open SQLite store {str(self.path)!r}: {exc}"
+                f"cannot open SQLite store {str(self.path)!r}: {exc}{missing}"
             ) from exc
         if str(journal).lower() != "wal":
             # The concurrency story (readers beside one writer, durable commits

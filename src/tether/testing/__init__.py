@@ -20,6 +20,9 @@
 - :mod:`tether.testing.mail_server`: a reference SMTP server delivering into
   a Maildir (``python -m tether.testing.mail_server --maildir DIR``; needs
   ``tether[demo]``).
+- :class:`Sandbox`: an in-memory workspace adapter (files in a dict) whose
+  writes, receipts and crash windows are all in the test's hands: the test
+  double tether's own tests run the protocol against.
 - :class:`CrashPlan`, :class:`CrashPoint`, :class:`SimulatedCrash`: arm a
   named crash window (raise, or SIGKILL the process) in a ``Runtime``.
 
@@ -27,5 +30,6 @@ This package imports nothing heavy; the suites import pytest when imported.
 """
 
 from tether.runtime._crash import CrashPlan, CrashPoint, SimulatedCrash
+from tether.testing._sandbox import Sandbox
 
-__all__ = ["CrashPlan", "CrashPoint", "SimulatedCrash"]
+__all__ = ["CrashPlan", "CrashPoint", "Sandbox", "SimulatedCrash"]

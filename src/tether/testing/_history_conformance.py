@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 
 from tether.core import (
-    GENESIS_HASH,
     Compensation,
     EffectStatus,
     EffectTerms,
     LedgerEntry,
     RetrySemantics,
     StoreError,
-    seal_entry,
-    seal_event,
 )
+from tether.core._ledger import seal_entry
+from tether.core._state import GENESIS_HASH
+from tether.core._trace import seal_event
 from tether.testing._store_conformance import T0, expect_eq, make_commit
 
 

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from tether.core import Listing, StoreError, listing_rules
+from tether.core import StoreError
+from tether.core import _listing as listing_rules
+from tether.core._listing import Listing
 from tether.store import LeaseRequest
 from tether.testing._store_conformance import expect, expect_eq, make_commit
 

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from tether.core import (
-    GENESIS_HASH,
     EffectStatus,
     GenerationConflictError,
     LedgerEntry,
@@ -25,9 +24,10 @@ from tether.core import (
     TetherError,
     TraceEvent,
     WriteOnceError,
-    seal_entry,
-    seal_event,
 )
+from tether.core._ledger import seal_entry
+from tether.core._state import GENESIS_HASH
+from tether.core._trace import seal_event
 from tether.store import Commit
 
 StoreFactory = Callable[[], Any]

@@ -70,7 +70,6 @@ from tether.core import (
     AdapterUnavailableError,
     Capabilities,
     Compensation,
-    EffectRecord,
     EffectStatus,
     EffectTerms,
     EnvironmentState,
@@ -78,9 +77,10 @@ from tether.core import (
     Intent,
     Receipt,
     TetherError,
-    compensation_rules,
-    retry_semantics,
 )
+from tether.core import _compensation as compensation_rules
+from tether.core._compensation import EffectRecord
+from tether.core._ledger import retry_semantics
 
 __all__ = [
     "AdapterSubject",

@@ -32,7 +32,6 @@ from tether.adapters import (
     Fence,
     FileWorkspace,
     NotQueryableError,
-    Sandbox,
     VerifierResult,
 )
 from tether.core import (
@@ -58,6 +57,7 @@ from tether.core import (
 )
 from tether.crypto import Keyring
 from tether.runtime import AgentContext, CrashPlan, Decision, Runtime
+from tether.testing._sandbox import Sandbox
 
 MESSAGE_SEND = ActionKind("message.send", ActionClass.WRITE, TargetKind.PATH, frozenset({"body"}))
 DRAFT = "draft\n"

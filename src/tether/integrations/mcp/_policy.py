@@ -46,20 +46,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.core import (
-    MAX_APPROVAL_TTL_S,
-    MAX_COUNT,
-    MAX_WALL_TIME_S,
-    RUNTIME_KINDS,
-    EnvironmentState,
-    Fields,
-    Policy,
-    Risk,
-    SpecError,
-    TaskSpec,
-    strict_loads,
-)
 from tether.core import CanonicalJSONError as _JSONError
+from tether.core import EnvironmentState, Policy, Risk, SpecError, TaskSpec, strict_loads
+from tether.core._actions import RUNTIME_KINDS
+from tether.core._fields import Fields
+from tether.core._spec import MAX_APPROVAL_TTL_S, MAX_COUNT, MAX_WALL_TIME_S
 
 #: The one permission every tool's rule names. One for reads and effects alike, so the
 #: run's task is the tool list alone: a changed policy file is a policy change (which

@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tether.core import EffectStatus, RunState, Transition
+from tether.core import EffectStatus, RunState
 from tether.core import _settle as settle_rules
+from tether.core._transition import Transition
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +139,8 @@ def _never_asks_about_a_commit(real: Any) -> Any:
 
 def _commit_from_the_ledger(real: Any) -> Any:
     def judge_committed(facts: Any, known: Any, recorded: Any) -> Any:
-        from tether.core import OutcomeReason, replay_rules
+        from tether.core import OutcomeReason
+        from tether.core import _replay as replay_rules
 
         return replay_rules.Judgement(
             replay_rules.Verdict.REPLAY,

@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tether.adapters import Sandbox
 from tether.runtime import Runtime
 from tether.store import Mark
+from tether.testing._sandbox import Sandbox
 from tether.testing.simulate._agent import SimAgent
 from tether.testing.simulate._judge import Judge
 from tether.testing.simulate._people import TRUST

@@ -20,14 +20,14 @@ from tether.core import (
     Purpose,
     TetherError,
     admission_request,
-    consumed_nonces,
     new_admission,
     new_approval,
     new_cancel,
     new_decision,
     new_fork,
-    replay_rules,
 )
+from tether.core import _replay as replay_rules
+from tether.core._evidence import consumed_nonces
 from tether.crypto import Signer, TrustRoots
 from tether.testing.simulate._scenario import RUN_ID, Event
 

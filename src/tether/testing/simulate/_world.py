@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tether.adapters import Fence, KeyInFlightError, NotQueryableError, Sandbox
+from tether.adapters import Fence, KeyInFlightError, NotQueryableError
 from tether.adapters._errors import FenceRejectedError
 from tether.adapters._remote import RemoteEffect
 from tether.core import (
@@ -34,6 +34,7 @@ from tether.core import (
     digest,
     format_time,
 )
+from tether.testing._sandbox import Sandbox
 
 EPOCH = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 TICKET = ActionKind("ticket.create", ActionClass.WRITE, TargetKind.PATH, frozenset({"title"}))

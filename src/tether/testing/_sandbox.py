@@ -45,10 +45,10 @@ from tether.core import (
     JSONValue,
     PreconditionFailedError,
     Receipt,
-    check_canonical_path,
     digest_bytes,
     format_time,
 )
+from tether.core._spec import check_canonical_path
 
 ADAPTER_VERSION = "1"
 
