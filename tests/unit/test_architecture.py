@@ -201,6 +201,7 @@ def test_core_exports_what_users_and_adapter_authors_need() -> None:
         "CompletedWrite",
         "Contract",
         "EffectDecision",
+        "EffectRecord",
         "EffectStatus",
         "EffectTerms",
         "EnvironmentState",

@@ -36,6 +36,7 @@ from tether.core._canonical import (
 from tether.core._compensation import (
     CompensationRefusedError,
     EffectDecision,
+    EffectRecord,
     effect_decision_request,
     new_effect_decision,
 )
@@ -205,6 +206,7 @@ __all__ = [
     "ContractMismatchError",
     "ContractViolationError",
     "EffectDecision",
+    "EffectRecord",
     "EffectNotSettledError",
     "EffectRejectedError",
     "EffectStatus",
