@@ -267,8 +267,11 @@ def leaves(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()) -> Iter
             yield from leaves(child, (*words, name))
 
 
-def empty_cases() -> list[tuple[str, list[str]]]:
-    """For every option and argument that takes a value, on every command: it given empty."""
+def empty_cases() -> list[tuple[str, list[str], str]]:
+    """For every option and argument that takes a value, on every command: it given empty.
+
+    Each case: its id, the argv, and the name argparse gives the argument in an error.
+    """
     cases = []
     for words, parser in leaves(build_parser()):
         positionals = 0
@@ -277,25 +280,28 @@ def empty_cases() -> list[tuple[str, list[str]]]:
                 action, argparse._SubParsersAction
             ):
                 continue
+            named = "/".join(action.option_strings) or str(action.metavar or action.dest)
             if action.option_strings:
                 for spelling in action.option_strings:
-                    cases.append((f"{' '.join(words)} {spelling}", [*words, spelling, ""]))
+                    cases.append((f"{' '.join(words)} {spelling}", [*words, spelling, ""], named))
             else:
                 before = ["x"] * positionals
-                cases.append((f"{' '.join(words)} {action.dest}", [*words, *before, ""]))
+                cases.append((f"{' '.join(words)} {named}", [*words, *before, ""], named))
                 positionals += 1
     return cases
 
 
-@pytest.mark.parametrize(("name", "argv"), empty_cases(), ids=[c[0] for c in empty_cases()])
+@pytest.mark.parametrize(
+    ("name", "argv", "named"), empty_cases(), ids=[c[0] for c in empty_cases()]
+)
 def test_every_option_and_argument_refuses_an_empty_value_in_one_line(
-    capsys: pytest.CaptureFixture[str], name: str, argv: list[str]
+    capsys: pytest.CaptureFixture[str], name: str, argv: list[str], named: str
 ) -> None:
     """An empty value anywhere is a usage error (exit 2) of one line naming it; never a traceback."""
     code, out, err = run(capsys, *argv)
     line = one_line(err)
     assert code == 2, line
-    assert "must not be empty" in line and out == ""
+    assert f"argument {named}: must not be empty" in line and out == ""
 
 
 def test_the_walk_covers_every_command() -> None:

@@ -63,7 +63,8 @@ class Parser(argparse.ArgumentParser):
 
     def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
         # argparse converts every typed value (and string defaults) here, one by one.
-        if action.nargs != argparse.REMAINDER and not arg_string.strip():
+        passed_on = action.nargs in (argparse.REMAINDER, argparse.PARSER)  # a subcommand's own
+        if not passed_on and not arg_string.strip():
             raise argparse.ArgumentError(action, "must not be empty")
         return super()._get_value(action, arg_string)
 
