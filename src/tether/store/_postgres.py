@@ -26,6 +26,7 @@ transaction's start), so workers with skewed clocks agree.
 from __future__ import annotations
 
 import json
+import os
 import select
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -202,9 +203,10 @@ class PostgresStore(SQLBase):
         ``dsn`` is a libpq URL or key=value string; set the schema with
         ``options=-csearch_path=NAME``. ``timeout_s`` bounds every wait for a
         free connection. One connection is tried first, bounded by
-        ``connect_timeout_s`` (libpq's ``connect_timeout``, unless the DSN sets
-        its own): a server that is down or a database that does not exist
-        fails at once, in one line, instead of after the pool's retries.
+        ``connect_timeout_s`` (libpq's ``connect_timeout``, unless the DSN or
+        ``PGCONNECT_TIMEOUT`` sets one): a server that is down or a database
+        that does not exist fails at once, in one line, instead of after the
+        pool's retries.
 
         ``create=False``: the database must already hold a tether store (one
         of an older schema is migrated). ``read_only``: nothing is created or
@@ -225,7 +227,7 @@ class PostgresStore(SQLBase):
         self.read_only = read_only
         self._where = _describe(dsn)
         connect: dict[str, Any] = {"autocommit": True}
-        if "connect_timeout" not in _conninfo(dsn):
+        if "connect_timeout" not in _conninfo(dsn) and "PGCONNECT_TIMEOUT" not in os.environ:
             connect["connect_timeout"] = connect_timeout_s
         self._first_connection(dsn, connect, must_exist=read_only or not create)
         self._pool: ConnectionPool[Connection[Any]] = ConnectionPool(
