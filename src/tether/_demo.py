@@ -174,7 +174,7 @@ def require_fresh(paths: DemoPaths) -> None:
     writes to this run's.
     """
     if paths.db.exists():
-        raise DemoPathError(paths.db, f"{paths.db} already exists; give the demo a fresh --db")
+        raise DemoPathError(paths.db, f"{paths.db} already exists; give the demo a fresh --store")
     ws = paths.workspace
     try:
         if (ws.exists() or ws.is_symlink()) and not ws.is_dir():

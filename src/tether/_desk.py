@@ -244,7 +244,7 @@ def require_fresh(paths: _demo.DemoPaths) -> None:
         raise _demo.DemoPathError(
             where,
             f"{where} holds an earlier support-desk demo's tickets and mail, which would count "
-            f"as this run's; give the demo a fresh --db or remove {where}",
+            f"as this run's; give the demo a fresh --store or remove {where}",
         )
 
 

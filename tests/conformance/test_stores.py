@@ -115,15 +115,33 @@ def test_sqlite_url_options_reach_the_store(tmp_path: Path) -> None:
 
 
 def test_unknown_and_malformed_urls_are_refused(tmp_path: Path) -> None:
-    """An unknown scheme, a two-slash SQLite URL and an empty path raise StoreError."""
+    """An unknown scheme, a two-slash SQLite URL, an empty path or name, a key=value DSN raise StoreError."""
     with pytest.raises(StoreError, match="unknown store URL scheme 'mysql'"):
         open_store("mysql://root@localhost/db")
     with pytest.raises(StoreError, match="three slashes"):
         Store.from_url("sqlite://localhost/s.sqlite")
     with pytest.raises(StoreError, match="names no file"):
         open_store("sqlite:///")
-    with pytest.raises(StoreError, match="unknown store URL scheme"):
-        open_store("just-a-path.sqlite")
+    for nothing in ("", "  "):
+        with pytest.raises(StoreError, match="no store named"):
+            open_store(nothing)
+    with pytest.raises(StoreError, match="not a key=value DSN"):
+        open_store("host=localhost dbname=tether")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plain_path_names_a_sqlite_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store named without a scheme is that SQLite file: created for a writer, never for a reader."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StoreUnavailableError, match="no SQLite store"):
+        open_store("just-a-path.sqlite", read_only=True)
+    with pytest.raises(StoreUnavailableError, match="no SQLite store"):
+        open_store("just-a-path.sqlite", existing=True)
+    assert list(tmp_path.iterdir()) == []
+    with open_store("just-a-path.sqlite") as store:
+        assert isinstance(store, SQLiteStore) and store.schema_version() == 10
+    with open_store(tmp_path / "just-a-path.sqlite", read_only=True) as again:
+        assert again.schema_version() == 10
 
 
 @pytest.mark.postgres

@@ -126,18 +126,14 @@ def test_cancel_signs_a_cancel_for_an_operator_and_refuses_other_keys(tmp_path: 
     assert approver.returncode == 1 and "operator" in approver.stderr
     assert _inbox(db) == 0
     tether("keys", "new", "--role", "operator", "--id", "ops", "--out", str(tmp_path))
-    out = tether(
-        "cancel",
-        "demo-run",
-        "--reason",
-        "duplicate ticket",
-        "--db",
-        db,
-        "--key",
-        str(tmp_path / "ops.key"),
-        "--yes",
-        "--json",
-    )
+    ops = ["cancel", "demo-run", "--reason", "duplicate ticket", "--db", db]
+    ops += ["--key", str(tmp_path / "ops.key"), "--yes", "--json"]
+    untrusted = tether(*ops, check=False)  # the run's own trust roots name no ops
+    assert untrusted.returncode == 1 and "'ops' is not a trusted operator" in untrusted.stderr
+    assert _inbox(db) == 0
+    trust = tmp_path / "now.trust.json"
+    tether("trust", "add", str(tmp_path / "ops.trust.json"), "--out", str(trust))
+    out = tether(*ops, "--trust", str(trust))  # the roots its runtime runs with now
     report = json.loads(out.stdout)
     assert report["kind"] == "cancel" and report["signed"]["reason"] == "duplicate ticket"
     assert _inbox(db) == 1

@@ -282,7 +282,14 @@ def test_a_cancel_signed_in_the_page_ends_the_run_at_its_next_step(tmp_path: Pat
     roots = json.loads(paths.trust.read_text())
     roots["signers"].append(operator.trust_root())
     paths.trust.write_text(json.dumps(roots))
-    c = client(paths, "approver", "operator")
+    # The run's own roots (kept in the store) lack the operator until it restarts with
+    # these: the page is told the roots the runtime runs with now (serve --trust).
+    refused = client(paths, "approver", "operator")
+    token, seen = csrf(refused)
+    form = {"csrf": token, "seen": str(seen), "action": "cancel", "reason": "wrong customer"}
+    early = refused.post("/runs/demo-run/prepare", data=form)
+    assert early.status_code == 409 and "is not a trusted operator" in early.text
+    c = client(paths, "approver", "operator", trust=TrustRoots.from_file(paths.trust))
     token, seen = csrf(c)
     form = {"csrf": token, "seen": str(seen), "action": "cancel", "reason": "wrong customer"}
     shown = c.post("/runs/demo-run/prepare", data=form)

@@ -152,6 +152,8 @@ def test_a_refused_document_shows_in_the_inbox_with_the_reason(guarded: World) -
 
 
 OPERATOR = Signer.generate("ops", "operator")
+#: Roots a person names (--trust) where the run's own lack the operator.
+WITH_OPERATOR = TrustRoots.of(APPROVER.trust_root(), OPERATOR.trust_root())
 
 
 def test_a_cancel_is_refused_before_signing_unless_an_operator_signs_it(guarded: World) -> None:
@@ -223,7 +225,8 @@ def test_delivery_rechecks_what_the_document_binds_not_the_generation(guarded: W
     view = open_run(store, "run-a", keyring=guarded.keyring, now=now)
     approval = prepare_approval(view, APPROVER, "w1", now=now, ttl_s=5)
     lasting = prepare_approval(view, APPROVER, "w1", now=now)
-    cancel = prepare_cancel(view, OPERATOR, "stop", now=now, ttl_s=300)
+    # The runtime trusts no operator: naming roots that do lets the cancel be made anyway.
+    cancel = prepare_cancel(view, OPERATOR, "stop", now=now, ttl_s=300, trust=WITH_OPERATOR)
     with pytest.raises(PolicyError, match="expired before it was delivered"):
         deliver(store, approval, now=now + timedelta(seconds=6))
     # Somebody's junk document is read and refused: the run re-checkpoints, still pending.
@@ -246,7 +249,10 @@ def test_a_cancel_nobody_here_may_sign_stops_the_inbox_unread_on_a_live_run(
     store = guarded.store()
     now = guarded.clock.now()
     view = open_run(store, "run-a", keyring=guarded.keyring, now=now)
-    deliver(store, prepare_cancel(view, OPERATOR, "stop", now=now), now=now)
+    with pytest.raises(UnknownSignerError, match="run run-a's runtime would refuse it"):
+        prepare_cancel(view, OPERATOR, "stop", now=now)  # refused by the roots the run keeps
+    # Made anyway under roots the person names, it reaches the inbox; the run cannot read it.
+    deliver(store, prepare_cancel(view, OPERATOR, "stop", now=now, trust=WITH_OPERATOR), now=now)
     with pytest.raises(TrustRootsRequiredError):
         rt.recover("run-a").step()
     after = open_run(store, "run-a", keyring=guarded.keyring, now=now)

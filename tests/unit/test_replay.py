@@ -465,7 +465,9 @@ def test_tether_fork_signs_a_fork_a_run_reads_from_its_inbox(world: World, tmp_p
     world.keyring.write_file(keyring)
     assert main(["keys", "new", "--role", "operator", "--id", "ops2", "--out", str(tmp_path)]) == 0
     command = ["fork", "r1", effect, "--key", str(tmp_path / "ops2.key"), "--db", str(world.db)]
-    assert main([*command, "--keyring", str(keyring), "--ttl", "300", "--yes"]) == 0
+    # The run's own roots lack ops2 until the recovery below: name the roots it will run with.
+    now_trusted = ["--trust", str(tmp_path / "ops2.trust.json")]
+    assert main([*command, "--keyring", str(keyring), "--ttl", "300", "--yes", *now_trusted]) == 0
     trust = TrustRoots.from_file(tmp_path / "ops2.trust.json")
     recovered = world.runtime(ScriptedAgent([*SAME, finish]), trust=trust).recover("r1")
     assert recovered.step().kind is OutcomeKind.EXECUTED

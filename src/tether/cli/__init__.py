@@ -24,6 +24,7 @@ from tether.cli._demo_cmd import child_parser, cmd_demo
 from tether.cli._inspect import add_paging, add_reader, cmd_inspect, cmd_verify
 from tether.cli._mcp import add_mcp
 from tether.cli._onboard import add_onboarding
+from tether.cli._options import add_store, sqlite_file
 from tether.cli._recovery import add_recovery
 from tether.cli._runs import add_runs
 from tether.cli._serve import add_serve
@@ -66,12 +67,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _guard.Parser(
+    parser = _guard.TopParser(
         prog="tether",
         description="Recoverable agent runs that never repeat a real-world side effect.",
+        epilog="Every command takes --help. Commands that read or write runs name the store "
+        "with --store: a SQLite file path, sqlite:///path.sqlite or postgresql://user@host/db. "
+        "Commands that make files name where with --out.",
     )
     parser.add_argument("--version", action="version", version=f"tether {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_guard.Parser)
+    parser.commands = sub
 
     demo = sub.add_parser(
         "demo",
@@ -91,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--crash-hit",
         metavar="N",
-        type=int,
+        type=_count(10**6),
         default=1,
         help="fire at the N-th time the point is reached (default 1)",
     )
@@ -100,7 +105,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the crash point names, one a line, and exit",
     )
-    demo.add_argument("--db", type=Path, help="SQLite store file (default: in a new temp dir)")
+    where = demo.add_mutually_exclusive_group()
+    where.add_argument(
+        "--store",
+        dest="db",
+        metavar="STORE",
+        type=sqlite_file,
+        help="the SQLite store file to create, by path or sqlite:///path (default: in a new "
+        "temp dir)",
+    )
+    where.add_argument("--db", dest="db", type=sqlite_file, help=argparse.SUPPRESS)
     demo.add_argument(
         "--marks", type=Path, help="keep the high-water mark in this separate SQLite file"
     )
@@ -151,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         "current step and release the lease. --app names factory(store, run_id, worker) -> "
         "Runtime.",
     )
-    worker.add_argument("--store", required=True, help="sqlite:///path.sqlite or postgresql://...")
+    add_store(worker)
     worker.add_argument("--app", required=True, help="module:factory building a Runtime per run")
     worker.add_argument("--id", help="this worker's id (default: host-pid-random)")
     worker.add_argument(

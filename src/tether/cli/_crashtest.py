@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.cli import _progress
+from tether.cli._options import add_store, as_url
 from tether.runtime import CrashPoint
 
 #: The harness found a duplicate or missing effect, a lost or phantom receipt, or a trial it
@@ -41,8 +42,11 @@ def add_crashtest(sub: Any, count: Any) -> None:
         choices=[point.value for point in CrashPoint],
         help="only these crash points (default: all)",
     )
-    p.add_argument(
-        "--store", help="store URL for the runs (default: a SQLite file in the working directory)"
+    add_store(
+        p,
+        required=False,
+        help="the store for the runs: a SQLite file path, sqlite:///path or postgresql://... "
+        "(default: a SQLite file in the working directory)",
     )
     p.add_argument(
         "--workdir",
@@ -74,7 +78,7 @@ def cmd_crashtest(args: argparse.Namespace) -> int:
             args.app,
             trials=args.trials,
             points=None if args.points is None else [CrashPoint(p) for p in args.points],
-            store_url=args.store,
+            store_url=None if args.store is None else as_url(args.store),
             workdir=args.workdir,
             jobs=args.jobs,
             recoveries=args.recoveries,

@@ -107,7 +107,7 @@ def _notify_story(args: argparse.Namespace, paths: _demo.DemoPaths) -> int:
         how = "" if epoch["signed"] is None else (" (signed)" if epoch["signed"] else " (unsigned)")
         print(f"  epoch opened by {epoch['event']}: {who}{how}")
     keyring = f" --keyring {summary['keyring']}" if summary["keyring"] else ""
-    print(f"next: {tether_command()} epochs {summary['run_id']} --db {summary['db']}{keyring}")
+    print(f"next: {tether_command()} epochs {summary['run_id']} --store {summary['db']}{keyring}")
     return 0
 
 
@@ -169,7 +169,7 @@ def _demo_run(args: argparse.Namespace) -> int:
     keyring = f" --keyring {summary['keyring']}" if summary["keyring"] else ""
     marks = f" --marks {summary['marks']}" if summary["marks"] else ""
     summary["next"] = (
-        f"{tether_command()} inspect {summary['run_id']} --db {summary['db']}{marks}{keyring}"
+        f"{tether_command()} inspect {summary['run_id']} --store {summary['db']}{marks}{keyring}"
     )
     if args.json:
         print(json.dumps(summary, sort_keys=True))

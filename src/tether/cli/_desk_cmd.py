@@ -120,7 +120,7 @@ def _resolve_review(paths: _demo.DemoPaths, services: _desk.DeskServices) -> dic
         # case is a person's call, and the demo does not guess it.
         raise TetherError(
             f"the run froze on case {case.case_id} ({case.reason}, {case.action_id}), which the "
-            f"demo cannot judge; read it with `tether inspect {_demo.RUN_ID} --db {paths.db}` "
+            f"demo cannot judge; read it with `tether inspect {_demo.RUN_ID} --store {paths.db}` "
             f"and decide it with `tether review`"
         )
     wanted = _desk.message_for(case.idempotency_key)
@@ -154,7 +154,7 @@ def _resolve_review(paths: _demo.DemoPaths, services: _desk.DeskServices) -> dic
         "decision": decision,
         "reviewer": signer.signer_id,
         "same_command": f"{tether_command()} review {_demo.RUN_ID} {case.case_id} --decision {decision} "
-        f"--key {paths.signer_key('reviewer')} --db {paths.db}",
+        f"--key {paths.signer_key('reviewer')} --store {paths.db}",
     }
 
 
@@ -340,7 +340,7 @@ def _print(s: dict[str, Any]) -> None:
         )
     marks = f" --marks {s['marks']}" if s["marks"] else ""
     print(
-        f"  next       {tether_command()} inspect {s['run_id']} --db {s['db']}{marks} "
+        f"  next       {tether_command()} inspect {s['run_id']} --store {s['db']}{marks} "
         f"--keyring {s['keyring']}"
     )
 

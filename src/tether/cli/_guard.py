@@ -50,10 +50,36 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage errors reach :func:`guarded` instead of exiting."""
+    """An ``ArgumentParser`` whose usage errors reach :func:`guarded` instead of exiting.
+
+    An empty (or blank) value for any option or argument is a usage error:
+    ``--store ""`` names nothing, and must not fall through to a default or a
+    traceback further on. Only the words after ``--`` (a command to start) are
+    passed on as typed.
+    """
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(self.format_usage(), self.prog, message)
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        # argparse converts every typed value (and string defaults) here, one by one.
+        passed_on = action.nargs in (argparse.REMAINDER, argparse.PARSER)  # a subcommand's own
+        if not passed_on and not arg_string.strip():
+            raise argparse.ArgumentError(action, "must not be empty")
+        return super()._get_value(action, arg_string)
+
+
+class TopParser(Parser):
+    """The ``tether`` parser: its help lists the commands in groups (``_options.GROUPS``)."""
+
+    commands: Any = None
+
+    def format_help(self) -> str:
+        if self.commands is None:
+            return super().format_help()
+        from tether.cli._options import grouped_help
+
+        return grouped_help(self, self.commands)
 
 
 def wants_json(argv: Sequence[str]) -> bool:
@@ -81,8 +107,14 @@ def guarded(argv: Sequence[str], body: Callable[[], int], *, json_out: bool) -> 
     except BrokenPipeError:
         return _pipe_closed()
     except UsageError as exc:
-        sys.stderr.write(exc.usage)
-        return _fail(exc, f"{exc.prog}: error: {exc}", EXIT_USAGE, json_out, prefix=False)
+        # One line: what was wrong, and where the whole usage is.
+        return _fail(
+            exc,
+            f"{exc.prog}: error: {exc} (see {exc.prog} --help)",
+            EXIT_USAGE,
+            json_out,
+            prefix=False,
+        )
     except IntegrityError as exc:
         code = EXIT_INTEGRITY if command in {"verify", "inspect"} else EXIT_ERROR
         return _fail(exc, f"integrity: {type(exc).__name__}: {exc}", code, json_out)
@@ -110,6 +142,8 @@ def error_document(exc: BaseException, code: int) -> dict[str, Any]:
 
 
 def _fail(exc: BaseException, line: str, code: int, json_out: bool, *, prefix: bool = True) -> int:
+    # One line, whatever the message carries (a driver's text runs over several).
+    line = " ".join(line.split())
     try:
         if json_out:
             print(json.dumps(error_document(exc, code), sort_keys=True), flush=True)

@@ -9,20 +9,19 @@ from pathlib import Path
 from typing import Any
 
 from tether.cli import _progress, _render
-from tether.core import format_time
+from tether.cli._options import add_store, open_read
+from tether.core import MissingHighWaterMarkError, RunNotFoundError, format_time
 from tether.core._state import validate_state
 from tether.crypto import Keyring
 from tether.runtime import Checkpointer, Page, RunView, open_run
-from tether.store import SQLBase, SQLiteStore, open_store
+from tether.store import SQLBase, SQLiteStore
 
 
 def add_reader(sub: Any, name: str, helptext: str, func: Any) -> argparse.ArgumentParser:
     """A command that reads one run back, verified under the keyring (inspect, epochs, ...)."""
     p: argparse.ArgumentParser = sub.add_parser(name, help=helptext, description=helptext)
     p.add_argument("run_id", metavar="RUN")
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--db", type=Path, help="SQLite store file")
-    where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
+    add_store(p)
     p.add_argument("--marks", type=Path, help="separate SQLite file holding the mark")
     p.add_argument(
         "--keyring",
@@ -247,7 +246,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
         step = update or (lambda done, total, what: None)
         step(0, 5, "the checkpoint at the mark")
         checkpointer = _open(args)
-        restored = checkpointer.load(args.run_id)
+        try:
+            restored = checkpointer.load(args.run_id)
+        except MissingHighWaterMarkError:
+            # No mark and nothing else of the run: no such run, not a damaged one.
+            if checkpointer.content.newest_generation(args.run_id) is None:
+                raise RunNotFoundError(args.run_id) from None
+            raise
         checkpointer.check_generation(restored)
         state = restored.state
         validate_state(state)
@@ -280,6 +285,4 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _store(args: argparse.Namespace) -> SQLBase:
-    if args.store:
-        return open_store(args.store, read_only=True)  # like --db (SQLite URLs)
-    return SQLiteStore(args.db, read_only=True)
+    return open_read(args.store)  # a reader never creates or migrates anything

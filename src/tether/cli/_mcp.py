@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tether.cli._options import add_store
+
 
 def add_mcp(sub: Any, seconds: Any) -> None:
     """Register ``tether mcp`` on the ``tether`` parser."""
@@ -22,7 +24,7 @@ def add_mcp(sub: Any, seconds: Any) -> None:
         "started as a child (`-- COMMAND ARGS...`) or reached over streamable HTTP "
         "(--upstream URL). Logs go to stderr; stdout is the MCP channel.",
     )
-    p.add_argument("--store", required=True, help="store URL: sqlite:///path or postgresql://...")
+    add_store(p)
     p.add_argument(
         "--run",
         required=True,
@@ -121,18 +123,24 @@ def run_id(text: str) -> str:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    import anyio
-
     from tether.core import SpecError, TetherError
     from tether.crypto import Keyring, Signer, TrustRoots
-    from tether.integrations.mcp import (
-        Gateway,
-        GatewayConfig,
-        GatewayPolicy,
-        Upstream,
-        expanded_header,
-        stdio_target,
-    )
+
+    try:
+        import anyio
+
+        from tether.integrations.mcp import (
+            Gateway,
+            GatewayConfig,
+            GatewayPolicy,
+            Upstream,
+            expanded_header,
+            stdio_target,
+        )
+    except ImportError as exc:
+        raise TetherError(
+            f"tether mcp needs the mcp extra: pip install 'tether[mcp]' ({exc})"
+        ) from exc
 
     command = list(args.command)
     if command[:1] == ["--"]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.adapters import FileWorkspace
+from tether.cli._guard import UsageError
 from tether.core import (
     CanonicalJSONError,
     Policy,
@@ -53,7 +54,9 @@ def add_onboarding(sub: Any) -> None:
         description="Write a new keyring file with one fresh 32-byte active key, mode 0600. "
         "Refuses a path that exists: a keyring is replaced by rotating, never by overwriting.",
     )
-    ring.add_argument("path", metavar="PATH", type=Path, help="the keyring file to create")
+    ring.add_argument("--out", type=Path, metavar="FILE", help="the keyring file to create")
+    # The old spelling, `keyring new PATH`: kept, not shown.
+    ring.add_argument("path", nargs="?", type=Path, help=argparse.SUPPRESS)
     ring.add_argument("--key-id", default="k1", help="the key's id (default: k1)")
     ring.add_argument("--json", action="store_true", help="print one JSON object")
     ring.set_defaults(func=cmd_keyring_new)
@@ -68,12 +71,16 @@ def add_onboarding(sub: Any) -> None:
     add = trust_sub.add_parser(
         "add",
         help="merge a signer's public half (NAME.trust.json) into a trust file",
-        description="Merge the signers of NAME.trust.json into --to (created if absent). "
+        description="Merge the signers of NAME.trust.json into --out (created if absent). "
         "Refuses a file that carries a private key, and a signer id already trusted with a "
         "different key or role; adding the same signer again changes nothing.",
     )
     add.add_argument("source", metavar="NAME.trust.json", type=Path, help="the public half")
-    add.add_argument("--to", type=Path, required=True, help="the trust file, e.g. trust.json")
+    into = add.add_mutually_exclusive_group(required=True)
+    into.add_argument(
+        "--out", type=Path, metavar="FILE", help="the trust file to merge into, e.g. trust.json"
+    )
+    into.add_argument("--to", dest="out", type=Path, help=argparse.SUPPRESS)  # the old spelling
     add.add_argument("--json", action="store_true", help="print one JSON object")
     add.set_defaults(func=cmd_trust_add)
 
@@ -105,7 +112,13 @@ def add_onboarding(sub: Any) -> None:
 
 
 def cmd_keyring_new(args: argparse.Namespace) -> int:
-    path: Path = args.path
+    if (args.out is None) == (args.path is None):
+        raise UsageError(
+            "tether keyring new",
+            "tether keyring new",
+            "name the keyring file to create once: --out FILE",
+        )
+    path: Path = args.out if args.out is not None else args.path
     if path.exists() or path.is_symlink():
         raise FileExistsRefusedError(
             path, f"{path} already exists; a keyring is never overwritten (pick a new path)"
@@ -122,7 +135,7 @@ def cmd_keyring_new(args: argparse.Namespace) -> int:
 
 def cmd_trust_add(args: argparse.Namespace) -> int:
     incoming = _signers(args.source, public_only=True)
-    target: Path = args.to
+    target: Path = args.out
     current = _signers(target, public_only=False) if target.exists() else []
     by_id = {entry["id"]: entry for entry in current}
     added: list[str] = []

@@ -17,15 +17,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tether.cli._options import add_store, open_existing, open_read
 from tether.cli._recovery import sign_admission
 from tether.cli._sign import (
     add_signer_arguments,
     checks,
     confirm_and_deliver,
-    open_existing,
     read_view,
 )
-from tether.core import OutcomeKind, Phase, TetherError
+from tether.core import OutcomeKind, Phase, RunNotFoundError, TetherError
 from tether.crypto import Keyring, Signer
 from tether.runtime import (
     RunSummary,
@@ -51,9 +51,7 @@ def add_runs(sub: Any, seconds: Any) -> None:
         "in the store, so a page costs the same however many runs it holds. With --keyring "
         "every listed run's checkpoint is verified.",
     )
-    where = runs.add_mutually_exclusive_group(required=True)
-    where.add_argument("--db", type=Path, help="SQLite store file")
-    where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
+    add_store(runs)
     runs.add_argument("--marks", type=Path, help="separate SQLite file holding the marks")
     runs.add_argument("--keyring", type=Path, help="verify each run's checkpoint (optional)")
     runs.add_argument("--phase", choices=[p.value for p in Phase], help="only runs in this phase")
@@ -121,7 +119,7 @@ def add_runs(sub: Any, seconds: Any) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    store = open_existing(args.store or args.db)
+    store = open_read(args.store)
     marks = None if args.marks is None else SQLiteStore(args.marks, read_only=True)
     try:
         keyring = None if args.keyring is None else Keyring.from_file(args.keyring)
@@ -195,18 +193,18 @@ def _ago(now: datetime, then: datetime) -> str:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    where = args.store or args.db
+    where = args.store
     if args.key is not None:
         # Everything is checked, asked and delivered before anything is cleared.
         code = sign_admission(args, "no recovery signed; nothing cleared")
         if code != 0:
             return code
     # The attempts live with the mark: in the marks file where it is kept apart.
-    store = open_existing(args.marks or where)
+    store = open_existing(str(args.marks) if args.marks is not None else where)
     try:
         before = store.get_mark(args.run_id)
         if before is None:
-            raise TetherError(f"no run {args.run_id!r} in {args.marks or where}")
+            raise RunNotFoundError(args.run_id)
         mark = store.retry_now(args.run_id)
     finally:
         store.close()
@@ -251,7 +249,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         )
     factory = load_factory(args.app)
     worker_id = f"cancel-{socket.gethostname()}-{os.getpid()}"
-    with open_existing(args.store or args.db) as store:
+    store = open_existing(args.store)
+    with store:
+        if store.get_mark(args.run_id) is None and store.newest_generation(args.run_id) is None:
+            raise RunNotFoundError(args.run_id)  # (a mark lost beside content: recovery says so)
         rt = factory(store, args.run_id, worker_id)
         # The cancel runs under the run's lease: a worker busy with it makes this
         # fail with LeaseHeldError rather than race it.

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tether.cli._options import add_store
 from tether.cli._sign import load_policy
 from tether.core import TetherError
 
@@ -28,11 +29,7 @@ def add_serve(sub: Any) -> None:
         "that key and leaves the document in the store's inbox. Every request needs the "
         "access token printed at start (or given with --token or $" + TOKEN_ENV + ").",
     )
-    serve.add_argument(
-        "--store",
-        required=True,
-        help="store URL (sqlite:///path, postgresql://...) or a SQLite file",
-    )
+    add_store(serve)
     serve.add_argument(
         "--key",
         type=Path,

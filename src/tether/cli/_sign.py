@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tether.cli._options import add_store, open_existing, open_read, signer_id
 from tether.core import Policy, PolicyError, ReviewDecision, TetherError
 from tether.crypto import Keyring, Signer, TrustRoots
 from tether.runtime import (
@@ -32,7 +33,7 @@ from tether.runtime import (
 from tether.runtime import (
     deliver as deliver_prepared,
 )
-from tether.store import SQLBase, SQLiteStore, open_store
+from tether.store import SQLiteStore
 
 
 def add_signing(sub: Any, seconds: Any) -> None:
@@ -58,8 +59,19 @@ def add_signing(sub: Any, seconds: Any) -> None:
         "forks, rewinds), operator (forks, rewinds, admissions, cancels), worker (its own "
         "recoveries)",
     )
-    new.add_argument("--id", required=True, help="the signer's id, e.g. alice")
-    new.add_argument("--out", default=".", help="directory for the two files (default: .)")
+    new.add_argument(
+        "--id",
+        required=True,
+        type=signer_id,
+        help="the signer's id, e.g. alice (letters, digits and . _ @ + -; it names the files)",
+    )
+    new.add_argument(
+        "--out",
+        type=Path,
+        default=Path("."),
+        metavar="DIR",
+        help="directory for the two files (default: .)",
+    )
     new.add_argument("--json", action="store_true", help="print one JSON object")
     new.set_defaults(func=cmd_keys_new)
 
@@ -111,9 +123,7 @@ def add_signer_arguments(
 ) -> None:
     """The arguments every signing command takes: key, store, checks, confirmation."""
     parser.add_argument("--key", type=Path, required=key_required, help=key_help)
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--db", type=Path, help="SQLite store file")
-    where.add_argument("--store", help="store URL: sqlite:///path or postgresql://...")
+    add_store(parser)
     parser.add_argument("--marks", type=Path, help="separate SQLite file holding the mark")
     parser.add_argument(
         "--ttl",
@@ -129,7 +139,8 @@ def add_signer_arguments(
     parser.add_argument(
         "--trust",
         type=Path,
-        help="the runtime's trust file: refuse a key it does not trust for this role",
+        help="the runtime's trust file: refuse a key it does not trust for this role "
+        "(default: the trust roots the run's epoch opened under, kept in the store)",
     )
     parser.add_argument(
         "--generation",
@@ -147,13 +158,16 @@ def add_signer_arguments(
 
 
 def cmd_keys_new(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    signer = Signer.generate(args.id, args.role)
+    # The id was checked by the parser (signer_id): the files land in --out, nowhere else.
+    out: Path = args.out
     private = out / f"{args.id}.key"
     public = out / f"{args.id}.trust.json"
     if private.exists() or public.exists():
         raise TetherError(f"{private} or {public} already exists; choose another --id or --out")
+    if out.exists() and not out.is_dir():
+        raise TetherError(f"--out {out} is a file; give a directory for the two key files")
+    signer = Signer.generate(args.id, args.role)
+    out.mkdir(parents=True, exist_ok=True)
     signer.write_file(private)
     public.write_text(json.dumps({"signers": [signer.trust_root()]}, indent=2) + "\n")
     if args.json:
@@ -214,7 +228,7 @@ def cmd_fork(args: argparse.Namespace) -> int:
 
 def read_view(args: argparse.Namespace) -> RunView:
     """The run as it is now, verified under ``--keyring`` when one is given."""
-    store = open_existing(args.store or args.db)
+    store = open_read(args.store)
     marks = None if args.marks is None else SQLiteStore(args.marks, read_only=True)
     try:
         keyring = None if args.keyring is None else Keyring.from_file(args.keyring)
@@ -272,7 +286,7 @@ def confirm_and_deliver(
             print(declined)
             return 1
     # After the question: if the run moved or the document expired meanwhile, nothing goes.
-    seq = deliver(args.store or args.db, prepared, args.marks)
+    seq = deliver(args.store, prepared, args.marks)
     if args.json:
         print(
             json.dumps(
@@ -304,15 +318,7 @@ def _ask(question: str) -> bool:
     return sys.stdin.readline().strip().lower() in {"y", "yes"}
 
 
-def open_existing(where: Path | str) -> SQLBase:
-    """The store named by ``--db`` or ``--store``; a SQLite file must already exist."""
-    # Never a new database: evidence delivered where no worker looks is lost in plain sight.
-    if isinstance(where, str):
-        return open_store(where, existing=True)
-    return SQLiteStore(where, create=False)
-
-
-def deliver(where: Path | str, prepared: Prepared, marks_path: Path | None = None) -> int:
+def deliver(where: str, prepared: Prepared, marks_path: Path | None = None) -> int:
     """Leave a prepared document in the inbox of the store at ``where`` (re-checked first)."""
     store = open_existing(where)
     marks = None if marks_path is None else SQLiteStore(marks_path, read_only=True)
@@ -324,9 +330,9 @@ def deliver(where: Path | str, prepared: Prepared, marks_path: Path | None = Non
             marks.close()
 
 
-def deliver_document(where: Path | str, run_id: str, kind: str, document: dict[str, Any]) -> int:
+def deliver_document(where: str | Path, run_id: str, kind: str, document: dict[str, Any]) -> int:
     """Leave an already signed document in the inbox (the demos, which sign their own)."""
-    store = open_existing(where)
+    store = SQLiteStore(where, create=False) if isinstance(where, Path) else open_existing(where)
     try:
         return store.put_evidence(run_id, kind, document)
     finally:

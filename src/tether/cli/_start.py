@@ -14,6 +14,8 @@ import os
 import socket
 from typing import Any
 
+from tether.cli._options import add_store
+
 
 def add_start(sub: Any) -> None:
     """Register ``tether start`` on the ``tether`` parser."""
@@ -27,7 +29,7 @@ def add_start(sub: Any) -> None:
         "is refused.",
     )
     p.add_argument("run_ids", nargs="+", metavar="RUN", help="the ids of the runs to create")
-    p.add_argument("--store", required=True, help="sqlite:///path.sqlite or postgresql://...")
+    add_store(p)
     p.add_argument("--app", required=True, help="module:factory building a Runtime per run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_start)

@@ -441,10 +441,10 @@ class EvidenceError(PolicyError):
 class UnknownSignerError(EvidenceError):
     """The signer is not a trusted root for this role."""
 
-    def __init__(self, signer_id: str, role: str) -> None:
+    def __init__(self, signer_id: str, role: str, *, hint: str = "") -> None:
         self.signer_id = signer_id
         self.role = role
-        super().__init__(f"{signer_id!r} is not a trusted {role}")
+        super().__init__(f"{signer_id!r} is not a trusted {role}" + (f"; {hint}" if hint else ""))
 
 
 class EvidenceSignatureError(EvidenceError):

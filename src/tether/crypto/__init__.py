@@ -22,7 +22,7 @@ from tether.crypto._secrets import (
     SecretKey,
     SecretKeyError,
 )
-from tether.crypto._signing import Alg, Role, Signer, TrustError, TrustRoots
+from tether.crypto._signing import Alg, PublishedTrust, Role, Signer, TrustError, TrustRoots
 
 __all__ = [
     "DEFAULT_KEYRING",
@@ -36,6 +36,7 @@ __all__ = [
     "KeyStatus",
     "Keyring",
     "KeyringError",
+    "PublishedTrust",
     "Role",
     "SealedSecret",
     "SecretAccessError",

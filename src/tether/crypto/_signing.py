@@ -302,6 +302,102 @@ class TrustRoots:
                 raise EvidenceSignatureError(f"signature of {signer_id!r} does not verify")
         return body
 
+    def published(self) -> dict[str, Any]:
+        """What may be kept of these roots beside a run: ids, roles, algorithms, public keys.
+
+        An HMAC root's entry keeps its id, role and algorithm only: its secret
+        is a signing key, and never leaves the runtime.
+        """
+        signers: list[dict[str, Any]] = []
+        for root in sorted(self._roots.values(), key=lambda r: r.signer_id):
+            entry: dict[str, Any] = {
+                "id": root.signer_id,
+                "role": root.role.value,
+                "alg": root.alg.value,
+            }
+            if root.alg is Alg.ED25519:
+                entry["public_key"] = _b64(root.material)
+            signers.append(entry)
+        return {"signers": signers}
+
+
+class PublishedTrust:
+    """A runtime's trust roots as kept in the store for its runs (see :meth:`TrustRoots.published`).
+
+    Enough for the people's tools to refuse, before anything is signed, a
+    signer the runtime would refuse: one it does not trust in that role, or
+    (Ed25519) a key that is not the one it trusts under that id. An HMAC
+    signer's key cannot be compared (its secret is not kept), only its id,
+    role and algorithm; the runtime verifies every signature itself.
+    """
+
+    __slots__ = ("_keyed", "_unkeyed")
+
+    def __init__(self, keyed: TrustRoots, unkeyed: Mapping[str, tuple[Role, Alg]]) -> None:
+        self._keyed = keyed
+        self._unkeyed = dict(unkeyed)
+
+    def __repr__(self) -> str:
+        return f"PublishedTrust({self._keyed!r}, hmac={sorted(self._unkeyed)})"
+
+    def role_of(self, signer_id: str) -> Role | None:
+        """The role ``signer_id`` is trusted in (``None``: not trusted)."""
+        unkeyed = self._unkeyed.get(signer_id)
+        return unkeyed[0] if unkeyed is not None else self._keyed.role_of(signer_id)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> PublishedTrust:
+        """Strictly parse what :meth:`TrustRoots.published` wrote (a secret in it is refused)."""
+        f = _fields(data, "published trust roots")
+        keyed: list[dict[str, Any]] = []
+        unkeyed: dict[str, tuple[Role, Alg]] = {}
+        for entry in f.items("signers"):
+            signer_id = entry.str("id")
+            role = Role(_choice(entry, "role", Role))
+            alg = Alg(_choice(entry, "alg", Alg))
+            if alg is Alg.ED25519:
+                keyed.append(
+                    {
+                        "id": signer_id,
+                        "role": role.value,
+                        "alg": alg.value,
+                        "public_key": entry.str("public_key"),
+                    }
+                )
+            elif signer_id in unkeyed:
+                raise TrustError(f"signer {signer_id!r} appears twice")
+            else:
+                unkeyed[signer_id] = (role, alg)
+            entry.done()  # an HMAC entry carrying its secret is refused here
+        f.done()
+        roots = TrustRoots.of(*keyed)
+        if any(roots.role_of(signer_id) is not None for signer_id in unkeyed):
+            raise TrustError("a signer appears twice in the published trust roots")
+        return cls(roots, unkeyed)
+
+    def check_signer(self, signer: Signer, role: Role, *, hint: str = "") -> None:
+        """Refuse ``signer`` signing as ``role`` where a runtime with these roots would.
+
+        Raises :class:`~tether.core.UnknownSignerError` for a signer not trusted
+        in ``role`` (or with another algorithm), and for an Ed25519 key that is
+        not the public key trusted under its id. ``hint`` says what to do.
+        """
+        signer_id = signer.signer_id
+        unkeyed = self._unkeyed.get(signer_id)
+        if unkeyed is not None:
+            trusted = unkeyed == (role, signer.alg)
+        else:
+            root = self._keyed._roots.get(signer_id)
+            public = signer.trust_root().get("public_key")
+            trusted = (
+                root is not None
+                and root.role is role
+                and root.alg is signer.alg
+                and public == _b64(root.material)
+            )
+        if not trusted:
+            raise UnknownSignerError(signer_id, role.value, hint=hint)
+
 
 def _fields(data: bytes | str, what: str) -> Fields:
     try:

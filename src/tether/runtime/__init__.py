@@ -24,7 +24,7 @@ from tether.runtime._operator import (
 )
 from tether.runtime._runs import RunsPage, RunSummary, list_runs, runs_page
 from tether.runtime._runtime import Runtime
-from tether.runtime._runview import InboxItem, Page, RunView, open_run
+from tether.runtime._runview import InboxItem, Page, RecordedTrust, RunView, open_run
 from tether.runtime._session import RunSession
 from tether.runtime._setup import guard
 from tether.runtime._worker import (
@@ -52,6 +52,7 @@ __all__ = [
     "Page",
     "Prepared",
     "RandomIds",
+    "RecordedTrust",
     "Restored",
     "RunSession",
     "RunSummary",

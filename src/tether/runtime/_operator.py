@@ -20,6 +20,7 @@ from typing import Any
 from tether.core import (
     Authority,
     CancelRefusedError,
+    EvidenceError,
     Phase,
     Policy,
     PolicyError,
@@ -133,7 +134,7 @@ def prepare_approval(
         expires_at=now + timedelta(seconds=_ttl(ttl_s, rules)),
         nonce=_secrets.token_hex(16),
     )
-    document = _signed(signer, body, Role.APPROVER, trust)
+    document = _signed(signer, body, Role.APPROVER, trust, view)
     if rules is not None:
         check_approval(
             body,
@@ -179,7 +180,7 @@ def prepare_review(
         expires_at=now + timedelta(seconds=_ttl(ttl_s, rules)),
         nonce=_secrets.token_hex(16),
     )
-    document = _signed(signer, body, Role.REVIEWER, trust)
+    document = _signed(signer, body, Role.REVIEWER, trust, view)
     if rules is not None:
         check_decision(body, signer.signer_id, state, case, now=now, ttl_s=rules.approval_ttl_s)
     shown = {**_bound(body), "reason": case.reason, "detail": case.detail}
@@ -220,7 +221,7 @@ def prepare_fork(
         expires_at=now + timedelta(seconds=_ttl(ttl_s, rules)),
         nonce=_secrets.token_hex(16),
     )
-    document = _signed(signer, body, role, trust)
+    document = _signed(signer, body, role, trust, view)
     shown = {**_bound(body), "earlier_action": known.action_id}
     return Prepared(state.run_id, "fork", document, shown, view.verified, state.generation)
 
@@ -310,7 +311,7 @@ def prepare_cancel(
         expires_at=now + timedelta(seconds=_ttl(ttl_s, rules)),
         nonce=_secrets.token_hex(16),
     )
-    document = _signed(signer, body, role, trust)
+    document = _signed(signer, body, role, trust, view)
     if rules is not None:
         check_cancel(body, signer.signer_id, state, now=now, ttl_s=rules.approval_ttl_s)
     return Prepared(state.run_id, "cancel", document, _bound(body), view.verified, state.generation)
@@ -429,7 +430,7 @@ def _admission(
         expires_at=now + timedelta(seconds=_ttl(ttl_s, rules)),
         nonce=_secrets.token_hex(16),
     )
-    document = _signed(signer, body, signer.role, trust)
+    document = _signed(signer, body, signer.role, trust, view)
     if rules is not None:
         check_admission(
             body, signer.signer_id, request, now=now, ttl_s=rules.approval_ttl_s, run_id=view.run_id
@@ -465,13 +466,56 @@ def _a(word: str) -> str:
 
 
 def _signed(
-    signer: Signer, body: dict[str, Any], role: Role, trust: TrustRoots | None
+    signer: Signer, body: dict[str, Any], role: Role, trust: TrustRoots | None, view: RunView
 ) -> dict[str, Any]:
-    """Sign ``body``; with the trust roots the runtime uses, check it verifies under them."""
+    """Sign ``body``, refused first where the runtime's trust roots would refuse the signer.
+
+    ``trust``: the roots the person names (the runtime's, now); else the ones
+    the run's epoch opened under, as the store keeps them (:class:`RecordedTrust`).
+    """
+    if trust is None:
+        _check_recorded(view, signer, role)
     document = signer.sign(body)
     if trust is not None:
         trust.verify(document, role)  # an unknown, revoked or other key: refused now
     return document
+
+
+#: What to do when the run's own roots refuse a signer.
+_TRUST_HINT = (
+    "add the signer's public half to the runtime's trust file (`tether trust add "
+    "NAME.trust.json --out FILE`) and restart it; if it runs with other roots now, "
+    "name them (--trust FILE)"
+)
+
+
+def _check_recorded(view: RunView, signer: Signer, role: Role) -> None:
+    """Refuse ``signer`` where the trust roots the run keeps in the store would."""
+    recorded = view.trust
+    if recorded is None:
+        return  # a run from before they were recorded: the runtime checks it alone
+    run = view.run_id
+    if recorded.fingerprint is None:
+        raise EvidenceError(
+            f"run {run}'s runtime was given no trust roots (trace event {recorded.seq}): it "
+            f"accepts no signed document, so {signer.signer_id}'s would be refused; give it "
+            "trust roots (Runtime(trust=...), a trust file) and restart it; if it runs with "
+            "roots now, name them (--trust FILE)",
+            run_id=run,
+        )
+    if recorded.roots is None:
+        raise EvidenceError(
+            f"run {run}: the store lacks the trust roots its epoch opened under "
+            f"({recorded.fingerprint}, trace event {recorded.seq}); name the runtime's "
+            "roots (--trust FILE)",
+            run_id=run,
+        )
+    recorded.roots.check_signer(
+        signer,
+        role,
+        hint=f"run {run}'s runtime would refuse it (its trust roots, trace event "
+        f"{recorded.seq}); {_TRUST_HINT}",
+    )
 
 
 def _policy(view: RunView, given: Policy | None, *, may_differ: bool = False) -> Policy | None:

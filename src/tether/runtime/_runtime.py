@@ -53,6 +53,7 @@ from tether.core import (
     TetherError,
     admission_request,
     canonical_bytes,
+    digest_bytes,
 )
 from tether.core import _policy_change as policy_rules
 from tether.core._actions import Rejection, catalog, check_contract
@@ -262,12 +263,18 @@ class Runtime:
         session.release_secrets = True  # the caller handed them in
         # With leases on, the run is created already held: no claim gets in between.
         ttl = self.lease_ttl_s
+        trust, trust_blobs = self._trust_record()
         session.commit(
             genesis,
-            [("run_started", {"task": self.binding.to_json(), "environment": env.to_json()})],
-            # The task and the policy, content-addressed by their fingerprints, so
-            # the people's tools check a document against the rules the run keeps.
-            blobs={context_digest: body, **self._rules()},
+            [
+                (
+                    "run_started",
+                    {"task": self.binding.to_json(), "environment": env.to_json(), "trust": trust},
+                )
+            ],
+            # The task, the policy and the trust roots' public halves, content-addressed,
+            # so the people's tools check a document against what the run keeps.
+            blobs={context_digest: body, **self._rules(), **trust_blobs},
             lease_to=None if ttl is None else LeaseRequest(self.worker, ttl),
         )
         return session
@@ -328,6 +335,17 @@ class Runtime:
             self.binding.task_fingerprint: canonical_bytes(self.task.to_json()),
             self.binding.policy_fingerprint: canonical_bytes(self.policy.to_json()),
         }
+
+    def _trust_record(self) -> tuple[str | None, dict[str, bytes]]:
+        """The public halves of this runtime's trust roots: their digest, and the blob to keep.
+
+        ``None``: the runtime has no trust roots (it accepts no signed document).
+        """
+        if self.trust is None:
+            return None, {}
+        body = canonical_bytes(self.trust.published())
+        digest = digest_bytes(body)
+        return digest, {digest: body}
 
     def admission_request(
         self,
@@ -410,11 +428,15 @@ class Runtime:
         }
         if context.redacted:
             opening["secrets_withheld"] = list(context.redacted)  # names only
+        # The roots this epoch runs under: a signer they lack is refused before signing.
+        opening["trust"], trust_blobs = self._trust_record()
         # The new epoch is recorded with the first commit this session makes: a
         # reclaim that changes nothing (the adapter still busy, nothing to do
         # yet) writes nothing.
         session.admissions_read = seen
-        session.open_epoch(opening, admitted.changes, {admitted.digest: admitted.body})
+        session.open_epoch(
+            opening, admitted.changes, {admitted.digest: admitted.body, **trust_blobs}
+        )
         if state.phase is Phase.NEEDS_REVIEW:
             return session  # frozen: the epoch lands with the decision that opens it
         if restored.maybe_sent:

@@ -28,6 +28,7 @@ from tether.core import (
     IntegrityError,
     LedgerEntry,
     LedgerIntegrityError,
+    MissingHighWaterMarkError,
     Policy,
     RunNotFoundError,
     RunState,
@@ -45,7 +46,7 @@ from tether.core import _replay as replay_rules
 from tether.core._listing import Listing, approvable, listing_of
 from tether.core._segment import hashes_to_itself, walk_down
 from tether.core._state import GENESIS_HASH, validate_state
-from tether.crypto import Keyring
+from tether.crypto import Keyring, PublishedTrust
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import SystemClock
 from tether.store import LANDMARK_KINDS, ContentStore, Evidence, GenerationStore, Mark
@@ -75,6 +76,21 @@ class Page:
 
 #: The whole history (what ``--all`` asks for).
 ALL = Page(limit=None)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedTrust:
+    """The trust roots the run's current epoch opened under, as the store keeps them.
+
+    ``fingerprint`` ``None``: that runtime had no trust roots, so it accepts no
+    signed document. ``roots`` ``None`` beside a fingerprint: the store lacks
+    the record it names (or holds other bytes there). ``seq``: the trace
+    event that names them.
+    """
+
+    fingerprint: str | None
+    roots: PublishedTrust | None
+    seq: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +139,9 @@ class RunView:
     #: What the ledger records of each effect digest :func:`open_run` was asked
     #: about (``None``: nothing), read by index whatever the page.
     effect_records: dict[str, replay_rules.EffectHistory | None] = field(default_factory=dict)
+    #: The trust roots the run's epoch runs under (``None``: not recorded, by a
+    #: tether from before they were, or the view was read without its history).
+    trust: RecordedTrust | None = None
 
     @property
     def run_id(self) -> str:
@@ -275,7 +294,11 @@ def open_run(
     records: dict[str, replay_rules.EffectHistory | None] = {}
     if keyring is not None:
         checkpointer = Checkpointer(store, keyring, marks=marks)
-        restored = checkpointer.load(run_id)
+        try:
+            restored = checkpointer.load(run_id)
+        except MissingHighWaterMarkError:
+            _never_started(store, run_id)
+            raise
         state, mark = restored.state, restored.mark
         if history and page.limit is None:
             trace = tuple(checkpointer.verified_trace(state))
@@ -313,6 +336,7 @@ def open_run(
         older_ledger=older[1],
         landmarks=landmarks,
         effect_records=records,
+        trust=recorded_trust(store, landmarks),
     )
 
 
@@ -462,7 +486,8 @@ def read_state(
     """The run's newest checkpoint as stored (unverified: for display and re-checks only)."""
     mark = (marks if marks is not None else marks_of(store)).get_mark(run_id)
     if mark is None:
-        raise RunNotFoundError(run_id)
+        _never_started(store, run_id)
+        raise MissingHighWaterMarkError(run_id)
     envelope = store.get_checkpoint(run_id, mark.checkpoint_digest)
     if envelope is None:
         raise CheckpointCorruptError(
@@ -483,6 +508,52 @@ def read_state(
     # displayed intent to its digest, which the documents bind.
     validate_state(state)
     return state, mark
+
+
+#: The events that open an epoch, and so name the trust roots it runs under.
+_OPENERS = ("run_started", "recovered", "rewind_started")
+
+
+def recorded_trust(store: ContentStore, landmarks: Sequence[TraceEvent]) -> RecordedTrust | None:
+    """The trust roots the newest epoch opened under, read from the store (see :class:`RecordedTrust`)."""
+    for opener in reversed(landmarks):
+        if opener.kind not in _OPENERS:
+            continue
+        data = opener.data
+        if "trust" not in data and isinstance(data.get("recovered"), dict):
+            data = data["recovered"]  # a rewind that opened the epoch carries the recovery's facts
+        if "trust" in data:
+            return _trust_named(store, data["trust"], opener.seq)
+        if opener.kind != "rewind_started":
+            return None  # opened by a tether that did not record them
+        # A rewind applied by a running process: the epoch before it names its roots.
+    return None
+
+
+def _trust_named(store: ContentStore, fingerprint: Any, seq: int) -> RecordedTrust:
+    """The record a trace event names by ``fingerprint``, read from the store's blobs."""
+    if fingerprint is None:
+        return RecordedTrust(None, None, seq)
+    if not isinstance(fingerprint, str):
+        return RecordedTrust(str(fingerprint), None, seq)
+    body = store.get_blob(fingerprint)
+    if body is None or digest_bytes(body) != fingerprint:
+        return RecordedTrust(fingerprint, None, seq)
+    try:
+        roots = PublishedTrust.from_json(body)
+    except TetherError:
+        roots = None
+    return RecordedTrust(fingerprint, roots, seq)
+
+
+def _never_started(store: ContentStore, run_id: str) -> None:
+    """A run without a mark: no such run (nothing of it stored), else a lost mark (integrity).
+
+    Raises :class:`~tether.core.RunNotFoundError` for the first; returns for
+    the second, which the caller reports as the integrity failure it is.
+    """
+    if store.newest_generation(run_id) is None:
+        raise RunNotFoundError(run_id)
 
 
 def stored_policy(store: ContentStore, state: RunState) -> Policy | None:

@@ -76,7 +76,8 @@ def load_factory(spec: str) -> RuntimeFactory:
         raise AppLoadError(f"--app must look like module:factory, not {spec!r}")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except (ImportError, TypeError, ValueError) as exc:
+        # TypeError, ValueError: a name no import can take ("..x", "a..b", a NUL byte).
         raise AppLoadError(f"cannot import {module_name!r}: {exc}") from exc
     factory = getattr(module, attr, None)
     if not callable(factory):

@@ -26,12 +26,14 @@ transaction's start), so workers with skewed clocks agree.
 from __future__ import annotations
 
 import json
+import os
 import select
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from tether.core import (
+    MigrationError,
     StoreError,
     StoreUnavailableError,
     WriteOnceError,
@@ -39,7 +41,7 @@ from tether.core import (
 )
 from tether.store._protocols import BeforeCommit, Commit, Lease, LeaseRequest
 from tether.store._rows import action_key, effect_key, ledger_columns, listing_values, phase_text
-from tether.store._schema import ACTION_KINDS, kinds_sql
+from tether.store._schema import ACTION_KINDS, kinds_sql, migrations
 from tether.store._sql import SQLBase
 
 if TYPE_CHECKING:
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
 
 INSTALL_HINT = "pip install 'tether[postgres]'"
+#: Seconds libpq may take to connect (per address tried) unless the DSN says otherwise.
+CONNECT_TIMEOUT_S = 3
 
 # One checkpoint commit as ONE statement. Data-modifying CTEs share one
 # snapshot and one transaction; each insert selects from the CAS, so it
@@ -107,13 +111,20 @@ _RUN_LOCK_CLASS = 0x74657468  # b"teth"
 _GONE_STATES = ("08", "57P01", "57P02", "57P03")
 
 
-def _describe(dsn: str) -> str:
-    """Host, port and database of a DSN, never its password."""
+def _conninfo(dsn: str) -> dict[str, Any]:
+    """The DSN's parameters (empty when it cannot be parsed: libpq then says why)."""
     try:
         from psycopg.conninfo import conninfo_to_dict
 
-        parts = conninfo_to_dict(dsn)
+        return dict(conninfo_to_dict(dsn))
     except Exception:
+        return {}
+
+
+def _describe(dsn: str) -> str:
+    """Host, port and database of a DSN, never its password."""
+    parts = _conninfo(dsn)
+    if not parts:
         return "(unparseable DSN)"
     host = parts.get("host") or "localhost"
     port = parts.get("port") or "5432"
@@ -127,6 +138,22 @@ def _read_committed(conn: Connection[Any]) -> None:
     for SERIALIZABLE would add retries this store does not expect.
     """
     conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+
+def _read_only(conn: Connection[Any]) -> None:
+    """A read-only store's sessions: the server itself refuses any write, not only this code."""
+    conn.execute(
+        "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED, READ ONLY"
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    """A driver message on one line: libpq's run over several, with tabs and hints."""
+    text = " ".join(str(exc).split())
+    for prefix in ("connection failed: ",):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+    return text.replace("FATAL: ", "")
 
 
 class PostgresStore(SQLBase):
@@ -167,12 +194,24 @@ class PostgresStore(SQLBase):
         max_connections: int = 10,
         timeout_s: float = 30.0,
         retries: int = 5,
+        connect_timeout_s: int = CONNECT_TIMEOUT_S,
+        read_only: bool = False,
+        create: bool = True,
     ) -> None:
         """Open a pool (1 to ``max_connections``) on ``dsn`` and apply missing migrations.
 
         ``dsn`` is a libpq URL or key=value string; set the schema with
-        ``options=-csearch_path=NAME``. ``timeout_s`` bounds both the first
-        connection and every wait for a free connection.
+        ``options=-csearch_path=NAME``. ``timeout_s`` bounds every wait for a
+        free connection. One connection is tried first, bounded by
+        ``connect_timeout_s`` (libpq's ``connect_timeout``, unless the DSN or
+        ``PGCONNECT_TIMEOUT`` sets one): a server that is down or a database
+        that does not exist fails at once, in one line, instead of after the
+        pool's retries.
+
+        ``create=False``: the database must already hold a tether store (one
+        of an older schema is migrated). ``read_only``: nothing is created or
+        migrated, every session is read-only, and the schema must be this
+        tether's.
         """
         super().__init__()
         try:
@@ -185,13 +224,18 @@ class PostgresStore(SQLBase):
         if max_connections < 1:
             raise StoreError(f"max_connections must be at least 1, not {max_connections}")
         self.retries = retries
+        self.read_only = read_only
         self._where = _describe(dsn)
+        connect: dict[str, Any] = {"autocommit": True}
+        if "connect_timeout" not in _conninfo(dsn) and "PGCONNECT_TIMEOUT" not in os.environ:
+            connect["connect_timeout"] = connect_timeout_s
+        self._first_connection(dsn, connect, must_exist=read_only or not create)
         self._pool: ConnectionPool[Connection[Any]] = ConnectionPool(
             dsn,
             min_size=1,
             max_size=max_connections,
-            kwargs={"autocommit": True},
-            configure=_read_committed,
+            kwargs=connect,
+            configure=_read_only if read_only else _read_committed,
             open=False,
             timeout=timeout_s,
             name="tether",
@@ -209,11 +253,61 @@ class PostgresStore(SQLBase):
             raise StoreUnavailableError(
                 f"cannot open PostgreSQL store {self._where}: {exc}"
             ) from exc
+        if read_only:
+            return  # _first_connection found this tether's schema there
         try:
             self.migrate()
         except BaseException:
             self._pool.close()
             raise
+
+    def _first_connection(self, dsn: str, connect: dict[str, Any], *, must_exist: bool) -> None:
+        """Connect once before the pool does: refused, unknown or not a tether store, say so now.
+
+        The pool retries a failed connection until its timeout, logging each
+        try; one direct attempt fails at once with the server's own reason.
+        """
+        import psycopg
+
+        try:
+            conn = psycopg.connect(dsn, **connect)
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(
+                f"cannot reach PostgreSQL at {self._where}: {_one_line(exc)}"
+            ) from exc
+        try:
+            if must_exist:
+                self._check_schema(conn)
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(
+                f"cannot read PostgreSQL store {self._where}: {_one_line(exc)}"
+            ) from exc
+        finally:
+            conn.close()
+
+    def _check_schema(self, conn: Connection[Any]) -> None:
+        """The database holds a tether store; a read-only one must hold this tether's schema."""
+        newest = max(version for version, _ in migrations(self.blob_type))
+        row = conn.execute("SELECT to_regclass('tether_migrations') IS NOT NULL").fetchone()
+        if row is None or not row[0]:
+            raise StoreUnavailableError(
+                f"{self._where} holds no tether store (no tether tables in its search path); "
+                "a worker or `tether start` creates one"
+            )
+        row = conn.execute("SELECT MAX(version) FROM tether_migrations").fetchone()
+        found = None if row is None else row[0]
+        if not isinstance(found, int) or isinstance(found, bool):
+            raise StoreUnavailableError(f"{self._where} records no tether schema version")
+        if found > newest:
+            raise MigrationError(
+                f"database schema version {found} is newer than this tether ({newest}); "
+                "upgrade tether"
+            )
+        if found < newest and self.read_only:
+            raise StoreUnavailableError(
+                f"{self._where} is at schema version {found}, this tether needs {newest}: "
+                "open it once read-write (e.g. `tether worker`) to migrate it"
+            )
 
     def __repr__(self) -> str:
         return f"PostgresStore({self._where!r})"

@@ -112,6 +112,12 @@ class SQLiteStore(SQLBase):
             raise StoreUnavailableError(
                 f"cannot open SQLite store {str(self.path)!r}: {exc}{missing}"
             ) from exc
+        if read_only and str(journal).lower() != "wal":
+            try:
+                self._check_current()  # an empty or foreign file: say that, not "WAL"
+            except BaseException:
+                self._conn.close()
+                raise
         if str(journal).lower() != "wal":
             # The concurrency story (readers beside one writer, durable commits
             # at synchronous=FULL) assumes WAL; a file system that refuses it

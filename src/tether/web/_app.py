@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, unquote, urlencode
 
 from starlette.applications import Starlette
 from starlette.datastructures import FormData
@@ -42,10 +42,10 @@ from tether.core import (
 )
 from tether.crypto import Keyring, Signer, TrustRoots
 from tether.runtime import InboxItem, Page, deliver, open_run, runs_page
-from tether.store import SQLBase, SQLiteStore, open_store
+from tether.store import SQLBase, open_store
 from tether.web import _actions as actions
 from tether.web import _read as read
-from tether.web._guard import Guard, Sessions
+from tether.web._guard import Guard, Sessions, raw_path
 
 HERE = Path(__file__).parent
 #: A prepared document must be signed within this many seconds, or prepared again.
@@ -81,10 +81,11 @@ class WebConfig:
 
 
 def open_for(where: str, *, write: bool) -> SQLBase:
-    """The store ``where`` names (a URL or a SQLite path); it must already exist."""
-    if "://" in where:
-        return open_store(where, existing=True, read_only=not write)
-    return SQLiteStore(where, create=False, read_only=not write)
+    """The store ``where`` names (a URL or a SQLite path); it must already exist.
+
+    Pages are read read-only (nothing created or migrated); only signing writes.
+    """
+    return open_store(where, existing=True, read_only=not write)
 
 
 def create_app(config: WebConfig) -> Starlette:
@@ -92,6 +93,8 @@ def create_app(config: WebConfig) -> Starlette:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["epoch_ms"] = _epoch_ms
     templates.env.filters["when"] = _when
+    templates.env.filters["run_path"] = run_path
+    templates.env.filters["with_query"] = with_query
     sessions = Sessions(config.token)
     lock = threading.Lock()
     # Signed documents shown but not yet delivered, by a random id: (session, when,
@@ -135,7 +138,7 @@ def create_app(config: WebConfig) -> Starlette:
             status,
             title=title,
             error=f"{type(exc).__name__}: {exc}",
-            run_id=request.path_params.get("run_id"),
+            run_id=request.scope.get("state", {}).get("run_id"),
         )
 
     async def home(request: Request) -> Response:
@@ -200,7 +203,7 @@ def create_app(config: WebConfig) -> Starlette:
         return answer
 
     def run(request: Request) -> Response:
-        run_id = request.path_params["run_id"]
+        run_id = _run_of(request)
         try:
             wanted = read.page_of(request.query_params)
             with store() as s:
@@ -244,7 +247,7 @@ def create_app(config: WebConfig) -> Starlette:
         refused = _writable(request, form, sessions, config)
         if refused is not None:
             return refused
-        run_id = request.path_params["run_id"]
+        run_id = _run_of(request)
         fields = {key: str(value) for key, value in form.items() if isinstance(value, str)}
         try:
             with store() as s:
@@ -268,7 +271,7 @@ def create_app(config: WebConfig) -> Starlette:
         refused = _writable(request, form, sessions, config)
         if refused is not None:
             return refused
-        run_id = request.path_params["run_id"]
+        run_id = _run_of(request)
         sid = request.scope["state"]["sid"]
         with lock:
             entry = drafts.pop(str(form.get("prepared", "")), None)
@@ -288,20 +291,85 @@ def create_app(config: WebConfig) -> Starlette:
         except TetherError as exc:
             return failure(request, exc)
         kind = draft.prepared.kind
-        return RedirectResponse(f"/runs/{run_id}?done={kind}+inbox+%23{seq}", status_code=303)
+        done = with_query(run_path(run_id), done=f"{kind} inbox #{seq}")
+        return RedirectResponse(done, status_code=303)
+
+    async def run_action(request: Request) -> Response:
+        action = _run_target(request)[1]
+        if action == "prepare":
+            return await prepare(request)
+        if action == "sign":
+            return await sign(request)
+        return PlainTextResponse("not found\n", 404)
+
+    async def run_page(request: Request) -> Response:
+        if not _run_target(request)[0]:
+            return RedirectResponse("/runs", status_code=303)
+        return run(request)
 
     routes = [
         Route("/", home),
         Route("/runs", runs),
-        Route("/runs/{run_id}", run),
         Route("/inbox", inbox),
-        Route("/runs/{run_id}/prepare", prepare, methods=["POST"]),
-        Route("/runs/{run_id}/sign", sign, methods=["POST"]),
+        # A run id may hold any character: it travels percent-encoded as one path
+        # segment (read from the raw path), or as ?id= where a segment cannot carry it.
+        Route("/runs/{rest:path}", run_page, methods=["GET"]),
+        Route("/runs/{rest:path}", run_action, methods=["POST"]),
+        Route("/run", run_page, methods=["GET"]),
+        Route("/run/{rest:path}", run_action, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     app = Starlette(routes=routes)
     app.add_middleware(Guard, sessions=sessions, hosts=config.hosts)
     return app
+
+
+#: What a form posts to, after a run's path.
+_ACTIONS = ("prepare", "sign")
+#: Run ids a browser would resolve as path segments (also written %2E), so never one.
+_DOT_SEGMENTS = (".", "..")
+
+
+def run_path(run_id: str, action: str | None = None) -> str:
+    """The address of ``run_id``'s page (or of its form's ``action``), for any run id."""
+    tail = "" if action is None else f"/{action}"
+    if run_id in _DOT_SEGMENTS:
+        return f"/run{tail}?{urlencode({'id': run_id})}"
+    return f"/runs/{quote(run_id, safe='')}{tail}"
+
+
+def with_query(url: str, **params: Any) -> str:
+    """``url`` with ``params`` added to its query (``None`` values left out)."""
+    kept = {key: str(value) for key, value in params.items() if value is not None}
+    if not kept:
+        return url
+    return url + ("&" if "?" in url else "?") + urlencode(kept)
+
+
+def _run_target(request: Request) -> tuple[str, str | None]:
+    """The run id and the form action (``None``: the page) a request's path names."""
+    path = raw_path(request.scope)
+    target: tuple[str, str | None]
+    if path == "/run" or path.startswith("/run/"):
+        # The query form (a run id no path segment can carry): /run?id=, /run/ACTION?id=.
+        action = unquote(path[len("/run/") :]) if path.startswith("/run/") else None
+        target = (request.query_params.get("id", ""), action)
+    else:
+        rest = path[len("/runs/") :]
+        head, _, last = rest.rpartition("/")
+        if request.method != "POST":
+            # Our links send the id as one segment; typed by a person it may hold a raw "/".
+            target = (unquote(rest), None)
+        elif head and last in _ACTIONS:
+            target = (unquote(head), last)
+        else:
+            target = (unquote(rest), "")
+    request.scope.setdefault("state", {})["run_id"] = target[0]
+    return target
+
+
+def _run_of(request: Request) -> str:
+    return _run_target(request)[0]
 
 
 def _writable(

@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from hashlib import sha256
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
@@ -86,6 +86,18 @@ class Sessions:
         return hmac.new(self._secret, sid.encode(), sha256).hexdigest()
 
 
+def raw_path(scope: Scope) -> str:
+    """The request's path as the client sent it, still percent-encoded (no query).
+
+    ``scope["path"]`` is decoded, so a run id's ``%2F`` reads there as a ``/``;
+    servers that cannot give the raw path leave only that to go by.
+    """
+    raw = scope.get("raw_path")
+    if not isinstance(raw, bytes):
+        return quote(str(scope.get("path", "/")))
+    return raw.split(b"?", 1)[0].decode("latin-1")
+
+
 def _refuse(status: int, text: str) -> Response:
     return PlainTextResponse(text + "\n", status_code=status, headers=SECURITY_HEADERS)
 
@@ -129,7 +141,8 @@ class Guard:
                 return _refuse(403, "forbidden: wrong access token")
             # Open a session and drop the token from the address bar and history.
             rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-            target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
+            # The path as sent: a run id's %2F or %3F must survive the redirect.
+            target = raw_path(request.scope) + (f"?{urlencode(rest)}" if rest else "")
             response = RedirectResponse(target, status_code=303, headers=SECURITY_HEADERS)
             response.set_cookie(
                 COOKIE, self.sessions.open(), httponly=True, samesite="strict", path="/"
