@@ -52,6 +52,8 @@ class Setup:
     run_id: str = "agent-run"
     policy: dict[str, Any] = field(default_factory=lambda: {"reads": ["count_notes"]})
     trust: Path | None = None
+    #: An approver's key the gateway signs approvals given in the client with.
+    approver_key: Path | None = None
     upstream_url: str | None = None
     upstream_headers: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -97,6 +99,8 @@ class Setup:
         ]
         if self.trust is not None:
             argv += ["--trust", str(self.trust)]
+        if self.approver_key is not None:
+            argv += ["--approver-key", str(self.approver_key)]
         if self.upstream_url is not None:
             for header in self.upstream_headers:
                 argv += ["--upstream-header", header]

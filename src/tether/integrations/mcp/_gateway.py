@@ -14,10 +14,11 @@ run that outlives the agent:
 
 What needs a person is said to the agent as the tool's answer, ``isError``
 with a text that names the person's command: a tool the policy gates waits
-for ``tether approve``; an outcome a crash left unknown, on a tool that
-cannot be asked again safely, waits for ``tether review``. Every answer
-carries ``_meta["tether/call"]``: the run, the action, and whether it was
-executed now, replayed, or read.
+for ``tether approve`` (or, given ``--approver-key`` and a client that fills
+in forms, is put to the person in the client: :mod:`._approve`); an outcome
+a crash left unknown, on a tool that cannot be asked again safely, waits for
+``tether review``. Every answer carries ``_meta["tether/call"]``: the run,
+the action, and whether it was executed now, replayed, or read.
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ from tether.core import (
     TetherError,
 )
 from tether.crypto import Keyring, Signer, TrustRoots
+from tether.integrations.mcp._approve import (
+    ClientApprover,
+    can_ask_now,
+    elicits,
+    said_yes,
+    shown_arguments,
+)
 from tether.integrations.mcp._policy import GatewayPolicy, RunRules, run_rules
 from tether.integrations.mcp._tools import (
     ARGUMENTS,
@@ -83,7 +91,9 @@ class GatewayConfig:
     ``lease_ttl_s``: how long the run stays held by a gateway that died;
     ``upstream_moved``: the run continues with an upstream started or
     reached otherwise than it was (the same server, moved): the identity
-    the run recorded is kept.
+    the run recorded is kept. ``approver``: an approver's key; where the
+    client fills in forms, a gated call is put to the person there and their
+    yes signed with it (needs ``trust`` naming it).
     """
 
     store: str
@@ -96,6 +106,7 @@ class GatewayConfig:
     task_id: str | None = None
     lease_ttl_s: float = 15.0
     upstream_moved: bool = False
+    approver: Signer | None = None
 
 
 def shown_store(url: str) -> str:
@@ -119,6 +130,18 @@ def _leaf(group: BaseExceptionGroup[Any]) -> BaseException:
     return errors[0] if len(errors) == 1 else group
 
 
+def _noted(result: types.CallToolResult, text: str, meta: dict[str, Any]) -> types.CallToolResult:
+    """``result`` with ``text`` added after its content and ``meta`` in its tether meta."""
+    doc = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    doc.pop("resultType", None)
+    if text:
+        doc["content"] = [*doc.get("content", []), {"type": "text", "text": text}]
+    said = dict(doc.get("_meta") or {})
+    said[CALL_META] = dict(said.get(CALL_META) or {}) | meta
+    doc["_meta"] = said
+    return types.CallToolResult.model_validate(doc)
+
+
 def _error(text: str, meta: dict[str, Any]) -> types.CallToolResult:
     return types.CallToolResult.model_validate(
         {"content": [{"type": "text", "text": text}], "isError": True, "_meta": {CALL_META: meta}}
@@ -137,6 +160,13 @@ class Gateway:
         self.runtime: Runtime | None = None
         #: The run's task and policy, once the upstream's tools are known.
         self.rules: RunRules | None = None
+        #: Puts a gated call to the person in the client (``approver`` given; checked now,
+        #: before anything starts: a key the run would refuse fails closed).
+        self.approver = (
+            None
+            if config.approver is None
+            else ClientApprover(config.approver, config.trust, config.keyring)
+        )
         # Each answer as it arrives, by key: the receipt keeps at most 16 KiB of it.
         self._live: dict[str, dict[str, Any]] = {}
 
@@ -330,8 +360,68 @@ class Gateway:
 
     async def _call_tool(
         self, ctx: Any, params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
-        return await self.call(params.name, dict(params.arguments or {}))
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        name, arguments = params.name, dict(params.arguments or {})
+        answer = await self.call(name, arguments)
+        said = (answer.meta or {}).get(CALL_META, {})
+        if (
+            self.approver is None
+            or said.get("waits_for") != "approval"
+            or not said.get("for_this_call")
+            or not elicits(ctx)
+        ):
+            return answer
+        return await self._approve_in_client(ctx, params, answer, str(said.get("action_id")))
+
+    async def _approve_in_client(
+        self,
+        ctx: Any,
+        params: types.CallToolRequestParams,
+        waiting: types.CallToolResult,
+        action_id: str,
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """Put this gated call to the person in the client; on their yes, sign, deliver, send."""
+        approver, runtime = self.approver, self.runtime
+        if approver is None or runtime is None:  # pragma: no cover - the caller checked
+            return waiting
+        name, arguments = params.name, dict(params.arguments or {})
+        sensitive = self.config.policy.rule(name).sensitive
+        message = approver.question(
+            name, action_id, self.config.run_id, shown_arguments(arguments, sensitive=sensitive)
+        )
+        if can_ask_now(ctx):
+            try:
+                answer: types.ElicitResult | None = await approver.ask_now(ctx, message)
+            except Exception as exc:  # whatever the client answered: nothing is signed
+                return _noted(
+                    waiting,
+                    f"tether: the client could not put the question to a person ({exc}).",
+                    {"asked_in_client": "failed"},
+                )
+        else:
+            answer = approver.answer_in(params, action_id)
+            if answer is None:  # the first leg: the client asks, then calls again
+                return approver.input_required(message, action_id)
+        if not said_yes(answer):
+            word = "declined" if answer is None else answer.action
+            return _noted(
+                waiting,
+                f"tether: the person in the client did not approve ({word}); nothing was sent.",
+                {"asked_in_client": word},
+            )
+        try:
+            await anyio.to_thread.run_sync(
+                approver.sign, runtime.store, self.config.run_id, action_id
+            )
+        except TetherError as exc:
+            return _noted(
+                waiting,
+                f"tether: the approval given in the client was not signed: {exc}",
+                {"asked_in_client": "refused"},
+            )
+        log(f"{name}: approved in the client, signed as {approver.signer_id} ({action_id})")
+        done = await self.call(name, arguments)
+        return _noted(done, "", {"approved_in_client": approver.signer_id})
 
     async def call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         """One tool call through the run: its answer, or what stops it, as the agent reads it."""
@@ -399,7 +489,11 @@ class Gateway:
                 recorded = await anyio.to_thread.run_sync(self._recorded, run, name, arguments)
                 if recorded is not None:
                     return recorded
-            waits = {"waits_for": "approval", "action_id": exc.action_id}
+            waits = {
+                "waits_for": "approval",
+                "action_id": exc.action_id,
+                "for_this_call": exc.for_this_call,
+            }
             return self._waits_for_approval(name, exc), waits
         except NeedsReviewError as exc:
             waits = {"waits_for": "review", "case_id": exc.case_id, "reason": exc.reason}
