@@ -122,10 +122,14 @@ class Setup:
 
     def direct(self) -> StdioServerParameters:
         """The upstream alone: the client straight to it, nothing between."""
+        return self.direct_with({})
+
+    def direct_with(self, env: dict[str, str]) -> StdioServerParameters:
+        """The upstream alone, with ``env`` added to its environment."""
         return StdioServerParameters(
             command=UPSTREAM[0],
             args=[*UPSTREAM[1:], str(self.db)],
-            env=child_env(NOTES_TEST_KILL=str(self.kill_marker)),
+            env=child_env(NOTES_TEST_KILL=str(self.kill_marker), **env),
             cwd=str(ROOT),
         )
 

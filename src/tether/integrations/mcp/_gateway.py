@@ -59,7 +59,7 @@ from tether.integrations.mcp._approve import (
     said_yes,
     shown_arguments,
 )
-from tether.integrations.mcp._policy import GatewayPolicy, RunRules, run_rules
+from tether.integrations.mcp._policy import GatewayPolicy, RunRules, kind_of, run_rules, tool_of
 from tether.integrations.mcp._tools import (
     ARGUMENTS,
     NAMESPACE,
@@ -180,7 +180,7 @@ class Gateway:
         server = self.upstream.server_info
         instance = config.instance or (server.name if server is not None else "") or "upstream"
         effects_by_tool: dict[str, FunctionEffect] = {
-            tool.name: forwarding_effect(
+            kind_of(tool.name): forwarding_effect(
                 tool, config.policy, self.upstream.call, instance, self._live
             )
             for tool in tools
@@ -200,7 +200,7 @@ class Gateway:
             config.policy, names, adapter.environment(), config.task_id or f"mcp:{instance}"
         )
         self.rules = rules
-        gated = sorted(n for n, r in rules.policy.kinds.items() if r.needs_approval)
+        gated = sorted(tool_of(n) for n, r in rules.policy.kinds.items() if r.needs_approval)
         if gated and config.trust is None:
             raise SpecError(
                 "--trust",
@@ -429,13 +429,14 @@ class Gateway:
         meta: dict[str, Any] = {"run_id": self.config.run_id, "tool": name}
         if run is None or self.adapter is None:
             return _error("tether: the gateway's run is not open", meta)
+        kind = kind_of(name)
         try:
-            self.adapter.owner(name)
+            self.adapter.owner(kind)
         except TetherError:
             return _error(
                 f"tether: the upstream offered no tool {name!r} when the gateway started", meta
             )
-        if self.adapter.effect_of(name) is not None:
+        if self.adapter.effect_of(kind) is not None:
             try:
                 # Before the protocol takes the call: a crash while the upstream is started
                 # again leaves nothing dispatched, so the call is simply made again.
@@ -445,7 +446,7 @@ class Gateway:
         # An action held for a person that is not this call: a step may carry it out first.
         # (Only a call waiting for approval: a frozen run's write is a person's to decide.)
         held = run.session.state.pending if run.phase is Phase.PENDING else None
-        if held is not None and run.waits_for(name, "", {ARGUMENTS: arguments}):
+        if held is not None and run.waits_for(kind, "", {ARGUMENTS: arguments}):
             held = None
         notes: list[str] = []
         for _ in range(_SETTLE_RETRIES):
@@ -477,7 +478,7 @@ class Gateway:
     ) -> effects.CallResult | tuple[str, dict[str, Any]] | None:
         """One try of a call: its result, what stops it (text, meta), or ``None`` (try again)."""
         try:
-            return await run.call_async(name, "", {ARGUMENTS: arguments})
+            return await run.call_async(kind_of(name), "", {ARGUMENTS: arguments})
         except EffectNotSettledError as exc:
             if exc.reason == "settled_earlier_work":
                 return None
@@ -510,13 +511,14 @@ class Gateway:
             return f"tether: {name} failed: {type(exc).__name__}: {exc}", {}
 
     def _effect_digest(self, name: str, arguments: dict[str, Any]) -> str | None:
-        """The effect digest of this call (what a fork names), or ``None`` for a read."""
+        """The effect digest of tool ``name``'s call (what a fork names), or ``None`` for a read."""
         runtime = self.runtime
-        if self.adapter is None or runtime is None or self.adapter.effect_of(name) is None:
+        kind = kind_of(name)
+        if self.adapter is None or runtime is None or self.adapter.effect_of(kind) is None:
             return None
         try:
-            args = self.adapter.normalize(name, "", {ARGUMENTS: arguments})
-            return runtime.effect_of(name, "", args)
+            args = self.adapter.normalize(kind, "", {ARGUMENTS: arguments})
+            return runtime.effect_of(kind, "", args)
         except TetherError:
             return None
 
@@ -534,13 +536,18 @@ class Gateway:
         if known.receipt is None:
             return None
         return effects.CallResult(
-            known.action_id, name, "", "replayed", effect_digest=effect, receipt=dict(known.receipt)
+            known.action_id,
+            kind_of(name),
+            "",
+            "replayed",
+            effect_digest=effect,
+            receipt=dict(known.receipt),
         )
 
     def _settled_note(self, run: effects.GuardedRun, held: Any) -> str:
         """What the run did with ``held`` (a person's approved call) before this call's turn."""
         intent = held.intent
-        kind = intent.kind
+        kind = tool_of(intent.kind)  # the tool's name, as the agent knows it
         if self.config.policy.rule(kind).sensitive:
             shown = "(arguments not shown: the tool is sensitive)"
         else:

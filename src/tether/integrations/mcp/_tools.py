@@ -51,7 +51,7 @@ from tether.core import (
     digest,
     format_time,
 )
-from tether.integrations.mcp._policy import GatewayPolicy
+from tether.integrations.mcp._policy import GatewayPolicy, kind_of, tool_of
 from tether.integrations.mcp._upstream import (
     UpstreamDownError,
     UpstreamError,
@@ -115,9 +115,10 @@ def key_declaration(tool: types.Tool) -> tuple[bool, float | None]:
 
 
 def tool_kind(name: str, action_class: ActionClass) -> ActionKind:
-    """The action kind of tool ``name``: no target, its arguments object as one argument."""
+    """The action kind of tool ``name`` (:func:`kind_of` names it): no target, its arguments
+    object as one argument."""
     return ActionKind(
-        name,
+        kind_of(name),
         action_class,
         TargetKind.NONE,
         frozenset({ARGUMENTS}),
@@ -174,11 +175,12 @@ class UpstreamTools:
 
     ``target`` is the upstream's target as :attr:`Upstream.target_identity` says it.
 
-    ``effects`` maps each effect tool to its forwarding function effect;
-    ``reads`` names the read tools, answered by ``read`` (a blocking call of
-    the upstream from the protocol's worker thread) and traced like any
-    read. Every kind routes to its owner (``owner``), whose capabilities the
-    runtime judges the kind by.
+    ``effects`` maps each effect tool's kind to its forwarding function
+    effect; ``reads`` names the read tools, answered by ``read`` (a blocking
+    call of the upstream from the protocol's worker thread, by the tool's
+    name) and traced like any read. Every kind routes to its owner
+    (``owner``), whose capabilities the runtime judges the kind by. Kinds
+    are the tools' names but where :func:`~._policy.kind_of` says otherwise.
     """
 
     #: The upstream is outside the process: never allowed under ``local-only``.
@@ -199,7 +201,7 @@ class UpstreamTools:
         self._instance = instance
         self._fingerprint = fingerprint or digest({"instance": instance, "target": target})
         self._effects = dict(effects)
-        self._reads = {name: tool_kind(name, ActionClass.READ) for name in sorted(reads)}
+        self._reads = {kind_of(name): tool_kind(name, ActionClass.READ) for name in sorted(reads)}
         self._read = read
         self._kinds = tuple(self._reads.values()) + tuple(e.kind for e in self._effects.values())
 
@@ -268,7 +270,7 @@ class UpstreamTools:
         if not isinstance(arguments, dict):
             raise ContractViolationError("bad_args", f"{kind}'s arguments must be an object")
         try:
-            return self._read(kind, arguments)
+            return self._read(tool_of(kind), arguments)
         except UpstreamRefusedError as exc:
             raise ContractViolationError("refused", str(exc)) from exc
         except UpstreamError as exc:
