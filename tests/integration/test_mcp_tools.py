@@ -91,3 +91,100 @@ def test_tools_named_like_a_runs_own_actions_are_offered_and_guarded(setup: Setu
         {"suite": "unit"},
     ]
     assert committed_kinds(setup) == ["mcp:finish", "mcp:cancel", "mcp:tests.run", "add_note"]
+
+
+BIG = 2**60 + 1  # past 2**53: canonical JSON (RFC 8785) cannot write it exactly
+
+
+def test_an_integer_past_2_53_reaches_the_upstream_exactly_and_is_one_effect(setup: Setup) -> None:
+    """big_number(2**60+1): the upstream gets the exact integer, the agent the exact answer, and asked again (after a restart) the recorded one."""
+
+    async def first() -> Any:
+        async with connected(setup.gateway()) as client:
+            return await client.call_tool("big_number", {"n": BIG})
+
+    async def later() -> tuple[Any, Any]:
+        async with connected(setup.gateway()) as client:
+            again = await client.call_tool("big_number", {"n": BIG})
+            other = await client.call_tool("big_number", {"n": BIG + 1})
+            return again, other
+
+    done = anyio.run(first)
+    assert not done.is_error, text(done)
+    assert done.structured_content == {"n": BIG, "next": BIG + 1}
+    assert meta(done)["outcome"] == "executed"
+    again, other = anyio.run(later)
+    assert meta(again)["outcome"] == "replayed"
+    assert again.structured_content == {"n": BIG, "next": BIG + 1}  # exact, from the record
+    assert meta(other)["outcome"] == "executed"  # another integer is another effect
+    assert other.structured_content == {"n": BIG + 1, "next": BIG + 2}
+    assert calls(setup, "big_number") == [{"n": BIG}, {"n": BIG + 1}]
+    # The intent carries the arguments as their exact JSON text; the receipt, the answer's
+    # digest (kept apart, exact).
+    store = open_store(setup.store)
+    try:
+        view = open_run(store, setup.run_id, keyring=Keyring.from_file(setup.keyring))
+    finally:
+        store.close()
+    intended = [e for e in view.ledger if e.status.value == "intended"]
+    assert intended[0].payload == {"arguments": f'{{"n":{BIG}}}'}  # exact JSON text
+    committed = [e for e in view.ledger if e.status.value == "committed"]
+    result = committed[0].receipt["result"]["tether_kept_apart"]
+    assert result["why"] == "holds integers beyond 2**53" and result["sha256"].startswith("sha256:")
+
+
+def test_a_read_answering_an_integer_past_2_53_is_passed_on_exactly(setup: Setup) -> None:
+    """A read whose answer holds 2**60+1: the agent gets it exactly each time, and each time the upstream is asked."""
+    setup.policy = {"reads": ["count_notes", "big_number"]}
+
+    async def main() -> list[Any]:
+        async with connected(setup.gateway()) as client:
+            return [await client.call_tool("big_number", {"n": BIG}) for _ in range(2)]
+
+    answers = anyio.run(main)
+    for answer in answers:
+        assert not answer.is_error, text(answer)
+        assert meta(answer)["outcome"] == "observed"
+        assert answer.structured_content == {"n": BIG, "next": BIG + 1}
+    assert calls(setup, "big_number") == [{"n": BIG}, {"n": BIG}]
+
+
+def test_a_replayed_answer_over_16_kib_is_given_back_whole_under_its_output_schema(
+    setup: Setup,
+) -> None:
+    """report(400) answers over 16 KiB under an output schema: asked again after a restart, the client gets exactly that answer, which its schema check accepts."""
+
+    async def session() -> Any:
+        async with connected(setup.gateway()) as client:
+            tool = next(t for t in (await client.list_tools()).tools if t.name == "report")
+            assert tool.output_schema is not None
+            return await client.call_tool("report", {"lines": 400})
+
+    first = anyio.run(session)
+    again = anyio.run(session)  # a new gateway process: nothing of the first answer in memory
+    assert not first.is_error and not again.is_error, text(again)
+    assert len(json.dumps(first.structured_content)) > 16_384
+    assert meta(first)["outcome"] == "executed" and meta(again)["outcome"] == "replayed"
+    assert again.structured_content == first.structured_content
+    assert [c.model_dump() for c in again.content] == [c.model_dump() for c in first.content]
+    assert calls(setup, "report") == [{"lines": 400}]
+
+
+def test_a_sensitive_answer_over_16_kib_is_not_stored_and_its_replay_says_so(setup: Setup) -> None:
+    """A sensitive report: its text is never stored, and its replay is an error answer saying why, which the output schema does not bind."""
+    setup.policy = {"reads": ["count_notes"], "tools": {"report": {"sensitive": True}}}
+
+    async def session() -> Any:
+        async with connected(setup.gateway()) as client:
+            return await client.call_tool("report", {"lines": 400})
+
+    first = anyio.run(session)
+    again = anyio.run(session)
+    assert not first.is_error and first.structured_content is not None
+    assert again.is_error and meta(again)["outcome"] == "replayed"
+    assert meta(again)["answer_kept"] is False
+    assert "not kept whole" in text(again)
+    assert calls(setup, "report") == [{"lines": 400}]
+    with sqlite3.connect(setup.base / "tether.sqlite") as con:
+        bodies = [bytes(row[0]) for row in con.execute("SELECT body FROM tether_blobs")]
+    assert not any(b"line 00001" in body for body in bodies)

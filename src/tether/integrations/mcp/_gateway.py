@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -52,6 +51,7 @@ from tether.core import (
     TetherError,
 )
 from tether.crypto import Keyring, Signer, TrustRoots
+from tether.integrations.mcp._answers import KEPT_APART, carried, read_back, sent
 from tether.integrations.mcp._approve import (
     ClientApprover,
     can_ask_now,
@@ -71,7 +71,7 @@ from tether.integrations.mcp._tools import (
 )
 from tether.integrations.mcp._upstream import Upstream, UpstreamError, log
 from tether.runtime import Runtime, open_run
-from tether.store import open_store
+from tether.store import ContentStore, open_store
 
 #: Where each answer says what tether did with the call.
 CALL_META = "tether/call"
@@ -142,6 +142,16 @@ def _noted(result: types.CallToolResult, text: str, meta: dict[str, Any]) -> typ
     return types.CallToolResult.model_validate(doc)
 
 
+def _untrusted(gated: list[str]) -> SpecError:
+    """The refusal of a gateway whose policy gates tools and that was given no --trust."""
+    what = f"the tools {gated}" if gated else "every effect tool (its default)"
+    return SpecError(
+        "--trust",
+        f"the policy gates {what}, and no approval can be checked without trust roots: give "
+        "--trust with the approvers' public keys (tether keys new --role approver)",
+    )
+
+
 def _error(text: str, meta: dict[str, Any]) -> types.CallToolResult:
     return types.CallToolResult.model_validate(
         {"content": [{"type": "text", "text": text}], "isError": True, "_meta": {CALL_META: meta}}
@@ -167,25 +177,40 @@ class Gateway:
             if config.approver is None
             else ClientApprover(config.approver, config.trust, config.keyring)
         )
-        # Each answer as it arrives, by key: the receipt keeps at most 16 KiB of it.
+        # Each answer as it arrives, by key: the receipt may keep it apart (see _answers).
         self._live: dict[str, dict[str, Any]] = {}
+        # A read's answer traced as its digest (an integer past 2**53), by that digest.
+        self._live_reads: dict[str, dict[str, Any]] = {}
+        #: The loop the upstream's connection lives on (set when it is started).
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     # --- setting up ---------------------------------------------------
 
-    def build_runtime(self, tools: list[types.Tool], reader: Callable[..., Any]) -> Runtime:
-        """The runtime of this gateway's run, for the upstream's ``tools``."""
+    def build_runtime(
+        self, tools: list[types.Tool], *, store: ContentStore | None = None
+    ) -> Runtime:
+        """The runtime of this gateway's run, for the upstream's ``tools`` (over ``store``, or
+        the store the configuration names)."""
         config = self.config
         names = [tool.name for tool in tools]
         config.policy.check_names(names)
         server = self.upstream.server_info
         instance = config.instance or (server.name if server is not None else "") or "upstream"
+        store = store if store is not None else open_store(config.store)
+
+        def keep(name: str, body: bytes) -> None:
+            store.put_blobs({name: body})
+
         effects_by_tool: dict[str, FunctionEffect] = {
             kind_of(tool.name): forwarding_effect(
-                tool, config.policy, self.upstream.call, instance, self._live
+                tool, config.policy, self.upstream.call, instance, self._live, keep
             )
             for tool in tools
             if not config.policy.is_read(tool.name)
         }
+        reader = blocking_reader(
+            self.upstream.call, self._loop, self.upstream.timeout_s, self._live_reads
+        )
         reads = frozenset(n for n in names if config.policy.is_read(n))
         fingerprint = self._recorded_identity(instance) if config.upstream_moved else None
         adapter = UpstreamTools(
@@ -202,15 +227,11 @@ class Gateway:
         self.rules = rules
         gated = sorted(tool_of(n) for n, r in rules.policy.kinds.items() if r.needs_approval)
         if gated and config.trust is None:
-            raise SpecError(
-                "--trust",
-                f"the policy gates {gated}: give the approvers' public keys so a person's "
-                "approval can be checked",
-            )
+            raise _untrusted(gated)
         self.tools = tools
         self.adapter = adapter
         self.runtime = Runtime(
-            store=open_store(config.store),
+            store=store,
             keyring=config.keyring,
             adapter=adapter,
             task=rules.task,
@@ -220,6 +241,12 @@ class Gateway:
             lease_ttl_s=config.lease_ttl_s,
         )
         return self.runtime
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the upstream's connection lives on (a read is asked there)."""
+        if self.loop is None:
+            raise UpstreamError("the upstream's connection is not started")
+        return self.loop
 
     def _recorded_identity(self, instance: str) -> str:
         """The upstream identity run ``--run`` recorded, for ``--upstream-moved``."""
@@ -293,7 +320,7 @@ class Gateway:
                 await self.upstream.start(group)
                 try:
                     tools = await self.upstream.tools()
-                    runtime = self.build_runtime(tools, lambda *_: {})
+                    runtime = self.build_runtime(tools)
                     close = getattr(runtime.store, "close", None)
                     if callable(close):
                         close()
@@ -319,10 +346,8 @@ class Gateway:
         await self.upstream.start(group)
         stack.push_async_callback(self.upstream.aclose)
         tools = await self.upstream.tools()
-        reader = blocking_reader(
-            self.upstream.call, asyncio.get_running_loop(), self.upstream.timeout_s
-        )
-        runtime = await anyio.to_thread.run_sync(self.build_runtime, tools, reader)
+        self.loop = asyncio.get_running_loop()
+        runtime = await anyio.to_thread.run_sync(self.build_runtime, tools)
         close = getattr(runtime.store, "close", None)
         if callable(close):
             stack.callback(close)
@@ -446,7 +471,7 @@ class Gateway:
         # An action held for a person that is not this call: a step may carry it out first.
         # (Only a call waiting for approval: a frozen run's write is a person's to decide.)
         held = run.session.state.pending if run.phase is Phase.PENDING else None
-        if held is not None and run.waits_for(kind, "", {ARGUMENTS: arguments}):
+        if held is not None and run.waits_for(kind, "", {ARGUMENTS: carried(arguments)}):
             held = None
         notes: list[str] = []
         for _ in range(_SETTLE_RETRIES):
@@ -460,7 +485,7 @@ class Gateway:
             if got is None:
                 continue  # the run settled earlier work: this call's own turn now
             if isinstance(got, effects.CallResult):
-                return self._answer(got, meta, notes)
+                return await self._answer(got, meta, notes)
             text, extra = got
             return _error(" ".join([*notes, text]), meta | extra)
         return _error(
@@ -478,7 +503,7 @@ class Gateway:
     ) -> effects.CallResult | tuple[str, dict[str, Any]] | None:
         """One try of a call: its result, what stops it (text, meta), or ``None`` (try again)."""
         try:
-            return await run.call_async(kind_of(name), "", {ARGUMENTS: arguments})
+            return await run.call_async(kind_of(name), "", {ARGUMENTS: carried(arguments)})
         except EffectNotSettledError as exc:
             if exc.reason == "settled_earlier_work":
                 return None
@@ -517,7 +542,7 @@ class Gateway:
         if self.adapter is None or runtime is None or self.adapter.effect_of(kind) is None:
             return None
         try:
-            args = self.adapter.normalize(kind, "", {ARGUMENTS: arguments})
+            args = self.adapter.normalize(kind, "", {ARGUMENTS: carried(arguments)})
             return runtime.effect_of(kind, "", args)
         except TetherError:
             return None
@@ -551,7 +576,7 @@ class Gateway:
         if self.config.policy.rule(kind).sensitive:
             shown = "(arguments not shown: the tool is sensitive)"
         else:
-            shown = json.dumps(intent.args.get(ARGUMENTS, intent.args), sort_keys=True)[:500]
+            shown = json.dumps(sent(intent.args.get(ARGUMENTS, {})), sort_keys=True)[:500]
         what = f"{kind} with arguments {shown} (action {held.action_id})"
         record = run.session.effects.get(run.session.rt.effect_digest(intent))
         known = None if record is None else record.committed
@@ -563,40 +588,59 @@ class Gateway:
         key = known.receipt.get("idempotency_key")
         doc = self._live.get(key) if isinstance(key, str) else None
         if doc is None:
-            doc = known.receipt.get("result")
-        answer = text_of(doc, 500) if isinstance(doc, dict) else "(kept as a digest)"
+            doc = self._recorded_answer(known.receipt.get("result"))
+        answer = text_of(doc, 500) if doc is not None else "(not kept whole)"
         return (
             f"tether: before this call, the run carried out the call a person approved earlier: "
             f"{what}; the upstream answered: {answer}. Calling {kind} again with those "
             "arguments gets that answer back; nothing is sent again."
         )
 
-    def _answer(
+    def _recorded_answer(self, result: Any) -> dict[str, Any] | None:
+        """The upstream's answer as a receipt's result records it, exact, or ``None`` (not
+        kept whole: a sensitive tool's, or kept apart and not found). Blocking (the store)."""
+        if not isinstance(result, dict):
+            return None
+        if KEPT_APART in result:
+            runtime = self.runtime
+            return None if runtime is None else read_back(result, runtime.store.get_blob)
+        return result if isinstance(result.get("content"), list) else None
+
+    async def _answer(
         self, done: effects.CallResult, meta: dict[str, Any], notes: list[str] | None = None
     ) -> types.CallToolResult:
         meta = meta | {"action_id": done.action_id, "outcome": done.outcome}
         if done.effect_digest is not None:
             meta["effect"] = done.effect_digest
+        doc: dict[str, Any] | None
         if done.outcome == "observed":
-            doc: Any = done.data
+            doc = done.data
+            apart = doc.get(KEPT_APART)
+            if isinstance(apart, dict):
+                doc = self._live_reads.pop(str(apart.get("sha256")), None)
         else:
             receipt = done.receipt or {}
             key = receipt.get("idempotency_key")
             doc = self._live.pop(key, None) if isinstance(key, str) else None
             if doc is None:
-                doc = done.result
-        if not isinstance(doc, dict) or not isinstance(doc.get("content"), list):
-            # A sensitive tool's answer, or one over 16 KiB, is kept as a digest only.
+                doc = await anyio.to_thread.run_sync(self._recorded_answer, done.result)
+        if doc is None:
+            # Said as an error answer: an output schema binds only a tool's success.
+            kept = done.result if isinstance(done.result, dict) else {}
+            why = kept.get(KEPT_APART) or "the tool is sensitive, or the record is older"
             doc = {
                 "content": [
                     {
                         "type": "text",
                         "text": "tether: this call was made earlier in this run and is not made "
-                        "again; its answer was not kept whole (sensitive, or over 16 KiB): "
-                        f"{doc}",
+                        "again; the upstream's answer to it was not kept whole, so it cannot "
+                        f"be given back ({why}). See the call with: tether inspect "
+                        f"{self.config.run_id}.",
                     }
-                ]
+                ],
+                "isError": True,
             }
+            meta["answer_kept"] = False
         answer = {k: v for k, v in doc.items() if k != RECEIVED_AT}
         if notes:  # what the run did first, after the tool's own answer
             answer["content"] = [*answer["content"], {"type": "text", "text": " ".join(notes)}]
