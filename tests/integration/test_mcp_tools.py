@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("mcp", reason="needs the [mcp] extra")
 
 from tests.integration._mcp_kit import Setup, connected, document, text
+from tether.cli import main as tether_main
 from tether.crypto import Keyring
 from tether.runtime import open_run
 from tether.store import open_store
@@ -188,3 +189,50 @@ def test_a_sensitive_answer_over_16_kib_is_not_stored_and_its_replay_says_so(set
     with sqlite3.connect(setup.base / "tether.sqlite") as con:
         bodies = [bytes(row[0]) for row in con.execute("SELECT body FROM tether_blobs")]
     assert not any(b"line 00001" in body for body in bodies)
+
+
+def test_a_call_made_again_after_another_is_answered_from_the_record_until_a_fork(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """A, B, A: the second A is the first's recorded answer (one row); a reviewer's signed fork lets A through once more, then it is replayed again."""
+    keys = tmp_path / "keys"
+    made = tether_main(["keys", "new", "--role", "reviewer", "--id", "rita", "--out", str(keys)])
+    assert made == 0
+    setup.trust = keys / "rita.trust.json"
+
+    def fork(effect: str) -> int:
+        return tether_main(
+            [
+                "fork",
+                setup.run_id,
+                effect,
+                "--store",
+                setup.store,
+                "--key",
+                str(keys / "rita.key"),
+                "--yes",
+            ]
+        )
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            a = await client.call_tool("add_note", {"text": "A"})
+            b = await client.call_tool("add_note", {"text": "B"})
+            a_again = await client.call_tool("add_note", {"text": "A"})
+            assert [meta(x)["outcome"] for x in (a, b, a_again)] == [
+                "executed",
+                "executed",
+                "replayed",
+            ]
+            assert a_again.structured_content == a.structured_content == {"id": 1, "text": "A"}
+            assert setup.rows() == 2
+            assert await anyio.to_thread.run_sync(fork, meta(a)["effect"]) == 0
+            forked = await client.call_tool("add_note", {"text": "A"})
+            assert meta(forked)["outcome"] == "executed", text(forked)
+            assert forked.structured_content == {"id": 3, "text": "A"}
+            once_more = await client.call_tool("add_note", {"text": "A"})
+            assert meta(once_more)["outcome"] == "replayed"
+            assert once_more.structured_content == {"id": 3, "text": "A"}
+
+    anyio.run(main)
+    assert setup.rows() == 3
