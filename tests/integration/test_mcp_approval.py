@@ -192,3 +192,27 @@ def test_an_approver_key_the_run_would_refuse_stops_the_gateway_at_start(
     assert said in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
     assert setup.rows() == 0
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"tools": {"add_note": {"needs_approval": True}}},
+        {"default": {"needs_approval": True}},
+    ],
+    ids=["a-tool", "by-default"],
+)
+def test_a_policy_that_gates_without_trust_stops_the_gateway_before_the_upstream_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], policy: dict[str, Any]
+) -> None:
+    """A gated tool and no --trust: refused in one line naming --trust, and the upstream is never started."""
+    Keyring.generate("k1").write_file(tmp_path / "keyring.json")
+    setup = Setup(tmp_path)
+    setup.policy = policy
+    capsys.readouterr()
+    code = tether_main(setup.gateway_argv()[2:])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "--trust" in err and "gates" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not setup.db.exists()  # the upstream would have made its file as it started

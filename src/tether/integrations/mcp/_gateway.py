@@ -177,6 +177,9 @@ class Gateway:
             if config.approver is None
             else ClientApprover(config.approver, config.trust, config.keyring)
         )
+        if config.trust is None and config.policy.gates:
+            # Before the upstream is started: an approval no one can check must not be waited for.
+            raise _untrusted(sorted(n for n, r in config.policy.tools.items() if r.needs_approval))
         # Each answer as it arrives, by key: the receipt may keep it apart (see _answers).
         self._live: dict[str, dict[str, Any]] = {}
         # A read's answer traced as its digest (an integer past 2**53), by that digest.

@@ -166,6 +166,11 @@ class GatewayPolicy:
         """The rule of effect ``tool``: its own, or the default."""
         return self.tools.get(tool, self.default)
 
+    @property
+    def gates(self) -> bool:
+        """Whether the file makes any tool wait for a person's approval (a rule or the default)."""
+        return self.default.needs_approval or any(r.needs_approval for r in self.tools.values())
+
     def is_read(self, tool: str) -> bool:
         """Whether ``tool`` is a read: only if the policy names it so, never by a hint."""
         return tool in self.reads
