@@ -70,7 +70,7 @@ from tether.integrations.mcp._tools import (
     text_of,
 )
 from tether.integrations.mcp._upstream import Upstream, UpstreamError, log
-from tether.runtime import Runtime, open_run
+from tether.runtime import NO_CRASH, CrashPlan, Runtime, open_run
 from tether.store import ContentStore, open_store
 
 #: Where each answer says what tether did with the call.
@@ -93,7 +93,8 @@ class GatewayConfig:
     reached otherwise than it was (the same server, moved): the identity
     the run recorded is kept. ``approver``: an approver's key; where the
     client fills in forms, a gated call is put to the person there and their
-    yes signed with it (needs ``trust`` naming it).
+    yes signed with it (needs ``trust`` naming it). ``crash``: the crash
+    plan the run's runtime is built with (the crash harness arms it).
     """
 
     store: str
@@ -107,6 +108,7 @@ class GatewayConfig:
     lease_ttl_s: float = 15.0
     upstream_moved: bool = False
     approver: Signer | None = None
+    crash: CrashPlan | None = None
 
 
 def shown_store(url: str) -> str:
@@ -242,6 +244,7 @@ class Gateway:
             trust=config.trust,
             principal=config.principal,
             lease_ttl_s=config.lease_ttl_s,
+            crash=NO_CRASH if config.crash is None else config.crash,
         )
         return self.runtime
 

@@ -154,8 +154,13 @@ class Upstream:
         return json.dumps({"command": command, "cwd": cwd})
 
     async def start(self, group: TaskGroup) -> None:
-        """Open the first connection, in a task of ``group`` (which must outlive the calls)."""
+        """Open the first connection, in a task of ``group`` (which must outlive the calls).
+
+        May be called again after :meth:`aclose`, from another event loop.
+        """
         self._group = group
+        self._client = None
+        self._lock = anyio.Lock()  # a lock serves the loop it was first used on
         await self._connect()
 
     async def aclose(self) -> None:
