@@ -267,7 +267,8 @@ class Upstream:
                     "nothing was sent"
                 )
         else:
-            client = await self._connect()
+            # The open connection without the lock (it is taken only to open one).
+            client = self._client or await self._connect()
         try:
             result = await client.call_tool(
                 name,
@@ -301,7 +302,7 @@ class Upstream:
         call that is simply made again. Raises :class:`UpstreamDownError`
         when no connection can be opened.
         """
-        client = await self._connect()
+        client = self._client or await self._connect()
         if anyio.current_time() - self._last_answer >= PING_AFTER_IDLE_S:
             await self._alive(client)
 
