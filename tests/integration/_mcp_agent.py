@@ -55,7 +55,10 @@ def toolset(setup: Setup, *, through: str) -> MCPToolset[None]:
         cwd=str(server.cwd),
         keep_alive=False,
     )
-    return MCPToolset(transport, tool_error_behavior="error")
+    # PydanticAI waits 5 s for the handshake by default; the gateway answers it once its
+    # upstream is started and its run opened (after a killed gateway's lease ran out), which
+    # takes longer than that on a loaded machine.
+    return MCPToolset(transport, tool_error_behavior="error", init_timeout=60)
 
 
 async def run_agent(setup: Setup, text: str, *, through: str, die_on_return: bool = False) -> Any:

@@ -52,6 +52,8 @@ class Setup:
     run_id: str = "agent-run"
     policy: dict[str, Any] = field(default_factory=lambda: {"reads": ["count_notes"]})
     trust: Path | None = None
+    #: An approver's key the gateway signs approvals given in the client with.
+    approver_key: Path | None = None
     upstream_url: str | None = None
     upstream_headers: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -97,6 +99,8 @@ class Setup:
         ]
         if self.trust is not None:
             argv += ["--trust", str(self.trust)]
+        if self.approver_key is not None:
+            argv += ["--approver-key", str(self.approver_key)]
         if self.upstream_url is not None:
             for header in self.upstream_headers:
                 argv += ["--upstream-header", header]
@@ -118,10 +122,14 @@ class Setup:
 
     def direct(self) -> StdioServerParameters:
         """The upstream alone: the client straight to it, nothing between."""
+        return self.direct_with({})
+
+    def direct_with(self, env: dict[str, str]) -> StdioServerParameters:
+        """The upstream alone, with ``env`` added to its environment."""
         return StdioServerParameters(
             command=UPSTREAM[0],
             args=[*UPSTREAM[1:], str(self.db)],
-            env=child_env(NOTES_TEST_KILL=str(self.kill_marker)),
+            env=child_env(NOTES_TEST_KILL=str(self.kill_marker), **env),
             cwd=str(ROOT),
         )
 

@@ -25,6 +25,15 @@ starts, it is removed and the server waits five seconds before it serves
 
 ``NOTES_TEST_ENV_FILE`` (a file path): the server writes there, as it
 starts, the names of the ``TETHER_*`` variables it was given.
+
+``NOTES_TEST_EXTRA=1`` adds tools that each insert one row in the table
+``calls`` (the tool's name and its arguments, as received):
+
+- ``finish(summary)``, ``cancel(reason)``, ``tests.run(suite)``: named like a
+  run's own actions;
+- ``big_number(n)``: answers ``{"n": n, "next": n + 1}`` (integers of any size);
+- ``report(lines)``: a structured answer with an output schema, about 60
+  bytes per line (``lines=400`` is over 16 KiB).
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from typing import Any
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
+from pydantic import BaseModel
 
 KEY_META = "idempotencyKey"
 
@@ -54,6 +64,7 @@ def build(db: str) -> MCPServer:
         "CREATE TABLE IF NOT EXISTS charges (id INTEGER PRIMARY KEY, key TEXT UNIQUE, "
         "account TEXT, cents INTEGER)"
     )
+    setup.execute("CREATE TABLE IF NOT EXISTS calls (id INTEGER PRIMARY KEY, tool TEXT, args TEXT)")
     setup.commit()
     setup.close()
 
@@ -111,7 +122,55 @@ def build(db: str) -> MCPServer:
         maybe_die()
         return {"charge_id": row, "account": account, "cents": cents}
 
+    if os.environ.get("NOTES_TEST_EXTRA") == "1":
+        extra_tools(server, connect)
     return server
+
+
+class Report(BaseModel):
+    """A long structured answer."""
+
+    count: int
+    lines: list[str]
+
+
+def extra_tools(server: MCPServer, connect: Any) -> None:
+    """The tools ``NOTES_TEST_EXTRA=1`` adds (see the module docstring)."""
+
+    def record(tool: str, args: dict[str, Any]) -> int:
+        with connect() as con:
+            row = con.execute(
+                "INSERT INTO calls (tool, args) VALUES (?, ?)", (tool, json.dumps(args))
+            ).lastrowid
+        return int(row or 0)
+
+    @server.tool(name="finish")
+    def finish_tool(summary: str) -> dict[str, Any]:
+        """Mark a job finished (a tool, not the run's own finish)."""
+        return {"row": record("finish", {"summary": summary}), "finished": summary}
+
+    @server.tool(name="cancel")
+    def cancel_tool(reason: str) -> dict[str, Any]:
+        """Cancel a job (a tool, not the run's own cancel)."""
+        return {"row": record("cancel", {"reason": reason}), "cancelled": reason}
+
+    @server.tool(name="tests.run")
+    def tests_run(suite: str) -> dict[str, Any]:
+        """Start a test suite (a tool, not the run's own tests.run)."""
+        return {"row": record("tests.run", {"suite": suite}), "ran": suite}
+
+    @server.tool()
+    def big_number(n: int) -> dict[str, Any]:
+        """Store a number of any size; answer it and the next one."""
+        record("big_number", {"n": n})
+        return {"n": n, "next": n + 1}
+
+    @server.tool()
+    def report(lines: int) -> Report:
+        """Write a report of ``lines`` lines and answer it whole."""
+        record("report", {"lines": lines})
+        body = [f"line {i:05d}: " + "x" * 48 for i in range(lines)]
+        return Report(count=lines, lines=body)
 
 
 def main(argv: list[str]) -> None:

@@ -15,9 +15,11 @@ from tether.integrations.mcp import (
     GatewayPolicy,
     ToolRule,
     key_declaration,
+    kind_of,
     result_document,
     run_rules,
     shown_store,
+    tool_of,
 )
 
 ENV = EnvironmentState("mcp", "notes", 0, "sha256:" + "0" * 64)
@@ -121,10 +123,40 @@ def test_a_policy_file_that_could_leave_a_tool_ungated_is_refused(
     assert refused.value.field == field
 
 
-def test_a_tool_named_like_a_runs_own_action_is_refused() -> None:
-    """An upstream tool called `finish` cannot be guarded under that name: refused at start."""
-    with pytest.raises(SpecError, match="finish"):
-        run_rules(GatewayPolicy(), ["finish", "add_note"], ENV, "mcp:notes")
+@pytest.mark.parametrize(
+    ("tool", "kind"),
+    [
+        ("add_note", "add_note"),
+        ("finish", "mcp:finish"),
+        ("cancel", "mcp:cancel"),
+        ("tests.run", "mcp:tests.run"),
+        ("mcp:finish", "mcp:mcp:finish"),
+        ("mcp:", "mcp:mcp:"),
+        ("mcp", "mcp"),
+        ("Finish", "Finish"),
+    ],
+)
+def test_a_tool_gets_its_own_name_as_kind_unless_a_run_action_has_it(tool: str, kind: str) -> None:
+    """A table: a tool's kind is its name, but a run's own action's name (or the escape) is prefixed; tool_of undoes it."""
+    assert kind_of(tool) == kind
+    assert tool_of(kind) == tool
+
+
+def test_tools_named_like_a_runs_own_actions_are_guarded_under_kinds_of_their_own() -> None:
+    """Tools called finish, cancel and tests.run (and one called mcp:finish) start a run: each its own kind, none the run's own."""
+    tools = ["finish", "cancel", "tests.run", "mcp:finish", "add_note"]
+    policy = GatewayPolicy.from_json({"tools": {"finish": {"needs_approval": True}}})
+    rules = run_rules(policy, tools, ENV, "mcp:notes")
+    assert rules.task.allowed_kinds == (
+        "add_note",
+        "mcp:cancel",
+        "mcp:finish",
+        "mcp:mcp:finish",
+        "mcp:tests.run",
+    )
+    assert rules.policy.kinds["mcp:finish"].needs_approval
+    assert not rules.policy.kinds["mcp:mcp:finish"].needs_approval
+    assert len({kind_of(t) for t in tools}) == len(tools)
 
 
 def test_a_policy_file_is_parsed_strictly() -> None:

@@ -45,6 +45,16 @@ def add_mcp(sub: Any, seconds: Any) -> None:
         "policy gates a tool)",
     )
     p.add_argument(
+        "--approver-key",
+        type=Path,
+        metavar="KEY",
+        help="an approver's private key (tether keys new --role approver; --trust must name "
+        "it): where the agent's MCP client fills in forms (elicitation), a call the policy "
+        "gates is put to the person in the client, and their yes is signed with this key as "
+        "the operator page signs; without it, or with a client that does not, the call waits "
+        "for tether approve",
+    )
+    p.add_argument(
         "--worker-key",
         type=Path,
         help="this gateway's own signing key, when the trust file names worker principals",
@@ -168,6 +178,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         task_id=args.task_id,
         lease_ttl_s=float(args.lease_ttl),
         upstream_moved=bool(args.upstream_moved),
+        approver=Signer.from_file(args.approver_key) if args.approver_key else None,
     )
     target = args.upstream if args.upstream else stdio_target(command, os.getcwd(), args.pass_env)
     headers = dict(expanded_header(h, os.environ) for h in args.upstream_header)

@@ -13,7 +13,14 @@ declares that a tool accepts an idempotency key.
 """
 
 from tether.integrations.mcp._gateway import CALL_META, Gateway, GatewayConfig, shown_store
-from tether.integrations.mcp._policy import GatewayPolicy, RunRules, ToolRule, run_rules
+from tether.integrations.mcp._policy import (
+    GatewayPolicy,
+    RunRules,
+    ToolRule,
+    kind_of,
+    run_rules,
+    tool_of,
+)
 from tether.integrations.mcp._tools import (
     IDEMPOTENCY_KEY_META,
     UpstreamTools,
@@ -48,8 +55,10 @@ __all__ = [
     "expanded_header",
     "forwarding_effect",
     "key_declaration",
+    "kind_of",
     "result_document",
     "run_rules",
     "shown_store",
     "stdio_target",
+    "tool_of",
 ]

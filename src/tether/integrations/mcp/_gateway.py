@@ -14,10 +14,11 @@ run that outlives the agent:
 
 What needs a person is said to the agent as the tool's answer, ``isError``
 with a text that names the person's command: a tool the policy gates waits
-for ``tether approve``; an outcome a crash left unknown, on a tool that
-cannot be asked again safely, waits for ``tether review``. Every answer
-carries ``_meta["tether/call"]``: the run, the action, and whether it was
-executed now, replayed, or read.
+for ``tether approve`` (or, given ``--approver-key`` and a client that fills
+in forms, is put to the person in the client: :mod:`._approve`); an outcome
+a crash left unknown, on a tool that cannot be asked again safely, waits for
+``tether review``. Every answer carries ``_meta["tether/call"]``: the run,
+the action, and whether it was executed now, replayed, or read.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -51,7 +51,15 @@ from tether.core import (
     TetherError,
 )
 from tether.crypto import Keyring, Signer, TrustRoots
-from tether.integrations.mcp._policy import GatewayPolicy, RunRules, run_rules
+from tether.integrations.mcp._answers import KEPT_APART, carried, read_back, sent
+from tether.integrations.mcp._approve import (
+    ClientApprover,
+    can_ask_now,
+    elicits,
+    said_yes,
+    shown_arguments,
+)
+from tether.integrations.mcp._policy import GatewayPolicy, RunRules, kind_of, run_rules, tool_of
 from tether.integrations.mcp._tools import (
     ARGUMENTS,
     NAMESPACE,
@@ -62,8 +70,8 @@ from tether.integrations.mcp._tools import (
     text_of,
 )
 from tether.integrations.mcp._upstream import Upstream, UpstreamError, log
-from tether.runtime import Runtime, open_run
-from tether.store import open_store
+from tether.runtime import NO_CRASH, CrashPlan, Runtime, open_run
+from tether.store import ContentStore, open_store
 
 #: Where each answer says what tether did with the call.
 CALL_META = "tether/call"
@@ -83,7 +91,10 @@ class GatewayConfig:
     ``lease_ttl_s``: how long the run stays held by a gateway that died;
     ``upstream_moved``: the run continues with an upstream started or
     reached otherwise than it was (the same server, moved): the identity
-    the run recorded is kept.
+    the run recorded is kept. ``approver``: an approver's key; where the
+    client fills in forms, a gated call is put to the person there and their
+    yes signed with it (needs ``trust`` naming it). ``crash``: the crash
+    plan the run's runtime is built with (the crash harness arms it).
     """
 
     store: str
@@ -96,6 +107,8 @@ class GatewayConfig:
     task_id: str | None = None
     lease_ttl_s: float = 15.0
     upstream_moved: bool = False
+    approver: Signer | None = None
+    crash: CrashPlan | None = None
 
 
 def shown_store(url: str) -> str:
@@ -119,6 +132,28 @@ def _leaf(group: BaseExceptionGroup[Any]) -> BaseException:
     return errors[0] if len(errors) == 1 else group
 
 
+def _noted(result: types.CallToolResult, text: str, meta: dict[str, Any]) -> types.CallToolResult:
+    """``result`` with ``text`` added after its content and ``meta`` in its tether meta."""
+    doc = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    doc.pop("resultType", None)
+    if text:
+        doc["content"] = [*doc.get("content", []), {"type": "text", "text": text}]
+    said = dict(doc.get("_meta") or {})
+    said[CALL_META] = dict(said.get(CALL_META) or {}) | meta
+    doc["_meta"] = said
+    return types.CallToolResult.model_validate(doc)
+
+
+def _untrusted(gated: list[str]) -> SpecError:
+    """The refusal of a gateway whose policy gates tools and that was given no --trust."""
+    what = f"the tools {gated}" if gated else "every effect tool (its default)"
+    return SpecError(
+        "--trust",
+        f"the policy gates {what}, and no approval can be checked without trust roots: give "
+        "--trust with the approvers' public keys (tether keys new --role approver)",
+    )
+
+
 def _error(text: str, meta: dict[str, Any]) -> types.CallToolResult:
     return types.CallToolResult.model_validate(
         {"content": [{"type": "text", "text": text}], "isError": True, "_meta": {CALL_META: meta}}
@@ -137,25 +172,50 @@ class Gateway:
         self.runtime: Runtime | None = None
         #: The run's task and policy, once the upstream's tools are known.
         self.rules: RunRules | None = None
-        # Each answer as it arrives, by key: the receipt keeps at most 16 KiB of it.
+        #: Puts a gated call to the person in the client (``approver`` given; checked now,
+        #: before anything starts: a key the run would refuse fails closed).
+        self.approver = (
+            None
+            if config.approver is None
+            else ClientApprover(config.approver, config.trust, config.keyring)
+        )
+        if config.trust is None and config.policy.gates:
+            # Before the upstream is started: an approval no one can check must not be waited for.
+            raise _untrusted(sorted(n for n, r in config.policy.tools.items() if r.needs_approval))
+        # Each answer as it arrives, by key: the receipt may keep it apart (see _answers).
         self._live: dict[str, dict[str, Any]] = {}
+        # A read's answer traced as its digest (an integer past 2**53), by that digest.
+        self._live_reads: dict[str, dict[str, Any]] = {}
+        #: The loop the upstream's connection lives on (set when it is started).
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     # --- setting up ---------------------------------------------------
 
-    def build_runtime(self, tools: list[types.Tool], reader: Callable[..., Any]) -> Runtime:
-        """The runtime of this gateway's run, for the upstream's ``tools``."""
+    def build_runtime(
+        self, tools: list[types.Tool], *, store: ContentStore | None = None
+    ) -> Runtime:
+        """The runtime of this gateway's run, for the upstream's ``tools`` (over ``store``, or
+        the store the configuration names)."""
         config = self.config
         names = [tool.name for tool in tools]
         config.policy.check_names(names)
         server = self.upstream.server_info
         instance = config.instance or (server.name if server is not None else "") or "upstream"
+        store = store if store is not None else open_store(config.store)
+
+        def keep(name: str, body: bytes) -> None:
+            store.put_blobs({name: body})
+
         effects_by_tool: dict[str, FunctionEffect] = {
-            tool.name: forwarding_effect(
-                tool, config.policy, self.upstream.call, instance, self._live
+            kind_of(tool.name): forwarding_effect(
+                tool, config.policy, self.upstream.call, instance, self._live, keep
             )
             for tool in tools
             if not config.policy.is_read(tool.name)
         }
+        reader = blocking_reader(
+            self.upstream.call, self._loop, self.upstream.timeout_s, self._live_reads
+        )
         reads = frozenset(n for n in names if config.policy.is_read(n))
         fingerprint = self._recorded_identity(instance) if config.upstream_moved else None
         adapter = UpstreamTools(
@@ -170,17 +230,13 @@ class Gateway:
             config.policy, names, adapter.environment(), config.task_id or f"mcp:{instance}"
         )
         self.rules = rules
-        gated = sorted(n for n, r in rules.policy.kinds.items() if r.needs_approval)
+        gated = sorted(tool_of(n) for n, r in rules.policy.kinds.items() if r.needs_approval)
         if gated and config.trust is None:
-            raise SpecError(
-                "--trust",
-                f"the policy gates {gated}: give the approvers' public keys so a person's "
-                "approval can be checked",
-            )
+            raise _untrusted(gated)
         self.tools = tools
         self.adapter = adapter
         self.runtime = Runtime(
-            store=open_store(config.store),
+            store=store,
             keyring=config.keyring,
             adapter=adapter,
             task=rules.task,
@@ -188,8 +244,15 @@ class Gateway:
             trust=config.trust,
             principal=config.principal,
             lease_ttl_s=config.lease_ttl_s,
+            crash=NO_CRASH if config.crash is None else config.crash,
         )
         return self.runtime
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the upstream's connection lives on (a read is asked there)."""
+        if self.loop is None:
+            raise UpstreamError("the upstream's connection is not started")
+        return self.loop
 
     def _recorded_identity(self, instance: str) -> str:
         """The upstream identity run ``--run`` recorded, for ``--upstream-moved``."""
@@ -263,7 +326,7 @@ class Gateway:
                 await self.upstream.start(group)
                 try:
                     tools = await self.upstream.tools()
-                    runtime = self.build_runtime(tools, lambda *_: {})
+                    runtime = self.build_runtime(tools)
                     close = getattr(runtime.store, "close", None)
                     if callable(close):
                         close()
@@ -289,10 +352,8 @@ class Gateway:
         await self.upstream.start(group)
         stack.push_async_callback(self.upstream.aclose)
         tools = await self.upstream.tools()
-        reader = blocking_reader(
-            self.upstream.call, asyncio.get_running_loop(), self.upstream.timeout_s
-        )
-        runtime = await anyio.to_thread.run_sync(self.build_runtime, tools, reader)
+        self.loop = asyncio.get_running_loop()
+        runtime = await anyio.to_thread.run_sync(self.build_runtime, tools)
         close = getattr(runtime.store, "close", None)
         if callable(close):
             stack.callback(close)
@@ -330,8 +391,68 @@ class Gateway:
 
     async def _call_tool(
         self, ctx: Any, params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
-        return await self.call(params.name, dict(params.arguments or {}))
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        name, arguments = params.name, dict(params.arguments or {})
+        answer = await self.call(name, arguments)
+        said = (answer.meta or {}).get(CALL_META, {})
+        if (
+            self.approver is None
+            or said.get("waits_for") != "approval"
+            or not said.get("for_this_call")
+            or not elicits(ctx)
+        ):
+            return answer
+        return await self._approve_in_client(ctx, params, answer, str(said.get("action_id")))
+
+    async def _approve_in_client(
+        self,
+        ctx: Any,
+        params: types.CallToolRequestParams,
+        waiting: types.CallToolResult,
+        action_id: str,
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """Put this gated call to the person in the client; on their yes, sign, deliver, send."""
+        approver, runtime = self.approver, self.runtime
+        if approver is None or runtime is None:  # pragma: no cover - the caller checked
+            return waiting
+        name, arguments = params.name, dict(params.arguments or {})
+        sensitive = self.config.policy.rule(name).sensitive
+        message = approver.question(
+            name, action_id, self.config.run_id, shown_arguments(arguments, sensitive=sensitive)
+        )
+        if can_ask_now(ctx):
+            try:
+                answer: types.ElicitResult | None = await approver.ask_now(ctx, message)
+            except Exception as exc:  # whatever the client answered: nothing is signed
+                return _noted(
+                    waiting,
+                    f"tether: the client could not put the question to a person ({exc}).",
+                    {"asked_in_client": "failed"},
+                )
+        else:
+            answer = approver.answer_in(params, action_id)
+            if answer is None:  # the first leg: the client asks, then calls again
+                return approver.input_required(message, action_id)
+        if not said_yes(answer):
+            word = "declined" if answer is None else answer.action
+            return _noted(
+                waiting,
+                f"tether: the person in the client did not approve ({word}); nothing was sent.",
+                {"asked_in_client": word},
+            )
+        try:
+            await anyio.to_thread.run_sync(
+                approver.sign, runtime.store, self.config.run_id, action_id
+            )
+        except TetherError as exc:
+            return _noted(
+                waiting,
+                f"tether: the approval given in the client was not signed: {exc}",
+                {"asked_in_client": "refused"},
+            )
+        log(f"{name}: approved in the client, signed as {approver.signer_id} ({action_id})")
+        done = await self.call(name, arguments)
+        return _noted(done, "", {"approved_in_client": approver.signer_id})
 
     async def call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         """One tool call through the run: its answer, or what stops it, as the agent reads it."""
@@ -339,13 +460,14 @@ class Gateway:
         meta: dict[str, Any] = {"run_id": self.config.run_id, "tool": name}
         if run is None or self.adapter is None:
             return _error("tether: the gateway's run is not open", meta)
+        kind = kind_of(name)
         try:
-            self.adapter.owner(name)
+            self.adapter.owner(kind)
         except TetherError:
             return _error(
                 f"tether: the upstream offered no tool {name!r} when the gateway started", meta
             )
-        if self.adapter.effect_of(name) is not None:
+        if self.adapter.effect_of(kind) is not None:
             try:
                 # Before the protocol takes the call: a crash while the upstream is started
                 # again leaves nothing dispatched, so the call is simply made again.
@@ -355,7 +477,7 @@ class Gateway:
         # An action held for a person that is not this call: a step may carry it out first.
         # (Only a call waiting for approval: a frozen run's write is a person's to decide.)
         held = run.session.state.pending if run.phase is Phase.PENDING else None
-        if held is not None and run.waits_for(name, "", {ARGUMENTS: arguments}):
+        if held is not None and run.waits_for(kind, "", {ARGUMENTS: carried(arguments)}):
             held = None
         notes: list[str] = []
         for _ in range(_SETTLE_RETRIES):
@@ -369,7 +491,7 @@ class Gateway:
             if got is None:
                 continue  # the run settled earlier work: this call's own turn now
             if isinstance(got, effects.CallResult):
-                return self._answer(got, meta, notes)
+                return await self._answer(got, meta, notes)
             text, extra = got
             return _error(" ".join([*notes, text]), meta | extra)
         return _error(
@@ -387,7 +509,7 @@ class Gateway:
     ) -> effects.CallResult | tuple[str, dict[str, Any]] | None:
         """One try of a call: its result, what stops it (text, meta), or ``None`` (try again)."""
         try:
-            return await run.call_async(name, "", {ARGUMENTS: arguments})
+            return await run.call_async(kind_of(name), "", {ARGUMENTS: carried(arguments)})
         except EffectNotSettledError as exc:
             if exc.reason == "settled_earlier_work":
                 return None
@@ -399,7 +521,11 @@ class Gateway:
                 recorded = await anyio.to_thread.run_sync(self._recorded, run, name, arguments)
                 if recorded is not None:
                     return recorded
-            waits = {"waits_for": "approval", "action_id": exc.action_id}
+            waits = {
+                "waits_for": "approval",
+                "action_id": exc.action_id,
+                "for_this_call": exc.for_this_call,
+            }
             return self._waits_for_approval(name, exc), waits
         except NeedsReviewError as exc:
             waits = {"waits_for": "review", "case_id": exc.case_id, "reason": exc.reason}
@@ -416,13 +542,14 @@ class Gateway:
             return f"tether: {name} failed: {type(exc).__name__}: {exc}", {}
 
     def _effect_digest(self, name: str, arguments: dict[str, Any]) -> str | None:
-        """The effect digest of this call (what a fork names), or ``None`` for a read."""
+        """The effect digest of tool ``name``'s call (what a fork names), or ``None`` for a read."""
         runtime = self.runtime
-        if self.adapter is None or runtime is None or self.adapter.effect_of(name) is None:
+        kind = kind_of(name)
+        if self.adapter is None or runtime is None or self.adapter.effect_of(kind) is None:
             return None
         try:
-            args = self.adapter.normalize(name, "", {ARGUMENTS: arguments})
-            return runtime.effect_of(name, "", args)
+            args = self.adapter.normalize(kind, "", {ARGUMENTS: carried(arguments)})
+            return runtime.effect_of(kind, "", args)
         except TetherError:
             return None
 
@@ -440,17 +567,22 @@ class Gateway:
         if known.receipt is None:
             return None
         return effects.CallResult(
-            known.action_id, name, "", "replayed", effect_digest=effect, receipt=dict(known.receipt)
+            known.action_id,
+            kind_of(name),
+            "",
+            "replayed",
+            effect_digest=effect,
+            receipt=dict(known.receipt),
         )
 
     def _settled_note(self, run: effects.GuardedRun, held: Any) -> str:
         """What the run did with ``held`` (a person's approved call) before this call's turn."""
         intent = held.intent
-        kind = intent.kind
+        kind = tool_of(intent.kind)  # the tool's name, as the agent knows it
         if self.config.policy.rule(kind).sensitive:
             shown = "(arguments not shown: the tool is sensitive)"
         else:
-            shown = json.dumps(intent.args.get(ARGUMENTS, intent.args), sort_keys=True)[:500]
+            shown = json.dumps(sent(intent.args.get(ARGUMENTS, {})), sort_keys=True)[:500]
         what = f"{kind} with arguments {shown} (action {held.action_id})"
         record = run.session.effects.get(run.session.rt.effect_digest(intent))
         known = None if record is None else record.committed
@@ -462,40 +594,59 @@ class Gateway:
         key = known.receipt.get("idempotency_key")
         doc = self._live.get(key) if isinstance(key, str) else None
         if doc is None:
-            doc = known.receipt.get("result")
-        answer = text_of(doc, 500) if isinstance(doc, dict) else "(kept as a digest)"
+            doc = self._recorded_answer(known.receipt.get("result"))
+        answer = text_of(doc, 500) if doc is not None else "(not kept whole)"
         return (
             f"tether: before this call, the run carried out the call a person approved earlier: "
             f"{what}; the upstream answered: {answer}. Calling {kind} again with those "
             "arguments gets that answer back; nothing is sent again."
         )
 
-    def _answer(
+    def _recorded_answer(self, result: Any) -> dict[str, Any] | None:
+        """The upstream's answer as a receipt's result records it, exact, or ``None`` (not
+        kept whole: a sensitive tool's, or kept apart and not found). Blocking (the store)."""
+        if not isinstance(result, dict):
+            return None
+        if KEPT_APART in result:
+            runtime = self.runtime
+            return None if runtime is None else read_back(result, runtime.store.get_blob)
+        return result if isinstance(result.get("content"), list) else None
+
+    async def _answer(
         self, done: effects.CallResult, meta: dict[str, Any], notes: list[str] | None = None
     ) -> types.CallToolResult:
         meta = meta | {"action_id": done.action_id, "outcome": done.outcome}
         if done.effect_digest is not None:
             meta["effect"] = done.effect_digest
+        doc: dict[str, Any] | None
         if done.outcome == "observed":
-            doc: Any = done.data
+            doc = done.data
+            apart = doc.get(KEPT_APART)
+            if isinstance(apart, dict):
+                doc = self._live_reads.pop(str(apart.get("sha256")), None)
         else:
             receipt = done.receipt or {}
             key = receipt.get("idempotency_key")
             doc = self._live.pop(key, None) if isinstance(key, str) else None
             if doc is None:
-                doc = done.result
-        if not isinstance(doc, dict) or not isinstance(doc.get("content"), list):
-            # A sensitive tool's answer, or one over 16 KiB, is kept as a digest only.
+                doc = await anyio.to_thread.run_sync(self._recorded_answer, done.result)
+        if doc is None:
+            # Said as an error answer: an output schema binds only a tool's success.
+            kept = done.result if isinstance(done.result, dict) else {}
+            why = kept.get(KEPT_APART) or "the tool is sensitive, or the record is older"
             doc = {
                 "content": [
                     {
                         "type": "text",
                         "text": "tether: this call was made earlier in this run and is not made "
-                        "again; its answer was not kept whole (sensitive, or over 16 KiB): "
-                        f"{doc}",
+                        "again; the upstream's answer to it was not kept whole, so it cannot "
+                        f"be given back ({why}). See the call with: tether inspect "
+                        f"{self.config.run_id}.",
                     }
-                ]
+                ],
+                "isError": True,
             }
+            meta["answer_kept"] = False
         answer = {k: v for k, v in doc.items() if k != RECEIVED_AT}
         if notes:  # what the run did first, after the tool's own answer
             answer["content"] = [*answer["content"], {"type": "text", "text": " ".join(notes)}]

@@ -38,6 +38,14 @@ A name the upstream does not offer is refused when the gateway starts: a
 typo must not leave a tool ungated. :func:`run_rules` turns the file and the
 upstream's tool names into the task and the policy of the run, the same
 ones for the same inputs (a restarted gateway continues its run).
+
+The file names tools as the upstream does. In the run, each tool is an
+action kind of the same name (:func:`kind_of`), except a tool named like
+one of a run's own actions (``finish``, ``cancel``, ``tests.run``), whose
+kind is ``mcp:`` and its name: the run's own ``finish`` ends the run, a
+tool's is only forwarded. So that no two tools share a kind, a tool whose
+name starts with ``mcp:`` is prefixed too. The agent sees the upstream's
+names unchanged either way.
 """
 
 from __future__ import annotations
@@ -58,6 +66,25 @@ from tether.core._spec import MAX_APPROVAL_TTL_S, MAX_COUNT, MAX_WALL_TIME_S
 PERMISSION = "mcp.tools"
 #: The default approval lifetime: fifteen minutes.
 DEFAULT_APPROVAL_TTL_S = 900
+#: What a tool's kind starts with when its own name is taken (see the module docstring).
+ESCAPE = "mcp:"
+#: The names a run's own actions take: a tool so named gets another kind.
+_TAKEN = frozenset(kind.name for kind in RUNTIME_KINDS)
+
+
+def kind_of(tool: str) -> str:
+    """The action kind tool ``tool`` is in the run: its name, unless a run's action has it.
+
+    One-to-one: a name that is taken, or starts with :data:`ESCAPE`, is
+    prefixed with it; no other name is, so no two tools share a kind, and no
+    kind is a run's own action.
+    """
+    return ESCAPE + tool if tool in _TAKEN or tool.startswith(ESCAPE) else tool
+
+
+def tool_of(kind: str) -> str:
+    """The upstream tool of action kind ``kind`` (the inverse of :func:`kind_of`)."""
+    return kind.removeprefix(ESCAPE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +157,11 @@ class GatewayPolicy:
         """The rule of effect ``tool``: its own, or the default."""
         return self.tools.get(tool, self.default)
 
+    @property
+    def gates(self) -> bool:
+        """Whether the file makes any tool wait for a person's approval (a rule or the default)."""
+        return self.default.needs_approval or any(r.needs_approval for r in self.tools.values())
+
     def is_read(self, tool: str) -> bool:
         """Whether ``tool`` is a read: only if the policy names it so, never by a hint."""
         return tool in self.reads
@@ -145,13 +177,6 @@ class GatewayPolicy:
                     f"the upstream offers no tool {missing} (it offers {sorted(have)}); a name "
                     "that matches nothing would leave the tool it meant ungated",
                 )
-        taken = sorted(have & {kind.name for kind in RUNTIME_KINDS})
-        if taken:
-            raise SpecError(
-                "tools",
-                f"the upstream's tool {taken} has the name of a run's own action; tether cannot "
-                "guard it under that name",
-            )
 
 
 def _rule(f: Fields, base: ToolRule, *, top: bool) -> ToolRule:
@@ -201,7 +226,11 @@ def run_rules(
     risks = [Risk.LOW]
     for name in names:
         if gateway.is_read(name):
-            kinds[name] = {"risk": "low", "permission": PERMISSION, "needs_approval": False}
+            kinds[kind_of(name)] = {
+                "risk": "low",
+                "permission": PERMISSION,
+                "needs_approval": False,
+            }
             continue
         rule = gateway.rule(name)
         risks.append(rule.risk)
@@ -212,7 +241,7 @@ def run_rules(
         }
         if rule.sensitive:
             body["sensitive"] = True
-        kinds[name] = body
+        kinds[kind_of(name)] = body
     policy: dict[str, Any] = {
         "policy_id": gateway.policy_id,
         "policy_version": gateway.policy_version,
@@ -226,7 +255,7 @@ def run_rules(
         {
             "task_id": task_id,
             "task_version": "1",
-            "allowed_kinds": names,
+            "allowed_kinds": sorted(kinds),
             "allowed_paths": [],
             "permissions": [PERMISSION],
             "budgets": {

@@ -32,6 +32,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 import mcp_types as types
 
 from tether.adapters import Fence, FunctionEffect, NotQueryableError, VerifierResult
@@ -51,11 +52,20 @@ from tether.core import (
     digest,
     format_time,
 )
-from tether.integrations.mcp._policy import GatewayPolicy
+from tether.integrations.mcp._answers import (
+    KEPT_APART,
+    Keep,
+    fits,
+    has_big_integer,
+    kept_apart,
+    sent,
+)
+from tether.integrations.mcp._policy import GatewayPolicy, kind_of, tool_of
 from tether.integrations.mcp._upstream import (
     UpstreamDownError,
     UpstreamError,
     UpstreamRefusedError,
+    log,
 )
 
 #: The one argument of every tool's kind: the tool call's arguments object, whole.
@@ -115,9 +125,10 @@ def key_declaration(tool: types.Tool) -> tuple[bool, float | None]:
 
 
 def tool_kind(name: str, action_class: ActionClass) -> ActionKind:
-    """The action kind of tool ``name``: no target, its arguments object as one argument."""
+    """The action kind of tool ``name`` (:func:`kind_of` names it): no target, its arguments
+    object as one argument."""
     return ActionKind(
-        name,
+        kind_of(name),
         action_class,
         TargetKind.NONE,
         frozenset({ARGUMENTS}),
@@ -131,21 +142,28 @@ def forwarding_effect(
     call: Caller,
     instance: str,
     live: dict[str, dict[str, Any]],
+    keep: Keep | None = None,
 ) -> FunctionEffect:
     """The function effect that forwards ``tool``'s calls to the upstream (module docstring).
 
     ``live`` receives each answer under its key as it arrives, whole: the
-    receipt keeps at most 16 KiB of it, the agent gets all of it.
+    agent gets all of it. An answer the receipt cannot keep whole is kept
+    apart with ``keep`` before the body returns, so before its receipt is
+    committed (see :mod:`._answers`); a sensitive tool's never is.
     """
     rule = gateway.rule(tool.name)
     declared, retention = key_declaration(tool)
     accepts_key = declared if rule.accepts_key is None else rule.accepts_key
     name = tool.name
 
-    async def forward(arguments: dict[str, Any], idempotency_key: str) -> dict[str, Any]:
+    async def forward(arguments: dict[str, Any] | str, idempotency_key: str) -> dict[str, Any]:
         meta = {IDEMPOTENCY_KEY_META: idempotency_key} if accepts_key else None
         try:
-            result = await call(name, arguments, meta, effect=True)
+            exact = sent(arguments)
+        except ContractViolationError as exc:  # nothing was sent
+            raise ToolRefusedError(str(exc)) from exc
+        try:
+            result = await call(name, exact, meta, effect=True)
         except (UpstreamRefusedError, UpstreamDownError) as exc:
             raise ToolRefusedError(str(exc)) from exc
         doc = result_document(result)
@@ -153,7 +171,17 @@ def forwarding_effect(
             raise ToolRefusedError(f"{name} answered with an error: {text_of(doc)}")
         live[idempotency_key] = doc
         # An approval is checked against the commit time: the answer's arrival bounds it.
-        return doc | {RECEIVED_AT: format_time(datetime.now(UTC))}
+        received = {RECEIVED_AT: format_time(datetime.now(UTC))}
+        record = doc | received
+        if rule.sensitive or fits(record):
+            return record
+        apart, body = kept_apart(doc)
+        if keep is not None:
+            try:
+                await anyio.to_thread.run_sync(keep, apart[KEPT_APART]["sha256"], body)
+            except Exception as exc:  # the effect happened: record it, kept apart or not
+                log(f"{name}: its answer could not be kept apart ({exc}); a replay will say so")
+        return apart | received
 
     forward.__qualname__ = forward.__name__ = f"forward_{name}"
     return FunctionEffect(
@@ -174,11 +202,12 @@ class UpstreamTools:
 
     ``target`` is the upstream's target as :attr:`Upstream.target_identity` says it.
 
-    ``effects`` maps each effect tool to its forwarding function effect;
-    ``reads`` names the read tools, answered by ``read`` (a blocking call of
-    the upstream from the protocol's worker thread) and traced like any
-    read. Every kind routes to its owner (``owner``), whose capabilities the
-    runtime judges the kind by.
+    ``effects`` maps each effect tool's kind to its forwarding function
+    effect; ``reads`` names the read tools, answered by ``read`` (a blocking
+    call of the upstream from the protocol's worker thread, by the tool's
+    name) and traced like any read. Every kind routes to its owner
+    (``owner``), whose capabilities the runtime judges the kind by. Kinds
+    are the tools' names but where :func:`~._policy.kind_of` says otherwise.
     """
 
     #: The upstream is outside the process: never allowed under ``local-only``.
@@ -199,7 +228,7 @@ class UpstreamTools:
         self._instance = instance
         self._fingerprint = fingerprint or digest({"instance": instance, "target": target})
         self._effects = dict(effects)
-        self._reads = {name: tool_kind(name, ActionClass.READ) for name in sorted(reads)}
+        self._reads = {kind_of(name): tool_kind(name, ActionClass.READ) for name in sorted(reads)}
         self._read = read
         self._kinds = tuple(self._reads.values()) + tuple(e.kind for e in self._effects.values())
 
@@ -264,11 +293,9 @@ class UpstreamTools:
         """Ask the upstream's read tool ``kind``; its answer, whole, is the read's result."""
         if kind not in self._reads:
             raise ContractViolationError("unknown_kind", f"{kind!r} is not a read of this gateway")
-        arguments = args.get(ARGUMENTS, {})
-        if not isinstance(arguments, dict):
-            raise ContractViolationError("bad_args", f"{kind}'s arguments must be an object")
+        arguments = sent(args.get(ARGUMENTS, {}))
         try:
-            return self._read(kind, arguments)
+            return self._read(tool_of(kind), arguments)
         except UpstreamRefusedError as exc:
             raise ContractViolationError("refused", str(exc)) from exc
         except UpstreamError as exc:
@@ -308,17 +335,30 @@ class UpstreamTools:
 
 
 def blocking_reader(
-    call: Caller, loop: asyncio.AbstractEventLoop, timeout_s: float
+    call: Caller,
+    loop: Callable[[], asyncio.AbstractEventLoop],
+    timeout_s: float,
+    live: dict[str, dict[str, Any]],
 ) -> Callable[[str, dict[str, Any]], dict[str, Any]]:
-    """A read for the protocol's worker thread: the upstream asked on the gateway's loop."""
+    """A read for the protocol's worker thread: the upstream asked on the gateway's loop.
+
+    ``loop()`` is the loop the upstream's connection lives on. An answer
+    holding an integer canonical JSON cannot write is traced as its digest
+    and handed to the agent from ``live`` (by that digest), exact.
+    """
 
     def read(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        future = asyncio.run_coroutine_threadsafe(call(name, arguments, None), loop)
+        future = asyncio.run_coroutine_threadsafe(call(name, arguments, None), loop())
         try:
             result = future.result(timeout_s + 5)
         except TimeoutError as exc:
             future.cancel()
             raise UpstreamDownError(f"{name}: no answer in {timeout_s:g} s") from exc
-        return result_document(result)
+        doc = result_document(result)
+        if not has_big_integer(doc):
+            return doc
+        record, _ = kept_apart(doc)
+        live[record[KEPT_APART]["sha256"]] = doc
+        return record
 
     return read

@@ -154,8 +154,13 @@ class Upstream:
         return json.dumps({"command": command, "cwd": cwd})
 
     async def start(self, group: TaskGroup) -> None:
-        """Open the first connection, in a task of ``group`` (which must outlive the calls)."""
+        """Open the first connection, in a task of ``group`` (which must outlive the calls).
+
+        May be called again after :meth:`aclose`, from another event loop.
+        """
         self._group = group
+        self._client = None
+        self._lock = anyio.Lock()  # a lock serves the loop it was first used on
         await self._connect()
 
     async def aclose(self) -> None:
@@ -262,7 +267,8 @@ class Upstream:
                     "nothing was sent"
                 )
         else:
-            client = await self._connect()
+            # The open connection without the lock (it is taken only to open one).
+            client = self._client or await self._connect()
         try:
             result = await client.call_tool(
                 name,
@@ -296,7 +302,7 @@ class Upstream:
         call that is simply made again. Raises :class:`UpstreamDownError`
         when no connection can be opened.
         """
-        client = await self._connect()
+        client = self._client or await self._connect()
         if anyio.current_time() - self._last_answer >= PING_AFTER_IDLE_S:
             await self._alive(client)
 
