@@ -31,6 +31,7 @@ from tether.core._errors import (
     CheckpointCorruptError,
     CommitOutcomeUnknownError,
     ContractViolationError,
+    DecisionRefusedError,
     EffectNotSettledError,
     EffectRejectedError,
     EnvironmentDriftError,
@@ -173,6 +174,7 @@ __all__ = [
     "Compensation",
     "CompletedWrite",
     "ContractViolationError",
+    "DecisionRefusedError",
     "EffectNotSettledError",
     "EffectRejectedError",
     "EffectStatus",
@@ -323,8 +325,8 @@ __all__ += [
     "version_problem",
 ]
 
+from tether.core._case_table import ReviewDecision  # noqa: E402
 from tether.core._evidence import (  # noqa: E402
-    ReviewDecision,
     answer_body,
     approval_request,
     decision_request,
@@ -344,7 +346,7 @@ __all__ += [
 from tether.core import _people as people_rules  # noqa: E402
 from tether.core import _settle as settle_rules  # noqa: E402
 from tether.core import _steps as step_rules  # noqa: E402
-from tether.core._commit import Sealed, seal_commit, with_subject_terms  # noqa: E402
+from tether.core._commit import Sealed, noted_write, seal_commit, with_subject_terms  # noqa: E402
 from tether.core._evidence import (  # noqa: E402
     active_approval,
     approval_problem,
@@ -410,6 +412,7 @@ __all__ += [
     "committed_within_approval",
     "consumed_nonces",
     "keep_approval_nonce",
+    "noted_write",
     "orphans_of",
     "people_rules",
     "redact_receipt",
@@ -494,7 +497,8 @@ from tether.core._cancel import (  # noqa: E402
     new_cancel,
     spent_cancel,
 )
-from tether.core._evidence import DRIFT_REASONS, check_accept  # noqa: E402
+from tether.core._case_table import DRIFT_REASONS  # noqa: E402
+from tether.core._evidence import check_accept  # noqa: E402
 from tether.core._model import OUTCOME_OUTPUT_MAX, LastOutcome  # noqa: E402
 from tether.core._state import working_ms  # noqa: E402
 
@@ -542,3 +546,28 @@ __all__ += ["Listing", "approvable", "listing_of", "listing_rules"]
 from tether.core._segment import ChainRow, Stretch, hashes_to_itself, walk_down  # noqa: E402
 
 __all__ += ["ChainRow", "Stretch", "hashes_to_itself", "walk_down"]
+
+from tether.core import _case_rules as case_rules  # noqa: E402
+from tether.core._case_rules import Undo, is_reviewed  # noqa: E402
+from tether.core._case_table import (  # noqa: E402
+    REVIEW_NAMESPACE,
+    CaseKind,
+    Settlement,
+    case_kind,
+    earlier_key,
+    fitting,
+    settlement,
+)
+
+__all__ += [
+    "REVIEW_NAMESPACE",
+    "CaseKind",
+    "Settlement",
+    "Undo",
+    "case_kind",
+    "case_rules",
+    "earlier_key",
+    "fitting",
+    "is_reviewed",
+    "settlement",
+]

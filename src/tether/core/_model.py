@@ -258,8 +258,20 @@ class PendingWrite:
     #: before the resend): a refusal found later may be the resend's, and the
     #: first attempt may have landed.
     resent: bool = False
+    #: A reviewer signed ``not_landed`` for this write, whose outcome was
+    #: unknown: the next step sends it once more under its key (status still
+    #: ``outcome_unknown`` until the commit that says ``dispatched``, which
+    #: clears this). Never set on any other write.
+    resend_ordered: bool = False
 
     def to_json(self) -> dict[str, JSONValue]:
+        body = self._json()
+        # Only when set, so every other pending write encodes as it always did.
+        if self.resend_ordered:
+            body["resend_ordered"] = True
+        return body
+
+    def _json(self) -> dict[str, JSONValue]:
         return {
             "action_id": self.action_id,
             "intent": self.intent.to_json(),
@@ -312,6 +324,7 @@ class PendingWrite:
             resent=status is not EffectStatus.INTENDED
             if f.optional_raw("resent") is None
             else f.bool("resent"),
+            resend_ordered=f.has("resend_ordered") and f.bool("resend_ordered"),
         )
         f.done()
         return pending

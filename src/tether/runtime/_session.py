@@ -27,6 +27,7 @@ from tether.adapters import (
     capabilities_for,
     namespace_of,
     offers_snapshots,
+    where_to_look,
 )
 from tether.core import (
     ActionResult,
@@ -64,6 +65,7 @@ from tether.core import (
     awaits_approval,
     held_kind,
     listing_of,
+    noted_write,
     replay_rules,
     seal_commit,
     settle_rules,
@@ -327,9 +329,9 @@ class RunSession(LeaseHolder):
         while True:
             transition = step_rules.note_outcome(transition)  # the agent hears how it ended
             # Notes record the write pending before the step, or the one it makes pending.
-            effect = self.state.pending
-            if effect is None and transition.state is not None:
-                effect = transition.state.pending
+            effect = noted_write(
+                self.state.pending, None if transition.state is None else transition.state.pending
+            )
             if transition.state is not None:
                 entries = self.commit(
                     transition.state,
@@ -404,10 +406,22 @@ class RunSession(LeaseHolder):
         facts = self.facts()
         transition: Transition = rule(facts)
         if isinstance(transition.call, ReadEnvironment):
-            transition = rule(replace(facts, live=self.rt.adapter.environment()))
+            live = self.rt.adapter.environment()
+            transition = rule(replace(facts, live=live, hint=self.hint()))
         if isinstance(transition.call, ReadEnvironment):  # a rule's bug: it had one
             raise ValueError("a rule asked for the environment it was given")
         return transition
+
+    def hint(self) -> dict[str, str] | None:
+        """Where a person would look for the pending write (its adapter's hints), if one is pending.
+
+        Read only where the world is read for a freeze or an approval gate,
+        never on a step that settles by itself.
+        """
+        pending = self.state.pending
+        if pending is None or not pending.mutating:
+            return None
+        return where_to_look(self.rt.adapter, pending.idempotency_key, pending.intent) or None
 
     def ask(self, call: Lookup) -> LookupAnswer:
         """Ask the adapter about a write by its key (the lease is checked first)."""
