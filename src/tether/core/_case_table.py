@@ -185,6 +185,11 @@ def earlier_key(case: ReviewCase) -> str:
     return ""
 
 
+def ways_out(kind: CaseKind) -> str:
+    """What a person reads about the decisions a case of ``kind`` takes."""
+    return _WAYS[kind]
+
+
 def fitting(kind: CaseKind) -> tuple[ReviewDecision, ...]:
     """The decisions a case of ``kind`` takes, in the order a person is offered them."""
     return tuple(d for d in ReviewDecision if d in TABLE[kind])

@@ -304,9 +304,12 @@ def _cursor(state: RunState, cursor: int | None) -> int:
 
 
 def _decided(document: dict[str, Any], body: dict[str, Any]) -> dict[str, JSONValue]:
+    """What the trace records of a decision about an effect (an effect decision's body,
+    or a review decision's, which names a case instead of a ledger status)."""
     return {
         "idempotency_key": body["idempotency_key"],
-        "ledger_status": body["ledger_status"],
+        "ledger_status": body.get("ledger_status"),
+        "case_id": body.get("case_id"),
         "receipt_fingerprint": body["receipt_fingerprint"],
         "decision": body["decision"],
         "reviewer_id": body["reviewer_id"],

@@ -441,8 +441,10 @@ class AcceptRefusedError(DecisionRefusedError):
     accepting would hide what that write did.
     """
 
-    def __init__(self, message: str, *, case_id: str, reason: str) -> None:
-        super().__init__(message, case_id=case_id, reason=reason, decision="accept")
+    def __init__(
+        self, message: str, *, case_id: str, reason: str, fits: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message, case_id=case_id, reason=reason, decision="accept", fits=fits)
 
 
 class CancelRefusedError(EvidenceError):

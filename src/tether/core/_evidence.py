@@ -14,8 +14,12 @@ from typing import Any
 from tether.core._case_table import (
     DRIFT_REASONS,
     NEEDS_EVIDENCE,
+    CaseKind,
     ReviewDecision,
+    case_kind,
+    fitting,
     settlement,
+    ways_out,
 )
 from tether.core._errors import (
     AcceptRefusedError,
@@ -309,7 +313,16 @@ def check_fits(
             f"a decision's evidence is a text of at most {EVIDENCE_MAX} characters"
         )
     if decision is ReviewDecision.ACCEPT:
-        check_accept(case)  # its own refusal says why accept cannot close the case
+        kind = case_kind(case, state)
+        if kind is not CaseKind.ENVIRONMENT_DRIFT and case.reason not in DRIFT_REASONS:
+            raise AcceptRefusedError(
+                f"case {case.case_id} is {case.reason!r}, not a drift of the environment; "
+                f"accept is only for environment_drift or environment_ahead: {ways_out(kind)}",
+                case_id=case.case_id,
+                reason=case.reason,
+                fits=tuple(d.value for d in fitting(kind)),
+            )
+        check_accept(case)  # its own refusal says why accept cannot close a drift case
     settled = settlement(case, state, decision)
     if settled in NEEDS_EVIDENCE and not (isinstance(evidence, str) and evidence.strip()):
         raise DecisionRefusedError(
