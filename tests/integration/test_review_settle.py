@@ -218,7 +218,7 @@ def test_a_nonce_spent_on_one_decision_is_refused_on_the_next(tmp_path: Path) ->
     maildir = tmp_path / "Maildir"
     with smtp_server(maildir, "ok") as port:
         next_message(maildir, "drop_before_delivery")
-        rt, state = frozen_email(tmp_path, port)
+        _, state = frozen_email(tmp_path, port)
         nonce = secrets.token_hex(16)
         session = email_runtime(tmp_path, smtp_adapter(port)).recover("r1")
         session.review(signed(state, "not_landed", nonce=nonce))
