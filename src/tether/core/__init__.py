@@ -556,6 +556,7 @@ from tether.core._case_table import (  # noqa: E402
     case_kind,
     earlier_key,
     fitting,
+    needs_evidence,
     settlement,
 )
 
@@ -569,5 +570,6 @@ __all__ += [
     "earlier_key",
     "fitting",
     "is_reviewed",
+    "needs_evidence",
     "settlement",
 ]

@@ -190,6 +190,11 @@ def ways_out(kind: CaseKind) -> str:
     return _WAYS[kind]
 
 
+def needs_evidence(kind: CaseKind, decision: ReviewDecision) -> bool:
+    """Whether ``decision`` on a case of ``kind`` must carry what the reviewer found."""
+    return TABLE[kind].get(decision) in NEEDS_EVIDENCE
+
+
 def fitting(kind: CaseKind) -> tuple[ReviewDecision, ...]:
     """The decisions a case of ``kind`` takes, in the order a person is offered them."""
     return tuple(d for d in ReviewDecision if d in TABLE[kind])
