@@ -195,9 +195,13 @@ def needs_evidence(kind: CaseKind, decision: ReviewDecision) -> bool:
     return TABLE[kind].get(decision) in NEEDS_EVIDENCE
 
 
+#: The order a person is offered decisions in: settling what is known first, giving up last.
+_OFFERED = (_D.LANDED, _D.NOT_LANDED, _D.COMPENSATE, _D.ACCEPT, _D.REPLAN, _D.ABORT)
+
+
 def fitting(kind: CaseKind) -> tuple[ReviewDecision, ...]:
     """The decisions a case of ``kind`` takes, in the order a person is offered them."""
-    return tuple(d for d in ReviewDecision if d in TABLE[kind])
+    return tuple(d for d in _OFFERED if d in TABLE[kind])
 
 
 def settlement(case: ReviewCase, state: RunState, decision: ReviewDecision | str) -> Settlement:

@@ -160,7 +160,7 @@ def case_effect(
             intent_digest=str(item.get("earlier_intent_digest") or ""),
             status="outcome unknown (an earlier attempt, set aside by a replan)",
             sent_at=item.get("earlier_sent_at"),
-            where_to_look={str(k): str(v) for k, v in told.items()}
+            where_to_look=_how_last({str(k): str(v) for k, v in told.items()})
             if isinstance(told, dict)
             else {},
         )
@@ -178,5 +178,13 @@ def _hints(case: ReviewCase, key: str) -> dict[str, str]:
         if item.get("kind") == "where_to_look" and item.get("idempotency_key") == key:
             hints = item.get("hints")
             if isinstance(hints, dict):
-                return {str(k): str(v) for k, v in hints.items()}
+                return _how_last({str(k): str(v) for k, v in hints.items()})
     return {}
+
+
+def _how_last(hints: dict[str, str]) -> dict[str, str]:
+    """The hints as stored (their keys sorted, canonical JSON), with the advice ``how`` last."""
+    return {
+        **{k: v for k, v in hints.items() if k != "how"},
+        **{k: v for k, v in hints.items() if k == "how"},
+    }
