@@ -38,7 +38,7 @@ from tether.core import (
     new_decision,
 )
 from tether.crypto import Keyring, Signer, TrustRoots
-from tether.runtime import CrashPlan, CrashPoint, Runtime, SimulatedCrash
+from tether.runtime import CrashPlan, CrashPoint, Runtime, SimulatedCrash, case_effect
 from tether.store import SQLiteStore
 
 KEYRING = Keyring.generate("k1")
@@ -233,6 +233,53 @@ def test_a_nonce_spent_on_one_decision_is_refused_on_the_next(tmp_path: Path) ->
         session.run()
         assert session.state.phase is Phase.COMPLETED
     assert len(delivered(maildir)) == 1
+
+
+def test_an_earlier_attempt_set_aside_by_a_replan_is_shown_whole_and_found_landed(
+    tmp_path: Path,
+) -> None:
+    """Replanned, then the same email proposed again: the replay case names the earlier attempt in full (no blanks); landed with its Message-ID, the proposal is replayed: one message."""
+    maildir = tmp_path / "Maildir"
+    with smtp_server(maildir, "drop_after_data") as port:
+        smtp = smtp_adapter(port)
+        again_send = write(
+            "customer@example.com",
+            "",
+            action_id="resend-after-replan",
+            kind="email.send",
+            args={"subject": "Order 42", "body": "Your order shipped. " + "x" * 3000},
+        )
+        once_more = write(
+            "customer@example.com",
+            "",
+            action_id="and-once-more",
+            kind="email.send",
+            args={"subject": "Order 42", "body": "Your order shipped. " + "x" * 3000},
+        )
+        rt = email_runtime(tmp_path, smtp)
+        first = rt.agent.steps[0]  # type: ignore[union-attr]
+        rt.agent = ScriptedAgent([first, again_send, once_more, finish])
+        session = rt.start("r1")
+        session.run()
+        session.review(signed(session.state, "replan"))
+        session.run()
+        assert session.state.phase is Phase.NEEDS_REVIEW
+        case = session.state.review_cases[-1]
+        assert case.reason == "replay_of_unknown_effect" and case.action_id == ""
+        shown = case_effect(session.state, case)
+        assert shown.action_id == "a0" and shown.kind == "email.send"
+        assert shown.target == "customer@example.com"
+        assert shown.arguments["subject"] == "Order 42" and shown.sent_at
+        mid = shown.where_to_look["Message-ID"]
+        assert delivered(maildir) == [mid] and shown.idempotency_key
+        assert shown.decisions == ("landed", "replan", "abort")
+        session.review(signed(session.state, "landed", mid))
+        session.run()
+        assert session.state.phase is Phase.COMPLETED
+        # The same email proposed a third time is replayed from the reviewer's record.
+        replayed = [e for e in session.trace() if e.kind == "effect_replayed"]
+        assert len(replayed) == 1 and replayed[0].data["settled_by"] == "review"
+    assert delivered(maildir) == [mid]
 
 
 @pytest.fixture

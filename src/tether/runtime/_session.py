@@ -475,7 +475,14 @@ class RunSession(LeaseHolder):
         return _humans.approve(self, document)
 
     def review(self, document: Any) -> RunState:
-        """Apply a signed reviewer decision (replan or abort) to the open review case."""
+        """Apply a signed reviewer decision to its open review case.
+
+        ``landed`` (the write is recorded committed by the reviewer, with their
+        evidence; nothing is sent), ``not_landed`` (it is sent once more under
+        its key at the next step), ``compensate``, ``replan``, ``abort`` or
+        ``accept``, as the case takes it (``tether.core.case_rules``); a
+        decision the case does not take is refused, traced, and raised.
+        """
         self.reload()
         return _humans.review(self, document)
 
