@@ -282,6 +282,31 @@ def test_an_earlier_attempt_set_aside_by_a_replan_is_shown_whole_and_found_lande
     assert delivered(maildir) == [mid]
 
 
+def test_a_cancel_that_met_an_unknown_email_ends_cancelled_once_a_person_finds_it_landed(
+    tmp_path: Path,
+) -> None:
+    """Killed after the send, then cancelled: frozen (cancel_outcome_unknown); landed records the email committed and the run ends cancelled, nothing sent again."""
+    maildir = tmp_path / "Maildir"
+    with smtp_server(maildir, "ok") as port:
+        killed = email_runtime(tmp_path, smtp_adapter(port), CrashPlan(CrashPoint.EFFECT_SENT))
+        with pytest.raises(SimulatedCrash):
+            killed.start("r1").run()
+        session = email_runtime(tmp_path, smtp_adapter(port)).recover("r1")
+        session.cancel("the customer called: stop")
+        assert session.state.phase is Phase.NEEDS_REVIEW
+        case = session.state.review_cases[-1]
+        assert case.reason == "cancel_outcome_unknown"
+        mid = hints(case)["Message-ID"]
+        assert delivered(maildir) == [mid]
+        with pytest.raises(DecisionRefusedError):  # a cancel's case takes no compensate
+            signed(session.state, "compensate", mid)
+        session.review(signed(session.state, "landed", mid))
+        assert session.state.phase is Phase.CANCELLED
+        statuses_now = [status for status, _ in statuses(session.rt, case.idempotency_key)]
+        assert statuses_now[-1] == "committed"
+    assert delivered(maildir) == [mid]
+
+
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[EffectsService]:
     with effects_service(tmp_path) as running:
