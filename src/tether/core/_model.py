@@ -265,14 +265,7 @@ class PendingWrite:
     resend_ordered: bool = False
 
     def to_json(self) -> dict[str, JSONValue]:
-        body = self._json()
-        # Only when set, so every other pending write encodes as it always did.
-        if self.resend_ordered:
-            body["resend_ordered"] = True
-        return body
-
-    def _json(self) -> dict[str, JSONValue]:
-        return {
+        body: dict[str, JSONValue] = {
             "action_id": self.action_id,
             "intent": self.intent.to_json(),
             "intent_digest": self.intent_digest,
@@ -291,6 +284,10 @@ class PendingWrite:
             else format_time(self.dispatched_at),
             "resent": self.resent,
         }
+        # Only when set, so every other pending write encodes as it always did.
+        if self.resend_ordered:
+            body["resend_ordered"] = True
+        return body
 
     @classmethod
     def parse(cls, f: Fields) -> PendingWrite:
