@@ -106,16 +106,16 @@ def test_a_kill_after_the_file_or_the_ticket_left_is_reconciled(tmp_path: Path, 
     assert "effect_reconciled" in report["processes"][1]["events"]
 
 
-def test_a_kill_after_the_email_left_goes_to_review_and_a_signed_replan_resolves_it(
+def test_a_kill_after_the_email_left_goes_to_review_and_a_signed_landed_resolves_it(
     tmp_path: Path,
 ) -> None:
-    """SIGKILL after the email: frozen in needs_review, the reviewer finds it delivered, 1 message."""
+    """SIGKILL after the email: frozen in needs_review, the reviewer finds it delivered and signs landed with its Message-ID, 1 message."""
     report = desk(tmp_path, "--crash-at", "effect_sent", "--crash-hit", "3")
     assert world(tmp_path, report) == (1, 1, 1)
     review = report["review"]
     assert review["case"]["reason"] == "outcome_unknown"
     assert review["case"]["action_id"] == "email-customer"
-    assert review["found_in_mailbox"] is True and review["decision"] == "replan"
+    assert review["found_in_mailbox"] is True and review["decision"] == "landed"
     maildir = mailbox.Maildir(report["services"]["maildir"], create=False)
     assert [m["Message-ID"] for m in maildir] == [review["searched_for"]]
     # Process 2 froze the run; process 3 took the signed decision and finished.
@@ -123,7 +123,8 @@ def test_a_kill_after_the_email_left_goes_to_review_and_a_signed_replan_resolves
     assert "review_sealed" in report["processes"][2]["events"]
     assert report["phase"] == "completed" and report["epoch"] == 3
     email = report["effects"]["email-customer"]
-    assert email["status"] == "outcome_unknown" and email["quarantined"] is True
+    # Committed by the reviewer, with the Message-ID found: not sent again, not set aside.
+    assert email["status"] == "committed" and email["quarantined"] is False
 
 
 def test_with_the_mailbox_searchable_the_uncertain_email_is_reconciled(tmp_path: Path) -> None:
@@ -150,7 +151,7 @@ def test_text_output_tells_the_kill_the_review_and_the_counts(tmp_path: Path) ->
     )
     out = result.stdout
     assert "killed (SIGKILL) at effect_sent hit 3: the email was sent" in out
-    assert "froze in needs_review" in out and "signed replan as demo-reviewer" in out
+    assert "froze in needs_review" in out and "signed landed as demo-reviewer" in out
     assert "workspace 1 file write(s), ticket service 1 ticket(s), mail server 1 message(s)" in out
     assert "tether review demo-run case-" in out
 

@@ -147,7 +147,7 @@ def test_a_review_decision_signed_in_the_page_unfreezes_the_run(tmp_path: Path, 
         page.goto(served.login("/runs/demo-run"))
         expect(page.locator("#phase")).to_have_text("needs_review")
         case = page.locator("section.case")
-        expect(case).to_contain_text("The run's intent")
+        expect(case).to_contain_text("The write in question")
         expect(case).to_contain_text("sha256:c0ffee")  # the receipt's other intent, side by side
         _webkit.ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(_webkit.ARTIFACTS / "review-case.png"), full_page=True)

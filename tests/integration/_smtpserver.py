@@ -7,6 +7,8 @@ its port on one line when it listens.
 - ``drop_after_data``: deliver the message, then drop the connection before
   the final reply (the client cannot know it was accepted).
 - ``slow_reply``: deliver, then wait 30 s before replying (a client timeout).
+- ``drop_before_delivery``: drop the connection once the message is in, without
+  delivering it (the client cannot know; nothing landed).
 - ``tempfail``: answer ``451`` to DATA; nothing is delivered.
 - ``reject``: answer ``550`` to RCPT; nothing is delivered.
 
@@ -49,6 +51,9 @@ class Handler:
             self.next_mode.unlink()
         if mode == "tempfail":
             return "451 4.3.0 try again later"
+        if mode == "drop_before_delivery":
+            server.transport.abort()  # nothing delivered, and the client hears nothing
+            return "451 4.3.0 never sent"
         message = message_from_bytes(envelope.original_content, policy=default_policy)
         self.box.add(message)  # delivered: the world has it now
         if mode == "drop_after_data":

@@ -3,7 +3,8 @@
 A seed catches a mutant when it passes on the real code and fails with the
 mutant planted (``tether.testing.simulate._mutants``): the rules of settle,
 replay, retry, approval and policy, the lease fence and the ledger's read-back,
-a worker's turn, and the first seed's action contract.
+a worker's turn, the first seed's action contract, and what a reviewer's
+landed / not_landed buys (no send; exactly one send).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ CAUGHT = {
     "replay_budget_left_open": 1_000_160,
     "decision_nonce_reused": 1_000_176,
     "approval_any_policy_version": 1_000_179,
+    "landed_resends": 1_000_188,
+    "resend_order_survives": 1_000_204,
 }
 
 #: Each defect the simulator found in the rules as they were (issue 25), and the mutants

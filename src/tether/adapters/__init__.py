@@ -7,6 +7,7 @@ from tether.adapters._base import (
     Fence,
     ListsReceipts,
     LooksUpIntents,
+    PointsToEvidence,
     RoutesKinds,
     VerifierResult,
     absence_outlives_takeover,
@@ -20,6 +21,7 @@ from tether.adapters._base import (
     offers_compensation,
     offers_snapshots,
     wants_fence,
+    where_to_look,
 )
 from tether.adapters._composite import Adapters, AdaptersConfigError
 from tether.adapters._errors import (
@@ -83,6 +85,7 @@ __all__ = [
     "LooksUpIntents",
     "MaildirLookup",
     "NotQueryableError",
+    "PointsToEvidence",
     "RequestRefusedError",
     "RestoreIncompleteError",
     "RoutesKinds",
@@ -113,4 +116,5 @@ __all__ = [
     "parse_sf_string",
     "sf_string",
     "wants_fence",
+    "where_to_look",
 ]

@@ -353,3 +353,49 @@ def external_effects(adapter: Adapter) -> tuple[str, ...]:
         if getattr(member, "local_effects", False) is not True:
             found.append(member.namespace)
     return tuple(found)
+
+
+@runtime_checkable
+class PointsToEvidence(Protocol):
+    """An adapter that tells a person where to look for a write it cannot settle (optional).
+
+    When a write's outcome is unknown, a reviewer settles it by looking in
+    the world (the recipient's mailbox, the service's records) and signing
+    what they found. ``where_to_look`` names, as short labelled texts, what
+    to search for and where: the ``Message-ID`` a key maps to and the
+    mailbox, the URL and the ``Idempotency-Key`` header, a business id. It
+    is recorded in the review case when the run freezes (the operator page
+    and ``tether review`` show it; neither holds the adapter). It never
+    holds a secret: it is stored in the checkpoint and shown to people.
+    """
+
+    def where_to_look(self, key: str, intent: Intent) -> dict[str, str]:
+        """Labelled hints for finding the effect ``intent`` sent under ``key``."""
+        ...
+
+
+#: At most this many hints, each label and text cut to these lengths (a checkpoint stays bounded).
+HINTS_MAX, HINT_LABEL_MAX, HINT_TEXT_MAX = 12, 80, 500
+
+
+def where_to_look(adapter: Adapter, key: str, intent: Intent) -> dict[str, str]:
+    """What the adapter that owns ``intent``'s kind says a person should look for (may be empty).
+
+    A hint is advice for a person, never evidence: an adapter whose hook
+    fails gives none rather than stopping the freeze it would have annotated.
+    """
+    owner: Any = adapter
+    try:
+        if _offers(adapter, "owner"):
+            owner = cast(RoutesKinds, adapter).owner(intent.kind)
+        if not _offers(owner, "where_to_look"):
+            return {}
+        found = cast(PointsToEvidence, owner).where_to_look(key, intent)
+    except Exception:
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    hints: dict[str, str] = {}
+    for label, text in list(found.items())[:HINTS_MAX]:
+        hints[str(label)[:HINT_LABEL_MAX]] = str(text)[:HINT_TEXT_MAX]
+    return hints

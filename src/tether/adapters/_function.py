@@ -545,6 +545,19 @@ class FunctionEffect(RemoteEffect):
                 "the outcome is unknown (it may have acted)"
             ) from exc
 
+    def where_to_look(self, key: str, intent: Intent) -> dict[str, str]:
+        """Where a person finds what the body did under ``key``: the function and the key it got."""
+        fn = self._fn
+        name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+        return {
+            "function": name,
+            "key": key,
+            "how": "the body was handed this key (tether.current_key()): look in the system "
+            "it called for a request under it (an Idempotency-Key, a client token); found, "
+            "sign landed with its id; not there, sign not_landed (the body runs once more "
+            "with the same key)",
+        }
+
     # --- asking by key ------------------------------------------------
 
     def lookup(self, key: str) -> Receipt | None:

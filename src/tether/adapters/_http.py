@@ -491,6 +491,21 @@ class HttpEffect(RemoteEffect):
 
     # --- asking by key ------------------------------------------------
 
+    def where_to_look(self, key: str, intent: Intent) -> dict[str, str]:
+        """Where a person finds the request ``key`` sent: the URL, the key header, the look-up."""
+        hints = {
+            "request": f"POST {self.base_url}/{intent.target.lstrip('/')}",
+            f"{IDEMPOTENCY_KEY} header": sf_string(key),
+        }
+        if self.profile.lookup is not None:
+            hints["look-up"] = f"GET {self.base_url}/{self.profile.lookup.replace('{key}', key)}"
+        hints["how"] = (
+            "find the object the request created in the service (its records, logs or UI, "
+            "by that key): found, sign landed with its id or URL; not there, sign not_landed "
+            "(it is sent again under the same key)"
+        )
+        return hints
+
     def lookup(self, key: str) -> Receipt | None:
         """What the service recorded under ``key``, as evidence (its intent is not judged)."""
         return self._look_up(key, None)

@@ -264,6 +264,22 @@ class SmtpEffect(RemoteEffect):
             post_state=self.environment(),
         )
 
+    def where_to_look(self, key: str, intent: Intent) -> dict[str, str]:
+        """Where a person finds the message ``key`` sent: its Message-ID, the server, the mailbox."""
+        hints = {
+            "Message-ID": message_id(key, self.domain),
+            "recipient": intent.target,
+            "subject": str(intent.args.get("subject", "")),
+            "server": f"smtp://{self.host}:{self.port} (sender {self.sender})",
+        }
+        if isinstance(self._lookup, MaildirLookup):
+            hints["mailbox"] = str(self._lookup.path)
+        hints["how"] = (
+            "search the recipient's mailbox (or the server's delivery log) for that "
+            "Message-ID: found, sign landed with it; not there, sign not_landed"
+        )
+        return hints
+
     # --- asking the mailbox -------------------------------------------
 
     def lookup(self, key: str) -> Receipt | None:

@@ -4,8 +4,8 @@ The story is told from two sides that never borrow from each other: the
 run's signed trace and ledger (what the run knows and did), and the counts
 each real system keeps (what the world received). The demo plays the
 reviewer when the run freezes: it looks in the mail server's Maildir, as a
-person would look at the mail server, and signs a decision with the demo's
-reviewer key.
+person would look at the mail server, and signs what it found (``landed``
+with the Message-ID, or ``not_landed``) with the demo's reviewer key.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
+import shlex
 import signal
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -125,10 +126,12 @@ def _resolve_review(paths: _demo.DemoPaths, services: _desk.DeskServices) -> dic
         )
     wanted = _desk.message_for(case.idempotency_key)
     found = wanted in _desk.delivered(services.maildir)
-    # The email left before the kill; if the mailbox holds it the customer has it,
-    # and sending it again would be the duplicate tether exists to prevent.
-    # Without that proof a person cannot tell either, so the demo stops the run.
-    decision = "replan" if found else "abort"
+    # The email left before the kill; if the mailbox holds it the customer has it:
+    # signed landed, with the Message-ID found, it is recorded as delivered and never
+    # sent again. If the mailbox has nothing, it never arrived: signed not_landed, it
+    # is sent once more under the same key (so with the same Message-ID).
+    decision = "landed" if found else "not_landed"
+    evidence = wanted if found else f"searched the Maildir for {wanted}: not there"
     signer = Signer.from_file(paths.signer_key("reviewer"))
     now = datetime.now(UTC)
     body = new_decision(
@@ -139,6 +142,7 @@ def _resolve_review(paths: _demo.DemoPaths, services: _desk.DeskServices) -> dic
         issued_at=now,
         expires_at=now + timedelta(seconds=300),
         nonce=secrets.token_hex(16),
+        evidence=evidence,
     )
     _sign.deliver_document(paths.db, _demo.RUN_ID, "review_decision", signer.sign(body))
     third = child(paths, "recover", None, 1, SCENARIO)
@@ -154,7 +158,7 @@ def _resolve_review(paths: _demo.DemoPaths, services: _desk.DeskServices) -> dic
         "decision": decision,
         "reviewer": signer.signer_id,
         "same_command": f"{tether_command()} review {_demo.RUN_ID} {case.case_id} --decision {decision} "
-        f"--key {paths.signer_key('reviewer')} --store {paths.db}",
+        f"--evidence {shlex.quote(evidence)} --key {paths.signer_key('reviewer')} --store {paths.db}",
     }
 
 
@@ -303,9 +307,9 @@ def _narrate(s: dict[str, Any]) -> list[str]:
 def _review_line(review: dict[str, Any]) -> str:
     seen = "found it" if review["found_in_mailbox"] else "did not find it"
     why = (
-        "the customer has it; never send again"
+        "the customer has it: recorded as delivered, never sent again"
         if review["found_in_mailbox"]
-        else "nobody can tell; stop the run"
+        else "it never arrived: sent once more under the same key"
     )
     return (
         f"reviewer: case {review['case']['case_id']} ({review['case']['reason']}, "

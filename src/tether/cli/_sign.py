@@ -86,10 +86,13 @@ def add_signing(sub: Any, seconds: Any) -> None:
     approve.add_argument("action", metavar="ACTION", help="the pending action id")
     review = sub.add_parser(
         "review",
-        help="sign a decision (replan, abort or accept) for an open review case",
-        description="Show the case, check the decision as the runtime will, ask, sign it with "
-        "--key and leave it in the store's inbox; the runtime rereads the adapter's receipt "
-        "before applying it.",
+        help="sign a decision (landed, not_landed, compensate, replan, abort or accept) for an "
+        "open review case",
+        description="Show the case (the write in question whole: kind, target, arguments, key, "
+        "when it was sent, and where to look for it), check the decision as the runtime will, "
+        "ask, sign it with --key and leave it in the store's inbox; the runtime rereads the "
+        "adapter's receipt before applying it. Each case takes only some decisions; the "
+        "prompt lists them.",
     )
     review.add_argument("run_id", metavar="RUN")
     review.add_argument("case", metavar="CASE", help="the review case id")
@@ -97,8 +100,17 @@ def add_signing(sub: Any, seconds: Any) -> None:
         "--decision",
         choices=[d.value for d in ReviewDecision],
         required=True,
-        help="replan: quarantine the key and plan anew; abort: fail the run; accept: take "
-        "the environment as observed (a case about drift) and go on",
+        help="landed: you found the write in the world (give --evidence); the ledger records "
+        "it committed by you and nothing is sent; not_landed: it never arrived; it is sent "
+        "once more under the same key; compensate: undo it the way its kind declares (give "
+        "--evidence naming what to undo); replan: quarantine the key and plan anew; abort: "
+        "fail the run; accept: take the environment as observed (a case about drift) and go on",
+    )
+    review.add_argument(
+        "--evidence",
+        metavar="TEXT",
+        help="what you found: a message id, a receipt id, a URL (landed and compensate need "
+        "it; any decision may carry it as a note). It is signed with the decision.",
     )
     fork = sub.add_parser(
         "fork",
@@ -200,7 +212,13 @@ def cmd_approve(args: argparse.Namespace) -> int:
 def cmd_review(args: argparse.Namespace) -> int:
     signer = Signer.from_file(args.key)
     prepared = prepare_review(
-        read_view(args), signer, args.case, args.decision, now=datetime.now(UTC), **checks(args)
+        read_view(args),
+        signer,
+        args.case,
+        args.decision,
+        now=datetime.now(UTC),
+        evidence=args.evidence,
+        **checks(args),
     )
     return confirm_and_deliver(
         args,
@@ -306,9 +324,13 @@ def confirm_and_deliver(
 
 
 def _show(prepared: Prepared) -> None:
+    """Every field shown whole: a long or many-line value continues, indented, never cut."""
     width = max(len(k) for k in prepared.shown)
     for key, value in prepared.shown.items():
-        print(f"  {key:<{width}}  {value}")
+        first, *rest = str(value).splitlines() or [""]
+        print(f"  {key:<{width}}  {first}")
+        for line in rest:
+            print(f"  {'':<{width}}  {line}")
     if not prepared.verified:
         print("  (checkpoint signature not checked: no --keyring given; the runtime checks it)")
 

@@ -33,6 +33,7 @@ from tether.core._canonical import (
     digest_bytes,
     strict_loads,
 )
+from tether.core._case_table import ReviewDecision
 from tether.core._compensation import (
     CompensationRefusedError,
     EffectDecision,
@@ -59,6 +60,7 @@ from tether.core._errors import (
     CheckpointCorruptError,
     CommitOutcomeUnknownError,
     ContractViolationError,
+    DecisionRefusedError,
     EffectNotSettledError,
     EffectRejectedError,
     EnvironmentDriftError,
@@ -111,7 +113,6 @@ from tether.core._errors import (
     WrongKeyError,
 )
 from tether.core._evidence import (
-    ReviewDecision,
     answer_body,
     approval_request,
     decision_request,
@@ -205,6 +206,7 @@ __all__ = [
     "Contract",
     "ContractMismatchError",
     "ContractViolationError",
+    "DecisionRefusedError",
     "EffectDecision",
     "EffectNotSettledError",
     "EffectRecord",

@@ -140,6 +140,18 @@ def seal_commit(
     return Sealed(state, tuple(sealed), tuple(entries))
 
 
+def noted_write(before: PendingWrite | None, after: PendingWrite | None) -> PendingWrite | None:
+    """The write a step's ledger notes record when they name no ``subject``.
+
+    The write pending before the step, unless the step makes another write
+    pending (a new proposal; a compensation ordered for the write before,
+    whose own notes then name it as their subject): then the new one.
+    """
+    if after is not None and (before is None or before.idempotency_key != after.idempotency_key):
+        return after
+    return before
+
+
 def _status(before: RunState, effect: PendingWrite) -> EffectStatus | None:
     """The ledger's last status for ``effect`` as the signed state knows it."""
     current = before.pending

@@ -37,9 +37,9 @@ from enum import StrEnum
 from typing import Any
 
 from tether.core._canonical import JSONValue, digest
+from tether.core._case_table import ReviewDecision
 from tether.core._errors import EvidenceBindingError, PolicyError
 from tether.core._evidence import (
-    ReviewDecision,
     check_bound,
     check_lifetime,
     check_nonce,
@@ -216,6 +216,34 @@ def check_compensable(state: RunState, effect: EffectRecord, *, offered: bool) -
             compensation=why,
         )
 
+    check_undoable(state, effect, offered=offered)
+    if effect.status is not EffectStatus.COMMITTED:
+        raise refuse("not_committed", f"the ledger says {effect.status.value}, not committed")
+    if state.phase is not Phase.RUNNING or state.pending is not None:
+        raise refuse(
+            "busy", f"the run is {state.phase.value}; a compensation waits for it to be running"
+        )
+
+
+def check_undoable(state: RunState, effect: EffectRecord, *, offered: bool) -> None:
+    """Refuse, with :class:`CompensationRefusedError`, an effect the runtime cannot undo at all.
+
+    Its kind must have declared ``adapter`` compensation when it was recorded,
+    its adapter must offer it (``offered``), and it must not itself be a
+    compensation. Whether it may be undone *now* is the caller's to add
+    (:func:`check_compensable` for a running run; a review case's decision
+    for a frozen one).
+    """
+
+    def refuse(why: str, message: str) -> CompensationRefusedError:
+        return CompensationRefusedError(
+            f"run {state.run_id}: effect {effect.idempotency_key} ({effect.action_id}) "
+            f"cannot be compensated by the runtime: {message}",
+            run_id=state.run_id,
+            idempotency_key=effect.idempotency_key,
+            compensation=why,
+        )
+
     declared = effect.compensation
     if declared is Compensation.HUMAN:
         raise refuse("human", "its kind is undone only by a person; do it, then sign accept")
@@ -223,14 +251,8 @@ def check_compensable(state: RunState, effect: EffectRecord, *, offered: bool) -
         raise refuse("none", "its kind declares no way to undo it")
     if effect.action_id.startswith(COMPENSATION_PREFIX):
         raise refuse("none", "it is itself a compensation")
-    if effect.status is not EffectStatus.COMMITTED:
-        raise refuse("not_committed", f"the ledger says {effect.status.value}, not committed")
     if not offered:
         raise refuse("not_offered", "the adapter that owns its kind offers no compensate()")
-    if state.phase is not Phase.RUNNING or state.pending is not None:
-        raise refuse(
-            "busy", f"the run is {state.phase.value}; a compensation waits for it to be running"
-        )
 
 
 def compensation_intent(effect: EffectRecord, *, risk: str) -> Intent:
@@ -282,9 +304,12 @@ def _cursor(state: RunState, cursor: int | None) -> int:
 
 
 def _decided(document: dict[str, Any], body: dict[str, Any]) -> dict[str, JSONValue]:
+    """What the trace records of a decision about an effect (an effect decision's body,
+    or a review decision's, which names a case instead of a ledger status)."""
     return {
         "idempotency_key": body["idempotency_key"],
-        "ledger_status": body["ledger_status"],
+        "ledger_status": body.get("ledger_status"),
+        "case_id": body.get("case_id"),
         "receipt_fingerprint": body["receipt_fingerprint"],
         "decision": body["decision"],
         "reviewer_id": body["reviewer_id"],

@@ -498,19 +498,47 @@ class ReviewDriftError(EvidenceError):
     """The environment or the adapter's receipt changed since the decision was signed."""
 
 
-class AcceptRefusedError(EvidenceError):
+class DecisionRefusedError(EvidenceError):
+    """A reviewer's decision does not fit the case it was signed for; the case stays frozen.
+
+    Each kind of case has its own ways out (see
+    ``tether.core.case_rules.settlement``): ``landed`` and ``not_landed``
+    settle a write whose outcome is unknown, ``accept`` a drift of the
+    environment, ``compensate`` an effect whose kind declares an undo.
+    ``case_id`` and ``reason`` name the case, ``decision`` what was signed,
+    ``fits`` the decisions the case takes.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        case_id: str,
+        reason: str,
+        decision: str,
+        fits: tuple[str, ...] = (),
+    ) -> None:
+        self.case_id = case_id
+        self.reason = reason
+        self.decision = decision
+        self.fits = fits
+        super().__init__(message)
+
+
+class AcceptRefusedError(DecisionRefusedError):
     """A reviewer's ``accept`` was signed for a case it cannot close.
 
     ``accept`` takes the environment as observed and goes on; it is for a
     case about drift alone. A case that names a write (its outcome unknown,
-    a conflict, a receipt the ledger lacks) needs ``replan`` (its key
-    quarantined) or ``abort``: accepting would hide what that write did.
+    a conflict, a receipt the ledger lacks) needs another way out (``landed``,
+    ``not_landed``, ``replan`` with its key quarantined, or ``abort``):
+    accepting would hide what that write did.
     """
 
-    def __init__(self, message: str, *, case_id: str, reason: str) -> None:
-        self.case_id = case_id
-        self.reason = reason
-        super().__init__(message)
+    def __init__(
+        self, message: str, *, case_id: str, reason: str, fits: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message, case_id=case_id, reason=reason, decision="accept", fits=fits)
 
 
 class CancelRefusedError(EvidenceError):

@@ -9,12 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from enum import StrEnum
 from typing import Any
 
+from tether.core._case_table import (
+    DRIFT_REASONS,
+    NEEDS_EVIDENCE,
+    CaseKind,
+    ReviewDecision,
+    case_kind,
+    fitting,
+    settlement,
+    ways_out,
+)
 from tether.core._errors import (
     AcceptRefusedError,
     ApprovalExpiredError,
+    DecisionRefusedError,
     EvidenceBindingError,
     EvidenceSignatureError,
     NonceReusedError,
@@ -26,7 +36,7 @@ from tether.core._model import (
     format_time,
     parse_time_text,
 )
-from tether.core._phases import OutcomeReason, ReviewReason
+from tether.core._phases import OutcomeReason
 from tether.core._state import ReplayApproval, RunState, SpentNonce
 
 APPROVAL_FIELDS = (
@@ -47,22 +57,11 @@ DECISION_FIELDS = (
 CLOCK_SKEW = timedelta(seconds=60)
 
 
-class ReviewDecision(StrEnum):
-    """The ways out of needs_review.
-
-    ``replan`` goes on from the case's environment with the case's key
-    quarantined; ``abort`` fails the run; ``accept`` (a drift case only, see
-    :func:`check_accept`) takes the environment as observed and goes on.
-    """
-
-    REPLAN = "replan"
-    ABORT = "abort"
-    ACCEPT = "accept"
-
-
-#: Review cases about the environment alone: it changed outside the run
-#: (``environment_drift``) or is ahead of the checkpoint (``environment_ahead``).
-DRIFT_REASONS = frozenset({ReviewReason.ENVIRONMENT_DRIFT, ReviewReason.ENVIRONMENT_AHEAD})
+#: Optional fields of a decision body: what the reviewer found (a receipt id, a
+#: message id, a URL), required where the decision records a write as landed.
+DECISION_OPTIONAL = ("evidence",)
+#: At most this many characters of it (it is copied into the ledger).
+EVIDENCE_MAX = 2000
 
 
 def check_accept(case: ReviewCase) -> None:
@@ -148,9 +147,11 @@ def decision_request(state: RunState, case: ReviewCase) -> dict[str, Any]:
     }
 
 
-def check_shape(body: dict[str, Any], fields: tuple[str, ...]) -> None:
+def check_shape(
+    body: dict[str, Any], fields: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> None:
     missing = [f for f in fields if f not in body]
-    extra = sorted(set(body) - set(fields))
+    extra = sorted(set(body) - set(fields) - set(optional))
     if missing or extra:
         raise EvidenceSignatureError(
             f"evidence body has missing fields {missing} or unknown fields {extra}"
@@ -281,7 +282,7 @@ def check_decision(
     kinds: a decision for another case (or an approval, a fork, a cancel)
     that carries a consumed nonce is refused (:func:`consumed_nonces`).
     """
-    check_shape(body, DECISION_FIELDS)
+    check_shape(body, DECISION_FIELDS, DECISION_OPTIONAL)
     if body["reviewer_id"] != signer_id:
         raise EvidenceBindingError("reviewer_id", signer_id, body["reviewer_id"])
     check_bound(body, decision_request(state, case))
@@ -290,10 +291,48 @@ def check_decision(
     try:
         decision = ReviewDecision(body["decision"])
     except ValueError as exc:
-        raise EvidenceBindingError("decision", "replan, abort or accept", body["decision"]) from exc
-    if decision is ReviewDecision.ACCEPT:
-        check_accept(case)
+        known = ", ".join(d.value for d in ReviewDecision)
+        raise EvidenceBindingError("decision", f"one of {known}", body["decision"]) from exc
+    check_fits(state, case, decision, body.get("evidence"))
     return decision
+
+
+def check_fits(
+    state: RunState, case: ReviewCase, decision: ReviewDecision, evidence: object
+) -> None:
+    """Refuse a decision the case does not take, or one that lacks the evidence it needs.
+
+    The case kind's row of the table decides (:func:`~tether.core.case_rules.settlement`);
+    ``accept`` is checked further (:func:`check_accept`); a decision that
+    records the write as landed carries what the reviewer found (a non-empty
+    ``evidence`` of at most :data:`EVIDENCE_MAX` characters), and any
+    decision may carry a note there.
+    """
+    if evidence is not None and (not isinstance(evidence, str) or len(evidence) > EVIDENCE_MAX):
+        raise EvidenceSignatureError(
+            f"a decision's evidence is a text of at most {EVIDENCE_MAX} characters"
+        )
+    if decision is ReviewDecision.ACCEPT:
+        kind = case_kind(case, state)
+        if kind is not CaseKind.ENVIRONMENT_DRIFT and case.reason not in DRIFT_REASONS:
+            raise AcceptRefusedError(
+                f"case {case.case_id} is {case.reason!r}, not a drift of the environment; "
+                f"accept is only for environment_drift or environment_ahead: {ways_out(kind)}",
+                case_id=case.case_id,
+                reason=case.reason,
+                fits=tuple(d.value for d in fitting(kind)),
+            )
+        check_accept(case)  # its own refusal says why accept cannot close a drift case
+    settled = settlement(case, state, decision)
+    if settled in NEEDS_EVIDENCE and not (isinstance(evidence, str) and evidence.strip()):
+        raise DecisionRefusedError(
+            f"{decision.value} on case {case.case_id} records the write as committed by you: "
+            "give the evidence you found (a receipt id, a message id, a URL), e.g. "
+            "`--evidence '<message-id>'`",
+            case_id=case.case_id,
+            reason=case.reason,
+            decision=decision.value,
+        )
 
 
 def parse_utc(body: dict[str, Any], name: str) -> datetime:
@@ -313,12 +352,15 @@ def answer_body(
     expires_at: datetime,
     nonce: str,
     decision: ReviewDecision | None = None,
+    evidence: str | None = None,
 ) -> dict[str, Any]:
     """The body a person signs answering ``request``: who (``(field, id)``), when, a nonce."""
     field, signer_id = signer
     body = {**request, field: signer_id}
     if decision is not None:
         body["decision"] = decision.value
+    if evidence is not None:
+        body["evidence"] = evidence
     return {
         **body,
         "issued_at": format_time(issued_at),
@@ -349,11 +391,19 @@ def new_decision(
     issued_at: datetime,
     expires_at: datetime,
     nonce: str,
+    evidence: str | None = None,
 ) -> dict[str, Any]:
-    """The body a reviewer signs to decide ``case`` (``accept`` refused where it cannot apply)."""
-    chosen = ReviewDecision(decision)
-    if chosen is ReviewDecision.ACCEPT:
-        check_accept(case)
+    """The body a reviewer signs to decide ``case``; a decision the case does not take is
+    refused (:class:`~tether.core.DecisionRefusedError`), and so is ``landed`` without the
+    ``evidence`` the reviewer found."""
+    try:
+        chosen = ReviewDecision(decision)
+    except ValueError as exc:
+        known = ", ".join(d.value for d in ReviewDecision)
+        raise EvidenceBindingError("decision", f"one of {known}", decision) from exc
+    if evidence is not None:
+        evidence = evidence.strip()
+    check_fits(state, case, chosen, evidence)
     return answer_body(
         decision_request(state, case),
         ("reviewer_id", reviewer_id),
@@ -361,6 +411,7 @@ def new_decision(
         expires_at=expires_at,
         nonce=nonce,
         decision=chosen,
+        evidence=evidence or None,
     )
 
 

@@ -258,9 +258,14 @@ class PendingWrite:
     #: before the resend): a refusal found later may be the resend's, and the
     #: first attempt may have landed.
     resent: bool = False
+    #: A reviewer signed ``not_landed`` for this write, whose outcome was
+    #: unknown: the next step sends it once more under its key (status still
+    #: ``outcome_unknown`` until the commit that says ``dispatched``, which
+    #: clears this). Never set on any other write.
+    resend_ordered: bool = False
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {
+        body: dict[str, JSONValue] = {
             "action_id": self.action_id,
             "intent": self.intent.to_json(),
             "intent_digest": self.intent_digest,
@@ -279,6 +284,10 @@ class PendingWrite:
             else format_time(self.dispatched_at),
             "resent": self.resent,
         }
+        # Only when set, so every other pending write encodes as it always did.
+        if self.resend_ordered:
+            body["resend_ordered"] = True
+        return body
 
     @classmethod
     def parse(cls, f: Fields) -> PendingWrite:
@@ -312,6 +321,7 @@ class PendingWrite:
             resent=status is not EffectStatus.INTENDED
             if f.optional_raw("resent") is None
             else f.bool("resent"),
+            resend_ordered=f.has("resend_ordered") and f.bool("resend_ordered"),
         )
         f.done()
         return pending

@@ -17,8 +17,9 @@ from typing import Any
 
 from tether.core._budgets import failed
 from tether.core._canonical import digest
+from tether.core._case_table import ReviewDecision
 from tether.core._errors import CanonicalJSONError
-from tether.core._evidence import ReviewDecision, keep_approval_nonce, parse_utc
+from tether.core._evidence import keep_approval_nonce, parse_utc
 from tether.core._model import EnvironmentState, LastOutcome, Receipt, ReviewCase
 from tether.core._phases import OutcomeReason, Phase
 from tether.core._spec import Policy

@@ -50,8 +50,13 @@ _PHASE_MOVES: dict[Phase, frozenset[Phase]] = {
             Phase.CANCELLED,
         }
     ),
-    # Only a trusted, signed decision leaves needs_review (replan or abort).
-    Phase.NEEDS_REVIEW: frozenset({Phase.NEEDS_REVIEW, Phase.RUNNING, Phase.FAILED}),
+    # Only a trusted, signed decision leaves needs_review: replan, accept or a
+    # person's "it landed" go on (running); "it did not land" sends the write
+    # once more, and "compensate" orders its undo (pending); abort fails the
+    # run; a case a cancel opened ends cancelled once a person settles the write.
+    Phase.NEEDS_REVIEW: frozenset(
+        {Phase.NEEDS_REVIEW, Phase.RUNNING, Phase.PENDING, Phase.FAILED, Phase.CANCELLED}
+    ),
     Phase.COMPLETED: frozenset(),
     Phase.FAILED: frozenset(),
     Phase.CANCELLED: frozenset(),
@@ -99,13 +104,17 @@ _EFFECT_MOVES: dict[EffectStatus | None, frozenset[EffectStatus]] = {
         }
     ),
     # A retry with the same key after an uncertain outcome (queryable or
-    # idempotent adapters only; the runtime freezes the others) is re-dispatched.
+    # idempotent adapters, or a reviewer's signed "it did not land") is
+    # re-dispatched; a reviewer's "it landed" records it committed; a
+    # reviewer's "it did not land" on a run a cancel froze records it
+    # cancelled: it never landed and never will be sent.
     EffectStatus.OUTCOME_UNKNOWN: frozenset(
         {
             EffectStatus.DISPATCHED,
             EffectStatus.COMMITTED,
             EffectStatus.REJECTED,
             EffectStatus.OUTCOME_UNKNOWN,
+            EffectStatus.CANCELLED,
         }
     ),
     EffectStatus.COMMITTED: frozenset({EffectStatus.COMPENSATED}),
@@ -234,6 +243,10 @@ class OutcomeReason(StrEnum):
     REPLANNED = "replanned"
     #: A reviewer decided abort: the run failed.
     ABORTED_BY_REVIEW = "aborted_by_review"
+    #: A reviewer found that a write whose outcome was unknown landed: recorded committed.
+    LANDED_BY_REVIEW = "landed_by_review"
+    #: A reviewer found that a write whose outcome was unknown did not land: sent once more.
+    RESEND_BY_REVIEW = "resend_by_review"
     #: A signed document the run would not accept (traced, the inbox moved past it).
     EVIDENCE_REFUSED = "evidence_refused"
     #: The world moved under an open review case: it was replaced by one recording it now.

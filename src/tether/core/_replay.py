@@ -34,6 +34,8 @@ a commit, on a stateful target that no longer      proceed: a new effect (A, B,
 holds what it left (writing now changes it)        A writes A again)
 a commit, the adapter cannot be asked              replay (settled by the
                                                    signed ledger, said so)
+a commit a person found landed (a signed           replay (settled by the
+``landed``)                                        review, said so)
 a commit, asked by its key:
   the same receipt, every field                    replay (settled by adapter)
   another receipt, or another intent's             review (``receipt_drift``)
@@ -67,6 +69,7 @@ from tether.core import _budgets as budgets_rules
 from tether.core import _steps as steps
 from tether.core._actions import ActionResult, Proposal
 from tether.core._canonical import JSONValue, digest
+from tether.core._case_table import REVIEW_NAMESPACE
 from tether.core._errors import EvidenceBindingError, EvidenceSignatureError, NonceReusedError
 from tether.core._evidence import check_lifetime, check_nonce, consumed_nonces
 from tether.core._ledger import LedgerEntry, redact_receipt
@@ -239,6 +242,8 @@ def lookup_key(
     committed = record.committed
     if committed is None or (capabilities.stateful and target_moved):
         return None
+    if _reviewed(committed.receipt):
+        return None  # a person settled it; the adapter never knew
     return committed.idempotency_key
 
 
@@ -301,6 +306,17 @@ def _judge_unsettled(facts: ReplayFacts, known: KnownEffect) -> Judgement:
 
 def _judge_committed(facts: ReplayFacts, known: KnownEffect, recorded: dict[str, Any]) -> Judgement:
     """A commit the ledger records: replayed only as the adapter, where it can be asked, agrees."""
+    if _reviewed(recorded):
+        # A reviewer's signed "landed": the adapter could not say (that is why a
+        # person was asked), so the signed ledger's record of the decision answers.
+        return Judgement(
+            Verdict.REPLAY,
+            OutcomeReason.EFFECT_REPLAYED,
+            known,
+            recorded,
+            digest(recorded),
+            "review",
+        )
     if not facts.capabilities.queryable:
         # Nothing can be asked: the signed ledger holds the only copy of the
         # adapter's receipt, given by the adapter when the write landed.
@@ -330,6 +346,11 @@ def _judge_committed(facts: ReplayFacts, known: KnownEffect, recorded: dict[str,
             )
         return Judgement(Verdict.REVIEW, ReviewReason.RECEIPT_DRIFT, known)
     return Judgement(Verdict.REVIEW, ReviewReason.RECEIPT_MISSING, known)
+
+
+def _reviewed(receipt: Mapping[str, Any] | None) -> bool:
+    """Whether a recorded receipt is one a person gave (a signed ``landed``)."""
+    return receipt is not None and receipt.get("namespace") == REVIEW_NAMESPACE
 
 
 def same_receipt(recorded: Mapping[str, Any], receipt: Receipt) -> bool:
@@ -393,13 +414,16 @@ def decide(
     charged: bool = False,
     held: Intent | None = None,
     hold_key: str = "",
+    shown: dict[str, Any] | None = None,
 ) -> Transition | Proceed:
     """The transition :func:`judge`'s verdict makes of ``state`` (the step counted).
 
     ``charged``: the proposal was paid for already (an approved replay that
     waited). ``held`` and ``hold_key``: the proposal as a held action and the key
     minted to bind its approval, for a replay the policy gates (:attr:`Verdict.HOLD`). A replay's answer is the agent's next result; the last proposal
-    the budget allows ends the run.
+    the budget allows ends the run. ``shown``: what a review case records of the
+    effect for the person who decides it (its kind, target, arguments where not
+    sensitive, when it was sent, where to look for it).
     """
     verdict = judgement.verdict
     if verdict is Verdict.FORKED:
@@ -422,7 +446,9 @@ def decide(
     spent = state.spent if charged else budgets_rules.charged(state.spent, proposals=1)
     charged_state = state.evolve(spent=spent)
     if verdict is Verdict.REVIEW:
-        return _review(charged_state, proposal, effect, known, judgement.reason, case_id, now, live)
+        return _review(
+            charged_state, proposal, effect, known, judgement.reason, case_id, now, live, shown
+        )
     if verdict is Verdict.HOLD:
         if held is None or not hold_key:
             raise ValueError("a replay that needs approval needs its held form")  # caller's bug
@@ -505,14 +531,33 @@ def _review(
     case_id: str,
     now: datetime,
     live: EnvironmentState,
+    shown: dict[str, Any] | None = None,
 ) -> Transition:
     """Freeze for a person: an effect nothing can settle is neither replayed nor sent."""
     why = ReviewReason(reason)
+    settle = (
+        "sign landed if you find it happened (with what you found), or abort; to do it again "
+        "on purpose, sign a fork (`tether fork`), then replan"
+        if why is ReviewReason.REPLAY_OF_UNKNOWN
+        else "abort, or replan after a signed fork (`tether fork`) if it must happen again"
+    )
     detail = (
         f"action {proposal.action_id!r} proposes effect {effect}, whose earlier attempt "
         f"{known.action_id!r} (key {known.idempotency_key}) {_REVIEW_WHY[why]}. A person "
-        "decides: abort, or replan after a signed fork (`tether fork`) if it must happen again."
+        f"decides: {settle}."
     )
+    item: dict[str, Any] = {
+        "kind": why.value,
+        "effect_digest": effect,
+        "action_id": proposal.action_id,
+        "earlier_action_id": known.action_id,
+        "earlier_idempotency_key": known.idempotency_key,
+        "earlier_intent_digest": known.intent_digest,
+        "earlier_receipt_fingerprint": known.receipt_fingerprint,
+        "earlier_sent_at": None if known.sent_at is None else format_time(known.sent_at),
+    }
+    if shown:
+        item["effect"] = dict(shown)
     return park(
         state,
         case_id=case_id,
@@ -520,17 +565,7 @@ def _review(
         detail=detail,
         now=now,
         live=live,
-        evidence=(
-            {
-                "kind": why.value,
-                "effect_digest": effect,
-                "action_id": proposal.action_id,
-                "earlier_action_id": known.action_id,
-                "earlier_idempotency_key": known.idempotency_key,
-                "earlier_intent_digest": known.intent_digest,
-                "earlier_receipt_fingerprint": known.receipt_fingerprint,
-            },
-        ),
+        evidence=(item,),
     )
 
 

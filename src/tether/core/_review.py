@@ -66,6 +66,10 @@ def open_review(
         status = ledger[-1].status
     if pending is not None and status is not None:
         pending = replace(pending, status=status)
+    if pending is not None and pending.resend_ordered:
+        # A resend a reviewer ordered that froze again before it left (a policy
+        # that now forbids it): the new case is decided afresh.
+        pending = replace(pending, resend_ordered=False)
     return Transition(
         OutcomeKind.FROZEN,
         state=state.evolve(

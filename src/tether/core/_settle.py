@@ -13,10 +13,16 @@ never a ledger row anyone could insert.
 status      queryable  idempotent   settle
 ==========  =========  ===========  ==========================================
 intended    any        any          approval gate; commit ``dispatched``; send
+unknown+    any        any          approval gate; commit ``dispatched``; send
+                                    again, same key
 dispatched  yes        any          look up by key first
 dispatched  no         yes          approval gate; send again, same key
 dispatched  no         no           outcome unknown -> needs_review
 ==========  =========  ===========  ==========================================
+
+``unknown+`` is ``outcome_unknown`` with a resend ordered: a reviewer signed
+``not_landed`` (see ``tether.core.case_rules``); the order is cleared in the
+commit that says ``dispatched``, so it buys one send.
 
 ==================================  ===========================================
 look-up answer                      after_lookup
@@ -89,6 +95,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from tether.core import _policy_change as policy_rules
 from tether.core._canonical import digest
@@ -128,6 +135,8 @@ def settle(state: RunState, facts: Facts) -> Transition:
     caps = facts.capabilities
     if pending.status is EffectStatus.INTENDED:
         return dispatch(state, facts)
+    if pending.resend_ordered:
+        return resend_ordered(state, facts)
     if caps.queryable:
         return Transition(
             OutcomeKind.IN_FLIGHT, call=Lookup(pending.idempotency_key, pending.intent)
@@ -248,6 +257,36 @@ def send_again(state: RunState, facts: Facts, *, known_absent: bool = False) -> 
         events=(("effect_resent", {"action_id": pending.action_id}),),
         ledger=(LedgerNote(EffectStatus.DISPATCHED),),
         call=call,
+    )
+
+
+def resend_ordered(state: RunState, facts: Facts) -> Transition:
+    """The send a reviewer's signed ``not_landed`` ordered: once more, under the same key.
+
+    The commit that says ``dispatched`` (and when) also clears the order, so
+    it is the only send it buys: a crash after it leaves a dispatched write
+    that an adapter which cannot settle it by key freezes again (its outcome
+    unknown once more), never a second blind send. It is still a retry (the
+    person may be wrong): a refusal is an unknown outcome, not a rejection.
+    The policy and approval gates apply as to any send.
+    """
+    pending = _pending(state)
+    waiting = _waiting(state, facts)
+    if waiting is not None:
+        return waiting
+    resending = replace(
+        pending,
+        status=EffectStatus.DISPATCHED,
+        resend_ordered=False,
+        resent=True,
+        dispatched_at=facts.now,
+    )
+    return Transition(
+        OutcomeKind.EXECUTED,
+        state=state.evolve(pending=resending),
+        events=(("effect_resent", {"action_id": pending.action_id, "ordered_by": "review"}),),
+        ledger=(LedgerNote(EffectStatus.DISPATCHED),),
+        call=Execute(pending.idempotency_key, pending.intent, pending.prestate, retry=True),
     )
 
 
@@ -553,7 +592,7 @@ def freeze(
     The case records the environment as it is now: given none, the freeze
     asks for it first (:func:`read_first`).
     """
-    _pending(state)  # a caller's bug to freeze a write that is not there
+    pending = _pending(state)  # a caller's bug to freeze a write that is not there
     live = facts.live
     if live is None:
         return read_first(OutcomeKind.FROZEN)
@@ -565,9 +604,17 @@ def freeze(
         now=facts.now,
         live=live,
         receipt=receipt,
+        evidence=hint_evidence(pending.idempotency_key, facts.hint),
         ledger=ledger,
         status=status,
     )
+
+
+def hint_evidence(key: str, hint: dict[str, str] | None) -> tuple[dict[str, Any], ...]:
+    """A case's record of where a person would look for the write under ``key`` (if any)."""
+    if not hint:
+        return ()
+    return ({"kind": "where_to_look", "idempotency_key": key, "hints": dict(hint)},)
 
 
 def read_first(outcome: OutcomeKind) -> Transition:

@@ -485,7 +485,15 @@ def validate_state(state: RunState) -> bytes:
     if pending is not None:
         if len(set(pending.nonces)) != len(pending.nonces):
             raise breach("a nonce is recorded as consumed twice")
-        if phase is Phase.PENDING and pending.status not in _LIVE_STATUSES:
+        if pending.resend_ordered and (
+            pending.status is not EffectStatus.OUTCOME_UNKNOWN or not pending.mutating
+        ):
+            raise breach("a resend is ordered only for a write whose outcome is unknown")
+        if (
+            phase is Phase.PENDING
+            and pending.status not in _LIVE_STATUSES
+            and not pending.resend_ordered
+        ):
             raise breach(f"pending write in status {pending.status}")
         if not pending.mutating and (
             phase is not Phase.PENDING

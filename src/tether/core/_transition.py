@@ -220,3 +220,6 @@ class Facts:
     forbidden: Rejection | None = None
     #: The version of the policy in force now: an approval signed under another is none.
     policy_version: str | None = None
+    #: Where a person would look for the pending write (the adapter's labelled
+    #: hints), read with ``live``: a freeze records it in its case.
+    hint: dict[str, str] | None = None

@@ -1,6 +1,7 @@
 """The orchestration: propose, gate, persist, execute, reconcile, advance, recover."""
 
 from tether.runtime._agent import REDACTED, Agent, AgentContext, Decision, Withheld
+from tether.runtime._cases import CaseEffect, case_effect
 from tether.runtime._checkpointer import (
     Checkpointer,
     Restored,
@@ -42,6 +43,7 @@ __all__ = [
     "Agent",
     "AgentContext",
     "AppLoadError",
+    "CaseEffect",
     "Checkpointer",
     "Clock",
     "CrashPlan",
@@ -66,6 +68,7 @@ __all__ = [
     "Withheld",
     "Worker",
     "WorkerStats",
+    "case_effect",
     "check_binding",
     "check_environment",
     "deliver",

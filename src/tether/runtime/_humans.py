@@ -11,17 +11,25 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from tether.adapters import UnresolvedWriteError, capabilities_for, look_up
+from tether.adapters import (
+    UnresolvedWriteError,
+    capabilities_for,
+    look_up,
+    offers_compensation,
+)
 from tether.core import (
     ActionClass,
     ActionKind,
     CanonicalJSONError,
+    EffectRecord,
+    EffectStatus,
     EnvironmentState,
     EvidenceError,
     Phase,
     PolicyError,
     PreconditionFailedError,
     Receipt,
+    ReviewCase,
     ReviewDriftError,
     RunFrozenError,
     RunState,
@@ -29,12 +37,17 @@ from tether.core import (
     UnknownSignerError,
     strict_loads,
 )
+from tether.core import _case_rules as case_rules
+from tether.core import _compensation as compensation_rules
 from tether.core import _people as people
 from tether.core import _replay as replay_rules
 from tether.core._actions import needs_approval as core_needs_approval
+from tether.core._actions import risk_of
+from tether.core._case_rules import Undo
+from tether.core._case_table import Settlement, earlier_key, settlement
 from tether.core._compensation import compensated_effect
 from tether.core._evidence import check_approval, check_decision
-from tether.core._transition import Transition
+from tether.core._transition import EffectRef, Transition
 from tether.crypto import Role, TrustRoots
 from tether.runtime import _cancel, _hints
 from tether.runtime._view import Runtime, Session
@@ -186,7 +199,14 @@ def approve(session: Session, document: Any, *, cursor: int | None = None) -> Ru
 
 
 def review(session: Session, document: Any, *, cursor: int | None = None) -> RunState:
-    """Verify a signed reviewer decision and apply it; any doubt leaves the case frozen."""
+    """Verify a signed reviewer decision and apply it; any doubt leaves the case frozen.
+
+    What a fitting decision does is the table's (``tether.core._case_table``)
+    and the transition ``case_rules.settle_case`` builds; here the world is
+    read for it: the environment and the adapter's receipt again (drift
+    refuses it), the ledger's record of the effect a ``landed_earlier`` or a
+    ``compensate`` names, and, for a compensation, its intent and a fresh key.
+    """
     rt, state = session.rt, session.state
     drift: tuple[str, EnvironmentState, Receipt | None] | None = None
     case = None
@@ -207,6 +227,8 @@ def review(session: Session, document: Any, *, cursor: int | None = None) -> Run
         drift = _reread(rt, state, case, body)
         if drift is not None:
             raise ReviewDriftError(drift[0])
+        settled = settlement(case, state, decision)
+        earlier, undo = _read_for(rt, state, case, settled, body, document)
     except (EvidenceError, PolicyError) as exc:
         _refuse(session, "review_decision", document, exc, cursor)
         if drift is not None and case is not None:
@@ -224,8 +246,72 @@ def review(session: Session, document: Any, *, cursor: int | None = None) -> Run
                 ),
             )
         raise
-    _commit(session, people.apply_decision(state, case, decision, document, cursor=cursor))
+    session.apply(
+        case_rules.settle_case(
+            state,
+            case,
+            settled,
+            document,
+            body,
+            cursor=cursor,
+            now=rt.clock.now(),
+            earlier=earlier,
+            undo=undo,
+        )
+    )
     return session.state
+
+
+def _read_for(
+    rt: Runtime,
+    state: RunState,
+    case: ReviewCase,
+    settled: Settlement,
+    body: dict[str, Any],
+    document: dict[str, Any],
+) -> tuple[EffectRef | None, Undo | None]:
+    """What a settlement needs of the world: the earlier attempt it records, or the undo it orders.
+
+    Refused (typed, the case stays frozen) when the earlier attempt is
+    settled already, or the effect cannot be undone by the runtime (its kind
+    declared no compensation, or its adapter offers none).
+    """
+    if settled is Settlement.LANDED_EARLIER:
+        key = earlier_key(case)
+        record = EffectRecord.find(rt.checkpointer.verified_ledger(state), key)
+        if record is None or record.status not in {
+            EffectStatus.DISPATCHED,
+            EffectStatus.OUTCOME_UNKNOWN,
+        }:
+            now = "not in the ledger" if record is None else record.status.value
+            raise ReviewDriftError(
+                f"the earlier attempt under key {key} is {now}: nothing of it is unknown now"
+            )
+        ref = EffectRef(key, record.action_id, record.intent_digest, record.status)
+        return ref, None
+    if settled not in {Settlement.COMPENSATE, Settlement.LANDED_COMPENSATE}:
+        return None, None
+    found = EffectRecord.find(rt.checkpointer.verified_ledger(state), case.idempotency_key)
+    if found is None:
+        raise ReviewDriftError(f"the ledger records no effect under key {case.idempotency_key}")
+    effect = found
+    if settled is Settlement.LANDED_COMPENSATE:
+        effect = case_rules.landed_record(state, case, body, document, found.terms)
+    kind = "" if effect.terms is None else effect.terms.kind
+    compensation_rules.check_undoable(
+        state, effect, offered=bool(kind) and offers_compensation(rt.adapter, kind)
+    )
+    # A kind the catalog no longer declares is judged as the write it was.
+    declared = rt.kinds.get(kind) or ActionKind(kind, ActionClass.WRITE)
+    intent = compensation_rules.compensation_intent(effect, risk=risk_of(rt.policy, declared).value)
+    undo = Undo(
+        effect=effect,
+        intent=intent,
+        key=rt.ids.new_id("idem"),  # minted once, before anything is sent; never again
+        expected_post=rt.adapter.derive_post_state(case.environment, intent),
+        capabilities=capabilities_for(rt.adapter, intent),
+    )
+    return None, undo
 
 
 def fork(session: Session, document: Any, *, cursor: int | None = None) -> RunState:

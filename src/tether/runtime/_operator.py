@@ -11,7 +11,6 @@ state: :func:`deliver` only appends to the inbox, after checking again.
 
 from __future__ import annotations
 
-import json
 import secrets as _secrets
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -20,11 +19,14 @@ from typing import Any
 from tether.core import (
     Authority,
     CancelRefusedError,
+    Compensation,
+    CompensationRefusedError,
     EvidenceError,
     Phase,
     Policy,
     PolicyError,
     Purpose,
+    ReviewDecision,
     RewindRefusedError,
     RunState,
     admission_request,
@@ -42,6 +44,7 @@ from tether.core._admission import check_admission
 from tether.core._cancel import check_cancel
 from tether.core._evidence import check_approval, check_decision
 from tether.crypto import Role, Signer, TrustRoots
+from tether.runtime._cases import case_effect, pretty
 from tether.runtime._clock import SystemClock
 from tether.runtime._runview import RunView, read_state
 from tether.store import ContentStore, GenerationStore
@@ -147,7 +150,7 @@ def prepare_approval(
         **_bound(body),
         "run_generation": state.generation,
         "write": f"{pending.intent.kind} {pending.intent.target}",
-        "arguments": _short(pending.intent.args),
+        "arguments": pretty(pending.intent.args),  # whole: nobody signs what they did not see
     }
     return Prepared(state.run_id, "approval", document, shown, view.verified, state.generation)
 
@@ -163,13 +166,34 @@ def prepare_review(
     trust: TrustRoots | None = None,
     policy: Policy | None = None,
     seen_generation: int | None = None,
+    evidence: str | None = None,
 ) -> Prepared:
-    """A reviewer decision on an open case, refused here if the runtime would refuse it."""
+    """A reviewer decision on an open case, refused here if the runtime would refuse it.
+
+    ``evidence``: what the reviewer found in the world (a message id, a
+    receipt id, a URL); ``landed`` needs it, and any decision may carry it
+    as a note. What is shown to the person is the signed body and the case's
+    effect whole (:func:`~tether.runtime.case_effect`).
+    """
     state = _fresh(view, seen_generation)
     case = next((c for c in state.review_cases if c.case_id == case_id), None)
     if state.phase is not Phase.NEEDS_REVIEW or case is None:
         raise PolicyError(f"run {state.run_id} has no open review case {case_id!r}")
     _role(signer, Role.REVIEWER, "decide a review")
+    effect = case_effect(state, case, view.ledger)
+    if decision == ReviewDecision.COMPENSATE.value and effect.compensation not in {
+        None,
+        Compensation.ADAPTER.value,
+    }:
+        raise CompensationRefusedError(
+            f"run {state.run_id}: the write {effect.action_id!r} is of a kind undone only "
+            f"{'by a person' if effect.compensation == 'human' else 'by nobody'} "
+            f"({effect.compensation}); the runtime cannot compensate it: sign landed or "
+            "not_landed",
+            run_id=state.run_id,
+            idempotency_key=effect.idempotency_key,
+            compensation=effect.compensation or "none",
+        )
     rules = _policy(view, policy)
     body = new_decision(
         state,
@@ -179,11 +203,14 @@ def prepare_review(
         issued_at=now,
         expires_at=now + timedelta(seconds=_ttl(ttl_s, rules)),
         nonce=_secrets.token_hex(16),
+        evidence=evidence,
     )
     document = _signed(signer, body, Role.REVIEWER, trust, view)
     if rules is not None:
         check_decision(body, signer.signer_id, state, case, now=now, ttl_s=rules.approval_ttl_s)
-    shown = {**_bound(body), "reason": case.reason, "detail": case.detail}
+    shown = _bound(body)
+    for label, text in effect.lines():
+        shown.setdefault(label, text)
     return Prepared(
         state.run_id, "review_decision", document, shown, view.verified, state.generation
     )
@@ -554,8 +581,3 @@ def _ttl(ttl_s: float | None, policy: Policy | None) -> float:
 
 def _bound(body: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in body.items() if key != "nonce"}
-
-
-def _short(value: Any, limit: int = 400) -> str:
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= limit else text[:limit] + " ..."

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tether.adapters import capabilities_of
+from tether.adapters import capabilities_of, where_to_look
 from tether.core import (
     ContractViolationError,
     EnvironmentState,
@@ -92,6 +92,17 @@ def replay_or_fork(
             sensitive=rule is not None and rule.sensitive,
         )
     )
+    shown = None
+    known = judgement.known
+    if judgement.verdict is replay_rules.Verdict.REVIEW and known is not None:
+        # What the reviewer needs to find the earlier attempt: this is the same effect.
+        shown = {
+            "kind": intent.kind,
+            "target": intent.target,
+            "where_to_look": where_to_look(rt.adapter, known.idempotency_key, intent),
+        }
+        if rule is None or not rule.sensitive:
+            shown["args"] = dict(intent.args)
     return replay_rules.decide(
         base,
         proposal,
@@ -108,6 +119,7 @@ def replay_or_fork(
             kind.name, proposal.target, dict(proposal.args), risk_of(rt.policy, kind).value
         ),
         hold_key=rt.ids.new_id("idem") if judgement.verdict is replay_rules.Verdict.HOLD else "",
+        shown=shown,
     )
 
 

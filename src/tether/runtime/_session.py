@@ -27,6 +27,7 @@ from tether.adapters import (
     capabilities_for,
     namespace_of,
     offers_snapshots,
+    where_to_look,
 )
 from tether.core import (
     ActionResult,
@@ -53,7 +54,7 @@ from tether.core import (
 from tether.core import _replay as replay_rules
 from tether.core import _settle as settle_rules
 from tether.core import _steps as step_rules
-from tether.core._commit import seal_commit, with_subject_terms
+from tether.core._commit import noted_write, seal_commit, with_subject_terms
 from tether.core._evidence import awaits_approval
 from tether.core._held import AfterSettle, HeldKind, after_settle, held_kind
 from tether.core._listing import listing_of
@@ -325,9 +326,9 @@ class RunSession(LeaseHolder):
         while True:
             transition = step_rules.note_outcome(transition)  # the agent hears how it ended
             # Notes record the write pending before the step, or the one it makes pending.
-            effect = self.state.pending
-            if effect is None and transition.state is not None:
-                effect = transition.state.pending
+            effect = noted_write(
+                self.state.pending, None if transition.state is None else transition.state.pending
+            )
             if transition.state is not None:
                 entries = self.commit(
                     transition.state,
@@ -402,10 +403,22 @@ class RunSession(LeaseHolder):
         facts = self.facts()
         transition: Transition = rule(facts)
         if isinstance(transition.call, ReadEnvironment):
-            transition = rule(replace(facts, live=self.rt.adapter.environment()))
+            live = self.rt.adapter.environment()
+            transition = rule(replace(facts, live=live, hint=self.hint()))
         if isinstance(transition.call, ReadEnvironment):  # a rule's bug: it had one
             raise ValueError("a rule asked for the environment it was given")
         return transition
+
+    def hint(self) -> dict[str, str] | None:
+        """Where a person would look for the pending write (its adapter's hints), if one is pending.
+
+        Read only where the world is read for a freeze or an approval gate,
+        never on a step that settles by itself.
+        """
+        pending = self.state.pending
+        if pending is None or not pending.mutating:
+            return None
+        return where_to_look(self.rt.adapter, pending.idempotency_key, pending.intent) or None
 
     def ask(self, call: Lookup) -> LookupAnswer:
         """Ask the adapter about a write by its key (the lease is checked first)."""
@@ -459,7 +472,14 @@ class RunSession(LeaseHolder):
         return _humans.approve(self, document)
 
     def review(self, document: Any) -> RunState:
-        """Apply a signed reviewer decision (replan or abort) to the open review case."""
+        """Apply a signed reviewer decision to its open review case.
+
+        ``landed`` (the write is recorded committed by the reviewer, with their
+        evidence; nothing is sent), ``not_landed`` (it is sent once more under
+        its key at the next step), ``compensate``, ``replan``, ``abort`` or
+        ``accept``, as the case takes it (``tether.core.case_rules``); a
+        decision the case does not take is refused, traced, and raised.
+        """
         self.reload()
         return _humans.review(self, document)
 

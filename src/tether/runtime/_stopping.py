@@ -89,6 +89,8 @@ def park(
                 f"to the adapter ({answer.status}): {answer.detail}"
             )
         receipt = answer.receipt
+    if pending is not None and pending.mutating:
+        evidence = (*evidence, *settle_rules.hint_evidence(pending.idempotency_key, session.hint()))
     base, events = _without_rewind(session)
     if base is not session.state and session.state.rewinding is not None:
         evidence = (*evidence, {"kind": "rewind_plan", **session.state.rewinding.to_json()})

@@ -46,8 +46,22 @@ class Draft:
 
 
 def decisions() -> list[str]:
-    """The review decisions core knows (``accept`` appears once core defines it)."""
+    """Every review decision core knows (each case takes some: ``CaseEffect.decisions``)."""
     return [d.value for d in ReviewDecision]
+
+
+#: What each decision does, in the words the page shows beside its button.
+DECISION_HELP = {
+    "landed": "You found it in the world: the ledger records it committed by you, with what "
+    "you found; it is not sent again and the run goes on.",
+    "not_landed": "It never arrived: it is sent once more, under the same key, and the run "
+    "goes on.",
+    "compensate": "It landed and must be undone: it is recorded committed by you and undone "
+    "the way its kind declares (name what to undo).",
+    "replan": "Set its key aside for good and let the run plan again from the world as it is.",
+    "abort": "Fail the run; the ledger keeps what is known.",
+    "accept": "Take the environment as observed and go on.",
+}
 
 
 def signer_for(signers: list[Signer], roles: AbstractSet[str], what: str) -> Signer:
@@ -90,7 +104,8 @@ def prepare(
         case_id, decision = form.get("case_id", ""), form.get("decision", "")
         if decision not in decisions():
             raise ActionRefusedError(f"unknown decision {decision!r}; one of {decisions()}")
-        prepared = prepare_review(view, signer, case_id, decision, **common)
+        evidence = form.get("evidence", "").strip() or None
+        prepared = prepare_review(view, signer, case_id, decision, evidence=evidence, **common)
         return Draft(f"Decide {decision} on case {case_id}", prepared)
     if action == "rewind":
         signer = signer_for(signers, signer_roles("rewind", view, policy), "rewind a run")

@@ -218,7 +218,7 @@ def create_app(config: WebConfig) -> Starlette:
             page=page,
             view=page.view,
             state=page.view.state,
-            decisions=actions.decisions(),
+            decision_help=actions.DECISION_HELP,
             pretty=read.pretty,
             done=request.query_params.get("done"),
         )

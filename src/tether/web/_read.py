@@ -10,16 +10,35 @@ and the expiry of documents still waiting in the inbox.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tether.core import RunState, StoreError
-from tether.runtime import Page, RunView
+from tether.core import LedgerEntry, RunState, StoreError, format_time
+from tether.runtime import Page, RunView, case_effect
 from tether.store import Evidence
 
 #: How many trace events and ledger entries one run page shows.
 PAGE_ROWS = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Signed:
+    """A document a person signed for the pending write or an open case, and what became of it.
+
+    ``status`` is the inbox's (``waiting``, ``applied``, ``refused``);
+    ``expired``: still waiting, and past its expiry (the run will refuse it).
+    """
+
+    seq: int
+    kind: str
+    signer: str
+    decision: str
+    evidence: str
+    expires_at: str
+    status: str
+    why: str | None = None
+    expired: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +50,9 @@ class RunPage:
     cases: list[dict[str, Any]]
     #: Inbox seq -> the ``expires_at`` its signed body carries (for the live countdown).
     expiries: dict[int, str]
+    #: The newest approval signed for the pending write and not yet applied (waiting, or
+    #: refused), if any: while one waits, the page offers no second one.
+    pending_signed: Signed | None = None
 
 
 def page_of(query: Mapping[str, str]) -> Page:
@@ -59,39 +81,101 @@ def arrange(view: RunView, evidence: list[Evidence]) -> RunPage:
         body = item.document.get("body")
         if isinstance(body, dict) and isinstance(body.get("expires_at"), str):
             expiries[item.seq] = body["expires_at"]
+    signed = _signed(view, evidence)
+    pending = view.state.pending
+    pending_signed = None
+    if pending is not None:
+        pending_signed = _newest(
+            signed,
+            "approval",
+            lambda b: (
+                b.get("action_id") == pending.action_id
+                and b.get("idempotency_key") == pending.idempotency_key
+            ),
+        )
     return RunPage(
         view=view,
         effects=list(reversed(view.effects())),  # the newest effect first
-        cases=cases(view.state),
+        cases=cases(view.state, signed, view.ledger),
         expiries=expiries,
+        pending_signed=pending_signed,
     )
 
 
-def cases(state: RunState) -> list[dict[str, Any]]:
-    """Open review cases with the two sides of each: the run's intent and the adapter's receipt."""
-    out: list[dict[str, Any]] = []
-    pending = state.pending
-    for case in state.review_cases:
-        ours = (
-            pending
-            if pending is not None and pending.idempotency_key == case.idempotency_key
-            else None
+def _signed(view: RunView, evidence: list[Evidence]) -> list[tuple[Signed, dict[str, Any]]]:
+    """Approvals and review decisions in the inbox that are not applied: each with its body."""
+    status = {item.seq: item for item in view.inbox}
+    now = format_time(view.read_at)
+    out: list[tuple[Signed, dict[str, Any]]] = []
+    for item in evidence:
+        seen = status.get(item.seq)
+        body = item.document.get("body")
+        if seen is None or seen.status not in {"waiting", "refused"} or not isinstance(body, dict):
+            continue
+        if item.kind not in {"approval", "review_decision"}:
+            continue
+        expires = str(body.get("expires_at", ""))
+        out.append(
+            (
+                Signed(
+                    seq=item.seq,
+                    kind=item.kind,
+                    signer=str(item.document.get("signer", "?")),
+                    decision=str(body.get("decision", "approve")),
+                    evidence=str(body.get("evidence") or ""),
+                    expires_at=expires,
+                    status=seen.status,
+                    why=seen.why,
+                    expired=seen.status == "waiting" and expires <= now,
+                ),
+                body,
+            )
         )
+    return out
+
+
+def _newest(
+    signed: list[tuple[Signed, dict[str, Any]]], kind: str, about: Callable[[dict[str, Any]], bool]
+) -> Signed | None:
+    """The newest document of ``kind`` about it: one still waiting first, else the last refused."""
+    mine = [doc for doc, body in signed if doc.kind == kind and about(body)]
+    waiting = [doc for doc in mine if doc.status == "waiting" and not doc.expired]
+    if waiting:
+        return waiting[-1]
+    return mine[-1] if mine else None
+
+
+def _about_case(case_id: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda body: body.get("case_id") == case_id
+
+
+def cases(
+    state: RunState,
+    signed: list[tuple[Signed, dict[str, Any]]] | None = None,
+    ledger: Iterable[LedgerEntry] = (),
+) -> list[dict[str, Any]]:
+    """Open review cases: the write in question whole, where to look, the adapter's receipt,
+    and the decision a person signed for it, if one waits in the inbox."""
+    out: list[dict[str, Any]] = []
+    for case in state.review_cases:
+        effect = case_effect(state, case, ledger)
         receipt = case.receipt or {}
         out.append(
             {
                 "case_id": case.case_id,
                 "reason": case.reason,
                 "detail": case.detail,
-                "action_id": case.action_id,
-                "key": case.idempotency_key,
+                "action_id": effect.action_id,
+                "key": effect.idempotency_key,
                 "opened_at": case.opened_at,
                 "environment": case.environment,
+                "effect": effect,
+                "signed": _newest(signed or [], "review_decision", _about_case(case.case_id)),
                 "ours": {
-                    "intent_digest": case.intent_digest,
-                    "kind": None if ours is None else ours.intent.kind,
-                    "target": None if ours is None else ours.intent.target,
-                    "args": None if ours is None else pretty(ours.intent.args),
+                    "intent_digest": effect.intent_digest,
+                    "kind": effect.kind or None,
+                    "target": effect.target or None,
+                    "args": effect.arguments_text if effect.names_a_write else None,
                 },
                 "theirs": {
                     "intent_digest": receipt.get("intent_digest"),
@@ -107,6 +191,5 @@ def cases(state: RunState) -> list[dict[str, Any]]:
 
 
 def pretty(value: Any) -> str:
-    """JSON for people: sorted keys, indented, cut at 2,000 characters."""
-    text = json.dumps(value, sort_keys=True, indent=2, default=str)
-    return text if len(text) <= 2000 else text[:2000] + "\n..."
+    """JSON for people: sorted keys, indented, whole (the page scrolls it; nothing is cut)."""
+    return json.dumps(value, sort_keys=True, indent=2, default=str, ensure_ascii=False)

@@ -81,6 +81,26 @@ CASES: dict[str, tuple[Event, ...]] = {
         "step step approve:yes down:workspace:5 step policy:stricter advance::6 step step step "
         "approve:yes step step step"
     ),
+    # (Added last, so the cases above keep their seeds: the mutants' pins name them.)
+    # An unknown outcome settled by a person who looked in the world: the reply lost
+    # after the effect landed (landed), or the service down under a blind send that
+    # never landed (not_landed, then sent once more); killed right after the resend.
+    "settle_lost_reply": motif("lost_reply:tickets step step review:settle step step step step"),
+    "settle_lost_write": motif("lost_reply:workspace step step review:settle step step step step"),
+    "settle_never_landed": motif(
+        "down:tickets:5 down:workspace:5 step step advance::6 review:settle step step "
+        "review:settle step step step"
+    ),
+    "settle_then_crash": motif(
+        "down:tickets:5 down:workspace:5 step step advance::6 review:settle "
+        "crash_point:effect_sent step step review:settle advance::31 step step review:settle "
+        "step step review:settle step step step"
+    ),
+    # Replanned, then the same effect proposed again: a person finds the earlier one landed.
+    "settle_earlier": motif(
+        "lost_reply:tickets lost_reply:workspace step step review:replan step step "
+        "review:settle step step step"
+    ),
 }
 
 _TICKET = Item("ticket", "tickets", "printer")

@@ -13,6 +13,10 @@ Numbered as in issue 25:
 4. an effect whose outcome is unknown and cannot be settled by an
    authoritative look-up (blind adapter, key forgotten) is never followed by
    another send, nor by the end of the run, before the run reached review;
+   once a reviewer who looked in the world signed ``landed``, nothing is sent
+   under its key again (a send would be judged under 1), and one signed
+   ``not_landed`` reaches the world once under its own key before the run
+   completes with it committed;
 5. every ledger entry survives every rewind, restore and recovery;
 6. while an adapter is down, sends per effect within one worker's claim are
    bounded, and ``dispatched`` rows grow at most one per back-off period;
@@ -71,6 +75,9 @@ class Judge:
     rows: set[tuple[str, int, str]] = field(default_factory=set)
     #: key -> dispatched rows seen while its adapter was down, and since when it was down.
     down_rows: dict[str, int] = field(default_factory=dict)
+    #: key -> what a reviewer who looked in the world signed for its unknown outcome:
+    #: ``landed`` (nothing may be sent under it again) or ``not_landed`` (sent once more).
+    settled: dict[str, str] = field(default_factory=dict)
 
     def fail(self, invariant: int, text: str) -> None:
         self.violations.append(Violation(invariant, self.event, text))
@@ -89,6 +96,8 @@ class Judge:
         self.checks += 3
         if (r.namespace, r.key) in self.keys:
             self.fail(1, f"{r.kind} {r.target} under key {r.key} reached the world twice")
+        if self.settled.get(r.key) == "landed":
+            self.fail(1, f"{r.kind} {r.identity} ({r.key}) was sent after a reviewer signed landed")
         self.keys.add((r.namespace, r.key))
         forks = self.forks.get(r.identity, 0)  # a signed fork asked for it once more
         if r.namespace == "tickets":
@@ -170,6 +179,15 @@ class Judge:
         if phase == "needs_review":
             self.unknowable.clear()
             return
+        if phase == "completed":
+            received = {key for _, key in self.keys}
+            for key, decided in self.settled.items():
+                if decided == "not_landed" and key in committed and key not in received:
+                    self.fail(
+                        4,
+                        f"{key}, signed not_landed, is recorded committed and never reached "
+                        "the world",
+                    )
         if phase in {"completed", "failed", "cancelled"}:
             for key, since in list(self.unknowable.items()):
                 if key not in committed:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tether.core import EffectStatus, RunState
@@ -266,9 +266,32 @@ def _any_policy_version(real: Any) -> Any:
     return checked
 
 
+def _landed_resends(real: Any) -> Any:
+    from tether.core._case_table import Settlement
+
+    def settle_case(state: Any, case: Any, settled: Any, *args: Any, **kw: Any) -> Any:
+        if settled is Settlement.LANDED:
+            settled = Settlement.RESEND  # a person's "it landed" taken as "send it again"
+        return real(state, case, settled, *args, **kw)
+
+    return settle_case
+
+
+def _resend_uncommitted(real: Any) -> Any:
+    def resend(state: RunState, facts: Any) -> Transition:
+        transition: Transition = real(state, facts)
+        if transition.call is not None and transition.state is not None:
+            # Sent without first committing that it was: the order survives a crash.
+            return replace(transition, state=None, events=(), ledger=())
+        return transition
+
+    return resend
+
+
 def _mutants() -> dict[str, Mutant]:
     from tether.core import _actions as actions_rules
     from tether.core import _budgets as budget_rules
+    from tether.core import _case_rules as case_rules
     from tether.core import _evidence as evidence_rules
     from tether.core import _replay as replay_rules
     from tether.core import _steps as step_rules
@@ -434,6 +457,16 @@ def _mutants() -> dict[str, Mutant]:
                     (_replaying, "approval_problem", _any_policy_version),
                 ),
                 frozenset({"policy_change"}),
+            ),
+            Mutant(
+                "landed_resends",
+                "a reviewer's signed landed sends the write again (as not_landed would)",
+                ((case_rules, "settle_case", _landed_resends),),
+            ),
+            Mutant(
+                "resend_order_survives",
+                "the resend a reviewer's not_landed ordered leaves before its commit says so",
+                ((settle_rules, "resend_ordered", _resend_uncommitted),),
             ),
             Mutant(
                 "ledger_forgets",

@@ -27,6 +27,7 @@ from tether.core import (
     new_fork,
 )
 from tether.core import _replay as replay_rules
+from tether.core._case_table import CaseKind, case_kind, earlier_key
 from tether.core._evidence import consumed_nonces
 from tether.crypto import Signer, TrustRoots
 from tether.testing.simulate._scenario import RUN_ID, Event
@@ -108,24 +109,54 @@ def approve(sim: Simulation, event: Event) -> None:
     _deliver(sim, "approval", APPROVER, body)
 
 
+#: Cases whose write's outcome is unknown: a person can look in the world and settle them.
+UNKNOWN = frozenset(
+    {CaseKind.UNKNOWN_OUTCOME, CaseKind.UNKNOWN_ON_CANCEL, CaseKind.UNKNOWN_EARLIER}
+)
+
+
 def review(sim: Simulation, event: Event) -> None:
-    """Decide the open review case: ``replan``, ``abort`` or ``accept`` (where it applies)."""
+    """Decide the open review case: ``replan``, ``abort``, ``accept`` or ``settle``.
+
+    ``settle`` (and ``accept``, which only a drift case takes: on a write whose
+    outcome is unknown the person settles it instead) looks in the world, as a
+    person looks in the mailbox or the service: a reception under the case's
+    key is signed ``landed`` with what was found, none ``not_landed`` (an
+    earlier attempt a replan set aside takes only ``landed``). The judge is
+    told, so nothing may be sent under a key signed landed, and a key signed
+    not_landed may reach the world once.
+    """
     state = sim.state("needs_review")
     if state is None or state.phase is not Phase.NEEDS_REVIEW or not state.review_cases:
         return
+    case = state.review_cases[-1]
+    decision, evidence, key = event.arg, None, ""
+    kind = case_kind(case, state)
+    if decision in {"settle", "accept"} and kind in UNKNOWN:
+        key = earlier_key(case) if kind is CaseKind.UNKNOWN_EARLIER else case.idempotency_key
+        found = [r for r in sim.world.receptions if r.key == key]
+        if found:
+            decision, evidence = "landed", f"{found[0].namespace}:{found[0].identity}"
+        elif kind is CaseKind.UNKNOWN_EARLIER:
+            return  # nothing to find: its effect is sent again only by a fork
+        else:
+            decision = "not_landed"
     now = sim.clock.now()
     try:
         body = new_decision(
             state,
-            state.review_cases[-1],
+            case,
             REVIEWER.signer_id,
-            event.arg,
+            decision,
             issued_at=now,
             expires_at=now + LIFETIME,
             nonce=sim.people.next_nonce(),
+            evidence=evidence,
         )
     except TetherError:
-        return  # accept, where it cannot apply: the person picks another day
+        return  # a decision the case does not take: the person picks another day
+    if key:
+        sim.judge.settled[key] = decision
     _deliver(sim, "review_decision", REVIEWER, body)
 
 

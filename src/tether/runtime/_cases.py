@@ -1,0 +1,179 @@
+"""What a person reads of a review case before deciding it: the effect in question, whole.
+
+The operator page's case card and ``tether review``'s prompt both show
+:func:`case_effect`: which write the case is about (its kind, target,
+arguments, key, when it was sent), where to look for it in the world (the
+adapter's hints, recorded with the freeze), the receipt the adapter holds
+if any, and the decisions the case takes. Nothing is cut: arguments are
+shown whole (a person must never sign for content they did not see).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether.core import Compensation, LedgerEntry, ReviewCase, ReviewDecision, RunState, format_time
+from tether.core._case_table import CaseKind, case_kind, earlier_key, fitting, needs_evidence
+
+
+@dataclass(frozen=True, slots=True)
+class CaseEffect:
+    """A review case as a person decides it (see the module docstring).
+
+    ``arguments`` is ``None`` where the run does not keep them (a sensitive
+    kind, or a case about the run rather than a write); ``where_to_look``
+    holds the adapter's labelled hints (empty where it gave none).
+    """
+
+    case_id: str
+    reason: str
+    case_kind: str
+    decisions: tuple[str, ...]
+    #: The decisions among them that must carry what the reviewer found (``landed``).
+    evidence_for: tuple[str, ...]
+    detail: str
+    opened_at: str
+    action_id: str = ""
+    kind: str = ""
+    target: str = ""
+    arguments: Any = None
+    idempotency_key: str = ""
+    intent_digest: str = ""
+    status: str = ""
+    sent_at: str | None = None
+    where_to_look: dict[str, str] = field(default_factory=dict)
+    receipt: dict[str, Any] | None = None
+    #: How its kind said it could be undone (``adapter``, ``human``, ``none``), as the
+    #: ledger recorded it; ``None`` where the entries read did not say.
+    compensation: str | None = None
+
+    @property
+    def names_a_write(self) -> bool:
+        """Whether the case is about a write (else about the run: a worker, a rewind, drift)."""
+        return bool(self.idempotency_key)
+
+    @property
+    def arguments_text(self) -> str:
+        """The arguments as a person reads them: JSON, indented, whole."""
+        if self.arguments is None:
+            return "(not kept by the run: the policy marks this kind sensitive)"
+        return pretty(self.arguments)
+
+    def lines(self) -> list[tuple[str, str]]:
+        """(label, text) pairs, in the order a prompt shows them."""
+        out = [("case", f"{self.case_id} ({self.reason})"), ("detail", self.detail)]
+        if self.names_a_write:
+            out += [
+                ("action", self.action_id),
+                ("write", f"{self.kind} -> {self.target}"),
+                ("arguments", self.arguments_text),
+                ("idempotency key", self.idempotency_key),
+                ("status", self.status),
+                ("sent at", self.sent_at or "(never sent)"),
+            ]
+        else:
+            out.append(("write", "none: this case is about the run, not one write"))
+        out += [(f"look: {label}", text) for label, text in self.where_to_look.items()]
+        out.append(("decisions it takes", ", ".join(self.decisions)))
+        return out
+
+
+def pretty(value: Any) -> str:
+    """JSON for people: sorted keys, indented, whole (never cut)."""
+    return json.dumps(value, sort_keys=True, indent=2, default=str, ensure_ascii=False)
+
+
+def case_effect(
+    state: RunState, case: ReviewCase, ledger: Iterable[LedgerEntry] = ()
+) -> CaseEffect:
+    """What ``case`` in ``state`` is about, for the person who decides it.
+
+    ``ledger``: entries the reader holds (a page of them is enough: the
+    freeze's own entry is the newest); where one says the write's kind cannot
+    be undone by the runtime, ``compensate`` is not offered.
+    """
+    kind = case_kind(case, state)
+    key = earlier_key(case) if kind is CaseKind.UNKNOWN_EARLIER else case.idempotency_key
+    undo = next(
+        (e.terms.compensation.value for e in ledger if e.idempotency_key == key and e.terms),
+        None,
+    )
+    offered = [
+        d
+        for d in fitting(kind)
+        if d is not ReviewDecision.COMPENSATE or undo in {None, Compensation.ADAPTER.value}
+    ]
+    base: dict[str, Any] = {
+        "case_id": case.case_id,
+        "reason": case.reason,
+        "case_kind": kind.value,
+        "decisions": tuple(d.value for d in offered),
+        "evidence_for": tuple(d.value for d in offered if needs_evidence(kind, d)),
+        "compensation": undo,
+        "detail": case.detail,
+        "opened_at": format_time(case.opened_at),
+        "receipt": case.receipt,
+    }
+    pending = state.pending
+    if pending is not None and case.idempotency_key == pending.idempotency_key:
+        sent = pending.dispatched_at
+        hints = _hints(case, pending.idempotency_key)
+        return CaseEffect(
+            **base,
+            action_id=pending.action_id,
+            kind=pending.intent.kind,
+            target=pending.intent.target,
+            arguments=dict(pending.intent.args),
+            idempotency_key=pending.idempotency_key,
+            intent_digest=pending.intent_digest,
+            status=pending.status.value,
+            sent_at=None if sent is None else format_time(sent),
+            where_to_look=hints,
+        )
+    if kind is CaseKind.UNKNOWN_EARLIER:
+        key = earlier_key(case)
+        item = next((e for e in case.evidence if e.get("earlier_idempotency_key") == key), {})
+        found = item.get("effect")
+        shown: dict[str, Any] = found if isinstance(found, dict) else {}
+        told = shown.get("where_to_look")
+        return CaseEffect(
+            **base,
+            action_id=str(item.get("earlier_action_id") or ""),
+            kind=str(shown.get("kind") or ""),
+            target=str(shown.get("target") or ""),
+            arguments=shown.get("args"),
+            idempotency_key=key,
+            intent_digest=str(item.get("earlier_intent_digest") or ""),
+            status="outcome unknown (an earlier attempt, set aside by a replan)",
+            sent_at=item.get("earlier_sent_at"),
+            where_to_look=_how_last({str(k): str(v) for k, v in told.items()})
+            if isinstance(told, dict)
+            else {},
+        )
+    return CaseEffect(
+        **base,
+        action_id=case.action_id,
+        idempotency_key=case.idempotency_key,
+        intent_digest=case.intent_digest,
+        where_to_look=_hints(case, case.idempotency_key),
+    )
+
+
+def _hints(case: ReviewCase, key: str) -> dict[str, str]:
+    for item in case.evidence:
+        if item.get("kind") == "where_to_look" and item.get("idempotency_key") == key:
+            hints = item.get("hints")
+            if isinstance(hints, dict):
+                return _how_last({str(k): str(v) for k, v in hints.items()})
+    return {}
+
+
+def _how_last(hints: dict[str, str]) -> dict[str, str]:
+    """The hints as stored (their keys sorted, canonical JSON), with the advice ``how`` last."""
+    return {
+        **{k: v for k, v in hints.items() if k != "how"},
+        **{k: v for k, v in hints.items() if k == "how"},
+    }
