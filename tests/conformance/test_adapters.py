@@ -11,7 +11,7 @@ import pytest
 from examples.own_function.tickets import KIND, open_ticket
 
 from tests.integration._services import delivered, effects_service, smtp_adapter, smtp_server
-from tether.adapters import FileWorkspace, HttpEffect, Sandbox
+from tether.adapters import REFERENCE_PROFILE, FileWorkspace, HttpEffect, Sandbox
 from tether.core import ActionKind, Compensation, EnvironmentState, Intent, Receipt
 from tether.testing import adapter_conformance
 from tether.testing.adapter_conformance import *  # noqa: F403
@@ -85,7 +85,7 @@ def tether_adapter(
         clients: list[HttpEffect] = []
 
         def make_http() -> HttpEffect:
-            clients.append(HttpEffect(service.url, timeout_s=2))
+            clients.append(HttpEffect(service.url, profile=REFERENCE_PROFILE, timeout_s=2))
             return clients[-1]
 
         yield AdapterSubject(

@@ -22,6 +22,7 @@ from tests.integration._services import (
     stop,
 )
 from tether.adapters import (
+    REFERENCE_PROFILE,
     Adapters,
     AdaptersConfigError,
     FileWorkspace,
@@ -63,7 +64,7 @@ class Desk:
 
     def adapters(self, service_url: str | None = None) -> Adapters:
         workspace = FileWorkspace(self.root, self.tmp / "journal", verifier_allowlist=[VERIFIER])
-        http = HttpEffect(service_url or self.service.url, timeout_s=2)
+        http = HttpEffect(service_url or self.service.url, profile=REFERENCE_PROFILE, timeout_s=2)
         smtp: SmtpEffect = smtp_adapter(
             self.smtp_port, self.maildir if self.mailbox_lookup else None
         )

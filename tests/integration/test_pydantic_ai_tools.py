@@ -26,7 +26,7 @@ from tests.integration._services import (
     smtp_server,
 )
 from tether import effects
-from tether.adapters import Adapters, HttpEffect
+from tether.adapters import REFERENCE_PROFILE, Adapters, HttpEffect
 from tether.core import (
     ApprovalRequiredError,
     EvidenceBindingError,
@@ -56,7 +56,7 @@ class Desk:
         self.maildir = tmp_path / "maildir"
         self.service = service
         self.keyring = Keyring.generate("k1")
-        self.http = HttpEffect(service.url, timeout_s=5)
+        self.http = HttpEffect(service.url, profile=REFERENCE_PROFILE, timeout_s=5)
         self.smtp_port = smtp_port
         self.stores: list[SQLiteStore] = []
 

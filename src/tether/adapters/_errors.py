@@ -144,19 +144,21 @@ class KeyInFlightError(UnresolvedWriteError):
 
 
 class KeyReusedError(IdempotencyConflictError):
-    """The service says ``key`` was used with another payload (422): a person decides.
+    """The service says ``key`` was used with another payload (422, or as its profile says).
 
-    No receipt exists for the other payload; ``response`` is the service's answer.
+    A person decides. No receipt exists for the other payload; ``response`` is
+    the service's answer, ``status`` its status.
     """
 
-    def __init__(self, key: str, expected_digest: str, response: str) -> None:
+    def __init__(self, key: str, expected_digest: str, response: str, status: int = 422) -> None:
         self.key = key
         self.expected_digest = expected_digest
         self.receipt = None
         self.response = response
+        self.status = status
         AdapterError.__init__(
             self,
-            f"the service refused key {key} as reused with another payload (422): {response}",
+            f"the service refused key {key} as reused with another payload ({status}): {response}",
         )
 
 

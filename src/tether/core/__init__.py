@@ -47,6 +47,7 @@ from tether.core._errors import (
     LeaseHeldError,
     LeaseLostError,
     LedgerIntegrityError,
+    LookupInconclusiveError,
     MigrationError,
     MissingHighWaterMarkError,
     NeedsReviewError,
@@ -196,6 +197,7 @@ __all__ = [
     "LeaseHeldError",
     "LeaseLostError",
     "LedgerIntegrityError",
+    "LookupInconclusiveError",
     "MigrationError",
     "MissingHighWaterMarkError",
     "NeedsReviewError",
@@ -434,6 +436,15 @@ from tether.core._held import (  # noqa: E402
 )
 
 __all__ += ["AfterSettle", "HeldKind", "after_settle", "answers_held", "held_kind"]
+
+from tether.core._http_lookup import (  # noqa: E402
+    LookupReading,
+    LookupReply,
+    LookupShape,
+    read_lookup,
+)
+
+__all__ += ["LookupReading", "LookupReply", "LookupShape", "read_lookup"]
 
 from tether.core import _policy_change as policy_rules  # noqa: E402
 from tether.core._policy_change import Adoption  # noqa: E402

@@ -16,6 +16,7 @@ from tether.core import (
     IdempotencyConflictError,
     Lookup,
     LookupAnswer,
+    LookupInconclusiveError,
     LookupStatus,
     PreconditionFailedError,
     compensated_effect,
@@ -30,6 +31,9 @@ def ask(adapter: Adapter, call: Lookup) -> LookupAnswer:
         return LookupAnswer(LookupStatus.IN_PROGRESS, detail=str(exc))
     except AdapterUnavailableError as exc:
         return LookupAnswer(LookupStatus.UNAVAILABLE, detail=str(exc))
+    except LookupInconclusiveError as exc:
+        # Answered, proving nothing: never absence (see tether.core.read_lookup).
+        return LookupAnswer(LookupStatus.INCONCLUSIVE, detail=str(exc))
     except PreconditionFailedError as exc:
         # A look-up that finds the request refused (a stored 4xx) says so this way.
         return LookupAnswer(LookupStatus.REFUSED, detail=str(exc))
