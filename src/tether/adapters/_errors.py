@@ -178,6 +178,24 @@ class RequestRefusedError(PreconditionFailedError):
         AdapterError.__init__(self, f"POST /{target} refused with {status}: {response[:500]}")
 
 
+class KeyHeldError(RequestRefusedError):
+    """The service answers 409 for a key it already holds, in flight or done (``replay="conflict"``).
+
+    This send was not applied. Whether an earlier one under the key landed,
+    no wait and no resend can tell: read like any refusal, a first send's is
+    a rejected effect, a resend's an unknown outcome for a person.
+    """
+
+    def __init__(self, target: str, key: str, response: str) -> None:
+        super().__init__(target, 409, response)
+        self.key = key
+        AdapterError.__init__(
+            self,
+            f"POST /{target}: the service holds key {key} already (409), in flight or done; "
+            "a resend cannot tell whether it landed",
+        )
+
+
 class FunctionRefusedError(PreconditionFailedError):
     """A function effect's body raised an exception it declares as "nothing happened" (refused).
 

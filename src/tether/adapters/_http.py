@@ -59,6 +59,7 @@ from tether.adapters._base import Fence
 from tether.adapters._errors import (
     FenceRejectedError,
     HttpConfigError,
+    KeyHeldError,
     KeyInFlightError,
     KeyReusedError,
     NotQueryableError,
@@ -164,7 +165,7 @@ class HttpEffect(RemoteEffect):
         # What the profile declares, and nothing more: a same-key resend only where
         # it cannot be a second effect; absence only from a declared look-up.
         self._capabilities = Capabilities(
-            idempotent=profile.resend_safe,
+            idempotent=profile.settles_by_resend,
             queryable=profile.lookup is not None,
             conditional_writes=False,
             fencing=profile.fencing,
@@ -359,10 +360,13 @@ class HttpEffect(RemoteEffect):
             self._check_instance(response, acted_on=200 <= response.status_code < 300)
             if not self.profile.in_flight(response.status_code):
                 return self._answer(key, intent, prestate, fence, response)
+            if self.profile.replay == "conflict" and self.profile.lookup is None:
+                # 409 for any key it holds, in flight or done: no wait and no resend
+                # can tell which, and nothing can be asked. A resend's: a person decides.
+                raise KeyHeldError(intent.target, key, response.text[:500])
             if attempt < self.profile.in_flight_retries:
                 time.sleep(self.profile.in_flight_wait_s * 2**attempt)
-        held = "in flight" if self.profile.replay != "conflict" else "in flight or done"
-        raise KeyInFlightError(key, f"POST {path}: the service holds the key, {held} (409)")
+        raise KeyInFlightError(key, f"POST {path} is still in flight at the service (409)")
 
     def _answer(
         self,
@@ -452,12 +456,14 @@ class HttpEffect(RemoteEffect):
             raise AdapterUnavailableError(
                 f"{self.base_url}: the look-up request failed: {type(exc).__name__}: {exc}"
             ) from exc
-        absent = self.profile.lookup_absent_status
-        self._check_instance(response, acted_on=response.status_code in (200, absent))
         sent = None
         if intent is not None:
             sent = reference_fingerprint("POST", *self._request(intent))
         reading = read_lookup(_reply(response), key=key, shape=self.profile.lookup_shape, sent=sent)
+        # An answer naming another instance is drift whatever it says; one the run
+        # would act on must name the bound instance (an inconclusive one acts on nothing).
+        unproven = {LookupStatus.UNAVAILABLE, LookupStatus.INCONCLUSIVE}
+        self._check_instance(response, acted_on=reading.status not in unproven)
         where = f"{self.base_url}: the look-up for key {key}"
         status = reading.status
         if status is LookupStatus.UNAVAILABLE:

@@ -10,10 +10,14 @@ tether do more, and only that:
 the profile says          tether
 ========================  =====================================================
 nothing (the default)     a send whose reply was lost: review
-``replay`` is             a same-key resend is safe (:attr:`~ServiceProfile.
-``first_response`` or     resend_safe`): after a crash between the send and
-``conflict``, and         its record, the write is sent again under its key
-``refuses_in_flight``     (within ``retention_s``), not sent to review
+``replay`` is             a same-key resend settles a lost reply
+``first_response`` and    (:attr:`~ServiceProfile.settles_by_resend`): after a
+``refuses_in_flight``     crash between the send and its record, the write is
+                          sent again under its key (within ``retention_s``)
+                          and the stored response is its receipt
+``replay`` is             a same-key resend is never a second effect, but its
+``conflict`` and          409 says nothing of the first: a lost reply still
+``refuses_in_flight``     goes to review (unless a look-up is declared)
 ``lookup`` (a route)      a lost reply is settled by asking the route by key;
                           only its declared "no record" answer is absence
 ``lookup`` and a safe     absence is final: resent under the same key at once
@@ -154,6 +158,17 @@ class ServiceProfile:
         return self.replay != "new_effect" and self.refuses_in_flight
 
     @property
+    def settles_by_resend(self) -> bool:
+        """Whether a same-key resend is safe AND answers with the first response (a receipt).
+
+        Only then is the service idempotent in the runtime's sense: a write whose
+        reply was lost is settled by sending it again under its key. A service
+        that answers a held key with 409 (``replay="conflict"``) never says
+        whether the first request landed, so a resend cannot settle it.
+        """
+        return self.resend_safe and self.replay == "first_response"
+
+    @property
     def lookup_shape(self) -> LookupShape:
         """The look-up route's declared "no record" answer, as the core rule reads it."""
         fields = tuple(sorted(self.lookup_absent.items()))
@@ -198,9 +213,9 @@ STRIPE_REPLAY = ServiceProfile(
 
 #: A service that answers 409 to any request under a key it already holds,
 #: in flight or completed (a unique key column), and never returns the stored
-#: response. A same-key resend is never a second effect, but its 409 never
-#: proves the first one landed: the run waits for the key, then (past
-#: ``in_flight_limit_s``) a person decides.
+#: response. A same-key resend is never a second effect: after a crash before
+#: the send it goes out and lands once; after a crash past the send its 409
+#: cannot say whether the first landed, so a person decides at once.
 CONFLICT_409 = ServiceProfile(
     replay="conflict",
     refuses_in_flight=True,
