@@ -154,8 +154,9 @@ def test_the_ledger_says_who_carried_each_effect_and_what_it_can_promise(desk: D
     ) == [
         ("email.send", "smtp", CUSTOMER, RetrySemantics.QUERYABLE, Compensation.HUMAN),
         ("file.write", "file-workspace", "reply.txt", RetrySemantics.IDEMPOTENT, Compensation.NONE),
-        # The reference service can cancel a ticket (its profile's compensate path).
-        ("http.post", "http", "tickets", RetrySemantics.QUERYABLE, Compensation.ADAPTER),
+        # The reference service replays a key (its profile settles a lost reply by a
+        # resend, the strongest promise) and can cancel a ticket (a compensate path).
+        ("http.post", "http", "tickets", RetrySemantics.IDEMPOTENT, Compensation.ADAPTER),
     ]
     assert len(terms) == 3 and all(e.terms is not None and e.epoch == 1 for e in entries)
     intended = {
