@@ -27,9 +27,7 @@ from tether.testing.simulate import (
     simulate,
 )
 from tether.testing.simulate.__main__ import main
-from tether.testing.simulate._directed import _FIRST_MIXES as FIRST_MIXES
-from tether.testing.simulate._directed import _caps as directed_caps
-from tether.testing.simulate._directed import case_of, directed
+from tether.testing.simulate._directed import FIRST_MIXES, capability_mixes, case_of, directed
 from tether.testing.simulate._mutants import planted
 from tether.testing.simulate._scenario import MOTIFS
 
@@ -134,7 +132,7 @@ def test_a_healthy_run_ends_beside_one_that_cannot_go_on() -> None:
     assert len(beside) == 30  # three cases, five capability mixes, two plans
     # On the mixes added later (a safe resend without a look-up, final absence
     # without replay) a hostile look-up may never be asked: that run can go on.
-    stuck_mixes = directed_caps(True)[:FIRST_MIXES]
+    stuck_mixes = capability_mixes(True)[:FIRST_MIXES]
     for scenario, result in beside:
         assert result.ok, (scenario.seed, result.violations)
         ending, _, then = result.neighbour.partition(", ")

@@ -123,7 +123,7 @@ BUDGETS: dict[str, int | str] = {
 }
 
 
-def _caps(remote: bool) -> tuple[Capabilities, ...]:
+def capability_mixes(remote: bool) -> tuple[Capabilities, ...]:
     """The capability mixes, as the profiles of shipped adapters declare them.
 
     For an ``HttpEffect``: ``REFERENCE_PROFILE`` (a look-up, absence final, a
@@ -149,15 +149,15 @@ def _caps(remote: bool) -> tuple[Capabilities, ...]:
 
 
 #: The mixes directed cases were first played on; later mixes are numbered after them.
-_FIRST_MIXES = 3
+FIRST_MIXES = 3
 
 
 def directed(knobs: frozenset[str] = CI_KNOBS) -> list[Scenario]:
     """Every case whose knobs are on, against every capability mix and plan order."""
     out: list[Scenario] = []
     index = 0
-    mixes = len(_caps(False))
-    rounds = (range(_FIRST_MIXES), range(_FIRST_MIXES, mixes))
+    mixes = len(capability_mixes(False))
+    rounds = (range(FIRST_MIXES), range(FIRST_MIXES, mixes))
     for chosen, (name, events) in itertools.product(rounds, CASES.items()):
         for mix, plan in itertools.product(chosen, CASE_PLANS.get(name, PLANS)):
             index += 1
@@ -166,8 +166,8 @@ def directed(knobs: frozenset[str] = CI_KNOBS) -> list[Scenario]:
             base = draw(1_000_000 + index, knobs, events=0)
             fields: dict[str, Any] = {
                 "seed": 1_000_000 + index,
-                "workspace": _caps(False)[mix],
-                "tickets": _caps(True)[mix],
+                "workspace": capability_mixes(False)[mix],
+                "tickets": capability_mixes(True)[mix],
                 "gated": (),
                 "plan": plan,
                 "events": events,
