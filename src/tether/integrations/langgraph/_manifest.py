@@ -26,7 +26,7 @@ from typing import Any
 from tether.core import CheckpointCorruptError, StoreError, canonical_bytes
 from tether.crypto import Keyring, envelope_digest, seal
 from tether.integrations.langgraph._errors import PendingWriteMissingError
-from tether.integrations.langgraph._seal import _bind, _int, _open, _text
+from tether.integrations.langgraph._seal import bind_field, int_field, open_payload, text_field
 
 WRITES_FORMAT = "tether.langgraph.writes.v1"
 _FIELDS = frozenset({"format", "thread_id", "checkpoint_ns", "checkpoint_id", "writes"})
@@ -92,7 +92,7 @@ def open_manifest(
     envelope: bytes, keyring: Keyring, *, thread_id: str, checkpoint_ns: str, checkpoint_id: str
 ) -> WritesManifest:
     """Verify the manifest read from the mark that names ``checkpoint_id``."""
-    doc = _open(envelope, keyring, thread_id, WRITES_FORMAT, _FIELDS)
+    doc = open_payload(envelope, keyring, thread_id, WRITES_FORMAT, _FIELDS)
     writes = doc["writes"]
     if not isinstance(writes, list):
         raise CheckpointCorruptError("the writes manifest holds no list", run_id=thread_id)
@@ -101,15 +101,15 @@ def open_manifest(
         if not isinstance(item, list) or len(item) != 3:
             raise CheckpointCorruptError("a writes manifest entry is malformed", run_id=thread_id)
         entry = {"task": item[0], "idx": item[1], "digest": item[2]}
-        entries[(_text(entry, "task", thread_id), _int(entry, "idx", thread_id))] = _text(
-            entry, "digest", thread_id
+        entries[(text_field(entry, "task", thread_id), int_field(entry, "idx", thread_id))] = (
+            text_field(entry, "digest", thread_id)
         )
     for what, expected in (
         ("thread_id", thread_id),
         ("checkpoint_ns", checkpoint_ns),
         ("checkpoint_id", checkpoint_id),
     ):
-        _bind(thread_id, (what, expected, _text(doc, what, thread_id)))
+        bind_field(thread_id, (what, expected, text_field(doc, what, thread_id)))
     return WritesManifest(thread_id, checkpoint_ns, checkpoint_id, entries)
 
 
