@@ -124,6 +124,11 @@ def reference_fingerprint(method: str, path: str, body: bytes) -> str:
 class HttpEffect(RemoteEffect):
     """An adapter for one HTTP service: ``http.post`` to paths under ``base_url``.
 
+    ``profile`` declares what the service promises about keys
+    (:class:`ServiceProfile`, or a preset: ``IETF_DRAFT``, ``STRIPE_REPLAY``,
+    ``CONFLICT_409``, ``REFERENCE_PROFILE``); without one nothing is assumed
+    and every uncertain outcome goes to review.
+
     Two services in one run each need their own action kind and namespace:
     ``HttpEffect(url, kind="stripe.post", namespace="stripe")``.
     """
