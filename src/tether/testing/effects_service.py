@@ -4,8 +4,11 @@ It ships with tether for tests and the demo. It stores the first response
 for a key (errors included), fingerprints the payload, answers ``400`` for a
 missing or malformed key, ``409`` while the same key is in flight, ``422`` for
 a key reused with another payload, forgets keys after a retention period,
-and can be asked by key (``GET /idempotency/{key}``). Data lives in its own
-SQLite file, so a restarted service remembers everything.
+and can be asked by key (``GET /idempotency/{key}``; no record: ``404
+{"error": "unknown_key", "idempotency_key": KEY}``). Data lives in its own
+SQLite file, so a restarted service remembers everything. What it promises
+is declared by ``tether.adapters.REFERENCE_PROFILE``; an ``HttpEffect``
+without that profile assumes none of it.
 
 A ticket can be compensated: ``POST /tickets/{id}/cancel`` under its own
 ``Idempotency-Key`` cancels it once (stored, replayed and looked up exactly
@@ -27,7 +30,7 @@ test through ``POST /_admin/mode``, makes it behave as measured elsewhere:
 ``drop_after_commit``  commit the ticket, then drop the connection mid-reply
 ``commit_then_500``    commit the ticket, then answer 500
 ``slow_s``             seconds between taking the key and committing (in-flight 409s)
-``lying_lookup``       the look-up answers 404 for every key
+``lying_lookup``       the look-up answers its own 404 (no record) for every key
 ``no_inflight_lock``   two concurrent requests with one key both execute
 ``mismatch``           ``"422"`` (faithful), ``"400"`` (Stripe's ``idempotency_error``),
                        ``"new_effect"`` or ``"replay"``
