@@ -205,7 +205,7 @@ def ticket_runtime(
 
 def tether_child(args: argparse.Namespace) -> None:
     """tether's Runtime over HttpEffect; killed at EFFECT_SENT, then recovered."""
-    from tether.adapters import HttpEffect
+    from tether.adapters import REFERENCE_PROFILE, HttpEffect
     from tether.core import Observation, Proposal
     from tether.crypto import Keyring
     from tether.runtime import AgentContext, Decision
@@ -236,7 +236,7 @@ def tether_child(args: argparse.Namespace) -> None:
         keyfile.chmod(0o600)
     keyring = Keyring.from_file(keyfile)
     store = open_store(args.store)
-    with HttpEffect(args.url) as http:
+    with HttpEffect(args.url, profile=REFERENCE_PROFILE) as http:
         armed = args.phase == "first"
         runtime = ticket_runtime(
             http, store, keyring, "compare-kill", armed=armed, agent=OneTicket()
@@ -317,10 +317,10 @@ def graph_child(args: argparse.Namespace) -> None:
 def guarded_run(args: argparse.Namespace, keyring: Any, closers: list[Any]) -> Any:
     """The tether run the TetherSaver graph's effect goes through (killed at EFFECT_SENT when armed)."""
     from tether import effects
-    from tether.adapters import HttpEffect
+    from tether.adapters import REFERENCE_PROFILE, HttpEffect
     from tether.store import open_store
 
-    http = HttpEffect(args.url)
+    http = HttpEffect(args.url, profile=REFERENCE_PROFILE)
     store = open_store(args.store)
     closers += [http.close, store.close]
     armed = os.environ.get("COMPARE_ARMED") == "1"

@@ -326,7 +326,10 @@ def one_repeat(
 def profile(
     base: Path, svc: Service, keyring: Keyring, n: int, clock: str, out: str | None
 ) -> None:
-    with SQLiteStore(base / "profile.sqlite") as store, HttpEffect(svc.url) as http:
+    with (
+        SQLiteStore(base / "profile.sqlite") as store,
+        HttpEffect(svc.url, profile=REFERENCE_PROFILE) as http,
+    ):
         side = Tether(store, http, keyring, n)
         for _ in range(WARMUP):
             side.effect()

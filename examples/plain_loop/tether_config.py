@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import tether
 from examples.plain_loop.desk import DRAFT, Config
-from tether.adapters import Adapters, FileWorkspace, HttpEffect, MaildirLookup, SmtpEffect
+from tether.adapters import (
+    REFERENCE_PROFILE,
+    Adapters,
+    FileWorkspace,
+    HttpEffect,
+    MaildirLookup,
+    SmtpEffect,
+)
 from tether.runtime import CrashPlan
 from tether.store import ContentStore
 from tether.testing import Sandbox
@@ -38,7 +45,7 @@ def adapters(config: Config) -> Adapters:
     """The workspace, the ticket service and the mail server, as one run's adapters."""
     return Adapters(
         FileWorkspace(config.workspace, config.state / "journal", verifier_allowlist=[VERIFIER]),
-        HttpEffect(config.tickets_url),
+        HttpEffect(config.tickets_url, profile=REFERENCE_PROFILE),
         SmtpEffect(
             config.smtp_host,
             config.smtp_port,

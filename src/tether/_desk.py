@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from tether import _demo
 from tether.adapters import (
+    REFERENCE_PROFILE,
     Adapters,
     FileWorkspace,
     HttpEffect,
@@ -342,7 +343,11 @@ def adapters(paths: _demo.DemoPaths, services: DeskServices) -> Adapters:
         mailbox_lookup=MaildirLookup(services.maildir) if services.mail_lookup else None,
         timeout_s=10,
     )
-    return Adapters(workspace(paths), HttpEffect(services.ticket_url, timeout_s=10), smtp)
+    return Adapters(
+        workspace(paths),
+        HttpEffect(services.ticket_url, profile=REFERENCE_PROFILE, timeout_s=10),
+        smtp,
+    )
 
 
 def runtime(

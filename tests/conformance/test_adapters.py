@@ -11,7 +11,7 @@ import pytest
 from examples.own_function.tickets import KIND, open_ticket
 
 from tests.integration._services import delivered, effects_service, smtp_adapter, smtp_server
-from tether.adapters import FileWorkspace, HttpEffect
+from tether.adapters import IETF_DRAFT, REFERENCE_PROFILE, FileWorkspace, HttpEffect
 from tether.core import ActionKind, Compensation, EnvironmentState, Intent, Receipt
 from tether.testing import Sandbox, adapter_conformance
 from tether.testing.adapter_conformance import *  # noqa: F403
@@ -22,7 +22,9 @@ def file_write(n: int) -> tuple[str, str, dict[str, Any]]:
     return "file.write", "notes.txt", {"content": f"version {n}\n"}
 
 
-@pytest.fixture(params=["sandbox", "workspace", "http", "smtp", "function"])
+@pytest.fixture(
+    params=["sandbox", "workspace", "http", "http-ietf", "http-nothing", "smtp", "function"]
+)
 def tether_adapter(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[AdapterSubject]:
@@ -81,11 +83,17 @@ def tether_adapter(
                 compensations=lambda: len(service.compensations()),
             )
         return
+    # The reference service and its profile; the draft preset (no look-up) on it;
+    # and no profile at all, on the service playing a keyless third-party server.
+    profile = {"http": REFERENCE_PROFILE, "http-ietf": IETF_DRAFT, "http-nothing": None}
     with effects_service(tmp_path) as service:
+        if request.param == "http-nothing":
+            service.mode(ignore_keys=True, lookup_route="missing", ignore_instance=True)
         clients: list[HttpEffect] = []
 
         def make_http() -> HttpEffect:
-            clients.append(HttpEffect(service.url, timeout_s=2))
+            chosen = profile[request.param]
+            clients.append(HttpEffect(service.url, profile=chosen, timeout_s=2))
             return clients[-1]
 
         yield AdapterSubject(
@@ -94,6 +102,7 @@ def tether_adapter(
             effects=lambda: len(service.tickets()),
             lose_next_reply=lambda: service.mode(drop_after_commit=True) and None,
             compensations=lambda: len(service.compensations()),
+            unproven_lookup=lambda: service.mode(lookup_route="missing") and None,
         )
         for client in clients:
             client.close()
@@ -194,3 +203,26 @@ def test_the_suite_fails_an_adapter_that_declares_a_compensation_it_cannot_do() 
     subject = broken(ClaimsUndo({"notes.txt": "draft\n"}))
     with pytest.raises(AssertionError, match="no compensate"):
         adapter_conformance.test_an_offered_compensation_is_one_effect_under_its_own_key(subject)
+
+
+class ReadsNoRouteAsNothing(Sandbox):
+    """Once its look-up route is gone, answers every key with "nothing" (the old HTTP default)."""
+
+    route_gone = False
+
+    def lookup(self, key: str) -> Receipt | None:
+        return None if self.route_gone else super().lookup(key)
+
+
+def test_the_suite_fails_an_adapter_that_reads_no_route_as_nothing() -> None:
+    """The declared-route check can fail: a "no such route" answer read as absence is caught."""
+    liar = ReadsNoRouteAsNothing({"notes.txt": "draft\n"})
+
+    def break_route() -> None:
+        liar.route_gone = True
+
+    subject = AdapterSubject(
+        make=lambda: liar, write=file_write, effects=liar.write_count, unproven_lookup=break_route
+    )
+    with pytest.raises(AssertionError, match="never proves"):
+        adapter_conformance.test_a_look_up_from_no_declared_route_is_never_absence(subject)

@@ -23,7 +23,14 @@ from typing import Any
 import httpx
 
 from tests.conftest import ScriptedAgent, finish, make_policy, make_task, write
-from tether.adapters import Adapters, FileWorkspace, HttpEffect, MaildirLookup, SmtpEffect
+from tether.adapters import (
+    REFERENCE_PROFILE,
+    Adapters,
+    FileWorkspace,
+    HttpEffect,
+    MaildirLookup,
+    SmtpEffect,
+)
 from tether.crypto import Keyring
 from tether.runtime import CrashPlan, CrashPoint, Runtime
 from tether.store import open_store
@@ -56,7 +63,7 @@ def adapters(base: Path, run_id: str, service_url: str, smtp_port: int, maildir:
     workspace = FileWorkspace(
         base / run_id / "tree", base / run_id / "journal", verifier_allowlist=[VERIFIER]
     )
-    http = HttpEffect(service_url, timeout_s=10)
+    http = HttpEffect(service_url, profile=REFERENCE_PROFILE, timeout_s=10)
     smtp = SmtpEffect(
         "127.0.0.1",
         smtp_port,

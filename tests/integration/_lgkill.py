@@ -33,7 +33,7 @@ from langgraph.prebuilt import ToolNode
 
 from tests.integration._zygote import serve
 from tether import effects
-from tether.adapters import HttpEffect
+from tether.adapters import REFERENCE_PROFILE, HttpEffect
 from tether.crypto import Keyring
 from tether.integrations.langgraph import TetherSaver, guard
 from tether.store import open_store
@@ -85,7 +85,7 @@ def guarded(first: bool, url: str, title: str, where: Path) -> Any:
     url_of_store = f"sqlite:///{where / 'tether.sqlite'}"
     tool = guard(open_ticket, kind="http.post", to_effect=lambda a: ("tickets", {"json": dict(a)}))
     with (
-        HttpEffect(url) as http,
+        HttpEffect(url, profile=REFERENCE_PROFILE) as http,
         TetherSaver.from_url(url_of_store, keyring) as saver,
     ):
         store = open_store(url_of_store)

@@ -33,7 +33,7 @@ from pydantic_ai.toolsets import FunctionToolset
 from tests.conftest import make_policy, make_task
 from tests.integration._zygote import serve
 from tether import effects
-from tether.adapters import Adapter, HttpEffect
+from tether.adapters import REFERENCE_PROFILE, Adapter, HttpEffect
 from tether.core import Policy, TaskSpec
 from tether.crypto import Keyring
 from tether.integrations.pydantic_ai import Guard, TetherToolset
@@ -137,7 +137,7 @@ def phase(request: dict[str, Any]) -> None:
     calls: list[str] = []
     if request["guarded"]:
         base = Path(request["base"])
-        http = HttpEffect(request["url"], timeout_s=10)
+        http = HttpEffect(request["url"], profile=REFERENCE_PROFILE, timeout_s=10)
         keyring = Keyring.from_file(base / "keyring.json")
         with open_store(request["store"]) as store:
             runtime = Runtime(

@@ -117,7 +117,7 @@ def service(tmp_path: Path) -> Iterator[EffectsService]:
 
 @pytest.fixture
 def http(service: EffectsService) -> Iterator[HttpEffect]:
-    with HttpEffect(service.url, timeout_s=2) as adapter:
+    with HttpEffect(service.url, profile=REFERENCE_PROFILE, timeout_s=2) as adapter:
         yield adapter
 
 
@@ -273,7 +273,7 @@ def test_accepting_an_unknown_outcome_closes_its_review_case(
 ) -> None:
     """An unknown outcome frozen for review: a signed accept reopens the run, key quarantined."""
     service.mode(drop_after_commit=True)
-    blind = replace(REFERENCE_PROFILE, lookup=None)
+    blind = replace(REFERENCE_PROFILE, lookup=None, replay="new_effect")  # promises nothing
     with HttpEffect(service.url, profile=blind, timeout_s=2) as http:
         rt = http_runtime(tmp_path, http)
         session = rt.start("r1")
@@ -343,7 +343,7 @@ def test_an_unknown_outcome_of_a_blind_compensation_goes_to_review(
     tmp_path: Path, service: EffectsService
 ) -> None:
     """No look-up by key: a compensation whose reply was lost is frozen, never sent again."""
-    blind = replace(REFERENCE_PROFILE, lookup=None)
+    blind = replace(REFERENCE_PROFILE, lookup=None, replay="new_effect")  # promises nothing
     with HttpEffect(service.url, profile=blind, timeout_s=2) as http:
         rt = http_runtime(tmp_path, http)
         session, key = posted(rt)

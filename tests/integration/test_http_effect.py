@@ -51,7 +51,7 @@ def service(tmp_path: Path) -> Iterator[EffectsService]:
 
 @pytest.fixture
 def http(service: EffectsService) -> Iterator[HttpEffect]:
-    with HttpEffect(service.url, timeout_s=2) as adapter:
+    with HttpEffect(service.url, profile=REFERENCE_PROFILE, timeout_s=2) as adapter:
         yield adapter
 
 
@@ -100,7 +100,10 @@ def test_the_same_key_with_another_intent_is_a_conflict(
 def test_a_key_in_flight_is_asked_again_with_the_same_key(service: EffectsService) -> None:
     """409 while the first request commits: the adapter waits and resends the SAME key."""
     service.mode(slow_s=0.5)
-    with HttpEffect(service.url, timeout_s=5) as a, HttpEffect(service.url, timeout_s=5) as b:
+    with (
+        HttpEffect(service.url, profile=REFERENCE_PROFILE, timeout_s=5) as a,
+        HttpEffect(service.url, profile=REFERENCE_PROFILE, timeout_s=5) as b,
+    ):
         intent = ticket(a)
         results = []
         first = threading.Thread(
@@ -121,7 +124,7 @@ def test_a_key_still_in_flight_after_the_bounded_wait_is_unresolved(
     service.mode(slow_s=1.5)
     profile = replace(REFERENCE_PROFILE, in_flight_retries=2, in_flight_wait_s=0.05)
     with (
-        HttpEffect(service.url, timeout_s=5) as a,
+        HttpEffect(service.url, profile=REFERENCE_PROFILE, timeout_s=5) as a,
         HttpEffect(service.url, profile=profile) as b,
     ):
         intent = ticket(a)
@@ -153,7 +156,7 @@ def test_a_lost_or_false_reply_is_unknown_and_the_look_up_finds_the_ticket(
 def test_a_timeout_after_sending_is_unknown(service: EffectsService) -> None:
     """The service is slower than the client's timeout: unknown, and the ticket lands anyway."""
     service.mode(slow_s=1.0)
-    with HttpEffect(service.url, timeout_s=0.3) as http:
+    with HttpEffect(service.url, profile=REFERENCE_PROFILE, timeout_s=0.3) as http:
         intent = ticket(http)
         with pytest.raises(AdapterUnavailableError, match="unknown"):
             http.execute("k1", intent, http.environment())
@@ -189,7 +192,7 @@ def test_the_environment_names_the_service_instance(tmp_path: Path) -> None:
     """Restarted on its own data it is the same instance; another database is another."""
     one = start_service(tmp_path / "a.sqlite", tmp_path / "a.log")
     try:
-        with HttpEffect(one.url) as http:
+        with HttpEffect(one.url, profile=REFERENCE_PROFILE) as http:
             before = http.environment()
         assert one.instance_id in before.instance_id
     finally:
@@ -197,9 +200,12 @@ def test_the_environment_names_the_service_instance(tmp_path: Path) -> None:
     again = start_service(tmp_path / "a.sqlite", tmp_path / "a.log")
     other = start_service(tmp_path / "b.sqlite", tmp_path / "b.log")
     try:
-        with HttpEffect(again.url) as http:
+        with HttpEffect(again.url, profile=REFERENCE_PROFILE) as http:
             assert http.environment().instance_id.split("#")[1] == one.instance_id
-        with HttpEffect(other.url) as http, pytest.raises(EnvironmentDriftError):
+        with (
+            HttpEffect(other.url, profile=REFERENCE_PROFILE) as http,
+            pytest.raises(EnvironmentDriftError),
+        ):
             http.execute("k1", ticket(http), before)  # an intent for another instance
     finally:
         stop(again)
@@ -207,19 +213,23 @@ def test_the_environment_names_the_service_instance(tmp_path: Path) -> None:
 
 
 def test_capabilities_follow_the_declared_profile(service: EffectsService) -> None:
-    """Never idempotent; queryable with a look-up; absent is final only if keys dedupe."""
-    with HttpEffect(service.url) as http:
+    """Idempotent only where a resend is safe; queryable with a look-up; absence final only then."""
+    with HttpEffect(service.url, profile=REFERENCE_PROFILE) as http:
         caps = http.capabilities
-        assert (caps.idempotent, caps.queryable, caps.absent_is_final) == (False, True, True)
+        assert (caps.idempotent, caps.queryable, caps.absent_is_final) == (True, True, True)
         assert caps.retention_s == REFERENCE_PROFILE.retention_s and caps.fencing
     partial = replace(REFERENCE_PROFILE, replay="new_effect")
     with HttpEffect(service.url, profile=partial) as http:
-        assert http.capabilities.absent_is_final is False
-    blind = replace(REFERENCE_PROFILE, lookup=None)
-    with HttpEffect(service.url, profile=blind) as http:
-        assert http.capabilities.blind
+        assert not http.capabilities.idempotent and http.capabilities.absent_is_final is False
+    resend_only = replace(REFERENCE_PROFILE, lookup=None)
+    with HttpEffect(service.url, profile=resend_only) as http:
+        assert http.capabilities.idempotent and not http.capabilities.queryable
         with pytest.raises(NotQueryableError):
             http.lookup("k1")
+    with HttpEffect(service.url) as http:  # no profile: nothing promised
+        caps = http.capabilities
+        assert caps.blind and not caps.absent_is_final and not caps.fencing
+        assert http.environment().instance_id == service.url + "#"  # no identity path asked
 
 
 def test_a_lying_look_up_finds_nothing(http: HttpEffect, service: EffectsService) -> None:
@@ -237,7 +247,10 @@ def test_an_unreachable_service_is_unavailable(tmp_path: Path) -> None:
     running = start_service(tmp_path / "s.sqlite", tmp_path / "s.log")
     url = running.url
     stop(running)
-    with HttpEffect(url, timeout_s=1) as http, pytest.raises(AdapterUnavailableError):
+    with (
+        HttpEffect(url, profile=REFERENCE_PROFILE, timeout_s=1) as http,
+        pytest.raises(AdapterUnavailableError),
+    ):
         http.environment()
 
 
@@ -313,7 +326,7 @@ def test_a_reply_lost_after_the_ticket_landed_is_reconciled_by_key(
     """Crash after the send (or a lost/false reply): recovery asks by key, records, never resends."""
     if mode is not None:
         service.mode(**{mode: True})
-    with HttpEffect(service.url, timeout_s=2) as http:
+    with HttpEffect(service.url, profile=REFERENCE_PROFILE, timeout_s=2) as http:
         rt = http_run(tmp_path, http, CrashPlan(CrashPoint.EFFECT_SENT, mode="raise"))
         session = rt.start("r1")
         if mode is None:
@@ -334,7 +347,7 @@ def test_without_a_look_up_a_lost_reply_goes_to_review(
 ) -> None:
     """A service that cannot be asked by key: the unknown send freezes; no resend, one ticket."""
     service.mode(drop_after_commit=True)
-    blind = replace(REFERENCE_PROFILE, lookup=None)
+    blind = replace(REFERENCE_PROFILE, lookup=None, replay="new_effect")  # promises nothing
     with HttpEffect(service.url, profile=blind, timeout_s=2) as http:
         session = http_run(tmp_path, http).start("r1")
         session.step()
@@ -417,7 +430,7 @@ def test_a_refusal_whose_reply_was_lost_is_a_rejection_not_a_review(
     from tests.conftest import ScriptedAgent, write
 
     service.mode(slow_s=1.0)
-    with HttpEffect(service.url, timeout_s=0.3) as http:
+    with HttpEffect(service.url, profile=REFERENCE_PROFILE, timeout_s=0.3) as http:
         rt = http_run(tmp_path, http)
         bad = write("tickets", "", kind="http.post", args={"json": {"no": "title"}})
         rt.agent = ScriptedAgent([bad])
@@ -457,7 +470,7 @@ def test_a_service_that_does_not_check_the_instance_it_is_told_is_a_profile_erro
     service: EffectsService,
 ) -> None:
     """Declared verifies_instance, but the answers name no instance: a typed configuration error."""
-    with HttpEffect(service.url, timeout_s=2) as http:
+    with HttpEffect(service.url, profile=REFERENCE_PROFILE, timeout_s=2) as http:
         intent = ticket(http)
         env = http.environment()
         service.mode(ignore_instance=True)
@@ -510,8 +523,12 @@ def test_two_services_in_one_run_each_own_their_kind(tmp_path: Path) -> None:
     with (
         effects_service(tmp_path, "a") as first,
         effects_service(tmp_path, "b") as second,
-        HttpEffect(first.url, kind="desk.post", namespace="desk") as desk,
-        HttpEffect(second.url, kind="billing.post", namespace="billing") as billing,
+        HttpEffect(
+            first.url, profile=REFERENCE_PROFILE, kind="desk.post", namespace="desk"
+        ) as desk,
+        HttpEffect(
+            second.url, profile=REFERENCE_PROFILE, kind="billing.post", namespace="billing"
+        ) as billing,
     ):
         both = Adapters(desk, billing)
         rule = {"risk": "low", "permission": "service.write", "needs_approval": False}

@@ -33,6 +33,7 @@ from tether.crypto import Keyring
 from tether.integrations.langgraph import (
     CheckpointRollbackError,
     PendingWriteConflictError,
+    PendingWriteMissingError,
     TetherSaver,
     ThreadConflictError,
 )
@@ -300,6 +301,37 @@ def test_pending_writes_are_keyed_idempotent_and_conflict_on_another_value(
     ]
 
 
+@pytest.mark.parametrize("damage", ["deleted", "swapped", "all_deleted"])
+def test_a_latest_pending_write_deleted_or_swapped_is_refused(
+    open_store: Callable[[], SQLBase], damage: str
+) -> None:
+    """The latest checkpoint's writes are what a resume reads: one gone or swapped is refused."""
+    saver = TetherSaver(open_store(), KEYRING)
+    older, config = _chain(saver, "t", 2, msg="hi")
+    saver.put_writes(older, [("a", 0)], "stale")  # an older checkpoint's: not the latest
+    saver.put_writes(config, [("a", 1), ("b", 2)], "task")
+    saver.put_writes(config, [("c", 3)], "other")
+    assert saver.get_tuple(config) is not None  # as stored: served
+    where = "thread_id = 't' AND checkpoint_id = ?"
+    head = config["configurable"]["checkpoint_id"]
+    if damage == "deleted":
+        _sql(
+            saver.store,
+            f"DELETE FROM tether_lg_writes WHERE {where} AND task_id = 'other'",
+            (head,),
+        )
+    elif damage == "all_deleted":
+        _sql(saver.store, f"DELETE FROM tether_lg_writes WHERE {where}", (head,))
+    else:  # task's write 1 replaced by its write 0's row (both validly sealed, keys rewritten)
+        _sql(saver.store, f"DELETE FROM tether_lg_writes WHERE {where} AND idx = 1", (head,))
+        _sql(saver.store, f"UPDATE tether_lg_writes SET idx = 1 WHERE {where} AND idx = 0", (head,))
+    with pytest.raises(PendingWriteMissingError) as caught:
+        saver.get_tuple({"configurable": {"thread_id": "t"}})
+    assert isinstance(caught.value, CheckpointRollbackError)
+    assert caught.value.found in {"gone", "altered"} and caught.value.task_id in {"task", "other"}
+    assert saver.get_tuple(older) is not None  # an older checkpoint's writes are not checked
+
+
 def test_strict_parent_refuses_a_parentless_put_on_a_started_thread(
     open_store: Callable[[], SQLBase],
 ) -> None:
@@ -378,13 +410,14 @@ def test_the_saver_errors_sit_in_tether_families() -> None:
 
 
 def test_the_integration_exports_exactly_these_names() -> None:
-    """tether.integrations.langgraph exports the saver, its three errors and the tool guard, each documented."""
+    """tether.integrations.langgraph exports the saver, its four errors and the tool guard, each documented."""
     import tether.integrations.langgraph as lg
 
     assert sorted(lg.__all__) == [
         "CheckpointRollbackError",
         "GuardedTool",
         "PendingWriteConflictError",
+        "PendingWriteMissingError",
         "TetherSaver",
         "ThreadConflictError",
         "guard",

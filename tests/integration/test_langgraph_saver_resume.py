@@ -160,3 +160,77 @@ def test_a_node_that_failed_twice_with_different_errors_still_recovers(tmp_path:
         with pytest.raises(RuntimeError, match="second failure"):
             graph.invoke(None, config)
         assert graph.invoke(None, config) == {"steps": ["done"]}
+
+
+class Both(TypedDict):
+    steps: Annotated[list[str], operator.add]
+
+
+def _side_by_side(effects: list[str], fail: list[bool]) -> Any:
+    """Two nodes in one super-step: ``sent`` makes an effect, ``flaky`` fails while ``fail[0]``."""
+
+    def sent(state: Both) -> dict[str, list[str]]:
+        effects.append("sent")  # the real-world effect a resume must not repeat
+        return {"steps": ["sent"]}
+
+    def flaky(state: Both) -> dict[str, list[str]]:
+        if fail[0]:
+            raise RuntimeError("flaky failed")
+        return {"steps": ["flaky"]}
+
+    builder = StateGraph(Both)
+    builder.add_node("sent", sent)
+    builder.add_node("flaky", flaky)
+    builder.add_edge(START, "sent")
+    builder.add_edge(START, "flaky")
+    builder.add_edge("sent", END)
+    builder.add_edge("flaky", END)
+    return builder
+
+
+def test_a_resume_skips_a_task_whose_pending_write_is_stored(tmp_path: Path) -> None:
+    """A failed super-step keeps the finished node's write; the resume does not run it again."""
+    effects: list[str] = []
+    fail = [True]
+    url = f"sqlite:///{tmp_path / 'graph.sqlite'}"
+    with TetherSaver.from_url(url, Keyring.generate("k1")) as saver:
+        graph = _side_by_side(effects, fail).compile(checkpointer=saver)
+        config: Any = {"configurable": {"thread_id": "t"}}
+        with pytest.raises(RuntimeError, match="flaky failed"):
+            graph.invoke({"steps": []}, config)
+        fail[0] = False
+        assert sorted(graph.invoke(None, config)["steps"]) == ["flaky", "sent"]
+    assert effects == ["sent"]
+
+
+@pytest.mark.parametrize("how", ["deleted", "all_deleted"])
+def test_a_deleted_pending_write_is_refused_not_run_again(tmp_path: Path, how: str) -> None:
+    """The finished node's pending write deleted: the saver refuses the thread, the node never reruns."""
+    import sqlite3
+
+    from tether.integrations.langgraph import CheckpointRollbackError, PendingWriteMissingError
+
+    effects: list[str] = []
+    fail = [True]
+    db = tmp_path / "graph.sqlite"
+    keyring = Keyring.generate("k1")
+    config: Any = {"configurable": {"thread_id": "t"}}
+    with TetherSaver.from_url(f"sqlite:///{db}", keyring) as saver:
+        graph = _side_by_side(effects, fail).compile(checkpointer=saver)
+        with pytest.raises(RuntimeError, match="flaky failed"):
+            graph.invoke({"steps": []}, config)
+    with sqlite3.connect(db) as conn:  # outside the saver, as a cleanup job or a person would
+        (head,) = conn.execute("SELECT checkpoint_id FROM tether_lg_marks").fetchone()
+        rows = conn.execute(
+            "SELECT idx FROM tether_lg_writes WHERE checkpoint_id = ? ORDER BY idx", (head,)
+        ).fetchall()
+        assert rows == [(-1,), (0,)]  # the failed node's error, the finished node's write
+        only = "" if how == "all_deleted" else " AND idx >= 0"
+        conn.execute(f"DELETE FROM tether_lg_writes WHERE checkpoint_id = ?{only}", (head,))
+    fail[0] = False
+    with TetherSaver.from_url(f"sqlite:///{db}", keyring) as saver:
+        graph = _side_by_side(effects, fail).compile(checkpointer=saver)
+        with pytest.raises(PendingWriteMissingError) as caught:
+            graph.invoke(None, config)
+    assert isinstance(caught.value, CheckpointRollbackError) and caught.value.found == "gone"
+    assert effects == ["sent"]  # never sent again

@@ -21,7 +21,14 @@ from tests.integration._services import (
     start_service,
     stop,
 )
-from tether.adapters import Adapters, AdaptersConfigError, FileWorkspace, HttpEffect, SmtpEffect
+from tether.adapters import (
+    REFERENCE_PROFILE,
+    Adapters,
+    AdaptersConfigError,
+    FileWorkspace,
+    HttpEffect,
+    SmtpEffect,
+)
 from tether.core import (
     Compensation,
     EffectStatus,
@@ -57,7 +64,7 @@ class Desk:
 
     def adapters(self, service_url: str | None = None) -> Adapters:
         workspace = FileWorkspace(self.root, self.tmp / "journal", verifier_allowlist=[VERIFIER])
-        http = HttpEffect(service_url or self.service.url, timeout_s=2)
+        http = HttpEffect(service_url or self.service.url, profile=REFERENCE_PROFILE, timeout_s=2)
         smtp: SmtpEffect = smtp_adapter(
             self.smtp_port, self.maildir if self.mailbox_lookup else None
         )
@@ -147,8 +154,9 @@ def test_the_ledger_says_who_carried_each_effect_and_what_it_can_promise(desk: D
     ) == [
         ("email.send", "smtp", CUSTOMER, RetrySemantics.QUERYABLE, Compensation.HUMAN),
         ("file.write", "file-workspace", "reply.txt", RetrySemantics.IDEMPOTENT, Compensation.NONE),
-        # The reference service can cancel a ticket (its profile's compensate path).
-        ("http.post", "http", "tickets", RetrySemantics.QUERYABLE, Compensation.ADAPTER),
+        # The reference service replays a key (its profile settles a lost reply by a
+        # resend, the strongest promise) and can cancel a ticket (a compensate path).
+        ("http.post", "http", "tickets", RetrySemantics.IDEMPOTENT, Compensation.ADAPTER),
     ]
     assert len(terms) == 3 and all(e.terms is not None and e.epoch == 1 for e in entries)
     intended = {

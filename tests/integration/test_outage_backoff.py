@@ -266,7 +266,7 @@ def test_a_run_whose_service_is_down_backs_off_and_the_healthy_run_completes(
     try:
         # The down run is started first, so the worker claims it first.
         fleet.add("down", HttpEffect(down.url, profile=DOWN_PROFILE, timeout_s=2))
-        fleet.add("healthy", HttpEffect(service.url, timeout_s=2))
+        fleet.add("healthy", HttpEffect(service.url, profile=REFERENCE_PROFILE, timeout_s=2))
         serving = Serving(fleet)
         try:
             assert until(lambda: fleet.mark("healthy").phase == "completed")

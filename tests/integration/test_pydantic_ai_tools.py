@@ -14,7 +14,15 @@ pytest.importorskip("pydantic_ai", reason="needs the [pydantic-ai] extra")
 
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
+from pydantic_ai.tools import (
+    DeferredToolRequests,
+    DeferredToolResults,
+    RunContext,
+    ToolApproved,
+    ToolDefinition,
+    ToolDenied,
+)
+from pydantic_ai.toolsets import FunctionToolset
 
 from tests.conftest import signed_approval
 from tests.integration._pydantic_ai_kit import CUSTOMER, KINDS, agent, policy, scripted, task, tools
@@ -26,7 +34,7 @@ from tests.integration._services import (
     smtp_server,
 )
 from tether import effects
-from tether.adapters import Adapters, HttpEffect
+from tether.adapters import REFERENCE_PROFILE, Adapters, HttpEffect
 from tether.core import (
     ApprovalRequiredError,
     EvidenceBindingError,
@@ -56,7 +64,7 @@ class Desk:
         self.maildir = tmp_path / "maildir"
         self.service = service
         self.keyring = Keyring.generate("k1")
-        self.http = HttpEffect(service.url, timeout_s=5)
+        self.http = HttpEffect(service.url, profile=REFERENCE_PROFILE, timeout_s=5)
         self.smtp_port = smtp_port
         self.stores: list[SQLiteStore] = []
 
@@ -165,6 +173,74 @@ def test_a_kinds_entry_naming_no_tool_is_refused(desk: Desk) -> None:
     guarded = TetherToolset(tools([]), kinds={"open_tikcet": ("http.post", None)})
     with effects.run(desk.runtime(), "r1"), pytest.raises(SpecError, match="open_tikcet"):
         agent(scripted("open_ticket", TICKET), guarded).run_sync("printer!")
+    assert desk.tickets() == []
+
+
+def hidden_for_one_step(calls: list[str]) -> FunctionToolset[None]:
+    """``open_ticket`` hidden by its ``prepare`` at the first step, offered from the second on."""
+    toolset: FunctionToolset[None] = FunctionToolset()
+
+    async def after_a_look(
+        ctx: RunContext[None], tool_def: ToolDefinition
+    ) -> ToolDefinition | None:
+        return tool_def if ctx.run_step > 1 else None
+
+    @toolset.tool_plain(prepare=after_a_look)
+    def open_ticket(title: str, detail: str) -> str:
+        """Open a support ticket."""
+        calls.append("open_ticket")
+        return "opened (unguarded)"
+
+    @toolset.tool_plain
+    def lookup_order(order_id: str) -> dict[str, str]:
+        """Read an order's status."""
+        calls.append("lookup_order")
+        return {"order_id": order_id, "status": "shipped"}
+
+    return toolset
+
+
+def look_then_open() -> FunctionModel:
+    """Reads the order first (open_ticket is not offered yet), then opens the ticket."""
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        offered = {tool.name for tool in info.function_tools}
+        returns = [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart)]
+        if not returns:
+            assert "open_ticket" not in offered  # hidden at this step
+            return ModelResponse(parts=[ToolCallPart("lookup_order", {"order_id": "o-7"})])
+        if len(returns) == 1:
+            assert "open_ticket" in offered
+            return ModelResponse(parts=[ToolCallPart("open_ticket", dict(TICKET))])
+        return ModelResponse(parts=[TextPart("done")])
+
+    return FunctionModel(respond)
+
+
+@pytest.mark.parametrize("how", ["toolset", "capability"])
+def test_a_guarded_tool_hidden_by_prepare_for_a_step_is_not_an_error(desk: Desk, how: str) -> None:
+    """prepare hides open_ticket at the first step: the run goes on, and the ticket is sent once."""
+    calls: list[str] = []
+    own = hidden_for_one_step(calls)
+    with effects.run(desk.runtime(), "r1"):
+        if how == "toolset":
+            guarded = TetherToolset(own, kinds={"open_ticket": KINDS["open_ticket"]})
+            result = agent(look_then_open(), guarded).run_sync("printer!")
+        else:
+            capability: TetherCapability[None] = TetherCapability(
+                {"open_ticket": KINDS["open_ticket"]}
+            )
+            result = agent(look_then_open(), own).run_sync("printer!", capabilities=[capability])
+    assert result.output == "done"
+    assert calls == ["lookup_order"]  # the guarded body never ran: tether sent the ticket
+    assert len(desk.tickets()) == 1
+
+
+def test_a_kinds_entry_naming_no_tool_at_any_step_is_still_refused(desk: Desk) -> None:
+    """A typo is told apart from a tool hidden for a step: it names nothing the toolset holds."""
+    guarded = TetherToolset(hidden_for_one_step([]), kinds={"open_tikcet": ("http.post", None)})
+    with effects.run(desk.runtime(), "r1"), pytest.raises(SpecError, match="open_tikcet"):
+        agent(look_then_open(), guarded).run_sync("printer!")
     assert desk.tickets() == []
 
 

@@ -24,7 +24,7 @@ from tests.integration._services import (
     smtp_adapter,
     smtp_server,
 )
-from tether.adapters import Adapters, FileWorkspace, HttpEffect
+from tether.adapters import REFERENCE_PROFILE, Adapters, FileWorkspace, HttpEffect
 from tether.core import ActionResult, EffectStatus, Observation, OutcomeKind, Phase, Proposal
 from tether.crypto import Keyring
 from tether.runtime import AgentContext, CrashPlan, CrashPoint, Decision, Runtime, SimulatedCrash
@@ -76,7 +76,7 @@ class Desk:
 
     def adapters(self) -> Adapters:
         workspace = FileWorkspace(self.root, self.tmp / "journal", verifier_allowlist=[VERIFIER])
-        http = HttpEffect(self.service.url, timeout_s=2)
+        http = HttpEffect(self.service.url, profile=REFERENCE_PROFILE, timeout_s=2)
         return Adapters(workspace, http, smtp_adapter(self.smtp_port, self.maildir))
 
     def runtime(self, steps: list[Step], crash: CrashPlan | None = None) -> Runtime:

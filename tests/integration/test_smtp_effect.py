@@ -50,6 +50,42 @@ def test_a_send_is_delivered_once_and_its_receipt_is_found_by_key(tmp_path: Path
     assert smtp.lookup("never-sent") is None
 
 
+#: Subjects whose header folds when sent: a 70-character word (folded right after
+#: "Subject:"), long runs of words, a long word beside non-ASCII text.
+FOLDING = [
+    "Ticket " + "x" * 70,
+    "y" * 70,
+    "Re: your order " + "A" * 70 + " shipped",
+    "Hello " + "z" * 70 + " and " + "w" * 75,
+    " ".join(["word"] * 40),
+    "Grüße " + "ü" * 70,
+]
+
+
+@pytest.mark.parametrize("subject", FOLDING, ids=range(len(FOLDING)))
+def test_a_message_whose_subject_folds_is_found_by_its_own_key(
+    tmp_path: Path, subject: str
+) -> None:
+    """The mailbox holds the subject folded; the look-up unfolds it and recognises its message."""
+    maildir = tmp_path / "Maildir"
+    with smtp_server(maildir, "drop_after_data") as port:
+        smtp = adapter(port, maildir)
+        args = smtp.normalize(
+            "email.send", "customer@example.com", {"subject": subject, "body": "hi"}
+        )
+        intent = Intent("email.send", "customer@example.com", args, "medium")
+        with pytest.raises(AdapterUnavailableError, match="unknown"):
+            smtp.execute("k1", intent, smtp.environment())
+    assert len(delivered(maildir)) == 1
+    found = smtp.lookup_intent("k1", intent)
+    assert found is not None and found.intent_digest == intent.digest  # ours, not foreign
+    other = dict(args, subject=subject + " (2)")
+    mistaken = smtp.lookup_intent(
+        "k1", Intent("email.send", "customer@example.com", other, "medium")
+    )
+    assert mistaken is not None and mistaken.intent_digest.startswith("foreign:")
+
+
 def test_a_reply_lost_after_data_is_unknown_and_the_mailbox_has_it(tmp_path: Path) -> None:
     """The server took the message and dropped the line: unknown, delivered once, found by key."""
     maildir = tmp_path / "Maildir"

@@ -57,3 +57,27 @@ def test_a_guard_with_both_a_target_and_a_mapper_is_refused() -> None:
     """Target parameter and call mapper are two answers to one question: giving both is an error."""
     with pytest.raises(SpecError):
         Guard("http.post", "title", call=lambda a: ("tickets", a))
+
+
+def test_the_tools_a_toolset_holds_are_found_through_its_wrappers() -> None:
+    """Function tools count as held through combining, prefixing, renaming and filtering."""
+    from pydantic_ai.toolsets import CombinedToolset, FunctionToolset
+
+    from tether.integrations.pydantic_ai._toolset import registered
+
+    own: FunctionToolset[None] = FunctionToolset()
+
+    @own.tool_plain
+    def send(to: str) -> str:
+        """Send."""
+        return to
+
+    @own.tool_plain
+    def read(order: str) -> str:
+        """Read."""
+        return order
+
+    wrapped = CombinedToolset(
+        [own.prefixed("mail"), own.renamed({"notify": "send"}).filtered(lambda ctx, tool: False)]
+    )
+    assert registered(wrapped) == {"mail_send", "mail_read", "notify", "read"}

@@ -190,6 +190,7 @@ LOOKUPS = {
     "in_progress": LookupAnswer(LookupStatus.IN_PROGRESS, detail="busy"),
     "unavailable": LookupAnswer(LookupStatus.UNAVAILABLE, detail="down"),
     "refused": LookupAnswer(LookupStatus.REFUSED, detail="400 title is required"),
+    "inconclusive": LookupAnswer(LookupStatus.INCONCLUSIVE, detail="404 from no such route"),
 }
 
 
@@ -246,7 +247,19 @@ def test_after_lookup_follows_the_table(
             None,
             Phase.RUNNING,
         )
-    elif final or caps.idempotent:
+    elif answer_name == "inconclusive" and caps.idempotent:
+        # Never absence, final or not: resent only because a resend is safe.
+        if gate_blocks(caps, approval, live):
+            assert got[0] in WAIT and t.state is None
+        else:
+            assert got == (
+                OutcomeKind.EXECUTED,
+                None,
+                (EffectStatus.DISPATCHED,),
+                ("execute", "retry"),
+                Phase.PENDING,
+            )
+    elif answer_name == "absent" and (final or caps.idempotent):
         if gate_blocks(caps, approval, live):
             assert got[0] in WAIT and t.state is None
         else:

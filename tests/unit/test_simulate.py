@@ -27,7 +27,7 @@ from tether.testing.simulate import (
     simulate,
 )
 from tether.testing.simulate.__main__ import main
-from tether.testing.simulate._directed import case_of, directed
+from tether.testing.simulate._directed import FIRST_MIXES, capability_mixes, case_of, directed
 from tether.testing.simulate._mutants import planted
 from tether.testing.simulate._scenario import MOTIFS
 
@@ -129,12 +129,16 @@ def test_a_healthy_run_ends_beside_one_that_cannot_go_on() -> None:
     """Beside a run whose services are down, whose agent fails, or that is frozen for a person,
     a healthy run handed to the same worker completes while the other is not over."""
     beside = [(s, r) for s, r in directed_results() if case_of(s).startswith("beside_")]
-    assert len(beside) == 18
+    assert len(beside) == 30  # three cases, five capability mixes, two plans
+    # On the mixes added later (a safe resend without a look-up, final absence
+    # without replay) a hostile look-up may never be asked: that run can go on.
+    stuck_mixes = capability_mixes(True)[:FIRST_MIXES]
     for scenario, result in beside:
         assert result.ok, (scenario.seed, result.violations)
         ending, _, then = result.neighbour.partition(", ")
         assert ending.startswith("completed"), (scenario.seed, result.neighbour)
-        assert then.split()[1] in {"running", "pending", "needs_review"}, result.neighbour
+        if scenario.tickets in stuck_mixes:
+            assert then.split()[1] in {"running", "pending", "needs_review"}, result.neighbour
 
 
 def test_a_healthy_run_drawn_in_beside_a_refused_one_gets_its_turn() -> None:

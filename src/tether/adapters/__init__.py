@@ -30,6 +30,7 @@ from tether.adapters._errors import (
     FunctionRefusedError,
     HttpConfigError,
     JournalCorruptError,
+    KeyHeldError,
     KeyInFlightError,
     KeyReusedError,
     NotQueryableError,
@@ -41,7 +42,7 @@ from tether.adapters._errors import (
 )
 from tether.adapters._fncall import current_fence, current_key
 from tether.adapters._function import EffectToUndo, Found, FunctionEffect
-from tether.adapters._http import REFERENCE_PROFILE, HttpEffect, ServiceProfile
+from tether.adapters._http import HttpEffect
 from tether.adapters._httpfields import (
     FENCE,
     IDEMPOTENCY_KEY,
@@ -51,6 +52,14 @@ from tether.adapters._httpfields import (
     parse_sf_string,
     sf_string,
 )
+from tether.adapters._httpprofile import (
+    CONFLICT_409,
+    IETF_DRAFT,
+    PRESETS,
+    REFERENCE_PROFILE,
+    STRIPE_REPLAY,
+    ServiceProfile,
+)
 from tether.adapters._smtp import MaildirLookup, SmtpConfigError, SmtpEffect, message_id
 from tether.adapters._snapshot import missing_blobs
 from tether.adapters._watch import WatchMissedChangeWarning
@@ -58,9 +67,13 @@ from tether.adapters._workspace import FileWorkspace
 from tether.core import Capabilities
 
 __all__ = [
+    "CONFLICT_409",
     "FENCE",
     "IDEMPOTENCY_KEY",
+    "IETF_DRAFT",
+    "PRESETS",
     "REFERENCE_PROFILE",
+    "STRIPE_REPLAY",
     "Adapter",
     "Adapters",
     "AdaptersConfigError",
@@ -79,6 +92,7 @@ __all__ = [
     "HttpConfigError",
     "HttpEffect",
     "JournalCorruptError",
+    "KeyHeldError",
     "KeyInFlightError",
     "KeyReusedError",
     "ListsReceipts",

@@ -144,19 +144,21 @@ class KeyInFlightError(UnresolvedWriteError):
 
 
 class KeyReusedError(IdempotencyConflictError):
-    """The service says ``key`` was used with another payload (422): a person decides.
+    """The service says ``key`` was used with another payload (422, or as its profile says).
 
-    No receipt exists for the other payload; ``response`` is the service's answer.
+    A person decides. No receipt exists for the other payload; ``response`` is
+    the service's answer, ``status`` its status.
     """
 
-    def __init__(self, key: str, expected_digest: str, response: str) -> None:
+    def __init__(self, key: str, expected_digest: str, response: str, status: int = 422) -> None:
         self.key = key
         self.expected_digest = expected_digest
         self.receipt = None
         self.response = response
+        self.status = status
         AdapterError.__init__(
             self,
-            f"the service refused key {key} as reused with another payload (422): {response}",
+            f"the service refused key {key} as reused with another payload ({status}): {response}",
         )
 
 
@@ -174,6 +176,24 @@ class RequestRefusedError(PreconditionFailedError):
         self.status = status
         self.response = response
         AdapterError.__init__(self, f"POST /{target} refused with {status}: {response[:500]}")
+
+
+class KeyHeldError(RequestRefusedError):
+    """The service answers 409 for a key it already holds, in flight or done (``replay="conflict"``).
+
+    This send was not applied. Whether an earlier one under the key landed,
+    no wait and no resend can tell: read like any refusal, a first send's is
+    a rejected effect, a resend's an unknown outcome for a person.
+    """
+
+    def __init__(self, target: str, key: str, response: str) -> None:
+        super().__init__(target, 409, response)
+        self.key = key
+        AdapterError.__init__(
+            self,
+            f"POST /{target}: the service holds key {key} already (409), in flight or done; "
+            "a resend cannot tell whether it landed",
+        )
 
 
 class FunctionRefusedError(PreconditionFailedError):

@@ -8,23 +8,30 @@ protocol's typed outcomes:
 the service answers        HttpEffect
 =========================  ====================================================
 2xx                        the receipt (the response is the authority)
-409 (same key in flight)   wait and ask again with the SAME key, bounded; then
-                           in progress (the run waits, then looks the key up)
+409, where the profile     wait and ask again with the SAME key, bounded; then
+declares in-flight 409s    in progress (the run waits, then looks the key up)
+(or 409 replays)
 421 naming another         the service is another instance than the run's
 instance                   (``Tether-Instance``): drift, nothing was applied
-422 (key reused)           a key conflict: needs_review, the response as evidence
+the profile's mismatch     a key conflict: needs_review, the response as evidence
+status (422)
 400 about the key          a configuration error (never retried by the runtime)
 412 stale fence            the fencing token was superseded: stop
 other 4xx                  refused: no effect (a retry's refusal: outcome unknown)
-5xx, timeout, reset        outcome unknown: the runtime looks the key up
+5xx, timeout, reset        outcome unknown: looked up by key where the profile
+                           declares a look-up, resent under the key where it
+                           declares a same-key resend safe, else review
 =========================  ====================================================
 
-What the service promises is declared, not assumed (:class:`ServiceProfile`).
-An HTTP service is never called "idempotent" in the runtime's sense: a send
-whose first attempt may have landed goes again only after a look-up by key
-found nothing, and only where the profile promises that a second request
-with the key is deduplicated; without a look-up, an unknown outcome goes to
-review. A key older than the declared retention is never sent again.
+What the service promises is declared, not assumed (:class:`ServiceProfile`);
+``HttpEffect(url)`` alone assumes nothing, so every uncertain outcome goes
+to review. A send whose first attempt may have landed goes again only where
+the profile makes a same-key resend safe (the service replays or refuses a
+key it holds), and, where it declares a look-up, only after the look-up
+found no record. A look-up's answer counts as "no record" only from the
+declared route in its declared shape (:func:`tether.core.read_lookup`): a
+"no such route" 404, a redirect or an error page proves nothing. A key older
+than the declared retention is never sent again.
 
 The environment is the service's identity (base URL and the instance id the
 service reports), not its state: what a remote service holds cannot be
@@ -42,7 +49,7 @@ import hashlib
 import json
 import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -52,6 +59,7 @@ from tether.adapters._base import Fence
 from tether.adapters._errors import (
     FenceRejectedError,
     HttpConfigError,
+    KeyHeldError,
     KeyInFlightError,
     KeyReusedError,
     NotQueryableError,
@@ -66,24 +74,30 @@ from tether.adapters._httpfields import (
     parse_sf_string,
     sf_string,
 )
+from tether.adapters._httpprofile import ServiceProfile
 from tether.adapters._remote import RemoteEffect
 from tether.core import (
     ActionClass,
     ActionKind,
     AdapterUnavailableError,
+    CanonicalJSONError,
     Capabilities,
     Compensation,
     ContractViolationError,
     EnvironmentDriftError,
     EnvironmentState,
     Intent,
+    LookupInconclusiveError,
     Receipt,
     TargetKind,
     TetherError,
     canonical_bytes,
+    strict_loads,
 )
 from tether.core._compensation import compensated_effect
+from tether.core._http_lookup import LookupReply, read_lookup
 from tether.core._spec import check_canonical_path
+from tether.core._transition import LookupStatus
 
 ADAPTER_VERSION = "1"
 # What a POST created, a person can withdraw (close the ticket, refund the
@@ -95,91 +109,9 @@ HTTP_POST = ActionKind(
     frozenset({"json"}),
     compensation=Compensation.HUMAN,
 )
-_REPLAYS = {"first_response", "conflict", "new_effect"}
 _KIND_NAME = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+")
 #: The part of a response body kept in a receipt (the ledger stores receipts).
 MAX_RECEIPT_BODY = 16_384
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceProfile:
-    """What a service promises about ``Idempotency-Key``, as its operators declare it.
-
-    ``replay``: what a second request with a completed key gets:
-    ``first_response`` (the draft), ``conflict`` (a 409) or ``new_effect``
-    (it executes again). ``refuses_in_flight``: a second request while the
-    first is still running gets 409. ``detects_mismatch``: the same key with
-    another payload gets 422. ``retention_s``: keys are kept at least this
-    long (``None``: for ever). ``in_flight_limit_s``: a key the service still
-    reports in flight this long after it was sent is stuck (a handler that
-    crashed holding it); the effect goes to review (``None``: wait for ever).
-    ``lookup``: the path, relative to the base URL,
-    that answers for a key (``{key}`` is replaced), in the reference service's
-    format; ``None``: the service cannot be asked. ``identity``: a path
-    answering ``{"instance_id": ...}``; ``None``: the base URL alone names
-    the service. ``verifies_instance``: the service refuses (``421``) a send
-    or a look-up whose ``Tether-Instance`` names another instance than its
-    own, before applying anything, and names itself in that header on every
-    answer; without it, the identity path is asked again before every send
-    and look-up (one more request each). ``fencing``: the service refuses a
-    lower ``Tether-Fence``. ``identity_ignores``: body fields that do not
-    make the effect (see :meth:`HttpEffect.effect_identity`).
-    """
-
-    replay: str = "first_response"
-    refuses_in_flight: bool = True
-    detects_mismatch: bool = True
-    retention_s: float | None = 24 * 3600.0
-    lookup: str | None = "idempotency/{key}"
-    identity: str | None = "instance"
-    verifies_instance: bool = False
-    fencing: bool = False
-    object_id_field: str = "id"
-    committed_at_field: str | None = None
-    in_flight_retries: int = 5
-    in_flight_wait_s: float = 0.1
-    in_flight_limit_s: float | None = 900.0
-    #: The path, relative to the base URL, that undoes what a POST created
-    #: (``{object_id}`` is replaced by the receipt's business object id): POSTed
-    #: under its own ``Idempotency-Key`` with ``{"compensates": ORIGINAL_KEY}``,
-    #: answered like a POST, and asked by key the same way. ``None``: only a
-    #: person can undo it (the kind declares ``human`` compensation).
-    compensate: str | None = None
-    #: Top-level fields of the JSON body that do not change what the request
-    #: does (a client request id, a client timestamp): two requests differing
-    #: only there are the same effect, and the second is replayed, not sent.
-    identity_ignores: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.replay not in _REPLAYS:
-            raise HttpConfigError(f"replay must be one of {sorted(_REPLAYS)}, not {self.replay!r}")
-        if self.retention_s is not None and not 0 < self.retention_s <= 10 * 366 * 86400:
-            raise HttpConfigError("retention_s must be positive and at most ten years")
-        if not 0 <= self.in_flight_retries <= 100 or not 0 <= self.in_flight_wait_s <= 60:
-            raise HttpConfigError("in_flight_retries must be 0-100 and in_flight_wait_s 0-60")
-        if self.in_flight_limit_s is not None and not 0 < self.in_flight_limit_s <= 30 * 86400:
-            raise HttpConfigError("in_flight_limit_s must be positive and at most 30 days")
-        if self.lookup is not None and "{key}" not in self.lookup:
-            raise HttpConfigError("a lookup path must contain {key}")
-        if self.compensate is not None and "{object_id}" not in self.compensate:
-            raise HttpConfigError("a compensate path must contain {object_id}")
-        if self.verifies_instance and self.identity is None:
-            raise HttpConfigError("verifies_instance needs an identity path to learn the instance")
-
-    @property
-    def deduplicates(self) -> bool:
-        """Whether a second request with a key can never be a second effect."""
-        return self.replay == "first_response" and self.refuses_in_flight and self.detects_mismatch
-
-
-#: The reference effects service that ships in ``tether.testing.effects_service``.
-REFERENCE_PROFILE = ServiceProfile(
-    verifies_instance=True,
-    fencing=True,
-    object_id_field="ticket_id",
-    committed_at_field="created_at",
-    compensate="tickets/{object_id}/cancel",
-)
 
 
 def reference_fingerprint(method: str, path: str, body: bytes) -> str:
@@ -191,6 +123,11 @@ def reference_fingerprint(method: str, path: str, body: bytes) -> str:
 class HttpEffect(RemoteEffect):
     """An adapter for one HTTP service: ``http.post`` to paths under ``base_url``.
 
+    ``profile`` declares what the service promises about keys
+    (:class:`ServiceProfile`, or a preset: ``IETF_DRAFT``, ``STRIPE_REPLAY``,
+    ``CONFLICT_409``, ``REFERENCE_PROFILE``); without one nothing is assumed
+    and every uncertain outcome goes to review.
+
     Two services in one run each need their own action kind and namespace:
     ``HttpEffect(url, kind="stripe.post", namespace="stripe")``.
     """
@@ -201,7 +138,7 @@ class HttpEffect(RemoteEffect):
         self,
         base_url: str,
         *,
-        profile: ServiceProfile = REFERENCE_PROFILE,
+        profile: ServiceProfile | None = None,
         namespace: str = "http",
         kind: str = HTTP_POST.name,
         timeout_s: float = 10.0,
@@ -216,6 +153,10 @@ class HttpEffect(RemoteEffect):
             raise HttpConfigError("timeout_s must be positive and at most an hour")
         if not namespace:
             raise HttpConfigError("namespace must not be empty")
+        if profile is None:
+            profile = ServiceProfile()  # promises nothing: uncertain outcomes go to review
+        if not isinstance(profile, ServiceProfile):
+            raise HttpConfigError(f"profile must be a ServiceProfile, not {type(profile).__name__}")
         self.base_url = base_url.rstrip("/")
         self.profile = profile
         self._namespace = namespace
@@ -225,12 +166,14 @@ class HttpEffect(RemoteEffect):
         self._kind = replace(HTTP_POST, name=kind, compensation=undo)
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s)
         self._reported: str | None = None  # the instance id the service named, asked once
+        # What the profile declares, and nothing more: a same-key resend only where
+        # it cannot be a second effect; absence only from a declared look-up.
         self._capabilities = Capabilities(
-            idempotent=False,
+            idempotent=profile.settles_by_resend,
             queryable=profile.lookup is not None,
             conditional_writes=False,
             fencing=profile.fencing,
-            absent_is_final=profile.deduplicates,
+            absent_is_final=profile.lookup is not None and profile.resend_safe,
             retention_s=profile.retention_s,
             in_flight_limit_s=profile.in_flight_limit_s,
             stateful=False,
@@ -419,8 +362,12 @@ class HttpEffect(RemoteEffect):
                     "unknown (the request may have been applied)"
                 ) from exc
             self._check_instance(response, acted_on=200 <= response.status_code < 300)
-            if response.status_code != 409:
+            if not self.profile.in_flight(response.status_code):
                 return self._answer(key, intent, prestate, fence, response)
+            if self.profile.replay == "conflict" and self.profile.lookup is None:
+                # 409 for any key it holds, in flight or done: no wait and no resend
+                # can tell which, and nothing can be asked. A resend's: a person decides.
+                raise KeyHeldError(intent.target, key, response.text[:500])
             if attempt < self.profile.in_flight_retries:
                 time.sleep(self.profile.in_flight_wait_s * 2**attempt)
         raise KeyInFlightError(key, f"POST {path} is still in flight at the service (409)")
@@ -445,8 +392,8 @@ class HttpEffect(RemoteEffect):
                     "is unknown"
                 ) from None
             return self._receipt(key, intent.digest, status, body, prestate)
-        if status == 422:
-            raise KeyReusedError(key, intent.digest, text)
+        if self.profile.mismatch(status, text):
+            raise KeyReusedError(key, intent.digest, text, status)
         if status == 412 and fence is not None:
             raise FenceRejectedError(fence.run_id, fence.lease_version, None)
         if status == 400 and "idempotency" in text.lower():
@@ -515,50 +462,58 @@ class HttpEffect(RemoteEffect):
         return self._look_up(key, intent)
 
     def _look_up(self, key: str, intent: Intent | None) -> Receipt | None:
+        """Ask the declared route; its answer is read by :func:`tether.core.read_lookup`."""
         template = self.profile.lookup
         if template is None:
             raise NotQueryableError(f"{self.base_url} declares no look-up by key")
-        record = self._get_json(
-            template.replace("{key}", key), "look-up", missing_ok=True, bound=self._same_service()
-        )
-        if record is None:
-            return None
-        if not isinstance(record, dict) or record.get("idempotency_key") != key:
-            raise AdapterUnavailableError(f"the look-up for key {key} answered another key")
-        if record.get("state") == "in_flight":
-            raise KeyInFlightError(key, "the service reports the request as still in flight")
-        response = record.get("response")
-        if not isinstance(response, dict) or not isinstance(response.get("status"), int):
-            raise AdapterUnavailableError(f"the look-up for key {key} returned no response")
-        status = response["status"]
-        ours = "sha256:service-" + str(record.get("fingerprint", ""))
+        path = "/" + template.replace("{key}", key).lstrip("/")
+        bound = self._same_service()
+        try:
+            # Never followed: a redirect is not the declared route's answer.
+            response = self._client.get(path, headers=bound, follow_redirects=False)
+        except httpx.HTTPError as exc:
+            raise AdapterUnavailableError(
+                f"{self.base_url}: the look-up request failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        sent = None
         if intent is not None:
-            path, body = self._request(intent)
-            sent = reference_fingerprint("POST", path, body)
-            if record.get("fingerprint") in (None, sent):
-                ours = intent.digest  # tether mints one key per intent: the record is this intent
-        if 400 <= status < 500 and intent is not None and ours == intent.digest:
+            sent = reference_fingerprint("POST", *self._request(intent))
+        reading = read_lookup(_reply(response), key=key, shape=self.profile.lookup_shape, sent=sent)
+        # An answer naming another instance is drift whatever it says; one the run
+        # would act on must name the bound instance (an inconclusive one acts on nothing).
+        unproven = {LookupStatus.UNAVAILABLE, LookupStatus.INCONCLUSIVE}
+        self._check_instance(response, acted_on=reading.status not in unproven)
+        where = f"{self.base_url}: the look-up for key {key}"
+        status = reading.status
+        if status is LookupStatus.UNAVAILABLE:
+            raise AdapterUnavailableError(f"{where}: {reading.detail}; asked again later")
+        if status is LookupStatus.INCONCLUSIVE:
+            raise LookupInconclusiveError(
+                f"{where} proves nothing: {reading.detail}; the outcome is unknown (if the "
+                "service answers its look-up another way, declare it in the profile)"
+            )
+        if status is LookupStatus.IN_PROGRESS:
+            raise KeyInFlightError(key, reading.detail)
+        if status is LookupStatus.ABSENT:
+            return None
+        code = reading.response_status or 0
+        if status is LookupStatus.REFUSED and intent is not None:
             # The service stored its refusal of this very request: nothing landed,
             # and a resend would only be answered with the same refusal.
-            raise RequestRefusedError(intent.target, status, json.dumps(response.get("body")))
-        if not 200 <= status < 300:
-            return None  # nothing landed under this key for this request
-        return self._receipt(key, ours, status, response.get("body"), self.environment())
+            raise RequestRefusedError(intent.target, code, json.dumps(reading.response_body))
+        ours = "sha256:service-" + str(reading.fingerprint or "")
+        if intent is not None and not reading.foreign:
+            ours = intent.digest  # tether mints one key per intent: the record is this intent
+        return self._receipt(key, ours, code, reading.response_body, self.environment())
 
-    def _get_json(
-        self, path: str, what: str, *, missing_ok: bool = False, bound: dict[str, str] | None = None
-    ) -> Any:
-        """GET ``path`` as JSON; ``bound``: the instance headers of a look-up, checked on its answer."""
+    def _get_json(self, path: str, what: str) -> Any:
+        """GET ``path`` as JSON (the identity path)."""
         try:
-            response = self._client.get("/" + path.lstrip("/"), headers=bound)
+            response = self._client.get("/" + path.lstrip("/"))
         except httpx.HTTPError as exc:
             raise AdapterUnavailableError(
                 f"{self.base_url}: the {what} request failed: {type(exc).__name__}: {exc}"
             ) from exc
-        if bound is not None:
-            self._check_instance(response, acted_on=response.status_code in (200, 404))
-        if missing_ok and response.status_code == 404:
-            return None
         if response.status_code != 200:
             raise AdapterUnavailableError(
                 f"{self.base_url}: the {what} request answered {response.status_code}"
@@ -569,3 +524,14 @@ class HttpEffect(RemoteEffect):
             raise AdapterUnavailableError(
                 f"{self.base_url}: the {what} answer is not JSON"
             ) from None
+
+
+def _reply(response: httpx.Response) -> LookupReply:
+    """A look-up's answer as values: JSON only if it says so and parses strictly."""
+    media = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        return LookupReply(response.status_code, False)
+    try:
+        return LookupReply(response.status_code, True, strict_loads(response.content))
+    except CanonicalJSONError:
+        return LookupReply(response.status_code, False)

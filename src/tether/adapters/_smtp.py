@@ -19,9 +19,11 @@ final and an unfound uncertain send still goes to review.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import mailbox
+import re
 import smtplib
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -293,7 +295,11 @@ class SmtpEffect(RemoteEffect):
 
     def lookup_intent(self, key: str, intent: Intent) -> Receipt | None:
         """As :meth:`lookup`, and the message must also carry ``intent`` itself:
-        its recipient, subject and body, not only the intent digest header."""
+        its recipient, subject and body, not only the intent digest header.
+
+        The subject is compared as the mail system stores it: a long one is
+        folded over lines on the way, and is unfolded on both sides first.
+        """
         return self._look_up(key, intent)
 
     def _look_up(self, key: str, intent: Intent | None) -> Receipt | None:
@@ -332,8 +338,8 @@ class SmtpEffect(RemoteEffect):
             body = found.get_content() if found.get_content_type() == "text/plain" else None
         except (KeyError, LookupError, ValueError):
             body = None
-        subject = str(found.get("Subject", ""))
-        if subject != intent.args.get("subject") or not isinstance(body, str):
+        stored = _unfolded(str(found.get("Subject", "")))
+        if stored != _as_stored(str(intent.args.get("subject"))) or not isinstance(body, str):
             return "another message"
         sent = str(intent.args.get("body", ""))
         # set_content ends the body with exactly one added line break, if it lacks one.
@@ -344,6 +350,31 @@ class SmtpEffect(RemoteEffect):
     def _seal(self, mid: str, intent_digest: str) -> str:
         key = self._seal_key or b""
         return hmac.new(key, f"{mid}\n{intent_digest}".encode(), hashlib.sha256).hexdigest()
+
+
+def _unfolded(text: str) -> str:
+    """A header's unstructured value as RFC 5322 reads it: folds removed, no edge blanks.
+
+    Unfolding drops each line break that precedes a blank; a fold right after
+    the field name leaves that blank at the front, where it is no part of
+    the value (and a proposed subject never starts or ends with one).
+    """
+    return re.sub(r"\r?\n(?=[ \t])", "", text).replace("\r", "").replace("\n", "").strip(" \t")
+
+
+@functools.lru_cache(maxsize=256)
+def _as_stored(subject: str) -> str:
+    """``subject`` as the mail system stores it and a look-up reads it back, unfolded.
+
+    Rendered as :meth:`SmtpEffect.execute` renders it (folded at 78
+    characters, non-ASCII as encoded words) and parsed back as the look-up
+    parses a delivered message: the form the mailbox holds, whatever the
+    folding did to it.
+    """
+    probe = EmailMessage()
+    probe["Subject"] = subject
+    raw = probe.as_bytes(policy=probe.policy.clone(linesep="\r\n"))
+    return _unfolded(str(message_from_bytes(raw, policy=default_policy).get("Subject", "")))
 
 
 def _is_address(text: str) -> bool:

@@ -606,6 +606,18 @@ class AdapterUnavailableError(AdapterError):
     """The adapter could not be reached; the outcome of an in-flight write is unknown."""
 
 
+class LookupInconclusiveError(AdapterError):
+    """A look-up was answered, but not in the shape its declaration says proves anything.
+
+    Neither a receipt nor proof of absence: a ``404`` that is not the look-up
+    route's declared "no record" answer (a "no such route" page), a redirect,
+    a record for another key. A write whose outcome hangs on it goes to a
+    person (or, where a same-key resend is declared safe, is sent again under
+    its key); it is never read as "nothing landed". Fix the profile's look-up
+    declaration if the service answers another way.
+    """
+
+
 class EffectNotSettledError(AdapterError):
     """The call's effect was not carried out this time: call again.
 

@@ -39,7 +39,10 @@ absent, final or idempotent        approval gate; send again, same key (a
                                     retry: a refusal means outcome unknown);
                                     a key past the adapter's retention:
                                     outcome unknown -> needs_review
-absent, not final, not idempotent   outcome unknown -> needs_review
+inconclusive (answered, proving     as absent, never final: idempotent ->
+nothing), idempotent                send again, same key (as above)
+absent, not final, not idempotent;  outcome unknown -> needs_review
+inconclusive, not idempotent
 ==================================  ===========================================
 
 ==================================  ===========================================
@@ -325,19 +328,27 @@ def after_lookup(state: RunState, facts: Facts, answer: LookupAnswer) -> Transit
             reason=OutcomeReason.ADAPTER_UNAVAILABLE,
             message=answer.detail or "the adapter could not be asked; nothing changed",
         )
-    if caps.absent_is_final or caps.idempotent:
+    # An answer that proves nothing is never absence, final or not; where a
+    # same-key resend is safe, it is resent all the same.
+    inconclusive = answer.status is LookupStatus.INCONCLUSIVE
+    final = caps.absent_is_final and not inconclusive
+    if final or caps.idempotent:
         # Still a retry: an adapter that lost a receipt it once gave would make
         # a refused re-send look like a clean rejection of a write that landed.
-        return _past_retention(state, facts) or send_again(
-            state, facts, known_absent=caps.absent_is_final
-        )
+        return _past_retention(state, facts) or send_again(state, facts, known_absent=final)
+    found = (
+        f"the adapter's look-up for key {pending.idempotency_key} proved nothing "
+        f"({answer.detail or 'no detail'})"
+        if inconclusive
+        else f"the adapter has no receipt for key {pending.idempotency_key} yet, a look-up "
+        "that finds nothing is not final"
+    )
     return freeze(
         state,
         facts,
         ReviewReason.OUTCOME_UNKNOWN,
         None,
-        f"the adapter has no receipt for key {pending.idempotency_key} yet, a look-up that "
-        "finds nothing is not final, and the write cannot be deduplicated",
+        f"{found}, and the write cannot be deduplicated; a person must decide",
         ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
     )
 

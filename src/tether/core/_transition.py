@@ -169,6 +169,9 @@ class LookupStatus(StrEnum):
     UNAVAILABLE = "unavailable"
     #: The adapter recorded this request under the key and refused it: nothing landed.
     REFUSED = "refused"
+    #: The adapter answered, but nothing in its answer proves a receipt or an absence
+    #: (see :class:`~tether.core.LookupInconclusiveError`): the outcome is unknown.
+    INCONCLUSIVE = "inconclusive"
 
 
 @dataclass(frozen=True, slots=True)

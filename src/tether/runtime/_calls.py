@@ -8,7 +8,12 @@ adapter raised it.
 from __future__ import annotations
 
 from tether.adapters import Adapter, Fence, UnresolvedWriteError, compensate_with, look_up
-from tether.core import AdapterUnavailableError, IdempotencyConflictError, PreconditionFailedError
+from tether.core import (
+    AdapterUnavailableError,
+    IdempotencyConflictError,
+    LookupInconclusiveError,
+    PreconditionFailedError,
+)
 from tether.core._compensation import compensated_effect
 from tether.core._transition import (
     Execute,
@@ -28,6 +33,9 @@ def ask(adapter: Adapter, call: Lookup) -> LookupAnswer:
         return LookupAnswer(LookupStatus.IN_PROGRESS, detail=str(exc))
     except AdapterUnavailableError as exc:
         return LookupAnswer(LookupStatus.UNAVAILABLE, detail=str(exc))
+    except LookupInconclusiveError as exc:
+        # Answered, proving nothing: never absence (see tether.core.read_lookup).
+        return LookupAnswer(LookupStatus.INCONCLUSIVE, detail=str(exc))
     except PreconditionFailedError as exc:
         # A look-up that finds the request refused (a stored 4xx) says so this way.
         return LookupAnswer(LookupStatus.REFUSED, detail=str(exc))

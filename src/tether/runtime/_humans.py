@@ -25,6 +25,7 @@ from tether.core import (
     EffectStatus,
     EnvironmentState,
     EvidenceError,
+    LookupInconclusiveError,
     Phase,
     PolicyError,
     PreconditionFailedError,
@@ -411,11 +412,12 @@ def _reread(
 def _receipt_under(rt: Runtime, key: str, intent: Any) -> Receipt | None:
     """The adapter's receipt under ``key``; a request it recorded as refused has none, and
     one it still reports in flight has none yet (a case opened because the key is stuck in
-    flight must stay decidable: no receipt then, no receipt now). An adapter that cannot
-    be reached raises, and the decision waits for it."""
+    flight must stay decidable: no receipt then, no receipt now), nor one whose look-up
+    proves nothing (the case it opened had none either). An adapter that cannot be
+    reached raises, and the decision waits for it."""
     try:
         return look_up(rt.adapter, key, intent)
-    except (PreconditionFailedError, UnresolvedWriteError):
+    except (PreconditionFailedError, UnresolvedWriteError, LookupInconclusiveError):
         return None
 
 

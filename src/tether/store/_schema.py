@@ -320,4 +320,13 @@ def migrations(blob: str, backfill: tuple[str, ...] = ()) -> list[tuple[int, lis
                 "CREATE INDEX tether_trace_seq ON tether_trace (run_id, seq)",
             ],
         ),
+        (
+            11,
+            [
+                # TetherSaver: the sealed manifest of the latest checkpoint's pending
+                # writes, on the mark that names it (a deleted write is refused, not
+                # run again). NULL on marks written before: read as they always were.
+                f"ALTER TABLE tether_lg_marks ADD COLUMN writes {blob}",
+            ],
+        ),
     ]

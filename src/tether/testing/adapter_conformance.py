@@ -24,13 +24,19 @@ before the adapter's ``normalize``. ``effects()`` counts what the world
 really received, by the world's own books, never the adapter's. Optionally
 ``lose_next_reply()`` makes the next send land and its reply be lost (a
 hostile service mode, a dropped connection), so the unknown-outcome checks
-run too.
+run too, and ``unproven_lookup()`` makes the adapter's look-ups answered by
+something other than its declared route (a server's "no such route" 404, a
+redirect), so the check that such an answer is never "nothing landed" runs.
 
 The protocol simulator (``tether.testing.simulate.run(seed, capabilities=...)``)
 drives the whole runtime against the capabilities you declare; it covers every
 combination of idempotent, queryable (blind: neither), absence final or not,
 retention, in-flight limit, fencing and stateful or remote, with lost replies,
-hostile look-ups, outages, requests in flight and a look-up route that 404s.
+hostile look-ups, outages, requests in flight and a look-up route that 404s;
+its directed cases play each hard case against the combinations an
+``HttpEffect`` profile can declare, from ``ServiceProfile()`` (blind: nothing
+promised) and a safe same-key resend without a look-up (idempotent, not
+queryable) to a look-up whose absence is final.
 
 What is checked, for the capabilities the adapter DECLARES: a receipt is
 bound to the key, the intent digest and the post-state ``derive_post_state``
@@ -38,6 +44,9 @@ promised; an idempotent adapter replays the first receipt without a second
 effect and refuses the same key with another intent; a queryable adapter's
 look-up from a fresh object equals the receipt field for field, finds
 nothing for a key never used, and finds a landed write whose reply was lost;
+an idempotent adapter that cannot be asked settles such a write by a resend
+under its key, with no second effect; a look-up answered by anything but its
+declared route is never "nothing" (``LookupInconclusiveError`` or unavailable);
 a fencing adapter refuses a superseded token and writes nothing; bad input
 and another instance's prestate are typed ``TetherError`` refusals. An
 adapter that claims idempotent but writes twice fails. A kind that declares
@@ -75,6 +84,7 @@ from tether.core import (
     EnvironmentState,
     IdempotencyConflictError,
     Intent,
+    LookupInconclusiveError,
     Receipt,
     TetherError,
 )
@@ -86,6 +96,7 @@ __all__ = [
     "AdapterSubject",
     "test_a_fencing_adapter_refuses_a_superseded_token",
     "test_a_landed_write_whose_reply_was_lost_is_found_by_key",
+    "test_a_look_up_from_no_declared_route_is_never_absence",
     "test_a_queryable_adapter_answers_by_key_from_a_fresh_object",
     "test_a_receipt_is_bound_to_key_intent_and_post_state",
     "test_an_idempotent_adapter_refuses_the_same_key_with_another_intent",
@@ -106,6 +117,9 @@ class AdapterSubject:
     lose_next_reply: Callable[[], None] | None = None
     #: How many effects the world has undone, by its own books (compensating adapters).
     compensations: Callable[[], int] | None = None
+    #: Make the look-ups from now on be answered by something that is not the
+    #: declared route (a "no such route" 404, a redirect); queryable adapters.
+    unproven_lookup: Callable[[], None] | None = None
 
 
 def _fail(message: str) -> None:
@@ -240,10 +254,39 @@ def test_a_landed_write_whose_reply_was_lost_is_found_by_key(
         _fail("a send whose reply was lost must raise AdapterUnavailableError, not return")
     if tether_adapter.effects() != before + 1:
         _fail("the lost-reply send did not land exactly once")
-    if _caps(adapter).queryable:
+    caps = _caps(adapter)
+    if caps.queryable:
         found = look_up(tether_adapter.make(), "conformance-key-5", intent)
         if found is None or found.intent_digest != intent.digest:
             _fail("a queryable adapter must find the landed write by its key")
+    elif caps.idempotent:
+        # Nothing to ask: the runtime settles it by sending again under the key.
+        again = tether_adapter.make().execute("conformance-key-5", intent, adapter.environment())
+        if again.intent_digest != intent.digest or tether_adapter.effects() != before + 1:
+            _fail("an idempotent adapter's resend of a landed write must replay it, no new effect")
+
+
+def test_a_look_up_from_no_declared_route_is_never_absence(
+    tether_adapter: AdapterSubject,
+) -> None:
+    """A look-up answered by anything but its declared route says "unknown", never "nothing"."""
+    adapter = tether_adapter.make()
+    if not _caps(adapter).queryable:
+        pytest.skip("the adapter does not declare itself queryable")
+    if tether_adapter.unproven_lookup is None:
+        pytest.skip("the subject cannot break its look-up route (no unproven_lookup)")
+    intent, _ = _send(adapter, tether_adapter, "conformance-key-8", 0)
+    tether_adapter.unproven_lookup()
+    for key in ("conformance-key-8", "conformance-key-never-used"):
+        try:
+            found = look_up(tether_adapter.make(), key, intent)
+        except (LookupInconclusiveError, AdapterUnavailableError):
+            continue  # unknown: the runtime never reads it as "nothing landed"
+        if found is None:
+            _fail(
+                f"a look-up for {key!r} answered by no declared route returned None: "
+                "that is 'nothing landed', which such an answer never proves"
+            )
 
 
 def test_a_fencing_adapter_refuses_a_superseded_token(tether_adapter: AdapterSubject) -> None:

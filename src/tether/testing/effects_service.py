@@ -4,8 +4,11 @@ It ships with tether for tests and the demo. It stores the first response
 for a key (errors included), fingerprints the payload, answers ``400`` for a
 missing or malformed key, ``409`` while the same key is in flight, ``422`` for
 a key reused with another payload, forgets keys after a retention period,
-and can be asked by key (``GET /idempotency/{key}``). Data lives in its own
-SQLite file, so a restarted service remembers everything.
+and can be asked by key (``GET /idempotency/{key}``; no record: ``404
+{"error": "unknown_key", "idempotency_key": KEY}``). Data lives in its own
+SQLite file, so a restarted service remembers everything. What it promises
+is declared by ``tether.adapters.REFERENCE_PROFILE``; an ``HttpEffect``
+without that profile assumes none of it.
 
 A ticket can be compensated: ``POST /tickets/{id}/cancel`` under its own
 ``Idempotency-Key`` cancels it once (stored, replayed and looked up exactly
@@ -27,10 +30,16 @@ test through ``POST /_admin/mode``, makes it behave as measured elsewhere:
 ``drop_after_commit``  commit the ticket, then drop the connection mid-reply
 ``commit_then_500``    commit the ticket, then answer 500
 ``slow_s``             seconds between taking the key and committing (in-flight 409s)
-``lying_lookup``       the look-up answers 404 for every key
+``lying_lookup``       the look-up answers its own 404 (no record) for every key
 ``no_inflight_lock``   two concurrent requests with one key both execute
-``mismatch``           ``"422"`` (faithful), ``"new_effect"`` or ``"replay"``
+``mismatch``           ``"422"`` (faithful), ``"400"`` (Stripe's ``idempotency_error``),
+                       ``"new_effect"`` or ``"replay"``
 ``replay_status``      status of a replay: the first response's (0) or e.g. 409
+``ignore_keys``        no idempotency at all: every request executes, keys unrecorded
+``lookup_route``       ``"ok"``; ``"missing"`` (the route does not exist: Starlette's
+                       plain-text 404), ``"json_404"`` (``{"detail": "Not Found"}``,
+                       as FastAPI answers an unknown route) or ``"redirect"`` (302
+                       to a login page)
 ``inflight_expiry_s``  an abandoned in-flight key is freed after this; ``null``: never
 ``retention_s``        keys older than this are forgotten (then a request executes again)
 ``id_offset``          added to ticket ids in replies (ids past 2**53, as 64-bit services use)
@@ -61,7 +70,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -88,8 +97,11 @@ DEFAULT_MODE: dict[str, Any] = {
     "retention_s": 24 * 3600.0,
     "id_offset": 0,
     "ignore_instance": False,
+    "ignore_keys": False,
+    "lookup_route": "ok",
 }
-_MISMATCH = {"422", "new_effect", "replay"}
+_MISMATCH = {"422", "400", "new_effect", "replay"}
+_LOOKUP_ROUTES = {"ok", "missing", "json_404", "redirect"}
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -160,6 +172,8 @@ class ServiceData:
             raise ValueError(f"unknown mode fields {unknown}")
         if "mismatch" in changes and changes["mismatch"] not in _MISMATCH:
             raise ValueError(f"mismatch must be one of {sorted(_MISMATCH)}")
+        if "lookup_route" in changes and changes["lookup_route"] not in _LOOKUP_ROUTES:
+            raise ValueError(f"lookup_route must be one of {sorted(_LOOKUP_ROUTES)}")
         mode = {**self.mode(), **changes}
         with self.transaction() as conn:
             conn.execute("UPDATE meta SET value = ? WHERE name = 'mode'", (json.dumps(mode),))
@@ -306,6 +320,9 @@ class EffectsService:
         refused = _check_instance(own, expected, mode)
         if refused is not None:
             return refused
+        if mode["ignore_keys"]:
+            # A service with no idempotency at all: the key is never recorded.
+            return secrets.token_hex(8)
         conn.execute(
             "DELETE FROM keys WHERE created_us < ?",
             (now - int(float(mode["retention_s"]) * 1e6),),
@@ -345,8 +362,9 @@ class EffectsService:
         if mode["slow_s"]:
             time.sleep(float(mode["slow_s"]))
         title = payload.get("title")
+        keyless = mode["no_inflight_lock"] or mode["ignore_keys"]
         with self.data.transaction() as conn:
-            if not mode["no_inflight_lock"]:
+            if not keyless:
                 # Still ours? A key freed as abandoned may have been taken by a retry
                 # while this handler was merely slow: then this attempt commits nothing.
                 owner = conn.execute("SELECT attempt FROM keys WHERE key = ?", (key,)).fetchone()
@@ -367,11 +385,12 @@ class EffectsService:
             else:
                 # An error is a response too: stored, so the same request gets it again.
                 status, reply = 400, {"error": "invalid_ticket", "detail": "title is required"}
-            conn.execute(
-                "INSERT OR REPLACE INTO keys (key, fingerprint, state, status, body, created_us)"
-                " VALUES (?, ?, 'completed', ?, ?, ?)",
-                (key, payload_fp, status, json.dumps(reply), now),
-            )
+            if not mode["ignore_keys"]:
+                conn.execute(
+                    "INSERT OR REPLACE INTO keys (key, fingerprint, state, status, body, "
+                    "created_us) VALUES (?, ?, 'completed', ?, ?, ?)",
+                    (key, payload_fp, status, json.dumps(reply), now),
+                )
         if status != 201:
             return _json(status, reply)
         if mode["drop_after_commit"]:
@@ -396,7 +415,7 @@ class EffectsService:
             time.sleep(float(mode["slow_s"]))
         ticket_id = named - int(mode["id_offset"])  # replies name ids with the offset
         with self.data.transaction() as conn:
-            if not mode["no_inflight_lock"]:
+            if not (mode["no_inflight_lock"] or mode["ignore_keys"]):
                 owner = conn.execute("SELECT attempt FROM keys WHERE key = ?", (key,)).fetchone()
                 if owner is None or owner[0] != attempt:
                     return _json(409, {"error": "request_superseded", "idempotency_key": key})
@@ -425,11 +444,12 @@ class EffectsService:
                     "cancelled_at": created,
                 }
             # Stored like any response, refusals included: the same request gets it again.
-            conn.execute(
-                "INSERT OR REPLACE INTO keys (key, fingerprint, state, status, body, created_us)"
-                " VALUES (?, ?, 'completed', ?, ?, ?)",
-                (key, payload_fp, status, json.dumps(reply), now),
-            )
+            if not mode["ignore_keys"]:
+                conn.execute(
+                    "INSERT OR REPLACE INTO keys (key, fingerprint, state, status, body, "
+                    "created_us) VALUES (?, ?, 'completed', ?, ?, ?)",
+                    (key, payload_fp, status, json.dumps(reply), now),
+                )
         if status != 200:
             return _json(status, reply)
         if mode["drop_after_commit"]:
@@ -461,6 +481,14 @@ class EffectsService:
                 return None
             if mode["mismatch"] == "422":
                 return _json(422, {"error": "idempotency_key_reused", "idempotency_key": key})
+            if mode["mismatch"] == "400":
+                # As Stripe answers it: a 400 whose error type names idempotency.
+                error = {
+                    "type": "idempotency_error",
+                    "message": "Keys for idempotent requests can only be used with the same "
+                    "parameters they were first used with.",
+                }
+                return _json(400, {"error": error})
         replay_status = int(mode["replay_status"]) or int(status)
         return JSONResponse(
             json.loads(body), status_code=replay_status, headers={"Idempotent-Replayed": "true"}
@@ -482,6 +510,13 @@ class EffectsService:
     async def look_up(self, request: Request) -> Response:
         key = request.path_params["key"]
         mode = self.data.mode()
+        route = mode["lookup_route"]
+        if route == "missing":
+            return PlainTextResponse("Not Found", status_code=404)  # as for any unknown path
+        if route == "json_404":
+            return _json(404, {"detail": "Not Found"})
+        if route == "redirect":
+            return Response(status_code=302, headers={"location": "/login"})
         with self.data.connect() as conn:
             conn.execute("BEGIN")  # one snapshot: the instance checked is the one that answers
             own = _instance_in(conn)

@@ -7,8 +7,9 @@
     graph = builder.compile(checkpointer=saver)
 
 Every checkpoint is sealed with the keyring's HMAC and verified on read; a
-high-water mark per thread refuses a rolled-back or tampered latest; puts
-are compare-and-set from the parent the config names.
+high-water mark per thread refuses a rolled-back or tampered latest, and a
+latest checkpoint whose pending writes were deleted (LangGraph would run
+those tasks again); puts are compare-and-set from the parent the config names.
 
     tools = ToolNode([guard(send_email, kind="email.send", target="to")])
     with tether.effects.run(runtime, "ticket-42"):
@@ -24,6 +25,7 @@ delivers it (see :mod:`tether.integrations.langgraph._tools`).
 from tether.integrations.langgraph._errors import (
     CheckpointRollbackError,
     PendingWriteConflictError,
+    PendingWriteMissingError,
     ThreadConflictError,
 )
 from tether.integrations.langgraph._saver import TetherSaver
@@ -33,6 +35,7 @@ __all__ = [
     "CheckpointRollbackError",
     "GuardedTool",
     "PendingWriteConflictError",
+    "PendingWriteMissingError",
     "TetherSaver",
     "ThreadConflictError",
     "guard",

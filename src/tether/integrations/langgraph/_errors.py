@@ -29,6 +29,41 @@ class CheckpointRollbackError(IntegrityError):
         super().__init__(message, run_id=thread_id)
 
 
+class PendingWriteMissingError(CheckpointRollbackError):
+    """A pending write of the thread's latest checkpoint is gone, or not the one stored.
+
+    LangGraph would run that task again (its effect with it) on resume, so
+    nothing was loaded. ``found`` says what the store holds for
+    ``(task_id, idx)``: ``gone``, or ``altered`` (another envelope than the
+    one the saver stored). Restore the writes from a backup taken with the
+    mark, or delete the thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        idx: int,
+        found: str,
+    ) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.task_id = task_id
+        self.idx = idx
+        self.found = found
+        super().__init__(
+            f"thread {thread_id!r} checkpoint {checkpoint_id!r}: pending write {idx} of task "
+            f"{task_id!r} is {found} (the saver's sealed record of the latest writes says "
+            "otherwise); resuming would run that task again, so nothing was loaded",
+            thread_id=thread_id,
+            checkpoint_ns=checkpoint_ns,
+            expected=f"{task_id}/{idx}",
+            actual=None if found == "gone" else f"{task_id}/{idx} ({found})",
+        )
+
+
 class ThreadConflictError(StoreError):
     """A put lost its compare-and-set: the thread's latest is not the parent the config named.
 

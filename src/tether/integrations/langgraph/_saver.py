@@ -13,7 +13,10 @@ What it adds to a plain LangGraph saver:
   the new one, in ONE store transaction with the content; a second writer
   from the same parent loses with :class:`ThreadConflictError`;
 - pending writes are keyed by (task_id, idx): the same value again is a
-  no-op, another value is :class:`PendingWriteConflictError`.
+  no-op, another value is :class:`PendingWriteConflictError`; the latest
+  checkpoint's writes are listed in a sealed manifest on its mark
+  (:mod:`tether.integrations.langgraph._manifest`), so a deleted one is
+  refused (:class:`PendingWriteMissingError`), never a task run again.
 
 Time travel: a checkpoint asked for by id is served only when its sealed
 lineage is the thread's current one and its sealed position is at or below
@@ -52,6 +55,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from tether.core import CheckpointCorruptError, StoreError
 from tether.crypto import Keyring, envelope_digest
+from tether.integrations.langgraph import _manifest as manifests
 from tether.integrations.langgraph._errors import (
     CheckpointRollbackError,
     PendingWriteConflictError,
@@ -70,7 +74,15 @@ from tether.integrations.langgraph._seal import (
 )
 from tether.store import SQLBase, SQLStatements, open_store
 
-_MARK_COLUMNS = ("thread_id", "checkpoint_ns", "checkpoint_id", "envelope_digest", "seq", "lineage")
+_MARK_COLUMNS = (
+    "thread_id",
+    "checkpoint_ns",
+    "checkpoint_id",
+    "envelope_digest",
+    "seq",
+    "lineage",
+    "writes",
+)
 _WRITE_COLUMNS = (
     "thread_id",
     "checkpoint_ns",
@@ -89,6 +101,9 @@ class _Mark:
     envelope_digest: str
     seq: int
     lineage: str
+    #: The sealed manifest of this checkpoint's pending writes (``None``: a mark
+    #: from before manifests were kept).
+    writes: bytes | None = None
 
 
 class TetherSaver(BaseCheckpointSaver[int]):
@@ -163,6 +178,12 @@ class TetherSaver(BaseCheckpointSaver[int]):
         checkpoint_id = str(checkpoint["id"])
 
         def body(tx: SQLStatements) -> None:
+            # The mark's row first (a row lock on PostgreSQL), as put_writes takes it:
+            # the writes adopted below are then all that were stored before.
+            tx.run(
+                "UPDATE tether_lg_marks SET seq = seq WHERE thread_id = ? AND checkpoint_ns = ?",
+                (thread_id, ns),
+            )
             mark = self._mark(tx, thread_id, ns)
             if mark is None:
                 if parent is not None:
@@ -203,16 +224,35 @@ class TetherSaver(BaseCheckpointSaver[int]):
                 self.keyring,
             )
             digest = envelope_digest(envelope)
+            # Writes LangGraph stored for this checkpoint before it (its background
+            # puts run side by side) are adopted: from now on, each must stay.
+            early = tx.all(
+                "SELECT task_id, idx, envelope FROM tether_lg_writes WHERE thread_id = ? AND "
+                "checkpoint_ns = ? AND checkpoint_id = ?",
+                (thread_id, ns, checkpoint_id),
+            )
+            known = manifests.empty(thread_id, ns, checkpoint_id)
+            writes = known.with_rows(manifests.listed(early, thread_id)).seal(self.keyring)
             if mark is None:
                 moved = tx.run(
                     tx.insert_ignore("tether_lg_marks", _MARK_COLUMNS),
-                    (thread_id, ns, checkpoint_id, digest, seq, lineage),
+                    (thread_id, ns, checkpoint_id, digest, seq, lineage, writes),
                 )
             else:
                 moved = tx.run(
-                    "UPDATE tether_lg_marks SET checkpoint_id = ?, envelope_digest = ?, seq = ? "
-                    "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? AND seq = ?",
-                    (checkpoint_id, digest, seq, thread_id, ns, mark.checkpoint_id, mark.seq),
+                    "UPDATE tether_lg_marks SET checkpoint_id = ?, envelope_digest = ?, seq = ?, "
+                    "writes = ? WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? "
+                    "AND seq = ?",
+                    (
+                        checkpoint_id,
+                        digest,
+                        seq,
+                        writes,
+                        thread_id,
+                        ns,
+                        mark.checkpoint_id,
+                        mark.seq,
+                    ),
                 )
             if moved != 1:
                 now = self._mark(tx, thread_id, ns)
@@ -279,9 +319,17 @@ class TetherSaver(BaseCheckpointSaver[int]):
             prepared.append((sealed, kind, raw, seal_write(sealed, self.keyring)))
 
         def body(tx: SQLStatements) -> None:
+            # The mark's row first: concurrent writes of one checkpoint's tasks then
+            # update its manifest one after another (a row lock on PostgreSQL).
+            tx.run(
+                "UPDATE tether_lg_marks SET seq = seq WHERE thread_id = ? AND checkpoint_ns = ?",
+                (thread_id, ns),
+            )
             insert = tx.insert_ignore("tether_lg_writes", _WRITE_COLUMNS)
+            stored: list[tuple[str, int, str]] = []  # (task_id, idx, envelope digest) now
             for sealed, kind, raw, envelope in prepared:
                 keys = (thread_id, ns, checkpoint_id, task_id, sealed.idx)
+                stored.append((task_id, sealed.idx, envelope_digest(envelope)))
                 if tx.run(insert, (*keys, kind, raw, envelope)) == 1:
                     continue
                 row = tx.one(
@@ -291,7 +339,7 @@ class TetherSaver(BaseCheckpointSaver[int]):
                 )
                 if row is None:  # deleted between the two statements: refuse, never guess
                     raise StoreError(f"thread {thread_id!r}: a pending write vanished mid-write")
-                stored = open_write(
+                kept = open_write(
                     row[0],
                     self.keyring,
                     thread_id=thread_id,
@@ -300,9 +348,10 @@ class TetherSaver(BaseCheckpointSaver[int]):
                     task_id=task_id,
                     idx=sealed.idx,
                 )
-                if stored.channel == sealed.channel and stored.value == sealed.value:
+                if kept.channel == sealed.channel and kept.value == sealed.value:
+                    stored[-1] = (task_id, sealed.idx, envelope_digest(bytes(row[0])))
                     continue
-                if sealed.channel in WRITES_IDX_MAP and stored.channel == sealed.channel:
+                if sealed.channel in WRITES_IDX_MAP and kept.channel == sealed.channel:
                     tx.run(
                         "UPDATE tether_lg_writes SET kind = ?, body = ?, envelope = ? "
                         "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? "
@@ -315,6 +364,13 @@ class TetherSaver(BaseCheckpointSaver[int]):
                     checkpoint_id=checkpoint_id,
                     task_id=task_id,
                     idx=sealed.idx,
+                )
+            mark = self._mark(tx, thread_id, ns)
+            if mark is not None and mark.checkpoint_id == checkpoint_id:
+                # The latest checkpoint's writes: what a resume reads. An older one's
+                # (the thread moved on) are no longer, and are left out.
+                manifests.record(
+                    tx, self.keyring, (thread_id, ns, checkpoint_id), mark.seq, mark.writes, stored
                 )
 
         self.store.transaction(body)
@@ -440,7 +496,7 @@ class TetherSaver(BaseCheckpointSaver[int]):
 
     def _mark(self, tx: SQLStatements, thread_id: str, ns: str) -> _Mark | None:
         row = tx.one(
-            "SELECT checkpoint_id, envelope_digest, seq, lineage FROM tether_lg_marks "
+            "SELECT checkpoint_id, envelope_digest, seq, lineage, writes FROM tether_lg_marks "
             "WHERE thread_id = ? AND checkpoint_ns = ?",
             (thread_id, ns),
         )
@@ -451,11 +507,15 @@ class TetherSaver(BaseCheckpointSaver[int]):
             raise CheckpointCorruptError(
                 f"thread {thread_id!r}: mark seq is damaged", run_id=thread_id
             )
+        writes = row[4]
+        if writes is not None and not isinstance(writes, bytes | bytearray | memoryview):
+            raise CheckpointCorruptError(f"thread {thread_id!r}: mark writes are not bytes")
         return _Mark(
             _str(row[0], "mark checkpoint_id"),
             _str(row[1], "mark envelope_digest"),
             seq,
             _str(row[3], "mark lineage"),
+            None if writes is None else bytes(writes),
         )
 
     def _load(
@@ -520,7 +580,16 @@ class TetherSaver(BaseCheckpointSaver[int]):
                     actual=_str(beyond[0], "checkpoint_id"),
                 )
         values = self._channel_values(tx, thread_id, ns, sealed)
-        writes = self._pending_writes(tx, thread_id, ns, target)
+        manifest = None
+        if target == mark.checkpoint_id and mark.writes is not None:
+            manifest = manifests.open_manifest(
+                mark.writes,
+                self.keyring,
+                thread_id=thread_id,
+                checkpoint_ns=ns,
+                checkpoint_id=target,
+            )
+        writes = self._pending_writes(tx, thread_id, ns, target, manifest)
         head = self._load_typed(sealed.head, thread_id, "checkpoint")
         if not isinstance(head, dict):
             raise CheckpointCorruptError(f"thread {thread_id!r}: checkpoint head is not a map")
@@ -621,13 +690,20 @@ class TetherSaver(BaseCheckpointSaver[int]):
         return values
 
     def _pending_writes(
-        self, tx: SQLStatements, thread_id: str, ns: str, checkpoint_id: str
+        self,
+        tx: SQLStatements,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str,
+        manifest: manifests.WritesManifest | None,
     ) -> builtins.list[tuple[str, str, Any]]:
         rows = tx.all(
             "SELECT task_id, idx, kind, body, envelope FROM tether_lg_writes "
             "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
             (thread_id, ns, checkpoint_id),
         )
+        if manifest is not None:  # the latest checkpoint: exactly the writes the saver stored
+            manifest.check(manifests.listed([(r[0], r[1], r[4]) for r in rows], thread_id))
         found = []
         for task_id, idx, kind, raw, envelope in rows:
             if isinstance(idx, bool) or not isinstance(idx, int):

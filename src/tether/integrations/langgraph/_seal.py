@@ -135,7 +135,7 @@ def open_checkpoint(
     envelope: bytes, keyring: Keyring, *, thread_id: str, checkpoint_ns: str, checkpoint_id: str
 ) -> CheckpointSeal:
     """Verify a checkpoint envelope read from the row keyed by the three ids."""
-    doc = _open(envelope, keyring, thread_id, CHECKPOINT_FORMAT, _CHECKPOINT_FIELDS)
+    doc = open_payload(envelope, keyring, thread_id, CHECKPOINT_FORMAT, _CHECKPOINT_FIELDS)
     channels = doc["channels"]
     if not isinstance(channels, dict) or not all(isinstance(v, str) for v in channels.values()):
         raise CheckpointCorruptError(
@@ -145,19 +145,19 @@ def open_checkpoint(
     if parent is not None and not isinstance(parent, str):
         raise CheckpointCorruptError("checkpoint parent_id is not a string", run_id=thread_id)
     sealed = CheckpointSeal(
-        thread_id=_text(doc, "thread_id", thread_id),
-        checkpoint_ns=_text(doc, "checkpoint_ns", thread_id),
-        checkpoint_id=_text(doc, "checkpoint_id", thread_id),
+        thread_id=text_field(doc, "thread_id", thread_id),
+        checkpoint_ns=text_field(doc, "checkpoint_ns", thread_id),
+        checkpoint_id=text_field(doc, "checkpoint_id", thread_id),
         parent_id=parent,
-        seq=_int(doc, "seq", thread_id),
-        lineage=_text(doc, "lineage", thread_id),
+        seq=int_field(doc, "seq", thread_id),
+        lineage=text_field(doc, "lineage", thread_id),
         head=_typed_in(doc["head"], thread_id),
         metadata=_typed_in(doc["metadata"], thread_id),
         channels=dict(channels),
     )
-    _bind(thread_id, ("thread_id", thread_id, sealed.thread_id))
-    _bind(thread_id, ("checkpoint_ns", checkpoint_ns, sealed.checkpoint_ns))
-    _bind(thread_id, ("checkpoint_id", checkpoint_id, sealed.checkpoint_id))
+    bind_field(thread_id, ("thread_id", thread_id, sealed.thread_id))
+    bind_field(thread_id, ("checkpoint_ns", checkpoint_ns, sealed.checkpoint_ns))
+    bind_field(thread_id, ("checkpoint_id", checkpoint_id, sealed.checkpoint_id))
     return sealed
 
 
@@ -172,16 +172,16 @@ def open_write(
     idx: int,
 ) -> WriteSeal:
     """Verify a pending write's envelope read from the row with these keys."""
-    doc = _open(envelope, keyring, thread_id, WRITE_FORMAT, _WRITE_FIELDS)
+    doc = open_payload(envelope, keyring, thread_id, WRITE_FORMAT, _WRITE_FIELDS)
     sealed = WriteSeal(
-        thread_id=_text(doc, "thread_id", thread_id),
-        checkpoint_ns=_text(doc, "checkpoint_ns", thread_id),
-        checkpoint_id=_text(doc, "checkpoint_id", thread_id),
-        task_id=_text(doc, "task_id", thread_id),
-        idx=_int(doc, "idx", thread_id),
-        channel=_text(doc, "channel", thread_id),
-        task_path=_text(doc, "task_path", thread_id),
-        value=_text(doc, "value", thread_id),
+        thread_id=text_field(doc, "thread_id", thread_id),
+        checkpoint_ns=text_field(doc, "checkpoint_ns", thread_id),
+        checkpoint_id=text_field(doc, "checkpoint_id", thread_id),
+        task_id=text_field(doc, "task_id", thread_id),
+        idx=int_field(doc, "idx", thread_id),
+        channel=text_field(doc, "channel", thread_id),
+        task_path=text_field(doc, "task_path", thread_id),
+        value=text_field(doc, "value", thread_id),
     )
     for what, expected, actual in (
         ("thread_id", thread_id, sealed.thread_id),
@@ -190,7 +190,7 @@ def open_write(
         ("task_id", task_id, sealed.task_id),
         ("idx", idx, sealed.idx),
     ):
-        _bind(thread_id, (what, expected, actual))
+        bind_field(thread_id, (what, expected, actual))
     return sealed
 
 
@@ -208,9 +208,10 @@ def check_value(kind: Any, body: Any, digest: str, *, thread_id: str, what: str)
     return kind, raw
 
 
-def _open(
+def open_payload(
     envelope: Any, keyring: Keyring, thread_id: str, fmt: str, fields: frozenset[str]
 ) -> dict[str, Any]:
+    """Verify ``envelope`` and return its payload, which must be exactly a ``fmt`` document."""
     if not isinstance(envelope, bytes | bytearray | memoryview):
         raise CheckpointCorruptError(
             f"envelope stored as {type(envelope).__name__}, not bytes", run_id=thread_id
@@ -221,21 +222,24 @@ def _open(
     return doc
 
 
-def _bind(thread_id: str, check: tuple[str, Any, Any]) -> None:
+def bind_field(thread_id: str, check: tuple[str, Any, Any]) -> None:
+    """Refuse a sealed field that names another row than the one it was read from."""
     what, expected, actual = check
     if expected != actual:
         # A validly sealed envelope moved to another row (another thread, another id).
         raise BindingMismatchError(what, expected, actual, run_id=thread_id)
 
 
-def _text(doc: dict[str, Any], name: str, thread_id: str) -> str:
+def text_field(doc: dict[str, Any], name: str, thread_id: str) -> str:
+    """``doc[name]``, which must be text."""
     value = doc[name]
     if not isinstance(value, str):
         raise CheckpointCorruptError(f"envelope field {name} is not a string", run_id=thread_id)
     return value
 
 
-def _int(doc: dict[str, Any], name: str, thread_id: str) -> int:
+def int_field(doc: dict[str, Any], name: str, thread_id: str) -> int:
+    """``doc[name]``, which must be an integer (not a bool)."""
     value = doc[name]
     if isinstance(value, bool) or not isinstance(value, int):
         raise CheckpointCorruptError(f"envelope field {name} is not an integer", run_id=thread_id)

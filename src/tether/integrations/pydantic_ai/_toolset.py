@@ -36,7 +36,15 @@ from typing import Any
 
 from pydantic_ai.exceptions import ApprovalRequired
 from pydantic_ai.tools import AgentDepsT, RunContext
-from pydantic_ai.toolsets import ToolsetTool, WrapperToolset
+from pydantic_ai.toolsets import (
+    AbstractToolset,
+    CombinedToolset,
+    FunctionToolset,
+    PrefixedToolset,
+    RenamedToolset,
+    ToolsetTool,
+    WrapperToolset,
+)
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from tether import effects
@@ -111,12 +119,17 @@ class TetherToolset(WrapperToolset[AgentDepsT]):
 
     A guarded tool's body never runs; the model sees the receipt's result
     (a replayed call: the first one's). A name in ``kinds`` that the wrapped
-    toolset does not offer is an error when the tools are listed: a typo must
-    not leave a mutating tool unguarded.
+    toolset does not hold is an error when the tools are listed: a typo must
+    not leave a mutating tool unguarded. A tool the toolset holds but hides
+    for a step (its ``prepare`` returned ``None``, a filter) is not offered
+    that step, and that is no error: "holds" is a function toolset's own
+    registration (through prefixes and renames), or an offer at an earlier
+    step of this run for a toolset whose tools are only known when listed.
     """
 
     kinds: Mapping[str, GuardSpec] = field(default_factory=dict)
     _guards: dict[str, Guard] = field(init=False, repr=False)
+    _offered: set[str] = field(init=False, repr=False, default_factory=set)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kinds, Mapping):
@@ -125,11 +138,15 @@ class TetherToolset(WrapperToolset[AgentDepsT]):
 
     async def get_tools(self, ctx: RunContext[AgentDepsT]) -> dict[str, ToolsetTool[AgentDepsT]]:
         tools = await super().get_tools(ctx)
-        missing = sorted(set(self._guards) - set(tools))
+        self._offered |= set(tools)
+        missing = set(self._guards) - self._offered
+        if missing:
+            missing -= registered(self.wrapped)  # held, and hidden this step
         if missing:
             raise SpecError(
                 "kinds",
-                f"no tool named {missing} in {self.wrapped.label} (offered: {sorted(tools)})",
+                f"no tool named {sorted(missing)} in {self.wrapped.label} "
+                f"(offered: {sorted(tools)})",
             )
         return tools
 
@@ -180,6 +197,27 @@ class TetherToolset(WrapperToolset[AgentDepsT]):
                 }
             ) from exc
         return done.result
+
+
+def registered(toolset: AbstractToolset[Any]) -> set[str]:
+    """The tool names ``toolset`` holds whatever a step hides: its function tools, as named.
+
+    Followed through combined, prefixed, renamed and other wrapping toolsets;
+    a toolset whose tools are known only when listed (an MCP server, a
+    dynamic toolset) adds none.
+    """
+    if isinstance(toolset, FunctionToolset):
+        return set(toolset.tools)
+    if isinstance(toolset, CombinedToolset):
+        return set().union(*(registered(each) for each in toolset.toolsets))
+    if isinstance(toolset, PrefixedToolset):
+        return {f"{toolset.prefix}_{name}" for name in registered(toolset.wrapped)}
+    if isinstance(toolset, RenamedToolset):
+        new_names = {old: new for new, old in toolset.name_map.items()}
+        return {new_names.get(name, name) for name in registered(toolset.wrapped)}
+    if isinstance(toolset, WrapperToolset):
+        return registered(toolset.wrapped)
+    return set()
 
 
 def _signed_approval(ctx: RunContext[Any]) -> Any:

@@ -489,6 +489,10 @@ class Simulation:
         if not caps.absent_is_final:
             self._adapter(event).faults.route_404 = True
 
+    def _on_route_gone(self, event: Event) -> None:
+        # Any queryable adapter: it says its look-up proves nothing, whatever it declares.
+        self._adapter(event).faults.route_gone = True
+
     def _on_policy(self, event: Event) -> None:
         """A new policy file is deployed: every worker restarts on it."""
         _, new = rules(self.scenario, self._fingerprint, self._namespace, event.arg)

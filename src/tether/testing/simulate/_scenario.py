@@ -365,6 +365,8 @@ NEEDS = {
     "agent_error": "faults",
     "stale": "stale_actions",
     "reuse": "reused_nonces",
+    "route_404": "faults",
+    "route_gone": "faults",
 }
 
 

@@ -5,7 +5,8 @@ the adapter at the moment it is applied, whatever tether believes. A world
 that does not deduplicate records a resend as a second reception: that is
 how a duplicate becomes visible. Faults (a lost reply, a hostile look-up,
 a service down, a request in flight, keys forgotten past retention, a
-look-up route that answers 404) are armed by the simulator's events.
+look-up route that answers 404, read as "nothing" by an adapter that lies or
+as inconclusive by one that does not) are armed by the simulator's events.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tether.core import (
     EnvironmentState,
     IdempotencyConflictError,
     Intent,
+    LookupInconclusiveError,
     Receipt,
     TargetKind,
     canonical_bytes,
@@ -97,6 +99,9 @@ class Faults:
     stuck: int = 0  # the next N sends stay in flight until the world heals (a hung handler)
     down_until: float = -1.0  # unavailable until this simulated second
     route_404: bool = False  # the look-up route does not exist: always "nothing"
+    #: The look-up route does not exist, and the adapter says so (as HttpEffect reads a
+    #: "no such route" 404): every look-up is inconclusive, never "nothing".
+    route_gone: bool = False
 
 
 IN_FLIGHT_S = 30.0
@@ -209,6 +214,8 @@ class SimWorkspace(Sandbox, _Fenced):
             raise AdapterUnavailableError("simulated: the workspace is down")
         if self.faults.route_404:
             return None
+        if self.faults.route_gone:
+            raise LookupInconclusiveError("simulated: the look-up route answered 404 Not Found")
         found = super().lookup(key)
         return _maybe_hostile(self.faults, found, key, self.environment(), self.namespace)
 
@@ -315,6 +322,8 @@ class SimTickets(RemoteEffect, _Fenced):
             raise KeyInFlightError(key, "simulated: still running")
         if self.faults.route_404:
             return None
+        if self.faults.route_gone:
+            raise LookupInconclusiveError("simulated: the look-up route answered 404 Not Found")
         found = self._receipts.get(key)
         return _maybe_hostile(
             self.faults, None if found is None else found[0], key, self.environment(), "tickets"
