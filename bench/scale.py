@@ -377,12 +377,12 @@ def idle(store: SQLBase) -> Iterator[None]:
 
 def picks(store: SQLBase, count: int) -> float:
     """Median seconds of the claim's pick alone: its SELECT, read-only (no commit, no fsync)."""
-    from tether.store._schema import CLAIM_SCOPE, CLAIMABLE_AT
+    from tether.store._schema import CLAIM_ORDER, CLAIM_SCOPE, CLAIMABLE_AT
 
     sql = (
         f"SELECT run_id FROM tether_marks WHERE {CLAIM_SCOPE} AND phase IN ('needs_review', "
         f"'pending', 'running') AND {CLAIMABLE_AT} <= ? AND attempts < 5 AND waiting_after IS NULL "
-        f"ORDER BY {CLAIMABLE_AT}, run_id LIMIT 1"
+        f"ORDER BY {CLAIM_ORDER} LIMIT 1"
     )
     times = []
     for _ in range(count):
@@ -407,14 +407,14 @@ def idle_claims(store: SQLBase, count: int) -> float:
 def plans(deployment: Deployment) -> dict[str, str]:
     """Which index the claim and each kind of page use (EXPLAIN with statistics)."""
     from tether.store._listing import NEEDS_PERSON
-    from tether.store._schema import ATTENTION, CLAIM_SCOPE, CLAIMABLE_AT
+    from tether.store._schema import ATTENTION, CLAIM_ORDER, CLAIM_SCOPE, CLAIMABLE_AT
 
     bound = "?" if deployment.store == "sqlite" else "%s"
     queries = {
         "claim": (
             f"SELECT run_id FROM tether_marks WHERE {CLAIM_SCOPE} AND phase IN ('running', 'pending', "
             f"'needs_review') AND {CLAIMABLE_AT} <= {bound} AND attempts < 5 "
-            f"ORDER BY {CLAIMABLE_AT}, run_id LIMIT 1",
+            f"ORDER BY {CLAIM_ORDER} LIMIT 1",
             (int(time.time() * 1e6),),
         ),
         "page": ("SELECT run_id FROM tether_marks ORDER BY run_id LIMIT 50", ()),

@@ -135,7 +135,7 @@ def test_postgres_urls_open_a_postgres_store() -> None:
         for variant in (url, url.replace("postgresql://", "postgres://", 1)):
             with Store.from_url(variant) as store:
                 assert isinstance(store, PostgresStore)
-                assert store.schema_version() == 10
+                assert store.schema_version() == 11
 
 
 # -- the driver is optional ----------------------------------------------------------
@@ -195,7 +195,7 @@ def test_concurrent_migrators_apply_each_migration_once(postgres: str) -> None:
 
         with psycopg.connect(postgres) as conn:
             rows = conn.execute("SELECT version FROM tether_migrations").fetchall()
-        assert rows == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,), (9,), (10,)]
+        assert rows == [(v,) for v in range(1, 12)]
     finally:
         for store in stores:
             store.close()
