@@ -428,7 +428,7 @@ class Simulation:
         if self.neighbour is None:
             self.neighbour_store = SimStore(self.db, self.clock.micros)
             self.neighbour = Neighbour(self.scenario, self.clock)
-            self.neighbour.arrive(self.neighbour_store)
+            self.neighbour.arrive(self.neighbour_store, died=event.arg == "died")
 
     def _on_agent_error(self, event: Event) -> None:
         self.agent.errors += max(1, int(event.num))
