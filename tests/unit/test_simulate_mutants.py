@@ -36,7 +36,7 @@ CAUGHT = {
     "replay_unapproved": 57,
     "replay_result_dropped": 1_000_003,
     "worker_never_yields": 1_000_145,
-    "no_backoff_across_claims": 1_000_139,
+    "no_backoff_across_claims": 1_000_190,
     "released_run_claimed_first": 1_000_184,
     "claim_ties_by_run_id": 50767,
     "stale_reads_unchecked": 1_000_157,

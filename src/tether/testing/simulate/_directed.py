@@ -91,6 +91,13 @@ CASES: dict[str, tuple[Event, ...]] = {
         "policy:stricter advance::31 neighbour:died advance::31 step drive step drive "
         "step drive step drive"
     ),
+    # Services down and workers claiming again and again at one instant: only the first
+    # claim reaches the run (it is backed off); a run let go with no back-off would be
+    # claimed by each, and each claim would knock on the service again.
+    "claims_while_down": motif(
+        "down:tickets:600 down:workspace:600 step advance::31 drive drive:w1 drive drive:w1 "
+        "drive drive:w1 advance::1 drive drive:w1"
+    ),
 }
 
 _TICKET = Item("ticket", "tickets", "printer")

@@ -15,7 +15,9 @@ Numbered as in issue 25:
    another send, nor by the end of the run, before the run reached review;
 5. every ledger entry survives every rewind, restore and recovery;
 6. while an adapter is down, sends per effect within one worker's claim are
-   bounded, and ``dispatched`` rows grow at most one per back-off period;
+   bounded, ``dispatched`` rows grow at most one per back-off period, and so
+   do the workers' claims of the run that reached it (a run let go with no
+   back-off is claimed again at once, and hammers the service claim by claim);
 7. with a healthy world and people who answer, the run ends within a bound;
    one failing run never stops a healthy one: a worker yields its turn, and a
    healthy run handed to the same workers is not passed over while it could be
@@ -71,6 +73,9 @@ class Judge:
     rows: set[tuple[str, int, str]] = field(default_factory=set)
     #: key -> dispatched rows seen while its adapter was down, and since when it was down.
     down_rows: dict[str, int] = field(default_factory=dict)
+    #: Workers' claims of the run that reached a service down, and when the first did.
+    down_claims: int = 0
+    first_down_claim: float = 0.0
 
     def fail(self, invariant: int, text: str) -> None:
         self.violations.append(Violation(invariant, self.event, text))
@@ -160,9 +165,27 @@ class Judge:
         self.rows |= seen.keys()
         return {e.idempotency_key for e in entries if e.status is EffectStatus.COMMITTED}
 
+    def claimed_while_down(self, now: float) -> None:
+        """Invariant 6 across claims: a worker's claim of the run reached a service that is
+        down; the shortest back-off (half of :data:`MIN_BACKOFF_S`, the least first wait)
+        must pass between two such claims."""
+        self.checks += 1
+        if not self.down_claims:
+            self.first_down_claim = now
+        self.down_claims += 1
+        elapsed = now - self.first_down_claim
+        allowed = 1 + int(elapsed / (MIN_BACKOFF_S / 2))
+        if self.down_claims > allowed:
+            self.fail(
+                6,
+                f"{self.down_claims} workers' claims of the run reached a service that was "
+                f"down within {elapsed:g}s (at most {allowed}): claimed again with no back-off",
+            )
+
     def outage_over(self) -> None:
-        """An outage ended: the next one counts its rows afresh."""
+        """An outage ended: the next one counts its rows and claims afresh."""
         self.down_rows.clear()
+        self.down_claims = 0
 
     def phase(self, phase: str, committed: set[str]) -> None:
         """Invariant 4: reaching review settles the unknowable; ending without it breaks it."""

@@ -406,6 +406,9 @@ class Simulation:
                 if lease.run_id == RUN_ID:
                     slot.session = None
                 slot.worker.drive(lease)
+                if lease.run_id == RUN_ID and (self.attempts or self.lookups):
+                    # (Only sends and look-ups to a service that is down are counted.)
+                    self.judge.claimed_while_down(self.clock.seconds)
         except SimulatedCrash:
             self._die(slot)
         except BROKEN as exc:
