@@ -36,7 +36,7 @@ returns figures of one run at 10 and at 10,000 steps, as :class:`Figure` or
 dicts with the same fields); the run says it was not measured otherwise.
 
 Run: ``.venv/bin/python bench/scale.py [--sizes 1000,100000] [--stores sqlite,postgres]
-[--rounds 9] [--dir PATH] [--save FILE]``; PostgreSQL needs ``TETHER_TEST_PG_DSN``
+[--rounds 9] [--parts pages,claims] [--dir PATH] [--save FILE]``; PostgreSQL needs ``TETHER_TEST_PG_DSN``
 (each size gets a schema of its own, dropped afterwards).
 """
 
@@ -76,6 +76,8 @@ WORKER_PHASES = ("running", "pending", "needs_review")
 #: Per 100 run ids: which template each copies (the rest are completed runs).
 MIX = {"approval": range(0, 2), "failing": range(2, 3), "held": range(3, 5), "free": range(5, 7)}
 KINDS = ("done", "approval", "failing", "held", "free")
+#: What a run may measure (``--parts``): the lists people read, a worker's claim.
+PARTS = ("pages", "claims")
 
 
 # -- the templates, driven by the real runtime ----------------------------------------
@@ -375,12 +377,12 @@ def idle(store: SQLBase) -> Iterator[None]:
 
 def picks(store: SQLBase, count: int) -> float:
     """Median seconds of the claim's pick alone: its SELECT, read-only (no commit, no fsync)."""
-    from tether.store._schema import CLAIM_SCOPE, CLAIMABLE_AT
+    from tether.store._schema import CLAIM_ORDER, CLAIM_SCOPE, CLAIMABLE_AT
 
     sql = (
         f"SELECT run_id FROM tether_marks WHERE {CLAIM_SCOPE} AND phase IN ('needs_review', "
         f"'pending', 'running') AND {CLAIMABLE_AT} <= ? AND attempts < 5 AND waiting_after IS NULL "
-        f"ORDER BY {CLAIMABLE_AT}, run_id LIMIT 1"
+        f"ORDER BY {CLAIM_ORDER} LIMIT 1"
     )
     times = []
     for _ in range(count):
@@ -405,14 +407,14 @@ def idle_claims(store: SQLBase, count: int) -> float:
 def plans(deployment: Deployment) -> dict[str, str]:
     """Which index the claim and each kind of page use (EXPLAIN with statistics)."""
     from tether.store._listing import NEEDS_PERSON
-    from tether.store._schema import ATTENTION, CLAIM_SCOPE, CLAIMABLE_AT
+    from tether.store._schema import ATTENTION, CLAIM_ORDER, CLAIM_SCOPE, CLAIMABLE_AT
 
     bound = "?" if deployment.store == "sqlite" else "%s"
     queries = {
         "claim": (
             f"SELECT run_id FROM tether_marks WHERE {CLAIM_SCOPE} AND phase IN ('running', 'pending', "
             f"'needs_review') AND {CLAIMABLE_AT} <= {bound} AND attempts < 5 "
-            f"ORDER BY {CLAIMABLE_AT}, run_id LIMIT 1",
+            f"ORDER BY {CLAIM_ORDER} LIMIT 1",
             (int(time.time() * 1e6),),
         ),
         "page": ("SELECT run_id FROM tether_marks ORDER BY run_id LIMIT 50", ()),
@@ -471,8 +473,10 @@ class Figure:
         return "ok" if self.ratio <= self.target else "OVER TARGET"
 
 
-def measure(small: Deployment, large: Deployment, rounds: int) -> list[Figure]:
-    """Every figure at both sizes, rounds alternating the sizes.
+def measure(
+    small: Deployment, large: Deployment, rounds: int, parts: frozenset[str] = frozenset(PARTS)
+) -> list[Figure]:
+    """Every figure of ``parts`` at both sizes, rounds alternating the sizes.
 
     Each figure is the median of its rounds at each size; its ratio is the
     median of the rounds' own ratios (a round measures both sizes back to
@@ -483,45 +487,28 @@ def measure(small: Deployment, large: Deployment, rounds: int) -> list[Figure]:
     def note(name: str, size: int, value: float) -> None:
         values.setdefault(name, {}).setdefault(size, []).append(value)
 
-    pages = {d.runs: PageClient(d) for d in (small, large)}
+    pages = {d.runs: PageClient(d) for d in (small, large)} if "pages" in parts else {}
     stores = {d.runs: d.open() for d in (small, large)}
     try:
         for r in progress_rounds(range(rounds + 1), f"{small.store}: rounds", rounds + 1):
             if r == 0:
                 # A first round warms caches and connections; it is not counted.
                 for d in (small, large):
-                    cli_page(d)
-                    cli_page(d, "--needs-me")
-                    pages[d.runs].first_page()
-                    pages[d.runs].refresh()
-                    claims(stores[d.runs], 5)
-                    picks(stores[d.runs], 20)
+                    if "pages" in parts:
+                        cli_page(d)
+                        cli_page(d, "--needs-me")
+                        pages[d.runs].first_page()
+                        pages[d.runs].refresh()
+                    if "claims" in parts:
+                        claims(stores[d.runs], 5)
+                        picks(stores[d.runs], 20)
                 continue
             order = (small, large) if r % 2 == 0 else (large, small)
             for d in order:
-                seconds, _ = cli_page(d)
-                note("tether runs --json (first page)", d.runs, seconds * 1000)
-                seconds, _ = cli_page(d, "--needs-me", "--limit", str(NEEDS_PAGE))
-                note(
-                    f"tether runs --needs-me --json (page of {NEEDS_PAGE})", d.runs, seconds * 1000
-                )
-                seconds, size = pages[d.runs].first_page()
-                note("page: runs list, first page", d.runs, seconds * 1000)
-                note("page: runs list, bytes", d.runs, size)
-                seconds, _ = pages[d.runs].refresh()
-                note("page: refresh, nothing changed (304)", d.runs, seconds * 1000)
-                note(
-                    "claim, work waiting (a write: its commit)",
-                    d.runs,
-                    claims(stores[d.runs], 60) * 1000,
-                )
-                note("claim's pick alone (its SELECT)", d.runs, picks(stores[d.runs], 100) * 1000)
-                with idle(stores[d.runs]):
-                    note(
-                        "claim, idle (nothing due)",
-                        d.runs,
-                        idle_claims(stores[d.runs], 100) * 1000,
-                    )
+                if "pages" in parts:
+                    measure_pages(d, pages[d.runs], note)
+                if "claims" in parts:
+                    measure_claims(stores[d.runs], d.runs, note)
     finally:
         for store in stores.values():
             store.close()
@@ -542,6 +529,27 @@ def measure(small: Deployment, large: Deployment, rounds: int) -> list[Figure]:
             )
         )
     return figures
+
+
+def measure_pages(d: Deployment, page: PageClient, note: Callable[[str, int, float], None]) -> None:
+    """One round of the list figures at one size: the CLI's pages and the page's."""
+    seconds, _ = cli_page(d)
+    note("tether runs --json (first page)", d.runs, seconds * 1000)
+    seconds, _ = cli_page(d, "--needs-me", "--limit", str(NEEDS_PAGE))
+    note(f"tether runs --needs-me --json (page of {NEEDS_PAGE})", d.runs, seconds * 1000)
+    seconds, size = page.first_page()
+    note("page: runs list, first page", d.runs, seconds * 1000)
+    note("page: runs list, bytes", d.runs, size)
+    seconds, _ = page.refresh()
+    note("page: refresh, nothing changed (304)", d.runs, seconds * 1000)
+
+
+def measure_claims(store: SQLBase, runs: int, note: Callable[[str, int, float], None]) -> None:
+    """One round of a worker's figures at one size: a claim with work waiting, its pick, idle."""
+    note("claim, work waiting (a write: its commit)", runs, claims(store, 60) * 1000)
+    note("claim's pick alone (its SELECT)", runs, picks(store, 100) * 1000)
+    with idle(store):
+        note("claim, idle (nothing due)", runs, idle_claims(store, 100) * 1000)
 
 
 def history_figures(places: Mapping[str, str]) -> list[Figure]:
@@ -592,9 +600,17 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=9, help="rounds alternating the sizes")
     parser.add_argument("--dir", type=Path, help="where the SQLite files go (default: a temp dir)")
     parser.add_argument("--save", type=Path, help="write the raw figures as JSON here")
+    parser.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help="what to measure: pages (the lists), claims (a worker's claim), or both",
+    )
     args = parser.parse_args()
     small_n, large_n = (int(x) for x in args.sizes.split(","))
     wanted = args.stores.split(",")
+    parts = frozenset(args.parts.split(","))
+    if not parts or not parts <= set(PARTS):
+        parser.error(f"--parts takes a comma-separated subset of {', '.join(PARTS)}")
     directory = args.dir or Path(tempfile.mkdtemp(prefix="tether-scale-"))
     directory.mkdir(parents=True, exist_ok=True)
     dsn = os.environ.get("TETHER_TEST_PG_DSN", "").strip()
@@ -624,14 +640,15 @@ def main() -> int:
             print(f"{store}: seeded both sizes in {time.perf_counter() - started:.1f} s")
             for name, plan in plans(pair[1]).items():
                 print(f"  plan of the {name} at {large_n:,} runs: {plan}")
-            figures += measure(pair[0], pair[1], args.rounds)
+            figures += measure(pair[0], pair[1], args.rounds, parts)
         places = {"sqlite": str(directory)} if "sqlite" in wanted else {}
         if "postgres" in wanted and dsn:
             places["postgres"] = dsn
-        history = history_figures(places)
+        history = history_figures(places) if "pages" in parts else []
         show(figures + history)
         if not history:
-            print("\nhistory (10 vs 10,000 steps): not measured here (bench/_history.py is absent)")
+            why = "bench/_history.py is absent" if "pages" in parts else "--parts without pages"
+            print(f"\nhistory (10 vs 10,000 steps): not measured here ({why})")
         if args.save is not None:
             args.save.write_text(json.dumps([asdict(f) for f in figures + history], indent=2))
     finally:

@@ -1,7 +1,7 @@
 """A worker's claim is served by an index in its own order, on SQLite and PostgreSQL.
 
 The order is what it always was (a free run first, then the run claimable
-longest, then run id); finished runs and runs parked for a person are not
+longest), then, on a tie, the run taken least recently, then run id; finished runs and runs parked for a person are not
 in the index at all; evidence wakes a parked run as it lands; and a
 database written before the index existed upgrades to it.
 """
@@ -118,7 +118,7 @@ def _claim_statement(store: Any) -> tuple[str, tuple[Any, ...]]:
         store.claim_expired("probe", LONG, limit=1, phases=WORKER_PHASES, max_attempts=5)
     finally:
         del store._all
-    (claim,) = [(sql, params) for sql, params in seen if sql.startswith("UPDATE")]
+    (claim,) = [(sql, params) for sql, params in seen if sql.startswith("UPDATE tether_marks")]
     return claim
 
 

@@ -28,7 +28,7 @@ from tether.testing.simulate import (
 )
 from tether.testing.simulate.__main__ import main
 from tether.testing.simulate._directed import FIRST_MIXES, capability_mixes, case_of, directed
-from tether.testing.simulate._mutants import planted
+from tether.testing.simulate._mutants import catches, planted
 from tether.testing.simulate._scenario import MOTIFS
 
 #: The corpus: seeds per pass (fewer in the second, ``python -O`` pass; the same knobs).
@@ -126,10 +126,11 @@ def test_the_issues_ticket_past_retention_reaches_the_service_once() -> None:
 
 
 def test_a_healthy_run_ends_beside_one_that_cannot_go_on() -> None:
-    """Beside a run whose services are down, whose agent fails, or that is frozen for a person,
-    a healthy run handed to the same worker completes while the other is not over."""
+    """Beside a run whose services are down, whose agent fails, that is frozen for a person, or
+    that every recovery lets go, a healthy run handed to the same worker completes while the
+    other is not over."""
     beside = [(s, r) for s, r in directed_results() if case_of(s).startswith("beside_")]
-    assert len(beside) == 30  # three cases, five capability mixes, two plans
+    assert len(beside) == 40  # four cases, five capability mixes, two plans
     # On the mixes added later (a safe resend without a look-up, final absence
     # without replay) a hostile look-up may never be asked: that run can go on.
     stuck_mixes = capability_mixes(True)[:FIRST_MIXES]
@@ -141,10 +142,32 @@ def test_a_healthy_run_ends_beside_one_that_cannot_go_on() -> None:
             assert then.split()[1] in {"running", "pending", "needs_review"}, result.neighbour
 
 
-def test_a_healthy_run_drawn_in_beside_a_refused_one_gets_its_turn() -> None:
-    """Seed 190 once broke invariant 7 (a run let go by a refused recovery was claimed first,
-    in run-id order, starving the healthy one); a released run now waits its turn."""
+#: Seeds the exploration once found breaking invariant 7, pinned (each on the CI knobs).
+REGRESSION_SEEDS = {
+    # A run let go by a refused recovery was claimable "since ever", so it was claimed
+    # before the healthy run waiting its turn, in run-id order, claim after claim.
+    190: "a released run claimed first",
+    # A run let go at the very instant the healthy one became claimable (the simulated
+    # clock had not moved) won the tie by its smaller run id, claim after claim.
+    50767: "a tie by run id",
+    51427: "a tie by run id",
+}
+#: The planted defect each pinned seed catches again. Seed 190 needed both of its
+#: defects at once (its healthy run was let go "since ever" too, a tie); planted alone,
+#: the first is caught by the directed case ``beside_a_released_run`` (test_simulate_mutants).
+CAUGHT_AGAIN = {50767: "claim_ties_by_run_id", 51427: "claim_ties_by_run_id"}
+
+
+@pytest.mark.parametrize("seed", sorted(REGRESSION_SEEDS))
+def test_a_healthy_run_drawn_in_beside_a_refused_one_gets_its_turn(seed: int) -> None:
+    """A seed that once starved the healthy run beside a refused one now lets it complete."""
     assert not KNOWN_DEFECTS
-    result = run(190, knobs=CI_KNOBS)
+    result = run(seed, knobs=CI_KNOBS)
     assert result.ok, result.violations
     assert result.neighbour.startswith("completed"), result.neighbour
+
+
+@pytest.mark.parametrize("seed", sorted(CAUGHT_AGAIN))
+def test_a_regression_seed_catches_its_defect_planted_again(seed: int) -> None:
+    """A pinned seed breaks an invariant again with the defect it found planted back."""
+    assert catches(CAUGHT_AGAIN[seed], seed)

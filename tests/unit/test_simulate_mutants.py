@@ -37,8 +37,9 @@ CAUGHT = {
     "replay_unapproved": 57,
     "replay_result_dropped": 1_000_003,
     "worker_never_yields": 1_000_145,
-    "no_backoff_across_claims": 1_000_139,
-    "released_run_claimed_first": 190,
+    "no_backoff_across_claims": 1_000_232,
+    "released_run_claimed_first": 1_000_226,
+    "claim_ties_by_run_id": 50767,
     "stale_reads_unchecked": 1_000_157,
     "refusal_fails_untraced": 1_000_167,
     "replay_budget_left_open": 1_000_160,
@@ -58,7 +59,7 @@ REPLANTED = {
     "gated_repeats": ("replay_unapproved",),
     "service_down": ("resend_is_progress", "resend_recorded_each_time"),
     "policy_change": ("held_write_not_rejudged", "risk_unchecked"),
-    "drawn_neighbours": ("released_run_claimed_first",),
+    "drawn_neighbours": ("released_run_claimed_first", "claim_ties_by_run_id"),
 }
 
 

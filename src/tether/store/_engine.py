@@ -39,6 +39,8 @@ class SQLEngine:
     skip_locked: ClassVar[str] = ""
     #: Statements that fill migration 10's index columns for rows written before it.
     index_backfill: ClassVar[tuple[str, ...]] = ()
+    #: Statements that create migration 12's turn counter (see ``LeaseSQL._next_turn``).
+    turn_counter: ClassVar[tuple[str, ...]] = ()
     #: How many times a transient failure re-runs a unit of work.
     retries: int = 5
 

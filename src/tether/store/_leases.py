@@ -37,7 +37,7 @@ from tether.store._rows import (
     ttl_micros,
     whole,
 )
-from tether.store._schema import CLAIM_PHASES, CLAIM_SCOPE, CLAIMABLE_AT
+from tether.store._schema import CLAIM_ORDER, CLAIM_PHASES, CLAIM_SCOPE, CLAIMABLE_AT
 
 log = logging.getLogger("tether.store")
 
@@ -49,6 +49,12 @@ class LeaseSQL(SQLEngine):
     #: that is not UTF-8: SQLite does not check) comes back as bytes, and the
     #: row is refused alone instead of failing the whole statement.
     raw_column: ClassVar[str] = "{}"
+    #: The next turn, as SQL a statement that grants a lease sets ``turn`` to, so a
+    #: claim can tell which of two runs claimable at the same instant was taken
+    #: least recently (:data:`~tether.store._schema.CLAIM_ORDER`). A sequence here
+    #: (PostgreSQL: no lock, so claimers never wait on each other for it, and only
+    #: a row actually granted draws a value); gaps are harmless, only order matters.
+    turn_sql: ClassVar[str] = "nextval('tether_turns')"
 
     def _mark_row(self, run_id: str) -> Mark | None:
         row = self._one(f"SELECT {MARK_COLUMNS} FROM tether_marks WHERE run_id = ?", (run_id,))
@@ -82,12 +88,13 @@ class LeaseSQL(SQLEngine):
                     # for the same worker id: a restarted worker must fence out
                     # its own hung predecessor. Only renew_lease extends.
                     "UPDATE tether_marks SET lease_version = lease_version + 1, "
-                    f"lease_owner = ?, lease_expires_at = {clock} + ?, waiting_after = NULL "
-                    "WHERE run_id = ? AND (lease_owner IS NULL OR lease_owner = ? "
-                    f"OR lease_expires_at <= {clock}) RETURNING {MARK_COLUMNS}",
+                    f"lease_owner = ?, lease_expires_at = {clock} + ?, waiting_after = NULL, "
+                    f"turn = {self.turn_sql} WHERE run_id = ? AND (lease_owner IS NULL "
+                    f"OR lease_owner = ? OR lease_expires_at <= {clock}) RETURNING {MARK_COLUMNS}",
                     (worker, ttl, run_id, worker),
                 )
                 if rows:
+                    self._turn_taken()
                     return lease_of(mark_of(rows[0]))
                 self._refuse_if_held(run_id)
             raise StoreUnavailableError(f"run {run_id}: the lease kept changing hands; retry")
@@ -126,7 +133,10 @@ class LeaseSQL(SQLEngine):
             # A clean release ends a run of failures too. The run is claimable from
             # now, so it waits its turn behind runs claimable longer (a released run
             # claimable "since ever" would be taken before all of them, and a caller
-            # that keeps taking up and letting go of one run would starve the rest).
+            # that keeps taking up and letting go of one run would starve the rest);
+            # behind a run that became claimable at this same instant, too, if that
+            # one was taken less recently (CLAIM_ORDER: the store's clock may not
+            # have moved since, and run ids must not decide).
             moved = self._run(
                 "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
                 f"attempts = 0, retry_at = {self.clock_sql}, last_error = NULL, "
@@ -286,6 +296,14 @@ class LeaseSQL(SQLEngine):
         """
         return f"(SELECT {self.clock_sql})", ()
 
+    def _turn_taken(self) -> None:
+        """After a statement granted a lease at :attr:`turn_sql`, in its transaction.
+
+        Nothing where ``turn_sql`` moved the counter itself (a sequence); a
+        dialect whose ``turn_sql`` only reads its counter moves it on here, so
+        a claim that found nothing writes nothing.
+        """
+
     def claim_expired(
         self,
         worker: str,
@@ -297,8 +315,9 @@ class LeaseSQL(SQLEngine):
         """Take up to ``limit`` unowned or expired runs in ``phases``; each gets a new version.
 
         Served by the ``tether_marks_due`` index in its own order (when the run
-        became claimable, then run id): the claim reads the due rows at the
-        front of the index, never the runs that ended or wait for a person.
+        became claimable, then the run taken least recently, then run id: see
+        :data:`~tether.store._schema.CLAIM_ORDER`): the claim reads the due rows
+        at the front of the index, never the runs that ended or wait for a person.
         Phases outside the index's (a claim of ended runs) are read without it.
         """
         ttl = ttl_micros(ttl_s)
@@ -337,13 +356,15 @@ class LeaseSQL(SQLEngine):
             rows = self._all(
                 f"UPDATE tether_marks SET lease_owner = ?, lease_version = lease_version + 1, "
                 f"lease_expires_at = {clock} + ?, waiting_after = NULL, retry_at = NULL, "
-                f"attempts = attempts + 1 WHERE {free} AND run_id IN ("
+                f"attempts = attempts + 1, turn = {self.turn_sql} WHERE {free} AND run_id IN ("
                 f"SELECT run_id FROM tether_marks WHERE {scope}phase IN ({phase_list}) "
                 f"AND {CLAIMABLE_AT} <= {now} AND attempts < {ceiling} AND waiting_after IS NULL "
-                f"ORDER BY {CLAIMABLE_AT}, run_id LIMIT {count}"
+                f"ORDER BY {CLAIM_ORDER} LIMIT {count}"
                 f"{self.skip_locked}) RETURNING {mark_columns(self.raw_column)}",
                 (worker, ttl, *now_params),
             )
+            if rows:
+                self._turn_taken()
             leases = []
             for row in rows:
                 try:

@@ -186,6 +186,8 @@ class PostgresStore(SQLBase):
         "DROP FUNCTION pg_temp.tether_json_text(text, text)",
     )
     skip_locked = " FOR UPDATE SKIP LOCKED"
+    # Migration 11's turn counter: a sequence, so concurrent claimers never queue on it.
+    turn_counter = ("CREATE SEQUENCE tether_turns",)
 
     def __init__(
         self,

@@ -23,14 +23,22 @@ ACTION_KINDS = (
 #: When a run becomes claimable, by its lease columns (store clock, microseconds):
 #: at once (0) when free, at ``retry_at`` when deferred, when its lease (and any
 #: back-off) runs out when held; NULL when it never will (a lease with no expiry).
-#: Migration 8 indexes exactly this text and the claim orders by exactly it: an
-#: index on an expression serves only a query that spells it the same, so a
-#: change here is a new migration, never an edit.
+#: Migration 12 indexes exactly this text (in :data:`CLAIM_ORDER`) and the claim
+#: orders by exactly it: an index on an expression serves only a query that
+#: spells it the same, so a change here is a new migration, never an edit.
 CLAIMABLE_AT = (
     "(CASE WHEN lease_owner IS NULL THEN COALESCE(retry_at, 0) "
     "WHEN retry_at IS NULL OR retry_at < lease_expires_at THEN lease_expires_at "
     "ELSE retry_at END)"
 )
+#: The order a claim takes runs in, and the key of the ``tether_marks_due`` index:
+#: the run claimable longest first; among runs claimable at the same instant
+#: (a store clock that did not move between two releases, or both free since
+#: ever), the one whose lease was taken least recently (``turn``: drawn from
+#: one counter at every grant of a lease); then run id. Without ``turn``, a run
+#: let go at the instant another became claimable went first whenever its id
+#: sorted first, claim after claim.
+CLAIM_ORDER = f"{CLAIMABLE_AT}, turn, run_id"
 #: The runs a claim may take at all: not ended, not parked for a person. The
 #: claim index covers only these rows (a partial index), so finished runs and
 #: runs waiting for a person cost a claim nothing however many there are.
@@ -60,11 +68,15 @@ def kinds_sql(kinds: tuple[str, ...], column: str = "kind") -> str:
     return f"{column} IN (" + ", ".join(f"'{k}'" for k in kinds) + ")"
 
 
-def migrations(blob: str, backfill: tuple[str, ...] = ()) -> list[tuple[int, list[str]]]:
+def migrations(
+    blob: str, backfill: tuple[str, ...] = (), turns: tuple[str, ...] = ()
+) -> list[tuple[int, list[str]]]:
     """Numbered schema migrations; ``blob`` is the dialect's byte-string type.
 
     ``backfill``: the dialect's statements that fill migration 10's index
     columns for rows written before it (from the JSON those rows hold).
+    ``turns``: the dialect's statements that create migration 12's turn
+    counter (a sequence, or a one-row table where there are no sequences).
     """
     return [
         (
@@ -327,6 +339,25 @@ def migrations(blob: str, backfill: tuple[str, ...] = ()) -> list[tuple[int, lis
                 # writes, on the mark that names it (a deleted write is refused, not
                 # run again). NULL on marks written before: read as they always were.
                 f"ALTER TABLE tether_lg_marks ADD COLUMN writes {blob}",
+            ],
+        ),
+        (
+            12,
+            [
+                # Fair ties. Two runs claimable at the same instant went by run id,
+                # so a run let go at the instant another became claimable was taken
+                # first every time its id sorted first (the simulator's seeds 50767
+                # and 51427: a failing run released again and again by a worker
+                # whose clock had not moved, a healthy one never taken). Every
+                # grant of a lease now draws the next turn from one counter, and a
+                # tie goes to the run taken least recently. Runs written before
+                # this hold turn 0: never taken since, they go first on a tie.
+                "ALTER TABLE tether_marks ADD COLUMN turn BIGINT NOT NULL DEFAULT 0",
+                *turns,
+                # The claim index, keyed by the new order (same name, same rows).
+                "DROP INDEX tether_marks_due",
+                f"CREATE INDEX tether_marks_due ON tether_marks ({CLAIM_ORDER}) "
+                f"WHERE {CLAIM_SCOPE}",
             ],
         ),
     ]

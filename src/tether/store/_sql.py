@@ -81,7 +81,7 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
         return self._write(self._migrate)
 
     def _migrate(self) -> int:
-        steps = migrations(self.blob_type, self.index_backfill)
+        steps = migrations(self.blob_type, self.index_backfill, self.turn_counter)
         self._lock_migrations()
         self._execute(
             "CREATE TABLE IF NOT EXISTS tether_migrations "
@@ -515,7 +515,8 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
                     # The run and its lease in ONE statement: no worker can claim
                     # it between its creation and its first holder.
                     values = ["?"] * len(columns) + ["?", "1", f"{self.clock_sql} + ?"]
-                    columns += ["lease_owner", "lease_version", "lease_expires_at"]
+                    values.append(self.turn_sql)
+                    columns += ["lease_owner", "lease_version", "lease_expires_at", "turn"]
                     params += [lease_to.owner, ttl_micros(lease_to.ttl_s)]
                     rows = self._all(
                         f"{self._insert_ignore('tether_marks', columns, values)} "
@@ -523,6 +524,7 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
                         params,
                     )
                     if rows:
+                        self._turn_taken()
                         return lease_of(mark_of(rows[0]))
             current = self._mark_row(run_id)
             if current is None:

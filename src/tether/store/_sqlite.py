@@ -57,6 +57,15 @@ class SQLiteStore(SQLBase):
         "THEN json_type(data, '$.action_id') = 'text' ELSE 0 END",
     )
 
+    # No sequences: migration 12's turn counter is a table of one row. A grant reads
+    # the next value and moves the counter on only once it granted something
+    # (an idle claim must write nothing); writers are serialized by BEGIN IMMEDIATE.
+    turn_sql = "(SELECT n + 1 FROM tether_turns)"
+    turn_counter = (
+        "CREATE TABLE tether_turns (id INTEGER PRIMARY KEY CHECK (id = 1), n INTEGER NOT NULL)",
+        "INSERT INTO tether_turns (id, n) VALUES (1, 0)",
+    )
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -203,6 +212,9 @@ class SQLiteStore(SQLBase):
         if row is None:
             raise StoreUnavailableError(f"SQLite store {str(self.path)!r} read no clock")
         return "?", (row[0],)
+
+    def _turn_taken(self) -> None:
+        self._run("UPDATE tether_turns SET n = n + 1")
 
     def _insert_ignore(
         self, table: str, columns: Sequence[str], values: Sequence[str] | None = None

@@ -446,6 +446,32 @@ def test_a_released_run_waits_its_turn_behind_runs_claimable_longer(tether_store
     expect_eq([x.run_id for x in tether_store.claim_expired("w2", LONG)], ["a"], "then a")
 
 
+def test_a_tie_goes_to_the_run_that_waited_longest_for_its_turn(tether_store: Any) -> None:
+    """Runs claimable at the same instant go least recently taken first, whatever their ids."""
+    for run_id in ("a", "b"):
+        tether_store.commit(make_commit(run_id, 1), 0)
+
+    def claims(count: int) -> list[str]:
+        return [x.run_id for _ in range(count) for x in tether_store.claim_expired("w", LONG)]
+
+    def let_go(*run_ids: str) -> None:
+        # Released, and the operator's "try again" (what `tether resume` calls):
+        # claimable since ever, so runs let go this way tie whatever the clock says.
+        for run_id in run_ids:
+            mark = tether_store.get_mark(run_id)
+            tether_store.release_lease(run_id, mark.lease_owner, mark.lease_version)
+            tether_store.retry_now(run_id)
+
+    expect_eq(claims(1), ["a"], "never taken, either of them: the smaller run id")
+    let_go("a")
+    expect_eq(claims(2), ["b", "a"], "b was never taken: its turn before a's second")
+    let_go("a", "b")
+    for run_id in ("b", "a"):
+        tether_store.acquire_lease(run_id, "w1", LONG)
+    let_go("a", "b")
+    expect_eq(claims(2), ["b", "a"], "b was taken before a (an acquire is a turn too)")
+
+
 def test_a_run_with_too_many_failed_attempts_is_parked(tether_store: Any) -> None:
     """claim_expired(max_attempts=N) never takes a run that failed N times; others still go."""
     seeded(tether_store)
@@ -518,6 +544,7 @@ __all__ = [
     "test_a_run_created_with_its_lease_is_held_from_its_first_statement",
     "test_a_run_waiting_for_a_person_is_claimed_only_when_evidence_arrives",
     "test_a_run_with_too_many_failed_attempts_is_parked",
+    "test_a_tie_goes_to_the_run_that_waited_longest_for_its_turn",
     "test_a_ttl_must_be_positive",
     "test_acquire_gives_a_new_owner_a_new_version",
     "test_an_expired_lease_is_taken_over_with_a_new_version",

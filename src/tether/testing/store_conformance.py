@@ -15,7 +15,8 @@ fresh, empty store, and every later call in the same test opens another
 connection to the SAME database (the race checks use two). The store must
 implement ``ContentStore``, ``GenerationStore`` (marks and leases) and
 ``CommitStore`` from :mod:`tether.store` (the runs list's ``runs_page``
-included), plus ``schema_version()`` and an idempotent ``close()``. The suite closes every store it opened.
+included), plus ``schema_version()``, ``retry_now(run_id)`` (what ``tether
+resume`` calls) and an idempotent ``close()``. The suite closes every store it opened.
 
 Optionally define ``tether_schema_bump``: a fixture returning a callable that
 records a NEWER schema version in the test's database, so the suite can

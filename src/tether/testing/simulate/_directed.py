@@ -109,6 +109,23 @@ CASES: dict[str, tuple[Event, ...]] = {
     "lost_reply_no_route_write": motif(
         "route_gone:workspace lost_reply:workspace step step step step"
     ),
+    # (Cases are numbered in this order: a new one goes last.)
+    # A healthy run whose launcher died holding its lease becomes claimable when that
+    # lease runs out; the simulated run, bound to a policy that refuses the one every
+    # process now runs, is taken up and let go at once by each recovery (a step) between
+    # the workers' claims. Let go, it waits behind the healthy run (claimable since
+    # before), not ahead of it as if claimable "since ever".
+    "beside_a_released_run": motif(
+        "policy:stricter advance::31 neighbour:died advance::31 step drive step drive "
+        "step drive step drive"
+    ),
+    # Services down and workers claiming again and again at one instant: only the first
+    # claim reaches the run (it is backed off); a run let go with no back-off would be
+    # claimed by each, and each claim would knock on the service again.
+    "claims_while_down": motif(
+        "down:tickets:600 down:workspace:600 step advance::31 drive drive:w1 drive drive:w1 "
+        "drive drive:w1 advance::1 drive drive:w1"
+    ),
 }
 
 _TICKET = Item("ticket", "tickets", "printer")
@@ -134,6 +151,8 @@ CASE_PLANS: dict[str, tuple[tuple[Item, ...], ...]] = {"stale_actions": (READS,)
 #: Cases whose scenario differs in more than its events (the gated kinds, the clause).
 CASE_FIELDS: dict[str, dict[str, Any]] = {
     "approval_under_old_policy": {"gated": ("file.write",), "policy_change": "new_occurrence"},
+    # The first policy refuses the stricter one: no worker may take the run on under it.
+    "beside_a_released_run": {"policy_change": "refuse"},
 }
 #: Cases on a proposals budget that runs out at a given proposal: a number, or
 #: "repeat" (the plan's first repeated action: that proposal is a replay).

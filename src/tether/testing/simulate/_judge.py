@@ -19,7 +19,9 @@ Numbered as in issue 25:
    completes with it committed;
 5. every ledger entry survives every rewind, restore and recovery;
 6. while an adapter is down, sends per effect within one worker's claim are
-   bounded, and ``dispatched`` rows grow at most one per back-off period;
+   bounded, ``dispatched`` rows grow at most one per back-off period, and so
+   do the workers' claims of the run that reached it (a run let go with no
+   back-off is claimed again at once, and hammers the service claim by claim);
 7. with a healthy world and people who answer, the run ends within a bound;
    one failing run never stops a healthy one: a worker yields its turn, and a
    healthy run handed to the same workers is not passed over while it could be
@@ -78,6 +80,9 @@ class Judge:
     #: key -> what a reviewer who looked in the world signed for its unknown outcome:
     #: ``landed`` (nothing may be sent under it again) or ``not_landed`` (sent once more).
     settled: dict[str, str] = field(default_factory=dict)
+    #: Workers' claims of the run that reached a service down, and when the first did.
+    down_claims: int = 0
+    first_down_claim: float = 0.0
 
     def fail(self, invariant: int, text: str) -> None:
         self.violations.append(Violation(invariant, self.event, text))
@@ -169,9 +174,27 @@ class Judge:
         self.rows |= seen.keys()
         return {e.idempotency_key for e in entries if e.status is EffectStatus.COMMITTED}
 
+    def claimed_while_down(self, now: float) -> None:
+        """Invariant 6 across claims: a worker's claim of the run reached a service that is
+        down; the shortest back-off (half of :data:`MIN_BACKOFF_S`, the least first wait)
+        must pass between two such claims."""
+        self.checks += 1
+        if not self.down_claims:
+            self.first_down_claim = now
+        self.down_claims += 1
+        elapsed = now - self.first_down_claim
+        allowed = 1 + int(elapsed / (MIN_BACKOFF_S / 2))
+        if self.down_claims > allowed:
+            self.fail(
+                6,
+                f"{self.down_claims} workers' claims of the run reached a service that was "
+                f"down within {elapsed:g}s (at most {allowed}): claimed again with no back-off",
+            )
+
     def outage_over(self) -> None:
-        """An outage ended: the next one counts its rows afresh."""
+        """An outage ended: the next one counts its rows and claims afresh."""
         self.down_rows.clear()
+        self.down_claims = 0
 
     def phase(self, phase: str, committed: set[str]) -> None:
         """Invariant 4: reaching review settles the unknowable; ending without it breaks it."""

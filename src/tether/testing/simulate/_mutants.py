@@ -236,6 +236,12 @@ def _released_claimable_since_ever(real: Any) -> Any:
     return release_lease
 
 
+def _ties_by_run_id(real: Any) -> Any:
+    from tether.store._schema import CLAIMABLE_AT
+
+    return f"{CLAIMABLE_AT}, run_id"  # the old tie-break: the smaller run id, every time
+
+
 def _reads_never_stale(real: Any) -> Any:
     def version_problem(kind: Any, based_on: Any, environment: Any) -> Any:
         return real(kind, based_on, environment) if kind.mutating else None  # only writes
@@ -423,6 +429,12 @@ def _mutants() -> dict[str, Mutant]:
                 "released_run_claimed_first",
                 "a run let go without a deferral is claimed before every run waiting its turn",
                 ((_leases.LeaseSQL, "release_lease", _released_claimable_since_ever),),
+            ),
+            Mutant(
+                "claim_ties_by_run_id",
+                "runs claimable at the same instant are claimed by run id, not least recently "
+                "taken first: a run let go as another became claimable is taken again and again",
+                ((_leases, "CLAIM_ORDER", _ties_by_run_id),),
             ),
             Mutant(
                 "stale_reads_unchecked",

@@ -34,8 +34,9 @@ from tether.testing.simulate._process import KEYRING, LEASE_TTL_S, SimRuntime, r
 from tether.testing.simulate._scenario import RUN_ID, Item, Scenario
 from tether.testing.simulate._world import SimClock, SimIds
 
-#: The healthy run's id. It sorts after the simulated run's: where the two wait
-#: with equal claim keys (both let go with no back-off), the failing one is taken first.
+#: The healthy run's id. It sorts after the simulated run's, so a claim that broke a
+#: tie between the two (claimable at the same simulated instant) by run id would take
+#: the failing one every time; the store takes the one taken least recently.
 NEIGHBOUR_ID = f"{RUN_ID}-neighbour"
 TARGET = "src/n.txt"
 PLAN = (Item("write", TARGET, "1"), Item("write", TARGET, "2"), Item("finish"))
@@ -89,9 +90,15 @@ class Neighbour:
             lease_ttl_s=LEASE_TTL_S,
         )
 
-    def arrive(self, store: Any) -> None:
-        """A launcher starts the healthy run and lets its lease go: the workers' turn."""
-        self.runtime(store, "launcher").start(NEIGHBOUR_ID).release()
+    def arrive(self, store: Any, *, died: bool = False) -> None:
+        """A launcher starts the healthy run and lets its lease go: the workers' turn.
+
+        ``died``: the launcher dies holding the lease, so the run becomes
+        claimable only when that lease runs out (a time, not "since ever").
+        """
+        session = self.runtime(store, "launcher").start(NEIGHBOUR_ID)
+        if not died:
+            session.release()
 
     def claimable(self, mark: Mark | None) -> bool:
         """Whether a claim could take it now (the store's own test, for a run nobody parked)."""

@@ -406,6 +406,9 @@ class Simulation:
                 if lease.run_id == RUN_ID:
                     slot.session = None
                 slot.worker.drive(lease)
+                if lease.run_id == RUN_ID and (self.attempts or self.lookups):
+                    # (Only sends and look-ups to a service that is down are counted.)
+                    self.judge.claimed_while_down(self.clock.seconds)
         except SimulatedCrash:
             self._die(slot)
         except BROKEN as exc:
@@ -428,7 +431,7 @@ class Simulation:
         if self.neighbour is None:
             self.neighbour_store = SimStore(self.db, self.clock.micros)
             self.neighbour = Neighbour(self.scenario, self.clock)
-            self.neighbour.arrive(self.neighbour_store)
+            self.neighbour.arrive(self.neighbour_store, died=event.arg == "died")
 
     def _on_agent_error(self, event: Event) -> None:
         self.agent.errors += max(1, int(event.num))

@@ -30,7 +30,8 @@ FOUND_DEFECTS: dict[str, str] = {
     "drawn_neighbours": (
         "a run let go without a deferral (a refused recovery releases the lease it took) "
         "was claimed before every run waiting its turn: a caller that kept taking up a "
-        "failing run starved a healthy one"
+        "failing run starved a healthy one; and once it waited its turn, it still won "
+        "every tie with a run claimable at the same instant, by its smaller run id"
     ),
 }
 
