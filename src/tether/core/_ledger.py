@@ -19,11 +19,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from tether.core._canonical import JSONValue, canonical_bytes, digest
+from tether.core._canonical import (
+    JSONValue,
+    canonical_bytes,
+    digest,
+    object_bytes,
+    part_bytes,
+    scalar_bytes,
+)
 from tether.core._errors import CanonicalJSONError, LedgerIntegrityError
 from tether.core._model import Capabilities, format_time
 from tether.core._phases import Compensation, EffectStatus, RetrySemantics
@@ -156,7 +163,31 @@ def seal_entry(
     """
     if terms is not None and terms.sensitive:
         payload, receipt = None, redact_receipt(receipt)
-    entry = LedgerEntry(
+    s = scalar_bytes
+    members = {
+        "run_id": s(run_id),
+        "seq": s(seq),
+        "idempotency_key": s(idempotency_key),
+        "status": s(status.value),
+        "action_id": s(action_id),
+        "intent_digest": s(intent_digest),
+        "receipt": canonical_bytes(receipt),
+        "epoch": s(epoch),
+        "at": s(format_time(at)),
+    }
+    if terms is not None or payload is not None:
+        # As LedgerEntry.body() says: an entry with neither hashes as entries
+        # written before terms existed.
+        members["terms"] = b"null" if terms is None else part_bytes(terms, _terms_json)[0]
+        members["payload"] = canonical_bytes(payload)
+    body = object_bytes(members)
+    if receipt is not None or payload is not None:
+        # The entry keeps its own copies of the documents, read back from the
+        # bytes its hash covers: a caller changing its dicts afterwards cannot
+        # make the stored columns differ from what was sealed.
+        sealed_doc = json.loads(body)
+        receipt, payload = sealed_doc["receipt"], sealed_doc.get("payload")
+    sealed = LedgerEntry(
         run_id,
         idempotency_key,
         seq,
@@ -166,23 +197,17 @@ def seal_entry(
         receipt,
         epoch,
         at,
+        prev_hash=prev_hash,
+        hash=chain_hash(prev_hash, body),
         terms=terms,
         payload=payload,
     )
-    body = canonical_bytes(entry.body())
-    # The entry keeps its own copies of the documents, read back from the bytes
-    # its hash covers: a caller changing its dicts afterwards cannot make the
-    # stored columns differ from what was sealed (and json.loads is cheap).
-    sealed_doc = json.loads(body)
-    sealed = replace(
-        entry,
-        prev_hash=prev_hash,
-        hash=chain_hash(prev_hash, body),
-        receipt=sealed_doc["receipt"],
-        payload=sealed_doc.get("payload"),
-    )
     object.__setattr__(sealed, "_sealed_body", body)
     return sealed
+
+
+def _terms_json(terms: EffectTerms) -> JSONValue:
+    return terms.to_json()
 
 
 def verify_ledger(

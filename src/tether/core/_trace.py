@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from tether.core._canonical import JSONValue, canonical_bytes
+from tether.core._canonical import JSONValue, canonical_bytes, scalar_bytes
 from tether.core._errors import TraceIntegrityError
 from tether.core._model import format_time
 
@@ -70,9 +70,20 @@ def chain_hash(prev_hash: str, body: dict[str, JSONValue] | bytes) -> str:
 def _body_bytes(run_id: str, seq: int, kind: str, at: str, data: bytes) -> bytes:
     # RFC 8785 orders keys by code unit: at < data < kind < run_id < seq. The
     # other fields are encoded here (small); ``data`` is spliced in as is.
-    rest = canonical_bytes({"at": at, "kind": kind, "run_id": run_id, "seq": seq})
-    cut = rest.index(b',"kind":')
-    return rest[:cut] + b',"data":' + data + rest[cut:]
+    s = scalar_bytes
+    return (
+        b'{"at":'
+        + s(at)
+        + b',"data":'
+        + data
+        + b',"kind":'
+        + s(kind)
+        + b',"run_id":'
+        + s(run_id)
+        + b',"seq":'
+        + s(seq)
+        + b"}"
+    )
 
 
 def verify_trace(
