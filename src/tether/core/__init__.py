@@ -100,6 +100,18 @@ from tether.core._model import (
     parse_time,
     parse_time_text,
 )
+from tether.core._payload import (
+    PART_FIELDS,
+    READABLE_SCHEMA_VERSIONS,
+    STATE_MEMBERS,
+    EncodedState,
+    encode_state,
+    encode_valid_state,
+    expand_payload,
+    parts_named,
+    validate_state,
+    whole_payload,
+)
 from tether.core._phases import (
     Compensation,
     EffectStatus,
@@ -145,7 +157,7 @@ from tether.core._state import (
     RunState,
     Spent,
     SpentNonce,
-    validate_state,
+    check_state,
 )
 from tether.core._trace import TraceEvent, chain_hash, seal_event, verify_trace
 
@@ -156,8 +168,11 @@ __all__ = [
     "MAX_COUNT",
     "MAX_TIMEOUT_S",
     "MAX_WALL_TIME_S",
+    "PART_FIELDS",
+    "READABLE_SCHEMA_VERSIONS",
     "REWIND_MEMORY_KEY",
     "SCHEMA_VERSION",
+    "STATE_MEMBERS",
     "AcceptRefusedError",
     "AdapterError",
     "AdapterUnavailableError",
@@ -180,6 +195,7 @@ __all__ = [
     "EffectNotSettledError",
     "EffectRejectedError",
     "EffectStatus",
+    "EncodedState",
     "EnvironmentDriftError",
     "EnvironmentState",
     "EvidenceBindingError",
@@ -266,9 +282,13 @@ __all__ = [
     "check_canonical_path",
     "check_effect_move",
     "check_phase_move",
+    "check_state",
     "crossed_effects",
     "digest",
     "digest_bytes",
+    "encode_state",
+    "encode_valid_state",
+    "expand_payload",
     "format_time",
     "new_admission",
     "object_bytes",
@@ -276,6 +296,7 @@ __all__ = [
     "parse_time",
     "parse_time_text",
     "part_bytes",
+    "parts_named",
     "rewind_memory",
     "scalar_bytes",
     "seal_event",
@@ -284,6 +305,7 @@ __all__ = [
     "tried_in",
     "validate_state",
     "verify_trace",
+    "whole_payload",
     "with_memory",
 ]
 

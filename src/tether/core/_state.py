@@ -12,9 +12,9 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
-from tether.core._canonical import JSONValue, canonical_bytes
+from tether.core._canonical import JSONValue
 from tether.core._contract import Contract
-from tether.core._errors import CanonicalJSONError, InvariantError, UnknownFieldError
+from tether.core._errors import InvariantError, UnknownFieldError
 from tether.core._fields import Fields
 from tether.core._model import (
     CompletedWrite,
@@ -30,7 +30,7 @@ from tether.core._phases import EffectStatus, Phase
 from tether.core._rewind import RewindPlan
 from tether.core._spec import Policy, PolicyChange, TaskSpec
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 GENESIS_HASH = "sha256:" + "0" * 64
 # A write still in flight; committed or unknown outcomes only exist frozen for review.
 _LIVE_STATUSES = frozenset({EffectStatus.INTENDED, EffectStatus.DISPATCHED})
@@ -444,11 +444,10 @@ def _documents(f: Fields, name: str) -> tuple[dict[str, Any], ...]:
     return tuple(items)
 
 
-def validate_state(state: RunState) -> bytes:
-    """Check cross-object invariants and serializability; return the canonical payload.
+def check_state(state: RunState) -> None:
+    """Check cross-object invariants (``validate_state`` also checks serializability).
 
-    Called before every commit (so invalid state never moves the mark) and
-    after every restore. Raises :class:`InvariantError` at the first breach.
+    Raises :class:`InvariantError` at the first breach.
     """
 
     def breach(message: str) -> InvariantError:
@@ -513,7 +512,3 @@ def validate_state(state: RunState) -> bytes:
             or pending.expected_post != pending.prestate
         ):
             raise breach("a non-mutating pending action must wait, unchanged, for its approval")
-    try:
-        return canonical_bytes(state.to_json())
-    except CanonicalJSONError as exc:
-        raise breach(f"state is not serializable: {exc}") from exc

@@ -40,6 +40,7 @@ from tether.core import (
     TraceIntegrityError,
     approvable,
     digest_bytes,
+    expand_payload,
     format_time,
     hashes_to_itself,
     listing_of,
@@ -482,7 +483,7 @@ def read_state(
         raise CheckpointCorruptError(
             f"run {run_id}: the checkpoint envelope carries no payload object", run_id=run_id
         )
-    state = RunState.from_json(document["payload"])
+    state = RunState.from_json(expand_payload(document["payload"], store.get_blob, run_id=run_id))
     # What is shown must at least be what is signed: the invariants tie the
     # displayed intent to its digest, which the documents bind.
     validate_state(state)

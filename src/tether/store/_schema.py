@@ -320,4 +320,18 @@ def migrations(blob: str, backfill: tuple[str, ...] = ()) -> list[tuple[int, lis
                 "CREATE INDEX tether_trace_seq ON tether_trace (run_id, seq)",
             ],
         ),
+        (
+            12,
+            [
+                # (Numbered 12: 11 was claimed by a change written alongside.)
+                # Checkpoints of schema 4: the signed payload names the state's
+                # big parts (binding, pending write, last write, review cases...)
+                # by digest, and their bytes are stored once as content-addressed
+                # rows of tether_blobs, in the checkpoint's own transaction. No
+                # table changes; the version is recorded so that a tether which
+                # cannot read such checkpoints refuses this database when it
+                # opens it ("newer than this tether"), instead of failing run by
+                # run at recovery after it took their leases.
+            ],
+        ),
     ]

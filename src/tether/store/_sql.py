@@ -286,6 +286,30 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
             found.update(str(row[0]) for row in self._read(query))
         return found
 
+    def get_blobs(self, blob_digests: Collection[str]) -> dict[str, bytes]:
+        """The bytes stored under each of ``blob_digests`` that has any (in chunks of 500 per query).
+
+        Unverified, as :meth:`get_blob`: the reader checks each against its digest.
+        """
+        wanted = sorted(set(blob_digests))
+        found: dict[str, bytes] = {}
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            sql = (
+                "SELECT digest, body FROM tether_blobs WHERE digest IN ("
+                + ", ".join("?" for _ in chunk)
+                + ")"
+            )
+
+            def query(sql: str = sql, chunk: list[str] = chunk) -> list[tuple[Any, ...]]:
+                return self._all(sql, chunk)
+
+            for stored, body in self._read(query):
+                if not isinstance(body, bytes | bytearray | memoryview):
+                    raise CheckpointCorruptError(f"blob {stored}: stored as {type(body).__name__}")
+                found[str(stored)] = bytes(body)
+        return found
+
     def trace(
         self, run_id: str, head: str, limit: int | None = None, *, before: int | None = None
     ) -> list[TraceEvent]:
