@@ -111,6 +111,21 @@ class LedgerEntry:
     # an __init__ argument, so dataclasses.replace() and rows read back start
     # without it and are encoded afresh (a changed entry never reuses it).
     _sealed_body: bytes = field(default=b"", init=False, compare=False, repr=False)
+    # The receipt, terms and payload as JSON text, as sealed (set with _sealed_body).
+    _sealed_columns: tuple[str | None, str | None, str | None] | None = field(
+        default=None, init=False, compare=False, repr=False
+    )
+
+    def column_texts(self) -> tuple[str | None, str | None, str | None]:
+        """The receipt, terms and payload as JSON text (``None`` when absent), as a store keeps them.
+
+        Canonical when sealed here; any JSON of the same values would do, since
+        a reader parses them and re-encodes canonically before hashing.
+        """
+        if self._sealed_columns is not None:
+            return self._sealed_columns
+        terms = None if self.terms is None else self.terms.to_json()
+        return _text(self.receipt), _text(terms), _text(self.payload)
 
     def body_bytes(self) -> bytes:
         """The canonical bytes the hash covers (as sealed, or encoded now)."""
@@ -203,7 +218,24 @@ def seal_entry(
         payload=payload,
     )
     object.__setattr__(sealed, "_sealed_body", body)
+    object.__setattr__(
+        sealed,
+        "_sealed_columns",
+        (
+            _column(members["receipt"]),
+            _column(members.get("terms", b"null")),
+            _column(members.get("payload", b"null")),
+        ),
+    )
     return sealed
+
+
+def _column(data: bytes) -> str | None:
+    return None if data == b"null" else data.decode("utf-8")
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else canonical_bytes(value).decode("utf-8")
 
 
 def _terms_json(terms: EffectTerms) -> JSONValue:

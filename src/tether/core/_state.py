@@ -7,9 +7,12 @@ the store and the state carries only their head, so a checkpoint at step
 
 from __future__ import annotations
 
+import collections
 import operator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
+from itertools import repeat
 from typing import Any
 
 from tether.core._canonical import JSONValue
@@ -258,8 +261,8 @@ class RunState:
             raise TypeError(f"RunState has no field {sorted(unknown)[0]!r}")
         new = object.__new__(RunState)
         put = object.__setattr__
-        for name, value in zip(_FIELD_NAMES_ORDERED, _all_fields(self), strict=True):
-            put(new, name, value)
+        # The loop over the slots runs in C (map drained by a zero-length deque).
+        _drain(map(put, repeat(new, _FIELD_COUNT), _FIELD_NAMES_ORDERED, _all_fields(self)))
         for name, value in changes.items():
             put(new, name, value)
         return new
@@ -388,7 +391,10 @@ class RunState:
 
 _FIELD_NAMES_ORDERED = tuple(f.name for f in fields(RunState))
 _FIELD_NAMES = frozenset(_FIELD_NAMES_ORDERED)
+_FIELD_COUNT = len(_FIELD_NAMES_ORDERED)
 _all_fields = operator.attrgetter(*_FIELD_NAMES_ORDERED)
+_sink: collections.deque[None] = collections.deque(maxlen=0)
+_drain: Callable[[Iterable[None]], None] = _sink.extend
 
 
 def working_ms(state: RunState, now: datetime, resumed_at: datetime | None = None) -> int:
