@@ -309,3 +309,23 @@ def test_a_state_with_every_member_set_encodes_and_reads_back_whole() -> None:
     encoded = encode_state(full)
     assert read_back(encoded.payload, dict(encoded.parts)) == json.loads(canonical_bytes(document))
     assert RunState.from_json(read_back(encoded.payload, dict(encoded.parts))) == full
+
+
+def test_the_part_cache_does_not_hold_a_huge_part_alive() -> None:
+    """A small part stays cached (held) after use; one of several megabytes is encoded but not kept."""
+    import gc
+    import weakref
+
+    from tether.core import part_bytes
+
+    class Doc(list):  # a list that can be weakly referenced
+        pass
+
+    small, huge = Doc(["x"]), Doc(["y" * (5 * 2**20)])
+    small_ref, huge_ref = weakref.ref(small), weakref.ref(huge)
+    assert part_bytes(huge, list)[0].startswith(b'["yyy')
+    assert part_bytes(small, list)[0] == b'["x"]'  # last in: nothing can evict it here
+    del small, huge
+    gc.collect()
+    assert small_ref() is not None
+    assert huge_ref() is None

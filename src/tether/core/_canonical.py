@@ -174,9 +174,19 @@ def _key_bytes(key: str) -> bytes:
 # pending write...), by the identity of the part: an unchanged part is the
 # same object from one state to the next, so it is encoded once. The cache
 # holds each part, so no other object can take its id while it is there.
-# Parts are values nobody changes in place (frozen dataclasses, tuples).
-_PARTS: dict[int, tuple[object, bytes, str]] = {}
+# Parts are values nobody changes in place (frozen dataclasses, tuples). It
+# is bounded by count and by bytes (a pending write may carry a big file).
+class _PartCache:
+    __slots__ = ("entries", "size")
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple[object, bytes, str]] = {}
+        self.size = 0
+
+
+_PARTS = _PartCache()
 _PARTS_MAX = 4096
+_PARTS_MAX_BYTES = 16 * 2**20
 
 
 def part_bytes(part: Any, document: Callable[[Any], JSONValue]) -> tuple[bytes, str]:
@@ -184,14 +194,18 @@ def part_bytes(part: Any, document: Callable[[Any], JSONValue]) -> tuple[bytes, 
 
     Computed once per part object (see above); ``document`` is called only then.
     """
-    hit = _PARTS.get(id(part))
+    cache = _PARTS
+    hit = cache.entries.get(id(part))
     if hit is not None and hit[0] is part:
         return hit[1], hit[2]
     data = canonical_bytes(document(part))
     found = "sha256:" + hashlib.sha256(data).hexdigest()
-    if len(_PARTS) >= _PARTS_MAX:
-        _PARTS.clear()  # a cache only: cheaper to start again than to track age
-    _PARTS[id(part)] = (part, data, found)
+    if len(cache.entries) >= _PARTS_MAX or cache.size + len(data) > _PARTS_MAX_BYTES:
+        cache.entries.clear()  # a cache only: cheaper to start again than to track age
+        cache.size = 0
+    if len(data) <= _PARTS_MAX_BYTES // 4:
+        cache.entries[id(part)] = (part, data, found)
+        cache.size += len(data)
     return data, found
 
 

@@ -77,8 +77,9 @@ from tether.runtime._heartbeat import DEFAULT_MAX_S
 from tether.runtime._session import RunSession
 from tether.store import ContentStore, GenerationStore, Lease, LeaseRequest
 
-#: At most this many intents' effect digests and terms are kept per runtime.
-_REMEMBERED = 256
+#: At most this many intents' effect digests and terms are kept per runtime
+#: (one write asks several times; an intent may carry a big payload).
+_REMEMBERED = 16
 
 
 class Runtime:
