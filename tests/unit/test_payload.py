@@ -14,6 +14,7 @@ from tether.core import (
     GENESIS_HASH,
     PART_FIELDS,
     Binding,
+    CanonicalJSONError,
     CheckpointCorruptError,
     CompletedWrite,
     EffectStatus,
@@ -110,10 +111,26 @@ documents = st.recursive(
     ),
     max_leaves=12,
 )
+# What a caller's documents (an intent's arguments, a decision, a receipt) may
+# hold besides: floats of every magnitude (RFC 8785 spells them as
+# ECMAScript does, not as Python's repr), integers near 2**53, and nesting.
+numbers = st.one_of(
+    st.integers(-(2**53) + 1, 2**53 - 1),
+    st.sampled_from([0, -1, 10**15 - 1, 10**15, 2**53 - 1, -(2**53) + 1]),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([-0.0, 1e21, 1e-7, 1e-6, 5e-324, 1.7976931348623157e308, 0.1, 100.0]),
+)
+rich_documents = st.recursive(
+    st.none() | st.booleans() | numbers | hard_text,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(hard_text, children, max_size=4)
+    ),
+    max_leaves=20,
+)
 
 
 @st.composite
-def states(draw: st.DrawFn) -> RunState:
+def states(draw: st.DrawFn, documents: st.SearchStrategy[Any] = documents) -> RunState:
     """States with every kind of member: odd text, big documents, optional members set or not."""
     text = draw(hard_text.filter(bool))
     changes: dict[str, Any] = {
@@ -160,6 +177,25 @@ def states(draw: st.DrawFn) -> RunState:
 def test_the_spliced_payload_is_the_canonical_encoding_of_the_whole_state(s: RunState) -> None:
     """Built member by member from cached parts, the bytes equal canonical_bytes(state.to_json())."""
     assert whole_payload(s) == canonical_bytes(s.to_json())
+
+
+@settings(max_examples=300)
+@given(states(rich_documents))
+def test_the_payload_and_each_part_are_rfc8785s_bytes(s: RunState) -> None:
+    """Numbers, non-ASCII and astral text, nesting: the payload and its parts are rfc8785's bytes, or both refuse."""
+    import rfc8785
+
+    document = s.to_json()
+    try:
+        expected = bytes(rfc8785.dumps(document))
+    except rfc8785.CanonicalizationError:
+        with pytest.raises(CanonicalJSONError):
+            whole_payload(s)
+        return
+    assert whole_payload(s) == expected
+    encoded = encode_state(s)
+    for member, found in parts_named(json.loads(encoded.payload)).items():
+        assert encoded.parts[found] == bytes(rfc8785.dumps(document[member]))
 
 
 @settings(max_examples=150)
