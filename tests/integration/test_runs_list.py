@@ -133,8 +133,9 @@ def test_a_page_costs_the_same_statements_for_4_runs_as_for_40(
         counts.append(tuple(per_page))
     assert counts[0] == counts[1], counts
     assert counts[0][0] == 1 and counts[0][1] == 1, counts  # one SELECT, no checkpoint read
-    # Verified: the page (envelopes included), and each distinct policy its runs name (two here).
-    assert counts[0][2] == counts[0][3] == 3, counts
+    # Verified: the page (envelopes included), the state parts its checkpoints name (one
+    # query for the page), and each distinct policy its runs name (two here).
+    assert counts[0][2] == counts[0][3] == 4, counts
 
 
 def test_a_page_sends_one_statement_to_sqlite(world: World) -> None:

@@ -213,3 +213,27 @@ def test_read_only_open_refuses_a_missing_file_or_a_foreign_database(tmp_path: P
         tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master")]
     conn.close()
     assert tables == ["notes"]
+
+
+def test_a_write_steps_commits_run_one_insert_per_table(world: World) -> None:
+    """Each commit of a write step is BEGIN, the mark's UPDATE, at most one INSERT per table, COMMIT."""
+    session = world.runtime(
+        ScriptedAgent([write("notes.txt", "one"), write("notes.txt", "two", "b"), finish])
+    ).start("r1")
+    session.step()
+    seen: list[str] = []
+    session.rt.store._conn.set_trace_callback(lambda sql: seen.append(sql.split("(")[0].strip()))
+    session.step()
+    session.rt.store._conn.set_trace_callback(None)
+    commits: list[list[str]] = []
+    for statement in seen:
+        if statement == "BEGIN IMMEDIATE":
+            commits.append([])
+        elif commits and statement != "COMMIT" and not statement.startswith("SELECT"):
+            commits[-1].append(statement)
+    assert len(commits) == 2  # the intent, then the receipt
+    for statements in commits:
+        assert statements[0].startswith("UPDATE tether_marks")
+        inserts = statements[1:]
+        assert all(s.startswith("INSERT OR IGNORE INTO tether_") for s in inserts)
+        assert len(inserts) == len(set(inserts)) <= 4  # checkpoint, trace, ledger, blobs

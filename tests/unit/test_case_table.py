@@ -44,8 +44,8 @@ from tether.core._case_table import (
 )
 from tether.core._commit import noted_write, seal_commit
 from tether.core._evidence import check_decision
+from tether.core._payload import validate_state
 from tether.core._review import open_review
-from tether.core._state import validate_state
 from tether.core._transition import EffectRef, Execute, Facts, LedgerNote
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)

@@ -476,7 +476,7 @@ def test_a_trusted_replan_quarantines_the_key_and_resumes_with_a_new_one(world: 
     assert session.state.last_write.idempotency_key not in session.state.quarantined_keys
     # A pending write may never reuse a quarantined key.
     from tether.core import InvariantError
-    from tether.core._state import validate_state
+    from tether.core._payload import validate_state
 
     state = session.state
     pending = replace(state.pending or _some_pending(state), idempotency_key=case.idempotency_key)

@@ -34,8 +34,8 @@ from tether.core import _policy_change as policy_rules
 from tether.core import _settle as settle_rules
 from tether.core._actions import Rejection, catalog, gate
 from tether.core._compensation import COMPENSATES
+from tether.core._payload import validate_state
 from tether.core._policy_change import Adoption
-from tether.core._state import validate_state
 from tether.core._transition import Execute, Facts
 from tether.testing import Sandbox
 

@@ -22,7 +22,7 @@ from tether.core import (
     format_time,
 )
 from tether.core._ledger import seal_entry
-from tether.core._state import validate_state
+from tether.core._payload import validate_state
 from tether.runtime import CrashPlan, CrashPoint, Decision, SimulatedCrash
 from tether.testing import Sandbox
 from tether.testing.counting import count_calls

@@ -29,7 +29,7 @@ from tether.core import (
     format_time,
 )
 from tether.core import _settle as settle_rules
-from tether.core._state import validate_state
+from tether.core._payload import validate_state
 from tether.core._transition import (
     Execute,
     ExecuteAnswer,

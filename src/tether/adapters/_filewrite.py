@@ -7,6 +7,7 @@ about the workspace. Keeping one copy of these rules is how they agree.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -165,8 +166,15 @@ def fingerprint(hashes: Mapping[str, str], executable: Collection[str] = ()) -> 
     It is the root digest of the tree's content-addressed snapshot (see
     :mod:`tether.adapters._snapshot`); ``executable`` names the files whose
     executable bit is set. The workspace computes the same value incrementally.
+    An in-memory adapter asks for the same tree's fingerprint several times a
+    step: the last few answers are kept, by the tree's content.
     """
-    return merkle_root(hashes, executable)
+    return _fingerprint(tuple(sorted(hashes.items())), frozenset(executable))
+
+
+@functools.lru_cache(maxsize=32)
+def _fingerprint(items: tuple[tuple[str, str], ...], executable: frozenset[str]) -> str:
+    return merkle_root(dict(items), executable)
 
 
 def check_instance(prestate: EnvironmentState, namespace: str, instance_id: str) -> None:

@@ -259,11 +259,13 @@ def blobs_of_flat(
     hashes: Mapping[str, str],
     read_file: Callable[[str], bytes],
     have: Callable[[str], bool],
+    have_many: Callable[[list[str]], set[str]] | None = None,
 ) -> tuple[str, dict[str, bytes]]:
     """The root and the missing blobs of a tree given flat (an in-memory adapter's files).
 
     The same objects the on-disk workspace stores, built from scratch: fine
-    for the small trees an in-memory adapter holds.
+    for the small trees an in-memory adapter holds. With ``have_many`` the
+    store is asked once for every object of the tree, not once per object.
     """
     nested: dict[str, object] = {}
     for path in hashes:
@@ -275,7 +277,8 @@ def blobs_of_flat(
                 raise ValueError(f"{path}: a file and a directory share a name")
             node = child
         node[parts[-1]] = path
-    found: dict[str, bytes] = {}
+    trees: dict[str, bytes] = {}
+    files: dict[str, str] = {}  # digest -> one path holding it
 
     def visit(node: dict[str, object]) -> str:
         entries: dict[str, Entry] = {}
@@ -285,15 +288,22 @@ def blobs_of_flat(
             else:
                 path = str(child)
                 entries[name] = (FILE, hashes[path], False)
-                if hashes[path] not in found and not have(hashes[path]):
-                    found[hashes[path]] = read_file(path)
+                files.setdefault(hashes[path], path)
         body = tree_bytes(entries)
         tree_digest = digest_bytes(body)
-        if not have(tree_digest):
-            found[tree_digest] = body
+        trees.setdefault(tree_digest, body)
         return tree_digest
 
-    return visit(nested), found
+    root = visit(nested)
+    wanted = sorted({*trees, *files})
+    held = have_many(wanted) if have_many is not None else {d for d in wanted if have(d)}
+    found: dict[str, bytes] = {}
+    for found_digest in wanted:
+        if found_digest in held:
+            continue
+        tree = trees.get(found_digest)
+        found[found_digest] = tree if tree is not None else read_file(files[found_digest])
+    return root, found
 
 
 def flatten(root: str, get_blob: Callable[[str], bytes | None]) -> dict[str, tuple[bytes, bool]]:

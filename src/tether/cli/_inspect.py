@@ -11,7 +11,7 @@ from typing import Any
 from tether.cli import _progress, _render
 from tether.cli._options import add_store, open_read
 from tether.core import MissingHighWaterMarkError, RunNotFoundError, format_time
-from tether.core._state import validate_state
+from tether.core._payload import validate_state
 from tether.crypto import Keyring
 from tether.runtime import Checkpointer, Page, RunView, open_run
 from tether.store import SQLBase, SQLiteStore

@@ -8,8 +8,10 @@ library quietly accepts: duplicate keys, NaN and Infinity, invalid UTF-8.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import rfc8785
@@ -30,30 +32,196 @@ _PLAIN = frozenset({str, bool, type(None)})
 def canonical_bytes(value: JSONValue) -> bytes:
     """Return the RFC 8785 canonical encoding of ``value``.
 
-    The standard encoder's output *is* RFC 8785's when it is all ASCII (code
-    point order equals UTF-16 order, and both escape control characters
-    alike) and holds no float and no integer near or past 2**53. The numbers
-    are checked on the value, the ASCII on the output; anything else goes to
-    the reference encoder, which is pure Python and several times slower.
+    The standard (C) encoder's output *is* RFC 8785's when the value holds no
+    float and no integer near or past 2**53, and every object key sorts the
+    same by code point as by UTF-16 code unit:
+
+    - strings: both escape exactly ``"``, ``\\`` and the characters below
+      U+0020 (``\\b \\t \\n \\f \\r`` short, the others as ``\\u00xx``
+      in lower case) and write every other character as itself, in UTF-8;
+      a lone surrogate cannot be written as UTF-8 and goes to the reference
+      encoder, which refuses it;
+    - keys: code point order and UTF-16 order agree unless a key holds a
+      character at or above U+D800 (astral characters are surrogate pairs in
+      UTF-16 and sort before U+E000..U+FFFF there): such keys go to the
+      reference encoder;
+    - ``true``, ``false``, ``null`` and integers of fewer than 16 digits are
+      spelled alike.
+
+    The numbers are checked on the value; the keys only when the output is
+    not all ASCII (ASCII keys always sort alike). Anything else goes to the
+    reference encoder, which is pure Python and several times slower. A
+    property test holds both to byte equality on generated documents.
     """
     if isinstance(value, dict | list):
         risky = _scan(value)
         try:
-            text = json.dumps(
-                value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-            )
-        except (TypeError, ValueError) as exc:  # a value that holds itself among them
+            text = _dumps(value)
+        except (TypeError, ValueError) as exc:
             raise CanonicalJSONError(f"value is not canonical JSON: {exc}") from exc
-        except RecursionError as exc:
+        except RecursionError as exc:  # nested too deeply, or a value that holds itself
             raise CanonicalJSONError("value is nested too deeply to be JSON") from exc
-        if not risky and text.isascii():
-            return text.encode("ascii")
+        if not risky:
+            if text.isascii():
+                return text.encode("ascii")
+            if _keys_sort_alike(value):
+                try:
+                    return text.encode("utf-8")
+                except UnicodeEncodeError:
+                    pass  # a lone surrogate: the reference encoder says what is wrong
+    else:
+        return scalar_bytes(value)
+    return _reference(value)
+
+
+def _reference(value: JSONValue) -> bytes:
+    """The reference encoder's bytes (``rfc8785``), its refusals as CanonicalJSONError."""
     try:
         return bytes(rfc8785.dumps(value))
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as exc:
         raise CanonicalJSONError(f"value is not canonical JSON: {exc}") from exc
     except RecursionError as exc:
         raise CanonicalJSONError("value is nested too deeply to be JSON") from exc
+
+
+def _refuse(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# The standard library's C encoder, made once: json.dumps builds a new encoder
+# object (and checks its arguments) at every call, which costs more than
+# encoding a small document. No circular-reference markers: a cycle cannot come
+# out of strict_loads, and one built in code ends in RecursionError, refused.
+_C_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)
+_ENCODE: Any = (
+    None
+    if _C_ENCODER is None
+    else _C_ENCODER(
+        None, _refuse, json.encoder.encode_basestring, None, ":", ",", True, False, False
+    )
+)
+
+
+def _dumps(value: JSONValue) -> str:
+    if _ENCODE is None:  # no C accelerator (another Python): the same text, slower
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    return "".join(_ENCODE(value, 0))
+
+
+# The C string encoder of the standard library (``ensure_ascii=False``): its
+# escapes are RFC 8785's, see canonical_bytes.
+_encode_text: Any = json.encoder.encode_basestring
+
+
+def text_bytes(value: str) -> bytes:
+    """The RFC 8785 encoding of one string (a lone surrogate raises :class:`CanonicalJSONError`)."""
+    try:
+        return bytes(_encode_text(value).encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise CanonicalJSONError(f"value is not canonical JSON: a lone surrogate ({exc})") from exc
+
+
+_SAFE_INT = 2**53
+
+
+def scalar_bytes(value: JSONValue) -> bytes:
+    """The RFC 8785 encoding of a value that is usually a string, an integer, a bool or null.
+
+    The common cases are spelled directly: a string as :func:`text_bytes`, an
+    integer below 2**53 in magnitude in decimal, ``true``, ``false``,
+    ``null``. Anything else is :func:`canonical_bytes`'s or the reference
+    encoder's.
+    """
+    if value is None:
+        return b"null"
+    kind = type(value)
+    if kind is str:
+        return text_bytes(value)
+    if kind is int and -_SAFE_INT < value < _SAFE_INT:
+        return str(value).encode("ascii")
+    if value is True:
+        return b"true"
+    if value is False:
+        return b"false"
+    if isinstance(value, dict | list):
+        return canonical_bytes(value)
+    if isinstance(value, str):
+        return text_bytes(value)  # a str subclass (a StrEnum member): its text
+    return _reference(value)
+
+
+def object_bytes(members: Mapping[str, bytes]) -> bytes:
+    """An object whose member values are already canonical bytes, keys in RFC 8785 order.
+
+    Keys are ASCII names chosen by tether (``ValueError`` otherwise), so code
+    point order is UTF-16 order.
+    """
+    keys = sorted(members)
+    for key in keys:
+        if not key.isascii():
+            raise ValueError(f"object_bytes takes ASCII keys only, not {key!r}")
+    return b"{" + b",".join(_key_bytes(key) + members[key] for key in keys) + b"}"
+
+
+@functools.lru_cache(maxsize=512)
+def _key_bytes(key: str) -> bytes:
+    return text_bytes(key) + b":"
+
+
+# Canonical bytes of immutable parts of a document (a state's binding, its
+# pending write...), by the identity of the part: an unchanged part is the
+# same object from one state to the next, so it is encoded once. The cache
+# holds each part, so no other object can take its id while it is there.
+# Parts are values nobody changes in place (frozen dataclasses, tuples). It
+# is bounded by count and by bytes (a pending write may carry a big file).
+class _PartCache:
+    __slots__ = ("entries", "size")
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple[object, bytes, str]] = {}
+        self.size = 0
+
+
+_PARTS = _PartCache()
+_PARTS_MAX = 4096
+_PARTS_MAX_BYTES = 16 * 2**20
+
+
+def part_bytes(part: Any, document: Callable[[Any], JSONValue]) -> tuple[bytes, str]:
+    """``(canonical bytes, digest)`` of an immutable ``part``, whose JSON ``document(part)`` is.
+
+    Computed once per part object (see above); ``document`` is called only then.
+    """
+    cache = _PARTS
+    hit = cache.entries.get(id(part))
+    if hit is not None and hit[0] is part:
+        return hit[1], hit[2]
+    data = canonical_bytes(document(part))
+    found = "sha256:" + hashlib.sha256(data).hexdigest()
+    if len(cache.entries) >= _PARTS_MAX or cache.size + len(data) > _PARTS_MAX_BYTES:
+        cache.entries.clear()  # a cache only: cheaper to start again than to track age
+        cache.size = 0
+    if len(data) <= _PARTS_MAX_BYTES // 4:
+        cache.entries[id(part)] = (part, data, found)
+        cache.size += len(data)
+    return data, found
+
+
+def _keys_sort_alike(value: JSONValue) -> bool:
+    """Whether every object key in ``value`` sorts alike by code point and by UTF-16 unit."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key in item:
+                if not key.isascii() and max(key) >= "\ud800":
+                    return False
+            stack.extend(v for v in item.values() if isinstance(v, dict | list))
+        elif isinstance(item, list):
+            stack.extend(v for v in item if isinstance(v, dict | list))
+    return True
 
 
 def _scan(value: JSONValue) -> bool:

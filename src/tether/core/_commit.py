@@ -125,10 +125,9 @@ def seal_commit(
         approval = body if isinstance(body, dict) else None
         after = remember_replay_approval(after, terms.effect, approval, now=now)
     worked = working_ms(before, now, resumed_at)
+    spent = after.spent
     if worked:
-        after = after.evolve(
-            spent=replace(after.spent, wall_time_ms=after.spent.wall_time_ms + worked)
-        )
+        spent = replace(spent, wall_time_ms=spent.wall_time_ms + worked)
     state = after.evolve(
         generation=before.generation + 1,
         trace_head=head,
@@ -136,6 +135,7 @@ def seal_commit(
         ledger_head=ledger_head,
         ledger_length=ledger_length,
         updated_at=max(now, after.started_at),
+        spent=spent,
     )
     return Sealed(state, tuple(sealed), tuple(entries))
 

@@ -19,11 +19,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from tether.core._canonical import JSONValue, canonical_bytes, digest
+from tether.core._canonical import (
+    JSONValue,
+    canonical_bytes,
+    digest,
+    object_bytes,
+    part_bytes,
+    scalar_bytes,
+)
 from tether.core._errors import CanonicalJSONError, LedgerIntegrityError
 from tether.core._model import Capabilities, format_time
 from tether.core._phases import Compensation, EffectStatus, RetrySemantics
@@ -104,6 +111,21 @@ class LedgerEntry:
     # an __init__ argument, so dataclasses.replace() and rows read back start
     # without it and are encoded afresh (a changed entry never reuses it).
     _sealed_body: bytes = field(default=b"", init=False, compare=False, repr=False)
+    # The receipt, terms and payload as JSON text, as sealed (set with _sealed_body).
+    _sealed_columns: tuple[str | None, str | None, str | None] | None = field(
+        default=None, init=False, compare=False, repr=False
+    )
+
+    def column_texts(self) -> tuple[str | None, str | None, str | None]:
+        """The receipt, terms and payload as JSON text (``None`` when absent), as a store keeps them.
+
+        Canonical when sealed here; any JSON of the same values would do, since
+        a reader parses them and re-encodes canonically before hashing.
+        """
+        if self._sealed_columns is not None:
+            return self._sealed_columns
+        terms = None if self.terms is None else self.terms.to_json()
+        return _text(self.receipt), _text(terms), _text(self.payload)
 
     def body_bytes(self) -> bytes:
         """The canonical bytes the hash covers (as sealed, or encoded now)."""
@@ -156,7 +178,31 @@ def seal_entry(
     """
     if terms is not None and terms.sensitive:
         payload, receipt = None, redact_receipt(receipt)
-    entry = LedgerEntry(
+    s = scalar_bytes
+    members = {
+        "run_id": s(run_id),
+        "seq": s(seq),
+        "idempotency_key": s(idempotency_key),
+        "status": s(status.value),
+        "action_id": s(action_id),
+        "intent_digest": s(intent_digest),
+        "receipt": canonical_bytes(receipt),
+        "epoch": s(epoch),
+        "at": s(format_time(at)),
+    }
+    if terms is not None or payload is not None:
+        # As LedgerEntry.body() says: an entry with neither hashes as entries
+        # written before terms existed.
+        members["terms"] = b"null" if terms is None else part_bytes(terms, _terms_json)[0]
+        members["payload"] = canonical_bytes(payload)
+    body = object_bytes(members)
+    if receipt is not None or payload is not None:
+        # The entry keeps its own copies of the documents, read back from the
+        # bytes its hash covers: a caller changing its dicts afterwards cannot
+        # make the stored columns differ from what was sealed.
+        sealed_doc = json.loads(body)
+        receipt, payload = sealed_doc["receipt"], sealed_doc.get("payload")
+    sealed = LedgerEntry(
         run_id,
         idempotency_key,
         seq,
@@ -166,23 +212,34 @@ def seal_entry(
         receipt,
         epoch,
         at,
+        prev_hash=prev_hash,
+        hash=chain_hash(prev_hash, body),
         terms=terms,
         payload=payload,
     )
-    body = canonical_bytes(entry.body())
-    # The entry keeps its own copies of the documents, read back from the bytes
-    # its hash covers: a caller changing its dicts afterwards cannot make the
-    # stored columns differ from what was sealed (and json.loads is cheap).
-    sealed_doc = json.loads(body)
-    sealed = replace(
-        entry,
-        prev_hash=prev_hash,
-        hash=chain_hash(prev_hash, body),
-        receipt=sealed_doc["receipt"],
-        payload=sealed_doc.get("payload"),
-    )
     object.__setattr__(sealed, "_sealed_body", body)
+    object.__setattr__(
+        sealed,
+        "_sealed_columns",
+        (
+            _column(members["receipt"]),
+            _column(members.get("terms", b"null")),
+            _column(members.get("payload", b"null")),
+        ),
+    )
     return sealed
+
+
+def _column(data: bytes) -> str | None:
+    return None if data == b"null" else data.decode("utf-8")
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else canonical_bytes(value).decode("utf-8")
+
+
+def _terms_json(terms: EffectTerms) -> JSONValue:
+    return terms.to_json()
 
 
 def verify_ledger(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from tether.core._canonical import JSONValue, canonical_bytes
+from tether.core._canonical import JSONValue, canonical_bytes, scalar_bytes
 from tether.core._errors import TraceIntegrityError
 from tether.core._model import format_time
 
@@ -34,6 +34,10 @@ class TraceEvent:
     prev_hash: str
     hash: str
     data_text: bytes = field(default=b"", compare=False, repr=False)
+    # The canonical bytes of body() as sealed: set by seal_event only, and not
+    # an __init__ argument, so dataclasses.replace() and rows read back start
+    # without it and are encoded afresh (a changed event never reuses it).
+    _sealed_body: bytes = field(default=b"", init=False, compare=False, repr=False)
 
     def encoded_data(self) -> bytes:
         """The canonical JSON of ``data`` (as sealed or as stored)."""
@@ -41,7 +45,7 @@ class TraceEvent:
 
     def body_bytes(self) -> bytes:
         """The canonical bytes of :meth:`body`, built around :meth:`encoded_data`."""
-        return _body_bytes(
+        return self._sealed_body or _body_bytes(
             self.run_id, self.seq, self.kind, format_time(self.at), self.encoded_data()
         )
 
@@ -70,9 +74,20 @@ def chain_hash(prev_hash: str, body: dict[str, JSONValue] | bytes) -> str:
 def _body_bytes(run_id: str, seq: int, kind: str, at: str, data: bytes) -> bytes:
     # RFC 8785 orders keys by code unit: at < data < kind < run_id < seq. The
     # other fields are encoded here (small); ``data`` is spliced in as is.
-    rest = canonical_bytes({"at": at, "kind": kind, "run_id": run_id, "seq": seq})
-    cut = rest.index(b',"kind":')
-    return rest[:cut] + b',"data":' + data + rest[cut:]
+    s = scalar_bytes
+    return (
+        b'{"at":'
+        + s(at)
+        + b',"data":'
+        + data
+        + b',"kind":'
+        + s(kind)
+        + b',"run_id":'
+        + s(run_id)
+        + b',"seq":'
+        + s(seq)
+        + b"}"
+    )
 
 
 def verify_trace(
@@ -106,6 +121,8 @@ def seal_event(
     """Build the next event of a chain whose head is ``prev_hash`` (its data encoded once)."""
     data_text = canonical_bytes(data)
     body = _body_bytes(run_id, seq, kind, format_time(at), data_text)
-    return TraceEvent(
+    event = TraceEvent(
         run_id, seq, kind, at, data, prev_hash, chain_hash(prev_hash, body), data_text
     )
+    object.__setattr__(event, "_sealed_body", body)
+    return event

@@ -34,6 +34,7 @@ from tether.core import (
     canonical_bytes,
     strict_loads,
 )
+from tether.core._canonical import text_bytes
 from tether.crypto._keyring import Keyring, KeyStatus
 
 FORMAT = "tether.checkpoint"
@@ -41,6 +42,7 @@ ENVELOPE_VERSION = 1
 _DOMAIN = b"tether.checkpoint.v1"
 _FIELDS = frozenset({"checksum", "format", "kcv", "key_id", "mac", "payload", "version"})
 _VERSION = str(ENVELOPE_VERSION).encode("ascii")
+_FORMAT_MEMBER = b',"format":' + text_bytes(FORMAT) + b',"kcv":'
 
 
 def seal(payload: bytes, keyring: Keyring) -> bytes:
@@ -52,12 +54,26 @@ def seal(payload: bytes, keyring: Keyring) -> bytes:
 
 
 def _assemble(checksum: str, kcv: str, key_id: str, mac: str, payload: bytes) -> bytes:
-    # Keys in RFC 8785 order; the payload is already canonical, so splicing its
-    # bytes in keeps the envelope canonical without encoding the payload twice.
-    head = canonical_bytes(
-        {"checksum": checksum, "format": FORMAT, "kcv": kcv, "key_id": key_id, "mac": mac}
+    # Keys in RFC 8785 order (checksum < format < kcv < key_id < mac < payload <
+    # version); the payload is already canonical, so splicing its bytes in
+    # keeps the envelope canonical without encoding the payload twice.
+    return b"".join(
+        (
+            b'{"checksum":',
+            text_bytes(checksum),
+            _FORMAT_MEMBER,
+            text_bytes(kcv),
+            b',"key_id":',
+            text_bytes(key_id),
+            b',"mac":',
+            text_bytes(mac),
+            b',"payload":',
+            payload,
+            b',"version":',
+            _VERSION,
+            b"}",
+        )
     )
-    return head[:-1] + b',"payload":' + payload + b',"version":' + _VERSION + b"}"
 
 
 def open_envelope(blob: bytes, keyring: Keyring, *, run_id: str | None = None) -> Any:
@@ -114,16 +130,14 @@ def open_envelope(blob: bytes, keyring: Keyring, *, run_id: str | None = None) -
 
 
 def _checksum(key_id: str, kcv: str, mac: str, payload: bytes) -> str:
-    h = hashlib.sha256()
-    for part in (
+    parts = (
         key_id.encode("utf-8"),
         kcv.encode("ascii", "replace"),
         mac.encode("ascii", "replace"),
         payload,
-    ):
-        h.update(len(part).to_bytes(8, "big"))
-        h.update(part)
-    return "sha256:" + h.hexdigest()
+    )
+    framed = b"".join(len(part).to_bytes(8, "big") + part for part in parts)
+    return "sha256:" + hashlib.sha256(framed).hexdigest()
 
 
 def envelope_digest(blob: bytes) -> str:

@@ -27,8 +27,9 @@ README, "What recovery checks, and what only verify checks").
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from tether.adapters import Adapter
 from tether.core import (
@@ -60,7 +61,13 @@ from tether.core import Binding as CoreBinding
 from tether.core import _steps as step_rules
 from tether.core._ledger import orphans_of, stray_error, verify_ledger
 from tether.core._listing import Listing
-from tether.core._state import GENESIS_HASH, SCHEMA_VERSION, validate_state
+from tether.core._payload import (
+    READABLE_SCHEMA_VERSIONS,
+    encode_valid_state,
+    expand_payload,
+    validate_state,
+)
+from tether.core._state import GENESIS_HASH
 from tether.core._trace import verify_trace
 from tether.crypto import (
     Keyring,
@@ -140,6 +147,8 @@ class Checkpointer:
         self._colocated: CommitStore | None = None
         if (marks is None or marks is content) and isinstance(content, CommitStore):  # type: ignore[comparison-overlap]
             self._colocated = content
+        # run id -> (generation, digests of the state parts its checkpoint names).
+        self._parts: dict[str, tuple[int, frozenset[str]]] = {}
 
     @property
     def colocated(self) -> bool:
@@ -167,9 +176,16 @@ class Checkpointer:
                 f"state generation {state.generation} does not follow {expected_generation}",
                 run_id=state.run_id,
             )
-        payload = validate_state(state)  # before anything moves
-        envelope = seal(payload, self.keyring)
+        encoded = encode_valid_state(state)  # before anything moves
+        envelope = seal(encoded.payload, self.keyring)
         checkpoint_digest = envelope_digest(envelope)
+        # The state's parts go with it, content-addressed; those the checkpoint
+        # this one follows already named are stored (they landed with it).
+        landed = self._parts.get(state.run_id)
+        known = landed[1] if landed is not None and landed[0] == expected_generation else ()
+        parts = {d: data for d, data in encoded.parts.items() if d not in known}
+        if parts:
+            blobs = {**parts, **(blobs or {})}
         commit = Commit(
             run_id=state.run_id,
             generation=state.generation,
@@ -219,7 +235,19 @@ class Checkpointer:
                 generation=state.generation,
                 checkpoint_digest=checkpoint_digest,
             ) from exc
+        self._landed(state.run_id, state.generation, encoded.parts)
         return checkpoint_digest, lease
+
+    def _landed(self, run_id: str, generation: int, parts: Collection[str]) -> None:
+        """Remember the parts the run's checkpoint at ``generation`` names (they are stored)."""
+        if len(self._parts) >= _PARTS_REMEMBERED:
+            self._parts.clear()  # a hint only: a part sent again is simply there already
+        self._parts[run_id] = (generation, frozenset(parts))
+
+    def state_of(self, payload: Any, run_id: str) -> RunState:
+        """The state a verified payload signs, its parts read back from the content store."""
+        document = expand_payload(payload, self.content.get_blob, run_id=run_id)
+        return RunState.from_json(document)
 
     def load(self, run_id: str) -> Restored:
         """Verify the checkpoint the mark names, without task or environment checks."""
@@ -237,12 +265,15 @@ class Checkpointer:
         version = payload.get("schema_version") if isinstance(payload, dict) else None
         if isinstance(version, bool) or not isinstance(version, int):
             raise UnknownFieldError("schema_version", "missing or not an integer", run_id=run_id)
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_SCHEMA_VERSIONS:
             raise SchemaVersionError(
-                f"checkpoint schema version {version}; this tether reads {SCHEMA_VERSION}",
+                f"checkpoint schema version {version}; this tether reads "
+                f"{' and '.join(map(str, sorted(READABLE_SCHEMA_VERSIONS)))}",
                 run_id=run_id,
             )
-        state = RunState.from_json(payload)
+        state = self.state_of(payload, run_id)
+        if isinstance(payload, dict) and "parts" in payload:
+            self._landed(run_id, state.generation, set(payload["parts"].values()))
         return Restored(state=state, mark=mark, envelope=envelope)
 
     def prove_orphans(
@@ -461,9 +492,9 @@ class Checkpointer:
                 continue  # unsigned or damaged: vouches for nothing
             if not isinstance(payload, dict) or payload.get("generation") != generation:
                 continue
-            if payload.get("schema_version") != SCHEMA_VERSION:
+            if payload.get("schema_version") not in READABLE_SCHEMA_VERSIONS:
                 continue
-            candidate = RunState.from_json(payload)
+            candidate = self.state_of(payload, run_id)
             if candidate.run_id == run_id and _on_chain(candidate, trace, ledger):
                 found[envelope_digest(envelope)] = candidate
         if len(found) != 1:
@@ -747,6 +778,10 @@ def drift_problem(state: RunState, live: EnvironmentState) -> str | None:
     return (
         f"version moved {recorded.version} -> {live.version}, not provable from the pending write"
     )
+
+
+#: At most this many runs' landed parts are remembered per checkpointer.
+_PARTS_REMEMBERED = 10_000
 
 
 def _as_marks(content: ContentStore) -> GenerationStore:

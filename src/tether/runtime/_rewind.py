@@ -20,6 +20,7 @@ trace, linked from the ``rewound`` event.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import replace
 from typing import Any
@@ -315,8 +316,24 @@ def _abandon(session: Session, plan: RewindPlan, exc: Exception) -> Outcome:
 
 
 def _accepts(method: Any, name: str) -> bool:
+    # Asked at every snapshot: the answer is the function's, so it is kept per function.
+    function = getattr(method, "__func__", None)
+    if function is None:
+        return _takes(method, name)
     try:
-        return name in inspect.signature(method).parameters
+        return _takes_cached(function, name)
+    except TypeError:  # an unhashable callable
+        return _takes(function, name)
+
+
+@functools.lru_cache(maxsize=64)
+def _takes_cached(function: Any, name: str) -> bool:
+    return _takes(function, name)
+
+
+def _takes(function: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(function).parameters
     except (TypeError, ValueError):
         return False
 

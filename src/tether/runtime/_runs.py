@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -37,7 +38,7 @@ from tether.core import (
 )
 from tether.core import _listing as listing_rules
 from tether.core._listing import Listing, listing_of
-from tether.core._state import SCHEMA_VERSION
+from tether.core._payload import READABLE_SCHEMA_VERSIONS, expand_payload, parts_named
 from tether.crypto import Keyring, envelope_digest, open_envelope
 from tether.runtime._clock import SystemClock
 from tether.runtime._runview import marks_of, open_run, stored_policy
@@ -128,11 +129,16 @@ def runs_page(
         return None
     rows = [_unreadable(str(exc.run_id), "unknown", None, exc) for exc in page.damaged]
     policies: dict[str, Policy | None] = {}
+    parts = _parts_of(store, page, keyring) if keyring is not None else {}
+
+    def fetch(found: str) -> bytes | None:
+        return parts[found] if found in parts else store.get_blob(found)
+
     for listed in page.runs:
         mark = listed.mark
         try:
             if keyring is not None:
-                row = _verified(store, listed, keyring, moment, policies)
+                row = _verified(store, listed, keyring, moment, policies, fetch)
             elif listed.listing is None:
                 row = _from_view(store, listed, marks, moment)
             else:
@@ -217,12 +223,34 @@ def _from_view(
     return _summary(listed, view.listing, view.state.phase.value, now)
 
 
+def _parts_of(store: ContentStore, page: MarksPage, keyring: Keyring) -> dict[str, bytes]:
+    """The state parts every checkpoint on the page names, read in one query where the store can.
+
+    Unverified here: each is checked against its signed digest when its state
+    is read back. An envelope that does not open names none (its row says why).
+    """
+    wanted: set[str] = set()
+    for listed in page.runs:
+        if listed.envelope is None:
+            continue
+        try:
+            payload = open_envelope(listed.envelope, keyring, run_id=listed.mark.run_id)
+            wanted.update(parts_named(payload).values())
+        except TetherError:
+            continue
+    many = getattr(store, "get_blobs", None)
+    if many is None or not wanted:
+        return {}
+    return dict(many(wanted))
+
+
 def _verified(
     store: ContentStore,
     listed: ListedRun,
     keyring: Keyring,
     now: datetime,
     policies: dict[str, Policy | None],
+    fetch: Callable[[str], bytes | None],
 ) -> RunSummary:
     """A row built from the signed checkpoint the mark names, checked against the stored listing."""
     mark = listed.mark
@@ -235,7 +263,7 @@ def _verified(
             "that the high-water mark names",
             run_id=mark.run_id,
         )
-    state = verified_state(envelope, mark, keyring)
+    state = verified_state(envelope, mark, keyring, fetch)
     fingerprint = state.binding.policy_fingerprint
     if fingerprint not in policies:
         policies[fingerprint] = stored_policy(store, state)
@@ -249,23 +277,27 @@ def _verified(
     return _summary(listed, signed, state.phase.value, now)
 
 
-def verified_state(envelope: bytes, mark: Mark, keyring: Keyring) -> RunState:
+def verified_state(
+    envelope: bytes, mark: Mark, keyring: Keyring, fetch: Callable[[str], bytes | None]
+) -> RunState:
     """The state in ``envelope``, verified under ``keyring`` and checked to be the one ``mark`` names.
 
     The checks recovery makes before it reads anything (see
-    :meth:`~tether.runtime.Checkpointer.load`), in its order.
+    :meth:`~tether.runtime.Checkpointer.load`), in its order; ``fetch`` reads
+    the parts a schema-4 payload names (each checked against its signed digest).
     """
     run_id = mark.run_id
     payload = open_envelope(envelope, keyring, run_id=run_id)
     version = payload.get("schema_version") if isinstance(payload, dict) else None
     if isinstance(version, bool) or not isinstance(version, int):
         raise UnknownFieldError("schema_version", "missing or not an integer", run_id=run_id)
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_SCHEMA_VERSIONS:
         raise SchemaVersionError(
-            f"checkpoint schema version {version}; this tether reads {SCHEMA_VERSION}",
+            f"checkpoint schema version {version}; this tether reads "
+            f"{' and '.join(map(str, sorted(READABLE_SCHEMA_VERSIONS)))}",
             run_id=run_id,
         )
-    state = RunState.from_json(payload)
+    state = RunState.from_json(expand_payload(payload, fetch, run_id=run_id))
     if (
         state.run_id != run_id
         or state.generation != mark.generation

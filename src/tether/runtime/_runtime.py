@@ -83,6 +83,10 @@ START_DRIFT_HINT = (
     "a workspace's), or leave it out of the task so a run takes the state it finds at start"
 )
 
+#: At most this many intents' effect digests and terms are kept per runtime
+#: (one write asks several times; an intent may carry a big payload).
+_REMEMBERED = 16
+
 
 class Runtime:
     """Everything a run needs besides its state.
@@ -148,6 +152,10 @@ class Runtime:
             else Withheld.of(on_secrets_withheld, "on_secrets_withheld")
         )
         self.checkpointer = Checkpointer(store, keyring, marks=marks, crash=crash, secrets=secrets)
+        # Answers kept per intent object (each holds its intent, so no other
+        # object can take its id meanwhile): see effect_digest and effect_terms.
+        self._effects: dict[int, tuple[Intent, str]] = {}
+        self._terms: dict[int, tuple[Intent, Policy, EffectTerms]] = {}
         self.binding = Binding.of(task, policy)
         # Every kind the run may propose; a name nobody defines fails here, at load.
         self.kinds: dict[str, ActionKind] = catalog(adapter.kinds)
@@ -158,7 +166,22 @@ class Runtime:
         check_local_only(self.contract, external_effects(adapter))
 
     def effect_terms(self, intent: Intent) -> EffectTerms:
-        """What the ledger records about an effect of ``intent``: who, what, and its promises."""
+        """What the ledger records about an effect of ``intent``: who, what, and its promises.
+
+        Asked at every commit of a write: the answer for one intent object
+        (immutable) under one adapter and policy is kept, so a write's ledger
+        entries share one terms object and its encoding.
+        """
+        cached = self._terms.get(id(intent))
+        if cached is not None and cached[0] is intent and cached[1] is self.policy:
+            return cached[2]
+        terms = self._terms_of(intent)
+        if len(self._terms) >= _REMEMBERED:
+            self._terms.clear()
+        self._terms[id(intent)] = (intent, self.policy, terms)
+        return terms
+
+    def _terms_of(self, intent: Intent) -> EffectTerms:
         declared = self.kinds.get(intent.kind)
         rule = self.policy.kinds.get(intent.kind)
         return EffectTerms(
@@ -182,8 +205,18 @@ class Runtime:
         )
 
     def effect_digest(self, intent: Intent) -> str:
-        """What ``intent`` does, whatever its action id or key: equal digests, the same effect."""
-        return self.effect_of(intent.kind, intent.target, intent.args)
+        """What ``intent`` does, whatever its action id or key: equal digests, the same effect.
+
+        Kept per intent object (immutable): one write asks several times.
+        """
+        cached = self._effects.get(id(intent))
+        if cached is not None and cached[0] is intent:
+            return cached[1]
+        found = self.effect_of(intent.kind, intent.target, intent.args)
+        if len(self._effects) >= _REMEMBERED:
+            self._effects.clear()
+        self._effects[id(intent)] = (intent, found)
+        return found
 
     def same_action(self, held: PendingWrite, proposal: Proposal) -> bool:
         """Whether ``proposal`` asks for the action ``held`` pending (core's

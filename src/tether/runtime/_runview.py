@@ -44,8 +44,9 @@ from tether.core import (
 from tether.core import _listing as listing_rules
 from tether.core import _replay as replay_rules
 from tether.core._listing import Listing, approvable, listing_of
+from tether.core._payload import expand_payload, validate_state
 from tether.core._segment import hashes_to_itself, walk_down
-from tether.core._state import GENESIS_HASH, validate_state
+from tether.core._state import GENESIS_HASH
 from tether.crypto import Keyring, PublishedTrust
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import SystemClock
@@ -503,7 +504,7 @@ def read_state(
         raise CheckpointCorruptError(
             f"run {run_id}: the checkpoint envelope carries no payload object", run_id=run_id
         )
-    state = RunState.from_json(document["payload"])
+    state = RunState.from_json(expand_payload(document["payload"], store.get_blob, run_id=run_id))
     # What is shown must at least be what is signed: the invariants tie the
     # displayed intent to its digest, which the documents bind.
     validate_state(state)

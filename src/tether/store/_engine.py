@@ -64,9 +64,17 @@ class SQLEngine:
         """Serialize writers of one run's append-only rows (inside a write transaction)."""
 
     def _insert_ignore(
-        self, table: str, columns: Sequence[str], values: Sequence[str] | None = None
+        self,
+        table: str,
+        columns: Sequence[str],
+        values: Sequence[str] | None = None,
+        *,
+        rows: int = 1,
     ) -> str:
-        """An insert that does nothing if the row exists; ``values`` are SQL expressions (``?``)."""
+        """An insert that does nothing for a row that exists; ``values`` are SQL expressions (``?``).
+
+        ``rows`` > 1: that many rows of ``?`` placeholders, in one statement.
+        """
         raise NotImplementedError
 
     def _translate(self, exc: Exception) -> TetherError | None:
@@ -216,6 +224,14 @@ class SQLEngine:
 
     def _run(self, sql: str, params: Sequence[Any] = ()) -> int:
         return int(self._execute(sql, params).rowcount)
+
+
+def value_rows(columns: Sequence[str], values: Sequence[str] | None, rows: int) -> str:
+    """``(?, ?), (?, ?)``: the VALUES rows of an insert (``values``: one row's SQL expressions)."""
+    if rows < 1 or (values is not None and rows != 1):
+        raise StoreError(f"an insert of {rows} rows needs one row of plain placeholders")
+    row = "(" + ", ".join(values if values is not None else ["?"] * len(columns)) + ")"
+    return ", ".join([row] * rows)
 
 
 class SQLStatements:

@@ -39,6 +39,7 @@ from tether.core import (
     WriteOnceError,
     format_time,
 )
+from tether.store._engine import value_rows
 from tether.store._protocols import BeforeCommit, Commit, Lease, LeaseRequest
 from tether.store._rows import action_key, effect_key, ledger_columns, listing_values, phase_text
 from tether.store._schema import ACTION_KINDS, kinds_sql, migrations
@@ -430,10 +431,18 @@ class PostgresStore(SQLBase):
         self._execute(f"SELECT pg_advisory_xact_lock({_RUN_LOCK_CLASS}, hashtext(?))", (run_id,))
 
     def _insert_ignore(
-        self, table: str, columns: Sequence[str], values: Sequence[str] | None = None
+        self,
+        table: str,
+        columns: Sequence[str],
+        values: Sequence[str] | None = None,
+        *,
+        rows: int = 1,
     ) -> str:
-        marks = ", ".join(values if values is not None else ["?" for _ in columns])
-        return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}) ON CONFLICT DO NOTHING"
+        return (
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
+            + value_rows(columns, values, rows)
+            + " ON CONFLICT DO NOTHING"
+        )
 
     def _retryable(self, exc: Exception) -> bool:
         from psycopg import errors

@@ -7,7 +7,6 @@ a row into a value object or raises an integrity error that names the run
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -193,19 +192,7 @@ def evidence_of(run_id: str, row: Sequence[Any]) -> Evidence:
 
 def ledger_columns(entry: LedgerEntry) -> tuple[str | None, str | None, str | None]:
     """The JSON text a ledger row stores for ``entry``'s receipt, terms and payload."""
-
-    # The columns need not be canonical: a reader parses them and re-encodes
-    # canonically before hashing. The values are plain JSON (a sealed entry's
-    # documents are read back from its sealed bytes), so the C encoder serves.
-    def text(value: Any) -> str | None:
-        if value is None:
-            return None
-        return json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
-
-    terms = None if entry.terms is None else entry.terms.to_json()
-    return text(entry.receipt), text(terms), text(entry.payload)
+    return entry.column_texts()
 
 
 def index_key(value: str | None) -> str | None:

@@ -360,4 +360,18 @@ def migrations(
                 f"WHERE {CLAIM_SCOPE}",
             ],
         ),
+        (
+            13,
+            [
+                # (Numbered 13: 11 and 12 were taken by changes written alongside.)
+                # Checkpoints of schema 4: the signed payload names the state's
+                # big parts (binding, pending write, last write, review cases...)
+                # by digest, and their bytes are stored once as content-addressed
+                # rows of tether_blobs, in the checkpoint's own transaction. No
+                # table changes; the version is recorded so that a tether which
+                # cannot read such checkpoints refuses this database when it
+                # opens it ("newer than this tether"), instead of failing run by
+                # run at recovery after it took their leases.
+            ],
+        ),
     ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -132,6 +132,8 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
                 raise WriteOnceError(f"ledger entry {entry.hash} is not sealed over its content")
 
     def _put_content(self, commit: Commit) -> None:
+        # One statement per table, however many rows: a commit's statements
+        # are what it costs the store (and, apart from the server, the client).
         self._check_sealed(commit)
         self._run(
             self._insert_ignore(
@@ -139,39 +141,52 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
             ),
             (commit.run_id, commit.checkpoint_digest, commit.generation, commit.envelope),
         )
-        for event in commit.events:
-            self._put_event(event)
-        for entry in commit.ledger:
-            self._put_ledger(entry)
-        for blob_digest, body in (commit.blobs or {}).items():
-            self._run(self._insert_ignore("tether_blobs", ("digest", "body")), (blob_digest, body))
-
-    def _put_event(self, event: TraceEvent) -> None:
-        data_text = event.encoded_data()
-        inserted = self._run(
-            self._insert_ignore(
-                "tether_trace",
-                ("run_id", "hash", "prev_hash", "seq", "kind", "at", "data", "action_id"),
-            ),
-            (
-                event.run_id,
-                event.hash,
-                event.prev_hash,
-                event.seq,
-                event.kind,
-                format_time(event.at),
-                data_text.decode("utf-8"),
-                action_key(event),
-            ),
+        events, entries = commit.events, commit.ledger
+        self._put_rows(
+            "tether_trace",
+            _TRACE_COLUMNS,
+            [_trace_row(event) for event in events],
+            lambda index: self._exists_as("tether_trace", events[index], "trace event"),
         )
-        if inserted == 0:
-            # Hash-addressed: an existing row is the same event, or a collision.
-            row = self._one(
-                "SELECT prev_hash, seq FROM tether_trace WHERE run_id = ? AND hash = ?",
-                (event.run_id, event.hash),
+        self._put_rows(
+            "tether_ledger",
+            _LEDGER_COLUMNS,
+            [_ledger_row(entry) for entry in entries],
+            lambda index: self._exists_as("tether_ledger", entries[index], "ledger entry"),
+        )
+        # Shared by content: a blob already there is the same bytes.
+        self._put_rows("tether_blobs", ("digest", "body"), sorted((commit.blobs or {}).items()))
+
+    def _put_rows(
+        self,
+        table: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        existing: Callable[[int], None] | None = None,
+    ) -> None:
+        """Insert-if-absent ``rows``, up to :data:`_ROWS_PER_STATEMENT` per statement.
+
+        ``existing(i)`` checks row ``i`` when some were already there (a
+        hash-addressed row must then be the same row, or it is a collision).
+        """
+        for start in range(0, len(rows), _ROWS_PER_STATEMENT):
+            chunk = rows[start : start + _ROWS_PER_STATEMENT]
+            inserted = self._run(
+                self._insert_ignore(table, columns, rows=len(chunk)),
+                [value for row in chunk for value in row],
             )
-            if row is None or row[0] != event.prev_hash or row[1] != event.seq:
-                raise WriteOnceError(f"trace event {event.hash} exists with other content")
+            if inserted < len(chunk) and existing is not None:
+                for index in range(start, start + len(chunk)):
+                    existing(index)
+
+    def _exists_as(self, table: str, row: TraceEvent | LedgerEntry, what: str) -> None:
+        """Refuse a hash-addressed row whose stored twin has other content (or is not there)."""
+        found = self._one(
+            f"SELECT prev_hash, seq FROM {table} WHERE run_id = ? AND hash = ?",
+            (row.run_id, row.hash),
+        )
+        if found is None or found[0] != row.prev_hash or found[1] != row.seq:
+            raise WriteOnceError(f"{what} {row.hash} exists with other content")
 
     def put_content(self, commit: Commit, before_commit: BeforeCommit | None = None) -> None:
         """Write a commit's content (checkpoint, events, blobs) write-once."""
@@ -254,9 +269,7 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
         rows = sorted(blobs.items())  # one order, so two writers never deadlock on PostgreSQL
 
         def insert() -> None:
-            sql = self._insert_ignore("tether_blobs", ("digest", "body"))
-            for blob_digest, data in rows:
-                self._run(sql, (blob_digest, data))
+            self._put_rows("tether_blobs", ("digest", "body"), rows)
 
         if rows:
             self._write(insert)
@@ -284,6 +297,30 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
                 return self._all(sql, chunk)
 
             found.update(str(row[0]) for row in self._read(query))
+        return found
+
+    def get_blobs(self, blob_digests: Collection[str]) -> dict[str, bytes]:
+        """The bytes stored under each of ``blob_digests`` that has any (in chunks of 500 per query).
+
+        Unverified, as :meth:`get_blob`: the reader checks each against its digest.
+        """
+        wanted = sorted(set(blob_digests))
+        found: dict[str, bytes] = {}
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            sql = (
+                "SELECT digest, body FROM tether_blobs WHERE digest IN ("
+                + ", ".join("?" for _ in chunk)
+                + ")"
+            )
+
+            def query(sql: str = sql, chunk: list[str] = chunk) -> list[tuple[Any, ...]]:
+                return self._all(sql, chunk)
+
+            for stored, body in self._read(query):
+                if not isinstance(body, bytes | bytearray | memoryview):
+                    raise CheckpointCorruptError(f"blob {stored}: stored as {type(body).__name__}")
+                found[str(stored)] = bytes(body)
         return found
 
     def trace(
@@ -369,53 +406,6 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
         return [evidence_of(run_id, row) for row in rows]
 
     # -- ledger --------------------------------------------------------------
-
-    def _put_ledger(self, entry: LedgerEntry) -> None:
-        receipt, terms, payload = ledger_columns(entry)
-        inserted = self._run(
-            self._insert_ignore(
-                "tether_ledger",
-                (
-                    "run_id",
-                    "hash",
-                    "prev_hash",
-                    "seq",
-                    "idempotency_key",
-                    "status",
-                    "action_id",
-                    "intent_digest",
-                    "receipt",
-                    "epoch",
-                    "at",
-                    "terms",
-                    "payload",
-                    "effect",
-                ),
-            ),
-            (
-                entry.run_id,
-                entry.hash,
-                entry.prev_hash,
-                entry.seq,
-                entry.idempotency_key,
-                entry.status.value,
-                entry.action_id,
-                entry.intent_digest,
-                receipt,
-                entry.epoch,
-                format_time(entry.at),
-                terms,
-                payload,
-                effect_key(entry),
-            ),
-        )
-        if inserted == 0:
-            row = self._one(
-                "SELECT prev_hash, seq FROM tether_ledger WHERE run_id = ? AND hash = ?",
-                (entry.run_id, entry.hash),
-            )
-            if row is None or row[0] != entry.prev_hash or row[1] != entry.seq:
-                raise WriteOnceError(f"ledger entry {entry.hash} exists with other content")
 
     def ledger(self, run_id: str) -> list[LedgerEntry]:
         """Every ledger row of the run by sequence number, unverified (see the protocol)."""
@@ -636,6 +626,59 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
 
 #: Every commit records the state's listing with the mark (NULLs when it has none).
 _SET_LISTING = ", ".join(f"{column} = ?" for column in LISTING_COLUMNS)
+#: Rows per insert statement: well under every driver's limit on parameters
+#: (SQLite's was 999 before 3.32), whatever the table.
+_ROWS_PER_STATEMENT = 64
+_TRACE_COLUMNS = ("run_id", "hash", "prev_hash", "seq", "kind", "at", "data", "action_id")
+_LEDGER_COLUMNS = (
+    "run_id",
+    "hash",
+    "prev_hash",
+    "seq",
+    "idempotency_key",
+    "status",
+    "action_id",
+    "intent_digest",
+    "receipt",
+    "epoch",
+    "at",
+    "terms",
+    "payload",
+    "effect",
+)
+
+
+def _trace_row(event: TraceEvent) -> tuple[Any, ...]:
+    return (
+        event.run_id,
+        event.hash,
+        event.prev_hash,
+        event.seq,
+        event.kind,
+        format_time(event.at),
+        event.encoded_data().decode("utf-8"),
+        action_key(event),
+    )
+
+
+def _ledger_row(entry: LedgerEntry) -> tuple[Any, ...]:
+    receipt, terms, payload = ledger_columns(entry)
+    return (
+        entry.run_id,
+        entry.hash,
+        entry.prev_hash,
+        entry.seq,
+        entry.idempotency_key,
+        entry.status.value,
+        entry.action_id,
+        entry.intent_digest,
+        receipt,
+        entry.epoch,
+        format_time(entry.at),
+        terms,
+        payload,
+        effect_key(entry),
+    )
 
 
 def _version(value: Any) -> int:

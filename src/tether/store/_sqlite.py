@@ -30,6 +30,7 @@ from tether.core import (
     TetherError,
     WriteOnceError,
 )
+from tether.store._engine import value_rows
 from tether.store._schema import ACTION_KINDS, kinds_sql, migrations
 from tether.store._sql import SQLBase
 
@@ -217,10 +218,16 @@ class SQLiteStore(SQLBase):
         self._run("UPDATE tether_turns SET n = n + 1")
 
     def _insert_ignore(
-        self, table: str, columns: Sequence[str], values: Sequence[str] | None = None
+        self,
+        table: str,
+        columns: Sequence[str],
+        values: Sequence[str] | None = None,
+        *,
+        rows: int = 1,
     ) -> str:
-        marks = ", ".join(values if values is not None else ["?" for _ in columns])
-        return f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) VALUES ({marks})"
+        return f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) VALUES " + value_rows(
+            columns, values, rows
+        )
 
     def _translate(self, exc: Exception) -> TetherError | None:
         if isinstance(exc, sqlite3.IntegrityError):

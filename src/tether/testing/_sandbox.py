@@ -310,12 +310,14 @@ class Sandbox:
     ) -> dict[str, bytes]:
         """The blobs of the snapshot ``root`` (the files now) that ``have`` lacks.
 
-        ``have_many`` is accepted for the protocol's sake: the sandbox's trees are small.
+        With ``have_many`` the store is asked once for the whole (small) tree.
         """
         with self._lock:
             hashes = self._hashes()
             files = dict(self._files)
-        made, blobs = blobs_of_flat(hashes, lambda path: files[path].encode("utf-8"), have)
+        made, blobs = blobs_of_flat(
+            hashes, lambda path: files[path].encode("utf-8"), have, have_many
+        )
         if made != root:
             raise EnvironmentDriftError(
                 "the files are not at the snapshot root asked for; observe again",
