@@ -49,8 +49,11 @@ def seen(root: Path, tag: str) -> list[tuple[str, str]]:
         return [(k, b) for k, b in conn.execute("SELECT key, body FROM fx WHERE tag = ?", (tag,))]
 
 
-def runtime(root: Path, adapter: Any, **extra: Any) -> Runtime:
-    """A runtime over ``root``'s SQLite store whose one adapter is ``adapter``."""
+def runtime(root: Path, adapter: Any, *, gated: bool = False, **extra: Any) -> Runtime:
+    """A runtime over ``root``'s SQLite store whose one adapter is ``adapter``.
+
+    ``gated``: the policy needs a person's approval of every kind.
+    """
     keyfile = root / "keys.json"
     if not keyfile.exists():
         Keyring.generate("fnchild-1").write_file(keyfile)
@@ -75,7 +78,7 @@ def runtime(root: Path, adapter: Any, **extra: Any) -> Runtime:
             "policy_id": "fnchild",
             "policy_version": "1",
             "kinds": {
-                k: {"risk": "low", "permission": "p", "needs_approval": False} for k in kinds
+                k: {"risk": "low", "permission": "p", "needs_approval": gated} for k in kinds
             },
             "max_risk": "low",
             "approval_ttl_s": 600,

@@ -202,7 +202,9 @@ class FunctionEffect(RemoteEffect):
     another request". ``compensate``: undoes an effect (``fn(EffectToUndo)``).
     ``object_id``, ``committed_at``: fields of a returned JSON object naming
     the business object and the callee's commit time (RFC 3339), for the
-    receipt. ``namespace`` (default: the kind's name), ``instance`` (default:
+    receipt. Where a kind needs an approval, a receipt without a commit time
+    is judged by when it reached the runtime (the body returned, or a look-up
+    found it): before the approval expired, it committed inside it. ``namespace`` (default: the kind's name), ``instance`` (default:
     the namespace) and ``version``: the identity bound into receipts and
     checkpoints. Give it to the :class:`~tether.runtime.Runtime` as its
     adapter, alone or in :class:`~tether.adapters.Adapters`.

@@ -1,0 +1,109 @@
+"""Function effects: defects an outside attack found, each reproduced on real parts, then fixed.
+
+Real SQLite files, real event loops, real child processes (see ``_fnchild``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tether
+from tests.conftest import signed_approval
+from tests.integration._fnchild import KIND, record, runtime, seen
+from tether import effects
+from tether.core import ApprovalRequiredError, EffectStatus, NeedsReviewError, Phase
+from tether.crypto import Signer, TrustRoots
+from tether.runtime import CrashPlan, CrashPoint, SimulatedCrash
+from tether.store import SQLiteStore
+
+ALICE = Signer.generate("alice", "approver")
+
+
+class Clock:
+    """A runtime clock a test moves forward."""
+
+    def __init__(self) -> None:
+        self.at = datetime.now(UTC)
+
+    def now(self) -> datetime:
+        """The moment the test set."""
+        return self.at
+
+
+def ledger(root: Path) -> list[EffectStatus]:
+    """Run r's ledger, status by status."""
+    with SQLiteStore(root / "runs.sqlite", read_only=True) as store:
+        return [e.status for e in store.ledger("r")]
+
+
+# --- A11: a gated kind whose function receipt has no commit time ----------------------
+
+
+def test_a_gated_function_effect_without_a_commit_time_proceeds_once_approved(
+    tmp_path: Path,
+) -> None:
+    """Approved, the body returns no commit time: committed and the run goes on (no freeze)."""
+
+    @tether.effect(KIND, target=None)
+    def charge(cents: int, idempotency_key: str) -> dict[str, Any]:
+        record(tmp_path, "charge", idempotency_key, cents)
+        return {"charged": cents}
+
+    clock = Clock()
+    rt = runtime(
+        tmp_path, charge.adapter, gated=True, trust=TrustRoots.of(ALICE.trust_root()), clock=clock
+    )
+    with effects.run(rt, "r") as run:
+        with pytest.raises(ApprovalRequiredError):
+            charge(500)
+        run.approve(signed_approval(ALICE, run.session.state, clock.now()))
+        done = charge(500)
+        assert run.phase is Phase.RUNNING
+        with pytest.raises(ApprovalRequiredError):  # the run goes on: the next waits for its own
+            charge(600)
+    assert done.outcome == "executed" and done.result == {"charged": 500}
+    assert len(seen(tmp_path, "charge")) == 1
+    assert ledger(tmp_path).count(EffectStatus.COMMITTED) == 1
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_a_gated_function_effect_found_by_look_up_is_judged_by_when_it_was_found(
+    tmp_path: Path, late: bool
+) -> None:
+    """Killed after the send: found before the approval expired, reconciled; found after, review."""
+
+    def find(key: str) -> dict[str, Any] | None:
+        rows = [b for k, b in seen(tmp_path, "charge") if k == key]
+        return {"charged": int(rows[0])} if rows else None
+
+    @tether.effect(KIND, target=None, lookup=find)
+    def charge(cents: int, idempotency_key: str) -> dict[str, Any]:
+        record(tmp_path, "charge", idempotency_key, cents)
+        return {"charged": cents}
+
+    clock = Clock()
+    trust = TrustRoots.of(ALICE.trust_root())
+    crash = CrashPlan(CrashPoint.EFFECT_SENT)
+    rt = runtime(tmp_path, charge.adapter, gated=True, trust=trust, clock=clock, crash=crash)
+    with pytest.raises(SimulatedCrash), effects.run(rt, "r") as run:
+        with pytest.raises(ApprovalRequiredError):
+            charge(500)
+        run.approve(signed_approval(ALICE, run.session.state, clock.now()))
+        charge(500)
+    if late:
+        clock.at += timedelta(seconds=301)  # the approval (five minutes) expired meanwhile
+    rt = runtime(tmp_path, charge.adapter, gated=True, trust=trust, clock=clock)
+    with effects.run(rt, "r") as run:
+        if late:
+            with pytest.raises(NeedsReviewError) as caught:
+                charge(500)
+            assert caught.value.reason == "approval_boundary"
+        else:
+            assert charge(500).outcome == "replayed"
+            assert run.phase is Phase.RUNNING
+    assert len(seen(tmp_path, "charge")) == 1  # never sent again, either way
+    assert ledger(tmp_path)[-1] is EffectStatus.COMMITTED  # whatever a person decides
