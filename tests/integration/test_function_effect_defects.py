@@ -5,6 +5,7 @@ Real SQLite files, real event loops, real child processes (see ``_fnchild``).
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,13 @@ import tether
 from tests.conftest import signed_approval
 from tests.integration._fnchild import KIND, record, runtime, seen
 from tether import effects
-from tether.core import ApprovalRequiredError, EffectStatus, NeedsReviewError, Phase
+from tether.core import (
+    ApprovalRequiredError,
+    EffectRejectedError,
+    EffectStatus,
+    NeedsReviewError,
+    Phase,
+)
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import CrashPlan, CrashPoint, SimulatedCrash
 from tether.store import SQLiteStore
@@ -107,3 +114,27 @@ def test_a_gated_function_effect_found_by_look_up_is_judged_by_when_it_was_found
             assert run.phase is Phase.RUNNING
     assert len(seen(tmp_path, "charge")) == 1  # never sent again, either way
     assert ledger(tmp_path)[-1] is EffectStatus.COMMITTED  # whatever a person decides
+
+
+# --- A20: a function effect's target is text, never a file path -----------------------
+
+
+def test_a_function_effects_target_is_any_text_not_a_path_in_the_tasks_scope(
+    tmp_path: Path,
+) -> None:
+    """URLs, channels, absolute routes: sent once each with no allowed_paths; a NUL is refused."""
+
+    @tether.effect("chat.post")
+    def post(channel: str, text: str, idempotency_key: str) -> dict[str, Any]:
+        record(tmp_path, "post", idempotency_key, [channel, text])
+        return {"posted": channel}
+
+    targets = ["#general", "https://hooks.example.com/T0/B1?x=1", "/v1/charges", "../up", ""]
+    with effects.run(runtime(tmp_path, post.adapter), "r") as run:
+        done = [post(t, "hi") for t in targets]
+        with pytest.raises(EffectRejectedError) as caught:
+            post("bad\x00name", "hi")
+        assert run.phase is Phase.RUNNING
+    assert [d.outcome for d in done] == ["executed"] * len(targets)
+    assert caught.value.reason == "schema"
+    assert [json.loads(b)[0] for _, b in seen(tmp_path, "post")] == targets

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import tether
+from tests.conftest import make_task
 from tests.unit.test_settle import KEY, facts, state_with, summary
 from tether.adapters import FunctionEffect, KeyInFlightError
 from tether.core import (
@@ -338,7 +339,7 @@ def test_normalize_applies_defaults_and_refuses_what_the_function_cannot_take() 
             adapter.normalize(KIND, "ops", bad)
     (kind,) = adapter.kinds
     assert (kind.target, kind.required, kind.optional) == (
-        TargetKind.PATH,
+        TargetKind.NAME,
         frozenset({"text"}),
         frozenset({"urgent"}),
     )
@@ -401,3 +402,31 @@ def test_a_decorated_function_hides_its_key_and_carries_its_adapter() -> None:
     assert isinstance(post.adapter, FunctionEffect) and post.adapter.capabilities.idempotent
     with pytest.raises(SpecError, match="already"):
         FunctionEffect(KIND, post)
+
+
+NAME_TARGETS = [
+    ("#general", None),
+    ("https://hooks.example.com/T0/B1?x=1", None),
+    ("/v1/charges", None),
+    ("../../etc/passwd", None),  # text, never opened: the function's body decides what it means
+    ("", None),
+    ("x" * 4096, None),
+    ("x" * 4097, "schema"),
+    ("tab\tin it", "schema"),
+    ("nul\x00", "schema"),
+]
+
+
+@pytest.mark.parametrize(("target", "refused"), NAME_TARGETS)
+def test_a_name_target_is_text_scoped_by_its_kind_not_by_the_tasks_paths(
+    target: str, refused: str | None
+) -> None:
+    """A function's target is checked as text (bounded, no control characters), never as a path."""
+    from tether.core._actions import _scope
+
+    def post(channel: str, text: str) -> None: ...
+
+    (kind,) = FunctionEffect(KIND, post).kinds
+    task = make_task("sha256:" + "0" * 64)  # its allowed_paths name none of these
+    got = _scope(kind, target, task)
+    assert (None if got is None else got.reason) == refused

@@ -376,7 +376,8 @@ class FunctionEffect(RemoteEffect):
         return ActionKind(
             kind,
             ActionClass.WRITE,
-            TargetKind.PATH if shape.holder is not None else TargetKind.NONE,
+            # A function's target is whatever its parameter names, not a file path.
+            TargetKind.NAME if shape.holder is not None else TargetKind.NONE,
             required,
             frozenset(shape.arguments) - required,
             # Undone by its compensate function where there is one; otherwise a person can.
