@@ -172,11 +172,56 @@ def takeover(root: Path, declared: str, stage: str) -> None:
         print(charge(500).outcome)
 
 
+def loop(root: Path, declared: str, stage: str) -> None:
+    """On one event loop: an async charge's body in flight, then a sync call of the same run.
+
+    Prints one JSON line: what the sync call made while the body was held open
+    raised (or returned), and what the other calls returned.
+    """
+    import asyncio
+
+    from tether.adapters import Adapters
+
+    entered: list[asyncio.Event] = []
+    release: list[asyncio.Event] = []
+
+    @tether.effect(KIND, target=None, idempotent=True)
+    async def charge(cents: int, idempotency_key: str) -> dict[str, Any]:
+        entered[0].set()
+        await release[0].wait()  # held open, on this loop, while the sync call comes
+        record(root, "charge", idempotency_key, cents)
+        return {"charged": cents}
+
+    @tether.effect("pay.note", target=None, idempotent=True)
+    def note(text: str, idempotency_key: str) -> dict[str, Any]:
+        record(root, "note", idempotency_key, text)
+        return {"noted": text}
+
+    rt = runtime(root, Adapters(charge.adapter, note.adapter))
+
+    async def main() -> dict[str, Any]:
+        entered.append(asyncio.Event())
+        release.append(asyncio.Event())
+        async with effects.run_async(rt, "r"):
+            task = asyncio.create_task(charge(500))
+            await entered[0].wait()  # the charge's worker holds the run, its body waits here
+            try:
+                during = str(note("during").outcome)
+            except tether.TetherError as exc:
+                during = type(exc).__name__
+            release[0].set()
+            charged = str((await task).outcome)
+            after = str(note("after").outcome)  # nothing in flight: a sync call goes through
+            return {"during": during, "charge": charged, "after": after}
+
+    print(json.dumps(asyncio.run(main())))
+
+
 def main() -> None:
     """Run one scenario's stage in this process."""
     root, scenario, stage = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     name, _, declared = scenario.partition(":")
-    {"compensation": compensation, "takeover": takeover}[name](root, declared, stage)
+    {"compensation": compensation, "takeover": takeover, "loop": loop}[name](root, declared, stage)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,11 @@ Real SQLite files, real event loops, real child processes (see ``_fnchild``).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from tether.runtime import CrashPlan, CrashPoint, SimulatedCrash
 from tether.store import SQLiteStore
 
 ALICE = Signer.generate("alice", "approver")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Clock:
@@ -138,3 +143,100 @@ def test_a_function_effects_target_is_any_text_not_a_path_in_the_tasks_scope(
     assert [d.outcome for d in done] == ["executed"] * len(targets)
     assert caught.value.reason == "schema"
     assert [json.loads(b)[0] for _, b in seen(tmp_path, "post")] == targets
+
+
+# --- A12: a plain def that returns a coroutine -----------------------------------------
+
+
+def hidden(root: Path) -> Any:
+    """A plain def that hands back a coroutine; the coroutine would record a charge."""
+
+    async def send(cents: int, key: str) -> dict[str, Any]:
+        record(root, "charge", key, cents)
+        return {"charged": cents}
+
+    @tether.effect(KIND, target=None)
+    def charge(cents: int, idempotency_key: str) -> Any:
+        return send(cents, idempotency_key)  # no await: nothing has happened yet
+
+    return charge
+
+
+@pytest.mark.parametrize("caller", ["no_loop", "loop_thread", "call_async"])
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # "never awaited" would be a leak
+def test_a_plain_def_returning_a_coroutine_is_refused_and_nothing_happens(
+    tmp_path: Path, caller: str
+) -> None:
+    """From plain code, a loop's thread or call_async: rejected, typed, never awaited, never committed."""
+    charge = hidden(tmp_path)
+    rt = runtime(tmp_path, charge.adapter)
+
+    def sync() -> str:
+        with effects.run(rt, "r") as run:
+            with pytest.raises(EffectRejectedError) as caught:
+                charge(500)
+            assert run.phase is Phase.RUNNING  # refused: the run goes on, no review
+            return str(caught.value)
+
+    async def on_loop() -> str:
+        if caller == "loop_thread":
+            return sync()
+        async with effects.run_async(rt, "r"):
+            with pytest.raises(EffectRejectedError) as caught:
+                await effects.call_async(KIND, "", {"cents": 500})
+            return str(caught.value)
+
+    message = sync() if caller == "no_loop" else asyncio.run(on_loop())
+    assert "returned a coroutine" in message and "async def" in message
+    assert seen(tmp_path, "charge") == []
+    statuses = ledger(tmp_path)
+    assert EffectStatus.COMMITTED not in statuses and statuses[-1] is EffectStatus.REJECTED
+
+
+def test_a_plain_def_returning_a_running_task_is_an_unknown_outcome(tmp_path: Path) -> None:
+    """A task scheduled on the loop runs anyway: never awaited by tether, never committed, review."""
+
+    async def send(cents: int, key: str) -> None:
+        record(tmp_path, "charge", key, cents)
+
+    @tether.effect(KIND, target=None)
+    def charge(cents: int, idempotency_key: str) -> Any:
+        return asyncio.ensure_future(send(cents, idempotency_key))  # on the caller's loop
+
+    async def main() -> None:
+        with effects.run(runtime(tmp_path, charge.adapter), "r") as run:
+            with pytest.raises(NeedsReviewError):
+                charge(500)  # a sync call on the loop's thread: the body schedules a task
+            assert run.phase is Phase.NEEDS_REVIEW
+        await asyncio.sleep(0)  # the task tether never awaited runs all the same
+
+    asyncio.run(main())
+    assert len(seen(tmp_path, "charge")) == 1  # it did happen: "unknown" was the honest answer
+    assert ledger(tmp_path)[-1] is EffectStatus.OUTCOME_UNKNOWN
+
+
+# --- A13: a sync call on a loop's thread while an async call of the run is in flight ----
+
+
+def test_a_sync_call_on_the_loop_while_an_async_body_waits_there_is_refused_not_deadlocked(
+    tmp_path: Path,
+) -> None:
+    """The async body holds the run and waits on the loop: the sync call is refused, both finish."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.integration._fnchild", str(tmp_path), "loop", "go"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,  # a deadlock guard only: the child finishes at once when fixed
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])},
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "during": "RunBusyError",
+        "charge": "executed",
+        "after": "executed",
+    }
+    assert len(seen(tmp_path, "charge")) == 1 and [b for _, b in seen(tmp_path, "note")] == [
+        '"after"'
+    ]

@@ -79,7 +79,10 @@ function, :func:`tether.effects.call_async`), while the protocol's store
 commits run in a worker thread; from code with no loop of its own it runs
 on a fresh one. A synchronous call of an async effect from a running loop's
 own thread is refused before anything is persisted (it would block the loop
-it needs).
+it needs). A plain ``def`` that returns a coroutine is refused
+(:class:`~tether.adapters.HiddenCoroutineError`, the effect ``rejected``):
+the coroutine is closed before it starts, so nothing happened; one that
+returns a task or future, which may be running, is an unknown outcome.
 
 Its environment is its identity (namespace and ``instance``, version 0): what
 a function changes in the world cannot be fingerprinted, so the ledger
@@ -100,6 +103,7 @@ from tether.adapters._base import Adapter, Fence, RoutesKinds
 from tether.adapters._errors import (
     FunctionKeyConflictError,
     FunctionRefusedError,
+    HiddenCoroutineError,
     KeyInFlightError,
     NotQueryableError,
     UnresolvedWriteError,
@@ -565,6 +569,9 @@ class FunctionEffect(RemoteEffect):
             )
         try:
             value = call_with_key(finder, (key,), {}, key)
+        except HiddenCoroutineError as exc:
+            # Nothing was asked: a look-up that never ran proves nothing, least of all a refusal.
+            raise AdapterUnavailableError(f"the look-up of key {key}: {exc}") from exc
         except (UnresolvedWriteError, AdapterUnavailableError, PreconditionFailedError):
             raise
         except self._refusals as exc:
