@@ -49,10 +49,13 @@ def seen(root: Path, tag: str) -> list[tuple[str, str]]:
         return [(k, b) for k, b in conn.execute("SELECT key, body FROM fx WHERE tag = ?", (tag,))]
 
 
-def runtime(root: Path, adapter: Any, *, gated: bool = False, **extra: Any) -> Runtime:
+def runtime(
+    root: Path, adapter: Any, *, gated: bool = False, store: Any = None, **extra: Any
+) -> Runtime:
     """A runtime over ``root``'s SQLite store whose one adapter is ``adapter``.
 
-    ``gated``: the policy needs a person's approval of every kind.
+    ``gated``: the policy needs a person's approval of every kind; ``store``:
+    another store object than a fresh one over ``runs.sqlite``.
     """
     keyfile = root / "keys.json"
     if not keyfile.exists():
@@ -85,7 +88,7 @@ def runtime(root: Path, adapter: Any, *, gated: bool = False, **extra: Any) -> R
         }
     )
     return Runtime(
-        store=SQLiteStore(root / "runs.sqlite"),
+        store=SQLiteStore(root / "runs.sqlite") if store is None else store,
         keyring=Keyring.from_file(keyfile),
         adapter=adapter,
         task=task,

@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sqlite3
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,12 @@ from tether.core import (
     ApprovalRequiredError,
     EffectRejectedError,
     EffectStatus,
+    EffectUnrecordedError,
+    LeaseError,
+    LeaseHeldError,
     NeedsReviewError,
     Phase,
+    StoreUnavailableError,
 )
 from tether.crypto import Signer, TrustRoots
 from tether.runtime import CrashPlan, CrashPoint, SimulatedCrash
@@ -240,3 +246,82 @@ def test_a_sync_call_on_the_loop_while_an_async_body_waits_there_is_refused_not_
     assert len(seen(tmp_path, "charge")) == 1 and [b for _, b in seen(tmp_path, "note")] == [
         '"after"'
     ]
+
+
+# --- A14: the body ran, then the receipt's commit failed ------------------------------
+
+
+def test_a_receipt_whose_commit_hits_a_locked_store_is_recorded_on_the_next_call(
+    tmp_path: Path,
+) -> None:
+    """Another connection holds the SQLite file locked: a typed error with the result; then once."""
+    locks: list[sqlite3.Connection] = []
+
+    @tether.effect(KIND, target=None)  # declares nothing: without the receipt, only review
+    def charge(cents: int, idempotency_key: str) -> dict[str, Any]:
+        record(tmp_path, "charge", idempotency_key, cents)
+        if not locks:  # a real second writer takes the store's file while the body returns
+            other = sqlite3.connect(tmp_path / "runs.sqlite", isolation_level=None)
+            other.execute("BEGIN EXCLUSIVE")
+            locks.append(other)
+        return {"charged": cents}
+
+    store = SQLiteStore(tmp_path / "runs.sqlite", busy_timeout_ms=200)
+    with effects.run(runtime(tmp_path, charge.adapter, store=store), "r") as run:
+        with pytest.raises(EffectUnrecordedError) as caught:
+            charge(500)
+        assert ledger(tmp_path)[-1] is EffectStatus.DISPATCHED  # the durable state: dispatched
+        locks[0].execute("COMMIT")  # the store is back
+        again = charge(500)
+        assert run.phase is Phase.RUNNING
+    error = caught.value
+    assert isinstance(error.__cause__, StoreUnavailableError)
+    assert error.result == {"charged": 500} and error.idempotency_key in str(error)
+    assert "may have happened" in str(error)
+    assert again.outcome == "executed" and again.result == {"charged": 500}
+    assert len(seen(tmp_path, "charge")) == 1 and ledger(tmp_path)[-1] is EffectStatus.COMMITTED
+
+
+@pytest.mark.parametrize("declared", ["nothing", "lookup"])
+def test_a_receipt_whose_commit_lost_the_lease_is_settled_by_the_recovery(
+    tmp_path: Path, declared: str
+) -> None:
+    """A second runtime takes the lapsed lease while the body runs: typed error, then key or review."""
+
+    def find(key: str) -> dict[str, Any] | None:
+        rows = [b for k, b in seen(tmp_path, "charge") if k == key]
+        return {"charged": int(rows[0])} if rows else None
+
+    proofs: dict[str, Any] = {} if declared == "nothing" else {"lookup": find}
+
+    @tether.effect(KIND, target=None, **proofs)
+    def charge(cents: int, idempotency_key: str) -> dict[str, Any]:
+        record(tmp_path, "charge", idempotency_key, cents)
+        marks = SQLiteStore(tmp_path / "runs.sqlite")
+        for _ in range(600):  # until the lease lapses (the heartbeat gives up after 0.3 s)
+            try:
+                taken = marks.acquire_lease("r", "thief", 30)
+                break
+            except LeaseHeldError:
+                time.sleep(0.05)
+        else:
+            raise AssertionError("the lease never lapsed")
+        marks.release_lease("r", "thief", taken.lease_version)  # free for the recovery below
+        marks.close()
+        return {"charged": cents}
+
+    rt = runtime(tmp_path, charge.adapter, lease_ttl_s=0.3, heartbeat_max_s=0.3)
+    with pytest.raises(EffectUnrecordedError) as caught, effects.run(rt, "r"):
+        charge(500)
+    assert isinstance(caught.value.__cause__, LeaseError)
+    assert caught.value.result == {"charged": 500}
+    assert ledger(tmp_path)[-1] is EffectStatus.DISPATCHED
+    with effects.run(runtime(tmp_path, charge.adapter, lease_ttl_s=30), "r") as run:
+        if declared == "nothing":
+            with pytest.raises(NeedsReviewError):
+                charge(500)
+            assert ledger(tmp_path)[-1] is EffectStatus.OUTCOME_UNKNOWN
+        else:
+            assert charge(500).outcome == "replayed"  # found by its key
+            assert run.phase is Phase.RUNNING and ledger(tmp_path)[-1] is EffectStatus.COMMITTED
+    assert len(seen(tmp_path, "charge")) == 1  # never sent again

@@ -57,6 +57,7 @@ from tether.core import (
     CanonicalJSONError,
     EffectNotSettledError,
     EffectRejectedError,
+    EffectUnrecordedError,
     JSONValue,
     NeedsReviewError,
     NotInRunError,
@@ -72,6 +73,7 @@ from tether.core import (
     TetherError,
     approval_request,
     canonical_bytes,
+    redact_receipt,
 )
 from tether.runtime._agent import AgentContext
 from tether.runtime._offloop import off_loop
@@ -305,10 +307,29 @@ class GuardedRun:
         return self.session
 
     def _act(self, proposal: Proposal, *, finish: bool = False) -> Outcome:
+        session = self.session
+        before = session.unrecorded
         try:
-            return self.session.act(proposal, finish=finish)
+            return session.act(proposal, finish=finish)
         except RunFrozenError as exc:
             raise self._frozen(str(exc)) from exc
+        except TetherError as exc:
+            lost = session.unrecorded
+            if lost is None or lost is before or lost.answer.receipt is None:
+                raise
+            # The effect was carried out and its receipt is in hand: never a silent loss.
+            body: dict[str, Any] | None = lost.answer.receipt.to_json()
+            rule = session.rt.policy.kinds.get(lost.call.intent.kind)
+            if rule is not None and rule.sensitive:
+                body = redact_receipt(body)  # as the ledger would have kept it
+            raise EffectUnrecordedError(
+                run_id=self.run_id,
+                kind=lost.call.intent.kind,
+                target=lost.call.intent.target,
+                idempotency_key=lost.call.key,
+                result=None if body is None else copy.deepcopy(body.get("result")),
+                cause=exc,
+            ) from exc
 
     def _answer(self, proposal: Proposal, outcome: Outcome) -> CallResult:
         session = self.session
