@@ -220,11 +220,41 @@ def loop(root: Path, declared: str, stage: str) -> None:
     print(json.dumps(asyncio.run(main())))
 
 
+def two(root: Path, declared: str, stage: str) -> None:
+    """Two processes open run r at once; ``leased`` gives every runtime a lease.
+
+    The charge is ``idempotent`` (the world is told the key). With ``HOLD`` set
+    the body waits, after it entered, until the file ``hold`` is gone. Prints
+    the call's outcome, or the name of the error it raised.
+    """
+    import time
+
+    hold = root / "hold"
+
+    @tether.effect(KIND, target=None, idempotent=True)
+    def charge(cents: int, idempotency_key: str) -> dict[str, Any]:
+        record(root, "entered", idempotency_key, os.getpid())
+        deadline = time.monotonic() + 120
+        while os.environ.get("HOLD") and hold.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        record(root, "charge", idempotency_key, cents)
+        return {"charged": cents}
+
+    ttl = 30.0 if declared == "leased" else None
+    try:
+        with effects.run(runtime(root, charge.adapter, lease_ttl_s=ttl), "r"):
+            print(charge(500).outcome)
+    except tether.TetherError as exc:
+        print(type(exc).__name__)
+
+
 def main() -> None:
     """Run one scenario's stage in this process."""
     root, scenario, stage = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     name, _, declared = scenario.partition(":")
-    {"compensation": compensation, "takeover": takeover, "loop": loop}[name](root, declared, stage)
+    {"compensation": compensation, "takeover": takeover, "loop": loop, "two": two}[name](
+        root, declared, stage
+    )
 
 
 if __name__ == "__main__":

@@ -325,3 +325,61 @@ def test_a_receipt_whose_commit_lost_the_lease_is_settled_by_the_recovery(
             assert charge(500).outcome == "replayed"  # found by its key
             assert run.phase is Phase.RUNNING and ledger(tmp_path)[-1] is EffectStatus.COMMITTED
     assert len(seen(tmp_path, "charge")) == 1  # never sent again
+
+
+# --- Two processes open the same run at once ------------------------------------------
+
+
+@pytest.mark.parametrize("declared", ["leased", "unleased"])
+def test_two_processes_on_one_run_with_leases_the_second_is_refused(
+    tmp_path: Path, declared: str
+) -> None:
+    """Leases on: refused while the first is in the body, then a replay. Off: both run it, one key."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    argv = [sys.executable, "-m", "tests.integration._fnchild", str(tmp_path), f"two:{declared}"]
+    (tmp_path / "hold").write_text("")
+    first = subprocess.Popen(
+        [*argv, "a"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**env, "HOLD": "1"},
+    )  # fmt: skip
+    try:
+        for _ in range(3000):  # until the first process is inside the body
+            if seen(tmp_path, "entered") or first.poll() is not None:
+                break
+            time.sleep(0.02)
+        assert seen(tmp_path, "entered"), first.stderr.read() if first.stderr else ""
+        second = subprocess.run(
+            [*argv, "b"],
+            check=False,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=120,
+        )
+    finally:
+        (tmp_path / "hold").unlink()
+        out, err = first.communicate(timeout=120)
+    keys = {k for k, _ in seen(tmp_path, "charge")}
+    if declared == "leased":
+        assert second.stdout.strip() == "LeaseHeldError", second.stderr  # nothing was sent
+        assert out.strip() == "executed", err
+        third = subprocess.run(
+            [*argv, "c"],
+            check=False,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=120,
+        )
+        assert third.stdout.strip() == "replayed", third.stderr
+        assert len(seen(tmp_path, "entered")) == 1 and len(seen(tmp_path, "charge")) == 1
+    else:
+        # No lease, no owner: the second recovers the dispatched write and, as the
+        # function declares the callee deduplicates, sends it again under the SAME key;
+        # the first is told its receipt could not be recorded (documented).
+        assert second.stdout.strip() == "executed", second.stderr
+        assert out.strip() == "EffectUnrecordedError", err
+        assert len(seen(tmp_path, "charge")) == 2
+    assert len(keys) == 1  # whatever happened, one key: a deduplicating callee acts once
