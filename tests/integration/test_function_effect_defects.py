@@ -24,6 +24,7 @@ from tests.integration._fnchild import KIND, record, runtime, seen
 from tether import effects
 from tether.core import (
     ApprovalRequiredError,
+    EffectNotSettledError,
     EffectRejectedError,
     EffectStatus,
     EffectUnrecordedError,
@@ -383,3 +384,51 @@ def test_two_processes_on_one_run_with_leases_the_second_is_refused(
         assert out.strip() == "EffectUnrecordedError", err
         assert len(seen(tmp_path, "charge")) == 2
     assert len(keys) == 1  # whatever happened, one key: a deduplicating callee acts once
+
+
+# --- A, B, A: a stateful target declared with holds= -----------------------------------
+
+
+def topics(root: Path) -> sqlite3.Connection:
+    """A real table the effect changes: one topic per channel."""
+    conn = sqlite3.connect(root / "chat.sqlite", timeout=30, isolation_level=None)
+    conn.execute("CREATE TABLE IF NOT EXISTS topic (channel TEXT PRIMARY KEY, text TEXT)")
+    return conn
+
+
+def test_a_b_a_on_a_declared_stateful_target_is_three_effects_and_a_retry_is_one(
+    tmp_path: Path,
+) -> None:
+    """holds= reads the topic: A, B, A sets it three times; A again (it holds A) replays."""
+    broken: list[bool] = []
+
+    def holds(channel: str, text: str) -> bool:
+        if broken:
+            raise ConnectionError("chat API down")
+        with topics(tmp_path) as conn:
+            row = conn.execute("SELECT text FROM topic WHERE channel = ?", (channel,)).fetchone()
+        return row is not None and row[0] == text
+
+    @tether.effect("chat.topic", holds=holds)
+    def set_topic(channel: str, text: str, idempotency_key: str) -> dict[str, Any]:
+        record(tmp_path, "topic", idempotency_key, [channel, text])
+        with topics(tmp_path) as conn:
+            conn.execute("INSERT OR REPLACE INTO topic VALUES (?, ?)", (channel, text))
+        return {"topic": text}
+
+    with effects.run(runtime(tmp_path, set_topic.adapter), "r"):
+        first = set_topic("#ops", "A").outcome  # then the process ends; the run is reopened
+    rt = runtime(tmp_path, set_topic.adapter)
+    with effects.run(rt, "r") as run:
+        outcomes = [set_topic("#ops", text).outcome for text in ("A", "B", "A", "A")]
+        broken.append(True)
+        set_topic("#ops", "C")  # no equal effect on record: holds() is not read
+        with pytest.raises(EffectNotSettledError) as caught:
+            set_topic("#ops", "A")  # an equal effect on record, the reader down: nothing sent
+        assert run.phase is Phase.RUNNING
+    # Reopened, A holds A: replayed. B, A: new effects. A again: it holds A, replayed.
+    assert [first, *outcomes] == ["executed", "replayed", "executed", "executed", "replayed"]
+    assert caught.value.reason == "adapter_unavailable"
+    sent = [json.loads(b)[1] for _, b in seen(tmp_path, "topic")]
+    assert sent == ["A", "B", "A", "C"]
+    assert len({k for k, _ in seen(tmp_path, "topic")}) == 4  # a new key for each new effect

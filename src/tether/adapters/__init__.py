@@ -19,6 +19,7 @@ from tether.adapters._base import (
     namespace_of,
     offers_compensation,
     offers_snapshots,
+    target_moved,
     wants_fence,
 )
 from tether.adapters._composite import Adapters, AdaptersConfigError
@@ -116,5 +117,6 @@ __all__ = [
     "parse_fence",
     "parse_sf_string",
     "sf_string",
+    "target_moved",
     "wants_fence",
 ]
