@@ -215,7 +215,17 @@ def loop(root: Path, declared: str, stage: str) -> None:
             release[0].set()
             charged = str((await task).outcome)
             after = str(note("after").outcome)  # nothing in flight: a sync call goes through
-            return {"during": during, "charge": charged, "after": after}
+        # A sync block on the loop's thread ends while its call's body waits on the loop.
+        entered[0], release[0] = asyncio.Event(), asyncio.Event()
+        with effects.run(rt, "r2"):
+            task = asyncio.create_task(charge(700))  # made inside the block: it acts on r2
+            await entered[0].wait()
+        release[0].set()  # the block ended above without waiting: the loop still runs
+        closed = str((await task).outcome)
+        async with effects.run_async(rt, "r2"):  # the ended block let the run go
+            again = str((await charge(700)).outcome)
+        return {"during": during, "charge": charged, "after": after, "closed": closed,
+                "again": again}  # fmt: skip
 
     print(json.dumps(asyncio.run(main())))
 

@@ -171,8 +171,18 @@ class GuardedRun:
         try:
             yield
         finally:
+            self._lock.release()
+            self._let_go_if_ended()
+
+    def _let_go_if_ended(self) -> None:
+        """Give the run up if its block ended on a loop's thread while a call was in flight.
+
+        Checked after every turn and by :meth:`close` itself, each taking the
+        turn first: whichever comes last after the block ended lets go, once.
+        """
+        if self._release_after and self._lock.acquire(blocking=False):
             try:
-                if self._release_after:  # the block ended while this call was in flight
+                if self._release_after:
                     with suppress(TetherError):  # the lease lapses by itself if not
                         self._let_go()
             finally:
@@ -238,15 +248,12 @@ class GuardedRun:
         this loop), the block is closed at once and that call gives the lease
         up when it ends: waiting for it here would stop the loop for good.
         """
-        if loop_running_here() and not self._lock.acquire(blocking=False):
+        if loop_running_here():
             self._closed = self._release_after = True
+            self._let_go_if_ended()  # at once where no call is in flight; else that call does
             return
-        if not loop_running_here():
-            self._lock.acquire()
-        try:
+        with self._lock:
             self._let_go()
-        finally:
-            self._lock.release()
 
     def _let_go(self) -> None:
         """Close the block and give the run up (its turn held)."""
