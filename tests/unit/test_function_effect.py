@@ -23,6 +23,7 @@ from tether.adapters import FunctionEffect, KeyInFlightError
 from tether.core import (
     ActionClass,
     ActionKind,
+    AdapterUnavailableError,
     Compensation,
     ContractViolationError,
     EffectStatus,
@@ -430,3 +431,23 @@ def test_a_name_target_is_text_scoped_by_its_kind_not_by_the_tasks_paths(
     task = make_task("sha256:" + "0" * 64)  # its allowed_paths name none of these
     got = _scope(kind, target, task)
     assert (None if got is None else got.reason) == refused
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a coroutine left unawaited would warn
+def test_a_plain_def_look_up_or_holds_returning_a_coroutine_proves_nothing() -> None:
+    """A hidden coroutine from a look-up is "unavailable" (never a refusal); holds= must be sync."""
+
+    async def found(key: str) -> dict[str, str]:
+        return {"id": key}
+
+    def post(text: str) -> None: ...
+
+    adapter = FunctionEffect(KIND, post, target=None, lookup=lambda key: found(key))
+    with pytest.raises(AdapterUnavailableError, match="returned a coroutine"):
+        adapter.lookup("k-1")
+
+    async def reads(text: str) -> bool:
+        return True
+
+    with pytest.raises(SpecError, match="plain function"):
+        FunctionEffect(KIND, post, target=None, holds=reads)
