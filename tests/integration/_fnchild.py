@@ -50,8 +50,14 @@ def seen(root: Path, tag: str) -> list[tuple[str, str]]:
         return [(k, b) for k, b in conn.execute("SELECT key, body FROM fx WHERE tag = ?", (tag,))]
 
 
-def runtime(root: Path, adapter: Any, **extra: Any) -> Runtime:
-    """A runtime over ``root``'s SQLite store whose one adapter is ``adapter``."""
+def runtime(
+    root: Path, adapter: Any, *, gated: bool = False, store: Any = None, **extra: Any
+) -> Runtime:
+    """A runtime over ``root``'s SQLite store whose one adapter is ``adapter``.
+
+    ``gated``: the policy needs a person's approval of every kind; ``store``:
+    another store object than a fresh one over ``runs.sqlite``.
+    """
     keyfile = root / "keys.json"
     if not keyfile.exists():
         Keyring.generate("fnchild-1").write_file(keyfile)
@@ -76,14 +82,14 @@ def runtime(root: Path, adapter: Any, **extra: Any) -> Runtime:
             "policy_id": "fnchild",
             "policy_version": "1",
             "kinds": {
-                k: {"risk": "low", "permission": "p", "needs_approval": False} for k in kinds
+                k: {"risk": "low", "permission": "p", "needs_approval": gated} for k in kinds
             },
             "max_risk": "low",
             "approval_ttl_s": 600,
         }
     )
     return Runtime(
-        store=SQLiteStore(root / "runs.sqlite"),
+        store=SQLiteStore(root / "runs.sqlite") if store is None else store,
         keyring=Keyring.from_file(keyfile),
         adapter=adapter,
         task=task,
@@ -170,11 +176,96 @@ def takeover(root: Path, declared: str, stage: str) -> None:
         print(charge(500).outcome)
 
 
+def loop(root: Path, declared: str, stage: str) -> None:
+    """On one event loop: an async charge's body in flight, then a sync call of the same run.
+
+    Prints one JSON line: what the sync call made while the body was held open
+    raised (or returned), and what the other calls returned.
+    """
+    import asyncio
+
+    from tether.adapters import Adapters
+
+    entered: list[asyncio.Event] = []
+    release: list[asyncio.Event] = []
+
+    @tether.effect(KIND, target=None, idempotent=True)
+    async def charge(cents: int, idempotency_key: str) -> dict[str, Any]:
+        entered[0].set()
+        await release[0].wait()  # held open, on this loop, while the sync call comes
+        record(root, "charge", idempotency_key, cents)
+        return {"charged": cents}
+
+    @tether.effect("pay.note", target=None, idempotent=True)
+    def note(text: str, idempotency_key: str) -> dict[str, Any]:
+        record(root, "note", idempotency_key, text)
+        return {"noted": text}
+
+    rt = runtime(root, Adapters(charge.adapter, note.adapter))
+
+    async def main() -> dict[str, Any]:
+        entered.append(asyncio.Event())
+        release.append(asyncio.Event())
+        async with effects.run_async(rt, "r"):
+            task = asyncio.create_task(charge(500))
+            await entered[0].wait()  # the charge's worker holds the run, its body waits here
+            try:
+                during = str(note("during").outcome)
+            except tether.TetherError as exc:
+                during = type(exc).__name__
+            release[0].set()
+            charged = str((await task).outcome)
+            after = str(note("after").outcome)  # nothing in flight: a sync call goes through
+        # A sync block on the loop's thread ends while its call's body waits on the loop.
+        entered[0], release[0] = asyncio.Event(), asyncio.Event()
+        with effects.run(rt, "r2"):
+            task = asyncio.create_task(charge(700))  # made inside the block: it acts on r2
+            await entered[0].wait()
+        release[0].set()  # the block ended above without waiting: the loop still runs
+        closed = str((await task).outcome)
+        async with effects.run_async(rt, "r2"):  # the ended block let the run go
+            again = str((await charge(700)).outcome)
+        return {"during": during, "charge": charged, "after": after, "closed": closed,
+                "again": again}  # fmt: skip
+
+    print(json.dumps(asyncio.run(main())))
+
+
+def two(root: Path, declared: str, stage: str) -> None:
+    """Two processes open run r at once; ``leased`` gives every runtime a lease.
+
+    The charge is ``idempotent`` (the world is told the key). With ``HOLD`` set
+    the body waits, after it entered, until the file ``hold`` is gone. Prints
+    the call's outcome, or the name of the error it raised.
+    """
+    import time
+
+    hold = root / "hold"
+
+    @tether.effect(KIND, target=None, idempotent=True)
+    def charge(cents: int, idempotency_key: str) -> dict[str, Any]:
+        record(root, "entered", idempotency_key, os.getpid())
+        deadline = time.monotonic() + 120
+        while os.environ.get("HOLD") and hold.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        record(root, "charge", idempotency_key, cents)
+        return {"charged": cents}
+
+    ttl = 30.0 if declared == "leased" else None
+    try:
+        with effects.run(runtime(root, charge.adapter, lease_ttl_s=ttl), "r"):
+            print(charge(500).outcome)
+    except tether.TetherError as exc:
+        print(type(exc).__name__)
+
+
 def main() -> None:
     """Run one scenario's stage in this process."""
     root, scenario, stage = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     name, _, declared = scenario.partition(":")
-    {"compensation": compensation, "takeover": takeover}[name](root, declared, stage)
+    {"compensation": compensation, "takeover": takeover, "loop": loop, "two": two}[name](
+        root, declared, stage
+    )
 
 
 if __name__ == "__main__":

@@ -315,7 +315,9 @@ def service(tmp_path: Path) -> Iterator[EffectsService]:
 
 def blind_http(service: EffectsService, **changes: Any) -> HttpEffect:
     """The reference service declared as one that cannot be asked by key."""
-    return HttpEffect(service.url, profile=replace(REFERENCE_PROFILE, lookup=None, **changes))
+    return HttpEffect(
+        service.url, profile=replace(REFERENCE_PROFILE, lookup=None, replay="new_effect", **changes)
+    )
 
 
 def frozen_ticket(tmp_path: Path, service: EffectsService, http: HttpEffect) -> RunState:

@@ -106,6 +106,7 @@ def test_public_api_is_pinned() -> None:
         "EffectNotSettledError",
         "EffectRejectedError",
         "EffectStatus",
+        "EffectUnrecordedError",
         "EnvironmentDriftError",
         "EnvironmentState",
         "EvidenceError",

@@ -17,11 +17,13 @@ from typing import Any
 import pytest
 
 import tether
+from tests.conftest import make_task
 from tests.unit.test_settle import KEY, facts, state_with, summary
 from tether.adapters import FunctionEffect, KeyInFlightError
 from tether.core import (
     ActionClass,
     ActionKind,
+    AdapterUnavailableError,
     Compensation,
     ContractViolationError,
     EffectStatus,
@@ -336,7 +338,7 @@ def test_normalize_applies_defaults_and_refuses_what_the_function_cannot_take() 
             adapter.normalize(KIND, "ops", bad)
     (kind,) = adapter.kinds
     assert (kind.target, kind.required, kind.optional) == (
-        TargetKind.PATH,
+        TargetKind.NAME,
         frozenset({"text"}),
         frozenset({"urgent"}),
     )
@@ -399,3 +401,51 @@ def test_a_decorated_function_hides_its_key_and_carries_its_adapter() -> None:
     assert isinstance(post.adapter, FunctionEffect) and post.adapter.capabilities.idempotent
     with pytest.raises(SpecError, match="already"):
         FunctionEffect(KIND, post)
+
+
+NAME_TARGETS = [
+    ("#general", None),
+    ("https://hooks.example.com/T0/B1?x=1", None),
+    ("/v1/charges", None),
+    ("../../etc/passwd", None),  # text, never opened: the function's body decides what it means
+    ("", None),
+    ("x" * 4096, None),
+    ("x" * 4097, "schema"),
+    ("tab\tin it", "schema"),
+    ("nul\x00", "schema"),
+]
+
+
+@pytest.mark.parametrize(("target", "refused"), NAME_TARGETS)
+def test_a_name_target_is_text_scoped_by_its_kind_not_by_the_tasks_paths(
+    target: str, refused: str | None
+) -> None:
+    """A function's target is checked as text (bounded, no control characters), never as a path."""
+    from tether.core._actions import _scope
+
+    def post(channel: str, text: str) -> None: ...
+
+    (kind,) = FunctionEffect(KIND, post).kinds
+    task = make_task("sha256:" + "0" * 64)  # its allowed_paths name none of these
+    got = _scope(kind, target, task)
+    assert (None if got is None else got.reason) == refused
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a coroutine left unawaited would warn
+def test_a_plain_def_look_up_or_holds_returning_a_coroutine_proves_nothing() -> None:
+    """A hidden coroutine from a look-up is "unavailable" (never a refusal); holds= must be sync."""
+
+    async def found(key: str) -> dict[str, str]:
+        return {"id": key}
+
+    def post(text: str) -> None: ...
+
+    adapter = FunctionEffect(KIND, post, target=None, lookup=lambda key: found(key))
+    with pytest.raises(AdapterUnavailableError, match="returned a coroutine"):
+        adapter.lookup("k-1")
+
+    async def reads(text: str) -> bool:
+        return True
+
+    with pytest.raises(SpecError, match="plain function"):
+        FunctionEffect(KIND, post, target=None, holds=reads)

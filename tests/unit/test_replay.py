@@ -60,6 +60,9 @@ GUESSES = Capabilities(
 BLIND = Capabilities(idempotent=False, queryable=False, conditional_writes=True)
 DEDUPS_ONLY = Capabilities(idempotent=True, queryable=False, conditional_writes=True)
 REMOTE = Capabilities(idempotent=False, queryable=True, conditional_writes=False, stateful=False)
+# A function effect declaring `holds`: no environment, but it can read a target's state.
+TRACKED = replace(REMOTE, target_state=True)
+TRACKED_BLIND = replace(TRACKED, queryable=False)
 FORGETS = Capabilities(idempotent=False, queryable=True, conditional_writes=True, retention_s=60)
 
 ST = LookupStatus
@@ -131,6 +134,27 @@ JUDGE_CASES: list[tuple[str, EffectHistory | None, Capabilities, dict[str, Any],
      (V.PROCEED, "target_moved", "")),
     ("committed, blind, the target moved", DONE, BLIND, {"target_moved": True}, None,
      (V.PROCEED, "target_moved", "")),
+    # a tracked target without an environment (a function declaring `holds`)
+    ("committed, tracked, the target holds it", DONE, TRACKED, {}, _found(),
+     (V.REPLAY, "effect_replayed", "adapter")),
+    ("committed, tracked, the target moved (A, B, A)", DONE, TRACKED, {"target_moved": True},
+     None, (V.PROCEED, "target_moved", "")),
+    ("committed, tracked, the target unreadable", DONE, TRACKED, {"target_moved": None}, None,
+     (V.WAIT, "adapter_unavailable", "")),
+    ("committed, tracked blind, the target holds it", DONE, TRACKED_BLIND, {}, None,
+     (V.REPLAY, "effect_replayed", "ledger")),
+    ("committed, tracked blind, the target moved", DONE, TRACKED_BLIND, {"target_moved": True},
+     None, (V.PROCEED, "target_moved", "")),
+    ("committed remotely, untracked, unreadable", DONE, REMOTE, {"target_moved": None}, _found(),
+     (V.REPLAY, "effect_replayed", "adapter")),
+    ("committed, stateful, the target unreadable", DONE, BLIND, {"target_moved": None}, None,
+     (V.WAIT, "adapter_unavailable", "")),
+    ("unsettled, tracked, it landed, the target moved", OPEN, TRACKED, {"target_moved": True},
+     _found(), (V.PROCEED, "target_moved", "")),
+    ("unsettled, tracked, it landed, unreadable", OPEN, TRACKED, {"target_moved": None},
+     _found(), (V.WAIT, "adapter_unavailable", "")),
+    ("unsettled, tracked, absent and final", OPEN, TRACKED, {"target_moved": True},
+     LookupAnswer(ST.ABSENT), (V.PROCEED, "never_landed", "")),
     # a gated kind: a replay waits for its approval
     ("committed, gated", DONE, DEDUPS, {"needs_approval": True}, _found(),
      (V.HOLD, "approval_required", "adapter")),
@@ -189,6 +213,11 @@ LOOKUP_CASES = [
     (DONE, DEDUPS, {"target_moved": True}, None),
     (DONE, REMOTE, {"target_moved": True}, "idem-1"),
     (OPEN, DEDUPS, {"target_moved": True}, "idem-1"),
+    (DONE, TRACKED, {}, "idem-1"),
+    (DONE, TRACKED, {"target_moved": True}, None),
+    (DONE, TRACKED, {"target_moved": None}, None),
+    (DONE, REMOTE, {"target_moved": None}, "idem-1"),
+    (OPEN, TRACKED, {"target_moved": None}, "idem-1"),
 ]
 
 

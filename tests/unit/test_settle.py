@@ -632,3 +632,48 @@ def test_a_resent_key_is_stuck_only_past_the_limit_plus_the_resend_margin(
         LookupAnswer(LookupStatus.IN_PROGRESS, detail="busy"),
     )
     assert t.outcome is (OutcomeKind.FROZEN if stuck else OutcomeKind.IN_FLIGHT)
+
+
+# The approval boundary: which commit time the expiry is judged against.
+# (receipt's committed_at, when the receipt reached the runtime) -> reconciled under it?
+EXPIRES = NOW + timedelta(minutes=5)
+BOUNDARY_TABLE = [
+    # The receipt's own commit time decides where it has one.
+    (EXPIRES - timedelta(seconds=1), EXPIRES + timedelta(hours=1), True),
+    (EXPIRES, EXPIRES - timedelta(seconds=1), False),
+    (EXPIRES + timedelta(seconds=1), EXPIRES - timedelta(seconds=1), False),
+    # None (a function's body): received before the expiry bounds the commit inside it.
+    (None, NOW, True),
+    (None, EXPIRES - timedelta(microseconds=1), True),
+    (None, EXPIRES, False),
+    (None, EXPIRES + timedelta(days=1), False),
+    # A commit time that is not a time proves nothing, whenever it was received.
+    ("yesterday", NOW, False),
+]
+
+
+@pytest.mark.parametrize(("committed_at", "received_at", "inside"), BOUNDARY_TABLE)
+def test_the_approval_boundary_uses_the_receipts_time_or_when_it_arrived(
+    committed_at: datetime | str | None, received_at: datetime, inside: bool
+) -> None:
+    """A receipt without a commit time is bounded by its arrival: before the expiry, reconciled."""
+    state = state_with(EffectStatus.DISPATCHED, "valid")
+    text = (
+        ""
+        if committed_at is None
+        else committed_at
+        if isinstance(committed_at, str)
+        else format_time(committed_at)
+    )
+    got = settle_rules.committed_within_approval(
+        state, replace(receipt(), committed_at=text), received_at=received_at
+    )
+    assert (got is None) == inside, got
+    executed = settle_rules.after_execute(
+        state,
+        replace(facts(CAPS[-1], "valid", POST), now=received_at),
+        Execute(KEY, INTENT, PRE, retry=False),
+        ExecuteAnswer(ExecuteStatus.COMMITTED, replace(receipt(), committed_at=text)),
+    )
+    want = OutcomeKind.EXECUTED if inside else OutcomeKind.FROZEN
+    assert executed.outcome is want

@@ -20,6 +20,7 @@ from tether.adapters._base import (
     namespace_of,
     offers_compensation,
     offers_snapshots,
+    target_moved,
     wants_fence,
     where_to_look,
 )
@@ -28,6 +29,7 @@ from tether.adapters._errors import (
     FenceRejectedError,
     FunctionKeyConflictError,
     FunctionRefusedError,
+    HiddenCoroutineError,
     HttpConfigError,
     JournalCorruptError,
     KeyHeldError,
@@ -89,6 +91,7 @@ __all__ = [
     "FunctionKeyConflictError",
     "FunctionRefusedError",
     "HeaderFieldError",
+    "HiddenCoroutineError",
     "HttpConfigError",
     "HttpEffect",
     "JournalCorruptError",
@@ -129,6 +132,7 @@ __all__ = [
     "parse_fence",
     "parse_sf_string",
     "sf_string",
+    "target_moved",
     "wants_fence",
     "where_to_look",
 ]

@@ -13,6 +13,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 from tether.core import (
     ActionKind,
+    AdapterUnavailableError,
     Capabilities,
     EnvironmentState,
     Intent,
@@ -294,6 +295,26 @@ def absence_outlives_takeover(adapter: Adapter, intent: Intent) -> bool:
     if getattr(owner, "absence_needs_fence", False) is not True:
         return True
     return capabilities_for(adapter, intent).fencing
+
+
+def target_moved(adapter: Adapter, intent: Intent) -> bool | None:
+    """Whether ``intent``'s target no longer holds what it leaves (writing it now changes it).
+
+    Asked of an adapter that declares ``target_state`` without a stateful
+    environment (a function effect's ``holds``): ``None`` where it could not
+    tell (its reader failed); ``False`` for any other adapter.
+    """
+    owner: Any = adapter
+    if _offers(adapter, "owner"):
+        owner = cast(RoutesKinds, adapter).owner(intent.kind)
+    holds = getattr(owner, "target_holds", None)
+    if not callable(holds):
+        return False
+    try:
+        answer = holds(intent)
+    except AdapterUnavailableError:
+        return None
+    return answer is False  # None: the adapter tracks no target state for this kind
 
 
 def namespace_of(adapter: Adapter, kind: str | None) -> str:

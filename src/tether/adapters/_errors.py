@@ -214,6 +214,28 @@ class FunctionRefusedError(PreconditionFailedError):
         )
 
 
+class HiddenCoroutineError(FunctionRefusedError):
+    """A function effect written as a plain ``def`` returned a coroutine: refused, nothing ran.
+
+    A synchronous body that hands back a coroutine (``return client.post(...)``
+    on an async client, a wrapper that hides an ``async def``) has done
+    nothing yet: tether closes the coroutine before it starts, so its effect
+    never happens, and refuses the call rather than await it on some loop the
+    client was not made for. Declare the function ``async def`` (and await).
+    """
+
+    def __init__(self, function: str) -> None:
+        FunctionRefusedError.__init__(
+            self, function, "", TypeError("a plain def returned a coroutine")
+        )
+        self.function = function
+        AdapterError.__init__(
+            self,
+            f"{function} is a plain def that returned a coroutine; it was closed unstarted, "
+            "so nothing happened: declare the function `async def` and await inside it",
+        )
+
+
 class FunctionKeyConflictError(IdempotencyConflictError):
     """A function effect's body says the callee holds its key for another request: a person decides.
 

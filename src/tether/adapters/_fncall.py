@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.adapters._base import Fence
-from tether.core import NotInRunError, SpecError
+from tether.adapters._errors import HiddenCoroutineError
+from tether.core import AdapterUnavailableError, NotInRunError, SpecError
 
 #: The parameter a body (or a compensation) may declare to be handed its key.
 KEY_PARAMETER = "idempotency_key"
@@ -190,6 +191,8 @@ def call_with_key(
         _key.reset(token)
     if not inspect.isawaitable(value):
         return value
+    if not awaits(fn):
+        _refuse_hidden(fn, value)
 
     async def keyed() -> Any:
         # The coroutine runs in its task's own context.
@@ -202,6 +205,41 @@ def call_with_key(
 
     loop = _caller_loop.get()
     if loop is not None and loop.is_running():
+        if loop is _running_loop():  # waiting here would stop the loop the body needs
+            _close(value)
+            raise AdapterUnavailableError(
+                "an async body cannot be awaited from its own loop's thread; nothing was started"
+            )
         return asyncio.run_coroutine_threadsafe(keyed(), loop).result()
     runner: Coroutine[Any, Any, Any] = keyed()
     return asyncio.run(runner)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _close(value: object) -> None:
+    """Close a coroutine that will never be awaited (it never starts; no warning)."""
+    if inspect.iscoroutine(value):
+        value.close()
+
+
+def _refuse_hidden(fn: Callable[..., Any], value: object) -> None:
+    """A plain ``def`` that returned an awaitable: refused, and never awaited.
+
+    A coroutine not yet started is closed (its body never runs: nothing
+    happened, :class:`HiddenCoroutineError`); any other awaitable (a task, a
+    future) may be running already, so what it does is unknown.
+    """
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    if inspect.iscoroutine(value) and inspect.getcoroutinestate(value) == inspect.CORO_CREATED:
+        value.close()
+        raise HiddenCoroutineError(name)
+    raise AdapterUnavailableError(
+        f"{name} is a plain def that returned a {type(value).__name__}, which may be running "
+        "already: the outcome is unknown (declare the function `async def` and await inside it)"
+    )

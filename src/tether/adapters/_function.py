@@ -79,11 +79,23 @@ function, :func:`tether.effects.call_async`), while the protocol's store
 commits run in a worker thread; from code with no loop of its own it runs
 on a fresh one. A synchronous call of an async effect from a running loop's
 own thread is refused before anything is persisted (it would block the loop
-it needs).
+it needs). A plain ``def`` that returns a coroutine is refused
+(:class:`~tether.adapters.HiddenCoroutineError`, the effect ``rejected``):
+the coroutine is closed before it starts, so nothing happened; one that
+returns a task or future, which may be running, is an unknown outcome.
 
 Its environment is its identity (namespace and ``instance``, version 0): what
 a function changes in the world cannot be fingerprinted, so the ledger
-remembers it.
+remembers it. An equal call (same target, same arguments) after one that
+committed is therefore a replay: the recorded receipt, nothing sent. For a
+target whose state a call sets (a topic, a record's fields), where A, B, A
+means three writes, declare ``holds=fn``: ``fn`` is called with the call's
+own target and arguments (no key) and answers whether the target holds now
+what the call leaves. ``True``: the earlier effect stands, replayed;
+``False``: the target moved since (A, B, A), a new effect under a new key.
+It is asked only when an equal effect is on record; if it raises (or answers
+anything but a bool) nothing is sent and the call is not settled
+(``EffectNotSettledError``, ``adapter_unavailable``): call again.
 """
 
 from __future__ import annotations
@@ -100,6 +112,7 @@ from tether.adapters._base import Adapter, Fence, RoutesKinds
 from tether.adapters._errors import (
     FunctionKeyConflictError,
     FunctionRefusedError,
+    HiddenCoroutineError,
     KeyInFlightError,
     NotQueryableError,
     UnresolvedWriteError,
@@ -200,9 +213,13 @@ class FunctionEffect(RemoteEffect):
     (default 900 s; ``None``: wait for ever). ``refusals``, ``conflicts``:
     exception types meaning "nothing happened" and "the key is held for
     another request". ``compensate``: undoes an effect (``fn(EffectToUndo)``).
+    ``holds``: ``fn(**call)`` says whether the target holds now what the call
+    leaves (a stateful target: A, B, A is three effects).
     ``object_id``, ``committed_at``: fields of a returned JSON object naming
     the business object and the callee's commit time (RFC 3339), for the
-    receipt. ``namespace`` (default: the kind's name), ``instance`` (default:
+    receipt. Where a kind needs an approval, a receipt without a commit time
+    is judged by when it reached the runtime (the body returned, or a look-up
+    found it): before the approval expired, it committed inside it. ``namespace`` (default: the kind's name), ``instance`` (default:
     the namespace) and ``version``: the identity bound into receipts and
     checkpoints. Give it to the :class:`~tether.runtime.Runtime` as its
     adapter, alone or in :class:`~tether.adapters.Adapters`.
@@ -231,6 +248,7 @@ class FunctionEffect(RemoteEffect):
         conflicts: tuple[type[Exception], ...] = (),
         compensate: Callable[..., Any] | None = None,
         compensate_idempotent: bool = False,
+        holds: Callable[..., bool] | None = None,
         object_id: str | None = None,
         committed_at: str | None = None,
         key_parameter: str = KEY_PARAMETER,
@@ -274,9 +292,19 @@ class FunctionEffect(RemoteEffect):
         ):
             if not isinstance(flag, bool):
                 raise SpecError(field_name, f"must be True or False, not {flag!r}")
-        for field_name, given in (("lookup", lookup), ("compensate", compensate)):
+        for field_name, given in (
+            ("lookup", lookup),
+            ("compensate", compensate),
+            ("holds", holds),
+        ):
             if given is not None and not callable(given):
                 raise SpecError(field_name, f"must be a function, not {given!r}")
+        if holds is not None and (awaits(holds) or inspect.isgeneratorfunction(holds)):
+            raise SpecError(
+                "holds",
+                "must be a plain function answering True or False (it is asked inside the "
+                "protocol's step, where nothing is awaited): read the target with a sync client",
+            )
         if compensate_idempotent and compensate is None:
             raise SpecError("compensate_idempotent", "says what compensate proves: give compensate")
         if absent_is_final and lookup is None:
@@ -320,6 +348,7 @@ class FunctionEffect(RemoteEffect):
         self._key_name = key_parameter
         # The parameter of ``compensate`` that is handed its key, if it takes one.
         self._undo_key = None if compensate is None else self._undo_parameter(compensate)
+        self._holds = holds
         self._object_id = object_id
         self._committed_at = committed_at
         self._namespace = namespace or name
@@ -334,6 +363,7 @@ class FunctionEffect(RemoteEffect):
             retention_s=None if retention_s is None else float(retention_s),
             in_flight_limit_s=None if in_flight_limit_s is None else float(in_flight_limit_s),
             stateful=False,
+            target_state=holds is not None,
         )
         # The undo's own proofs: none unless declared (the write's are not the undo's).
         self._undo_capabilities = Capabilities(
@@ -374,7 +404,8 @@ class FunctionEffect(RemoteEffect):
         return ActionKind(
             kind,
             ActionClass.WRITE,
-            TargetKind.PATH if shape.holder is not None else TargetKind.NONE,
+            # A function's target is whatever its parameter names, not a file path.
+            TargetKind.NAME if shape.holder is not None else TargetKind.NONE,
             required,
             frozenset(shape.arguments) - required,
             # Undone by its compensate function where there is one; otherwise a person can.
@@ -558,6 +589,31 @@ class FunctionEffect(RemoteEffect):
             "with the same key)",
         }
 
+    def target_holds(self, intent: Intent) -> bool | None:
+        """Whether ``intent``'s target holds now what the call leaves: ``holds(**call)``.
+
+        ``None`` where no ``holds`` is declared (the replay rule does not ask);
+        :class:`~tether.core.AdapterUnavailableError` where it failed or did
+        not answer ``True`` or ``False`` (the rule waits: nothing is sent).
+        """
+        holds = self._holds
+        if holds is None:
+            return None
+        kwargs = copy.deepcopy(dict(intent.args))
+        if self._shape.holder is not None:
+            kwargs[self._shape.holder] = intent.target
+        try:
+            answer = holds(**kwargs)
+        except Exception as exc:  # the user's code: a reader that failed tells nothing
+            raise AdapterUnavailableError(
+                f"{intent.kind}: holds() raised {exception_summary(exc)}"
+            ) from exc
+        if not isinstance(answer, bool):
+            raise AdapterUnavailableError(
+                f"{intent.kind}: holds() answered {type(answer).__name__}, not True or False"
+            )
+        return answer
+
     # --- asking by key ------------------------------------------------
 
     def lookup(self, key: str) -> Receipt | None:
@@ -584,6 +640,9 @@ class FunctionEffect(RemoteEffect):
             )
         try:
             value = call_with_key(finder, (key,), {}, key)
+        except HiddenCoroutineError as exc:
+            # Nothing was asked: a look-up that never ran proves nothing, least of all a refusal.
+            raise AdapterUnavailableError(f"the look-up of key {key}: {exc}") from exc
         except (UnresolvedWriteError, AdapterUnavailableError, PreconditionFailedError):
             raise
         except self._refusals as exc:

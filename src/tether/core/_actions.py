@@ -75,6 +75,13 @@ class TargetKind(StrEnum):
     PATH = "path"  # a canonical relative path inside the task's allowed paths
     TEST = "test"  # a name on the task's test allowlist
     NONE = "none"  # nothing: the target must be empty
+    #: Any text naming what the effect acts on (a channel, a customer id, an
+    #: address, a URL), never read as a file path: the kind alone scopes it.
+    NAME = "name"
+
+
+#: The longest target a ``name`` kind takes (it is bound into keys and receipts).
+MAX_NAME_TARGET = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,6 +425,14 @@ def _scope(kind: ActionKind, target: str, task: TaskSpec) -> Rejection | None:
     if kind.target is TargetKind.NONE:
         if target:
             return Rejection(OutcomeReason.SCHEMA, f"{kind.name} takes no target")
+        return None
+    if kind.target is TargetKind.NAME:
+        if len(target) > MAX_NAME_TARGET or any(ord(c) < 32 or ord(c) == 127 for c in target):
+            return Rejection(
+                OutcomeReason.SCHEMA,
+                f"{kind.name}'s target must be text of at most {MAX_NAME_TARGET} characters "
+                "without control characters",
+            )
         return None
     if kind.target is TargetKind.TEST:
         if target not in task.tests:

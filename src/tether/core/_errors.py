@@ -301,6 +301,45 @@ class CommitOutcomeUnknownError(StoreUnavailableError):
         super().__init__(message)
 
 
+class EffectUnrecordedError(StoreError):
+    """An effect was carried out, but its receipt could not be recorded: it may have happened.
+
+    The adapter (or a function effect's body) answered with a receipt, then
+    the commit that records it failed (the store unavailable, the lease lost
+    to another worker, a commit whose outcome is unknown). The run's durable
+    ledger still says ``dispatched`` under ``idempotency_key``, so nothing
+    is lost: calling again in the same block records the receipt this
+    process holds; any recovery settles the write by its key (a look-up, a
+    same-key resend where the callee deduplicates) or sends it to review.
+    Never make the effect again under a new key. ``result`` is the
+    receipt's result as the adapter returned it; ``__cause__`` the commit's
+    error.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        kind: str,
+        target: str,
+        idempotency_key: str,
+        result: dict[str, Any] | None,
+        cause: BaseException,
+    ) -> None:
+        self.run_id = run_id
+        self.kind = kind
+        self.target = target
+        self.idempotency_key = idempotency_key
+        self.result = result
+        super().__init__(
+            f"run {run_id}: {kind} under key {idempotency_key} was carried out (the adapter "
+            f"returned its receipt), but the receipt could not be recorded "
+            f"({type(cause).__name__}: {cause}); the effect may have happened. The run's "
+            "ledger says dispatched: call again in this block to record it, or recover the run "
+            "(it is settled by its key, or goes to review); never send it under a new key"
+        )
+
+
 class GenerationConflictError(StoreError):
     """A compare-and-set on the generation lost: someone else advanced the run."""
 

@@ -530,15 +530,34 @@ def active_approval(state: RunState) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
-def committed_within_approval(state: RunState, receipt: Receipt) -> str | None:
-    """Why a committed receipt cannot be reconciled under the approval, or None if it can."""
+def committed_within_approval(
+    state: RunState, receipt: Receipt, *, received_at: datetime
+) -> str | None:
+    """Why a committed receipt cannot be reconciled under the approval, or None if it can.
+
+    The commit time compared with the approval's expiry is the receipt's own
+    (``committed_at``) where it has one. A receipt without one (a function's
+    body returns no trusted commit time) is bounded by ``received_at``, the
+    runtime's clock when the receipt reached it (the body had returned, or a
+    look-up had found it): the write cannot have committed after that, so a
+    receipt received before the expiry committed inside the approval. One
+    received after it, with no time of its own, proves nothing: review.
+    """
     body = active_approval(state)
     if body is None:
         return "the write committed without an approval on record"
+    expires = parse_utc(body, "expires_at")
+    if not receipt.committed_at:
+        if received_at < expires:
+            return None
+        return (
+            "the receipt has no commit time, and it reached the runtime after the approval "
+            "expired: nothing proves the write committed inside the approval"
+        )
     try:
         committed = parse_time_text(receipt.committed_at)
     except ValueError:
-        return "the receipt has no commit time to compare with the approval's expiry"
-    if committed >= parse_utc(body, "expires_at"):
+        return "the receipt's commit time is not a time to compare with the approval's expiry"
+    if committed >= expires:
         return "the write committed after its approval expired"
     return None

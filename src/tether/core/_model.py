@@ -87,6 +87,16 @@ class Capabilities:
     #: service or a mail server, whose environment is its identity alone: their
     #: effects live in the ledger, and the environment does not move.
     stateful: bool = True
+    #: Without a stateful environment, the adapter can still tell whether a
+    #: write's target holds now what that write leaves (a function effect
+    #: declaring ``holds``): an equal write after a commit is a new effect when
+    #: the target moved since (A, B, A writes A again), as on a stateful one.
+    target_state: bool = False
+
+    @property
+    def tracks_targets(self) -> bool:
+        """Whether the replay rule can learn that a write's target moved (see ``target_state``)."""
+        return self.stateful or self.target_state
 
     @property
     def blind(self) -> bool:

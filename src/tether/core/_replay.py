@@ -32,6 +32,8 @@ unknown):
   in flight, unreachable                           wait
 a commit, on a stateful target that no longer      proceed: a new effect (A, B,
 holds what it left (writing now changes it)        A writes A again)
+a commit, on a tracked target the adapter          wait (nothing is sent while
+could not read                                     it cannot tell)
 a commit, the adapter cannot be asked              replay (settled by the
                                                    signed ledger, said so)
 a commit a person found landed (a signed           replay (settled by the
@@ -194,9 +196,10 @@ class Verdict(StrEnum):
 class ReplayFacts:
     """Everything :func:`judge` reads, as values.
 
-    ``target_moved``: on a stateful adapter, carrying the proposal out now
-    would change the environment (its target does not hold what the write
-    leaves). ``answer``: the adapter's look-up by :func:`lookup_key`'s key.
+    ``target_moved``: where the adapter tracks targets (a stateful
+    environment, or a declared ``target_state``), carrying the proposal out
+    now would change its target (it does not hold what the write leaves);
+    ``None``: the adapter was asked and could not tell. ``answer``: the adapter's look-up by :func:`lookup_key`'s key.
     ``approved``: an
     approval of exactly this replay holds. ``sensitive``: the policy marks the
     kind sensitive.
@@ -206,7 +209,7 @@ class ReplayFacts:
     capabilities: Capabilities
     now: datetime
     forked: bool = False
-    target_moved: bool = False
+    target_moved: bool | None = False
     answer: LookupAnswer | None = None
     needs_approval: bool = False
     approved: bool = False
@@ -232,7 +235,7 @@ def lookup_key(
     capabilities: Capabilities,
     *,
     forked: bool = False,
-    target_moved: bool = False,
+    target_moved: bool | None = False,
 ) -> str | None:
     """The key whose receipt the adapter must be asked for before :func:`judge`, if any."""
     if forked or record is None or not capabilities.queryable:
@@ -240,8 +243,8 @@ def lookup_key(
     if record.unsettled is not None:
         return record.unsettled.idempotency_key
     committed = record.committed
-    if committed is None or (capabilities.stateful and target_moved):
-        return None
+    if committed is None or (capabilities.tracks_targets and target_moved is not False):
+        return None  # moved: a new effect; unreadable: the rule waits, nothing to ask
     if _reviewed(committed.receipt):
         return None  # a person settled it; the adapter never knew
     return committed.idempotency_key
@@ -259,9 +262,19 @@ def judge(facts: ReplayFacts) -> Judgement:
     committed = record.committed
     if committed is None or committed.receipt is None:  # a commit always has its receipt
         return Judgement(Verdict.PROCEED, OutcomeReason.NEW_EFFECT)
-    if facts.capabilities.stateful and facts.target_moved:
-        return Judgement(Verdict.PROCEED, OutcomeReason.TARGET_MOVED, committed)
+    moved = _moved(facts, committed)
+    if moved is not None:
+        return moved
     return _approved(facts, _judge_committed(facts, committed, committed.receipt))
+
+
+def _moved(facts: ReplayFacts, known: KnownEffect) -> Judgement | None:
+    """Where the adapter tracks targets: a new effect if the target moved, wait if unreadable."""
+    if not facts.capabilities.tracks_targets or facts.target_moved is False:
+        return None
+    if facts.target_moved is None:
+        return Judgement(Verdict.WAIT, OutcomeReason.ADAPTER_UNAVAILABLE, known)
+    return Judgement(Verdict.PROCEED, OutcomeReason.TARGET_MOVED, known)
 
 
 def _judge_unsettled(facts: ReplayFacts, known: KnownEffect) -> Judgement:
@@ -283,8 +296,9 @@ def _judge_unsettled(facts: ReplayFacts, known: KnownEffect) -> Judgement:
             # wrong). Sending the effect again takes a person's signed fork, even
             # after a replan set the key aside.
             return Judgement(Verdict.REVIEW, ReviewReason.KEY_CONFLICT, known)
-        if caps.stateful and facts.target_moved:
-            return Judgement(Verdict.PROCEED, OutcomeReason.TARGET_MOVED, known)
+        moved = _moved(facts, known)
+        if moved is not None:
+            return moved
         # Only the result's digest where the kind is sensitive, as the ledger holds it.
         body = receipt.to_json()
         return Judgement(

@@ -66,7 +66,9 @@ Reconcile: the receipt must carry our key and intent digest (else
 key_conflict), our adapter's namespace and exactly the post-state the intent
 produces (else committed + receipt_mismatch), and, where the policy needs
 an approval, a commit time inside the approval (else committed +
-approval_boundary). Otherwise the run advances with ``committed``. Every
+approval_boundary): the receipt's own ``committed_at``, or where it has
+none, the moment the receipt reached the runtime (``Facts.now``, taken after
+the send returned or the look-up answered), an upper bound on its commit. Otherwise the run advances with ``committed``. Every
 freeze after a commit records ``committed`` first: whatever a person decides,
 the ledger says the effect happened.
 
@@ -512,7 +514,7 @@ def reconcile(state: RunState, facts: Facts, receipt: Receipt, *, fresh: bool) -
             status=EffectStatus.COMMITTED,
         )
     if facts.needs_approval:
-        outside = committed_within_approval(state, receipt)
+        outside = committed_within_approval(state, receipt, received_at=facts.now)
         if outside is not None:
             return freeze(
                 state,

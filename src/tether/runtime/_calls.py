@@ -7,11 +7,15 @@ adapter raised it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tether.adapters import Adapter, Fence, UnresolvedWriteError, compensate_with, look_up
 from tether.core import (
     AdapterUnavailableError,
+    EffectStatus,
     IdempotencyConflictError,
     LookupInconclusiveError,
+    PendingWrite,
     PreconditionFailedError,
 )
 from tether.core._compensation import compensated_effect
@@ -61,3 +65,22 @@ def send(adapter: Adapter, call: Execute, fence: Fence | None) -> ExecuteAnswer:
     except AdapterUnavailableError as exc:
         return ExecuteAnswer(ExecuteStatus.UNAVAILABLE, detail=str(exc))
     return ExecuteAnswer(ExecuteStatus.COMMITTED, receipt)
+
+
+@dataclass(frozen=True, slots=True)
+class Unrecorded:
+    """A send that returned its receipt whose recording commit then failed (this process knows)."""
+
+    call: Execute
+    answer: ExecuteAnswer
+
+    def answers(self, pending: PendingWrite | None) -> bool:
+        """Whether this is the answer to ``pending``, still dispatched under the same key."""
+        receipt = self.answer.receipt
+        return (
+            pending is not None
+            and receipt is not None
+            and pending.status is EffectStatus.DISPATCHED
+            and pending.idempotency_key == self.call.key == receipt.idempotency_key
+            and pending.intent_digest == self.call.intent.digest == receipt.intent_digest
+        )

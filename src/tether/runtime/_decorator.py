@@ -17,7 +17,9 @@ built: the adapter that owns the kind. Two forms follow:
   or the ``idempotency_key`` parameter). What it can prove is declared here
   (``idempotent``, ``lookup``, ``absent_is_final``, ``retention_s``), with the
   exceptions that mean "nothing happened" (``refusals``) or "the key is held
-  for another request" (``conflicts``), and an optional ``compensate``; see
+  for another request" (``conflicts``), an optional ``compensate``, and
+  ``holds`` for a stateful target (an equal call after the target moved is a
+  new effect: A, B, A); see
   :mod:`tether.adapters._function`.
 - **An adapter performs it** (``HttpEffect``, ``SmtpEffect``, the workspace):
   the body is never run, and the signature only names the call (a tool's
@@ -85,6 +87,7 @@ def effect(
     conflicts: tuple[type[Exception], ...] = (),
     compensate: Callable[..., Any] | None = None,
     compensate_idempotent: bool = False,
+    holds: Callable[..., bool] | None = None,
     object_id: str | None = None,
     committed_at: str | None = None,
     key_parameter: str = KEY_PARAMETER,
@@ -108,6 +111,7 @@ def effect(
         or bool(refusals)
         or bool(conflicts)
         or compensate is not None
+        or holds is not None
     )
 
     def wrap(fn: Callable[..., Any]) -> EffectFunction:
@@ -128,6 +132,7 @@ def effect(
                 conflicts=conflicts,
                 compensate=compensate,
                 compensate_idempotent=compensate_idempotent,
+                holds=holds,
                 object_id=object_id,
                 committed_at=committed_at,
                 key_parameter=key_parameter,

@@ -44,12 +44,12 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from tether.adapters._fncall import refuse_inside_a_body
+from tether.adapters._fncall import loop_running_here, refuse_inside_a_body
 from tether.core import (
     ActionClass,
     ActionResult,
@@ -57,6 +57,7 @@ from tether.core import (
     CanonicalJSONError,
     EffectNotSettledError,
     EffectRejectedError,
+    EffectUnrecordedError,
     JSONValue,
     NeedsReviewError,
     NotInRunError,
@@ -73,6 +74,7 @@ from tether.core import (
     approval_request,
     canonical_bytes,
 )
+from tether.core._ledger import redact_receipt
 from tether.crypto import Role
 from tether.runtime import _hints
 from tether.runtime._agent import AgentContext
@@ -132,6 +134,8 @@ class GuardedRun:
         #: This block's hold on the run in this process (see :func:`_claim`).
         self._claim = claim
         self._lock = threading.Lock()
+        # The block ended on a loop's thread while a call was in flight: that call lets go.
+        self._release_after = False
         self._tokens: list[Token[GuardedRun | None]] = []
         self._closed = False
         #: The block this one was opened inside, in this context.
@@ -146,6 +150,45 @@ class GuardedRun:
     def phase(self) -> Phase:
         """The run's phase now (``running``, ``pending``, ``needs_review``, or an end)."""
         return self.session.state.phase
+
+    @contextmanager
+    def _turn(self, what: str) -> Iterator[None]:
+        """This call's turn on the run (calls are serialized).
+
+        On a thread that runs an event loop, a call still in flight may be
+        waiting for that very loop (its ``async def`` body is awaited there):
+        waiting for it would stop the loop for good. That call is refused at
+        once instead (:class:`~tether.core.RunBusyError`, nothing persisted).
+        """
+        if loop_running_here():
+            if not self._lock.acquire(blocking=False):
+                raise RunBusyError(
+                    f"run {self.run_id}: {what} was called synchronously on an event loop's "
+                    "thread while another call of this run is in flight, and that call may need "
+                    "this loop; await it (`await fn(...)`, tether.effects.call_async) instead",
+                    run_id=self.run_id,
+                )
+        else:
+            self._lock.acquire()
+        try:
+            yield
+        finally:
+            self._lock.release()
+            self._let_go_if_ended()
+
+    def _let_go_if_ended(self) -> None:
+        """Give the run up if its block ended on a loop's thread while a call was in flight.
+
+        Checked after every turn and by :meth:`close` itself, each taking the
+        turn first: whichever comes last after the block ended lets go, once.
+        """
+        if self._release_after and self._lock.acquire(blocking=False):
+            try:
+                if self._release_after:
+                    with suppress(TetherError):  # the lease lapses by itself if not
+                        self._let_go()
+            finally:
+                self._lock.release()
 
     def call(self, kind: str, target: str = "", args: dict[str, Any] | None = None) -> CallResult:
         """Carry out one effect (or read) through the protocol; its result or a typed refusal."""
@@ -163,7 +206,7 @@ class GuardedRun:
             raise SpecError(
                 "kind", f"{kind!r} ends the run: use run.finish() or `tether cancel`, not a call"
             )
-        with self._lock:
+        with self._turn(kind):
             session = self._open()
             proposal = Proposal(session.rt.ids.new_id("call"), kind, target, args=dict(args or {}))
             return self._answer(proposal, self._act(proposal))
@@ -182,7 +225,7 @@ class GuardedRun:
         raised as :meth:`call` raises it.
         """
         refuse_inside_a_body("finish")
-        with self._lock:
+        with self._turn("finish"):
             session = self._open()
             proposal = session.finish_proposal(summary)
             outcome = self._act(proposal, finish=True)
@@ -192,23 +235,36 @@ class GuardedRun:
 
     def approve(self, document: Any) -> None:
         """Record a person's signed approval of the pending write; call the effect again after."""
-        with self._lock:
+        with self._turn("approve"):
             self._open().approve(document)
 
     def review(self, document: Any) -> None:
         """Apply a reviewer's signed decision to the open review case."""
-        with self._lock:
+        with self._turn("review"):
             self._open().review(document)
 
     def close(self) -> None:
-        """Give the run's lease up, so another worker may take it at once (after any call in flight)."""
+        """Give the run's lease up, so another worker may take it at once (after any call in flight).
+
+        On an event loop's thread, with a call still in flight (it may need
+        this loop), the block is closed at once and that call gives the lease
+        up when it ends: waiting for it here would stop the loop for good.
+        """
+        if loop_running_here():
+            self._closed = self._release_after = True
+            self._let_go_if_ended()  # at once where no call is in flight; else that call does
+            return
         with self._lock:
-            self._closed = True
-            try:
-                self.session.release()
-            finally:
-                _unclaim(self._claim)
-                self._claim = None
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Close the block and give the run up (its turn held)."""
+        self._closed, self._release_after = True, False
+        try:
+            self.session.release()
+        finally:
+            _unclaim(self._claim)
+            self._claim = None
 
     async def call_async(
         self, kind: str, target: str = "", args: dict[str, Any] | None = None
@@ -260,10 +316,29 @@ class GuardedRun:
         return self.session
 
     def _act(self, proposal: Proposal, *, finish: bool = False) -> Outcome:
+        session = self.session
+        before = session.unrecorded
         try:
-            return self.session.act(proposal, finish=finish)
+            return session.act(proposal, finish=finish)
         except RunFrozenError as exc:
             raise self._frozen(str(exc)) from exc
+        except TetherError as exc:
+            lost = session.unrecorded
+            if lost is None or lost is before or lost.answer.receipt is None:
+                raise
+            # The effect was carried out and its receipt is in hand: never a silent loss.
+            body: dict[str, Any] | None = lost.answer.receipt.to_json()
+            rule = session.rt.policy.kinds.get(lost.call.intent.kind)
+            if rule is not None and rule.sensitive:
+                body = redact_receipt(body)  # as the ledger would have kept it
+            raise EffectUnrecordedError(
+                run_id=self.run_id,
+                kind=lost.call.intent.kind,
+                target=lost.call.intent.target,
+                idempotency_key=lost.call.key,
+                result=None if body is None else copy.deepcopy(body.get("result")),
+                cause=exc,
+            ) from exc
 
     def _answer(self, proposal: Proposal, outcome: Outcome) -> CallResult:
         session = self.session

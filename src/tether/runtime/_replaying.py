@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tether.adapters import capabilities_of, where_to_look
+from tether.adapters import capabilities_of, target_moved, where_to_look
 from tether.core import (
     ContractViolationError,
     EnvironmentState,
@@ -62,10 +62,12 @@ def replay_or_fork(
     if record is None and not forked:
         return replay_rules.Proceed(base)
     caps = capabilities_of(rt.adapter, proposal.kind)
-    moved = False
+    moved: bool | None = False
     if caps.stateful and not forked:
         env = base.environment if live is None else live
         moved = rt.adapter.derive_post_state(env, intent).state_fingerprint != env.state_fingerprint
+    elif caps.target_state and not forked and record is not None:
+        moved = target_moved(rt.adapter, intent)  # a function's holds(): asked, not derived
     key = replay_rules.lookup_key(record, caps, forked=forked, target_moved=moved)
     answer = None
     if key is not None:

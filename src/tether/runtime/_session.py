@@ -49,6 +49,7 @@ from tether.core import (
     RunState,
     RunTerminalError,
     SpecError,
+    TetherError,
     TraceEvent,
 )
 from tether.core import _replay as replay_rules
@@ -98,6 +99,10 @@ class RunSession(LeaseHolder):
         self.digest: str | None = None
         # A commit whose outcome is unknown: nothing acts until reload() settles it.
         self._unsettled: CommitOutcomeUnknownError | None = None
+        #: A receipt this session was handed whose recording commit failed: the
+        #: next settle of that same dispatched write records it instead of asking
+        #: the adapter again (or, for a blind one, sending it to review).
+        self.unrecorded: calls.Unrecorded | None = None
         #: The run's past as this session may ask it: the gate's "used before"
         #: and replay-or-fork's known effects, looked up by index and proven on
         #: the signed chains, never read whole (kept up to date as commits land).
@@ -323,6 +328,8 @@ class RunSession(LeaseHolder):
         agent's new context) land with the first commit.
         """
         committed: LedgerEntry | None = None
+        # A receipt in hand whose recording commit has not landed yet.
+        in_hand: calls.Unrecorded | None = None
         while True:
             transition = step_rules.note_outcome(transition)  # the agent hears how it ended
             # Notes record the write pending before the step, or the one it makes pending.
@@ -330,14 +337,22 @@ class RunSession(LeaseHolder):
                 self.state.pending, None if transition.state is None else transition.state.pending
             )
             if transition.state is not None:
-                entries = self.commit(
-                    transition.state,
-                    [*(prefix or ()), *transition.events],
-                    context=context,
-                    blobs=dict(transition.blobs),
-                    ledger=transition.ledger,
-                    effect=effect,
-                )
+                try:
+                    entries = self.commit(
+                        transition.state,
+                        [*(prefix or ()), *transition.events],
+                        context=context,
+                        blobs=dict(transition.blobs),
+                        ledger=transition.ledger,
+                        effect=effect,
+                    )
+                except TetherError:
+                    if in_hand is not None:
+                        self.unrecorded = in_hand  # kept: the write is still dispatched
+                    raise
+                if in_hand is not None and self.unrecorded is in_hand:
+                    self.unrecorded = None
+                in_hand = None
                 for entry in entries:
                     if entry.status is EffectStatus.COMMITTED:
                         committed = entry
@@ -364,6 +379,7 @@ class RunSession(LeaseHolder):
             else:
                 result = self._execute(call)
                 if result.status is ExecuteStatus.COMMITTED:
+                    in_hand = calls.Unrecorded(call, result)
                     self.rt.crash.hit(CrashPoint.EFFECT_SENT)
                 transition = self.decide(
                     lambda facts, c=call, r=result: settle_rules.after_execute(
@@ -692,6 +708,15 @@ class RunSession(LeaseHolder):
             return _replaying.carry_out_held(self, pending)
         if held is HeldKind.ACTION:
             return _carry.carry_out_approved(self, pending)
+        kept, self.unrecorded = self.unrecorded, None
+        if kept is not None and kept.answers(pending):
+            # This session was handed the receipt and could not record it: it is
+            # recorded now (the adapter's own answer, under this very key and intent).
+            return self._decide_and_apply(
+                lambda state, facts: settle_rules.after_execute(
+                    state, facts, kept.call, kept.answer
+                )
+            )
         return self._decide_and_apply(settle_rules.settle)
 
     def _observe(self) -> Outcome | tuple[RunState, list[Event], EnvironmentState]:
