@@ -22,7 +22,7 @@ a rewind) and by :meth:`Checkpointer.verified_trace` and
 :meth:`Checkpointer.verified_ledger`, which ``tether verify`` runs from the
 head to genesis. Every decision uses only rows proven on the chain; what a
 restore cannot see is a row deleted or edited below what it reads (see the
-README, "What recovery checks, and what only verify checks").
+docs page docs/explanation/restore-checks.md, "What recovery checks, and what only verify checks").
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ proven by walking to it once per session.
 The look-up proves every row it finds; it cannot prove that a row it does
 not find was never written. A row deleted from the middle of a chain is
 found by ``tether verify`` (which walks from the head to genesis), and by
-any walk that reaches it, not by a look-up that misses it. See the README,
-"What recovery checks, and what only verify checks".
+any walk that reaches it, not by a look-up that misses it. See the docs
+page docs/explanation/restore-checks.md, "What recovery checks, and what only verify checks".
 """
 
 from __future__ import annotations
