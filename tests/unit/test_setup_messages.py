@@ -169,7 +169,7 @@ def test_an_approval_asked_for_without_trust_roots_names_the_commands(tmp_path: 
     text = str(caught.value)
     assert "email.send" in text and "`tether approve case-1 " in text
     assert "`tether keys new --role approver --id NAME --out people`" in text
-    assert "`tether trust add people/NAME.trust.json --to trust.json`" in text
+    assert "`tether trust add people/NAME.trust.json --out trust.json`" in text
     assert 'trust=tether.TrustRoots.from_file("trust.json")' in text
     assert SENT == []
     _, trust = approver()

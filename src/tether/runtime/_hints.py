@@ -27,7 +27,7 @@ def trust_roots(role: Role | str, *, given: bool = False) -> str:
     return (
         f"{have}, so it cannot check what {article} {name} signs: make the {name}'s key "
         f"(`tether keys new --role {name} --id NAME --out people`; NAME.key stays with the "
-        f"person), trust its public half (`tether trust add people/NAME.trust.json --to "
+        f"person), trust its public half (`tether trust add people/NAME.trust.json --out "
         f'trust.json`) and give the runtime trust=tether.TrustRoots.from_file("trust.json")'
     )
 
