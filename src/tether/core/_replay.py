@@ -69,6 +69,7 @@ from typing import Any
 
 from tether.core import _budgets as budgets_rules
 from tether.core import _steps as steps
+from tether.core import _terms as terms_rules
 from tether.core._actions import ActionResult, Proposal
 from tether.core._canonical import JSONValue, digest
 from tether.core._case_table import REVIEW_NAMESPACE
@@ -81,6 +82,7 @@ from tether.core._results import with_result
 from tether.core._spec import Budgets
 from tether.core._state import RunState
 from tether.core._steps import park
+from tether.core._terms import SentTerms
 from tether.core._transition import (
     EffectRef,
     Event,
@@ -115,6 +117,9 @@ class KnownEffect:
     sent_at: datetime | None = None
     #: The attempt's last ledger status.
     status: EffectStatus = EffectStatus.COMMITTED
+    #: What the callee promised when the attempt was sent (every send of its
+    #: key: :func:`tether.core._terms.weaker`); ``None``: not recorded.
+    sent_under: SentTerms | None = None
 
     @property
     def receipt_id(self) -> str | None:
@@ -160,10 +165,21 @@ def known_effects(
         unsettled = record.unsettled
         mine = unsettled is not None and unsettled.idempotency_key == key
         sent_at = unsettled.sent_at if mine and unsettled is not None else entry.at
-        this = KnownEffect(
-            effect, entry.action_id, key, entry.intent_digest, entry.receipt, sent_at, entry.status
-        )
         status = entry.status
+        sent_under = unsettled.sent_under if mine and unsettled is not None else None
+        if status is EffectStatus.DISPATCHED and terms is not None:
+            sent = terms_rules.sent_terms(terms.retry)
+            sent_under = sent if sent_under is None else terms_rules.weaker(sent_under, sent)
+        this = KnownEffect(
+            effect,
+            entry.action_id,
+            key,
+            entry.intent_digest,
+            entry.receipt,
+            sent_at,
+            status,
+            sent_under,
+        )
         if status is EffectStatus.COMMITTED:
             record = EffectHistory(this, None if mine else unsettled)
         elif status in {EffectStatus.DISPATCHED, EffectStatus.OUTCOME_UNKNOWN}:
@@ -280,7 +296,8 @@ def _moved(facts: ReplayFacts, known: KnownEffect) -> Judgement | None:
 def _judge_unsettled(facts: ReplayFacts, known: KnownEffect) -> Judgement:
     """An earlier attempt that may have landed: only the adapter, asked by its key, can say."""
     answer = facts.answer
-    caps = facts.capabilities
+    # Settled under the weaker of the terms it was sent under and those declared now.
+    caps = terms_rules.settling_capabilities(facts.capabilities, known.sent_under)
     if answer is None or not caps.queryable:
         return Judgement(Verdict.REVIEW, ReviewReason.REPLAY_OF_UNKNOWN, known)
     status = answer.status

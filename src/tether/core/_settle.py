@@ -111,6 +111,7 @@ from tether.core._phases import EffectStatus, OutcomeReason, Phase, ReviewReason
 from tether.core._retry import in_flight_allowance, records_resend
 from tether.core._review import open_review
 from tether.core._state import RunState
+from tether.core._terms import settling_capabilities
 from tether.core._transition import (
     Event,
     Execute,
@@ -134,9 +135,22 @@ def _pending(state: RunState) -> PendingWrite:
     return pending
 
 
+def _promised(facts: Facts) -> Facts:
+    """``facts`` with the promises the pending write's sends were not made under taken away.
+
+    A dispatched write may have landed under the terms it was sent under:
+    it is resent by key, or a look-up's absence is final, only where those
+    terms and the adapter's now both say so (:mod:`tether.core._terms`).
+    """
+    caps = settling_capabilities(facts.capabilities, facts.sent_under)
+    return facts if caps is facts.capabilities else replace(facts, capabilities=caps)
+
+
 def settle(state: RunState, facts: Facts) -> Transition:
     """The first move for a pending write, from its signed status alone."""
     pending = _pending(state)
+    if pending.status is not EffectStatus.INTENDED:
+        facts = _promised(facts)
     caps = facts.capabilities
     if pending.status is EffectStatus.INTENDED:
         return dispatch(state, facts)
@@ -298,6 +312,7 @@ def resend_ordered(state: RunState, facts: Facts) -> Transition:
 def after_lookup(state: RunState, facts: Facts, answer: LookupAnswer) -> Transition:
     """Act on what the adapter recorded under the pending write's key."""
     pending = _pending(state)
+    facts = _promised(facts)
     caps = facts.capabilities
     if answer.status is LookupStatus.COMMITTED and answer.receipt is not None:
         return reconcile(state, facts, answer.receipt, fresh=False)
@@ -435,6 +450,7 @@ def after_execute(
 ) -> Transition:
     """Act on the adapter's answer to a send."""
     _pending(state)  # a caller bug to ask with nothing pending
+    facts = _promised(facts)
     if answer.status is ExecuteStatus.COMMITTED and answer.receipt is not None:
         # Sent by this step, first time or again under the key: executed. Whether
         # an earlier attempt had landed is not this answer's to say (an idempotent

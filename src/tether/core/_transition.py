@@ -19,6 +19,7 @@ from tether.core._ledger import EffectTerms, LedgerEntry
 from tether.core._model import Capabilities, EnvironmentState, Intent, Receipt
 from tether.core._phases import EffectStatus
 from tether.core._state import RunState
+from tether.core._terms import SentTerms
 
 Event = tuple[str, dict[str, Any]]
 
@@ -226,3 +227,8 @@ class Facts:
     #: Where a person would look for the pending write (the adapter's labelled
     #: hints), read with ``live``: a freeze records it in its case.
     hint: dict[str, str] | None = None
+    #: What the callee promised when the pending write was sent (the ledger's
+    #: record of its sends); a dispatched write is settled under the weaker of
+    #: these and ``capabilities`` (:mod:`tether.core._terms`). ``None``: not
+    #: recorded (or nothing was sent yet), ``capabilities`` alone decide.
+    sent_under: SentTerms | None = None

@@ -60,6 +60,7 @@ from tether.core._evidence import awaits_approval
 from tether.core._held import AfterSettle, HeldKind, after_settle, held_kind
 from tether.core._listing import listing_of
 from tether.core._retry import step_progressed
+from tether.core._terms import SentTerms
 from tether.core._transition import (
     Execute,
     ExecuteAnswer,
@@ -412,7 +413,23 @@ class RunSession(LeaseHolder):
             namespace=namespace_of(rt.adapter, kind),
             forbidden=rt.held_problem(self.state),  # judged again before any send
             policy_version=rt.binding.policy_version,
+            sent_under=self._sent_under(pending),
         )
+
+    def _sent_under(self, pending: PendingWrite | None) -> SentTerms | None:
+        """What the ledger records the pending write's sends were made under (``None``: unknown).
+
+        Read from the ledger's entries of its effect, under its key: ledger
+        rows written before the ledger recorded terms (or effect digests)
+        give ``None``, and the adapter's declaration now decides, as before.
+        """
+        if pending is None or pending.status is EffectStatus.INTENDED:
+            return None
+        record = self.history.effect(self.rt.effect_digest(pending.intent))
+        sent = None if record is None else record.unsettled
+        if sent is None or sent.idempotency_key != pending.idempotency_key:
+            return None
+        return sent.sent_under
 
     def decide(self, rule: Any) -> Transition:
         """Evaluate a pure rule; one that asks for the environment is given it, and asked again."""
