@@ -155,6 +155,12 @@ def test_a_damaged_checkpoint_is_shown_as_such_and_nothing_of_it(waiting: _demo.
                 "UPDATE tether_checkpoints SET envelope = ? WHERE checkpoint_digest = ?",
                 (bytes(envelope).replace(b"calc.py", b"calx.py"), digest),
             )
+        # A schema-4 checkpoint keeps its big parts (the pending write) by digest.
+        for digest, body in db.execute("SELECT digest, body FROM tether_blobs").fetchall():
+            db.execute(
+                "UPDATE tether_blobs SET body = ? WHERE digest = ?",
+                (bytes(body).replace(b"calc.py", b"calx.py"), digest),
+            )
     db.close()
     page = c.get("/runs/demo-run")
     assert page.status_code == 500 and "Integrity" in page.text
