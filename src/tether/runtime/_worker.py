@@ -353,7 +353,11 @@ def install_signal_handlers(worker: Worker) -> None:
 
     def handler(signum: int, frame: FrameType | None) -> None:
         log.info("signal %s: finishing the current step, then releasing the lease", signum)
-        worker.stop()
+        # Not worker.stop() here: the handler runs on the main thread between two
+        # bytecodes, possibly inside Event.wait() while it holds the event's
+        # (non-reentrant) lock, and Event.set() would wait on that lock for ever.
+        # A thread sets it as soon as the main thread lets the lock go.
+        threading.Thread(target=worker.stop, name="tether-stop", daemon=True).start()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
