@@ -171,3 +171,16 @@ def test_a_healthy_run_drawn_in_beside_a_refused_one_gets_its_turn(seed: int) ->
 def test_a_regression_seed_catches_its_defect_planted_again(seed: int) -> None:
     """A pinned seed breaks an invariant again with the defect it found planted back."""
     assert catches(CAUGHT_AGAIN[seed], seed)
+
+
+#: Seeds where the simulated reviewer signed ``not_landed`` while the service still carried
+#: the request out (a blind ticket, in flight past its limit): the request then landed and
+#: the resend made a second ticket. A careful person waits for it to land; pinned.
+IN_FLIGHT_SETTLE_SEEDS = (70797, 72229, 74202)
+
+
+@pytest.mark.parametrize("seed", IN_FLIGHT_SETTLE_SEEDS)
+def test_a_reviewer_never_signs_not_landed_while_the_request_is_in_flight(seed: int) -> None:
+    """The seed keeps every invariant: nothing reaches the world twice after a person settles."""
+    result = run(seed, knobs=CI_KNOBS)
+    assert result.ok, result.violations

@@ -122,7 +122,8 @@ def review(sim: Simulation, event: Event) -> None:
     outcome is unknown the person settles it instead) looks in the world, as a
     person looks in the mailbox or the service: a reception under the case's
     key is signed ``landed`` with what was found, none ``not_landed`` (an
-    earlier attempt a replan set aside takes only ``landed``). The judge is
+    earlier attempt a replan set aside takes only ``landed``); while the
+    service is still carrying a request under the key out, the person waits. The judge is
     told, so nothing may be sent under a key signed landed, and a key signed
     not_landed may reach the world once.
     """
@@ -135,6 +136,10 @@ def review(sim: Simulation, event: Event) -> None:
     if decision in {"settle", "accept"} and kind in UNKNOWN:
         key = earlier_key(case) if kind is CaseKind.UNKNOWN_EARLIER else case.idempotency_key
         found = [r for r in sim.world.receptions if r.key == key]
+        if not found and sim.tickets.in_flight(key):
+            # The service is still carrying it out: a careful person waits to see it land
+            # rather than sign not_landed (exploration seeds 70797, 72229, 74202).
+            return
         if found:
             decision, evidence = "landed", f"{found[0].namespace}:{found[0].identity}"
         elif kind is CaseKind.UNKNOWN_EARLIER:

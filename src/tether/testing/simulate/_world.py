@@ -337,6 +337,10 @@ class SimTickets(RemoteEffect, _Fenced):
             del self._receipts[key]
         return old
 
+    def in_flight(self, key: str) -> bool:
+        """Whether a request under ``key`` is still being carried out (the truth)."""
+        return key in self._in_flight
+
     def held(self, key: str) -> Receipt | None:
         """The receipt the service holds under ``key`` (no fault applies: the truth)."""
         found = self._receipts.get(key)
