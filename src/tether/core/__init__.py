@@ -124,6 +124,7 @@ from tether.core._phases import (
 )
 from tether.core._rewind import (
     REWIND_MEMORY_KEY,
+    RestPoint,
     RewindPlan,
     RewindRefusedError,
     RewindScope,
@@ -231,6 +232,7 @@ __all__ = [
     "PreconditionFailedError",
     "Purpose",
     "Receipt",
+    "RestPoint",
     "RetiredKeyError",
     "RetrySemantics",
     "ReviewCase",
@@ -374,7 +376,15 @@ __all__ += [
 from tether.core import _people as people_rules  # noqa: E402
 from tether.core import _settle as settle_rules  # noqa: E402
 from tether.core import _steps as step_rules  # noqa: E402
-from tether.core._commit import Sealed, seal_commit, with_subject_terms  # noqa: E402
+from tether.core._commit import (  # noqa: E402
+    Sealed,
+    at_rest,
+    deferred,
+    rest_point,
+    rewind_point,
+    seal_commit,
+    with_subject_terms,
+)
 from tether.core._evidence import (  # noqa: E402
     active_approval,
     approval_problem,
@@ -400,6 +410,7 @@ from tether.core._ledger import (  # noqa: E402
 )
 from tether.core._transition import (  # noqa: E402
     Call,
+    Durability,
     Execute,
     ExecuteAnswer,
     ExecuteStatus,
@@ -416,6 +427,7 @@ from tether.core._transition import (  # noqa: E402
 
 __all__ += [
     "Call",
+    "Durability",
     "EffectTerms",
     "Execute",
     "ExecuteAnswer",
@@ -433,19 +445,23 @@ __all__ += [
     "Transition",
     "active_approval",
     "approval_problem",
+    "at_rest",
     "awaits_approval",
     "check_approval",
     "check_decision",
     "check_nonce",
     "committed_within_approval",
     "consumed_nonces",
+    "deferred",
     "keep_approval_nonce",
     "orphans_of",
     "people_rules",
     "redact_receipt",
     "remember_replay_approval",
     "replay_approved",
+    "rest_point",
     "retry_semantics",
+    "rewind_point",
     "seal_commit",
     "seal_entry",
     "settle_rules",

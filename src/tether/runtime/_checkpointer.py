@@ -62,6 +62,7 @@ from tether.core import (
     encode_valid_state,
     expand_payload,
     orphans_of,
+    rewind_point,
     step_rules,
     stray_error,
     validate_state,
@@ -509,6 +510,8 @@ class Checkpointer:
                 run_id=run_id,
             )
         ((digest, target),) = found.items()
+        # A checkpoint that carried a write's receipt, not at rest itself: its rest point.
+        target = rewind_point(target)
         _refuse_unsettled(target, trace)
         return target, digest
 
