@@ -155,6 +155,13 @@ def test_a_damaged_checkpoint_is_shown_as_such_and_nothing_of_it(waiting: _demo.
                 "UPDATE tether_checkpoints SET envelope = ? WHERE checkpoint_digest = ?",
                 (bytes(envelope).replace(b"calc.py", b"calx.py"), digest),
             )
+        # The pending write is a part of the signed state, stored by its digest: damaged too.
+        parts = db.execute("SELECT digest, body FROM tether_blobs").fetchall()
+        for digest, body in parts:
+            db.execute(
+                "UPDATE tether_blobs SET body = ? WHERE digest = ?",
+                (bytes(body).replace(b"calc.py", b"calx.py"), digest),
+            )
     db.close()
     page = c.get("/runs/demo-run")
     assert page.status_code == 500 and "Integrity" in page.text
