@@ -38,7 +38,7 @@ from tether.core import (
 )
 from tether.core._case_table import REVIEW_NAMESPACE
 from tether.crypto import Keyring, Signer, TrustRoots
-from tether.runtime import CrashPlan, CrashPoint, Runtime, SimulatedCrash, case_effect
+from tether.runtime import CrashPlan, CrashPoint, RunSession, Runtime, SimulatedCrash, case_effect
 from tether.store import SQLiteStore
 
 KEYRING = Keyring.generate("k1")
@@ -329,6 +329,17 @@ def frozen_ticket(tmp_path: Path, service: EffectsService, http: HttpEffect) -> 
     return session.state
 
 
+def decided(
+    tmp_path: Path, http: HttpEffect, state: RunState, decision: str, evidence: str | None = None
+) -> RunSession:
+    """Rita's signed ``decision`` delivered, then the run recovered and driven, as a worker would."""
+    rt = ticket_runtime(tmp_path, http)
+    rt.store.put_evidence("r1", "review_decision", signed(state, decision, evidence))
+    again = rt.recover("r1")
+    again.run()
+    return again
+
+
 def test_a_ticket_found_at_the_service_is_signed_landed(
     tmp_path: Path, service: EffectsService
 ) -> None:
@@ -340,12 +351,7 @@ def test_a_ticket_found_at_the_service_is_signed_landed(
         assert shown["request"] == f"POST {service.url}/tickets"
         assert key in shown["Idempotency-Key header"]
         (found,) = service.tickets()
-        rt = ticket_runtime(tmp_path, http)
-        rt.store.put_evidence(
-            "r1", "review_decision", signed(state, "landed", f"ticket {found['ticket_id']}")
-        )
-        again = rt.recover("r1")
-        again.run()
+        again = decided(tmp_path, http, state, "landed", f"ticket {found['ticket_id']}")
         assert again.state.phase is Phase.COMPLETED
     assert len(service.tickets()) == 1
 
@@ -356,10 +362,7 @@ def test_a_reviewer_who_wrongly_signs_not_landed_still_makes_one_ticket(
     """The resend goes under the same key, so a service that deduplicates answers it with the first ticket: still one."""
     with blind_http(service) as http:
         state = frozen_ticket(tmp_path, service, http)
-        rt = ticket_runtime(tmp_path, http)
-        rt.store.put_evidence("r1", "review_decision", signed(state, "not_landed"))
-        again = rt.recover("r1")
-        again.run()
+        again = decided(tmp_path, http, state, "not_landed")
         assert again.state.phase is Phase.COMPLETED
     assert len(service.tickets()) == 1
 
@@ -372,12 +375,7 @@ def test_compensate_undoes_a_ticket_whose_outcome_was_unknown_once(
         state = frozen_ticket(tmp_path, service, http)
         key = state.pending.idempotency_key if state.pending else ""
         (found,) = service.tickets()
-        rt = ticket_runtime(tmp_path, http)
-        rt.store.put_evidence(
-            "r1", "review_decision", signed(state, "compensate", str(found["ticket_id"]))
-        )
-        again = rt.recover("r1")
-        again.run()
+        again = decided(tmp_path, http, state, "compensate", str(found["ticket_id"]))
         assert again.state.phase is Phase.COMPLETED
         path = [status for status, _ in statuses(again.rt, key)]
     assert path[-2:] == ["committed", "compensated"]
@@ -388,12 +386,9 @@ def test_abort_fails_the_run_and_sends_nothing(tmp_path: Path, service: EffectsS
     """abort: the run fails, the ledger keeps the outcome unknown, the service holds one ticket."""
     with blind_http(service) as http:
         state = frozen_ticket(tmp_path, service, http)
-        rt = ticket_runtime(tmp_path, http)
-        rt.store.put_evidence("r1", "review_decision", signed(state, "abort"))
-        again = rt.recover("r1")
-        again.run()
+        again = decided(tmp_path, http, state, "abort")
         assert again.state.phase is Phase.FAILED
-        assert [e.status.value for e in rt.store.ledger("r1")][-1] == "outcome_unknown"
+        assert [e.status.value for e in again.rt.store.ledger("r1")][-1] == "outcome_unknown"
     assert len(service.tickets()) == 1
 
 
