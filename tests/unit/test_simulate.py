@@ -184,3 +184,18 @@ def test_a_reviewer_never_signs_not_landed_while_the_request_is_in_flight(seed: 
     """The seed keeps every invariant: nothing reaches the world twice after a person settles."""
     result = run(seed, knobs=CI_KNOBS)
     assert result.ok, result.violations
+
+
+#: Seeds where a person signed ``landed`` on a key the service had forgotten (past its
+#: retention), and the same effect proposed again was answered from the person's record.
+#: The judge asked the adapter for a receipt it can no longer hold; it now asks that a
+#: person signed the key landed, and the world holds the effect.
+PERSON_LANDED_REPLAY_SEEDS = (90843, 95697)
+
+
+@pytest.mark.parametrize("seed", PERSON_LANDED_REPLAY_SEEDS)
+def test_a_replay_stands_on_a_persons_landed_where_the_adapter_forgot_the_key(seed: int) -> None:
+    """The seed keeps every invariant: a replay settled by review rests on a signed landed."""
+    result = run(seed, knobs=CI_KNOBS)
+    assert result.ok, result.violations
+    assert result.events > 0

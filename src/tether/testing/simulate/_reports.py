@@ -64,10 +64,21 @@ def reported(sim: Simulation, slot: Any, outcome: Any) -> None:
         if gated and not _replay_approved(sim, action, replayed, now):
             sim.judge.fail(2, f"{action} ({item}) was replayed without an approval")
         caps = sim.scenario.tickets if item.kind == "ticket" else sim.scenario.workspace
-        if replayed is not None and caps.queryable:
+        if replayed is not None and replayed[2] == "review":
+            # A person's signed ``landed`` answers for a key the adapter no longer
+            # holds (that is why a person was asked): the replay must stand on such a
+            # signature, and the world's content (above) is what is judged
+            # (exploration seeds 90843, 95697).
+            if sim.judge.settled.get(replayed[0]) != "landed":
+                sim.judge.fail(
+                    3,
+                    f"{action} ({item}) replayed from a review record under "
+                    f"{replayed[0]}, which no person signed landed",
+                )
+        elif replayed is not None and caps.queryable:
             # Where the adapter cannot be asked, the signed ledger holds the only
             # copy of its receipt: the world's content (above) is what is judged.
-            key, receipt_id = replayed
+            key, receipt_id, _ = replayed
             adapter = sim.tickets if item.kind == "ticket" else sim.workspace
             held_receipt = adapter.held(key)
             # (The receipt id, not the fingerprint: the composite adapter
@@ -119,12 +130,13 @@ def _replayed_result(slot: Any, action: str) -> Any:
     return _UNSEEN
 
 
-def _replay_event(slot: Any, action: str) -> tuple[str, str] | None:
-    """The key and receipt id the run's ``effect_replayed`` event names."""
+def _replay_event(slot: Any, action: str) -> tuple[str, str, str] | None:
+    """The key, receipt id and settling authority the run's ``effect_replayed`` event names."""
     if slot.session is None:
         return None
     for event in reversed(slot.session.trace(4)):
         data = event.data
         if event.kind == "effect_replayed" and data.get("action_id") == action:
-            return str(data.get("idempotency_key")), str(data.get("receipt_id"))
+            key, receipt_id = str(data.get("idempotency_key")), str(data.get("receipt_id"))
+            return key, receipt_id, str(data.get("settled_by", ""))
     return None
