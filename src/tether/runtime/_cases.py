@@ -17,6 +17,7 @@ from typing import Any
 
 from tether.core import Compensation, LedgerEntry, ReviewCase, ReviewDecision, RunState, format_time
 from tether.core._case_table import CaseKind, case_kind, earlier_key, fitting, needs_evidence
+from tether.core._compensation import is_compensation
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,15 +98,17 @@ def case_effect(
     """
     kind = case_kind(case, state)
     key = earlier_key(case) if kind is CaseKind.UNKNOWN_EARLIER else case.idempotency_key
-    undo = next(
-        (e.terms.compensation.value for e in ledger if e.idempotency_key == key and e.terms),
-        None,
+    entries = [e for e in ledger if e.idempotency_key == key]
+    undo = next((e.terms.compensation.value for e in entries if e.terms), None)
+    pending_action = (
+        state.pending.action_id
+        if state.pending is not None and state.pending.idempotency_key == key
+        else ""
     )
-    offered = [
-        d
-        for d in fitting(kind)
-        if d is not ReviewDecision.COMPENSATE or undo in {None, Compensation.ADAPTER.value}
-    ]
+    action = pending_action or next((e.action_id for e in entries), "")
+    # A compensation is never itself undone (the runtime refuses it): not offered.
+    undoable = undo in {None, Compensation.ADAPTER.value} and not is_compensation(action)
+    offered = [d for d in fitting(kind) if d is not ReviewDecision.COMPENSATE or undoable]
     base: dict[str, Any] = {
         "case_id": case.case_id,
         "reason": case.reason,
