@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import operator
+import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
@@ -17,7 +18,7 @@ from typing import Any
 
 from tether.core._canonical import JSONValue
 from tether.core._contract import Contract
-from tether.core._errors import InvariantError, UnknownFieldError
+from tether.core._errors import InvariantError, SpecError, UnknownFieldError
 from tether.core._fields import Fields
 from tether.core._model import (
     CompletedWrite,
@@ -395,6 +396,34 @@ _FIELD_COUNT = len(_FIELD_NAMES_ORDERED)
 _all_fields = operator.attrgetter(*_FIELD_NAMES_ORDERED)
 _sink: collections.deque[None] = collections.deque(maxlen=0)
 _drain: Callable[[Iterable[None]], None] = _sink.extend
+
+
+#: The longest run id a run may take: it names the run in every row, URL and command.
+MAX_RUN_ID = 200
+
+
+def check_run_id(run_id: object) -> str:
+    """``run_id`` if a new run may take it, else :class:`SpecError` saying what to change.
+
+    A run id is typed back by people (``tether inspect RUN``), put in URLs and
+    stored in every row: it must be a non-empty string of at most
+    :data:`MAX_RUN_ID` characters, with no control characters (a NUL, a
+    newline) and no whitespace at either end. Any other character is kept.
+    """
+    if not isinstance(run_id, str):
+        raise SpecError("run_id", f"a run id is a string, not {type(run_id).__name__}")
+    if not run_id.strip():
+        raise SpecError("run_id", "a run id may not be empty or blank; name the run")
+    if run_id != run_id.strip():
+        raise SpecError("run_id", f"{run_id!r} has whitespace at an end; drop it")
+    if len(run_id) > MAX_RUN_ID:
+        raise SpecError(
+            "run_id", f"a run id has at most {MAX_RUN_ID} characters, not {len(run_id)}"
+        )
+    bad = next((c for c in run_id if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        raise SpecError("run_id", f"{run_id!r} holds the control character {bad!r}; drop it")
+    return run_id
 
 
 def working_ms(state: RunState, now: datetime, resumed_at: datetime | None = None) -> int:

@@ -181,8 +181,10 @@ class Keyring:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Keyring:
+        """The keyring in ``path``, refused if other users may read or write it."""
         try:
             data = Path(path).read_bytes()
+            _check_private(Path(path))
         except OSError as exc:
             missing = isinstance(exc, FileNotFoundError)
             raise KeyringError(
@@ -244,7 +246,6 @@ class Keyring:
             return named
         path = default_keyring_path(env)
         if path is not None and path.exists():
-            _check_private(path)
             return cls.from_file(path)
         raise KeyringError(
             f"no keyring: set {ENV_KEYRING_FILE} to a keyring file or {ENV_KEYRING} to its JSON"

@@ -63,7 +63,7 @@ from tether.core._ledger import retry_semantics
 from tether.core._policy_change import Adoption
 from tether.core._replay import effect_digest
 from tether.core._spec import MAX_TIMEOUT_S
-from tether.core._state import GENESIS_HASH
+from tether.core._state import GENESIS_HASH, check_run_id
 from tether.core._transition import LedgerNote
 from tether.crypto import Keyring, SecretBox, Signer, TrustRoots
 from tether.runtime import _humans
@@ -242,7 +242,7 @@ class Runtime:
         """Begin a new run in the task's expected initial environment."""
         env = self.adapter.environment()
         expected = self.task.initial_environment
-        run_id = run_id if run_id is not None else self.ids.new_id("run")
+        run_id = check_run_id(run_id) if run_id is not None else self.ids.new_id("run")
         if expected is not None and (
             env.namespace != expected.namespace
             or env.state_fingerprint != expected.state_fingerprint
@@ -320,7 +320,7 @@ class Runtime:
         the first), so starting it again is safe. Any later content without a
         mark means the mark was lost: that fails closed.
         """
-        if self.checkpointer.marks.get_mark(run_id) is None:
+        if self.checkpointer.marks.get_mark(check_run_id(run_id)) is None:
             newest = self.store.newest_generation(run_id)
             if newest is not None and newest > 1:
                 raise MissingHighWaterMarkError(run_id)
