@@ -28,6 +28,7 @@ from tether.core import _replay as replay_rules
 from tether.core import _steps as step_rules
 from tether.runtime._chains import ProvenChain
 from tether.runtime._checkpointer import Checkpointer
+from tether.store import KeyClock
 
 
 class History:
@@ -73,6 +74,17 @@ class History:
         record = replay_rules.known_effects(entries).get(digest)
         self._effects[digest] = record
         return record
+
+    def key_age(self, digest: str, key: str) -> float | None:
+        """Seconds since the store recorded ``key``'s first row of effect ``digest``, by its clock.
+
+        ``None`` where the store keeps no such time (``tether.store.KeyClock``):
+        the retention rule then charges a skew margin instead.
+        """
+        content = self._cp.content
+        if not isinstance(content, KeyClock):
+            return None
+        return content.key_age_s(self._base.run_id, digest, key)
 
     def _recorded(self, digest: str) -> list[LedgerEntry]:
         """The effect's entries up to the base's signed length, each proven on the chain."""
