@@ -189,7 +189,7 @@ class HistorySQL(SQLEngine):
         now, first = row
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (now, first)):
             raise StoreError(f"run {run_id}: a ledger row's store time is not an integer")
-        return (now - first) / 1_000_000
+        return float(now - first) / 1_000_000
 
     def ledger_chain(
         self, run_id: str, head: str, limit: int | None = None, *, before: int | None = None
