@@ -19,8 +19,8 @@ from tether.adapters import (
 )
 from tether.core import (
     ActionClass,
-    AdapterUnavailableError,
     ActionKind,
+    AdapterUnavailableError,
     CanonicalJSONError,
     EffectRecord,
     EffectStatus,
