@@ -295,17 +295,9 @@ def _check_not_landed(
     )
     # Absence is final only under the terms every send was made under, and only
     # while the key is young on the store's clock as well as this runtime's.
-    digest = rt.effect_digest(pending.intent)
-    record = session.history.effect(digest)
-    sent = None if record is None else record.unsettled
-    terms = (
-        sent.sent_under
-        if sent is not None and sent.idempotency_key == case.idempotency_key
-        else None
-    )
-    settling = settling_capabilities(caps, terms)
+    settling = settling_capabilities(caps, session.history.sent_under(pending, rt.effect_digest))
     age = (
-        session.history.key_age(digest, pending.idempotency_key)
+        session.history.pending_age(pending, rt.effect_digest)
         if answer is not None and settling.retention_s is not None
         else None
     )

@@ -60,7 +60,6 @@ from tether.core._evidence import awaits_approval
 from tether.core._held import AfterSettle, HeldKind, after_settle, held_kind
 from tether.core._listing import listing_of
 from tether.core._retry import step_progressed
-from tether.core._terms import SentTerms
 from tether.core._transition import (
     Execute,
     ExecuteAnswer,
@@ -419,30 +418,11 @@ class RunSession(LeaseHolder):
             namespace=namespace_of(rt.adapter, kind),
             forbidden=rt.held_problem(self.state),  # judged again before any send
             policy_version=rt.binding.policy_version,
-            sent_under=self._sent_under(pending),
-            key_age_s=self._key_age(pending) if aged and caps.retention_s is not None else None,
+            sent_under=self.history.sent_under(pending, rt.effect_digest),
+            key_age_s=self.history.pending_age(pending, rt.effect_digest)
+            if aged and caps.retention_s is not None
+            else None,
         )
-
-    def _key_age(self, pending: PendingWrite | None) -> float | None:
-        """The pending write's key's age by the store's clock (``None``: it cannot say)."""
-        if pending is None or not pending.mutating or pending.status is EffectStatus.INTENDED:
-            return None
-        return self.history.key_age(self.rt.effect_digest(pending.intent), pending.idempotency_key)
-
-    def _sent_under(self, pending: PendingWrite | None) -> SentTerms | None:
-        """What the ledger records the pending write's sends were made under (``None``: unknown).
-
-        Read from the ledger's entries of its effect, under its key: ledger
-        rows written before the ledger recorded terms (or effect digests)
-        give ``None``, and the adapter's declaration now decides, as before.
-        """
-        if pending is None or pending.status is EffectStatus.INTENDED:
-            return None
-        record = self.history.effect(self.rt.effect_digest(pending.intent))
-        sent = None if record is None else record.unsettled
-        if sent is None or sent.idempotency_key != pending.idempotency_key:
-            return None
-        return sent.sent_under
 
     def decide(self, rule: Any, *, aged: bool = False) -> Transition:
         """Evaluate a pure rule; one that asks for the environment is given it, and asked again.
