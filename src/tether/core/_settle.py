@@ -37,7 +37,9 @@ refused (recorded as refused)       sent once: rejected, the run goes on;
 unavailable                         retry later, nothing changes
 absent, final or idempotent        approval gate; send again, same key (a
                                     retry: a refusal means outcome unknown);
-                                    a key past the adapter's retention:
+                                    a key past the adapter's retention (its
+                                    age the larger of the store's clock's and
+                                    the runtime's, ``_retention``):
                                     outcome unknown -> needs_review
 inconclusive (answered, proving     as absent, never final: idempotent ->
 nothing), idempotent                send again, same key (as above)
