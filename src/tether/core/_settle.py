@@ -37,7 +37,9 @@ refused (recorded as refused)       sent once: rejected, the run goes on;
 unavailable                         retry later, nothing changes
 absent, final or idempotent        approval gate; send again, same key (a
                                     retry: a refusal means outcome unknown);
-                                    a key past the adapter's retention:
+                                    a key past the adapter's retention (its
+                                    age the larger of the store's clock's and
+                                    the runtime's, ``_retention``):
                                     outcome unknown -> needs_review
 inconclusive (answered, proving     as absent, never final: idempotent ->
 nothing), idempotent                send again, same key (as above)
@@ -108,6 +110,7 @@ from tether.core._compensation import compensated_note
 from tether.core._evidence import approval_problem, committed_within_approval
 from tether.core._model import CompletedWrite, PendingWrite, Receipt
 from tether.core._phases import EffectStatus, OutcomeReason, Phase, ReviewReason
+from tether.core._retention import key_age, remembered
 from tether.core._retry import in_flight_allowance, records_resend
 from tether.core._review import open_review
 from tether.core._state import RunState
@@ -374,20 +377,32 @@ def _past_retention(state: RunState, facts: Facts) -> Transition | None:
     """A freeze when the key may have outlived the adapter's memory of it, else ``None``.
 
     The key was minted with the intent, before any send, so its age is
-    measured from then: never younger than the adapter's oldest record of it.
+    measured from then: never younger than the adapter's oldest record of it;
+    on the store's clock as well as the runtime's (:mod:`tether.core._retention`),
+    so a worker whose clock runs behind cannot take a stale absence as final.
     """
     pending = _pending(state)
-    return _aged_out(
+    limit = facts.capabilities.retention_s
+    if remembered(limit, facts.now, pending.proposed_at, facts.key_age_s):
+        return None
+    age = key_age(facts.now, pending.proposed_at, facts.key_age_s)
+    return freeze(
         state,
         facts,
-        facts.capabilities.retention_s,
-        pending.proposed_at,
-        lambda age, limit: (
-            f"key {pending.idempotency_key} is {age:.0f} s old, past the "
-            f"{limit:g} s the adapter promises to remember keys: a look-up that finds nothing "
-            "proves nothing and a send could be a second effect; a person must decide"
-        ),
+        ReviewReason.OUTCOME_UNKNOWN,
+        None,
+        f"key {pending.idempotency_key} may be {age:.0f} s old ({_measured(facts)}), past the "
+        f"{limit:g} s the adapter promises to remember keys: a look-up that finds nothing "
+        "proves nothing and a send could be a second effect; a person must decide",
+        ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
     )
+
+
+def _measured(facts: Facts) -> str:
+    """Which clocks measured a key's age, for the person who reads why it froze."""
+    if facts.key_age_s is None:
+        return "by this runtime's clock plus a skew margin: the store could not say"
+    return "the larger of the store's and this runtime's measures"
 
 
 def _stuck(state: RunState, facts: Facts, detail: str) -> Transition | None:

@@ -232,3 +232,8 @@ class Facts:
     #: these and ``capabilities`` (:mod:`tether.core._terms`). ``None``: not
     #: recorded (or nothing was sent yet), ``capabilities`` alone decide.
     sent_under: SentTerms | None = None
+    #: The pending write's key's age in seconds by the STORE's clock (its now, less
+    #: when it recorded the key's first ledger row), read after any look-up; ``None``:
+    #: not read, or the store could not say (then a skew margin is charged instead:
+    #: :mod:`tether.core._retention`). Only the retention rule reads it.
+    key_age_s: float | None = None

@@ -60,7 +60,6 @@ from tether.core._evidence import awaits_approval
 from tether.core._held import AfterSettle, HeldKind, after_settle, held_kind
 from tether.core._listing import listing_of
 from tether.core._retry import step_progressed
-from tether.core._terms import SentTerms
 from tether.core._transition import (
     Execute,
     ExecuteAnswer,
@@ -373,7 +372,8 @@ class RunSession(LeaseHolder):
             if isinstance(call, Lookup):
                 answer = self.ask(call)
                 transition = self.decide(
-                    lambda facts, a=answer: settle_rules.after_lookup(self.state, facts, a)
+                    lambda facts, a=answer: settle_rules.after_lookup(self.state, facts, a),
+                    aged=True,  # read after the look-up answered: an upper bound on its time
                 )
             elif isinstance(call, ReadEnvironment):  # decide() answers it; never committed
                 raise ValueError("a transition that reads the environment was not decided")
@@ -388,8 +388,13 @@ class RunSession(LeaseHolder):
                     )
                 )
 
-    def facts(self) -> Facts:
-        """What a pure step may need now (the environment unread: a rule asks for it)."""
+    def facts(self, *, aged: bool = False) -> Facts:
+        """What a pure step may need now (the environment unread: a rule asks for it).
+
+        ``aged``: the step may judge the pending write's key against its
+        adapter's retention, so the key's age by the store's clock is read
+        too (one indexed read; never on a first send).
+        """
         rt = self.rt
         kind = None if self.state.pending is None else self.state.pending.intent.kind
         pending = self.state.pending
@@ -413,27 +418,18 @@ class RunSession(LeaseHolder):
             namespace=namespace_of(rt.adapter, kind),
             forbidden=rt.held_problem(self.state),  # judged again before any send
             policy_version=rt.binding.policy_version,
-            sent_under=self._sent_under(pending),
+            sent_under=self.history.sent_under(pending, rt.effect_digest),
+            key_age_s=self.history.pending_age(pending, rt.effect_digest)
+            if aged and caps.retention_s is not None
+            else None,
         )
 
-    def _sent_under(self, pending: PendingWrite | None) -> SentTerms | None:
-        """What the ledger records the pending write's sends were made under (``None``: unknown).
+    def decide(self, rule: Any, *, aged: bool = False) -> Transition:
+        """Evaluate a pure rule; one that asks for the environment is given it, and asked again.
 
-        Read from the ledger's entries of its effect, under its key: ledger
-        rows written before the ledger recorded terms (or effect digests)
-        give ``None``, and the adapter's declaration now decides, as before.
+        ``aged``: as for :meth:`facts` (after a look-up, or settling a write already sent).
         """
-        if pending is None or pending.status is EffectStatus.INTENDED:
-            return None
-        record = self.history.effect(self.rt.effect_digest(pending.intent))
-        sent = None if record is None else record.unsettled
-        if sent is None or sent.idempotency_key != pending.idempotency_key:
-            return None
-        return sent.sent_under
-
-    def decide(self, rule: Any) -> Transition:
-        """Evaluate a pure rule; one that asks for the environment is given it, and asked again."""
-        facts = self.facts()
+        facts = self.facts(aged=aged)
         transition: Transition = rule(facts)
         if isinstance(transition.call, ReadEnvironment):
             live = self.rt.adapter.environment()
@@ -734,7 +730,7 @@ class RunSession(LeaseHolder):
                     state, facts, kept.call, kept.answer
                 )
             )
-        return self._decide_and_apply(settle_rules.settle)
+        return self._decide_and_apply(settle_rules.settle, aged=True)
 
     def _observe(self) -> Outcome | tuple[RunState, list[Event], EnvironmentState]:
         """The budgets checked, then the environment read: the state a new action starts from."""
@@ -748,8 +744,8 @@ class RunSession(LeaseHolder):
         base, events = step_rules.begin_step(state, env)
         return base, events, env
 
-    def _decide_and_apply(self, rule: Any) -> Outcome:
-        return self.apply(self.decide(lambda facts: rule(self.state, facts)))
+    def _decide_and_apply(self, rule: Any, *, aged: bool = False) -> Outcome:
+        return self.apply(self.decide(lambda facts: rule(self.state, facts), aged=aged))
 
     def results(self) -> tuple[ActionResult, ...]:
         """The results of the actions the agent took at its previous step (from the checkpoint)."""
