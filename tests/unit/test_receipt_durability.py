@@ -131,6 +131,7 @@ def test_an_executed_receipt_is_deferred_only_where_the_table_says(
     assert [n.status for n in t.ledger] == [EffectStatus.COMMITTED]
     deferrable = settles_by_key(caps) and not approval
     assert t.durability is (Durability.DEFERRED if deferrable else Durability.NOW)
+    assert t.durable is not deferrable  # durable now, or with the run's next commit
 
 
 @pytest.mark.parametrize("caps", CAPS, ids=repr)

@@ -177,8 +177,11 @@ class Transition:
 
     @property
     def durable(self) -> bool:
-        """Whether this step needs a store commit before anything else happens."""
-        return self.state is not None
+        """Whether this step needs a store commit before anything else happens.
+
+        A deferred one (:class:`Durability`) commits too, but with the run's next commit.
+        """
+        return self.state is not None and self.durability is Durability.NOW
 
 
 class LookupStatus(StrEnum):
