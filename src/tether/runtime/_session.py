@@ -138,6 +138,16 @@ class RunSession(Committing):
         return self.state.run_id
 
     @property
+    def receipt_waiting(self) -> bool:
+        """Whether a write's receipt waits for the run's next commit (``Runtime.defer_receipts``).
+
+        Until it lands the store holds the generation before, with the write
+        ``dispatched``; the commit that carries it (the next generation) is the
+        write's rewind point. :meth:`land_deferred` writes it at once.
+        """
+        return self._deferred is not None
+
+    @property
     def effects(self) -> Mapping[str, replay_rules.EffectHistory]:
         """Every effect digest the ledger records, and what it knows of it (what replay matches).
 
