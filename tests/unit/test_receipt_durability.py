@@ -29,6 +29,7 @@ from tether.core import (
 )
 from tether.core import _settle as settle_rules
 from tether.core._commit import at_rest, deferred, rest_point, rewind_point, seal_commit
+from tether.core._terms import SentTerms, settling_capabilities
 from tether.core._transition import (
     Durability,
     Execute,
@@ -132,6 +133,29 @@ def test_an_executed_receipt_is_deferred_only_where_the_table_says(
     deferrable = settles_by_key(caps) and not approval
     assert t.durability is (Durability.DEFERRED if deferrable else Durability.NOW)
     assert t.durable is not deferrable  # durable now, or with the run's next commit
+
+
+SENT = [
+    SentTerms(idempotent=i, queryable=q, absent_is_final=f)
+    for i, q, f in itertools.product([None, False, True], repeat=3)
+]
+
+
+@pytest.mark.parametrize("caps", CAPS, ids=repr)
+@pytest.mark.parametrize("sent", SENT, ids=repr)
+def test_a_receipt_waits_only_where_the_terms_it_was_sent_under_settle_it_by_key(
+    caps: Capabilities, sent: SentTerms
+) -> None:
+    """A write whose earlier sends were made under weaker terms than today's is settled under those, so its receipt is durable at once unless they settle it by key."""
+    state = dispatched()
+    call = Execute(KEY, INTENT, PRE, retry=True)
+    answer = ExecuteAnswer(ExecuteStatus.COMMITTED, receipt())
+    t = settle_rules.after_execute(state, replace(facts(caps), sent_under=sent), call, answer)
+    assert t.state is not None and t.state.pending is None
+    deferrable = settles_by_key(settling_capabilities(caps, sent))
+    assert t.durability is (Durability.DEFERRED if deferrable else Durability.NOW)
+    if sent.idempotent is False and sent.absent_is_final is False:
+        assert t.durability is Durability.NOW  # nothing recovery could settle by key
 
 
 @pytest.mark.parametrize("caps", CAPS, ids=repr)
