@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ScriptedAgent, World, finish, make_policy, write
-from tether.adapters import Sandbox
 from tether.core import EffectStatus, GenerationConflictError, LeaseLostError, OutcomeKind, Phase
 from tether.crypto import Keyring
 from tether.runtime import CrashPlan, CrashPoint, SimulatedCrash
 from tether.store import SQLiteStore
+from tether.testing import Sandbox
 
 
 def writes(n: int) -> ScriptedAgent:
