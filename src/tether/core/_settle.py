@@ -74,6 +74,38 @@ the send returned or the look-up answered), an upper bound on its commit. Otherw
 freeze after a commit records ``committed`` first: whatever a person decides,
 the ledger says the effect happened.
 
+When the advance must be durable (``receipt_durability``): a write step is
+one durable commit where a lost receipt costs nothing but a question. The
+receipt of this step's own send rides on the run's next commit
+(``deferred``: the next intent, or the next checkpoint of any kind) when
+the adapter settles "sent, receipt not persisted" by key without a person:
+
+=============================================  ==========  ================
+receipt                                        adapter     durability
+=============================================  ==========  ================
+of this step's send, no approval, no undoing   idempotent  deferred
+of this step's send, no approval, no undoing   queryable,  deferred
+                                               absence
+                                               final
+a look-up's (nothing sent: a recovery's)       any         now
+of a write a person approved                   any         now
+of a compensation (it moves another effect)    any         now
+any other                                      any         now
+=============================================  ==========  ================
+
+Why deferred is safe there: a crash before the next commit leaves the
+signed state where the intent commit put it, the write ``dispatched``, and
+``settle`` above asks the adapter by key (committed: reconciled, nothing
+sent) or sends again under the key (idempotent: the same receipt). The
+deferred commit only ever lands inside the next commit's transaction, which
+is sealed on top of it: no effect leaves the process between a deferred
+receipt and that commit (every send waits for its own intent commit), so at
+most one receipt is ever not durable. Not deferred: a blind adapter (nothing
+could settle it), one whose look-up may miss a landed write and cannot
+deduplicate (a lost receipt would freeze a write that landed), a write a
+person approved (a resend after the crash would need the approval in force
+again), and a compensation (its commit also moves the effect it undid).
+
 Cancelling a dispatched write (``cancel_pending``) never sends it and never
 abandons it: the adapter is asked first where it can be; committed ->
 reconcile (then the run is cancelled with the effect on record); absent and
@@ -108,7 +140,7 @@ from tether.core import _policy_change as policy_rules
 from tether.core._canonical import digest
 from tether.core._compensation import compensated_note
 from tether.core._evidence import approval_problem, committed_within_approval
-from tether.core._model import CompletedWrite, PendingWrite, Receipt
+from tether.core._model import Capabilities, CompletedWrite, PendingWrite, Receipt
 from tether.core._phases import EffectStatus, OutcomeReason, Phase, ReviewReason
 from tether.core._retention import key_age, remembered
 from tether.core._retry import in_flight_allowance, records_resend
@@ -116,6 +148,7 @@ from tether.core._review import open_review
 from tether.core._state import RunState
 from tether.core._terms import settling_capabilities
 from tether.core._transition import (
+    Durability,
     Event,
     Execute,
     ExecuteAnswer,
@@ -556,14 +589,47 @@ def reconcile(state: RunState, facts: Facts, receipt: Receipt, *, fresh: bool) -
                 ledger=committed,
                 status=EffectStatus.COMMITTED,
             )
-    return advance(state, receipt, fresh=fresh, stateful=stateful)
+    durability = receipt_durability(
+        # What a recovery would settle the write under if this receipt were lost:
+        # the weaker of the terms its sends were made under and today's.
+        settling_capabilities(facts.capabilities, facts.sent_under),
+        fresh=fresh,
+        approved=facts.needs_approval,
+        undoes=compensated_note(pending, {}) is not None,
+    )
+    return advance(state, receipt, fresh=fresh, stateful=stateful, durability=durability)
 
 
-def advance(state: RunState, receipt: Receipt, *, fresh: bool, stateful: bool = True) -> Transition:
+def receipt_durability(
+    capabilities: Capabilities, *, fresh: bool, approved: bool, undoes: bool
+) -> Durability:
+    """When the advance a receipt implies must be durable (the table in the module docstring).
+
+    ``fresh``: the receipt answers this step's own send (not a look-up's);
+    ``approved``: the policy needs a person's approval for the write;
+    ``undoes``: the write is a compensation (its commit moves another effect).
+    """
+    settles_by_key = capabilities.idempotent or (
+        capabilities.queryable and capabilities.absent_is_final
+    )
+    if fresh and settles_by_key and not approved and not undoes:
+        return Durability.DEFERRED
+    return Durability.NOW
+
+
+def advance(
+    state: RunState,
+    receipt: Receipt,
+    *,
+    fresh: bool,
+    stateful: bool = True,
+    durability: Durability = Durability.NOW,
+) -> Transition:
     """The deterministic state transition a committed receipt implies.
 
     ``stateful``: the receipt's post-state is the run's environment now; a
     remote effect (``False``) leaves the environment where it was.
+    ``durability``: when its commit must land (:func:`receipt_durability`).
     """
     pending = _pending(state)
     kind = "effect_committed" if fresh else "effect_reconciled"
@@ -618,6 +684,7 @@ def advance(state: RunState, receipt: Receipt, *, fresh: bool, stateful: bool = 
             *extra_events,
         ),
         ledger=(LedgerNote(EffectStatus.COMMITTED, receipt.to_json()), *extra_notes),
+        durability=durability,
     )
 
 

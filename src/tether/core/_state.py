@@ -31,7 +31,7 @@ from tether.core._model import (
     parse_time,
 )
 from tether.core._phases import EffectStatus, Phase
-from tether.core._rewind import RewindPlan
+from tether.core._rewind import RestPoint, RewindPlan
 from tether.core._spec import Policy, PolicyChange, TaskSpec
 
 SCHEMA_VERSION = 4
@@ -249,6 +249,10 @@ class RunState:
     #: ``binding`` names): whether another policy may be adopted is its call,
     #: never the newcomer's. Checkpoints written before it read as ``refuse``.
     policy_change: PolicyChange = PolicyChange.REFUSE
+    #: Set only on a checkpoint that carried a deferred receipt and is not at
+    #: rest itself: the state at rest the run passed through right after that
+    #: write (its rewind point; see :class:`~tether.core.RestPoint`).
+    rest: RestPoint | None = None
 
     def evolve(self, **changes: Any) -> RunState:
         """A copy with ``changes`` applied (the state itself is immutable).
@@ -320,6 +324,8 @@ class RunState:
             body["last_outcome"] = self.last_outcome.to_json()
         if self.policy_change is not PolicyChange.REFUSE:
             body["policy_change"] = self.policy_change.value
+        if self.rest is not None:
+            body["rest"] = self.rest.to_json()
         return body
 
     @classmethod
@@ -337,6 +343,7 @@ class RunState:
         verification = f.optional_obj("verification")
         rewinding = f.optional_obj("rewinding")
         last_outcome = f.optional_obj("last_outcome") if f.has("last_outcome") else None
+        rest = f.obj("rest") if f.has("rest") else None
         state = cls(
             run_id=f.str("run_id"),
             generation=f.int("generation", minimum=1),
@@ -385,6 +392,7 @@ class RunState:
             else (),
             last_outcome=None if last_outcome is None else LastOutcome.parse(last_outcome),
             policy_change=_policy_change(f),
+            rest=None if rest is None else RestPoint.parse(rest),
         )
         f.done()
         return state
@@ -533,6 +541,11 @@ def check_state(state: RunState) -> None:
         raise breach("updated before it started")
     if state.ledger_length == 0 and state.ledger_head != GENESIS_HASH:
         raise breach("empty effect ledger with a non-genesis head")
+    rest = state.rest
+    if rest is not None and (
+        rest.trace_length > state.trace_length or rest.ledger_length > state.ledger_length
+    ):
+        raise breach("a rest point past the checkpoint's own trace or ledger")
     spent = [n.nonce for n in state.approval_nonces]
     if len(set(spent)) != len(spent):
         raise breach("an approval nonce is recorded as consumed twice")

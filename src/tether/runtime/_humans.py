@@ -211,6 +211,7 @@ def review(session: Session, document: Any, *, cursor: int | None = None) -> Run
     refuses it), the ledger's record of the effect a ``landed_earlier`` or a
     ``compensate`` names, and, for a compensation, its intent and a fresh key.
     """
+    session.land_deferred()  # the settlement reads the ledger by the state's heads
     rt, state = session.rt, session.state
     drift: tuple[str, EnvironmentState, Receipt | None] | None = None
     case = None

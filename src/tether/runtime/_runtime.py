@@ -94,6 +94,10 @@ class Runtime:
     ``agent`` is the code that decides each step (:meth:`RunSession.step`);
     leave it out for a run driven by the caller's own loop, whose effects go
     through :func:`tether.effects.call` (see :mod:`tether.runtime._effects`).
+    ``defer_receipts`` (default ``True``): where the adapter can be asked by
+    key or deduplicates, a write's receipt rides on the run's next commit, so
+    a write step is one durable commit (a crash before it is settled by asking
+    the adapter); ``False`` commits every receipt at once, on its own.
     """
 
     def __init__(
@@ -117,6 +121,7 @@ class Runtime:
         secrets: SecretBox | None = None,
         on_secrets_withheld: Withheld | str | None = None,
         contract: Contract | str = Contract.STANDARD,
+        defer_receipts: bool = True,
     ) -> None:
         self.store = store
         self.adapter = adapter
@@ -126,6 +131,9 @@ class Runtime:
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.ids: IdSource = ids if ids is not None else RandomIds()
         self.crash = crash
+        # A receipt core says may ride on the run's next commit does (one durable
+        # commit per write step); False commits every receipt on its own, at once.
+        self.defer_receipts = defer_receipts
         # Unique per process by default: two processes never share a worker id.
         self.worker = worker or f"{socket.gethostname()}-{os.getpid()}-{token_hex(3)}"
         self.trust = trust
