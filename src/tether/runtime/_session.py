@@ -42,7 +42,6 @@ from tether.core import (
     Outcome,
     OutcomeKind,
     OutcomeReason,
-    PendingWrite,
     Phase,
     PolicyError,
     Proposal,
