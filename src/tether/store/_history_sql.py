@@ -171,15 +171,18 @@ class HistorySQL(SQLEngine):
 
         The store's now and the row's stamp are read in one statement, so
         both are the store's clock (the one leases are judged by), whatever
-        the caller's. ``None`` when no row of ``effect`` under ``key`` carries
-        a stamp (written before the store recorded one). Found by the effect's
+        the caller's. ``None`` when any row of ``effect`` under ``key`` lacks a
+        stamp (written before the store recorded one): the first row may be
+        one of those, so the store cannot say, and the caller's margin applies
+        (a later row's stamp would make the key look younger than it is). Found by the effect's
         index; unverified, and only ever made larger by the caller's own clock
         (``tether.core._retention``), so an edited stamp cannot make a key
         younger than the runtime says it is.
         """
         row = self._read(
             lambda: self._one(
-                f"SELECT {self.clock_sql}, MIN(stored_us) FROM tether_ledger "
+                f"SELECT {self.clock_sql}, CASE WHEN COUNT(*) = COUNT(stored_us) "
+                "THEN MIN(stored_us) END FROM tether_ledger "
                 "WHERE run_id = ? AND effect = ? AND idempotency_key = ?",
                 (run_id, index_key(effect), key),
             )
