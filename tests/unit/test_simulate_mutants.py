@@ -17,7 +17,7 @@ from tether.testing.simulate._scenario import FOUND_DEFECTS
 #: mutant -> a seed of the CI corpus that catches it (from 1,000,001: a directed scenario).
 CAUGHT = {
     "settle_never_asks": 1_000_001,
-    "deferred_receipt_unasked": 1_000_013,
+    "deferred_receipt_unasked": 1_000_014,
     "blind_not_frozen": 1_000_011,
     "retention_ignored": 1_000_001,
     "approval_unchecked": 1_000_013,
@@ -31,7 +31,7 @@ CAUGHT = {
     "resend_recorded_each_time": 189,
     "held_write_not_rejudged": 12,
     "replay_receipts_unchecked": 1_000_037,
-    "replay_never_asks": 1_000_002,
+    "replay_never_asks": 1_000_031,
     "replay_absence_past_retention": 1_000_001,
     "replay_swallows_reverts": 37,
     "replay_foreign_receipt": 79,

@@ -190,10 +190,13 @@ def capability_mixes(remote: bool) -> tuple[Capabilities, ...]:
     """
     base = Capabilities(idempotent=True, queryable=True, conditional_writes=False)
     limit = 120.0 if remote else None  # a remote service may declare an in-flight limit
+    # The file workspace keeps its keys for ever (as FileWorkspace declares): its writes'
+    # receipts ride on the next commit; a remote service's keys are kept 60 s.
+    kept = 60.0 if remote else None
     return tuple(
         replace(c, stateful=not remote)
         for c in (
-            replace(base, retention_s=60.0),
+            replace(base, retention_s=kept),
             replace(base, idempotent=False, absent_is_final=False, in_flight_limit_s=limit),
             replace(base, idempotent=False, queryable=False),
             replace(base, queryable=False, retention_s=60.0, in_flight_limit_s=limit),
