@@ -4,7 +4,8 @@
 keyring and the world (``world.sqlite``, see ``_fnchild``); the run's store is
 ``DIR/runs.sqlite`` unless ``STORE_URL`` names another. The charge's body
 records ``entered``, waits for the file ``DIR/go``, records ``charge``, then
-waits for ``DIR/done`` (the test SIGKILLs it there, its receipt unrecorded).
+waits for ``DIR/done`` (the test SIGKILLs it there, its receipt unrecorded);
+with ``HOLD_S=<seconds>`` it sleeps that long instead and charges.
 The charge is found by key (``lookup``, an absence final), so a second
 process that recovered the run while the first is in the body would find
 nothing yet and charge again: the race an outside attacker won 10 of 30 times.
@@ -16,6 +17,7 @@ code 3 when the run is open in another process.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -45,11 +47,17 @@ def main(argv: list[str]) -> int:
 
     def find(key: str) -> dict[str, Any] | None:
         rows = [b for k, b in seen(root, "charge") if k == key]
-        return {"charge": rows[0]} if rows else None
+        return {"charged": json.loads(rows[0])} if rows else None  # what the body returned
+
+    hold_s = os.environ.get("HOLD_S")
 
     @tether.effect(KIND, target=None, lookup=find, absent_is_final=True)
     def charge(cents: int, idempotency_key: str) -> dict[str, Any]:
         record(root, "entered", idempotency_key, cents)
+        if hold_s is not None:  # a service that takes this long (the measurement's race)
+            time.sleep(float(hold_s))
+            record(root, "charge", idempotency_key, cents)
+            return {"charged": cents}
         _wait_for(root / "go")
         record(root, "charge", idempotency_key, cents)
         _wait_for(root / "done")

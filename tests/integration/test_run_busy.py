@@ -109,7 +109,9 @@ def test_two_processes_on_one_run_without_a_lease_act_once_and_a_rerun_after_sig
     assert answer == {"outcome": "replayed"}, answer  # the landed charge, found by key
     assert len(seen(tmp_path, "entered")) == 1  # the body never ran again
     assert len(seen(tmp_path, "charge")) == 1
-    print(f"rerun after SIGKILL opened and settled the run in {took:.2f} s (process start included)")
+    print(
+        f"rerun after SIGKILL opened and settled the run in {took:.2f} s (process start included)"
+    )
     store = open_store(store_url)
     try:
         statuses = [e.status for e in store.ledger("r")]
