@@ -72,7 +72,8 @@ def prepare(paths: _demo.DemoPaths) -> Signer:
     paths.workspace.mkdir(parents=True, exist_ok=True)
     paths.db.parent.mkdir(parents=True, exist_ok=True)
     (paths.workspace / "order.txt").write_text(ORDER)
-    Keyring.generate("demo-1").write_file(paths.keyring)
+    if not paths.keyring.exists():
+        Keyring.generate("demo-1").write_file(paths.keyring)
     with workspace(paths) as ws:
         fingerprint = ws.environment().state_fingerprint
     task = {
@@ -140,7 +141,9 @@ def run(paths: _demo.DemoPaths) -> dict[str, Any]:
         while session.state.plan_cursor < 4 and not session.state.phase.terminal:
             outcome = session.step()
             if outcome.event == "effect_committed" and session.state.plan_cursor == 1:
-                before_send = session.state.generation
+                # The write's rewind point: its own checkpoint, or, while its receipt
+                # waits, the next commit's (which records the state right after it).
+                before_send = session.state.generation + int(session.receipt_waiting)
         sent = len(_desk.delivered(maildir))
         story.append(
             f"1. the agent marked the order shipped (generation {before_send}), emailed the "

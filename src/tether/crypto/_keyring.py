@@ -20,6 +20,7 @@ from typing import Any
 
 from tether.core import CanonicalJSONError, TetherError, canonical_bytes, strict_loads
 from tether.core._fields import Fields
+from tether.crypto._private import write_private
 
 MIN_KEY_BYTES = 32
 ENV_KEYRING = "TETHER_KEYRING"
@@ -181,8 +182,10 @@ class Keyring:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Keyring:
+        """The keyring in ``path``, refused if other users may read or write it."""
         try:
             data = Path(path).read_bytes()
+            _check_private(Path(path))
         except OSError as exc:
             missing = isinstance(exc, FileNotFoundError)
             raise KeyringError(
@@ -193,17 +196,26 @@ class Keyring:
         keyring.source = os.fspath(path)
         return keyring
 
-    def write_file(self, path: str | os.PathLike[str]) -> None:
-        """Write the keyring to ``path`` with mode 0600, atomically."""
-        target = Path(path)
-        tmp = target.with_name(target.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    def write_file(self, path: str | os.PathLike[str], *, replace: bool = False) -> None:
+        """Write the keyring to ``path`` with mode 0600, atomically.
+
+        An existing file is never written over unless ``replace=True``: the keys
+        it holds verify every checkpoint signed under them, and a keyring lost
+        this way cannot be recovered.
+        """
         try:
-            os.write(fd, self.to_json())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
+            write_private(path, self.to_json(), what="keyring file", replace=replace)
+        except FileExistsError as exc:
+            raise KeyringError(
+                f"{exc}; its keys verify the checkpoints signed under them"
+                if exc.filename is None
+                else f"keyring file {os.fspath(path)!r} appeared while writing; nothing was "
+                "written over it"
+            ) from exc
+        except OSError as exc:
+            raise KeyringError(
+                f"cannot write keyring file {os.fspath(path)!r}: {exc.strerror}"
+            ) from exc
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Keyring:
@@ -215,7 +227,6 @@ class Keyring:
             return named
         path = default_keyring_path(env)
         if path is not None and path.exists():
-            _check_private(path)
             return cls.from_file(path)
         raise KeyringError(
             f"no keyring: set {ENV_KEYRING_FILE} to a keyring file or {ENV_KEYRING} to its JSON"

@@ -42,6 +42,7 @@ from tether.core import (
 from tether.core import _replay as replay_rules
 from tether.core._admission import check_admission
 from tether.core._cancel import check_cancel
+from tether.core._compensation import is_compensation
 from tether.core._evidence import check_approval, check_decision
 from tether.crypto import Role, Signer, TrustRoots
 from tether.runtime._cases import case_effect, pretty
@@ -181,6 +182,14 @@ def prepare_review(
         raise PolicyError(f"run {state.run_id} has no open review case {case_id!r}")
     _role(signer, Role.REVIEWER, "decide a review")
     effect = case_effect(state, case, view.ledger)
+    if decision == ReviewDecision.COMPENSATE.value and is_compensation(effect.action_id):
+        raise CompensationRefusedError(
+            f"run {state.run_id}: the write {effect.action_id!r} is itself a compensation, "
+            "which the runtime never undoes: sign landed or not_landed",
+            run_id=state.run_id,
+            idempotency_key=effect.idempotency_key,
+            compensation="none",
+        )
     if decision == ReviewDecision.COMPENSATE.value and effect.compensation not in {
         None,
         Compensation.ADAPTER.value,
@@ -365,7 +374,33 @@ def deliver(
         )
     state, _ = read_state(store, prepared.run_id, marks)
     _still_bound(prepared, state)
+    _none_waiting(store, prepared, state)
     return store.put_evidence(prepared.run_id, prepared.kind, prepared.document)
+
+
+def _none_waiting(store: ContentStore, prepared: Prepared, state: RunState) -> None:
+    """Refuse a second decision on a case while one the run has not read yet waits for it.
+
+    The run applies the first it reads and refuses the rest; a person who
+    signed from a stale screen (another terminal, an old tab) would otherwise
+    believe their decision stood. Once the run has read the waiting one, the
+    case is closed or open again, and a person looks again.
+    """
+    if prepared.kind != "review_decision":
+        return
+    case_id = prepared.body.get("case_id")
+    for item in store.evidence(prepared.run_id, after=state.inbox_cursor):
+        body = item.document.get("body")
+        if item.kind != "review_decision" or not isinstance(body, dict):
+            continue
+        if body.get("case_id") == case_id:
+            raise StaleViewError(
+                f"run {prepared.run_id}: a decision on case {case_id} already waits in the "
+                f"inbox (#{item.seq}: {body.get('decision')!s}, signed by "
+                f"{item.document.get('signer')!s}); the run applies it at its next step. "
+                "Nothing delivered: look again after that step",
+                run_id=prepared.run_id,
+            )
 
 
 def _still_bound(prepared: Prepared, state: RunState) -> None:

@@ -374,4 +374,15 @@ def migrations(
                 # run at recovery after it took their leases.
             ],
         ),
+        (
+            14,
+            [
+                # When the store recorded each ledger row, by the STORE's clock
+                # (microseconds, as leases are judged): a key's age against an
+                # adapter's retention is measured on it, so a worker whose clock
+                # runs behind cannot take a stale absence as final. NULL on rows
+                # written before: their age is judged with a skew margin instead.
+                "ALTER TABLE tether_ledger ADD COLUMN stored_us BIGINT",
+            ],
+        ),
     ]
