@@ -151,3 +151,31 @@ def test_a_hold_check_fails_once_the_process_no_longer_holds_the_run(url: str) -
     hold.release()
     with pytest.raises(RunBusyError):
         hold.check()
+
+
+def test_a_forked_child_holds_nothing_and_leaves_its_parent_holding(url: str) -> None:
+    """After fork the child's inherited hold fails its check and the run stays the parent's."""
+    store = _open(url)
+    hold = store.hold_run("r")
+    pid = os.fork()
+    if pid == 0:  # the child: leave without running the parent's cleanups
+        code = 1
+        try:
+            hold.check()
+        except RunBusyError:
+            try:
+                _open(url).hold_run("r")
+            except RunBusyError:
+                code = 0  # refused: the parent still holds it
+        finally:
+            hold.release()  # lets go of nothing of the parent's
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    hold.check()  # the parent's hold survived the child's exit and its release
+    other = Other(url, "r")
+    try:
+        assert other.said() == "busy"
+    finally:
+        other.end()
+    hold.release()

@@ -145,7 +145,8 @@ def test_a_session_open_in_this_process_refuses_another_process_until_it_is_rele
 
 
 def test_a_lost_hold_sends_nothing(tmp_path: Path) -> None:
-    """A run lock file deleted under a live process: its next effect is refused before it is sent."""
+    """A run lock file deleted under a live process: its next effect is refused before it is sent,
+    and the run opened again sends it once."""
     sent: list[str] = []
 
     @tether.effect(KIND, target=None, idempotent=True)
@@ -162,6 +163,9 @@ def test_a_lost_hold_sends_nothing(tmp_path: Path) -> None:
             charge(500)
         assert refused.value.run_id == "r"
     assert sent == []
+    with effects.run(rt, "r"):  # opened again: the run is held afresh, and the write goes once
+        charge(500)
+    assert len(sent) == 1
 
 
 def test_a_leased_runtime_takes_no_hold_and_an_unleased_one_does(tmp_path: Path) -> None:

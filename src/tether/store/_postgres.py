@@ -579,6 +579,7 @@ class _AdvisoryLock:
     def __init__(self, holder: _HoldingConnection, key: int) -> None:
         self._holder = holder
         self._key = key
+        self._forgotten = False
 
     @classmethod
     def take(cls, dsn: str, connect: dict[str, Any], run_id: str) -> _AdvisoryLock | None:
@@ -600,6 +601,8 @@ class _AdvisoryLock:
     def let_go(self) -> None:
         import psycopg
 
+        if self._forgotten:
+            return  # a forked child's copy: the connection is the parent's
         holder = self._holder
         holder.locks -= 1
         try:
@@ -611,9 +614,12 @@ class _AdvisoryLock:
             _drop(holder)
 
     def alive(self) -> bool:
+        if self._forgotten:
+            return False
         return _holding.get(self._holder.dsn) is self._holder and self._holder.alive()
 
     def forget(self) -> None:
+        self._forgotten = True
         holder = self._holder
         if _holding.get(holder.dsn) is holder:
             del _holding[holder.dsn]

@@ -96,9 +96,10 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 class RunHold:
     """One opener's share of this process's hold on a run; :meth:`release` gives it up once."""
 
-    def __init__(self, place: str, run_id: str) -> None:
+    def __init__(self, place: str, run_id: str, held: _Held) -> None:
         self.run_id = run_id
         self._key = (place, run_id)
+        self._held = held
         self._released = False
 
     def release(self) -> None:
@@ -107,12 +108,11 @@ class RunHold:
             if self._released:
                 return
             self._released = True
-            held = _registry.held.get(self._key)
-            if held is None:
-                return
+            held = self._held
             held.count -= 1
             if held.count <= 0:
-                del _registry.held[self._key]
+                if _registry.held.get(self._key) is held:
+                    del _registry.held[self._key]
                 held.lock.let_go()
 
     def check(self) -> None:
@@ -120,11 +120,12 @@ class RunHold:
 
         The lock can be lost under a live process (its PostgreSQL connection
         dropped, its lock file deleted): another process may then have opened
-        the run, so nothing is sent on the old hold.
+        the run and moved it on, so nothing is sent on the old hold, even
+        after a later opener of this process took the lock afresh.
         """
         with _registry.lock:  # a PostgreSQL lock's connection is in use under it
-            held = _registry.held.get(self._key)
-            alive = held is not None and held.lock.alive()
+            held = self._held
+            alive = _registry.held.get(self._key) is held and held.lock.alive()
         if not alive:
             raise RunBusyError(
                 f"run {self.run_id}: this process no longer holds the run (its lock was "
@@ -148,7 +149,8 @@ class HoldsRuns:
         key = (place, run_id)
         with _registry.lock:
             held = _registry.held.get(key)
-            if held is None:
+            if held is None or not held.lock.alive():
+                # Not held here, or held and lost: take it afresh.
                 lock = self._try_hold(run_id)
                 if lock is None:
                     raise RunBusyError(
@@ -158,9 +160,10 @@ class HoldsRuns:
                         "on one run, give every runtime lease_ttl_s=",
                         run_id=run_id,
                     )
+                # A lost one stays with its shares (they let it go), never to pass a check again.
                 held = _registry.held[key] = _Held(lock, 0)
             held.count += 1
-        return RunHold(place, run_id)
+        return RunHold(place, run_id, held)
 
     def _hold_place(self) -> str:
         """Where this store's run locks live (one place shares one process-wide lock per run)."""

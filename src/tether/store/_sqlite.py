@@ -92,8 +92,10 @@ class SQLiteStore(SQLBase, HoldsRuns):
             )
         self.path = Path(path)
         self.read_only = read_only
-        # Resolved now: a later chdir must not move the run locks away from the database.
-        self._locks = self.path.resolve().with_name(self.path.name + "-locks")
+        # Resolved now (a later chdir must not move the run locks away from the
+        # database), and through symlinks: every name of one file shares its locks.
+        resolved = self.path.resolve()
+        self._locks = resolved.with_name(resolved.name + "-locks")
         if (read_only or not create) and not self.path.is_file():
             # Opening would create (and a migration fill) a database nobody asked for.
             raise StoreUnavailableError(f"no SQLite store at {str(self.path)!r}")
@@ -291,7 +293,7 @@ class _FileLock:
     """
 
     def __init__(self, fd: int, path: Path) -> None:
-        self._fd = fd
+        self._fd: int | None = fd
         self._path = path
         self._inode = os.fstat(fd).st_ino
 
@@ -309,17 +311,23 @@ class _FileLock:
         return cls(fd, path)
 
     def let_go(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self._fd)  # closing the only descriptor drops the flock
+        self._close()  # closing the only descriptor drops the flock
 
     def alive(self) -> bool:
         # A lock file deleted or replaced under us no longer keeps others out.
+        if self._fd is None:
+            return False
         try:
             return os.stat(self._path).st_ino == self._inode
         except OSError:
             return False
 
     def forget(self) -> None:
-        # The child's copy of the descriptor only: the parent's lock stays.
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
+        self._close()  # the child's copy of the descriptor only: the parent's lock stays
+
+    def _close(self) -> None:
+        # Once only: the number may name another file after it is closed.
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
