@@ -179,3 +179,41 @@ def test_a_forked_child_holds_nothing_and_leaves_its_parent_holding(url: str) ->
     finally:
         other.end()
     hold.release()
+
+
+@pytest.mark.postgres
+def test_a_dropped_postgres_connection_loses_the_hold_and_the_next_opener_takes_it_afresh() -> None:
+    """The server ends the holding session: its hold fails its check; opening again holds anew."""
+    import hashlib
+
+    import psycopg
+
+    dsn = pg_dsn()
+    with fresh_schema(dsn) as schema:
+        url = url_in_schema(dsn, schema)
+        store = _open(url)
+        hold = store.hold_run("r")
+        key = hashlib.sha256(f"tether-run\0{schema}\0r".encode()).digest()[:8]
+        unsigned = int.from_bytes(key, "big")
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            rows = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
+                "AND classid = %s AND objid = %s AND objsubid = 1 "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                (unsigned >> 32, unsigned & 0xFFFFFFFF),
+            ).fetchall()
+        assert rows == [(True,)]  # exactly this test's holding session
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                hold.check()
+            except RunBusyError:
+                break
+            assert time.monotonic() < deadline, "the lost hold still passed its check"
+            time.sleep(0.01)
+        again = store.hold_run("r")
+        again.check()
+        with pytest.raises(RunBusyError):
+            hold.check()  # the lost one stays refused
+        hold.release()
+        again.release()
