@@ -57,6 +57,16 @@ class EffectTerms:
     #: effect is replayed, not sent. ``None`` on entries written before it existed.
     effect: str | None = None
 
+    @property
+    def target_key(self) -> str:
+        """What the effect acts on, as a digest of (namespace, kind, target).
+
+        The store indexes committed entries by it, so the replay rule learns
+        whether another effect was committed on a target since (A, B, A)
+        without reading the run's history.
+        """
+        return target_digest(self.adapter, self.kind, self.target)
+
     def to_json(self) -> dict[str, JSONValue]:
         body: dict[str, JSONValue] = {
             "adapter": self.adapter,
@@ -70,6 +80,11 @@ class EffectTerms:
         if self.effect is not None:
             body["effect"] = self.effect
         return body
+
+
+def target_digest(namespace: str, kind: str, target: str) -> str:
+    """The digest two effects share exactly when they act on the same target."""
+    return digest({"namespace": namespace, "kind": kind, "target": target})
 
 
 def retry_semantics(capabilities: Capabilities) -> RetrySemantics:
