@@ -72,7 +72,8 @@ def prepare(paths: _demo.DemoPaths) -> Signer:
     paths.workspace.mkdir(parents=True, exist_ok=True)
     paths.db.parent.mkdir(parents=True, exist_ok=True)
     (paths.workspace / "order.txt").write_text(ORDER)
-    Keyring.generate("demo-1").write_file(paths.keyring)
+    if not paths.keyring.exists():
+        Keyring.generate("demo-1").write_file(paths.keyring)
     with workspace(paths) as ws:
         fingerprint = ws.environment().state_fingerprint
     task = {

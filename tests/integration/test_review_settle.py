@@ -38,7 +38,18 @@ from tether.core import (
 )
 from tether.core._case_table import REVIEW_NAMESPACE
 from tether.crypto import Keyring, Signer, TrustRoots
-from tether.runtime import CrashPlan, CrashPoint, RunSession, Runtime, SimulatedCrash, case_effect
+from tether.runtime import (
+    CrashPlan,
+    CrashPoint,
+    RunSession,
+    Runtime,
+    SimulatedCrash,
+    StaleViewError,
+    case_effect,
+    deliver,
+    open_run,
+    prepare_review,
+)
 from tether.store import SQLiteStore
 
 KEYRING = Keyring.generate("k1")
@@ -233,6 +244,32 @@ def test_a_nonce_spent_on_one_decision_is_refused_on_the_next(tmp_path: Path) ->
         session.run()
         assert session.state.phase is Phase.COMPLETED
     assert len(delivered(maildir)) == 1
+
+
+def test_a_second_decision_on_a_case_is_refused_while_the_first_waits_unread(
+    tmp_path: Path,
+) -> None:
+    """Two screens on one frozen case: the first decision delivered waits in the inbox; the second is refused (StaleViewError) and the run applies only the first."""
+    maildir = tmp_path / "Maildir"
+    with smtp_server(maildir, "drop_after_data") as port:
+        rt, state = frozen_email(tmp_path, port)
+        case_id = state.review_cases[-1].case_id
+        found = hints(state.review_cases[-1])["Message-ID"]
+        now = datetime.now(UTC)
+        first = prepare_review(
+            open_run(rt.store, "r1"), RITA, case_id, "landed", now=now, evidence=found
+        )
+        stale = prepare_review(open_run(rt.store, "r1"), RITA, case_id, "not_landed", now=now)
+        seq = deliver(rt.store, first)
+        with pytest.raises(StaleViewError, match=f"already waits in the inbox \\(#{seq}: landed"):
+            deliver(rt.store, stale)
+        assert [item.seq for item in rt.store.evidence("r1")] == [seq]  # nothing left behind
+        again = email_runtime(tmp_path, smtp_adapter(port)).recover("r1")
+        again.run()
+        assert again.state.phase is Phase.COMPLETED
+        with pytest.raises(StaleViewError, match="is closed"):
+            deliver(rt.store, stale)  # read now: the case it named is gone
+    assert delivered(maildir) == [found]
 
 
 def test_an_earlier_attempt_set_aside_by_a_replan_is_shown_whole_and_found_landed(

@@ -16,7 +16,7 @@ import tether
 from tether.core import ANY_TARGET, Phase, Risk, SpecError, TaskSpec, format_time
 from tether.core._canonical import digest
 from tether.core._spec import describe_changes
-from tether.crypto import Keyring, KeyringError, default_keyring_path
+from tether.crypto import Keyring, KeyringError, TrustError, default_keyring_path
 from tether.store import SQLiteStore
 from tether.testing import Sandbox
 
@@ -235,6 +235,27 @@ def test_the_default_keyring_is_made_once_private_and_read_back(tmp_path: Path) 
         "/h/.local/share/tether/keyring.json"
     )  # the XDG spec ignores a relative path
     assert default_keyring_path({}) is None
+
+
+def test_writing_a_keyring_over_an_existing_file_is_refused_unless_asked(tmp_path: Path) -> None:
+    """An existing keyring (its keys verify old checkpoints) is kept unless replace=True; a signer key always."""
+    path = tmp_path / "keyring.json"
+    first, second = Keyring.generate("first-1"), Keyring.generate("second-1")
+    first.write_file(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    with pytest.raises(KeyringError, match="already exists"):
+        second.write_file(path)
+    assert Keyring.from_file(path).key_ids == first.key_ids  # nothing was lost
+    assert not (tmp_path / "keyring.json.tmp").exists()
+    second.write_file(path, replace=True)
+    assert Keyring.from_file(path).key_ids == second.key_ids
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    with pytest.raises(KeyringError, match="cannot write keyring file"):
+        first.write_file(tmp_path / "missing" / "keyring.json")
+    signer = tether.Signer.generate("ops", "approver")
+    signer.write_file(tmp_path / "ops.key")
+    with pytest.raises(TrustError, match="already exists"):
+        tether.Signer.generate("ops", "approver").write_file(tmp_path / "ops.key")
 
 
 def test_a_named_keyring_comes_first(tmp_path: Path) -> None:

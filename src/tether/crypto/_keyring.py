@@ -193,17 +193,46 @@ class Keyring:
         keyring.source = os.fspath(path)
         return keyring
 
-    def write_file(self, path: str | os.PathLike[str]) -> None:
-        """Write the keyring to ``path`` with mode 0600, atomically."""
+    def write_file(self, path: str | os.PathLike[str], *, replace: bool = False) -> None:
+        """Write the keyring to ``path`` with mode 0600, atomically.
+
+        An existing file is never written over unless ``replace=True``: the keys
+        it holds verify every checkpoint signed under them, and a keyring lost
+        this way cannot be recovered.
+        """
         target = Path(path)
+        if not replace and target.exists():
+            raise KeyringError(
+                f"keyring file {os.fspath(target)!r} already exists; its keys verify the "
+                "checkpoints signed under them. Write elsewhere, or pass replace=True once "
+                "a copy of those keys is kept"
+            )
         tmp = target.with_name(target.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.write(fd, self.to_json())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.fchmod(fd, 0o600)  # an existing .tmp keeps its mode through O_CREAT
+                os.write(fd, self.to_json())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if replace:
+                os.replace(tmp, target)
+            else:
+                # link() refuses an existing name: a file made since the check above is kept.
+                try:
+                    os.link(tmp, target)
+                finally:
+                    tmp.unlink(missing_ok=True)
+        except FileExistsError as exc:
+            raise KeyringError(
+                f"keyring file {os.fspath(target)!r} appeared while writing; nothing was "
+                "written over it"
+            ) from exc
+        except OSError as exc:
+            raise KeyringError(
+                f"cannot write keyring file {os.fspath(target)!r}: {exc.strerror}"
+            ) from exc
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Keyring:

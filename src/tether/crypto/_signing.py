@@ -181,8 +181,22 @@ class Signer:
             ) from exc
 
     def write_file(self, path: str | os.PathLike[str]) -> None:
-        """Write the private key with mode 0600 (created that way, never widened)."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        """Write the private key with mode 0600 (created that way, never widened).
+
+        An existing file is never written over: the key it holds may be the only
+        copy of a signer a trust file names.
+        """
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError as exc:
+            raise TrustError(
+                f"signer key file {os.fspath(path)!r} already exists; nothing was written "
+                "over it (choose another path, or remove it once no trust file names it)"
+            ) from exc
+        except OSError as exc:
+            raise TrustError(
+                f"cannot write signer key file {os.fspath(path)!r}: {exc.strerror}"
+            ) from exc
         try:
             os.write(fd, self.to_json())
             os.fsync(fd)

@@ -365,7 +365,33 @@ def deliver(
         )
     state, _ = read_state(store, prepared.run_id, marks)
     _still_bound(prepared, state)
+    _none_waiting(store, prepared, state)
     return store.put_evidence(prepared.run_id, prepared.kind, prepared.document)
+
+
+def _none_waiting(store: ContentStore, prepared: Prepared, state: RunState) -> None:
+    """Refuse a second decision on a case while one the run has not read yet waits for it.
+
+    The run applies the first it reads and refuses the rest; a person who
+    signed from a stale screen (another terminal, an old tab) would otherwise
+    believe their decision stood. Once the run has read the waiting one, the
+    case is closed or open again, and a person looks again.
+    """
+    if prepared.kind != "review_decision":
+        return
+    case_id = prepared.body.get("case_id")
+    for item in store.evidence(prepared.run_id, after=state.inbox_cursor):
+        body = item.document.get("body")
+        if item.kind != "review_decision" or not isinstance(body, dict):
+            continue
+        if body.get("case_id") == case_id:
+            raise StaleViewError(
+                f"run {prepared.run_id}: a decision on case {case_id} already waits in the "
+                f"inbox (#{item.seq}: {body.get('decision')!s}, signed by "
+                f"{item.document.get('signer')!s}); the run applies it at its next step. "
+                "Nothing delivered: look again after that step",
+                run_id=prepared.run_id,
+            )
 
 
 def _still_bound(prepared: Prepared, state: RunState) -> None:

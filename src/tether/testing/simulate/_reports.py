@@ -97,7 +97,7 @@ def reported(sim: Simulation, slot: Any, outcome: Any) -> None:
 
 
 def _replay_approved(
-    sim: Simulation, action: str, replayed: tuple[str, str] | None, now: float
+    sim: Simulation, action: str, replayed: tuple[str, str, str] | None, now: float
 ) -> bool:
     """Whether a replay of a gated effect stands on an approval alive now: one a person
     signed for this very replay, or the one the effect was sent under, or one a person
