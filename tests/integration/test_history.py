@@ -240,9 +240,9 @@ def test_a_forged_row_a_look_up_finds_fails_closed(world: World) -> None:
     with sqlite3.connect(world.db) as conn:
         conn.execute(
             "INSERT INTO tether_ledger (run_id, hash, prev_hash, seq, idempotency_key, status, "
-            "action_id, intent_digest, receipt, epoch, at, terms, effect) "
+            "action_id, intent_digest, receipt, epoch, at, terms, effect, target) "
             "SELECT run_id, ?, prev_hash, seq, ?, status, ?, intent_digest, ?, epoch, at, terms, "
-            "effect FROM tether_ledger WHERE hash = ?",
+            "effect, target FROM tether_ledger WHERE hash = ?",
             (forged.hash, "idem-forged", "forged", '{"receipt_id":"rcpt-forged"}', real.hash),
         )
     session = rt.recover("r1")  # the forged row lies far below what a recovery reads
