@@ -20,7 +20,8 @@ a signed fork is armed for it                      forked: a new effect, once
 nothing                                            proceed: a new effect
 an unsettled attempt (dispatched, outcome          asked by its key:
 unknown):
-  committed, this attempt's key and intent         replay (settled by look-up)
+  committed, this attempt's key and intent         replay (settled by look-up), but
+                                                   as below where the target moved
   committed under the key, another intent          review (``key_conflict``):
                                                    never an answer for ours, nor
                                                    proof it did not land; going
@@ -228,9 +229,12 @@ class ReplayFacts:
     environment, or a declared ``target_state``), carrying the proposal out
     now would change its target (it does not hold what the write leaves);
     ``None``: the adapter was asked and could not tell. ``answer``: the adapter's look-up by :func:`lookup_key`'s key.
-    ``overwritten``: the ledger records another effect committed on the
-    same target (namespace, kind, target) after the known commit, read where
-    the adapter cannot read the target (see :attr:`Capabilities.targets`).
+    ``overwritten``: the ledger's newest commit on the same target
+    (namespace, kind, target) is another effect's, read where the adapter
+    cannot read the target (see :attr:`Capabilities.targets`): committed
+    after the known commit, or (an unsettled attempt) after a send that may
+    have landed before or after it, which only a state rewrite or a person
+    can treat as the same.
     ``approved``: an approval of exactly this replay holds. ``sensitive``: the policy marks the
     kind sensitive.
     """
@@ -354,6 +358,9 @@ def _judge_unsettled(facts: ReplayFacts, known: KnownEffect) -> Judgement:
         moved = _moved(facts, known)
         if moved is not None:
             return moved
+        verdict = overwritten_verdict(facts.capabilities, facts.overwritten)
+        if verdict is not None:
+            return Judgement(*verdict, known)  # it landed, and another effect since (A, B, A)
         # Only the result's digest where the kind is sensitive, as the ledger holds it.
         body = receipt.to_json()
         return Judgement(

@@ -76,8 +76,6 @@ def replay_or_fork(
         and not caps.tracks_targets
         and caps.targets is not Targets.COLLECTION  # the answer would change nothing
         and record is not None
-        and record.unsettled is None
-        and record.committed is not None
     ):
         # A, B, A where nothing can read the target: did another effect commit on it since?
         target = target_digest(namespace_of(rt.adapter, intent.kind), intent.kind, intent.target)
