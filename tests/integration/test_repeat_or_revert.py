@@ -52,14 +52,14 @@ def service() -> Iterator[Service]:
             self.end_headers()
             self.wfile.write(data)
 
-        def do_PUT(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_PUT(self) -> None:
             body = self._body()
             with held.lock:
                 held.settings[self.path] = body
                 held.puts.append((self.path, body))
             self._answer(200, {"path": self.path, "value": body})
 
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_POST(self) -> None:
             body = self._body()
             with held.lock:
                 held.tickets.append(body)
@@ -93,9 +93,7 @@ def _calls(rt: tether.Runtime, run_id: str, kind: str, target: str, bodies: list
     return seen
 
 
-def test_put_a_b_a_writes_a_again_and_the_service_holds_a(
-    tmp_path: Path, service: Service
-) -> None:
+def test_put_a_b_a_writes_a_again_and_the_service_holds_a(tmp_path: Path, service: Service) -> None:
     """PUT A, B, A: three requests reach the service and it holds A; A once more is replayed."""
     with HttpEffect(service.url, method="PUT", timeout_s=5) as put:
         rt = tether.guard(tmp_path / "runs.sqlite", put)
