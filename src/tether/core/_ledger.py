@@ -17,6 +17,7 @@ digest) and of the result inside the receipt.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -82,6 +83,9 @@ class EffectTerms:
         return body
 
 
+# Asked of every committed row written and read back (its index column is checked
+# against it); a run's targets are few and repeat, so their digests are kept.
+@functools.lru_cache(maxsize=1024)
 def target_digest(namespace: str, kind: str, target: str) -> str:
     """The digest two effects share exactly when they act on the same target."""
     return digest({"namespace": namespace, "kind": kind, "target": target})
