@@ -18,8 +18,9 @@ does one durable step per command unit:
 
 - ``tether-*``: one ``RunSession.step()`` of the real ``Runtime`` over the
   ``Sandbox`` adapter: a write gated, its key minted and intent persisted
-  (checkpoint commit), executed, its receipt recorded and the state advanced
-  (checkpoint commit). The agent keeps the state in ``AgentContext.memory``.
+  (one checkpoint commit, which carries the previous step's receipt),
+  executed, its receipt sealed and the state advanced (written with the next
+  step's commit). The agent keeps the state in ``AgentContext.memory``.
 - ``tethercommit-*``: one ``RunSession.commit`` of that run (after one real
   write): the next signed generation with the state rewritten in its
   context and one trace event, and no effect: tether's unit of durability,

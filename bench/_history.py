@@ -257,7 +257,7 @@ def measure_store(
         recovery["short_reads"], recovery["long_reads"] = reads
 
         # A write step at the end of each history, in the sessions recovered last:
-        # wall time (two durable commits, so the disk's fsync is much of it) and
+        # wall time (its durable commit, so the disk's fsync is much of it) and
         # this process's CPU time (what tether itself spends).
         walls: tuple[list[float], list[float]] = ([], [])
         cpus: tuple[list[float], list[float]] = ([], [])

@@ -294,6 +294,14 @@ def measure_commits(base: Path, settings: Settings, keyring: Keyring) -> CommitR
 # -- part 2: step cost against history ----------------------------------------------------
 
 
+def let_go(session: RunSession) -> None:
+    """Land a write's receipt that waits for the next commit (as a session letting go does),
+    so the run is recovered at rest rather than by settling that write."""
+    land = getattr(session, "land_deferred", None)  # absent in trees before receipts waited
+    if land is not None:
+        land()
+
+
 def reopen(session: RunSession, store: SQLiteStore, keyring: Keyring) -> RunSession:
     """The same run, recovered through another handle on its database (a new epoch)."""
     rt = session.rt
@@ -407,10 +415,12 @@ def measure_growth(base: Path, settings: Settings, keyring: Keyring) -> GrowthRe
         same_run = timed(long_run.step, before_pause)
         envelope_early = envelope_size(store, long_run)
         same_run = same_run.plus(timed(long_run.step, EARLY_STEPS - before_pause))
+        let_go(long_run)
     with SQLiteStore(path, synchronous="NORMAL") as store:
         long_run = reopen(long_run, store, keyring)
         drive(long_run, settings.long_steps - 2 * late_span, started + settings.drive_cap_s)
         normal = measure_windows(store, long_run, settings, keyring, "NORMAL")
+        let_go(long_run)
     with SQLiteStore(path, synchronous="FULL") as store:
         long_run = reopen(long_run, store, keyring)
         full = measure_windows(store, long_run, settings, keyring, "FULL")

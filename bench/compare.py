@@ -7,10 +7,11 @@ in a child process of its own over a fresh SQLite file or a fresh schema
 
 - **tether**: one ``RunSession.step()`` of the real ``Runtime`` over the
   ``Sandbox``: a write gated, its key minted and its intent persisted (one
-  checkpoint commit), the adapter's execute, the receipt and the advanced
-  state (a second checkpoint commit). That is the step whose effect tether
-  promises never to repeat, so it is what tether's "one durable step" costs;
-  it does two durable commits where the peers' steps do one or two.
+  checkpoint commit, which also carries the previous step's receipt), the
+  adapter's execute, the receipt and the advanced state (sealed, and written
+  with the next step's commit: the ``Sandbox`` can be asked by key). That is
+  the step whose effect tether promises never to repeat, so it is what
+  tether's "one durable step" costs: one durable commit, as the peers' steps.
 - **LangGraph** ``SqliteSaver`` / ``PostgresSaver``, and tether's own
   ``TetherSaver`` as an extra row: one super-step of a one-node
   ``StateGraph`` looping on itself, ``durability="sync"``.
@@ -96,8 +97,9 @@ ROWS = {
 BARES = ("bare-sqlite-wal", "bare-sqlite-delete", "bare-pg")
 STEP_WORDS = [
     "tether Runtime: one `RunSession.step()` over the `Sandbox` adapter: the write gated, "
-    "its key minted and intent persisted (checkpoint commit 1), executed, receipt and "
-    "advanced state recorded (checkpoint commit 2); the state lives in `AgentContext`",
+    "its key minted and intent persisted (one checkpoint commit, carrying the previous "
+    "step's receipt), executed, receipt and advanced state sealed (written with the next "
+    "step's commit); the state lives in `AgentContext`",
     "tether checkpoint commit (informational): one `RunSession.commit` of the next signed "
     "generation with the state rewritten in the agent context and one trace event, no "
     "effect (the unit `bench/checkpoint.py` measures)",

@@ -8,7 +8,8 @@ an older one on ``PYTHONPATH`` to compare them side by side:
     python bench/write_steps.py                       # this tree
     PYTHONPATH=/path/to/old/src python bench/write_steps.py
 
-It prints steps/s and durable commits per write step for each store.
+It prints steps/s, durable commits (SQLite) or client round trips (PostgreSQL)
+per write step, and this process's CPU per write step, for each store.
 """
 
 from __future__ import annotations
@@ -90,16 +91,17 @@ def runtime(store: Any, steps: int) -> Runtime:
     )
 
 
-def measure(store: Any, steps: int, commits: list[int]) -> tuple[float, float]:
-    """Write steps/s, and durable transactions per write step (``commits`` counts COMMITs)."""
+def measure(store: Any, steps: int, commits: list[int]) -> tuple[float, float, float]:
+    """Write steps/s, durable transactions per write step (``commits`` counts COMMITs), and
+    this process's CPU milliseconds per write step (what a loaded machine does not blur)."""
     session = runtime(store, steps).start(f"bench-{uuid.uuid4().hex[:8]}")
     session.step()  # warm up
     before = commits[0]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         session.step()
-    elapsed = time.perf_counter() - start
-    return steps / elapsed, (commits[0] - before) / steps
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return steps / elapsed, (commits[0] - before) / steps, cpu * 1000 / steps
 
 
 def count_sqlite_commits(store: Any) -> list[int]:
@@ -142,10 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tether from {where}")
     with tempfile.TemporaryDirectory() as tmp:
         store = tether.SQLiteStore(Path(tmp) / "bench.sqlite")
-        rate, commits = measure(store, args.steps, count_sqlite_commits(store))
+        rate, commits, cpu = measure(store, args.steps, count_sqlite_commits(store))
         store.close()
         print(
-            f"  sqlite   : {rate:7.1f} write steps/s, {commits:.1f} durable commits per write step"
+            f"  sqlite   : {rate:7.1f} write steps/s, {commits:.1f} durable commits per write "
+            f"step, {cpu:.2f} ms CPU per write step"
         )
     if args.pg:
         import psycopg
@@ -158,11 +161,11 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 sep = "&" if "?" in args.pg else "?"
                 pg = PostgresStore(f"{args.pg}{sep}options=-csearch_path%3D{schema}")
-                rate, trips = measure(pg, args.steps, count_pg_round_trips(pg))
+                rate, trips, cpu = measure(pg, args.steps, count_pg_round_trips(pg))
                 pg.close()
                 print(
                     f"  postgres : {rate:7.1f} write steps/s, {trips:.1f} round trips per write "
-                    "step (2 checkpoint commits)"
+                    f"step, {cpu:.2f} ms client CPU per write step"
                 )
             finally:
                 admin.execute(f"DROP SCHEMA {schema} CASCADE")

@@ -39,43 +39,9 @@ def open_ticket(title: str, idempotency_key: str) -> Any:
     return reply.raise_for_status().json()  # a 5xx or a lost reply: unknown, asked by key
 
 
-if not os.path.exists("keyring.json"):  # seals the runs' checkpoints: keep it, never print it
-    tether.Keyring.generate("tickets-1").write_file("keyring.json")
-identity = open_ticket.adapter.environment()  # a function's environment is its identity
-runtime = tether.Runtime(
-    store=tether.open_store("sqlite:///runs.sqlite"),
-    keyring=tether.Keyring.from_file("keyring.json"),
-    adapter=open_ticket.adapter,  # the function's own body performs tickets.open
-    task=tether.TaskSpec.from_json(
-        {
-            "task_id": "tickets",
-            "task_version": "1",
-            "allowed_kinds": ["tickets.open"],
-            "allowed_paths": [],
-            "permissions": ["tickets.open"],
-            "budgets": {"proposals": 10, "steps": 20, "wall_time_s": 3600, "cost": 10},
-            "initial_environment": {
-                "namespace": identity.namespace,
-                "state_fingerprint": identity.state_fingerprint,
-            },
-        }
-    ),
-    policy=tether.Policy.from_json(
-        {
-            "policy_id": "tickets",
-            "policy_version": "1",
-            "max_risk": "low",
-            "approval_ttl_s": 600,
-            "kinds": {
-                "tickets.open": {
-                    "risk": "low",
-                    "permission": "tickets.open",
-                    "needs_approval": False,
-                }
-            },
-        }
-    ),
-)
+# The task and policy are built from the declared effect; the keyring that seals the
+# runs' checkpoints is made on first use in ~/.local/share/tether/keyring.json (0600).
+runtime = tether.guard("sqlite:///runs.sqlite", open_ticket)
 
 with tether.effects.run(runtime, "case-1") as run:  # starts case-1, or recovers it
     if run.phase.terminal:

@@ -141,7 +141,9 @@ def run(paths: _demo.DemoPaths) -> dict[str, Any]:
         while session.state.plan_cursor < 4 and not session.state.phase.terminal:
             outcome = session.step()
             if outcome.event == "effect_committed" and session.state.plan_cursor == 1:
-                before_send = session.state.generation
+                # The write's rewind point: its own checkpoint, or, while its receipt
+                # waits, the next commit's (which records the state right after it).
+                before_send = session.state.generation + int(session.receipt_waiting)
         sent = len(_desk.delivered(maildir))
         story.append(
             f"1. the agent marked the order shipped (generation {before_send}), emailed the "

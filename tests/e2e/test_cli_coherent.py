@@ -78,7 +78,7 @@ def make_setup(world: World, tmp: Path, trusted: tuple[str, ...] | None) -> Setu
     trust_file.write_text(json.dumps({"signers": [s.trust_root() for s in signers.values()]}))
     trust = None if trusted is None else TrustRoots.of(*(signers[n].trust_root() for n in trusted))
     keyring = tmp / "keyring.json"
-    keyring.write_bytes(world.keyring.to_json())
+    world.keyring.write_file(keyring)
     world.policy = make_policy(kinds=GUARDED, approval_ttl_s=300)
     rt = world.runtime(
         ScriptedAgent([write("notes.txt", "v1\n", action_id="w1"), finish]), trust=trust
@@ -238,7 +238,7 @@ def test_a_reader_creates_nothing_where_no_store_is(
 ) -> None:
     """A read-only command on an absent file or an empty one says so in one line and writes nothing."""
     keyring = tmp_path / "keyring.json"
-    keyring.write_bytes(world.keyring.to_json())
+    world.keyring.write_file(keyring)
     stores = tmp_path / "stores"
     stores.mkdir()
     absent, empty = stores / "absent.sqlite", stores / "empty.sqlite"

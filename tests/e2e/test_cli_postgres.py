@@ -97,7 +97,7 @@ def test_a_command_on_an_empty_database_creates_nothing_and_says_so(
     """inspect, runs and the rest on a database without tether's tables: one line, no table made."""
     dsn, schema, url = empty
     keyring, key = tmp_path / "keyring.json", tmp_path / "alice.key"
-    keyring.write_bytes(world.keyring.to_json())
+    world.keyring.write_file(keyring)
     Signer.generate("alice", "approver").write_file(key)
     words = [w.format(key=key, keyring=keyring) for w in argv]
     code, _, err = run(capsys, *words, "--store", url)
@@ -113,7 +113,7 @@ def stored(empty: tuple[str, str, str], world: World, tmp_path: Path) -> Iterato
     alice = Signer.generate("alice", "approver")
     key, keyring = tmp_path / "alice.key", tmp_path / "keyring.json"
     alice.write_file(key)
-    keyring.write_bytes(world.keyring.to_json())
+    world.keyring.write_file(keyring)
     world.policy = make_policy(kinds=GUARDED, approval_ttl_s=300)
     with open_store(url) as store:
         rt = world.runtime(

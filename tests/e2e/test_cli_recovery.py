@@ -85,6 +85,7 @@ def stopped_run(tmp_path: Path) -> Iterator[tuple[Any, int]]:
             session = rt.start(_notify.RUN_ID)
             for _ in range(3):
                 session.step()
+            session.release()  # the process lets the run go: a waiting receipt lands
             store.close()
         yield paths, port
 

@@ -179,7 +179,7 @@ def test_the_next_command_printed_by_the_demo_runs_as_pasted(tmp_path: Path) -> 
 def test_keyring_new_writes_a_0600_keyring_and_never_overwrites(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """`tether keyring new` makes a loadable 0600 keyring and refuses an existing path."""
+    """`tether keyring new` makes a loadable 0600 keyring, refuses an existing path, and names the mkdir a missing directory needs."""
     path = tmp_path / "keyring.json"
     code, out, _ = run(capsys, "keyring", "new", str(path), "--json")
     assert code == 0 and json.loads(out)["key_ids"] == ["k1"]
@@ -189,6 +189,10 @@ def test_keyring_new_writes_a_0600_keyring_and_never_overwrites(
     code, out, _ = run(capsys, "keyring", "new", str(path), "--json")
     assert code == 1 and json.loads(out)["error"]["type"] == "FileExistsRefusedError"
     assert path.read_bytes() == before
+    missing = tmp_path / "nowhere" / "keyring.json"
+    code, _, err = run(capsys, "keyring", "new", str(missing))
+    assert code == 1 and f"mkdir -p {missing.parent}" in err and "Traceback" not in err
+    assert not missing.parent.exists()
 
 
 def test_trust_add_merges_public_halves_and_refuses_private_or_changed_keys(

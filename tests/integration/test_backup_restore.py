@@ -109,7 +109,7 @@ class BacksUpBeforeSecondWrite:
 
     def decide(self, context: AgentContext, observation: Observation) -> Decision:
         if context.plan_cursor == 1 and not self.site.backup.exists():
-            self.site.take_backup()  # write one is committed: this is the backup's moment
+            self.site.take_backup()  # write one was sent (its receipt waits): the backup's moment
         return self.script.decide(context, observation)
 
 
@@ -152,7 +152,10 @@ def test_a_restored_store_behind_committed_writes_goes_to_review_with_the_receip
         shown = {e["idempotency_key"] for e in case.evidence if e["kind"] == "unrecorded_receipt"}
         assert shown == later  # the adapter's receipts the restored ledger lacks
         ahead = next(e for e in case.evidence if e["kind"] == "environment_ahead")
-        assert (ahead["checkpoint"]["version"], ahead["live"]["version"]) == (1, 3)
+        # The backup was taken as the agent planned write two: write one's receipt was
+        # still waiting for the next commit, so the restored checkpoint holds write one
+        # dispatched, at version 0 (its key is in the restored ledger: not "unrecorded").
+        assert (ahead["checkpoint"]["version"], ahead["live"]["version"]) == (0, 3)
         assert worker.stats.parked == 0  # parked by the protocol, not by failing attempts
         assert site.workspace.write_count() == 3  # nothing was repeated
 

@@ -33,7 +33,17 @@ from tether.core import (
 )
 from tether.core._compensation import EffectRecord
 from tether.crypto import Keyring, Signer, TrustRoots
-from tether.runtime import AgentContext, CrashPlan, CrashPoint, Decision, Runtime, SimulatedCrash
+from tether.runtime import (
+    AgentContext,
+    CrashPlan,
+    CrashPoint,
+    Decision,
+    Runtime,
+    SimulatedCrash,
+    case_effect,
+    open_run,
+    prepare_review,
+)
 from tether.store import SQLiteStore
 
 KEYRING = Keyring.generate("k1")
@@ -357,4 +367,16 @@ def test_an_unknown_outcome_of_a_blind_compensation_goes_to_review(
         again = http_runtime(tmp_path, http).recover("r1")
         again.run()
         assert again.state.phase is Phase.NEEDS_REVIEW
+        # A compensation is never itself undone: the case does not offer it, nor takes it.
+        effect = case_effect(again.state, case, again.rt.store.ledger("r1"))
+        assert effect.decisions == ("landed", "not_landed", "replan", "abort")
+        with pytest.raises(CompensationRefusedError, match="itself a compensation"):
+            prepare_review(
+                open_run(rt.store, "r1"),
+                Signer.generate("rita", "reviewer"),
+                case.case_id,
+                "compensate",
+                now=datetime.now(UTC),
+                evidence="found",
+            )
     assert len(compensations(service)) == 1

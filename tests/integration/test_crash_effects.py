@@ -35,27 +35,30 @@ TRIALS = int(os.environ.get("TETHER_CRASH_TRIALS", "20"))
 REPO = Path(__file__).resolve().parents[2]
 
 # How often an unarmed run passes each point (checked below): four steps,
-# three effects, a checkpoint for the start, each effect's pending and
-# advance, the email's own dispatched commit (a mailbox search cannot prove
-# it was never sent), and the completion.
+# three effects, a checkpoint for the start and for each effect's intent;
+# the file's and the ticket's receipts ride on the next intent's commit
+# (the workspace and the ticket service are asked by key), the email's own
+# dispatched commit and its receipt's commit come at once (a mailbox search
+# cannot prove it was never sent), and the completion.
 PASSES = {
     P.BEFORE_PROPOSAL: 4,
     P.INTENT_PERSISTED: 3,
     P.EFFECT_SENT: 3,
+    P.RECEIPT_DEFERRED: 2,
     P.RECEIPT_PERSISTED: 3,
-    P.CHECKPOINT_WRITE: 9,
+    P.CHECKPOINT_WRITE: 7,
     P.CONTENT_BEFORE_MARK: 0,
 }
-# The three windows of the seed around each send (intent persisted, effect
-# sent, receipt persisted) get the full count of trials for the ticket (hit
-# 2) and the email (hit 3), and effect_sent for the file too; every other
-# pass of every point a few.
+# The windows of the seed around each send (intent persisted, effect sent,
+# receipt deferred, receipt persisted) get the full count of trials for the
+# ticket (hit 2) and the email (hit 3), effect_sent and receipt_deferred for
+# the file too; every other pass of every point a few.
 CELLS = [(point, hit) for point, count in PASSES.items() for hit in range(1, count + 1)]
-_WINDOWS = {P.INTENT_PERSISTED, P.EFFECT_SENT, P.RECEIPT_PERSISTED}
+_WINDOWS = {P.INTENT_PERSISTED, P.EFFECT_SENT, P.RECEIPT_DEFERRED, P.RECEIPT_PERSISTED}
 
 
 def trials_for(point: CrashPoint, hit: int) -> int:
-    if point is P.EFFECT_SENT or (point in _WINDOWS and hit in {2, 3}):
+    if point in {P.EFFECT_SENT, P.RECEIPT_DEFERRED} or (point in _WINDOWS and hit in {2, 3}):
         return TRIALS
     return 2
 

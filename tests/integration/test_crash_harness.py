@@ -21,14 +21,17 @@ from tether.testing.crash_harness import CrashHarnessError, Verdict, run_crash_h
 P = CrashPoint
 TRIALS = max(1, int(os.environ.get("TETHER_CRASH_TRIALS", "20")) // 10)
 # Two writes (the reply file, then the message) and a finish: the clean run's
-# passes of each point. With content and mark in one database the mark is
-# never apart, so content_before_mark is never passed.
+# passes of each point. Both adapters can be asked by key, so each receipt
+# rides on the next commit (the message's intent, then the completion): four
+# checkpoints. With content and mark in one database the mark is never apart,
+# so content_before_mark is never passed.
 PASSES = {
     P.BEFORE_PROPOSAL: 3,
     P.INTENT_PERSISTED: 2,
     P.EFFECT_SENT: 2,
+    P.RECEIPT_DEFERRED: 2,
     P.RECEIPT_PERSISTED: 2,
-    P.CHECKPOINT_WRITE: 6,
+    P.CHECKPOINT_WRITE: 4,
 }
 CLEAN = {"file.write": 1, "message.send": 1}
 

@@ -8,11 +8,13 @@ exactly once and the run is whole.
 
 What the demo run passes through, in order (pinned by
 ``test_demo_passes_each_point_as_the_matrix_assumes``): checkpoint 1
-genesis; before_proposal 1; checkpoint 2 pending intent; intent_persisted;
-effect_sent; receipt_persisted; checkpoint 3 advance; before_proposal 2;
-checkpoint 4 completion. ``checkpoint_write`` fires inside each checkpoint's
-transaction before COMMIT; ``content_before_mark`` after each content write
-when the mark is a separate database.
+genesis; before_proposal 1; checkpoint 2 the read; before_proposal 2;
+checkpoint 3 pending intent; intent_persisted; effect_sent;
+receipt_deferred (the receipt is sealed and waits for the next commit);
+before_proposal 3; checkpoint 4 completion, which carries the receipt
+(receipt_persisted inside it). ``checkpoint_write`` fires inside each
+checkpoint's transaction before COMMIT; ``content_before_mark`` after each
+content write when the mark is a separate database.
 """
 
 from __future__ import annotations
@@ -68,29 +70,30 @@ GENESIS = (1, Phase.RUNNING, 0, (), 0)
 READ = (2, Phase.RUNNING, 0, (), 0)  # the demo reads calc.py first: no ledger, no write
 PENDING_UNSENT = (3, Phase.PENDING, 0, DISPATCHED, 0)
 PENDING_SENT = (3, Phase.PENDING, 0, DISPATCHED, 1)
-ADVANCED = (4, Phase.RUNNING, 1, COMMITTED, 1)
 
 # What is durable when the process dies at the hit-th pass through a point.
-# `receipt_persisted` is inside the advancing commit now: co-located, that
-# transaction dies with the process; apart, its content (receipt included)
-# is written and the mark has not moved (see ORPHANED).
+# The write's receipt rides on the run's next commit (the completion here):
+# from the send until that commit lands, the store says `dispatched`, and
+# recovery settles it by asking the workspace by key. `receipt_persisted` is
+# inside that commit: co-located, the transaction dies with the process;
+# apart, its content (receipt included) is written and the mark has not
+# moved (see ORPHANED).
 DURABLE_AT = {
     (P.BEFORE_PROPOSAL, 1): GENESIS,
     (P.BEFORE_PROPOSAL, 2): READ,
-    (P.BEFORE_PROPOSAL, 3): ADVANCED,
+    (P.BEFORE_PROPOSAL, 3): PENDING_SENT,
     (P.INTENT_PERSISTED, 1): PENDING_UNSENT,
     (P.EFFECT_SENT, 1): PENDING_SENT,
+    (P.RECEIPT_DEFERRED, 1): PENDING_SENT,
     (P.RECEIPT_PERSISTED, 1): PENDING_SENT,
     (P.CHECKPOINT_WRITE, 1): NOTHING,
     (P.CHECKPOINT_WRITE, 2): GENESIS,
     (P.CHECKPOINT_WRITE, 3): READ,
     (P.CHECKPOINT_WRITE, 4): PENDING_SENT,
-    (P.CHECKPOINT_WRITE, 5): ADVANCED,
     (P.CONTENT_BEFORE_MARK, 1): NOTHING,
     (P.CONTENT_BEFORE_MARK, 2): GENESIS,
     (P.CONTENT_BEFORE_MARK, 3): READ,
     (P.CONTENT_BEFORE_MARK, 4): PENDING_SENT,
-    (P.CONTENT_BEFORE_MARK, 5): ADVANCED,
 }
 
 # With the mark apart, the commit that died wrote its content (ledger rows
@@ -102,7 +105,6 @@ ORPHANED = {
     (P.CONTENT_BEFORE_MARK, 2): (),
     (P.CONTENT_BEFORE_MARK, 3): DISPATCHED,
     (P.CONTENT_BEFORE_MARK, 4): COMMITTED,
-    (P.CONTENT_BEFORE_MARK, 5): COMMITTED,
 }
 
 
@@ -134,24 +136,25 @@ def _cases() -> list[Case]:
     # the others guard the remaining checkpoints with fewer trials.
     main, side = (TRIALS, TRIALS), (3, 5)
     shared = [
-        (P.BEFORE_PROPOSAL, 3, main),  # after the write: a naive resume would write again
+        # After the write, its receipt waiting in memory for the next commit: a
+        # naive resume would write again.
+        (P.BEFORE_PROPOSAL, 3, main),
         (P.BEFORE_PROPOSAL, 1, side),
         (P.BEFORE_PROPOSAL, 2, side),  # after the read: the agent must see the same result
         (P.INTENT_PERSISTED, 1, main),
         (P.EFFECT_SENT, 1, main),
+        (P.RECEIPT_DEFERRED, 1, main),  # the receipt sealed, not written
         (P.RECEIPT_PERSISTED, 1, main),
         (P.CHECKPOINT_WRITE, 3, main),  # the pending checkpoint
-        (P.CHECKPOINT_WRITE, 4, main),  # the advance after the receipt
+        (P.CHECKPOINT_WRITE, 4, main),  # the completion that carries the receipt
         (P.CHECKPOINT_WRITE, 1, side),
         (P.CHECKPOINT_WRITE, 2, side),
-        (P.CHECKPOINT_WRITE, 5, side),
     ]
     separate_only = [
         (P.CONTENT_BEFORE_MARK, 3, main),
+        (P.CONTENT_BEFORE_MARK, 4, main),  # the completion's content, receipt included
         (P.CONTENT_BEFORE_MARK, 1, side),
         (P.CONTENT_BEFORE_MARK, 2, side),
-        (P.CONTENT_BEFORE_MARK, 4, side),
-        (P.CONTENT_BEFORE_MARK, 5, side),
     ]
     cases = [
         Case(point, hit, placement, *runs)
@@ -295,9 +298,10 @@ def test_demo_passes_each_point_as_the_matrix_assumes(placement: Placement, tmp_
         P.BEFORE_PROPOSAL: 3,
         P.INTENT_PERSISTED: 1,
         P.EFFECT_SENT: 1,
+        P.RECEIPT_DEFERRED: 1,
         P.RECEIPT_PERSISTED: 1,
-        P.CHECKPOINT_WRITE: 5,
-        P.CONTENT_BEFORE_MARK: 5 if placement == "separate" else 0,
+        P.CHECKPOINT_WRITE: 4,
+        P.CONTENT_BEFORE_MARK: 4 if placement == "separate" else 0,
     }
     for point, count in expected.items():
         paths = seed(tmp_path / point.value, placement)
@@ -308,7 +312,7 @@ def test_demo_passes_each_point_as_the_matrix_assumes(placement: Placement, tmp_
                 state = rt.start(RUN_ID).run().state
             finally:
                 close_stores(rt)
-            assert (state.phase, state.generation, ws.write_count()) == (Phase.COMPLETED, 5, 1)
+            assert (state.phase, state.generation, ws.write_count()) == (Phase.COMPLETED, 4, 1)
         assert plan.hits == count, point
 
 
@@ -395,6 +399,30 @@ def test_effect_sent_receipt_not_persisted_is_reconciled_from_the_adapter(
         check_recovered(paths, before)
         (entry,) = outcome(paths).committed
         assert entry.idempotency_key == key
+        assert entry.receipt == before.adapter_receipt
+
+
+@pytest.mark.parametrize("placement", ["colocated", "separate"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("point", [P.RECEIPT_DEFERRED, P.BEFORE_PROPOSAL])
+def test_a_receipt_waiting_for_the_next_commit_is_asked_for_by_key(
+    point: CrashPoint, mode: Mode, placement: Placement, tmp_path: Path
+) -> None:
+    """A death while the receipt waits in memory for the next commit (sealed, or the agent deciding) leaves `dispatched` signed; recovery asks the workspace by key and records exactly its receipt, writing nothing again."""
+    hit = 1 if point is P.RECEIPT_DEFERRED else 3
+    for index in range(REPEATS[mode]):
+        paths = seed(tmp_path / f"run{index}", placement)
+        die(paths, point, hit, mode)
+        before = snapshot(paths)
+        assert before.state is not None and before.state.pending is not None
+        assert before.state.pending.status is EffectStatus.DISPATCHED
+        assert tuple(e.status for e in before.ledger) == DISPATCHED  # nothing orphaned either
+        assert before.window.workspace_writes == 1
+        assert before.adapter_receipt is not None
+        assert before.adapter_receipt["idempotency_key"] == before.state.pending.idempotency_key
+        come_back(paths, mode)
+        check_recovered(paths, before)
+        (entry,) = outcome(paths).committed
         assert entry.receipt == before.adapter_receipt
 
 

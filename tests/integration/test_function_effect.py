@@ -199,6 +199,7 @@ def test_a_compensation_cancels_the_ticket_once_under_its_own_key(
         done = open_ticket("printer on fire")
         assert done.receipt is not None
         key = done.receipt["idempotency_key"]
+        run.session.land_deferred()  # its receipt rides on the next commit: read it stored
         state = run.session.state
         record = EffectRecord.find(rt.checkpointer.verified_ledger(state), key)
         assert record is not None

@@ -88,6 +88,7 @@ def run(world: World, run_id: str, steps: int) -> None:
     session = runtime(world, run_id, ScriptedAgent([writer])).start(run_id)
     for _ in range(steps):
         assert session.step().kind is OutcomeKind.EXECUTED
+    session.land_deferred()  # the last receipt rides on no next commit: land it, as release() does
 
 
 def counted_recovery(world: World, run_id: str) -> tuple[int, int]:
@@ -394,6 +395,7 @@ def test_a_postgresql_store_from_before_the_index_columns_is_migrated_too(world:
                 session.step()
             session.rt.agent = ScriptedAgent([write("src/z.txt", "nul \x00 here\n", "anul")])
             assert session.step().kind is OutcomeKind.EXECUTED  # its intent's data holds NUL
+            session.land_deferred()  # its receipt too
         with psycopg.connect(in_schema(dsn, schema), autocommit=True) as conn:
             conn.execute("DROP INDEX tether_ledger_effect, tether_trace_action")
             conn.execute("ALTER TABLE tether_ledger DROP COLUMN effect")

@@ -206,12 +206,15 @@ def test_a_forged_row_fails_closed_with_the_mark_apart(world: World, tmp_path: P
         world.runtime(agent(), marks=marks).recover("r1")
 
 
-def test_two_commits_per_write_step(world: World) -> None:
-    """A write on a queryable adapter costs two durable commits: pending, then advance."""
-    rt = world.runtime(agent())
+@pytest.mark.parametrize("defer", [True, False])
+def test_commits_per_write_step(world: World, defer: bool) -> None:
+    """A write on a queryable adapter costs one durable commit (its receipt rides on the next), or two with defer_receipts=False."""
+    rt = world.runtime(agent(), defer_receipts=defer)
     session = rt.start("r1")
     before = session.state.generation
     session.step()
+    assert session.rt.checkpointer.marks.get_mark("r1").generation - before == (1 if defer else 2)
+    session.land_deferred()  # (nothing to land without deferral)
     assert session.state.generation - before == 2
     statuses = [e.status for e in rt.checkpointer.verified_ledger(session.state)]
     assert statuses == [EffectStatus.INTENDED, EffectStatus.DISPATCHED, EffectStatus.COMMITTED]

@@ -217,6 +217,64 @@ def test_a_gateway_killed_after_forwarding_leaves_the_call_to_a_person(setup: Se
     assert view.state.review_cases[-1].case_id in page
 
 
+def test_a_call_a_person_signs_landed_is_answered_from_the_record_and_never_made_again(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """A call left unknown by a killed gateway; a reviewer finds the row and signs landed: asked again, the agent is answered from the record, the upstream never sees it twice, and the run goes on."""
+    keys = tmp_path / "keys"
+    made = tether_main(["keys", "new", "--role", "reviewer", "--id", "rita", "--out", str(keys)])
+    assert made == 0
+    setup.trust = keys / "rita.trust.json"
+    setup.arm("parent")
+    anyio.run(call_killed, setup, "add_note", {"text": "wire the money"})
+    assert setup.rows() == 1
+
+    async def frozen() -> str:
+        async with connected(setup.gateway()) as client:
+            answer = await client.call_tool("add_note", {"text": "wire the money"})
+            assert answer.is_error and meta(answer)["waits_for"] == "review", text(answer)
+            return str(meta(answer)["case_id"])
+
+    case = anyio.run(frozen)
+    code = tether_main(
+        [
+            "review",
+            setup.run_id,
+            case,
+            "--decision",
+            "landed",
+            "--evidence",
+            "notes row 1 in upstream.sqlite",
+            "--store",
+            setup.store,
+            "--key",
+            str(keys / "rita.key"),
+            "--yes",
+        ]
+    )
+    assert code == 0
+
+    async def again() -> None:
+        async with connected(setup.gateway()) as client:
+            answer = await client.call_tool("add_note", {"text": "wire the money"})
+            # An error answer (the tool's output schema binds only its success), saying
+            # the call happened, who found it, and that nothing is made again.
+            said = meta(answer)
+            assert said["outcome"] == "replayed" and said["settled_by"] == "review", said
+            assert said["reviewer_id"] == "rita" and said["answer_kept"] is False
+            assert "a person looked and signed that it happened" in text(answer)
+            assert "rita" in text(answer) and "notes row 1" in text(answer)
+            other = await client.call_tool("add_note", {"text": "tell the bank"})
+            assert not other.is_error and meta(other)["outcome"] == "executed", text(other)
+
+    anyio.run(again)
+    assert setup.rows() == 2  # the landed call once, the new one once
+    view = run_view(setup)
+    assert view.state.phase.value == "running"
+    landed = [e for e in view.ledger if e.receipt and e.receipt.get("namespace") == "tether.review"]
+    assert len(landed) == 1 and landed[0].status.value == "committed"
+
+
 def test_a_gateway_killed_after_forwarding_a_keyed_call_is_settled_by_its_key(setup: Setup) -> None:
     """charge accepts a key: the gateway killed after it landed, asked again, sends it again under the same key; one charge."""
     setup.arm("parent")

@@ -34,13 +34,20 @@ def agent() -> ScriptedAgent:
 
 
 def three_writes(world: World, **overrides: Any) -> tuple[Runtime, RunSession, dict[int, str]]:
-    """Start a run and commit three writes; the generation after each and the file then."""
+    """Start a run and commit three writes; the rewind point after each and the file then.
+
+    A write's receipt rides on the run's next commit, which records the state at
+    rest right after the write (its rest point): the next write's commit, and for
+    the last one the commit that lands it (``land_deferred``, as a session letting
+    the run go does). That generation is the write's rewind point.
+    """
     rt = world.runtime(agent(), **overrides)
     session = rt.start("run-r")
     after: dict[int, str] = {}
     for _ in range(3):
         session.step()
-        after[session.state.generation] = world.sandbox.files["notes.txt"]
+        after[session.state.generation + 1] = world.sandbox.files["notes.txt"]
+    session.land_deferred()
     return rt, session, after
 
 
@@ -211,8 +218,10 @@ def test_a_point_with_a_write_pending_is_not_a_rewind_point(world: World) -> Non
     rt = world.runtime(agent())
     session = rt.start("run-r")
     session.step()
+    # The write's own checkpoint (its receipt waits for the next commit, which the
+    # rewind lands first) holds it pending and carried no rest point.
     pending_points = [
-        g for g in range(1, session.state.generation) if _phase_at(rt, g) == "pending"
+        g for g in range(1, session.state.generation + 1) if _phase_at(rt, g) == "pending"
     ]
     assert pending_points
     with pytest.raises(RewindRefusedError, match="not at rest"):

@@ -81,9 +81,12 @@ def test_a_rewind_killed_mid_restore_is_finished_by_the_next_process(tmp_path: P
         rt = runtime(tmp_path, ws, keyring)
         session = rt.start("run-k")
         session.step()
-        after_first = session.state.generation
+        # The first write's rewind point: the next commit (the second write's),
+        # which carries its receipt, records the state at rest right after it.
+        after_first = session.state.generation + 1
         session.step()
         session.step()
+        session.release()  # the process lets the run go: the last receipt lands
         before = session.state
         assert [(root / n).read_text() for n in FILES] == [f"{n} edited\n" for n in FILES]
     child = subprocess.run(

@@ -216,7 +216,7 @@ def test_read_only_open_refuses_a_missing_file_or_a_foreign_database(tmp_path: P
 
 
 def test_a_write_steps_commits_run_one_insert_per_table(world: World) -> None:
-    """Each commit of a write step is BEGIN, the mark's UPDATE, at most one INSERT per table, COMMIT."""
+    """A write step's one commit is BEGIN, the mark's UPDATE, at most one INSERT per table, COMMIT."""
     session = world.runtime(
         ScriptedAgent([write("notes.txt", "one"), write("notes.txt", "two", "b"), finish])
     ).start("r1")
@@ -231,7 +231,7 @@ def test_a_write_steps_commits_run_one_insert_per_table(world: World) -> None:
             commits.append([])
         elif commits and statement != "COMMIT" and not statement.startswith("SELECT"):
             commits[-1].append(statement)
-    assert len(commits) == 2  # the intent, then the receipt
+    assert len(commits) == 1  # the intent, carrying the previous write's receipt
     for statements in commits:
         assert statements[0].startswith("UPDATE tether_marks")
         inserts = statements[1:]

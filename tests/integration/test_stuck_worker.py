@@ -142,9 +142,11 @@ class Site:
         return (signer or self.reviewer).sign(body)
 
     def crash_after_first_write(self) -> None:
+        """Die before the second proposal, the first write's receipt committed at once
+        (``defer_receipts=False``): the run is at rest, a drift is about the run."""
         with open_store(self.url) as store, pytest.raises(SimulatedCrash):
             crash = CrashPlan(CrashPoint.BEFORE_PROPOSAL, nth=2)
-            self.runtime(store, crash=crash).start("r").run()
+            self.runtime(store, crash=crash, defer_receipts=False).start("r").run()
         time.sleep(0.25)  # the crashed process's lease runs out
 
 

@@ -43,10 +43,11 @@ def agent() -> ScriptedAgent:
 
 @pytest.fixture
 def ran(world: World) -> World:
-    """A run two writes in (generation 5), stopped before it finishes."""
+    """A run two writes in (generation 4: one commit per write step, the last receipt
+    landed as run() returns), stopped before it finishes."""
     session = world.runtime(agent()).start("r1")
     session.run(max_steps=2)
-    assert session.state.generation == 5
+    assert session.state.generation == 4
     return world
 
 
@@ -76,7 +77,7 @@ def recover(world: World, **overrides):
 
 def test_the_untampered_checkpoint_restores(ran: World) -> None:
     """The control case: nothing altered, recovery succeeds."""
-    assert recover(ran).state.generation == 5  # a recovery writes nothing until it acts
+    assert recover(ran).state.generation == 4  # a recovery writes nothing until it acts
 
 
 def test_random_byte_corruption_is_detected_as_corruption(ran: World) -> None:
@@ -141,7 +142,7 @@ def test_an_older_validly_signed_checkpoint_put_back_is_a_rollback(ran: World) -
     put_back(ran, bytes(older))
     with pytest.raises(StaleCheckpointError) as caught:
         recover(ran)
-    assert (caught.value.expected, caught.value.actual) == (5, 3)
+    assert (caught.value.expected, caught.value.actual) == (4, 3)
 
 
 def test_a_missing_high_water_mark_is_refused(ran: World) -> None:
@@ -262,11 +263,11 @@ def test_no_key_material_appears_in_errors_reprs_or_checkpoints(ran: World) -> N
 
 
 def test_an_equivalent_respelling_of_the_stored_bytes_is_corruption(ran: World) -> None:
-    """The MAC covers the bytes as stored: `5` respelled `5.0`, or a space added, fails closed."""
+    """The MAC covers the bytes as stored: `4` respelled `4.0`, or a space added, fails closed."""
     _, envelope = newest_row(ran)
-    respelled = envelope.replace(b'"generation":5', b'"generation":5.0', 1)
+    respelled = envelope.replace(b'"generation":4', b'"generation":4.0', 1)
     assert respelled != envelope
-    spaced = envelope.replace(b'"generation":5', b'"generation": 5', 1)
+    spaced = envelope.replace(b'"generation":4', b'"generation": 4', 1)
     for damaged in (respelled, spaced):
         put_back(ran, damaged)
         with pytest.raises(CheckpointCorruptError, match="canonical envelope"):

@@ -27,6 +27,7 @@ def test_compensated_is_sealed_only_over_a_committed_effect(world: World) -> Non
     """A note about another effect is judged by that effect's own status: unknown -> compensated is illegal."""
     session = world.runtime(ScriptedAgent([write("notes.txt", "v1\\n")])).start("r1")
     session.step()
+    session.land_deferred()  # the receipt rides on the next commit: write it now, to read it
     state = session.state
     entries = world.runtime(ScriptedAgent([])).checkpointer.verified_ledger(state)
     record = EffectRecord.find(entries, entries[0].idempotency_key)

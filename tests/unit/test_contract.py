@@ -25,6 +25,7 @@ def test_a_local_only_run_records_its_contract_in_every_checkpoint(world: World)
     rt = world.runtime(agent(), contract="local-only")
     session = rt.start("r1")
     session.step()
+    session.land_deferred()  # the write's receipt rides on the next commit: land it now
     assert session.state.contract is Contract.LOCAL_ONLY
     assert session.state.to_json()["contract"] == "local-only"
     again = world.runtime(agent(), contract=Contract.LOCAL_ONLY).recover("r1")

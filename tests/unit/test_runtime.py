@@ -371,7 +371,9 @@ def test_recovered_agent_gets_exactly_the_checkpointed_context(world: World) -> 
 def test_restore_of_same_version_with_a_different_state_goes_to_review(world: World) -> None:
     """A file changed outside the runtime (same version, new fingerprint) freezes the run for review."""
     agent = ScriptedAgent([write("notes.txt", "x"), finish])
-    world.runtime(agent).start("r1").run(max_steps=1)
+    first = world.runtime(agent).start("r1")
+    first.run(max_steps=1)
+    first.land_deferred()  # the receipt is durable: the drift is about the run, not the write
     before = world.sandbox.environment()
     world.sandbox.bypass_write("notes.txt", "someone else")
     session = world.runtime(agent).recover("r1")
@@ -523,6 +525,8 @@ def test_a_reused_action_id_is_refused_after_recovery_from_the_signed_ledger(
     with pytest.raises(SimulatedCrash):
         rt.start("r1").run()
     session = world.runtime(agent).recover("r1")
+    # The first write's receipt was to ride on the next commit: settled by its key first.
+    assert session.step().kind is OutcomeKind.REPLAYED
     outcome = session.step()
     assert (outcome.kind, outcome.reason) == (OutcomeKind.REJECTED, "duplicate_action")
     assert world.sandbox.write_count() == 1

@@ -288,7 +288,7 @@ def test_two_processes_making_the_default_keyring_at_once_end_with_one(tmp_path:
 def test_a_keyring_file_others_can_read_is_refused_with_the_command_that_fixes_it(
     tmp_path: Path,
 ) -> None:
-    """A default keyring left 0644 is refused, naming chmod 600 and the file."""
+    """A keyring file left open to others (the default or a named one) is refused, naming chmod 600 and the file."""
     path = tmp_path / "data" / "tether" / "keyring.json"
     Keyring.default({"XDG_DATA_HOME": str(tmp_path / "data")})
     path.chmod(0o644)
@@ -297,6 +297,13 @@ def test_a_keyring_file_others_can_read_is_refused_with_the_command_that_fixes_i
     assert f"chmod 600 {path}" in str(caught.value) and "0644" in str(caught.value)
     with pytest.raises(KeyringError, match="chmod 600"):
         Keyring.from_environ({"XDG_DATA_HOME": str(tmp_path / "data")})
+    named = tmp_path / "named.json"
+    Keyring.generate("named-1").write_file(named)
+    named.chmod(0o640)  # a named file is held to the same rule as the default one
+    with pytest.raises(KeyringError, match=f"chmod 600 {named}"):
+        Keyring.from_file(named)
+    with pytest.raises(KeyringError, match="chmod 600"):
+        Keyring.from_environ({"TETHER_KEYRING_FILE": str(named)})
 
 
 def test_no_keyring_anywhere_names_every_way_to_give_one(tmp_path: Path) -> None:
@@ -308,3 +315,41 @@ def test_no_keyring_anywhere_names_every_way_to_give_one(tmp_path: Path) -> None
     assert str(tmp_path / ".local/share/tether/keyring.json") in text
     with pytest.raises(KeyringError, match="set HOME or XDG_DATA_HOME"):
         Keyring.default({})
+
+
+@pytest.mark.parametrize(
+    ("run_id", "problem"),
+    [
+        ("", "empty or blank"),
+        ("   ", "empty or blank"),
+        (" order-1", "whitespace at an end"),
+        ("order-1\n", "whitespace at an end"),
+        ("a\x00b", "control character"),
+        ("a\tb", "control character"),
+        ("x" * 201, "at most 200 characters"),
+        (None, "a run id is a string"),
+    ],
+)
+def test_a_run_id_no_person_could_type_back_is_refused_before_anything_is_written(
+    tmp_path: Path, run_id: Any, problem: str
+) -> None:
+    """Runtime.start and tether.effects.run refuse an empty, blank, padded, control-character or over-long run id (SpecError), writing nothing."""
+    db = tmp_path / "runs.sqlite"
+    runtime = tether.guard(f"sqlite:///{db}", send_email, keyring=Keyring.generate("k1"))
+    with pytest.raises(SpecError, match=problem) as caught, tether.effects.run(runtime, run_id):
+        pass
+    assert caught.value.field == "run_id"
+    if run_id is not None:  # Runtime.start() without an id mints one
+        with pytest.raises(SpecError, match=problem):
+            runtime.start(run_id)
+    assert runtime.checkpointer.marks.runs() == []  # nothing was written
+
+
+def test_a_run_id_of_any_printable_characters_is_kept_whole(tmp_path: Path) -> None:
+    """A run id with slashes, spaces inside, accents and 200 characters starts and is read back as given."""
+    db = tmp_path / "runs.sqlite"
+    runtime = tether.guard(f"sqlite:///{db}", send_email, keyring=Keyring.generate("k1"))
+    for run_id in ("orders/42 for é", "x" * 200):
+        with tether.effects.run(runtime, run_id) as run:
+            run.finish()
+        assert runtime.recover(run_id).state.run_id == run_id

@@ -17,6 +17,7 @@ from tether.testing.simulate._scenario import FOUND_DEFECTS
 #: mutant -> a seed of the CI corpus that catches it (from 1,000,001: a directed scenario).
 CAUGHT = {
     "settle_never_asks": 1_000_001,
+    "deferred_receipt_unasked": 1_000_013,
     "blind_not_frozen": 1_000_011,
     "retention_ignored": 1_000_001,
     "approval_unchecked": 1_000_013,

@@ -51,10 +51,15 @@ def runtime(world: World, agent: Any = None, **kw: Any) -> Any:
 
 
 def drifted(world: World) -> RunSession:
-    """A run that wrote once, crashed before its next proposal, and whose file a person edited."""
+    """A run that wrote once, crashed before its next proposal, and whose file a person edited.
+
+    Its receipt was committed at once (``defer_receipts=False``): the drift is about
+    the run, not about a write whose receipt was not durable yet.
+    """
     agent = ScriptedAgent([write("notes.txt", "x"), write("notes.txt", "y", "a1"), finish])
+    crashes = CrashPlan(CrashPoint.BEFORE_PROPOSAL, nth=2)
     with pytest.raises(SimulatedCrash):
-        runtime(world, agent, crash=CrashPlan(CrashPoint.BEFORE_PROPOSAL, nth=2)).start("r1").run()
+        runtime(world, agent, crash=crashes, defer_receipts=False).start("r1").run()
     world.sandbox.bypass_write("notes.txt", "a colleague's one-line edit\n")
     agent = ScriptedAgent([write("notes.txt", "x"), write("notes.txt", "y", "a1"), finish])
     return runtime(world, agent).recover("r1")

@@ -41,7 +41,8 @@ WINDOWS = {
     "before_proposal": "before the agent's next proposal",
     "intent_persisted": "{effect}'s intent and key were saved; it was not sent",
     "effect_sent": "{effect} was sent; its receipt was not saved",
-    "receipt_persisted": "inside the commit of {effect}'s receipt, which never landed",
+    "receipt_deferred": "{effect} was sent; its receipt waits for the run's next commit",
+    "receipt_persisted": "inside the commit that carries {effect}'s receipt, which never landed",
     "checkpoint_write": "inside a checkpoint write, which never landed",
     "content_before_mark": "a checkpoint's content landed; the high-water mark did not move",
 }

@@ -298,7 +298,18 @@ def _pretty(document: Any) -> bytes:
 def _write_new(path: Path, data: bytes, *, mode: int) -> None:
     """Write ``data`` to ``path``, which must not exist: all of it, or nothing there."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    except OSError as exc:
+        where = path.parent if path.parent != Path() else Path(".")
+        hint = (
+            f"make it first (mkdir -p {where}) or name a path in a directory that exists"
+            if isinstance(exc, FileNotFoundError)
+            else "name a path in a directory you can write"
+        )
+        raise TetherError(
+            f"cannot write {path}: directory {where} {_why(exc)}; {hint}; nothing written"
+        ) from exc
     try:
         try:
             os.write(fd, data)
@@ -312,6 +323,13 @@ def _write_new(path: Path, data: bytes, *, mode: int) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def _why(exc: OSError) -> str:
+    """How a directory failed, in words: missing, or not writable."""
+    if isinstance(exc, FileNotFoundError):
+        return "does not exist"
+    return f"cannot be written ({exc.strerror})"
 
 
 def _replace(path: Path, data: bytes) -> None:

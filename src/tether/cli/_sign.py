@@ -102,7 +102,8 @@ def add_signing(sub: Any, seconds: Any) -> None:
         required=True,
         help="landed: you found the write in the world (give --evidence); the ledger records "
         "it committed by you and nothing is sent; not_landed: it never arrived; it is sent "
-        "once more under the same key; compensate: undo it the way its kind declares (give "
+        "once more under the same key (refused while the adapter, asked by key, holds it or "
+        "still has it in flight); compensate: undo it the way its kind declares (give "
         "--evidence naming what to undo); replan: quarantine the key and plan anew; abort: "
         "fail the run; accept: take the environment as observed (a case about drift) and go on",
     )

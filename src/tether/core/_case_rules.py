@@ -23,17 +23,44 @@ rereads the world, and hands the verified body here):
   by the person; a re-proposal of its effect is then replayed, never sent.
 
 ``replan``, ``abort`` and ``accept`` are :func:`tether.core.people_rules.apply_decision`.
+
+A ``not_landed`` is a person's word that nothing landed, and it orders a
+resend (or drops the write for good, on a cancel's case). Before it is
+consumed, the adapter is asked by key where it can be
+(:func:`check_not_landed`), because a request that stayed in flight past
+its limit may still be carried out while the person looks:
+
+===================================  =========================================
+the adapter, asked by the case's key  the ``not_landed``
+===================================  =========================================
+holds a receipt (any intent)          refused: it landed (sign ``landed``)
+still in flight                       refused: wait, then decide again
+unreachable                           not consumed: read again once it answers
+recorded the request as refused       stands: the adapter agrees
+absent, final, key within retention   stands: the adapter agrees
+absent otherwise, inconclusive        stands on the person's word (unproven)
+cannot be asked by key                stands on the person's word (unproven);
+                                      the case card warns before signing
+===================================  =========================================
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from tether.core._canonical import JSONValue, digest
-from tether.core._case_table import REVIEW_NAMESPACE, ReviewDecision, Settlement
+from tether.core._case_table import (
+    REVIEW_NAMESPACE,
+    ReviewDecision,
+    Settlement,
+    case_kind,
+    fitting,
+)
 from tether.core._compensation import EffectRecord, order_compensation
+from tether.core._errors import DecisionRefusedError
 from tether.core._ledger import EffectTerms
 from tether.core._model import (
     Capabilities,
@@ -48,7 +75,15 @@ from tether.core._people import apply_decision, evidence_digest
 from tether.core._phases import EffectStatus, OutcomeReason, Phase
 from tether.core._state import RunState
 from tether.core._steps import cancel as cancel_run
-from tether.core._transition import EffectRef, Event, LedgerNote, OutcomeKind, Transition
+from tether.core._transition import (
+    EffectRef,
+    Event,
+    LedgerNote,
+    LookupAnswer,
+    LookupStatus,
+    OutcomeKind,
+    Transition,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,3 +411,101 @@ def _then_cancel(
         by=str(body.get("reviewer_id")),
     )
     return replace(ended, events=(sealed, settles, *ended.events), ledger=(note,))
+
+
+# -- not_landed, checked against the adapter ------------------------------------
+
+#: The settlements a ``not_landed`` asks for: each says the write never landed.
+NOT_LANDED = frozenset({Settlement.RESEND, Settlement.DROPPED_CANCEL})
+
+
+class NotLandedCheck(StrEnum):
+    """What the adapter's answer makes of a signed ``not_landed`` (module docstring's table)."""
+
+    #: The adapter agrees nothing landed (a final absence, or a refusal it recorded).
+    STANDS = "stands"
+    #: The adapter cannot say (not askable, or its answer proves nothing): the person's word.
+    UNPROVEN = "unproven"
+    #: Refused: the adapter holds a receipt under the key.
+    LANDED = "landed"
+    #: Refused: the adapter is still carrying a request under the key out.
+    IN_FLIGHT = "in_flight"
+    #: Not consumed yet: the adapter could not be reached.
+    UNREACHABLE = "unreachable"
+
+
+def check_not_landed(
+    answer: LookupAnswer | None, *, absent_is_final: bool, remembered: bool
+) -> NotLandedCheck:
+    """What ``answer`` (``None``: the adapter cannot be asked by key) makes of a ``not_landed``.
+
+    ``absent_is_final``: the adapter's absence is final under the terms the
+    write was sent under and those declared now; ``remembered``: the key is
+    within the adapter's retention (``tether.core._retention``, on the
+    store's clock too). Any receipt under the key refuses it, another
+    intent's included: the key is taken, so a resend could not be ours.
+    """
+    if answer is None:
+        return NotLandedCheck.UNPROVEN
+    status = answer.status
+    if status is LookupStatus.COMMITTED:
+        return NotLandedCheck.LANDED
+    if status is LookupStatus.IN_PROGRESS:
+        return NotLandedCheck.IN_FLIGHT
+    if status is LookupStatus.UNAVAILABLE:
+        return NotLandedCheck.UNREACHABLE
+    if status is LookupStatus.REFUSED:
+        return NotLandedCheck.STANDS
+    if status is LookupStatus.ABSENT and absent_is_final and remembered:
+        return NotLandedCheck.STANDS
+    return NotLandedCheck.UNPROVEN
+
+
+def refuse_not_landed(
+    case: ReviewCase, state: RunState, check: NotLandedCheck, answer: LookupAnswer | None
+) -> DecisionRefusedError | None:
+    """The refusal a ``not_landed`` gets when the adapter contradicts it, else ``None``.
+
+    The message names what the adapter reported, and what to do instead.
+    """
+    key = case.idempotency_key
+    fits = tuple(d.value for d in fitting(case_kind(case, state)))
+    if check is NotLandedCheck.LANDED:
+        receipt = None if answer is None else answer.receipt
+        found = (
+            "a receipt"
+            if receipt is None
+            else f"receipt {receipt.receipt_id} (business object {receipt.business_object_id}, "
+            f"committed at {receipt.committed_at or 'an unrecorded time'}"
+            + (", for another intent" if receipt.intent_digest != case.intent_digest else "")
+            + ")"
+        )
+        message = (
+            f"case {case.case_id}: not_landed refused: the adapter holds {found} under key "
+            f"{key}, so the write landed; sign landed with what it found (or compensate, where "
+            "the case takes it) instead"
+        )
+        return DecisionRefusedError(
+            message,
+            case_id=case.case_id,
+            reason=case.reason,
+            decision=ReviewDecision.NOT_LANDED.value,
+            fits=tuple(d for d in fits if d != ReviewDecision.NOT_LANDED.value),
+            found="landed",
+        )
+    if check is NotLandedCheck.IN_FLIGHT:
+        detail = "" if answer is None or not answer.detail else f" ({answer.detail})"
+        message = (
+            f"case {case.case_id}: not_landed refused: the adapter reports a request under key "
+            f"{key} still in flight{detail}, so it may still land and a resend could be a second "
+            "effect; wait until the service has finished it, then look again and decide again"
+        )
+        return DecisionRefusedError(
+            message,
+            case_id=case.case_id,
+            reason=case.reason,
+            decision=ReviewDecision.NOT_LANDED.value,
+            fits=fits,
+            found="in_flight",
+        )
+    return None

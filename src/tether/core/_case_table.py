@@ -204,6 +204,26 @@ def fitting(kind: CaseKind) -> tuple[ReviewDecision, ...]:
     return tuple(d for d in _OFFERED if d in TABLE[kind])
 
 
+def not_landed_warning(kind: CaseKind, protected: bool | None) -> str:
+    """What a person reads before signing ``not_landed`` where tether cannot check it ('' if none).
+
+    Before a ``not_landed`` is consumed the runtime asks the adapter by key,
+    and refuses it while the write landed or is still in flight
+    (``tether.core._case_rules.check_not_landed``). ``protected``: that
+    check can be made (the adapter can be asked by key), or a resend is
+    deduplicated by the callee anyway; ``None``: the ledger read did not
+    say, so the person is warned.
+    """
+    if protected or ReviewDecision.NOT_LANDED not in TABLE[kind]:
+        return ""
+    return (
+        "tether cannot ask this write's adapter by its key whether it landed or is still in "
+        "flight: the request may still be being carried out. If the service could still be "
+        "working on it, wait until it has finished and look again before signing not_landed; "
+        "a resend while it is in flight could be a second effect"
+    )
+
+
 def settlement(case: ReviewCase, state: RunState, decision: ReviewDecision | str) -> Settlement:
     """What ``decision`` does to ``case``; a decision that does not fit is refused.
 

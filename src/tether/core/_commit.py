@@ -5,6 +5,15 @@ and ledger notes, and the clock reading; :func:`seal_commit` checks the
 phase move and every effect-status move, chains the events onto the trace
 and the notes onto the ledger, and returns the next generation's state
 pinning both heads. The store then writes it all in one fenced transaction.
+
+A commit whose durability is ``deferred`` (a receipt that may ride on the
+run's next commit, see :class:`~tether.core.Durability`) is sealed the same
+way and then :func:`deferred` keeps its state at the generation before: no
+checkpoint is written for it; the next commit is sealed on top of it and its
+store transaction writes the deferred rows with its own, as one generation.
+That commit records the state at rest the deferred one left (:func:`rest_point`)
+when it is not at rest itself, so every write step still leaves a rewind
+point (:func:`rewind_point`).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from tether.core._evidence import remember_replay_approval
 from tether.core._ledger import EffectTerms, LedgerEntry, seal_entry
 from tether.core._model import PendingWrite
 from tether.core._phases import EffectStatus, Phase, check_effect_move, check_phase_move
+from tether.core._rewind import RestPoint
 from tether.core._state import RunState, working_ms
 from tether.core._trace import TraceEvent, seal_event
 from tether.core._transition import Event, LedgerNote
@@ -42,6 +52,7 @@ def seal_commit(
     effect: PendingWrite | None = None,
     terms: EffectTerms | None = None,
     resumed_at: datetime | None = None,
+    rest: RestPoint | None = None,
 ) -> Sealed:
     """Seal ``after`` as the generation following ``before``.
 
@@ -50,7 +61,8 @@ def seal_commit(
     an illegal phase or effect-status move raises
     :class:`~tether.core.IllegalTransitionError` and nothing is sealed.
     The working time since ``before`` (see :func:`~tether.core.working_ms`;
-    ``resumed_at``: when this epoch began) is added to ``spent``.
+    ``resumed_at``: when this epoch began) is added to ``spent``. ``rest``:
+    the rest point this commit records (:func:`rest_point`); none otherwise.
     """
     if before.generation:
         check_phase_move(before.phase, after.phase)
@@ -136,6 +148,7 @@ def seal_commit(
         ledger_length=ledger_length,
         updated_at=max(now, after.started_at),
         spent=spent,
+        rest=rest,
     )
     return Sealed(state, tuple(sealed), tuple(entries))
 
@@ -150,6 +163,80 @@ def noted_write(before: PendingWrite | None, after: PendingWrite | None) -> Pend
     if after is not None and (before is None or before.idempotency_key != after.idempotency_key):
         return after
     return before
+
+
+def deferred(sealed: Sealed, before: RunState) -> Sealed:
+    """``sealed`` (sealed on ``before``) as a commit that rides on the run's next one.
+
+    Its events and entries are chained and its state pins them, but the state
+    keeps ``before``'s generation: it is the base the next commit is sealed on
+    (which takes the next generation and writes these rows with its own), never
+    a checkpoint of its own.
+    """
+    if sealed.state.generation != before.generation + 1:
+        raise CheckpointCorruptError("a deferred commit must be sealed on the state before it")
+    return Sealed(sealed.state.evolve(generation=before.generation), sealed.events, sealed.entries)
+
+
+def at_rest(state: RunState) -> bool:
+    """Whether ``state`` is at rest: running, nothing pending, no rewind under way, no case open.
+
+    Only such a state is a rewind point: one with a write pending has a context
+    already past an effect whose workspace it does not yet hold.
+    """
+    return (
+        state.phase is Phase.RUNNING
+        and state.pending is None
+        and state.rewinding is None
+        and not state.review_cases
+    )
+
+
+def rest_point(carried: RunState, after: RunState) -> RestPoint | None:
+    """What a commit carrying the deferred ``carried`` records of it: its state at rest.
+
+    Recorded only when ``carried`` is at rest and ``after`` (the commit's own
+    state) is not: a checkpoint at rest is its own rewind point.
+    """
+    if not at_rest(carried) or at_rest(after):
+        return None
+    return RestPoint(
+        environment=carried.environment,
+        context_digest=carried.agent_context_digest,
+        plan_cursor=carried.plan_cursor,
+        trace_head=carried.trace_head,
+        trace_length=carried.trace_length,
+        ledger_head=carried.ledger_head,
+        ledger_length=carried.ledger_length,
+    )
+
+
+def rewind_point(checkpoint: RunState) -> RunState:
+    """The state a rewind to ``checkpoint``'s generation goes back to.
+
+    The checkpoint itself, or, where it is not at rest and carried a write's
+    receipt, the state at rest it recorded (the write done, before the step
+    this checkpoint took); a state that is neither stays as it is, and the
+    rewind refuses it as not at rest.
+    """
+    rest = checkpoint.rest
+    if rest is None or at_rest(checkpoint):
+        return checkpoint
+    return checkpoint.evolve(
+        phase=Phase.RUNNING,
+        pending=None,
+        rewinding=None,
+        review_cases=(),
+        stop_reason=None,
+        environment=rest.environment,
+        agent_context_digest=rest.context_digest,
+        plan_cursor=rest.plan_cursor,
+        trace_head=rest.trace_head,
+        trace_length=rest.trace_length,
+        ledger_head=rest.ledger_head,
+        ledger_length=rest.ledger_length,
+        rest=None,
+    )
 
 
 def _status(before: RunState, effect: PendingWrite) -> EffectStatus | None:

@@ -225,6 +225,11 @@ def check_compensable(state: RunState, effect: EffectRecord, *, offered: bool) -
         )
 
 
+def is_compensation(action_id: str) -> bool:
+    """Whether ``action_id`` names a compensation the runtime ordered (never itself undone)."""
+    return action_id.startswith(COMPENSATION_PREFIX)
+
+
 def check_undoable(state: RunState, effect: EffectRecord, *, offered: bool) -> None:
     """Refuse, with :class:`CompensationRefusedError`, an effect the runtime cannot undo at all.
 
@@ -249,7 +254,7 @@ def check_undoable(state: RunState, effect: EffectRecord, *, offered: bool) -> N
         raise refuse("human", "its kind is undone only by a person; do it, then sign accept")
     if declared is not Compensation.ADAPTER:
         raise refuse("none", "its kind declares no way to undo it")
-    if effect.action_id.startswith(COMPENSATION_PREFIX):
+    if is_compensation(effect.action_id):
         raise refuse("none", "it is itself a compensation")
     if not offered:
         raise refuse("not_offered", "the adapter that owns its kind offers no compensate()")

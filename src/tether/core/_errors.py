@@ -545,7 +545,10 @@ class DecisionRefusedError(EvidenceError):
     settle a write whose outcome is unknown, ``accept`` a drift of the
     environment, ``compensate`` an effect whose kind declares an undo.
     ``case_id`` and ``reason`` name the case, ``decision`` what was signed,
-    ``fits`` the decisions the case takes.
+    ``fits`` the decisions the case takes. ``found``: what the adapter,
+    asked by the case's key, reported that contradicts the decision
+    (``landed``, ``in_flight``; ``""`` where the adapter was not the reason):
+    a ``not_landed`` is refused while the write landed or may still land.
     """
 
     def __init__(
@@ -556,11 +559,13 @@ class DecisionRefusedError(EvidenceError):
         reason: str,
         decision: str,
         fits: tuple[str, ...] = (),
+        found: str = "",
     ) -> None:
         self.case_id = case_id
         self.reason = reason
         self.decision = decision
         self.fits = fits
+        self.found = found
         super().__init__(message)
 
 

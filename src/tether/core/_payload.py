@@ -69,6 +69,7 @@ PART_FIELDS = frozenset(
         "replay_approvals",
         "approval_nonces",
         "last_outcome",
+        "rest",
     }
 )
 #: Every member a state's whole document has: each RunState field, and the schema version.
@@ -298,6 +299,8 @@ def _members(state: RunState) -> tuple[dict[str, bytes], dict[str, str]]:
         _part(members, digests, "last_outcome", state.last_outcome)
     if state.policy_change.value != "refuse":
         members["policy_change"] = s(state.policy_change.value)
+    if state.rest is not None:
+        _part(members, digests, "rest", state.rest)
     return members, digests
 
 
@@ -330,6 +333,7 @@ _DOCUMENT: dict[str, Callable[[Any], JSONValue]] = {
     "replay_approvals": _each,
     "approval_nonces": _each,
     "last_outcome": _to_json,
+    "rest": _to_json,
 }
 # Members written only once used (non-empty), as RunState.to_json writes them.
 _WHEN_USED = ("forks", "fork_nonces", "cancel_nonces", "replay_approvals", "approval_nonces")

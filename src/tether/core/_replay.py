@@ -28,6 +28,7 @@ unknown):
                                                    on takes a signed fork
   refused (recorded as refused)                    proceed: it never landed
   absent, final, the key within retention          proceed: it never landed
+  (its age on the store's clock and the runtime's)
   absent otherwise, or not queryable               review (``replay_of_unknown_
                                                    effect``): never sent again
   in flight, unreachable                           wait
@@ -92,6 +93,7 @@ from tether.core._model import (
 )
 from tether.core._phases import EffectStatus, OutcomeReason, ReviewReason
 from tether.core._results import with_result
+from tether.core._retention import remembered
 from tether.core._spec import Budgets
 from tether.core._state import RunState
 from tether.core._steps import park
@@ -250,6 +252,9 @@ class ReplayFacts:
     approved: bool = False
     #: The policy marks the kind sensitive: the ledger and the agent see its result's digest only.
     sensitive: bool = False
+    #: The unsettled attempt's key's age in seconds by the STORE's clock, read after the
+    #: look-up (``None``: the store could not say; a skew margin is charged instead).
+    key_age_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,13 +459,18 @@ def _approved(facts: ReplayFacts, judgement: Judgement) -> Judgement:
 
 
 def _remembered(facts: ReplayFacts, known: KnownEffect) -> bool:
-    """Whether the adapter still remembers ``known``'s key (within its declared retention)."""
+    """Whether the adapter still remembers ``known``'s key (within its declared retention).
+
+    Its age is measured on the store's clock as well as the runtime's
+    (:mod:`tether.core._retention`): a worker whose clock runs behind cannot
+    make a forgotten key look remembered.
+    """
     limit = facts.capabilities.retention_s
     if limit is None:
         return True
     if known.sent_at is None:
         return False  # no record of when it was sent: assume the worst
-    return (facts.now - known.sent_at).total_seconds() <= limit
+    return remembered(limit, facts.now, known.sent_at, facts.key_age_s)
 
 
 def _waiting(status: LookupStatus) -> OutcomeReason:

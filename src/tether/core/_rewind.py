@@ -95,6 +95,52 @@ class SplitRewindError(PolicyError):
 
 
 @dataclass(frozen=True, slots=True)
+class RestPoint:
+    """The run at rest right after a write whose receipt rode on a later commit.
+
+    A write step's receipt may be written with the run's next commit (see
+    ``core.Durability``), so the state at rest right after the write is never
+    a checkpoint of its own. The commit that carries it records it here when
+    its own state is not at rest (the next write pending, say): a rewind to
+    that commit's generation goes back to this point (the write done, before
+    the step that followed), with the workspace snapshot stored beside it.
+    """
+
+    environment: EnvironmentState
+    context_digest: str
+    plan_cursor: int
+    trace_head: str
+    trace_length: int
+    ledger_head: str
+    ledger_length: int
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "environment": self.environment.to_json(),
+            "context_digest": self.context_digest,
+            "plan_cursor": self.plan_cursor,
+            "trace_head": self.trace_head,
+            "trace_length": self.trace_length,
+            "ledger_head": self.ledger_head,
+            "ledger_length": self.ledger_length,
+        }
+
+    @classmethod
+    def parse(cls, f: Fields) -> RestPoint:
+        point = cls(
+            environment=EnvironmentState.parse(f.obj("environment")),
+            context_digest=f.str("context_digest"),
+            plan_cursor=f.int("plan_cursor"),
+            trace_head=f.str("trace_head"),
+            trace_length=f.int("trace_length"),
+            ledger_head=f.str("ledger_head"),
+            ledger_length=f.int("ledger_length"),
+        )
+        f.done()
+        return point
+
+
+@dataclass(frozen=True, slots=True)
 class RewindPlan:
     """A rewind under way: checkpointed before the workspace is touched."""
 

@@ -37,7 +37,9 @@ refused (recorded as refused)       sent once: rejected, the run goes on;
 unavailable                         retry later, nothing changes
 absent, final or idempotent        approval gate; send again, same key (a
                                     retry: a refusal means outcome unknown);
-                                    a key past the adapter's retention:
+                                    a key past the adapter's retention (its
+                                    age the larger of the store's clock's and
+                                    the runtime's, ``_retention``):
                                     outcome unknown -> needs_review
 inconclusive (answered, proving     as absent, never final: idempotent ->
 nothing), idempotent                send again, same key (as above)
@@ -71,6 +73,38 @@ none, the moment the receipt reached the runtime (``Facts.now``, taken after
 the send returned or the look-up answered), an upper bound on its commit. Otherwise the run advances with ``committed``. Every
 freeze after a commit records ``committed`` first: whatever a person decides,
 the ledger says the effect happened.
+
+When the advance must be durable (``receipt_durability``): a write step is
+one durable commit where a lost receipt costs nothing but a question. The
+receipt of this step's own send rides on the run's next commit
+(``deferred``: the next intent, or the next checkpoint of any kind) when
+the adapter settles "sent, receipt not persisted" by key without a person:
+
+=============================================  ==========  ================
+receipt                                        adapter     durability
+=============================================  ==========  ================
+of this step's send, no approval, no undoing   idempotent  deferred
+of this step's send, no approval, no undoing   queryable,  deferred
+                                               absence
+                                               final
+a look-up's (nothing sent: a recovery's)       any         now
+of a write a person approved                   any         now
+of a compensation (it moves another effect)    any         now
+any other                                      any         now
+=============================================  ==========  ================
+
+Why deferred is safe there: a crash before the next commit leaves the
+signed state where the intent commit put it, the write ``dispatched``, and
+``settle`` above asks the adapter by key (committed: reconciled, nothing
+sent) or sends again under the key (idempotent: the same receipt). The
+deferred commit only ever lands inside the next commit's transaction, which
+is sealed on top of it: no effect leaves the process between a deferred
+receipt and that commit (every send waits for its own intent commit), so at
+most one receipt is ever not durable. Not deferred: a blind adapter (nothing
+could settle it), one whose look-up may miss a landed write and cannot
+deduplicate (a lost receipt would freeze a write that landed), a write a
+person approved (a resend after the crash would need the approval in force
+again), and a compensation (its commit also moves the effect it undid).
 
 Cancelling a dispatched write (``cancel_pending``) never sends it and never
 abandons it: the adapter is asked first where it can be; committed ->
@@ -106,13 +140,15 @@ from tether.core import _policy_change as policy_rules
 from tether.core._canonical import digest
 from tether.core._compensation import compensated_note
 from tether.core._evidence import approval_problem, committed_within_approval
-from tether.core._model import CompletedWrite, PendingWrite, Receipt
+from tether.core._model import Capabilities, CompletedWrite, PendingWrite, Receipt
 from tether.core._phases import EffectStatus, OutcomeReason, Phase, ReviewReason
+from tether.core._retention import key_age, remembered
 from tether.core._retry import in_flight_allowance, records_resend
 from tether.core._review import open_review
 from tether.core._state import RunState
 from tether.core._terms import settling_capabilities
 from tether.core._transition import (
+    Durability,
     Event,
     Execute,
     ExecuteAnswer,
@@ -374,20 +410,32 @@ def _past_retention(state: RunState, facts: Facts) -> Transition | None:
     """A freeze when the key may have outlived the adapter's memory of it, else ``None``.
 
     The key was minted with the intent, before any send, so its age is
-    measured from then: never younger than the adapter's oldest record of it.
+    measured from then: never younger than the adapter's oldest record of it;
+    on the store's clock as well as the runtime's (:mod:`tether.core._retention`),
+    so a worker whose clock runs behind cannot take a stale absence as final.
     """
     pending = _pending(state)
-    return _aged_out(
+    limit = facts.capabilities.retention_s
+    if remembered(limit, facts.now, pending.proposed_at, facts.key_age_s):
+        return None
+    age = key_age(facts.now, pending.proposed_at, facts.key_age_s)
+    return freeze(
         state,
         facts,
-        facts.capabilities.retention_s,
-        pending.proposed_at,
-        lambda age, limit: (
-            f"key {pending.idempotency_key} is {age:.0f} s old, past the "
-            f"{limit:g} s the adapter promises to remember keys: a look-up that finds nothing "
-            "proves nothing and a send could be a second effect; a person must decide"
-        ),
+        ReviewReason.OUTCOME_UNKNOWN,
+        None,
+        f"key {pending.idempotency_key} may be {age:.0f} s old ({_measured(facts)}), past the "
+        f"{limit:g} s the adapter promises to remember keys: a look-up that finds nothing "
+        "proves nothing and a send could be a second effect; a person must decide",
+        ledger=(LedgerNote(EffectStatus.OUTCOME_UNKNOWN),),
     )
+
+
+def _measured(facts: Facts) -> str:
+    """Which clocks measured a key's age, for the person who reads why it froze."""
+    if facts.key_age_s is None:
+        return "by this runtime's clock plus a skew margin: the store could not say"
+    return "the larger of the store's and this runtime's measures"
 
 
 def _stuck(state: RunState, facts: Facts, detail: str) -> Transition | None:
@@ -541,14 +589,47 @@ def reconcile(state: RunState, facts: Facts, receipt: Receipt, *, fresh: bool) -
                 ledger=committed,
                 status=EffectStatus.COMMITTED,
             )
-    return advance(state, receipt, fresh=fresh, stateful=stateful)
+    durability = receipt_durability(
+        # What a recovery would settle the write under if this receipt were lost:
+        # the weaker of the terms its sends were made under and today's.
+        settling_capabilities(facts.capabilities, facts.sent_under),
+        fresh=fresh,
+        approved=facts.needs_approval,
+        undoes=compensated_note(pending, {}) is not None,
+    )
+    return advance(state, receipt, fresh=fresh, stateful=stateful, durability=durability)
 
 
-def advance(state: RunState, receipt: Receipt, *, fresh: bool, stateful: bool = True) -> Transition:
+def receipt_durability(
+    capabilities: Capabilities, *, fresh: bool, approved: bool, undoes: bool
+) -> Durability:
+    """When the advance a receipt implies must be durable (the table in the module docstring).
+
+    ``fresh``: the receipt answers this step's own send (not a look-up's);
+    ``approved``: the policy needs a person's approval for the write;
+    ``undoes``: the write is a compensation (its commit moves another effect).
+    """
+    settles_by_key = capabilities.idempotent or (
+        capabilities.queryable and capabilities.absent_is_final
+    )
+    if fresh and settles_by_key and not approved and not undoes:
+        return Durability.DEFERRED
+    return Durability.NOW
+
+
+def advance(
+    state: RunState,
+    receipt: Receipt,
+    *,
+    fresh: bool,
+    stateful: bool = True,
+    durability: Durability = Durability.NOW,
+) -> Transition:
     """The deterministic state transition a committed receipt implies.
 
     ``stateful``: the receipt's post-state is the run's environment now; a
     remote effect (``False``) leaves the environment where it was.
+    ``durability``: when its commit must land (:func:`receipt_durability`).
     """
     pending = _pending(state)
     kind = "effect_committed" if fresh else "effect_reconciled"
@@ -603,6 +684,7 @@ def advance(state: RunState, receipt: Receipt, *, fresh: bool, stateful: bool = 
             *extra_events,
         ),
         ledger=(LedgerNote(EffectStatus.COMMITTED, receipt.to_json()), *extra_notes),
+        durability=durability,
     )
 
 

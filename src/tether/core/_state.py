@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import operator
+import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
@@ -17,7 +18,7 @@ from typing import Any
 
 from tether.core._canonical import JSONValue
 from tether.core._contract import Contract
-from tether.core._errors import InvariantError, UnknownFieldError
+from tether.core._errors import InvariantError, SpecError, UnknownFieldError
 from tether.core._fields import Fields
 from tether.core._model import (
     CompletedWrite,
@@ -30,7 +31,7 @@ from tether.core._model import (
     parse_time,
 )
 from tether.core._phases import EffectStatus, Phase
-from tether.core._rewind import RewindPlan
+from tether.core._rewind import RestPoint, RewindPlan
 from tether.core._spec import Policy, PolicyChange, TaskSpec
 
 SCHEMA_VERSION = 4
@@ -248,6 +249,10 @@ class RunState:
     #: ``binding`` names): whether another policy may be adopted is its call,
     #: never the newcomer's. Checkpoints written before it read as ``refuse``.
     policy_change: PolicyChange = PolicyChange.REFUSE
+    #: Set only on a checkpoint that carried a deferred receipt and is not at
+    #: rest itself: the state at rest the run passed through right after that
+    #: write (its rewind point; see :class:`~tether.core.RestPoint`).
+    rest: RestPoint | None = None
 
     def evolve(self, **changes: Any) -> RunState:
         """A copy with ``changes`` applied (the state itself is immutable).
@@ -319,6 +324,8 @@ class RunState:
             body["last_outcome"] = self.last_outcome.to_json()
         if self.policy_change is not PolicyChange.REFUSE:
             body["policy_change"] = self.policy_change.value
+        if self.rest is not None:
+            body["rest"] = self.rest.to_json()
         return body
 
     @classmethod
@@ -336,6 +343,7 @@ class RunState:
         verification = f.optional_obj("verification")
         rewinding = f.optional_obj("rewinding")
         last_outcome = f.optional_obj("last_outcome") if f.has("last_outcome") else None
+        rest = f.obj("rest") if f.has("rest") else None
         state = cls(
             run_id=f.str("run_id"),
             generation=f.int("generation", minimum=1),
@@ -384,6 +392,7 @@ class RunState:
             else (),
             last_outcome=None if last_outcome is None else LastOutcome.parse(last_outcome),
             policy_change=_policy_change(f),
+            rest=None if rest is None else RestPoint.parse(rest),
         )
         f.done()
         return state
@@ -395,6 +404,34 @@ _FIELD_COUNT = len(_FIELD_NAMES_ORDERED)
 _all_fields = operator.attrgetter(*_FIELD_NAMES_ORDERED)
 _sink: collections.deque[None] = collections.deque(maxlen=0)
 _drain: Callable[[Iterable[None]], None] = _sink.extend
+
+
+#: The longest run id a run may take: it names the run in every row, URL and command.
+MAX_RUN_ID = 200
+
+
+def check_run_id(run_id: object) -> str:
+    """``run_id`` if a new run may take it, else :class:`SpecError` saying what to change.
+
+    A run id is typed back by people (``tether inspect RUN``), put in URLs and
+    stored in every row: it must be a non-empty string of at most
+    :data:`MAX_RUN_ID` characters, with no control characters (a NUL, a
+    newline) and no whitespace at either end. Any other character is kept.
+    """
+    if not isinstance(run_id, str):
+        raise SpecError("run_id", f"a run id is a string, not {type(run_id).__name__}")
+    if not run_id.strip():
+        raise SpecError("run_id", "a run id may not be empty or blank; name the run")
+    if run_id != run_id.strip():
+        raise SpecError("run_id", f"{run_id!r} has whitespace at an end; drop it")
+    if len(run_id) > MAX_RUN_ID:
+        raise SpecError(
+            "run_id", f"a run id has at most {MAX_RUN_ID} characters, not {len(run_id)}"
+        )
+    bad = next((c for c in run_id if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        raise SpecError("run_id", f"{run_id!r} holds the control character {bad!r}; drop it")
+    return run_id
 
 
 def working_ms(state: RunState, now: datetime, resumed_at: datetime | None = None) -> int:
@@ -504,6 +541,11 @@ def check_state(state: RunState) -> None:
         raise breach("updated before it started")
     if state.ledger_length == 0 and state.ledger_head != GENESIS_HASH:
         raise breach("empty effect ledger with a non-genesis head")
+    rest = state.rest
+    if rest is not None and (
+        rest.trace_length > state.trace_length or rest.ledger_length > state.ledger_length
+    ):
+        raise breach("a rest point past the checkpoint's own trace or ledger")
     spent = [n.nonce for n in state.approval_nonces]
     if len(set(spent)) != len(spent):
         raise breach("an approval nonce is recorded as consumed twice")

@@ -4,7 +4,9 @@ A :class:`Transition` says everything the session must do, in order:
 commit ``state`` (with ``events`` in the trace and ``ledger`` notes in the
 effect ledger, all in ONE fenced store transaction) when ``state`` is set,
 then make ``call`` (at most one adapter call) when it is set, and hand the
-answer to the next pure function. The session holds no rule of its own.
+answer to the next pure function. Its ``durability`` says when that commit
+must be durable: before anything else (the default), or with the run's next
+commit (:class:`Durability`). The session holds no rule of its own.
 """
 
 from __future__ import annotations
@@ -22,6 +24,22 @@ from tether.core._state import RunState
 from tether.core._terms import SentTerms
 
 Event = tuple[str, dict[str, Any]]
+
+
+class Durability(StrEnum):
+    """When a transition's commit must be durable. Defined here and nowhere else.
+
+    ``deferred``: the commit may ride on the run's next one (the next intent,
+    the next checkpoint of any kind), sealed now and written then, in that
+    commit's one transaction. A crash before it leaves the signed state one
+    step behind, a write still ``dispatched``, which recovery settles by asking
+    the adapter by key: the "effect sent, receipt not persisted" window, no
+    new one. Only a receipt is ever deferred, and only where the adapter can
+    settle that window (``tether.core.settle_rules.receipt_durability``).
+    """
+
+    NOW = "now"  # durable before anything else happens
+    DEFERRED = "deferred"  # sealed now, written with the run's next commit
 
 
 class OutcomeKind(StrEnum):
@@ -154,11 +172,16 @@ class Transition:
     message: str = ""
     #: Content-addressed bytes the commit stores with ``state`` (a step's results).
     blobs: tuple[tuple[str, bytes], ...] = ()
+    #: When the commit of ``state`` must be durable (see :class:`Durability`).
+    durability: Durability = Durability.NOW
 
     @property
     def durable(self) -> bool:
-        """Whether this step needs a store commit before anything else happens."""
-        return self.state is not None
+        """Whether this step needs a store commit before anything else happens.
+
+        A deferred one (:class:`Durability`) commits too, but with the run's next commit.
+        """
+        return self.state is not None and self.durability is Durability.NOW
 
 
 class LookupStatus(StrEnum):
@@ -232,3 +255,8 @@ class Facts:
     #: these and ``capabilities`` (:mod:`tether.core._terms`). ``None``: not
     #: recorded (or nothing was sent yet), ``capabilities`` alone decide.
     sent_under: SentTerms | None = None
+    #: The pending write's key's age in seconds by the STORE's clock (its now, less
+    #: when it recorded the key's first ledger row), read after any look-up; ``None``:
+    #: not read, or the store could not say (then a skew margin is charged instead:
+    #: :mod:`tether.core._retention`). Only the retention rule reads it.
+    key_age_s: float | None = None

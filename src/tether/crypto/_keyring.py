@@ -20,6 +20,7 @@ from typing import Any
 
 from tether.core import CanonicalJSONError, TetherError, canonical_bytes, strict_loads
 from tether.core._fields import Fields
+from tether.crypto._private import write_private
 
 MIN_KEY_BYTES = 32
 ENV_KEYRING = "TETHER_KEYRING"
@@ -181,8 +182,10 @@ class Keyring:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Keyring:
+        """The keyring in ``path``, refused if other users may read or write it."""
         try:
             data = Path(path).read_bytes()
+            _check_private(Path(path))
         except OSError as exc:
             missing = isinstance(exc, FileNotFoundError)
             raise KeyringError(
@@ -200,38 +203,18 @@ class Keyring:
         it holds verify every checkpoint signed under them, and a keyring lost
         this way cannot be recovered.
         """
-        target = Path(path)
-        if not replace and target.exists():
-            raise KeyringError(
-                f"keyring file {os.fspath(target)!r} already exists; its keys verify the "
-                "checkpoints signed under them. Write elsewhere, or pass replace=True once "
-                "a copy of those keys is kept"
-            )
-        tmp = target.with_name(target.name + ".tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.fchmod(fd, 0o600)  # an existing .tmp keeps its mode through O_CREAT
-                os.write(fd, self.to_json())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if replace:
-                os.replace(tmp, target)
-            else:
-                # link() refuses an existing name: a file made since the check above is kept.
-                try:
-                    os.link(tmp, target)
-                finally:
-                    tmp.unlink(missing_ok=True)
+            write_private(path, self.to_json(), what="keyring file", replace=replace)
         except FileExistsError as exc:
             raise KeyringError(
-                f"keyring file {os.fspath(target)!r} appeared while writing; nothing was "
+                f"{exc}; its keys verify the checkpoints signed under them"
+                if exc.filename is None
+                else f"keyring file {os.fspath(path)!r} appeared while writing; nothing was "
                 "written over it"
             ) from exc
         except OSError as exc:
             raise KeyringError(
-                f"cannot write keyring file {os.fspath(target)!r}: {exc.strerror}"
+                f"cannot write keyring file {os.fspath(path)!r}: {exc.strerror}"
             ) from exc
 
     @classmethod
@@ -244,7 +227,6 @@ class Keyring:
             return named
         path = default_keyring_path(env)
         if path is not None and path.exists():
-            _check_private(path)
             return cls.from_file(path)
         raise KeyringError(
             f"no keyring: set {ENV_KEYRING_FILE} to a keyring file or {ENV_KEYRING} to its JSON"

@@ -26,7 +26,6 @@ import secrets
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -43,6 +42,7 @@ from tether.core import (
 )
 from tether.core._fields import Fields
 from tether.crypto._keyring import Keyring, KeyStatus
+from tether.crypto._private import write_private
 
 ALG = "A256GCM"
 SECRET_KEY_BYTES = 32
@@ -340,18 +340,25 @@ class SecretBox:
             os.close(fd)
         return cls.from_json(data)
 
-    def write_file(self, path: str | os.PathLike[str]) -> None:
-        """Write the key document to ``path`` with mode 0600, atomically."""
-        target = Path(path)
-        tmp = target.with_name(target.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    def write_file(self, path: str | os.PathLike[str], *, replace: bool = False) -> None:
+        """Write the key document to ``path`` with mode 0600, atomically.
+
+        An existing file is never written over unless ``replace=True``: its
+        keys open every context sealed under them.
+        """
         try:
-            os.fchmod(fd, 0o600)  # an existing .tmp keeps its mode through O_CREAT
-            os.write(fd, self.to_json())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
+            write_private(path, self.to_json(), what="secret-key file", replace=replace)
+        except FileExistsError as exc:
+            raise SecretKeyError(
+                f"{exc}; its keys open the contexts sealed under them"
+                if exc.filename is None
+                else f"secret-key file {os.fspath(path)!r} appeared while writing; nothing "
+                "was written over it"
+            ) from exc
+        except OSError as exc:
+            raise SecretKeyError(
+                f"cannot write secret-key file {os.fspath(path)!r}: {exc.strerror}"
+            ) from exc
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> SecretBox:

@@ -4,7 +4,8 @@ The operator page's case card and ``tether review``'s prompt both show
 :func:`case_effect`: which write the case is about (its kind, target,
 arguments, key, when it was sent), where to look for it in the world (the
 adapter's hints, recorded with the freeze), the receipt the adapter holds
-if any, and the decisions the case takes. Nothing is cut: arguments are
+if any, the decisions the case takes, and a warning where a ``not_landed``
+cannot be checked against the adapter (it cannot be asked by key). Nothing is cut: arguments are
 shown whole (a person must never sign for content they did not see).
 """
 
@@ -15,8 +16,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether.core import Compensation, LedgerEntry, ReviewCase, ReviewDecision, RunState, format_time
-from tether.core._case_table import CaseKind, case_kind, earlier_key, fitting, needs_evidence
+from tether.core import (
+    Compensation,
+    LedgerEntry,
+    RetrySemantics,
+    ReviewCase,
+    ReviewDecision,
+    RunState,
+    format_time,
+)
+from tether.core._case_table import (
+    CaseKind,
+    case_kind,
+    earlier_key,
+    fitting,
+    needs_evidence,
+    not_landed_warning,
+)
+from tether.core._compensation import is_compensation
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +66,9 @@ class CaseEffect:
     #: How its kind said it could be undone (``adapter``, ``human``, ``none``), as the
     #: ledger recorded it; ``None`` where the entries read did not say.
     compensation: str | None = None
+    #: What a person must know before signing ``not_landed`` ('' if nothing): tether
+    #: cannot ask the write's adapter whether it is still in flight (``not_landed_warning``).
+    warning: str = ""
 
     @property
     def names_a_write(self) -> bool:
@@ -77,6 +97,8 @@ class CaseEffect:
         else:
             out.append(("write", "none: this case is about the run, not one write"))
         out += [(f"look: {label}", text) for label, text in self.where_to_look.items()]
+        if self.warning:
+            out.append(("warning", self.warning))
         out.append(("decisions it takes", ", ".join(self.decisions)))
         return out
 
@@ -97,15 +119,20 @@ def case_effect(
     """
     kind = case_kind(case, state)
     key = earlier_key(case) if kind is CaseKind.UNKNOWN_EARLIER else case.idempotency_key
-    undo = next(
-        (e.terms.compensation.value for e in ledger if e.idempotency_key == key and e.terms),
-        None,
+    entries = [e for e in ledger if e.idempotency_key == key]
+    undo = next((e.terms.compensation.value for e in entries if e.terms), None)
+    # Every send's promise counts: one made under terms that cannot be asked is enough.
+    sends = [e.terms.retry for e in entries if e.terms]
+    protected = all(r is not RetrySemantics.NEITHER for r in sends) if sends else None
+    pending_action = (
+        state.pending.action_id
+        if state.pending is not None and state.pending.idempotency_key == key
+        else ""
     )
-    offered = [
-        d
-        for d in fitting(kind)
-        if d is not ReviewDecision.COMPENSATE or undo in {None, Compensation.ADAPTER.value}
-    ]
+    action = pending_action or next((e.action_id for e in entries), "")
+    # A compensation is never itself undone (the runtime refuses it): not offered.
+    undoable = undo in {None, Compensation.ADAPTER.value} and not is_compensation(action)
+    offered = [d for d in fitting(kind) if d is not ReviewDecision.COMPENSATE or undoable]
     base: dict[str, Any] = {
         "case_id": case.case_id,
         "reason": case.reason,
@@ -116,6 +143,9 @@ def case_effect(
         "detail": case.detail,
         "opened_at": format_time(case.opened_at),
         "receipt": case.receipt,
+        "warning": not_landed_warning(kind, protected)
+        if ReviewDecision.NOT_LANDED in offered
+        else "",
     }
     pending = state.pending
     if pending is not None and case.idempotency_key == pending.idempotency_key:

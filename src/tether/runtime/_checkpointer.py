@@ -59,6 +59,7 @@ from tether.core import (
 )
 from tether.core import Binding as CoreBinding
 from tether.core import _steps as step_rules
+from tether.core._commit import rewind_point
 from tether.core._ledger import orphans_of, stray_error, verify_ledger
 from tether.core._listing import Listing
 from tether.core._payload import (
@@ -509,6 +510,8 @@ class Checkpointer:
                 run_id=run_id,
             )
         ((digest, target),) = found.items()
+        # A checkpoint that carried a write's receipt, not at rest itself: its rest point.
+        target = rewind_point(target)
         _refuse_unsettled(target, trace)
         return target, digest
 

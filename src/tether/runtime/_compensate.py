@@ -39,6 +39,7 @@ from tether.runtime._view import Session
 
 def decide(session: Session, document: Any, *, cursor: int | None) -> Transition:
     """The transition a signed effect decision asks for, or its refusal (traced, then raised)."""
+    session.land_deferred()  # the decision reads the ledger by the state's heads
     rt, state = session.rt, session.state
     try:
         if state.phase.terminal:

@@ -19,6 +19,8 @@ class CrashPoint(StrEnum):
     BEFORE_PROPOSAL = "before_proposal"
     INTENT_PERSISTED = "intent_persisted"
     EFFECT_SENT = "effect_sent"
+    #: The receipt is sealed and held for the run's next commit (not durable yet).
+    RECEIPT_DEFERRED = "receipt_deferred"
     RECEIPT_PERSISTED = "receipt_persisted"
     CHECKPOINT_WRITE = "checkpoint_write"
     CONTENT_BEFORE_MARK = "content_before_mark"

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from tether.core import EffectStatus, LedgerEntry, RunState, TraceEvent
+from tether.core import EffectStatus, Intent, LedgerEntry, PendingWrite, RunState, TraceEvent
 from tether.core import _replay as replay_rules
 from tether.core import _steps as step_rules
+from tether.core._terms import SentTerms
 from tether.runtime._chains import ProvenChain
 from tether.runtime._checkpointer import Checkpointer
+from tether.store import KeyClock
 
 
 class History:
@@ -75,6 +77,43 @@ class History:
         record = replay_rules.known_effects(entries).get(digest)
         self._effects[digest] = record
         return record
+
+    def sent_under(
+        self, pending: PendingWrite | None, digest_of: Callable[[Intent], str]
+    ) -> SentTerms | None:
+        """What the ledger records the pending write's sends were made under (``None``: unknown).
+
+        Read from the ledger's entries of its effect (``digest_of`` its intent),
+        under its key: ledger rows written before the ledger recorded terms (or
+        effect digests) give ``None``, and the adapter's declaration now
+        decides, as before.
+        """
+        if pending is None or pending.status is EffectStatus.INTENDED:
+            return None
+        record = self.effect(digest_of(pending.intent))
+        sent = None if record is None else record.unsettled
+        if sent is None or sent.idempotency_key != pending.idempotency_key:
+            return None
+        return sent.sent_under
+
+    def pending_age(
+        self, pending: PendingWrite | None, digest_of: Callable[[Intent], str]
+    ) -> float | None:
+        """The pending write's key's age by the store's clock (``None``: it cannot say)."""
+        if pending is None or not pending.mutating or pending.status is EffectStatus.INTENDED:
+            return None
+        return self.key_age(digest_of(pending.intent), pending.idempotency_key)
+
+    def key_age(self, digest: str, key: str) -> float | None:
+        """Seconds since the store recorded ``key``'s first row of effect ``digest``, by its clock.
+
+        ``None`` where the store keeps no such time (``tether.store.KeyClock``):
+        the retention rule then charges a skew margin instead.
+        """
+        content = self._cp.content
+        if not isinstance(content, KeyClock):
+            return None
+        return content.key_age_s(self._base.run_id, digest, key)
 
     def _recorded(self, digest: str) -> list[LedgerEntry]:
         """The effect's entries up to the base's signed length, each proven on the chain."""

@@ -20,6 +20,7 @@ from tether.adapters import (
 from tether.core import (
     ActionClass,
     ActionKind,
+    AdapterUnavailableError,
     CanonicalJSONError,
     EffectRecord,
     EffectStatus,
@@ -45,10 +46,12 @@ from tether.core import _people as people
 from tether.core._actions import needs_approval as core_needs_approval
 from tether.core._actions import risk_of
 from tether.core._case_rules import Undo
-from tether.core._case_table import Settlement, earlier_key, settlement
+from tether.core._case_table import ReviewDecision, Settlement, earlier_key, settlement
 from tether.core._compensation import compensated_effect
 from tether.core._evidence import check_approval, check_decision
-from tether.core._transition import EffectRef, Transition
+from tether.core._retention import remembered
+from tether.core._terms import settling_capabilities
+from tether.core._transition import EffectRef, Lookup, Transition
 from tether.crypto import Role, TrustRoots
 from tether.runtime import _cancel, _hints
 from tether.runtime._view import Runtime, Session
@@ -208,6 +211,7 @@ def review(session: Session, document: Any, *, cursor: int | None = None) -> Run
     refuses it), the ledger's record of the effect a ``landed_earlier`` or a
     ``compensate`` names, and, for a compensation, its intent and a fresh key.
     """
+    session.land_deferred()  # the settlement reads the ledger by the state's heads
     rt, state = session.rt, session.state
     drift: tuple[str, EnvironmentState, Receipt | None] | None = None
     case = None
@@ -226,6 +230,10 @@ def review(session: Session, document: Any, *, cursor: int | None = None) -> Run
             ttl_s=rt.policy.approval_ttl_s,
         )
         drift = _reread(rt, state, case, body)
+        if decision == ReviewDecision.NOT_LANDED:
+            # The adapter's word first: a write it holds, or still carries out, did
+            # not "not land" (a refusal names what it found; drift refreshes the case).
+            _check_not_landed(session, state, case, settlement(case, state, decision))
         if drift is not None:
             raise ReviewDriftError(drift[0])
         settled = settlement(case, state, decision)
@@ -261,6 +269,53 @@ def review(session: Session, document: Any, *, cursor: int | None = None) -> Run
         )
     )
     return session.state
+
+
+def _check_not_landed(
+    session: Session, state: RunState, case: ReviewCase, settled: Settlement
+) -> None:
+    """Ask the adapter by the case's key before a ``not_landed`` is consumed.
+
+    Refused (:class:`~tether.core.DecisionRefusedError`, naming what was
+    found) when it holds a receipt or reports the request still in flight;
+    an adapter that cannot be reached raises its own error, so the decision
+    is read again once it answers. Where it cannot be asked, or its answer
+    proves nothing, the person's word stands (the case card warned them).
+    """
+    pending = state.pending
+    if (
+        settled not in case_rules.NOT_LANDED
+        or pending is None
+        or pending.idempotency_key != case.idempotency_key
+    ):
+        return
+    rt = session.rt
+    caps = capabilities_for(rt.adapter, pending.intent)
+    answer = (
+        session.ask(Lookup(pending.idempotency_key, pending.intent)) if caps.queryable else None
+    )
+    # Absence is final only under the terms every send was made under, and only
+    # while the key is young on the store's clock as well as this runtime's.
+    settling = settling_capabilities(caps, session.history.sent_under(pending, rt.effect_digest))
+    age = (
+        session.history.pending_age(pending, rt.effect_digest)
+        if answer is not None and settling.retention_s is not None
+        else None
+    )
+    check = case_rules.check_not_landed(
+        answer,
+        absent_is_final=settling.absent_is_final,
+        remembered=remembered(settling.retention_s, rt.clock.now(), pending.proposed_at, age),
+    )
+    if check is case_rules.NotLandedCheck.UNREACHABLE and answer is not None:
+        raise AdapterUnavailableError(
+            f"run {state.run_id}: the adapter could not be asked about key "
+            f"{pending.idempotency_key} before a not_landed ({answer.detail}); the decision "
+            "is read again once it answers"
+        )
+    refused = case_rules.refuse_not_landed(case, state, check, answer)
+    if refused is not None:
+        raise refused
 
 
 def _read_for(

@@ -42,6 +42,7 @@ from tether.core import (
 from tether.core import _replay as replay_rules
 from tether.core._admission import check_admission
 from tether.core._cancel import check_cancel
+from tether.core._compensation import is_compensation
 from tether.core._evidence import check_approval, check_decision
 from tether.crypto import Role, Signer, TrustRoots
 from tether.runtime._cases import case_effect, pretty
@@ -181,6 +182,14 @@ def prepare_review(
         raise PolicyError(f"run {state.run_id} has no open review case {case_id!r}")
     _role(signer, Role.REVIEWER, "decide a review")
     effect = case_effect(state, case, view.ledger)
+    if decision == ReviewDecision.COMPENSATE.value and is_compensation(effect.action_id):
+        raise CompensationRefusedError(
+            f"run {state.run_id}: the write {effect.action_id!r} is itself a compensation, "
+            "which the runtime never undoes: sign landed or not_landed",
+            run_id=state.run_id,
+            idempotency_key=effect.idempotency_key,
+            compensation="none",
+        )
     if decision == ReviewDecision.COMPENSATE.value and effect.compensation not in {
         None,
         Compensation.ADAPTER.value,

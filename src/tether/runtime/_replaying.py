@@ -90,6 +90,12 @@ def replay_or_fork(
         # (an adapter that keeps its own request fingerprint needs it).
         same = current is not None and current.intent_digest == intent.digest
         answer = session.ask(Lookup(key, intent if same else None))
+    age = None
+    unsettled = None if record is None else record.unsettled
+    if answer is not None and unsettled is not None and caps.retention_s is not None:
+        # Read after the look-up answered, on the store's clock: a worker whose own
+        # clock runs behind cannot take a forgotten key's absence as final.
+        age = session.history.key_age(effect, unsettled.idempotency_key)
     kind = rt.kinds[proposal.kind]
     rule = rt.policy.kinds.get(proposal.kind)
     now = rt.clock.now()
@@ -107,6 +113,7 @@ def replay_or_fork(
             needs_approval=needs_approval(rt.policy, kind),
             approved=approved,
             sensitive=rule is not None and rule.sensitive,
+            key_age_s=age,
         )
     )
     shown = None

@@ -76,6 +76,7 @@ def rewind(
     traced). ``cursor`` is the inbox entry the document came by.
     """
     rt = session.rt
+    session.land_deferred()  # the rewind reads the run's past by the state's heads
     state = session.state
     if isinstance(document, dict) and isinstance(document.get("body"), dict):
         to, reason, scope = _as_signed(state, document["body"], to, reason, scope)

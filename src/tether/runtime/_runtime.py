@@ -63,7 +63,7 @@ from tether.core._ledger import retry_semantics
 from tether.core._policy_change import Adoption
 from tether.core._replay import effect_digest
 from tether.core._spec import MAX_TIMEOUT_S
-from tether.core._state import GENESIS_HASH
+from tether.core._state import GENESIS_HASH, check_run_id
 from tether.core._transition import LedgerNote
 from tether.crypto import Keyring, SecretBox, Signer, TrustRoots
 from tether.runtime import _humans
@@ -94,6 +94,10 @@ class Runtime:
     ``agent`` is the code that decides each step (:meth:`RunSession.step`);
     leave it out for a run driven by the caller's own loop, whose effects go
     through :func:`tether.effects.call` (see :mod:`tether.runtime._effects`).
+    ``defer_receipts`` (default ``True``): where the adapter can be asked by
+    key or deduplicates, a write's receipt rides on the run's next commit, so
+    a write step is one durable commit (a crash before it is settled by asking
+    the adapter); ``False`` commits every receipt at once, on its own.
     """
 
     def __init__(
@@ -117,6 +121,7 @@ class Runtime:
         secrets: SecretBox | None = None,
         on_secrets_withheld: Withheld | str | None = None,
         contract: Contract | str = Contract.STANDARD,
+        defer_receipts: bool = True,
     ) -> None:
         self.store = store
         self.adapter = adapter
@@ -126,6 +131,9 @@ class Runtime:
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.ids: IdSource = ids if ids is not None else RandomIds()
         self.crash = crash
+        # A receipt core says may ride on the run's next commit does (one durable
+        # commit per write step); False commits every receipt on its own, at once.
+        self.defer_receipts = defer_receipts
         # Unique per process by default: two processes never share a worker id.
         self.worker = worker or f"{socket.gethostname()}-{os.getpid()}-{token_hex(3)}"
         self.trust = trust
@@ -242,7 +250,7 @@ class Runtime:
         """Begin a new run in the task's expected initial environment."""
         env = self.adapter.environment()
         expected = self.task.initial_environment
-        run_id = run_id if run_id is not None else self.ids.new_id("run")
+        run_id = check_run_id(run_id) if run_id is not None else self.ids.new_id("run")
         if expected is not None and (
             env.namespace != expected.namespace
             or env.state_fingerprint != expected.state_fingerprint
@@ -320,7 +328,7 @@ class Runtime:
         the first), so starting it again is safe. Any later content without a
         mark means the mark was lost: that fails closed.
         """
-        if self.checkpointer.marks.get_mark(run_id) is None:
+        if self.checkpointer.marks.get_mark(check_run_id(run_id)) is None:
             newest = self.store.newest_generation(run_id)
             if newest is not None and newest > 1:
                 raise MissingHighWaterMarkError(run_id)

@@ -1,15 +1,19 @@
 """One epoch of one run: observe -> ask the agent -> apply a transition -> call the adapter.
 
-The order of a write, and why (two durable commits where the adapter is
-queryable or idempotent):
+The order of a write, and why (one durable commit per write step where the
+adapter is queryable with final absence, or idempotent):
 
 1. ONE commit: the checkpoint (phase pending) with the intent, its freshly
    minted key and the ledger's ``intended`` + ``dispatched``, before anything
    leaves the process (a blind adapter, or a write that waits for approval,
    commits ``intended`` here and ``dispatched`` alone right before the call);
+   a receipt deferred by the step before lands in this same transaction;
 2. the adapter executes with that key and returns its receipt;
-3. ONE commit: the ledger's ``committed`` with the receipt and the advanced
-   state (phase running).
+3. the ledger's ``committed`` with the receipt and the advanced state (phase
+   running), sealed now and, where core says it may be deferred
+   (``settle_rules.receipt_durability``), written with the run's NEXT commit
+   (1 of the next write step, or any other checkpoint; :meth:`land_deferred`
+   when the session lets the run go); otherwise ONE commit of its own now.
 
 The session holds no rule of its own: every decision is a pure function in
 ``tether.core`` that returns a :class:`~tether.core.Transition`; the session
@@ -26,7 +30,6 @@ from tether.adapters import (
     absence_outlives_takeover,
     capabilities_for,
     namespace_of,
-    offers_snapshots,
     where_to_look,
 )
 from tether.core import (
@@ -34,13 +37,11 @@ from tether.core import (
     CommitOutcomeUnknownError,
     EffectStatus,
     EnvironmentState,
-    GenerationConflictError,
     LedgerEntry,
     Observation,
     Outcome,
     OutcomeKind,
     OutcomeReason,
-    PendingWrite,
     Phase,
     PolicyError,
     Proposal,
@@ -55,18 +56,16 @@ from tether.core import (
 from tether.core import _replay as replay_rules
 from tether.core import _settle as settle_rules
 from tether.core import _steps as step_rules
-from tether.core._commit import noted_write, seal_commit, with_subject_terms
+from tether.core._commit import noted_write
 from tether.core._evidence import awaits_approval
 from tether.core._held import AfterSettle, HeldKind, after_settle, held_kind
-from tether.core._listing import listing_of
 from tether.core._retry import step_progressed
-from tether.core._terms import SentTerms
 from tether.core._transition import (
+    Durability,
     Execute,
     ExecuteAnswer,
     ExecuteStatus,
     Facts,
-    LedgerNote,
     Lookup,
     LookupAnswer,
     ReadEnvironment,
@@ -75,14 +74,14 @@ from tether.core._transition import (
 from tether.runtime import _calls as calls
 from tether.runtime import _carry, _compensate, _humans, _propose, _replaying, _rewind, _stopping
 from tether.runtime._agent import Agent, AgentContext
+from tether.runtime._committing import Committing
 from tether.runtime._crash import CrashPoint
+from tether.runtime._deferred import Deferred
 from tether.runtime._history import History
-from tether.runtime._lease import LeaseHolder
 from tether.runtime._view import Event, Runtime
-from tether.store import LeaseRequest
 
 
-class RunSession(LeaseHolder):
+class RunSession(Committing):
     """One epoch of one run: the current state and the agent's context."""
 
     rt: Runtime
@@ -107,7 +106,10 @@ class RunSession(LeaseHolder):
         #: The run's past as this session may ask it: the gate's "used before"
         #: and replay-or-fork's known effects, looked up by index and proven on
         #: the signed chains, never read whole (kept up to date as commits land).
-        self.history = History(runtime.checkpointer, state, lambda: self.state)
+        self.history = History(runtime.checkpointer, state, self._landed_state)
+        # A commit sealed and waiting to ride on the run's next one (a deferred
+        # receipt): ``state`` is sealed on top of it, the store has not seen it.
+        self._deferred: Deferred | None = None
         self._results: tuple[str, tuple[ActionResult, ...]] | None = None
         # Inbox admissions the recovery that opened this session tried: seq ->
         # "used", or why it was refused (the next inbox read records them).
@@ -134,185 +136,22 @@ class RunSession(LeaseHolder):
         return self.state.run_id
 
     @property
+    def receipt_waiting(self) -> bool:
+        """Whether a write's receipt waits for the run's next commit (``Runtime.defer_receipts``).
+
+        Until it lands the store holds the generation before, with the write
+        ``dispatched``; the commit that carries it (the next generation) is the
+        write's rewind point. :meth:`land_deferred` writes it at once.
+        """
+        return self._deferred is not None
+
+    @property
     def effects(self) -> Mapping[str, replay_rules.EffectHistory]:
         """Every effect digest the ledger records, and what it knows of it (what replay matches).
 
         A look-up reads that effect's entries by index; iterating reads the whole ledger.
         """
         return self.history.effects
-
-    def reopen(self, state: RunState) -> None:
-        """Ask the run's past afresh from ``state`` (after a recovery, a reload, a rewind)."""
-        self.history = History(self.rt.checkpointer, state, lambda: self.state)
-
-    def take_opening(self) -> tuple[dict[str, Any] | None, dict[str, bytes]]:
-        """The recovery's epoch opening not yet committed and its admission record, handed over.
-
-        A rewind applied right after a recovery is itself the admitted opening
-        of the new epoch; the recovery's facts travel inside its event, and its
-        record is stored with it.
-        """
-        opening, (_, blobs) = self._opening, self._admitted
-        self._opening, self._admitted = None, ({}, {})
-        return opening, blobs
-
-    # -- committing ----------------------------------------------------------
-
-    def open_epoch(
-        self,
-        recovered: dict[str, Any],
-        changes: dict[str, Any] | None = None,
-        blobs: dict[str, bytes] | None = None,
-    ) -> None:
-        """Begin a new epoch: its ``recovered`` event lands with the first commit.
-
-        ``changes`` (the new epoch id, the admission, the work occurrence) and
-        ``blobs`` (the admission record) land with it, in the same commit.
-        """
-        self._opening = dict(recovered)
-        self._admitted = (dict(changes or {}), dict(blobs or {}))
-
-    def commit(
-        self,
-        state: RunState,
-        events: list[Event],
-        *,
-        context: AgentContext | None = None,
-        blobs: dict[str, bytes] | None = None,
-        ledger: tuple[LedgerNote, ...] = (),
-        effect: PendingWrite | None = None,
-        lease_to: LeaseRequest | None = None,
-    ) -> tuple[LedgerEntry, ...]:
-        """Checkpoint ``state`` as the next generation, with its trace events and ledger entries.
-
-        ``ledger`` notes belong to ``effect`` (the write they record); they are
-        sealed into the run's ledger chain, whose new head the checkpoint pins,
-        and land in the same fenced transaction or not at all. The sealed
-        entries are returned.
-        """
-        if self._unsettled is not None:
-            raise CommitOutcomeUnknownError(
-                f"run {self.run_id}: an earlier commit's outcome is unknown; reload() first",
-                run_id=self.run_id,
-                generation=self._unsettled.generation,
-                checkpoint_digest=self._unsettled.checkpoint_digest,
-            )
-        blobs = dict(blobs or {})
-        opening = self._opening
-        if opening is not None:
-            changes, admitted = self._admitted
-            state = state.evolve(epoch=self.state.epoch + 1, worker=self.rt.worker, **changes)
-            events = [("recovered", opening), *events]
-            blobs.update(admitted)
-        if context is not None:
-            # Unchanged secret items (withheld ones included) keep their ciphertext.
-            context = context.seal(
-                run_id=self.run_id, box=self.rt.checkpointer.secrets, previous=self.context
-            )
-            context_digest, body = context.encode()
-            if context_digest != self.state.agent_context_digest:
-                blobs[context_digest] = body
-            state = state.evolve(agent_context_digest=context_digest)
-        root = state.environment.state_fingerprint
-        snapshotted = self._snapshotted
-        at_rest = state.phase is Phase.RUNNING and state.pending is None and state.rewinding is None
-        if at_rest and root != snapshotted and offers_snapshots(self.rt.adapter):
-            # The workspace this checkpoint records, stored by content with
-            # it: a later rewind to this generation restores exactly this.
-            # Only a checkpoint at rest is a rewind point, so only those pay.
-            found = _rewind.snapshot_blobs(self.rt, root, self._blobs_known)
-            if found is not None:
-                blobs.update(found)
-                snapshotted = root
-        if any(n.subject is not None and n.subject.terms is None for n in ledger):
-            # A landed compensation's note names the effect it undid, not its terms
-            # (core settles it from the pending write alone): read them once, here.
-            ledger = with_subject_terms(ledger, self.rt.checkpointer.verified_ledger(self.state))
-        sealed = seal_commit(
-            self.state,
-            state,
-            events,
-            now=self.rt.clock.now(),
-            ledger=ledger,
-            effect=effect,
-            terms=None if effect is None or not ledger else self.rt.effect_terms(effect.intent),
-            resumed_at=self.resumed_at,
-        )
-        new = sealed.state
-        try:
-            digest, granted = self.rt.checkpointer.advance(
-                new,
-                self.state.generation,
-                list(sealed.events),
-                blobs or None,
-                expected_lease_version=0 if self.lease is None else self.lease.lease_version,
-                ledger=list(sealed.entries),
-                lease_to=lease_to,
-                listing=listing_of(new, self.rt.policy),
-            )
-        except CommitOutcomeUnknownError as exc:
-            self._unsettled = exc  # landed or not, only the store can say
-            raise
-        self.state = new
-        self.digest = digest
-        self._snapshotted = snapshotted
-        if len(self._blobs_known) > _BLOBS_REMEMBERED:
-            self._blobs_known.clear()  # a hint only: the store answers what it forgets
-        self._blobs_known.update(blobs)
-        if sealed.entries:
-            self.history.committed(sealed.entries)
-        if granted is not None:
-            self.hold(granted)
-        self._opening = None
-        self._admitted = ({}, {})
-        if context is not None:
-            self.context = context
-        return sealed.entries
-
-    def reload(self) -> RunState:
-        """Read the run back from the store after a commit whose outcome was unknown.
-
-        The mark says which way it went: at the checkpoint that was being
-        committed (it landed: the session carries on from it), or still at
-        the one before (it did not: the step is simply taken again). Anything
-        else means another writer moved the run, and this session must stop.
-        Nothing left the process after the lost commit, so either way no
-        effect is repeated: a write made pending is settled by its key.
-        """
-        unknown = self._unsettled
-        if unknown is None:
-            return self.state
-        cp = self.rt.checkpointer
-        restored = cp.load(self.run_id)  # verified: signature, schema
-        cp.check_generation(restored)
-        digest = restored.mark.checkpoint_digest
-        if digest == unknown.checkpoint_digest:
-            state = restored.state
-            self.context = cp.context(state, release=self.release_secrets)
-            self.reopen(state)
-            self.state, self.digest, self._opening, self._results = state, digest, None, None
-            self._admitted = ({}, {})
-        elif digest != self.digest or restored.state.generation != self.state.generation:
-            raise GenerationConflictError(
-                self.run_id, self.state.generation, restored.state.generation
-            )
-        self._unsettled = None
-        return self.state
-
-    def _remember(self, transition: Transition) -> None:
-        """Keep what a committed transition recorded: its action id, its results."""
-        for kind, data in transition.events:
-            action_id = step_rules.action_id_of(kind, data)
-            if action_id is not None:
-                self.history.used(action_id)
-        state = transition.state
-        if state is not None and state.results_digest is not None:
-            body = dict(transition.blobs).get(state.results_digest)
-            if body is not None:
-                self._results = (
-                    state.results_digest,
-                    step_rules.decode_results(state.results_digest, body),
-                )
 
     # -- applying transitions --------------------------------------------------
 
@@ -337,16 +176,35 @@ class RunSession(LeaseHolder):
             effect = noted_write(
                 self.state.pending, None if transition.state is None else transition.state.pending
             )
+            # A receipt core lets ride on the run's next commit is sealed now and
+            # written with that commit (the first commit of a step carries what
+            # the step saw before deciding and the agent's context: never deferred).
+            later = (
+                transition.durability is Durability.DEFERRED
+                and self.rt.defer_receipts
+                and not prefix
+                and context is None
+                and self._opening is None
+            )
             if transition.state is not None:
                 try:
-                    entries = self.commit(
-                        transition.state,
-                        [*(prefix or ()), *transition.events],
-                        context=context,
-                        blobs=dict(transition.blobs),
-                        ledger=transition.ledger,
-                        effect=effect,
-                    )
+                    if later:
+                        entries = self.defer(
+                            transition.state,
+                            list(transition.events),
+                            blobs=dict(transition.blobs),
+                            ledger=transition.ledger,
+                            effect=effect,
+                        )
+                    else:
+                        entries = self.commit(
+                            transition.state,
+                            [*(prefix or ()), *transition.events],
+                            context=context,
+                            blobs=dict(transition.blobs),
+                            ledger=transition.ledger,
+                            effect=effect,
+                        )
                 except TetherError:
                     if in_hand is not None:
                         self.unrecorded = in_hand  # kept: the write is still dispatched
@@ -354,6 +212,8 @@ class RunSession(LeaseHolder):
                 if in_hand is not None and self.unrecorded is in_hand:
                     self.unrecorded = None
                 in_hand = None
+                if later:
+                    self.rt.crash.hit(CrashPoint.RECEIPT_DEFERRED)
                 for entry in entries:
                     if entry.status is EffectStatus.COMMITTED:
                         committed = entry
@@ -373,7 +233,8 @@ class RunSession(LeaseHolder):
             if isinstance(call, Lookup):
                 answer = self.ask(call)
                 transition = self.decide(
-                    lambda facts, a=answer: settle_rules.after_lookup(self.state, facts, a)
+                    lambda facts, a=answer: settle_rules.after_lookup(self.state, facts, a),
+                    aged=True,  # read after the look-up answered: an upper bound on its time
                 )
             elif isinstance(call, ReadEnvironment):  # decide() answers it; never committed
                 raise ValueError("a transition that reads the environment was not decided")
@@ -388,8 +249,13 @@ class RunSession(LeaseHolder):
                     )
                 )
 
-    def facts(self) -> Facts:
-        """What a pure step may need now (the environment unread: a rule asks for it)."""
+    def facts(self, *, aged: bool = False) -> Facts:
+        """What a pure step may need now (the environment unread: a rule asks for it).
+
+        ``aged``: the step may judge the pending write's key against its
+        adapter's retention, so the key's age by the store's clock is read
+        too (one indexed read; never on a first send).
+        """
         rt = self.rt
         kind = None if self.state.pending is None else self.state.pending.intent.kind
         pending = self.state.pending
@@ -413,27 +279,18 @@ class RunSession(LeaseHolder):
             namespace=namespace_of(rt.adapter, kind),
             forbidden=rt.held_problem(self.state),  # judged again before any send
             policy_version=rt.binding.policy_version,
-            sent_under=self._sent_under(pending),
+            sent_under=self.history.sent_under(pending, rt.effect_digest),
+            key_age_s=self.history.pending_age(pending, rt.effect_digest)
+            if aged and caps.retention_s is not None
+            else None,
         )
 
-    def _sent_under(self, pending: PendingWrite | None) -> SentTerms | None:
-        """What the ledger records the pending write's sends were made under (``None``: unknown).
+    def decide(self, rule: Any, *, aged: bool = False) -> Transition:
+        """Evaluate a pure rule; one that asks for the environment is given it, and asked again.
 
-        Read from the ledger's entries of its effect, under its key: ledger
-        rows written before the ledger recorded terms (or effect digests)
-        give ``None``, and the adapter's declaration now decides, as before.
+        ``aged``: as for :meth:`facts` (after a look-up, or settling a write already sent).
         """
-        if pending is None or pending.status is EffectStatus.INTENDED:
-            return None
-        record = self.history.effect(self.rt.effect_digest(pending.intent))
-        sent = None if record is None else record.unsettled
-        if sent is None or sent.idempotency_key != pending.idempotency_key:
-            return None
-        return sent.sent_under
-
-    def decide(self, rule: Any) -> Transition:
-        """Evaluate a pure rule; one that asks for the environment is given it, and asked again."""
-        facts = self.facts()
+        facts = self.facts(aged=aged)
         transition: Transition = rule(facts)
         if isinstance(transition.call, ReadEnvironment):
             live = self.rt.adapter.environment()
@@ -464,7 +321,7 @@ class RunSession(LeaseHolder):
 
     # -- driving -------------------------------------------------------------
 
-    def run(self, max_steps: int | None = None) -> Outcome:
+    def run(self, max_steps: int | None = None, *, land: bool = True) -> Outcome:
         """Step until the run is terminal or frozen, or a step gets nowhere (or ``max_steps``).
 
         A step gets nowhere (:func:`~tether.core.step_progressed`) when it waits for a
@@ -472,6 +329,9 @@ class RunSession(LeaseHolder):
         which asked for nothing: then ``run`` returns that outcome and the run waits,
         durable, instead of asking again at once. Call it again later (a
         :class:`~tether.runtime.Worker` does, backing off). The last outcome is returned.
+        A write's receipt that would ride on the next commit is written before ``run``
+        returns (``max_steps`` reached right after a write), so the run waits durable;
+        ``land=False`` leaves it for the next step (a loop that steps again at once).
         """
         taken = 0
         self.reload()
@@ -491,6 +351,9 @@ class RunSession(LeaseHolder):
             taken += 1
             if not step_progressed(outcome.kind):
                 break  # a person, the adapter or the agent has to act first; it waits, durable
+        if land:
+            self.land_deferred()
+            outcome = replace(outcome, state=self.state)
         return outcome
 
     def consume_inbox(self) -> RunState:
@@ -734,7 +597,7 @@ class RunSession(LeaseHolder):
                     state, facts, kept.call, kept.answer
                 )
             )
-        return self._decide_and_apply(settle_rules.settle)
+        return self._decide_and_apply(settle_rules.settle, aged=True)
 
     def _observe(self) -> Outcome | tuple[RunState, list[Event], EnvironmentState]:
         """The budgets checked, then the environment read: the state a new action starts from."""
@@ -748,8 +611,8 @@ class RunSession(LeaseHolder):
         base, events = step_rules.begin_step(state, env)
         return base, events, env
 
-    def _decide_and_apply(self, rule: Any) -> Outcome:
-        return self.apply(self.decide(lambda facts: rule(self.state, facts)))
+    def _decide_and_apply(self, rule: Any, *, aged: bool = False) -> Outcome:
+        return self.apply(self.decide(lambda facts: rule(self.state, facts), aged=aged))
 
     def results(self) -> tuple[ActionResult, ...]:
         """The results of the actions the agent took at its previous step (from the checkpoint)."""
@@ -784,12 +647,14 @@ class RunSession(LeaseHolder):
         """The run's trace up to the current head (never walking past its signed length)."""
         bound = self.state.trace_length + 1  # one more than signed: a cycle shows, never hangs
         limit = bound if limit is None else min(limit, bound)
-        return self.rt.store.trace(self.run_id, self.state.trace_head, limit)
+        riding = self._deferred
+        if riding is None:
+            return self.rt.store.trace(self.run_id, self.state.trace_head, limit)
+        stored = riding.stored_length + 1
+        return riding.trace(
+            lambda head, n: self.rt.store.trace(self.run_id, head, min(n, stored)), limit
+        )
 
-
-#: At most this many committed blob digests are remembered per session (a
-#: 250,000-file workspace's snapshot, with room): the store answers beyond it.
-_BLOBS_REMEMBERED = 1_000_000
 
 # How a run the inbox ended reads as a step's outcome.
 _ENDED = {

@@ -52,6 +52,7 @@ class Runtime(Protocol):
     clock: Clock
     ids: IdSource
     crash: CrashPlan
+    defer_receipts: bool
     worker: str
     trust: TrustRoots | None
     lease_ttl_s: float | None
@@ -109,7 +110,9 @@ class Session(Protocol):
         context: AgentContext | None = None,
     ) -> Outcome: ...
 
-    def decide(self, rule: Any) -> Transition: ...
+    def decide(self, rule: Any, *, aged: bool = False) -> Transition: ...
+
+    def land_deferred(self) -> None: ...
 
     def ask(self, call: Lookup) -> LookupAnswer: ...
 

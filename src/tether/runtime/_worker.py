@@ -209,7 +209,9 @@ class Worker:
                 phase = session.state.phase
                 if phase.terminal:
                     break
-                outcome = session.run(max_steps=1)  # a frozen run reads its inbox here
+                # A frozen run reads its inbox here. A write's receipt rides on the next
+                # step's commit (the loop steps again at once), or lands at release().
+                outcome = session.run(max_steps=1, land=False)
                 held = session.lease.lease_version if session.lease is not None else 0
                 waits = outcome.kind is OutcomeKind.WAITING_FOR_APPROVAL
                 if waits or session.state.phase is Phase.NEEDS_REVIEW:

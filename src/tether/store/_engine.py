@@ -227,9 +227,9 @@ class SQLEngine:
 
 
 def value_rows(columns: Sequence[str], values: Sequence[str] | None, rows: int) -> str:
-    """``(?, ?), (?, ?)``: the VALUES rows of an insert (``values``: one row's SQL expressions)."""
-    if rows < 1 or (values is not None and rows != 1):
-        raise StoreError(f"an insert of {rows} rows needs one row of plain placeholders")
+    """``(?, ?), (?, ?)``: the VALUES rows of an insert (``values``: each row's SQL expressions)."""
+    if rows < 1:
+        raise StoreError(f"an insert of {rows} rows needs at least one")
     row = "(" + ", ".join(values if values is not None else ["?"] * len(columns)) + ")"
     return ", ".join([row] * rows)
 

@@ -194,6 +194,31 @@ class HistorySQL(SQLEngine):
         entries = [ledger_entry_of(run_id, row) for row in rows]
         return sorted(entries, key=lambda e: (e.seq, e.hash), reverse=True)
 
+    def key_age_s(self, run_id: str, effect: str, key: str) -> float | None:
+        """Seconds since the store recorded the first ledger row of ``key``, by its own clock.
+
+        The store's now and the row's stamp are read in one statement, so
+        both are the store's clock (the one leases are judged by), whatever
+        the caller's. ``None`` when no row of ``effect`` under ``key`` carries
+        a stamp (written before the store recorded one). Found by the effect's
+        index; unverified, and only ever made larger by the caller's own clock
+        (``tether.core._retention``), so an edited stamp cannot make a key
+        younger than the runtime says it is.
+        """
+        row = self._read(
+            lambda: self._one(
+                f"SELECT {self.clock_sql}, MIN(stored_us) FROM tether_ledger "
+                "WHERE run_id = ? AND effect = ? AND idempotency_key = ?",
+                (run_id, index_key(effect), key),
+            )
+        )
+        if row is None or row[1] is None:
+            return None
+        now, first = row
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (now, first)):
+            raise StoreError(f"run {run_id}: a ledger row's store time is not an integer")
+        return float(now - first) / 1_000_000
+
     def ledger_chain(
         self, run_id: str, head: str, limit: int | None = None, *, before: int | None = None
     ) -> list[LedgerEntry]:

@@ -93,8 +93,9 @@ WITH cas AS (
 ), ledger AS (
     INSERT INTO tether_ledger (run_id, hash, prev_hash, seq, idempotency_key, status,
                                action_id, intent_digest, receipt, epoch, at, terms, payload,
-                               effect, target)
-    SELECT cas.run_id, l.h, l.p, l.s, l.k, l.st, l.ac, l.i, l.r, l.ep, l.a, l.t, l.y, l.x, l.g
+                               effect, stored_us, target)
+    SELECT cas.run_id, l.h, l.p, l.s, l.k, l.st, l.ac, l.i, l.r, l.ep, l.a, l.t, l.y, l.x,
+           (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT, l.g
       FROM cas, json_to_recordset(%s::json)
            AS l(h text, p text, s bigint, k text, st text, ac text, i text, r text,
                 ep bigint, a text, t text, y text, x text, g text)

@@ -274,6 +274,23 @@ class ContentStore(Protocol):
         ...
 
 
+@runtime_checkable
+class KeyClock(Protocol):
+    """A content store that records, on its own clock, when it took each ledger row.
+
+    Optional: a store without it has a key's age judged by the runtime's
+    clock plus a skew margin (``tether.core._retention``). Both SQL stores
+    have it.
+    """
+
+    def key_age_s(self, run_id: str, effect: str, key: str) -> float | None:
+        """Seconds, by the store's clock, since it recorded ``key``'s first row of ``effect``.
+
+        ``None`` when it holds no such row with a recorded time.
+        """
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseRequest:
     """Create a run already leased: to ``owner``, for ``ttl_s`` seconds by the store's clock."""

@@ -377,6 +377,17 @@ def migrations(
         (
             14,
             [
+                # When the store recorded each ledger row, by the STORE's clock
+                # (microseconds, as leases are judged): a key's age against an
+                # adapter's retention is measured on it, so a worker whose clock
+                # runs behind cannot take a stale absence as final. NULL on rows
+                # written before: their age is judged with a skew margin instead.
+                "ALTER TABLE tether_ledger ADD COLUMN stored_us BIGINT",
+            ],
+        ),
+        (
+            15,
+            [
                 # A, B, A on a target no adapter can read: the replay rule asks
                 # whether another effect was committed on the target since the
                 # one re-proposed. Each committed entry names its target (the

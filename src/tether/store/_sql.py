@@ -149,11 +149,14 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
             [_trace_row(event) for event in events],
             lambda index: self._exists_as("tether_trace", events[index], "trace event"),
         )
+        # Each ledger row records when the store took it, by the store's clock (the
+        # age of a key against an adapter's retention is measured on it).
         self._put_rows(
             "tether_ledger",
-            _LEDGER_COLUMNS,
+            (*_LEDGER_COLUMNS, "stored_us"),
             [_ledger_row(entry) for entry in entries],
             lambda index: self._exists_as("tether_ledger", entries[index], "ledger entry"),
+            values=(*["?"] * len(_LEDGER_COLUMNS), self.clock_sql),
         )
         # Shared by content: a blob already there is the same bytes.
         self._put_rows("tether_blobs", ("digest", "body"), sorted((commit.blobs or {}).items()))
@@ -164,16 +167,20 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
         columns: Sequence[str],
         rows: Sequence[Sequence[Any]],
         existing: Callable[[int], None] | None = None,
+        *,
+        values: Sequence[str] | None = None,
     ) -> None:
         """Insert-if-absent ``rows``, up to :data:`_ROWS_PER_STATEMENT` per statement.
 
         ``existing(i)`` checks row ``i`` when some were already there (a
         hash-addressed row must then be the same row, or it is a collision).
+        ``values``: each row's SQL expressions (``?`` for each of a row's
+        parameters), where a column is filled by the database itself.
         """
         for start in range(0, len(rows), _ROWS_PER_STATEMENT):
             chunk = rows[start : start + _ROWS_PER_STATEMENT]
             inserted = self._run(
-                self._insert_ignore(table, columns, rows=len(chunk)),
+                self._insert_ignore(table, columns, values, rows=len(chunk)),
                 [value for row in chunk for value in row],
             )
             if inserted < len(chunk) and existing is not None:

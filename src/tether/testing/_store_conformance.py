@@ -16,19 +16,21 @@ from typing import Any
 import pytest
 
 from tether.core import (
+    Compensation,
     EffectStatus,
     GenerationConflictError,
     LedgerEntry,
     MigrationError,
+    RetrySemantics,
     StoreError,
     TetherError,
     TraceEvent,
     WriteOnceError,
 )
-from tether.core._ledger import seal_entry
+from tether.core._ledger import EffectTerms, seal_entry
 from tether.core._state import GENESIS_HASH
 from tether.core._trace import seal_event
-from tether.store import Commit
+from tether.store import Commit, KeyClock
 
 StoreFactory = Callable[[], Any]
 
@@ -490,6 +492,41 @@ def test_a_closed_store_raises_a_tether_store_error(tether_store: Any) -> None:
         )
 
 
+def test_a_key_age_is_read_on_the_stores_own_clock(tether_store: Any) -> None:
+    """A store that keeps time for ledger rows says how old a key's first row is, by its clock."""
+    store: Any = tether_store  # narrowed below, but committed to as any store
+    if not isinstance(store, KeyClock):
+        pytest.skip("this store keeps no time for its ledger rows (tether.store.KeyClock)")
+    clock: KeyClock = store
+    terms = EffectTerms(
+        "ns", "ticket.create", "t", RetrySemantics.QUERYABLE, Compensation.NONE, effect="sha256:e1"
+    )
+    rows: list[LedgerEntry] = []
+    prev = GENESIS_HASH
+    for seq, status in enumerate((EffectStatus.INTENDED, EffectStatus.DISPATCHED), start=1):
+        row = seal_entry(
+            "r",
+            seq,
+            prev,
+            idempotency_key="k1",
+            status=status,
+            action_id="a1",
+            intent_digest="sha256:intent-1",
+            receipt=None,
+            epoch=1,
+            # The rows' own times say nothing to the store: a century off, on purpose.
+            at=T0 - timedelta(days=36500),
+            terms=terms,
+        )
+        rows.append(row)
+        prev = row.hash
+    tether_store.commit(make_commit("r", 1, ledger=rows), 0)
+    age = clock.key_age_s("r", "sha256:e1", "k1")
+    expect(age is not None and -1.0 <= age < 60.0, f"a key just committed is young ({age})")
+    expect(clock.key_age_s("r", "sha256:e1", "k2") is None, "an unknown key has no age")
+    expect(clock.key_age_s("r", "sha256:e2", "k1") is None, "another effect's key neither")
+
+
 __all__ = [
     "StoreFactory",
     "chained",
@@ -500,6 +537,7 @@ __all__ = [
     "seeded",
     "test_a_closed_store_raises_a_tether_store_error",
     "test_a_digest_that_does_not_address_its_bytes_is_refused",
+    "test_a_key_age_is_read_on_the_stores_own_clock",
     "test_a_losing_commit_writes_no_content",
     "test_a_newer_schema_is_refused",
     "test_a_refused_commit_writes_no_ledger_rows",

@@ -55,7 +55,7 @@ DECISION_HELP = {
     "landed": "You found it in the world: the ledger records it committed by you, with what "
     "you found; it is not sent again and the run goes on.",
     "not_landed": "It never arrived: it is sent once more, under the same key, and the run "
-    "goes on.",
+    "goes on (refused while the adapter, asked by key, holds it or still has it in flight).",
     "compensate": "It landed and must be undone: it is recorded committed by you and undone "
     "the way its kind declares (name what to undo).",
     "replan": "Set its key aside for good and let the run plan again from the world as it is.",

@@ -633,25 +633,37 @@ class Gateway:
         if doc is None:
             # Said as an error answer: an output schema binds only a tool's success.
             kept = done.result if isinstance(done.result, dict) else {}
-            why = kept.get(KEPT_APART) or "the tool is sensitive, or the record is older"
-            doc = {
-                "content": [
-                    {
-                        "type": "text",
-                        "text": "tether: this call was made earlier in this run and is not made "
-                        "again; the upstream's answer to it was not kept whole, so it cannot "
-                        f"be given back ({why}). See the call with: tether inspect "
-                        f"{self.config.run_id}.",
-                    }
-                ],
-                "isError": True,
-            }
+            doc = {"content": [{"type": "text", "text": self._unkept(kept)}], "isError": True}
             meta["answer_kept"] = False
+            if kept.get("settled_by") == "review":
+                meta |= {
+                    "settled_by": "review",
+                    "reviewer_id": kept.get("reviewer_id"),
+                    "evidence": kept.get("evidence"),
+                }
         answer = {k: v for k, v in doc.items() if k != RECEIVED_AT}
         if notes:  # what the run did first, after the tool's own answer
             answer["content"] = [*answer["content"], {"type": "text", "text": " ".join(notes)}]
         answer["_meta"] = dict(answer.get("_meta") or {}) | {CALL_META: meta}
         return types.CallToolResult.model_validate(answer)
+
+    def _unkept(self, kept: dict[str, Any]) -> str:
+        """What the agent is told of a call made earlier whose answer cannot be given back."""
+        see = f"See the call with: tether inspect {self.config.run_id}."
+        if kept.get("settled_by") == "review":
+            # A person found it landed: the upstream's answer never reached the gateway.
+            return (
+                "tether: this call was made earlier in this run and is not made again: its "
+                "answer was lost, and a person looked and signed that it happened "
+                f"({kept.get('reviewer_id')}, who found: {kept.get('evidence')}). The "
+                f"upstream's own answer was never received, so it cannot be given back. {see}"
+            )
+        why = kept.get(KEPT_APART) or "the tool is sensitive, or the record is older"
+        return (
+            "tether: this call was made earlier in this run and is not made again; the "
+            "upstream's answer to it was not kept whole, so it cannot be given back "
+            f"({why}). {see}"
+        )
 
     def _waits_for_approval(self, name: str, exc: ApprovalRequiredError) -> str:
         store = shown_store(self.config.store)

@@ -126,6 +126,21 @@ CASES: dict[str, tuple[Event, ...]] = {
         "down:tickets:600 down:workspace:600 step advance::31 drive drive:w1 drive drive:w1 "
         "drive drive:w1 advance::1 drive drive:w1"
     ),
+    # A write's receipt rides on the run's next commit: dying while it waits in
+    # memory (sealed, or while the agent decides), or inside the commit that
+    # carries it (before it lands, or after it landed unheard), and a key
+    # forgotten past retention while it waits (the session still holds it).
+    "crash_with_the_receipt_deferred": motif(
+        "crash_point:receipt_deferred step step step step step"
+    ),
+    "crash_before_the_receipt_lands": motif("step crash_point:before_proposal step step step step"),
+    "crash_inside_the_carrying_commit": motif(
+        "step crash_commit:before step step step crash_commit:after step step step"
+    ),
+    "receipt_waits_past_retention": motif(
+        "step advance::400 forget step step crash_point:receipt_deferred step advance::400 "
+        "forget step step review:replan step step"
+    ),
 }
 
 _TICKET = Item("ticket", "tickets", "printer")

@@ -39,6 +39,40 @@ def _settle_without_asking(real: Any) -> Any:
     return settle
 
 
+def _deferred_taken_as_committed(real: Any) -> Any:
+    def settle(state: RunState, facts: Any) -> Transition:
+        from tether.core import Receipt, format_time
+        from tether.core._transition import Durability
+
+        pending = state.pending
+        caps = facts.capabilities
+        deferrable = settle_rules.receipt_durability(
+            caps, fresh=True, approved=facts.needs_approval, undoes=False
+        )
+        if (
+            pending is not None
+            and pending.status is EffectStatus.DISPATCHED
+            and deferrable is Durability.DEFERRED
+        ):
+            # "Its receipt must have been waiting for the next commit": taken as
+            # landed, the adapter never asked (a crash before the send says otherwise).
+            assumed = Receipt(
+                namespace=facts.namespace,
+                adapter_version="assumed",
+                receipt_id=f"assumed-{pending.idempotency_key}",
+                idempotency_key=pending.idempotency_key,
+                intent_digest=pending.intent_digest,
+                result={},
+                business_object_id=pending.intent.target,
+                committed_at=format_time(facts.now),
+                post_state=pending.expected_post,
+            )
+            return settle_rules.advance(state, assumed, fresh=False, stateful=caps.stateful)
+        return real(state, facts)  # type: ignore[no-any-return]
+
+    return settle
+
+
 def _blind_resent(real: Any) -> Any:
     def settle(state: RunState, facts: Any) -> Transition:
         pending = state.pending
@@ -322,6 +356,12 @@ def _mutants() -> dict[str, Mutant]:
                 "settle_never_asks",
                 "recovery re-sends a dispatched write without asking the adapter",
                 ((settle_rules, "settle", _settle_without_asking),),
+            ),
+            Mutant(
+                "deferred_receipt_unasked",
+                "a dispatched write whose receipt could ride on the next commit is taken as "
+                "committed at recovery, the adapter never asked",
+                ((settle_rules, "settle", _deferred_taken_as_committed),),
             ),
             Mutant(
                 "blind_not_frozen",

@@ -123,7 +123,9 @@ def review(sim: Simulation, event: Event) -> None:
     person looks in the mailbox or the service: a reception under the case's
     key is signed ``landed`` with what was found, none ``not_landed`` (an
     earlier attempt a replan set aside takes only ``landed``); while the
-    service is still carrying a request under the key out, the person waits. The judge is
+    service is still carrying a request under the key out and tether cannot ask
+    it by key, the person waits (where it can, the runtime refuses the
+    ``not_landed``, and the person decides again another day). The judge is
     told, so nothing may be sent under a key signed landed, and a key signed
     not_landed may reach the world once.
     """
@@ -136,9 +138,11 @@ def review(sim: Simulation, event: Event) -> None:
     if decision in {"settle", "accept"} and kind in UNKNOWN:
         key = earlier_key(case) if kind is CaseKind.UNKNOWN_EARLIER else case.idempotency_key
         found = [r for r in sim.world.receptions if r.key == key]
-        if not found and sim.tickets.in_flight(key):
-            # The service is still carrying it out: a careful person waits to see it land
-            # rather than sign not_landed (exploration seeds 70797, 72229, 74202).
+        if not found and sim.tickets.in_flight(key) and not sim.tickets.capabilities.queryable:
+            # The service is still carrying it out, and tether cannot ask it (the case
+            # card warns so): a careful person waits to see it land rather than sign
+            # not_landed (exploration seeds 70797, 72229, 74202). Where it can be asked,
+            # the person signs, and the runtime must refuse the not_landed itself.
             return
         if found:
             decision, evidence = "landed", f"{found[0].namespace}:{found[0].identity}"

@@ -410,7 +410,13 @@ def _event(rng: random.Random, kind: str, worker: int) -> Event:
         return Event(kind, worker, rng.choice(("before", "after")))
     if kind == "crash_point":
         point = rng.choice(
-            ("before_proposal", "intent_persisted", "effect_sent", "receipt_persisted")
+            (
+                "before_proposal",
+                "intent_persisted",
+                "effect_sent",
+                "receipt_deferred",
+                "receipt_persisted",
+            )
         )
         return Event(kind, worker, point)
     if kind == "approve":

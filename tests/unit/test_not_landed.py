@@ -1,0 +1,108 @@
+"""A signed not_landed stands only where the adapter, asked by key, does not contradict it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_case_table import ENV, INTENT, frozen
+from tether.core import DecisionRefusedError, Receipt
+from tether.core import _case_rules as case_rules
+from tether.core._case_table import CaseKind, not_landed_warning
+from tether.core._transition import LookupAnswer, LookupStatus
+
+C = case_rules.NotLandedCheck
+ST = LookupStatus
+
+
+def receipt(key: str, intent_digest: str) -> Receipt:
+    return Receipt(
+        namespace="smtp",
+        adapter_version="1",
+        receipt_id="rcpt-7",
+        idempotency_key=key,
+        intent_digest=intent_digest,
+        result={"ok": True},
+        business_object_id="msg-7",
+        committed_at=None,
+        post_state=ENV,
+    )
+
+
+FOUND = LookupAnswer(ST.COMMITTED, receipt("k", INTENT.digest))
+FOREIGN = LookupAnswer(ST.COMMITTED, receipt("k", "sha256:" + "f" * 64))
+
+# (the adapter's answer, absence final, key within retention) -> what not_landed becomes
+CASES: list[tuple[str, LookupAnswer | None, bool, bool, case_rules.NotLandedCheck]] = [
+    ("cannot be asked by key", None, False, True, C.UNPROVEN),
+    ("it landed", FOUND, True, True, C.LANDED),
+    ("another intent holds the key", FOREIGN, True, True, C.LANDED),
+    ("still in flight", LookupAnswer(ST.IN_PROGRESS, detail="409"), True, True, C.IN_FLIGHT),
+    ("in flight, absence never final", LookupAnswer(ST.IN_PROGRESS), False, False, C.IN_FLIGHT),
+    ("unreachable", LookupAnswer(ST.UNAVAILABLE), True, True, C.UNREACHABLE),
+    ("recorded as refused", LookupAnswer(ST.REFUSED), False, True, C.STANDS),
+    ("absent, final, within retention", LookupAnswer(ST.ABSENT), True, True, C.STANDS),
+    ("absent, final, past retention", LookupAnswer(ST.ABSENT), True, False, C.UNPROVEN),
+    ("absent, not final", LookupAnswer(ST.ABSENT), False, True, C.UNPROVEN),
+    ("inconclusive", LookupAnswer(ST.INCONCLUSIVE), True, True, C.UNPROVEN),
+]
+
+
+@pytest.mark.parametrize(
+    ("answer", "final", "kept", "expected"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_the_not_landed_table(
+    answer: LookupAnswer | None, final: bool, kept: bool, expected: case_rules.NotLandedCheck
+) -> None:
+    """Every answer the adapter can give, and what it makes of a signed not_landed."""
+    got = case_rules.check_not_landed(answer, absent_is_final=final, remembered=kept)
+    assert got is expected
+
+
+@pytest.mark.parametrize("kind", [CaseKind.UNKNOWN_OUTCOME, CaseKind.UNKNOWN_ON_CANCEL])
+@pytest.mark.parametrize("check", list(C))
+def test_only_landed_and_in_flight_refuse(kind: CaseKind, check: case_rules.NotLandedCheck) -> None:
+    """A refusal is typed, names what the adapter found, and says what to do next."""
+    state = frozen(kind)
+    case = state.review_cases[-1]
+    answer = {
+        C.LANDED: FOUND,
+        C.IN_FLIGHT: LookupAnswer(ST.IN_PROGRESS, detail="409 in flight"),
+    }.get(check)
+    refused = case_rules.refuse_not_landed(case, state, check, answer)
+    if check not in {C.LANDED, C.IN_FLIGHT}:
+        assert refused is None
+        return
+    assert isinstance(refused, DecisionRefusedError)
+    assert refused.decision == "not_landed" and refused.case_id == case.case_id
+    assert refused.found == check.value
+    if check is C.LANDED:
+        assert (
+            "rcpt-7" in str(refused) and "msg-7" in str(refused) and "sign landed" in str(refused)
+        )
+        assert "not_landed" not in refused.fits and "landed" in refused.fits
+    else:
+        assert "still in flight (409 in flight)" in str(refused) and "decide again" in str(refused)
+        assert "not_landed" in refused.fits
+
+
+@pytest.mark.parametrize(
+    ("kind", "protected", "warned"),
+    [
+        (CaseKind.UNKNOWN_OUTCOME, False, True),
+        (CaseKind.UNKNOWN_OUTCOME, None, True),
+        (CaseKind.UNKNOWN_OUTCOME, True, False),
+        (CaseKind.UNKNOWN_ON_CANCEL, False, True),
+        (CaseKind.COMMITTED_FROZEN, False, False),  # takes no not_landed
+        (CaseKind.UNKNOWN_EARLIER, None, False),
+    ],
+)
+def test_a_not_landed_tether_cannot_check_is_warned_of(
+    kind: CaseKind, protected: bool | None, warned: bool
+) -> None:
+    """The warning shows where not_landed is offered and the adapter cannot be asked by key."""
+    text = not_landed_warning(kind, protected)
+    assert bool(text) is warned
+    if warned:
+        assert "still in flight" in text or "in flight" in text
