@@ -210,7 +210,7 @@ def target_key(entry: LedgerEntry) -> str | None:
     """The ``target`` index column of ``entry``'s row: a commit's target digest, else NULL.
 
     Only commits are indexed: the replay rule asks which effect was committed
-    on a target last (see migration 14).
+    on a target last (see migration 15).
     """
     terms = entry.terms
     if terms is None or terms.effect is None or entry.status is not EffectStatus.COMMITTED:
