@@ -34,7 +34,7 @@ CAUGHT = {
     "replay_never_asks": 1_000_002,
     "replay_absence_past_retention": 1_000_001,
     "replay_swallows_reverts": 37,
-    "replay_swallows_state_reverts": 1_000_396,
+    "replay_swallows_state_reverts": 1_005_001,
     "replay_foreign_receipt": 79,
     "replay_unapproved": 57,
     "replay_result_dropped": 1_000_003,

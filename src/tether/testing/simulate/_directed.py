@@ -167,14 +167,16 @@ BOARD_PLAN = (
     *(Item("board", "board", v) for v in ("green", "red", "green", "green")),
     Item("finish"),
 )
-#: Cases added after the rounds above were numbered, each against every mix and
-#: numbered after all of them (so every case above keeps its seeds).
+#: Cases played against every mix, numbered from :data:`LATER_FROM` on (so a case added
+#: to CASES, which shifts the second round's numbers, never moves their seeds).
 LATER_CASES: dict[str, tuple[Event, ...]] = {
     "board_reverted": motif("step step step step step step"),
     "board_reverted_crash": motif(
         "step step crash_point:effect_sent step step step step step step"
     ),
 }
+#: Where LATER_CASES' numbers start (directed seed ``1_000_000 + LATER_FROM + n``).
+LATER_FROM = 5_000
 #: Cases played with plans of their own (instead of PLANS).
 CASE_PLANS: dict[str, tuple[tuple[Item, ...], ...]] = {
     "stale_actions": (READS,),
@@ -231,11 +233,13 @@ def directed(knobs: frozenset[str] = CI_KNOBS) -> list[Scenario]:
     mixes = len(capability_mixes(False))
     rounds = (range(FIRST_MIXES), range(FIRST_MIXES, mixes))
     played = [
-        (name, events, chosen)
+        (name, events, chosen, False)
         for chosen, (name, events) in itertools.product(rounds, CASES.items())
     ]
-    played += [(name, events, range(mixes)) for name, events in LATER_CASES.items()]
-    for name, events, chosen in played:
+    played += [(name, events, range(mixes), True) for name, events in LATER_CASES.items()]
+    for name, events, chosen, later in played:
+        if later and index < LATER_FROM:
+            index = LATER_FROM
         for mix, plan in itertools.product(chosen, CASE_PLANS.get(name, PLANS)):
             index += 1
             if not allowed(events, knobs) or not _route_allowed(events, knobs):
