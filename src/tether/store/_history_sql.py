@@ -23,7 +23,7 @@ from tether.store._schema import LANDMARK_KINDS, kinds_sql
 TRACE_COLUMNS = "hash, prev_hash, seq, kind, at, data, action_id"
 LEDGER_COLUMNS = (
     "hash, prev_hash, seq, idempotency_key, status, action_id, intent_digest, "
-    "receipt, epoch, at, terms, payload, effect"
+    "receipt, epoch, at, terms, payload, effect, target"
 )
 
 
@@ -165,6 +165,34 @@ class HistorySQL(SQLEngine):
         entries = [ledger_entry_of(run_id, row) for row in rows]
         found = [e for e in entries if e.terms is not None and e.terms.effect == effect]
         return sorted(found, key=lambda e: (e.seq, e.hash))
+
+    def ledger_on_target(
+        self, run_id: str, target: str, *, below: int | None = None, limit: int = 8
+    ) -> list[LedgerEntry]:
+        """The run's newest commits on ``target`` (a target digest), newest first; unverified.
+
+        At most ``limit`` rows with seq below ``below`` (``None``: no bound),
+        found by index, strays included.
+        """
+        if limit < 1:
+            raise StoreError(f"a page holds at least one row, not {limit}")
+        bound, params = (
+            ("", (run_id, target))
+            if below is None
+            else (
+                " AND seq < ?",
+                (run_id, target, below),
+            )
+        )
+        rows = self._read(
+            lambda: self._all(
+                f"SELECT {LEDGER_COLUMNS} FROM tether_ledger WHERE run_id = ? AND target = ?"
+                f"{bound} ORDER BY seq DESC LIMIT {int(limit)}",
+                params,
+            )
+        )
+        entries = [ledger_entry_of(run_id, row) for row in rows]
+        return sorted(entries, key=lambda e: (e.seq, e.hash), reverse=True)
 
     def key_age_s(self, run_id: str, effect: str, key: str) -> float | None:
         """Seconds since the store recorded the first ledger row of ``key``, by its own clock.

@@ -46,7 +46,14 @@ from tether.core import (
 )
 from tether.store._engine import value_rows
 from tether.store._protocols import BeforeCommit, Commit, Lease, LeaseRequest
-from tether.store._rows import action_key, effect_key, ledger_columns, listing_values, phase_text
+from tether.store._rows import (
+    action_key,
+    effect_key,
+    ledger_columns,
+    listing_values,
+    phase_text,
+    target_key,
+)
 from tether.store._runlock import HoldsRuns, NoLock, ProcessLock
 from tether.store._schema import ACTION_KINDS, kinds_sql, migrations
 from tether.store._sql import SQLBase
@@ -92,12 +99,12 @@ WITH cas AS (
 ), ledger AS (
     INSERT INTO tether_ledger (run_id, hash, prev_hash, seq, idempotency_key, status,
                                action_id, intent_digest, receipt, epoch, at, terms, payload,
-                               effect, stored_us)
+                               effect, stored_us, target)
     SELECT cas.run_id, l.h, l.p, l.s, l.k, l.st, l.ac, l.i, l.r, l.ep, l.a, l.t, l.y, l.x,
-           (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT
+           (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT, l.g
       FROM cas, json_to_recordset(%s::json)
            AS l(h text, p text, s bigint, k text, st text, ac text, i text, r text,
-                ep bigint, a text, t text, y text, x text)
+                ep bigint, a text, t text, y text, x text, g text)
     RETURNING 1
 ), blobs AS (
     INSERT INTO tether_blobs (digest, body)
@@ -397,6 +404,7 @@ class PostgresStore(SQLBase, HoldsRuns):
                 "ep": e.epoch,
                 "a": format_time(e.at),
                 "x": effect_key(e),
+                "g": target_key(e),
             }
             for e in commit.ledger
         ]
