@@ -428,10 +428,26 @@ def check_run_id(run_id: object) -> str:
         raise SpecError(
             "run_id", f"a run id has at most {MAX_RUN_ID} characters, not {len(run_id)}"
         )
-    bad = next((c for c in run_id if unicodedata.category(c) == "Cc"), None)
+    # Control characters, invisible formatting (zero-width spaces, direction
+    # overrides: two ids that look alike on a screen), line separators and lone
+    # surrogates (not text at all) would each make an id a person cannot type back.
+    bad = next((c for c in run_id if unicodedata.category(c) in _UNTYPABLE), None)
     if bad is not None:
-        raise SpecError("run_id", f"{run_id!r} holds the control character {bad!r}; drop it")
+        raise SpecError(
+            "run_id",
+            f"{run_id!r} holds {_UNTYPABLE[unicodedata.category(bad)]} U+{ord(bad):04X}; drop it",
+        )
     return run_id
+
+
+#: Unicode categories a run id may not hold, and what a person is told they are.
+_UNTYPABLE = {
+    "Cc": "the control character",
+    "Cf": "the invisible formatting character",
+    "Cs": "the lone surrogate",
+    "Zl": "the line separator",
+    "Zp": "the paragraph separator",
+}
 
 
 def working_ms(state: RunState, now: datetime, resumed_at: datetime | None = None) -> int:
