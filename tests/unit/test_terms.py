@@ -10,6 +10,7 @@ is restated here from the table in ``tether.core._terms``.
 from __future__ import annotations
 
 import itertools
+import json
 from datetime import timedelta
 
 import pytest
@@ -146,3 +147,54 @@ def test_the_repro_a_keyless_send_is_not_resent_by_code_that_now_declares_idempo
     now = Capabilities(idempotent=True, queryable=False, conditional_writes=False)
     assert decision(now, None) == "resend"  # what happened before the terms were bound
     assert decision(now, sent_terms(RetrySemantics.NEITHER)) == "review"
+
+
+def test_a_recorded_lookup_says_what_the_retry_promise_hides() -> None:
+    """An entry that records its look-up terms fills in what its retry promise alone leaves open."""
+    assert sent_terms(
+        RetrySemantics.IDEMPOTENT, queryable=True, absent_is_final=False
+    ) == SentTerms(True, True, False)
+    assert sent_terms(RetrySemantics.QUERYABLE, absent_is_final=True) == SentTerms(
+        False, True, True
+    )
+    assert sent_terms(RetrySemantics.NEITHER, queryable=False, absent_is_final=False) == (
+        SentTerms(False, False, False)
+    )
+
+
+def test_code_that_now_says_absence_is_final_does_not_settle_a_send_made_when_it_was_not() -> None:
+    """Sent with a look-up whose "nothing" was not final, declared final now: absence proves nothing, nothing is resent."""
+    terms = EffectTerms(
+        "ns",
+        INTENT.kind,
+        INTENT.target,
+        RetrySemantics.QUERYABLE,
+        Compensation.NONE,
+        effect="fx",
+        queryable=True,
+        absent_is_final=False,
+    )
+    entries = [
+        LedgerEntry(
+            "r",
+            KEY,
+            seq,
+            status,
+            "a1",
+            INTENT.digest,
+            None,
+            1,
+            NOW + timedelta(seconds=seq),
+            terms=terms,
+        )
+        for seq, status in ((1, EffectStatus.INTENDED), (2, EffectStatus.DISPATCHED))
+    ]
+    record = replay_rules.known_effects(entries)["fx"]
+    assert record.unsettled is not None
+    sent = record.unsettled.sent_under
+    assert sent == SentTerms(False, True, False)
+    now = Capabilities(
+        idempotent=False, queryable=True, conditional_writes=False, absent_is_final=True
+    )
+    assert settling_capabilities(now, sent).absent_is_final is False
+    assert json.loads(json.dumps(terms.to_json()))["absent_is_final"] is False  # recorded

@@ -78,6 +78,12 @@ class Fields:
             self.fail(self.name(key), f"must be <= {maximum}, got {value}")
         return value
 
+    def optional_bool(self, key: _Str) -> _Bool | None:
+        if key not in self._obj:
+            self._seen.add(key)
+            return None
+        return self.bool(key)
+
     def bool(self, key: _Str) -> _Bool:
         value = self.raw(key)
         if not isinstance(value, bool):

@@ -57,6 +57,12 @@ class EffectTerms:
     #: whatever its action id, key or prose; a re-proposal equal to a committed
     #: effect is replayed, not sent. ``None`` on entries written before it existed.
     effect: str | None = None
+    #: What a look-up by key could prove when the entry was written: whether the
+    #: adapter could be asked, and whether its "nothing" was final. ``None`` on
+    #: entries written before they were recorded (the retry promise alone then
+    #: speaks, and what is declared now decides the rest).
+    queryable: bool | None = None
+    absent_is_final: bool | None = None
 
     @property
     def target_key(self) -> str:
@@ -80,6 +86,10 @@ class EffectTerms:
         # Only when known, so the hashes of entries written before keep verifying.
         if self.effect is not None:
             body["effect"] = self.effect
+        if self.queryable is not None:
+            body["queryable"] = self.queryable
+        if self.absent_is_final is not None:
+            body["absent_is_final"] = self.absent_is_final
         return body
 
 

@@ -183,7 +183,9 @@ def known_effects(
         status = entry.status
         sent_under = unsettled.sent_under if mine and unsettled is not None else None
         if status is EffectStatus.DISPATCHED and terms is not None:
-            sent = terms_rules.sent_terms(terms.retry)
+            sent = terms_rules.sent_terms(
+                terms.retry, queryable=terms.queryable, absent_is_final=terms.absent_is_final
+            )
             sent_under = sent if sent_under is None else terms_rules.weaker(sent_under, sent)
         this = KnownEffect(
             effect,

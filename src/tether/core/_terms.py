@@ -20,10 +20,12 @@ not recorded         anything             what is declared now
 ===================  ===================  ===============================
 
 The ledger records one retry promise per entry (``RetrySemantics``, the
-strongest of idempotent, queryable, neither), so ``idempotent`` hides
-whether the adapter was also queryable, and absence-finality is not
-recorded at all: those are "not recorded", and what is declared now
-decides them (the behaviour before the terms were bound).
+strongest of idempotent, queryable, neither) and, on entries written since
+they were added, whether the adapter could be looked up and whether its
+"nothing" was final. On older entries ``idempotent`` hides whether the
+adapter was also queryable, and absence-finality is not recorded: those
+are "not recorded", and what is declared now decides them (the behaviour
+before the terms were bound).
 """
 
 from __future__ import annotations
@@ -43,13 +45,20 @@ class SentTerms:
     absent_is_final: bool | None = None
 
 
-def sent_terms(retry: RetrySemantics) -> SentTerms:
-    """What one ledger entry's retry promise says of its send."""
+def sent_terms(
+    retry: RetrySemantics,
+    *,
+    queryable: bool | None = None,
+    absent_is_final: bool | None = None,
+) -> SentTerms:
+    """What one ledger entry says of its send: its retry promise, and where the entry
+    recorded them, whether it could be looked up and whether absence was final."""
     if retry is RetrySemantics.IDEMPOTENT:
-        return SentTerms(idempotent=True, queryable=None)  # queryable too, maybe
+        # Queryable too, maybe: the entry says so where it records it.
+        return SentTerms(True, queryable, absent_is_final)
     if retry is RetrySemantics.QUERYABLE:
-        return SentTerms(idempotent=False, queryable=True)
-    return SentTerms(idempotent=False, queryable=False)
+        return SentTerms(False, True, absent_is_final)
+    return SentTerms(False, False, absent_is_final)
 
 
 def _both(a: bool | None, b: bool | None) -> bool | None:

@@ -192,14 +192,17 @@ class Runtime:
     def _terms_of(self, intent: Intent) -> EffectTerms:
         declared = self.kinds.get(intent.kind)
         rule = self.policy.kinds.get(intent.kind)
+        caps = capabilities_for(self.adapter, intent)
         return EffectTerms(
             adapter=namespace_of(self.adapter, intent.kind),
             kind=intent.kind,
             target=intent.target,
-            retry=retry_semantics(capabilities_for(self.adapter, intent)),
+            retry=retry_semantics(caps),
             compensation=Compensation.NONE if declared is None else declared.compensation,
             sensitive=rule is not None and rule.sensitive,
             effect=self.effect_digest(intent),
+            queryable=caps.queryable,
+            absent_is_final=caps.queryable and caps.absent_is_final,
         )
 
     def held_problem(self, state: RunState) -> Rejection | None:

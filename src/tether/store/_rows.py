@@ -294,6 +294,8 @@ def _terms_of(body: dict[str, Any], broken: Callable[[str], LedgerIntegrityError
             compensation=Compensation(compensation),
             sensitive=f.bool("sensitive"),
             effect=f.optional_str("effect"),
+            queryable=f.optional_bool("queryable"),
+            absent_is_final=f.optional_bool("absent_is_final"),
         )
     except ValueError as exc:
         raise broken(f"has unknown terms: {exc}") from exc

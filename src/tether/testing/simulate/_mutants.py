@@ -97,7 +97,11 @@ def _absence_final(real: Any) -> Any:
         from dataclasses import replace
 
         caps = replace(facts.capabilities, absent_is_final=True)
-        return real(state, replace(facts, capabilities=caps), answer)  # type: ignore[no-any-return]
+        # The terms the write was sent under say so too (they are recorded with it).
+        sent = facts.sent_under
+        sent = None if sent is None else replace(sent, absent_is_final=True)
+        told = replace(facts, capabilities=caps, sent_under=sent)
+        return real(state, told, answer)  # type: ignore[no-any-return]
 
     return after_lookup
 
