@@ -130,6 +130,20 @@ class RunSession(Committing):
             if pending is not None and pending.status is EffectStatus.DISPATCHED
             else None
         )
+        #: The key of a write an earlier session sent and left unsettled (dispatched, or
+        #: frozen with its outcome unknown): with leases on, the worker that sent it may
+        #: have lost its lease inside the call (the not_landed check judges by it).
+        self.sent_before: str | None = (
+            pending.idempotency_key
+            if pending is not None
+            and pending.status in {EffectStatus.DISPATCHED, EffectStatus.OUTCOME_UNKNOWN}
+            else None
+        )
+
+    def sent_by_another(self, key: str) -> bool:
+        """Whether the write under ``key`` was sent by an earlier worker that held a lease
+        (so it may have lost it inside the call and still be about to send)."""
+        return self.lease is not None and self.sent_before == key
 
     @property
     def run_id(self) -> str:
