@@ -204,7 +204,12 @@ def fitting(kind: CaseKind) -> tuple[ReviewDecision, ...]:
     return tuple(d for d in _OFFERED if d in TABLE[kind])
 
 
-def not_landed_warning(kind: CaseKind, protected: bool | None) -> str:
+#: The label of the hint a freeze records where a look-up by key that finds nothing may
+#: prove nothing (its text says why and from when); the case card warns on it.
+KEY_LOOKUP_HINT = "key look-up"
+
+
+def not_landed_warning(kind: CaseKind, protected: bool | None, key_doubt: str = "") -> str:
     """What a person reads before signing ``not_landed`` where tether cannot check it ('' if none).
 
     Before a ``not_landed`` is consumed the runtime asks the adapter by key,
@@ -212,9 +217,22 @@ def not_landed_warning(kind: CaseKind, protected: bool | None) -> str:
     (``tether.core._case_rules.check_not_landed``). ``protected``: that
     check can be made (the adapter can be asked by key), or a resend is
     deduplicated by the callee anyway; ``None``: the ledger read did not
-    say, so the person is warned.
+    say, so the person is warned. ``key_doubt``: the freeze's
+    :data:`KEY_LOOKUP_HINT` (why a look-up by key may prove nothing): the
+    person must look for the effect itself, and say what they searched.
     """
-    if protected or ReviewDecision.NOT_LANDED not in TABLE[kind]:
+    if ReviewDecision.NOT_LANDED not in TABLE[kind]:
+        return ""
+    if key_doubt:
+        return (
+            f"a look-up by this key may prove nothing ({key_doubt}): a service that answers "
+            "'not found' for the key has not shown that the write never landed. Look for the "
+            "effect itself in the system it called (what it made, by its content: a ticket "
+            "by its title, a message by its subject), not for the key; where tether cannot "
+            "confirm the absence, not_landed is refused unless its evidence says what you "
+            "searched (--evidence)"
+        )
+    if protected:
         return ""
     return (
         "tether cannot ask this write's adapter by its key whether it landed or is still in "

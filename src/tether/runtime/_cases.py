@@ -5,7 +5,10 @@ The operator page's case card and ``tether review``'s prompt both show
 arguments, key, when it was sent), where to look for it in the world (the
 adapter's hints, recorded with the freeze), the receipt the adapter holds
 if any, the decisions the case takes, and a warning where a ``not_landed``
-cannot be checked against the adapter (it cannot be asked by key). Nothing is cut: arguments are
+cannot be checked against the adapter (it cannot be asked by key) or where a
+look-up by key may prove nothing (the key past the service's retention,
+absence not final, a takeover since the send: look for the effect itself, not
+the key). Nothing is cut: arguments are
 shown whole (a person must never sign for content they did not see).
 """
 
@@ -26,6 +29,7 @@ from tether.core import (
     format_time,
 )
 from tether.core._case_table import (
+    KEY_LOOKUP_HINT,
     CaseKind,
     case_kind,
     earlier_key,
@@ -67,7 +71,8 @@ class CaseEffect:
     #: ledger recorded it; ``None`` where the entries read did not say.
     compensation: str | None = None
     #: What a person must know before signing ``not_landed`` ('' if nothing): tether
-    #: cannot ask the write's adapter whether it is still in flight (``not_landed_warning``).
+    #: cannot ask the write's adapter whether it is still in flight, or a look-up by key
+    #: may prove nothing now (``not_landed_warning``).
     warning: str = ""
 
     @property
@@ -143,7 +148,7 @@ def case_effect(
         "detail": case.detail,
         "opened_at": format_time(case.opened_at),
         "receipt": case.receipt,
-        "warning": not_landed_warning(kind, protected)
+        "warning": not_landed_warning(kind, protected, _hints(case, key).get(KEY_LOOKUP_HINT, ""))
         if ReviewDecision.NOT_LANDED in offered
         else "",
     }

@@ -324,9 +324,8 @@ def _check_not_landed(
     # The settle rule's own: sent by an earlier worker (leases on, so its lease
     # lapsed or it let go), its absence proves nothing unless the adapter's
     # absence outlives a takeover (it fences the older worker out).
-    taken_over = (
-        session.sent_by_another(pending.idempotency_key)
-        and not absence_outlives_takeover(rt.adapter, pending.intent)
+    taken_over = session.sent_by_another(pending.idempotency_key) and not absence_outlives_takeover(
+        rt.adapter, pending.intent
     )
     kept = remembered(settling.retention_s, rt.clock.now(), pending.proposed_at, age)
     check = case_rules.check_not_landed(

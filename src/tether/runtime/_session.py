@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 from tether.adapters import (
@@ -42,6 +43,7 @@ from tether.core import (
     Outcome,
     OutcomeKind,
     OutcomeReason,
+    PendingWrite,
     Phase,
     PolicyError,
     Proposal,
@@ -52,14 +54,18 @@ from tether.core import (
     SpecError,
     TetherError,
     TraceEvent,
+    format_time,
 )
 from tether.core import _replay as replay_rules
 from tether.core import _settle as settle_rules
 from tether.core import _steps as step_rules
+from tether.core._case_rules import absence_doubt
+from tether.core._case_table import KEY_LOOKUP_HINT
 from tether.core._commit import noted_write
 from tether.core._evidence import awaits_approval
 from tether.core._held import AfterSettle, HeldKind, after_settle, held_kind
 from tether.core._retry import step_progressed
+from tether.core._terms import settling_capabilities
 from tether.core._transition import (
     Durability,
     Execute,
@@ -322,7 +328,40 @@ class RunSession(Committing):
         pending = self.state.pending
         if pending is None or not pending.mutating:
             return None
-        return where_to_look(self.rt.adapter, pending.idempotency_key, pending.intent) or None
+        hints = dict(where_to_look(self.rt.adapter, pending.idempotency_key, pending.intent))
+        doubt = self._key_doubt(pending)
+        if doubt:
+            hints[KEY_LOOKUP_HINT] = doubt
+        return hints or None
+
+    def _key_doubt(self, pending: PendingWrite) -> str:
+        """When a look-up by ``pending``'s key that finds nothing proves nothing ('' never).
+
+        Recorded with the freeze so the case card can warn: the key forgotten
+        past the adapter's declared retention, absence not declared final, or
+        a send by a worker whose lease may have lapsed inside the call.
+        """
+        rt = self.rt
+        caps = settling_capabilities(
+            capabilities_for(rt.adapter, pending.intent),
+            self.history.sent_under(pending, rt.effect_digest),
+        )
+        if not caps.queryable:
+            return ""  # the card's own warning covers a write that cannot be asked
+        if self.sent_by_another(pending.idempotency_key) and not absence_outlives_takeover(
+            rt.adapter, pending.intent
+        ):
+            return absence_doubt(absent_is_final=True, remembered=True, taken_over=True)
+        if not caps.absent_is_final:
+            return absence_doubt(absent_is_final=False, remembered=True, taken_over=False)
+        if caps.retention_s is not None:
+            forgotten = pending.proposed_at + timedelta(seconds=caps.retention_s)
+            return (
+                f"the service keeps keys {caps.retention_s:g} s, so it forgets this one by "
+                f"about {format_time(forgotten)}; after that a look-up that finds nothing "
+                "proves nothing"
+            )
+        return ""
 
     def ask(self, call: Lookup) -> LookupAnswer:
         """Ask the adapter about a write by its key (the lease is checked first)."""
