@@ -56,7 +56,8 @@ def test_not_landed_is_refused_while_in_flight_and_once_landed(
         case = session.state.review_cases[-1]
         assert case.reason == "outcome_unknown" and "still in flight" in case.detail
         ledger = session.rt.store.ledger("r1")
-        assert case_effect(session.state, case, ledger).warning == ""  # it can be asked by key
+        shown = case_effect(session.state, case, ledger, clock.now())
+        assert shown.warning == ""  # it can be asked by key, and the key is a second old
         assert service.tickets() == []  # the reviewer looks: nothing there yet
 
         with pytest.raises(DecisionRefusedError) as in_flight:
@@ -151,8 +152,8 @@ def test_a_forgotten_key_warns_and_not_landed_needs_what_was_searched(
         rt = forgotten_case(tmp_path, service, http)
         session = rt.recover("r1")
         case = session.state.review_cases[-1]
-        effect = case_effect(session.state, case, rt.store.ledger("r1"))
-        assert "forgets this one by" in effect.where_to_look["key look-up"]
+        effect = case_effect(session.state, case, rt.store.ledger("r1"), datetime.now(UTC))
+        assert "key kept until" in effect.where_to_look and "forgotten" in effect.warning
         assert "not for the key" in effect.warning and "--evidence" in effect.warning
         assert ("warning", effect.warning) in effect.lines()
         key = case.idempotency_key

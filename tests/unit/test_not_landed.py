@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from tests.unit.test_case_table import ENV, INTENT, frozen
 from tether.core import DecisionRefusedError, Receipt
 from tether.core import _case_rules as case_rules
-from tether.core._case_table import CaseKind, not_landed_warning
+from tether.core._case_table import CaseKind, key_doubt, not_landed_warning
 from tether.core._transition import LookupAnswer, LookupStatus
 
 C = case_rules.NotLandedCheck
@@ -183,3 +185,31 @@ def test_a_not_landed_tether_cannot_check_is_warned_of(
     assert bool(text) is warned
     if warned:
         assert "still in flight" in text or "in flight" in text
+
+
+NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("hints", "now", "says"),
+    [
+        ({}, NOW, ""),
+        ({"key look-up": "absence not final"}, NOW, "absence not final"),
+        ({"key kept until": "2026-12-06T12:00:00.000000Z"}, NOW, ""),
+        ({"key kept until": "2026-12-05T12:00:30.000000Z"}, NOW, "forgotten"),  # within skew
+        ({"key kept until": "2026-12-05T11:00:00.000000Z"}, NOW, "forgotten"),
+        ({"key kept until": "2026-12-06T12:00:00.000000Z"}, None, "forgotten"),  # no clock
+        ({"key kept until": "not a time"}, NOW, "forgotten"),
+    ],
+)
+def test_the_card_doubts_a_key_look_up_once_the_key_may_be_forgotten(
+    hints: dict[str, str], now: datetime | None, says: str
+) -> None:
+    """The card's doubt: the freeze's reason always, the retention once it nears or passed."""
+    doubt = key_doubt(hints, now)
+    assert (doubt == "") is (says == "") and says in doubt
+    warning = not_landed_warning(CaseKind.UNKNOWN_OUTCOME, True, doubt)
+    assert bool(warning) is bool(doubt)
+    if doubt:
+        assert "not for the key" in warning and "--evidence" in warning
+    assert not_landed_warning(CaseKind.COMMITTED_FROZEN, True, "x") == ""

@@ -33,11 +33,13 @@ which takes a signed fork.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from tether.core._errors import DecisionRefusedError
-from tether.core._model import ReviewCase
+from tether.core._model import ReviewCase, parse_time_text
 from tether.core._phases import EffectStatus, ReviewReason
+from tether.core._retention import UNMEASURED_SKEW_S
 from tether.core._state import RunState
 
 
@@ -204,9 +206,35 @@ def fitting(kind: CaseKind) -> tuple[ReviewDecision, ...]:
     return tuple(d for d in _OFFERED if d in TABLE[kind])
 
 
-#: The label of the hint a freeze records where a look-up by key that finds nothing may
-#: prove nothing (its text says why and from when); the case card warns on it.
+#: The label of the hint a freeze records where a look-up by key that finds nothing
+#: proves nothing (its text says why); the case card warns on it.
 KEY_LOOKUP_HINT = "key look-up"
+#: The label of the hint a freeze records where the adapter declares a retention: when
+#: the service forgets the key, about (by the runtime's clock at the send).
+KEY_KEPT_HINT = "key kept until"
+
+
+def key_doubt(hints: dict[str, str], now: datetime | None) -> str:
+    """Why a look-up by the case's key may prove nothing when shown at ``now`` ('' if it can).
+
+    From the freeze's hints: :data:`KEY_LOOKUP_HINT` always; :data:`KEY_KEPT_HINT`
+    once ``now`` is within the tolerated skew of it (``None``: the reader has no
+    clock, and is warned). The not_landed check decides on both clocks
+    (``tether.core._retention``); the card errs towards the warning.
+    """
+    told = hints.get(KEY_LOOKUP_HINT, "")
+    if told:
+        return told
+    kept = hints.get(KEY_KEPT_HINT)
+    if kept is None:
+        return ""
+    try:
+        until = parse_time_text(kept)
+    except ValueError:
+        until = None
+    if now is None or until is None or now >= until - timedelta(seconds=UNMEASURED_SKEW_S):
+        return f"the service may have forgotten the key: it keeps keys until about {kept}"
+    return ""
 
 
 def not_landed_warning(kind: CaseKind, protected: bool | None, key_doubt: str = "") -> str:

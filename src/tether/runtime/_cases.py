@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from tether.core import (
@@ -29,11 +30,11 @@ from tether.core import (
     format_time,
 )
 from tether.core._case_table import (
-    KEY_LOOKUP_HINT,
     CaseKind,
     case_kind,
     earlier_key,
     fitting,
+    key_doubt,
     needs_evidence,
     not_landed_warning,
 )
@@ -114,13 +115,18 @@ def pretty(value: Any) -> str:
 
 
 def case_effect(
-    state: RunState, case: ReviewCase, ledger: Iterable[LedgerEntry] = ()
+    state: RunState,
+    case: ReviewCase,
+    ledger: Iterable[LedgerEntry] = (),
+    now: datetime | None = None,
 ) -> CaseEffect:
     """What ``case`` in ``state`` is about, for the person who decides it.
 
     ``ledger``: entries the reader holds (a page of them is enough: the
     freeze's own entry is the newest); where one says the write's kind cannot
-    be undone by the runtime, ``compensate`` is not offered.
+    be undone by the runtime, ``compensate`` is not offered. ``now``: when it
+    is shown, to judge whether the service may have forgotten the key
+    (``None``: the card warns wherever the adapter declares a retention).
     """
     kind = case_kind(case, state)
     key = earlier_key(case) if kind is CaseKind.UNKNOWN_EARLIER else case.idempotency_key
@@ -148,7 +154,7 @@ def case_effect(
         "detail": case.detail,
         "opened_at": format_time(case.opened_at),
         "receipt": case.receipt,
-        "warning": not_landed_warning(kind, protected, _hints(case, key).get(KEY_LOOKUP_HINT, ""))
+        "warning": not_landed_warning(kind, protected, key_doubt(_hints(case, key), now))
         if ReviewDecision.NOT_LANDED in offered
         else "",
     }

@@ -60,7 +60,7 @@ from tether.core import _replay as replay_rules
 from tether.core import _settle as settle_rules
 from tether.core import _steps as step_rules
 from tether.core._case_rules import absence_doubt
-from tether.core._case_table import KEY_LOOKUP_HINT
+from tether.core._case_table import KEY_KEPT_HINT, KEY_LOOKUP_HINT
 from tether.core._commit import noted_write
 from tether.core._evidence import awaits_approval
 from tether.core._held import AfterSettle, HeldKind, after_settle, held_kind
@@ -329,17 +329,17 @@ class RunSession(Committing):
         if pending is None or not pending.mutating:
             return None
         hints = dict(where_to_look(self.rt.adapter, pending.idempotency_key, pending.intent))
-        doubt = self._key_doubt(pending)
-        if doubt:
-            hints[KEY_LOOKUP_HINT] = doubt
+        hints.update(self._key_hints(pending))
         return hints or None
 
-    def _key_doubt(self, pending: PendingWrite) -> str:
-        """When a look-up by ``pending``'s key that finds nothing proves nothing ('' never).
+    def _key_hints(self, pending: PendingWrite) -> dict[str, str]:
+        """What the case card needs to warn that a look-up by ``pending``'s key may prove nothing.
 
-        Recorded with the freeze so the case card can warn: the key forgotten
-        past the adapter's declared retention, absence not declared final, or
-        a send by a worker whose lease may have lapsed inside the call.
+        Recorded with the freeze: absence not declared final, or a send by a
+        worker whose lease may have lapsed inside the call
+        (:data:`KEY_LOOKUP_HINT`); and, where the adapter declares a retention,
+        when it forgets the key (:data:`KEY_KEPT_HINT`), which the card judges
+        by the time it is shown.
         """
         rt = self.rt
         caps = settling_capabilities(
@@ -347,21 +347,20 @@ class RunSession(Committing):
             self.history.sent_under(pending, rt.effect_digest),
         )
         if not caps.queryable:
-            return ""  # the card's own warning covers a write that cannot be asked
-        if self.sent_by_another(pending.idempotency_key) and not absence_outlives_takeover(
-            rt.adapter, pending.intent
-        ):
-            return absence_doubt(absent_is_final=True, remembered=True, taken_over=True)
-        if not caps.absent_is_final:
-            return absence_doubt(absent_is_final=False, remembered=True, taken_over=False)
+            return {}  # the card's own warning covers a write that cannot be asked
+        hints: dict[str, str] = {}
         if caps.retention_s is not None:
             forgotten = pending.proposed_at + timedelta(seconds=caps.retention_s)
-            return (
-                f"the service keeps keys {caps.retention_s:g} s, so it forgets this one by "
-                f"about {format_time(forgotten)}; after that a look-up that finds nothing "
-                "proves nothing"
-            )
-        return ""
+            hints[KEY_KEPT_HINT] = format_time(forgotten)
+        taken_over = self.sent_by_another(pending.idempotency_key) and not (
+            absence_outlives_takeover(rt.adapter, pending.intent)
+        )
+        doubt = absence_doubt(
+            absent_is_final=caps.absent_is_final, remembered=True, taken_over=taken_over
+        )
+        if doubt:
+            hints[KEY_LOOKUP_HINT] = doubt
+        return hints
 
     def ask(self, call: Lookup) -> LookupAnswer:
         """Ask the adapter about a write by its key (the lease is checked first)."""
