@@ -45,7 +45,8 @@ def adapters(config: Config) -> Adapters:
     """The workspace, the ticket service and the mail server, as one run's adapters."""
     return Adapters(
         FileWorkspace(config.workspace, config.state / "journal", verifier_allowlist=[VERIFIER]),
-        HttpEffect(config.tickets_url, profile=REFERENCE_PROFILE),
+        # Each POST files a ticket of its own: the same ticket again is a replay.
+        HttpEffect(config.tickets_url, profile=REFERENCE_PROFILE, targets="collection"),
         SmtpEffect(
             config.smtp_host,
             config.smtp_port,

@@ -345,7 +345,10 @@ def adapters(paths: _demo.DemoPaths, services: DeskServices) -> Adapters:
     )
     return Adapters(
         workspace(paths),
-        HttpEffect(services.ticket_url, profile=REFERENCE_PROFILE, timeout_s=10),
+        # Each POST files a ticket of its own: the same ticket again is a replay.
+        HttpEffect(
+            services.ticket_url, profile=REFERENCE_PROFILE, targets="collection", timeout_s=10
+        ),
         smtp,
     )
 

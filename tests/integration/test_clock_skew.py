@@ -135,3 +135,37 @@ def test_clocks_that_agree_within_retention_still_send(
         assert again.state.phase is Phase.RUNNING
         assert again.state.last_write is not None
     assert len(service.tickets()) == 1
+
+
+def test_a_key_whose_first_row_predates_the_store_clock_has_no_store_age(
+    store_url: tuple[str, str], service: EffectsService
+) -> None:
+    """One row of a key written before the store kept times (stored_us NULL): the store says nothing of its age, even though a later row has a time."""
+    store = open_store(store_url)
+    with http(service) as effect, store:
+        service.mode(drop_after_commit=True)
+        session = runtime(store, effect, ManualClock(wall())).start("r1")
+        session.step()
+        pending = session.state.pending
+        assert pending is not None
+        key, effect_digest = pending.idempotency_key, effect_of(session)
+        assert store.key_age_s("r1", effect_digest, key) is not None  # every row stamped
+        first = min(e.seq for e in store.ledger("r1") if e.idempotency_key == key)
+        erase = "UPDATE tether_ledger SET stored_us = NULL WHERE run_id = 'r1' AND seq = "
+        if store_url[0] == "sqlite":
+            import sqlite3
+
+            with sqlite3.connect(store_url[1]) as con:
+                con.execute(erase + str(first))
+        else:
+            import psycopg
+
+            with psycopg.connect(store_url[1], autocommit=True) as con:
+                con.execute(erase + str(first))
+        assert store.key_age_s("r1", effect_digest, key) is None  # the runtime's margin applies
+
+
+def effect_of(session: Any) -> str:
+    """The effect digest of the session's one pending write."""
+    pending = session.state.pending
+    return str(session.rt.effect_digest(pending.intent))

@@ -244,7 +244,8 @@ def test_a_body_that_mutates_its_arguments_and_returns_odd_values_still_commits_
         "cycle": loop,
     }
 
-    @tether.effect(KIND, target=None)
+    # Each call makes its own object: the three again are replays, not reverts.
+    @tether.effect(KIND, target=None, targets="collection")
     def post(items: list[str], shape: str, idempotency_key: str) -> Any:
         items.append("changed by the body")  # a body that changes what it was handed
         record(tmp_path, "post", idempotency_key, shape)

@@ -198,6 +198,20 @@ def test_a_cleared_index_key_hides_nothing_from_verify(world: World) -> None:
     assert code == EXIT_INTEGRITY and "effect index" in text
 
 
+def test_a_cleared_target_key_hides_nothing_from_verify(world: World) -> None:
+    """An old commit's target key set to NULL (A, B, A would miss it): tether verify exits 3."""
+    long_world(world)
+    run(world, "r1", 12)
+    with sqlite3.connect(world.db) as conn:
+        changed = conn.execute(
+            "UPDATE tether_ledger SET target = NULL WHERE run_id = 'r1' AND seq = "
+            "(SELECT MIN(seq) FROM tether_ledger WHERE run_id = 'r1' AND target IS NOT NULL)"
+        ).rowcount
+    assert changed == 1
+    code, text = verify(world, "r1")
+    assert code == EXIT_INTEGRITY and "target index" in text
+
+
 def test_an_old_effect_is_found_by_index_after_recovery_and_replayed(world: World) -> None:
     """A write of step 1 proposed again at step 30 after a recovery is replayed, not sent."""
     long_world(world)
@@ -241,9 +255,9 @@ def test_a_forged_row_a_look_up_finds_fails_closed(world: World) -> None:
     with sqlite3.connect(world.db) as conn:
         conn.execute(
             "INSERT INTO tether_ledger (run_id, hash, prev_hash, seq, idempotency_key, status, "
-            "action_id, intent_digest, receipt, epoch, at, terms, effect) "
+            "action_id, intent_digest, receipt, epoch, at, terms, effect, target) "
             "SELECT run_id, ?, prev_hash, seq, ?, status, ?, intent_digest, ?, epoch, at, terms, "
-            "effect FROM tether_ledger WHERE hash = ?",
+            "effect, target FROM tether_ledger WHERE hash = ?",
             (forged.hash, "idem-forged", "forged", '{"receipt_id":"rcpt-forged"}', real.hash),
         )
     session = rt.recover("r1")  # the forged row lies far below what a recovery reads

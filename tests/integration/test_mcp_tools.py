@@ -194,7 +194,8 @@ def test_a_sensitive_answer_over_16_kib_is_not_stored_and_its_replay_says_so(set
 def test_a_call_made_again_after_another_is_answered_from_the_record_until_a_fork(
     setup: Setup, tmp_path: Path
 ) -> None:
-    """A, B, A: the second A is the first's recorded answer (one row); a reviewer's signed fork lets A through once more, then it is replayed again."""
+    """A, B, A on a tool the policy declares a collection: the second A is the first's recorded answer (one row); a reviewer's signed fork lets A through once more, then it is replayed again."""
+    setup.policy = {"reads": ["count_notes"], "tools": {"add_note": {"targets": "collection"}}}
     keys = tmp_path / "keys"
     made = tether_main(["keys", "new", "--role", "reviewer", "--id", "rita", "--out", str(keys)])
     assert made == 0
@@ -236,3 +237,40 @@ def test_a_call_made_again_after_another_is_answered_from_the_record_until_a_for
 
     anyio.run(main)
     assert setup.rows() == 3
+
+
+def test_a_call_made_again_after_another_on_an_undeclared_tool_waits_for_a_person(
+    setup: Setup,
+) -> None:
+    """A, B, A on a tool the policy says nothing of: the third is neither sent nor answered from the first, a person decides (repeat_or_revert)."""
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            for note in ("A", "B"):
+                done = await client.call_tool("add_note", {"text": note})
+                assert meta(done)["outcome"] == "executed", text(done)
+            again = await client.call_tool("add_note", {"text": "A"})
+            assert again.is_error
+            assert meta(again)["waits_for"] == "review"
+            assert meta(again)["reason"] == "repeat_or_revert"
+
+    anyio.run(main)
+    assert setup.rows() == 2
+
+
+def test_a_call_made_again_after_another_on_a_declared_state_tool_is_sent_again(
+    setup: Setup,
+) -> None:
+    """A, B, A on a tool the policy declares a state: the third is sent (the world is set back to A), and A once more right after is replayed."""
+    setup.policy = {"reads": ["count_notes"], "tools": {"add_note": {"targets": "state"}}}
+
+    async def main() -> None:
+        async with connected(setup.gateway()) as client:
+            outcomes = []
+            for note in ("A", "B", "A", "A"):
+                done = await client.call_tool("add_note", {"text": note})
+                outcomes.append(meta(done)["outcome"])
+            assert outcomes == ["executed", "executed", "executed", "replayed"]
+
+    anyio.run(main)
+    assert setup.rows() == 3  # A, B, and A written again

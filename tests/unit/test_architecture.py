@@ -230,6 +230,7 @@ def test_core_exports_what_users_and_adapter_authors_need() -> None:
         "RunState",
         "Spent",
         "TargetKind",
+        "Targets",
         "TaskSpec",
         "TraceEvent",
         "Verification",

@@ -33,6 +33,7 @@ from tether.core import (
     Phase,
     SpecError,
     TargetKind,
+    Targets,
 )
 from tether.core import _settle as settle_rules
 from tether.core._transition import Execute, ExecuteStatus, LookupStatus
@@ -291,6 +292,23 @@ def test_declared_proofs_become_the_adapters_capabilities() -> None:
         KIND, post, target=None, lookup=lambda key: None, absent_is_final=True, retention_s=60
     ).capabilities
     assert final.absent_is_final and final.retention_s == 60.0
+
+
+def test_what_a_target_is_is_declared_never_guessed() -> None:
+    """Undeclared is unknown; targets= says state or collection; holds= reads a state."""
+
+    def post(channel: str, text: str) -> None: ...
+
+    assert FunctionEffect(KIND, post).capabilities.targets is Targets.UNKNOWN
+    assert FunctionEffect(KIND, post, targets="state").capabilities.targets is Targets.STATE
+    declared = FunctionEffect(KIND, post, targets=Targets.COLLECTION).capabilities
+    assert declared.targets is Targets.COLLECTION and not declared.tracks_targets
+    read = FunctionEffect(KIND, post, holds=lambda **call: True).capabilities
+    assert read.targets is Targets.STATE and read.tracks_targets
+    with pytest.raises(SpecError, match="targets"):
+        FunctionEffect(KIND, post, targets="sometimes")
+    with pytest.raises(SpecError, match="holds reads"):
+        FunctionEffect(KIND, post, holds=lambda **call: True, targets="collection")
 
 
 def test_an_idempotent_body_is_called_again_with_the_same_key() -> None:

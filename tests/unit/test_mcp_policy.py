@@ -10,7 +10,7 @@ pytest.importorskip("mcp", reason="needs the [mcp] extra")
 
 from mcp.types import Tool, ToolAnnotations
 
-from tether.core import EnvironmentState, Risk, SpecError
+from tether.core import EnvironmentState, Risk, SpecError, Targets
 from tether.integrations.mcp import (
     GatewayPolicy,
     ToolRule,
@@ -166,6 +166,20 @@ def test_a_policy_file_is_parsed_strictly() -> None:
     assert GatewayPolicy.from_json(b'{"tools": {"x": {"accepts_key": false}}}').rule("x") == (
         ToolRule(accepts_key=False)
     )
+
+
+def test_what_a_tools_target_is_is_declared_per_tool_only() -> None:
+    """targets: state or collection per tool; unknown otherwise; never a default for every tool."""
+    policy = GatewayPolicy.from_json(
+        {"tools": {"add_note": {"targets": "collection"}, "charge": {"targets": "state"}}}
+    )
+    assert policy.rule("add_note").targets is Targets.COLLECTION
+    assert policy.rule("charge").targets is Targets.STATE
+    assert policy.rule("other").targets is Targets.UNKNOWN
+    with pytest.raises(SpecError, match="targets"):
+        GatewayPolicy.from_json({"tools": {"add_note": {"targets": "maybe"}}})
+    with pytest.raises(SpecError):
+        GatewayPolicy.from_json({"default": {"targets": "state"}})
 
 
 @pytest.mark.parametrize(

@@ -48,9 +48,15 @@ KEY = "idem-1"
 
 CAPS = [
     Capabilities(
-        idempotent=i, queryable=q, conditional_writes=False, fencing=False, absent_is_final=f
+        idempotent=i,
+        queryable=q,
+        conditional_writes=False,
+        fencing=False,
+        absent_is_final=f,
+        retention_s=r,
     )
     for i, q, f in itertools.product([False, True], repeat=3)
+    for r in (None, 86_400.0)
 ]
 
 
@@ -101,8 +107,9 @@ def dispatched(*, approved: bool = False) -> RunState:
 
 
 def settles_by_key(caps: Capabilities) -> bool:
-    """The table's adapter column, restated: it dedups, or its look-up's absence is final."""
-    return caps.idempotent or (caps.queryable and caps.absent_is_final)
+    """The table's adapter column, restated: it dedups, or its look-up's absence is final, for ever."""
+    by_key = caps.idempotent or (caps.queryable and caps.absent_is_final)
+    return by_key and caps.retention_s is None
 
 
 @pytest.mark.parametrize("caps", CAPS, ids=repr)

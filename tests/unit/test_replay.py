@@ -23,6 +23,7 @@ from tether.core import (
     Proposal,
     Receipt,
     RunState,
+    Targets,
     UnknownSignerError,
     new_decision,
     new_fork,
@@ -63,6 +64,12 @@ REMOTE = Capabilities(idempotent=False, queryable=True, conditional_writes=False
 # A function effect declaring `holds`: no environment, but it can read a target's state.
 TRACKED = replace(REMOTE, target_state=True)
 TRACKED_BLIND = replace(TRACKED, queryable=False)
+# Untracked targets, as declared: what A, B, A is where nothing can read the target.
+STATE = replace(REMOTE, targets=Targets.STATE)
+COLLECTION = replace(REMOTE, targets=Targets.COLLECTION)
+STATE_BLIND = replace(STATE, queryable=False)
+COLLECTION_BLIND = replace(COLLECTION, queryable=False)
+TRACKED_COLLECTION = replace(TRACKED, targets=Targets.COLLECTION)
 FORGETS = Capabilities(idempotent=False, queryable=True, conditional_writes=True, retention_s=60)
 
 ST = LookupStatus
@@ -167,6 +174,37 @@ JUDGE_CASES: list[tuple[str, EffectHistory | None, Capabilities, dict[str, Any],
      _found(), (V.WAIT, "adapter_unavailable", "")),
     ("unsettled, tracked, absent and final", OPEN, TRACKED, {"target_moved": True},
      LookupAnswer(ST.ABSENT), (V.PROCEED, "never_landed", "")),
+    # A, B, A on a target nothing can read: the ledger saw B committed on it since
+    ("committed, state, overwritten since", DONE, STATE, {"overwritten": True}, None,
+     (V.PROCEED, "target_moved", "")),
+    ("committed, state blind, overwritten since", DONE, STATE_BLIND, {"overwritten": True},
+     None, (V.PROCEED, "target_moved", "")),
+    ("committed, collection, overwritten since", DONE, COLLECTION, {"overwritten": True},
+     _found(), (V.REPLAY, "effect_replayed", "adapter")),
+    ("committed, collection blind, overwritten since", DONE, COLLECTION_BLIND,
+     {"overwritten": True}, None, (V.REPLAY, "effect_replayed", "ledger")),
+    ("committed, undeclared, overwritten since", DONE, REMOTE, {"overwritten": True}, None,
+     (V.REVIEW, "repeat_or_revert", "")),
+    ("committed, undeclared blind, overwritten since", DONE, replace(REMOTE, queryable=False),
+     {"overwritten": True}, None, (V.REVIEW, "repeat_or_revert", "")),
+    ("committed, undeclared, nothing since", DONE, REMOTE, {}, _found(),
+     (V.REPLAY, "effect_replayed", "adapter")),
+    ("committed, state, nothing since", DONE, STATE, {}, _found(),
+     (V.REPLAY, "effect_replayed", "adapter")),
+    ("committed, tracked, overwritten but the target holds it", DONE, TRACKED_COLLECTION,
+     {"overwritten": True}, _found(), (V.REPLAY, "effect_replayed", "adapter")),
+    ("committed, stateful, overwritten but the target holds it", DONE, DEDUPS,
+     {"overwritten": True}, _found(), (V.REPLAY, "effect_replayed", "adapter")),
+    ("committed, undeclared, overwritten, gated", DONE, REMOTE,
+     {"overwritten": True, "needs_approval": True}, None, (V.REVIEW, "repeat_or_revert", "")),
+    ("unsettled, undeclared, it landed, overwritten since", OPEN, REMOTE,
+     {"overwritten": True}, _found(), (V.REVIEW, "repeat_or_revert", "")),
+    ("unsettled, state, it landed, overwritten since", OPEN, STATE, {"overwritten": True},
+     _found(), (V.PROCEED, "target_moved", "")),
+    ("unsettled, collection, it landed, overwritten since", OPEN, COLLECTION,
+     {"overwritten": True}, _found(), (V.REPLAY, "effect_replayed", "lookup")),
+    ("unsettled, state, absent, overwritten since", OPEN, replace(STATE, absent_is_final=True),
+     {"overwritten": True}, LookupAnswer(ST.ABSENT), (V.PROCEED, "never_landed", "")),
     # a gated kind: a replay waits for its approval
     ("committed, gated", DONE, DEDUPS, {"needs_approval": True}, _found(),
      (V.HOLD, "approval_required", "adapter")),
@@ -230,6 +268,11 @@ LOOKUP_CASES = [
     (DONE, TRACKED, {"target_moved": None}, None),
     (DONE, REMOTE, {"target_moved": None}, "idem-1"),
     (OPEN, TRACKED, {"target_moved": None}, "idem-1"),
+    (DONE, STATE, {"overwritten": True}, None),
+    (DONE, REMOTE, {"overwritten": True}, None),
+    (DONE, COLLECTION, {"overwritten": True}, "idem-1"),
+    (DONE, STATE, {}, "idem-1"),
+    (OPEN, REMOTE, {"overwritten": True}, "idem-1"),
 ]
 
 

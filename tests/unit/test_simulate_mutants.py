@@ -17,7 +17,7 @@ from tether.testing.simulate._scenario import FOUND_DEFECTS
 #: mutant -> a seed of the CI corpus that catches it (from 1,000,001: a directed scenario).
 CAUGHT = {
     "settle_never_asks": 1_000_001,
-    "deferred_receipt_unasked": 1_000_013,
+    "deferred_receipt_unasked": 1_000_014,
     "blind_not_frozen": 1_000_011,
     "retention_ignored": 1_000_001,
     "approval_unchecked": 1_000_013,
@@ -27,13 +27,14 @@ CAUGHT = {
     "reconcile_any_digest": 1_000_025,
     "ledger_forgets": 1_000_001,
     "lease_unchecked": 1_000_019,
-    "resend_is_progress": 4,
+    "resend_is_progress": 1_000_139,
     "resend_recorded_each_time": 189,
     "held_write_not_rejudged": 12,
     "replay_receipts_unchecked": 1_000_037,
-    "replay_never_asks": 1_000_002,
+    "replay_never_asks": 1_000_031,
     "replay_absence_past_retention": 1_000_001,
     "replay_swallows_reverts": 37,
+    "replay_swallows_state_reverts": 1_005_001,
     "replay_foreign_receipt": 79,
     "replay_unapproved": 57,
     "replay_result_dropped": 1_000_003,
@@ -53,7 +54,7 @@ CAUGHT = {
 #: Each defect the simulator found in the rules as they were (issue 25), and the mutants
 #: that plant it again: the corpus must catch every one of them.
 REPLANTED = {
-    "reverted_writes": ("replay_swallows_reverts",),
+    "reverted_writes": ("replay_swallows_reverts", "replay_swallows_state_reverts"),
     "retention_past": ("replay_absence_past_retention", "retention_ignored"),
     "hostile_answers": ("replay_foreign_receipt",),
     "receipt_drift": ("replay_never_asks", "replay_receipts_unchecked"),

@@ -87,9 +87,13 @@ returns a task or future, which may be running, is an unknown outcome.
 Its environment is its identity (namespace and ``instance``, version 0): what
 a function changes in the world cannot be fingerprinted, so the ledger
 remembers it. An equal call (same target, same arguments) after one that
-committed is therefore a replay: the recorded receipt, nothing sent. For a
-target whose state a call sets (a topic, a record's fields), where A, B, A
-means three writes, declare ``holds=fn``: ``fn`` is called with the call's
+committed is therefore a replay: the recorded receipt, nothing sent, as long
+as no other call committed on that target in between. After one did (A, B,
+A), what the target is decides, as declared with ``targets``: ``"state"``
+(a topic, a record's fields: A is written again), ``"collection"`` (each
+call makes its own object: replayed); undeclared, a person does (review,
+``repeat_or_revert``). To have A, B, A judged by the target itself, declare
+``holds=fn``: ``fn`` is called with the call's
 own target and arguments (no key) and answers whether the target holds now
 what the call leaves. ``True``: the earlier effect stands, replayed;
 ``False``: the target moved since (A, B, A), a new effect under a new key.
@@ -143,6 +147,7 @@ from tether.core import (
     Receipt,
     SpecError,
     TargetKind,
+    Targets,
     TetherError,
     canonical_bytes,
     strict_loads,
@@ -214,7 +219,11 @@ class FunctionEffect(RemoteEffect):
     exception types meaning "nothing happened" and "the key is held for
     another request". ``compensate``: undoes an effect (``fn(EffectToUndo)``).
     ``holds``: ``fn(**call)`` says whether the target holds now what the call
-    leaves (a stateful target: A, B, A is three effects).
+    leaves (a stateful target: A, B, A is three effects). ``targets``: what
+    the target is where nothing reads it (:class:`~tether.core.Targets`):
+    ``"state"`` (A, B, A writes A again), ``"collection"`` (each call makes
+    its own object: the third is replayed); undeclared, a call equal to one
+    committed before another call on its target goes to a person.
     ``object_id``, ``committed_at``: fields of a returned JSON object naming
     the business object and the callee's commit time (RFC 3339), for the
     receipt. Where a kind needs an approval, a receipt without a commit time
@@ -249,6 +258,7 @@ class FunctionEffect(RemoteEffect):
         compensate: Callable[..., Any] | None = None,
         compensate_idempotent: bool = False,
         holds: Callable[..., bool] | None = None,
+        targets: Targets | str | None = None,
         object_id: str | None = None,
         committed_at: str | None = None,
         key_parameter: str = KEY_PARAMETER,
@@ -305,6 +315,16 @@ class FunctionEffect(RemoteEffect):
                 "must be a plain function answering True or False (it is asked inside the "
                 "protocol's step, where nothing is awaited): read the target with a sync client",
             )
+        try:
+            declared_targets = Targets.UNKNOWN if targets is None else Targets(targets)
+        except ValueError:
+            raise SpecError(
+                "targets", f"must be one of {[t.value for t in Targets]}, not {targets!r}"
+            ) from None
+        if holds is not None and targets is not None and declared_targets is not Targets.STATE:
+            raise SpecError("targets", "holds reads a target's state: its targets are a state")
+        if holds is not None:
+            declared_targets = Targets.STATE
         if compensate_idempotent and compensate is None:
             raise SpecError("compensate_idempotent", "says what compensate proves: give compensate")
         if absent_is_final and lookup is None:
@@ -364,6 +384,7 @@ class FunctionEffect(RemoteEffect):
             in_flight_limit_s=None if in_flight_limit_s is None else float(in_flight_limit_s),
             stateful=False,
             target_state=holds is not None,
+            targets=declared_targets,
         )
         # The undo's own proofs: none unless declared (the write's are not the undo's).
         self._undo_capabilities = Capabilities(

@@ -90,6 +90,7 @@ from tether.core import (
     LookupInconclusiveError,
     Receipt,
     TargetKind,
+    Targets,
     TetherError,
     canonical_bytes,
     strict_loads,
@@ -120,8 +121,30 @@ def reference_fingerprint(method: str, path: str, body: bytes) -> str:
     return "sha256:" + hashed.hexdigest()
 
 
+#: The methods an HttpEffect sends, and what each says of its target (RFC 9110,
+#: section 9.3): PUT, PATCH and DELETE act on the state of the resource the
+#: path names, so A, B, A writes A again; what a POST's target is, only the
+#: service knows (a collection it adds to, or a state it sets): undeclared,
+#: A, B, A goes to a person.
+METHOD_TARGETS = {
+    "POST": Targets.UNKNOWN,
+    "PUT": Targets.STATE,
+    "PATCH": Targets.STATE,
+    "DELETE": Targets.STATE,
+}
+
+
 class HttpEffect(RemoteEffect):
     """An adapter for one HTTP service: ``http.post`` to paths under ``base_url``.
+
+    ``method``: the request method (``POST``, ``PUT``, ``PATCH``, ``DELETE``;
+    the kind defaults to ``http.`` and the method in lower case).
+    ``targets``: what a path is, where the method does not say
+    (:class:`~tether.core.Targets`; ``"collection"`` for a POST that creates
+    an object each time, ``"state"`` for one that sets the path's state); PUT,
+    PATCH and DELETE are ``state`` by their definition, and a POST declared
+    nothing is ``unknown``: an effect re-proposed after another on its path
+    (A, B, A) then waits for a person.
 
     ``profile`` declares what the service promises about keys
     (:class:`ServiceProfile`, or a preset: ``IETF_DRAFT``, ``STRIPE_REPLAY``,
@@ -140,9 +163,27 @@ class HttpEffect(RemoteEffect):
         *,
         profile: ServiceProfile | None = None,
         namespace: str = "http",
-        kind: str = HTTP_POST.name,
+        kind: str | None = None,
         timeout_s: float = 10.0,
+        method: str = "POST",
+        targets: Targets | str | None = None,
     ) -> None:
+        if method not in METHOD_TARGETS:
+            raise HttpConfigError(f"method must be one of {sorted(METHOD_TARGETS)}, not {method!r}")
+        kind = kind if kind is not None else "http." + method.lower()
+        declared = METHOD_TARGETS[method]
+        if targets is not None:
+            try:
+                declared = Targets(targets)
+            except ValueError:
+                raise HttpConfigError(
+                    f"targets must be one of {[t.value for t in Targets]}, not {targets!r}"
+                ) from None
+            if METHOD_TARGETS[method] is Targets.STATE and declared is not Targets.STATE:
+                raise HttpConfigError(
+                    f"a {method} sets the state of the resource its path names (RFC 9110): its "
+                    f"targets are a state, not {declared.value!r}"
+                )
         if not _KIND_NAME.fullmatch(kind):
             raise HttpConfigError(
                 f"kind {kind!r} must be dotted lower-case words, like 'http.post' or 'stripe.post'"
@@ -159,6 +200,7 @@ class HttpEffect(RemoteEffect):
             raise HttpConfigError(f"profile must be a ServiceProfile, not {type(profile).__name__}")
         self.base_url = base_url.rstrip("/")
         self.profile = profile
+        self.method = method
         self._namespace = namespace
         # Undone by the adapter only where the service offers a way (a profile's
         # compensate path); otherwise by a person, as before.
@@ -177,6 +219,7 @@ class HttpEffect(RemoteEffect):
             retention_s=profile.retention_s,
             in_flight_limit_s=profile.in_flight_limit_s,
             stateful=False,
+            targets=declared,
         )
 
     def close(self) -> None:
@@ -299,18 +342,18 @@ class HttpEffect(RemoteEffect):
         if isinstance(body, dict):
             ignored = self.profile.identity_ignores
             body = {k: v for k, v in body.items() if k not in ignored}
-        return {"method": "POST", "json": body}
+        return {"method": self.method, "json": body}
 
     def execute(
         self, key: str, intent: Intent, prestate: EnvironmentState, fence: Fence | None = None
     ) -> Receipt:
-        """POST ``intent`` under ``key``; a 409 is asked again with the same key, bounded."""
+        """Send ``intent`` under ``key``; a 409 is asked again with the same key, bounded."""
         self._check_send(key, intent, prestate)
         if compensated_effect(intent) is not None:
             raise ContractViolationError(
                 "bad_args", "a compensation intent is carried out by compensate(), not execute()"
             )
-        return self._post(key, intent, prestate, fence)
+        return self._post(key, intent, prestate, fence, self.method)
 
     def compensate(self, key: str, intent: Intent, fence: Fence | None = None) -> Receipt:
         """Undo what a POST created: POST the profile's compensate path under ``key``.
@@ -322,7 +365,7 @@ class HttpEffect(RemoteEffect):
         prestate = self.environment()
         self._check_send(key, intent, prestate)
         self._request(intent)  # refuses what is not a compensation this service can carry out
-        return self._post(key, intent, prestate, fence)
+        return self._post(key, intent, prestate, fence, "POST")
 
     def _request(self, intent: Intent) -> tuple[str, bytes]:
         """The path and body the service receives for ``intent`` (a write or a compensation)."""
@@ -345,9 +388,14 @@ class HttpEffect(RemoteEffect):
         return "/" + template.replace("{object_id}", object_id).lstrip("/"), body
 
     def _post(
-        self, key: str, intent: Intent, prestate: EnvironmentState, fence: Fence | None
+        self,
+        key: str,
+        intent: Intent,
+        prestate: EnvironmentState,
+        fence: Fence | None,
+        method: str,
     ) -> Receipt:
-        """POST ``intent``'s request under ``key``; a 409 is asked again with the same key."""
+        """Send ``intent``'s request under ``key``; a 409 is asked again with the same key."""
         path, body = self._request(intent)
         headers = self._same_service()
         headers |= {IDEMPOTENCY_KEY: sf_string(key), "content-type": "application/json"}
@@ -355,10 +403,10 @@ class HttpEffect(RemoteEffect):
             headers[FENCE] = fence_header(fence.run_id, fence.lease_version)
         for attempt in range(self.profile.in_flight_retries + 1):
             try:
-                response = self._client.post(path, content=body, headers=headers)
+                response = self._client.request(method, path, content=body, headers=headers)
             except httpx.HTTPError as exc:
                 raise AdapterUnavailableError(
-                    f"POST {path} under key {key}: {type(exc).__name__}: {exc}; the outcome is "
+                    f"{method} {path} under key {key}: {type(exc).__name__}: {exc}; the outcome is "
                     "unknown (the request may have been applied)"
                 ) from exc
             self._check_instance(response, acted_on=200 <= response.status_code < 300)
@@ -370,7 +418,7 @@ class HttpEffect(RemoteEffect):
                 raise KeyHeldError(intent.target, key, response.text[:500])
             if attempt < self.profile.in_flight_retries:
                 time.sleep(self.profile.in_flight_wait_s * 2**attempt)
-        raise KeyInFlightError(key, f"POST {path} is still in flight at the service (409)")
+        raise KeyInFlightError(key, f"{method} {path} is still in flight at the service (409)")
 
     def _answer(
         self,
@@ -388,7 +436,7 @@ class HttpEffect(RemoteEffect):
                 body = None if not response.content.strip() else response.json()
             except ValueError:
                 raise AdapterUnavailableError(
-                    f"POST under key {key} answered {status} without a JSON body; the outcome "
+                    f"the request under key {key} answered {status} without a JSON body; the outcome "
                     "is unknown"
                 ) from None
             return self._receipt(key, intent.digest, status, body, prestate)
@@ -401,7 +449,7 @@ class HttpEffect(RemoteEffect):
         if 400 <= status < 500:
             raise RequestRefusedError(intent.target, status, text)
         raise AdapterUnavailableError(
-            f"POST under key {key} answered {status}: {text[:500]}; the outcome is unknown"
+            f"the request under key {key} answered {status}: {text[:500]}; the outcome is unknown"
         )
 
     def _receipt(
@@ -441,7 +489,7 @@ class HttpEffect(RemoteEffect):
     def where_to_look(self, key: str, intent: Intent) -> dict[str, str]:
         """Where a person finds the request ``key`` sent: the URL, the key header, the look-up."""
         hints = {
-            "request": f"POST {self.base_url}/{intent.target.lstrip('/')}",
+            "request": f"{self.method} {self.base_url}/{intent.target.lstrip('/')}",
             f"{IDEMPOTENCY_KEY} header": sf_string(key),
         }
         if self.profile.lookup is not None:
@@ -478,7 +526,8 @@ class HttpEffect(RemoteEffect):
             ) from exc
         sent = None
         if intent is not None:
-            sent = reference_fingerprint("POST", *self._request(intent))
+            method = "POST" if compensated_effect(intent) is not None else self.method
+            sent = reference_fingerprint(method, *self._request(intent))
         reading = read_lookup(_reply(response), key=key, shape=self.profile.lookup_shape, sent=sent)
         # An answer naming another instance is drift whatever it says; one the run
         # would act on must name the bound instance (an inconclusive one acts on nothing).

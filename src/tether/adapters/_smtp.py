@@ -48,6 +48,7 @@ from tether.core import (
     Intent,
     Receipt,
     TargetKind,
+    Targets,
     format_time,
 )
 
@@ -144,6 +145,9 @@ class SmtpEffect(RemoteEffect):
             conditional_writes=False,
             absent_is_final=False,
             stateful=False,
+            # Each send delivers a message of its own: the same mail again after
+            # another (A, B, A) is the first one, replayed, never a second copy.
+            targets=Targets.COLLECTION,
         )
 
     # --- identity -----------------------------------------------------

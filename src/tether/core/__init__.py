@@ -121,6 +121,9 @@ from tether.core._evidence import (
     new_approval,
     new_decision,
 )
+from tether.core._forks import (
+    new_fork,
+)
 from tether.core._ledger import (
     EffectTerms,
     LedgerEntry,
@@ -133,6 +136,7 @@ from tether.core._model import (
     PendingWrite,
     Receipt,
     ReviewCase,
+    Targets,
     Verification,
     format_time,
     parse_time,
@@ -144,9 +148,6 @@ from tether.core._phases import (
     Phase,
     RetrySemantics,
     ReviewReason,
-)
-from tether.core._replay import (
-    new_fork,
 )
 from tether.core._retry import (
     RetrySettingsError,
@@ -283,6 +284,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailableError",
     "TargetKind",
+    "Targets",
     "TaskMismatchError",
     "TaskSpec",
     "TetherError",

@@ -415,12 +415,17 @@ class RunTerminalError(PolicyError):
 
 
 class RunBusyError(PolicyError):
-    """The run is open already in this process (another block, task or thread acts on it).
+    """The run is open already: in this process (another block, task or thread acts
+    on it), or in another live process that opened it without a lease.
 
     Two blocks on one run in one process would race each other's steps (and,
     with leases, share one worker's lease): the second is refused before it
     recovers anything, so the first goes on undisturbed. Wait for the first
-    block to end, or make the call through it.
+    block to end, or make the call through it. A second process is refused
+    the same way while the first lives (its hold on the run dies with it, so
+    a rerun after a crash opens the run at once); where several processes
+    may work on one run, give every runtime ``lease_ttl_s=``. ``run_id`` names
+    the run.
     """
 
 

@@ -17,6 +17,7 @@ digest) and of the result inside the receipt.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -57,6 +58,16 @@ class EffectTerms:
     #: effect is replayed, not sent. ``None`` on entries written before it existed.
     effect: str | None = None
 
+    @property
+    def target_key(self) -> str:
+        """What the effect acts on, as a digest of (namespace, kind, target).
+
+        The store indexes committed entries by it, so the replay rule learns
+        whether another effect was committed on a target since (A, B, A)
+        without reading the run's history.
+        """
+        return target_digest(self.adapter, self.kind, self.target)
+
     def to_json(self) -> dict[str, JSONValue]:
         body: dict[str, JSONValue] = {
             "adapter": self.adapter,
@@ -70,6 +81,14 @@ class EffectTerms:
         if self.effect is not None:
             body["effect"] = self.effect
         return body
+
+
+# Asked of every committed row written and read back (its index column is checked
+# against it); a run's targets are few and repeat, so their digests are kept.
+@functools.lru_cache(maxsize=1024)
+def target_digest(namespace: str, kind: str, target: str) -> str:
+    """The digest two effects share exactly when they act on the same target."""
+    return digest({"namespace": namespace, "kind": kind, "target": target})
 
 
 def retry_semantics(capabilities: Capabilities) -> RetrySemantics:

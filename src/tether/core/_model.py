@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from tether.core._canonical import JSONValue, digest
@@ -54,6 +55,25 @@ def parse_time(f: Fields, key: str) -> datetime:
         f.fail(f.name(key), f"expected a UTC time like 2026-01-31T12:00:00.000000Z, got {text!r}")
 
 
+class Targets(StrEnum):
+    """What a write's target is, as declared (tether cannot tell a topic from an inbox).
+
+    Read by the replay rule where the adapter cannot read the target: an
+    effect equal to one committed earlier, with a different effect
+    committed on the same target since (A, B, A).
+    """
+
+    #: The target holds one state that each write replaces (a PUT to a URL, a
+    #: record's field): A, B, A writes A again, a new effect.
+    STATE = "state"
+    #: Each effect makes its own object (POST /tickets, an email sent): the
+    #: third is the first again, replayed, never a duplicate.
+    COLLECTION = "collection"
+    #: Not declared: a person decides whether A, B, A is a revert or a
+    #: duplicate (review, ``repeat_or_revert``); nothing is sent meanwhile.
+    UNKNOWN = "unknown"
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What an adapter can promise.
@@ -92,6 +112,10 @@ class Capabilities:
     #: declaring ``holds``): an equal write after a commit is a new effect when
     #: the target moved since (A, B, A writes A again), as on a stateful one.
     target_state: bool = False
+    #: What a write's target is (:class:`Targets`), where the adapter cannot read
+    #: it: decides A, B, A (see :func:`tether.core._replay.judge`). Promise only
+    #: what the target's semantics prove; ``UNKNOWN`` asks a person.
+    targets: Targets = Targets.UNKNOWN
 
     @property
     def tracks_targets(self) -> bool:

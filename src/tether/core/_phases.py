@@ -177,6 +177,9 @@ class ReviewReason(StrEnum):
     RECEIPT_MISSING = "receipt_missing"
     #: A re-proposed effect whose receipt at the adapter differs from the ledger's copy.
     RECEIPT_DRIFT = "receipt_drift"
+    #: A re-proposed effect, committed before, whose target another effect wrote since
+    #: (A, B, A), on a target not declared a state or a collection: a revert or a duplicate.
+    REPEAT_OR_REVERT = "repeat_or_revert"
     #: The environment changed outside the run while it was down.
     ENVIRONMENT_DRIFT = "environment_drift"
     #: The environment is ahead of the checkpoint (a restored store, say).

@@ -20,7 +20,8 @@ a signed fork is armed for it                      forked: a new effect, once
 nothing                                            proceed: a new effect
 an unsettled attempt (dispatched, outcome          asked by its key:
 unknown):
-  committed, this attempt's key and intent         replay (settled by look-up)
+  committed, this attempt's key and intent         replay (settled by look-up), but
+                                                   as below where the target moved
   committed under the key, another intent          review (``key_conflict``):
                                                    never an answer for ours, nor
                                                    proof it did not land; going
@@ -35,6 +36,13 @@ a commit, on a stateful target that no longer      proceed: a new effect (A, B,
 holds what it left (writing now changes it)        A writes A again)
 a commit, on a tracked target the adapter          wait (nothing is sent while
 could not read                                     it cannot tell)
+a commit, on a target the adapter cannot read,     as its declared ``targets``:
+another effect committed on it since (A, B, A):
+  ``state`` (each write replaces it)               proceed: a new effect (A again)
+  ``collection`` (each effect its own object)      as below: the first, replayed
+  ``unknown`` (not declared)                       review (``repeat_or_revert``):
+                                                   a revert or a duplicate, a
+                                                   person says (fork, or abort)
 a commit, the adapter cannot be asked              replay (settled by the
                                                    signed ledger, said so)
 a commit a person found landed (a signed           replay (settled by the
@@ -54,7 +62,7 @@ where policy requires it"): the proposal waits for one (:attr:`Verdict.HOLD`)
 and is answered once it holds. A replay is a proposal: it is charged, and
 the last one the budget allows ends the run.
 
-Doing an effect again on purpose takes a signed fork (:func:`check_fork`):
+Doing an effect again on purpose takes a signed fork (:func:`tether.core._forks.check_fork`):
 a reviewer's or operator's document naming the effect digest and the
 earlier receipt (id, fingerprint, key), alive now, with a one-time nonce the
 checkpoint remembers.
@@ -74,10 +82,15 @@ from tether.core import _terms as terms_rules
 from tether.core._actions import ActionResult, Proposal
 from tether.core._canonical import JSONValue, digest
 from tether.core._case_table import REVIEW_NAMESPACE
-from tether.core._errors import EvidenceBindingError, EvidenceSignatureError, NonceReusedError
-from tether.core._evidence import check_lifetime, check_nonce, consumed_nonces
 from tether.core._ledger import LedgerEntry, redact_receipt
-from tether.core._model import Capabilities, EnvironmentState, Intent, Receipt, format_time
+from tether.core._model import (
+    Capabilities,
+    EnvironmentState,
+    Intent,
+    Receipt,
+    Targets,
+    format_time,
+)
 from tether.core._phases import EffectStatus, OutcomeReason, ReviewReason
 from tether.core._results import with_result
 from tether.core._retention import remembered
@@ -218,8 +231,13 @@ class ReplayFacts:
     environment, or a declared ``target_state``), carrying the proposal out
     now would change its target (it does not hold what the write leaves);
     ``None``: the adapter was asked and could not tell. ``answer``: the adapter's look-up by :func:`lookup_key`'s key.
-    ``approved``: an
-    approval of exactly this replay holds. ``sensitive``: the policy marks the
+    ``overwritten``: the ledger's newest commit on the same target
+    (namespace, kind, target) is another effect's, read where the adapter
+    cannot read the target (see :attr:`Capabilities.targets`): committed
+    after the known commit, or (an unsettled attempt) after a send that may
+    have landed before or after it, which only a state rewrite or a person
+    can treat as the same.
+    ``approved``: an approval of exactly this replay holds. ``sensitive``: the policy marks the
     kind sensitive.
     """
 
@@ -228,6 +246,7 @@ class ReplayFacts:
     now: datetime
     forked: bool = False
     target_moved: bool | None = False
+    overwritten: bool = False
     answer: LookupAnswer | None = None
     needs_approval: bool = False
     approved: bool = False
@@ -257,6 +276,7 @@ def lookup_key(
     *,
     forked: bool = False,
     target_moved: bool | None = False,
+    overwritten: bool = False,
 ) -> str | None:
     """The key whose receipt the adapter must be asked for before :func:`judge`, if any."""
     if forked or record is None or not capabilities.queryable:
@@ -266,6 +286,8 @@ def lookup_key(
     committed = record.committed
     if committed is None or (capabilities.tracks_targets and target_moved is not False):
         return None  # moved: a new effect; unreadable: the rule waits, nothing to ask
+    if overwritten_verdict(capabilities, overwritten) is not None:
+        return None  # a new effect, or a person's: the earlier receipt answers nothing
     if _reviewed(committed.receipt):
         return None  # a person settled it; the adapter never knew
     return committed.idempotency_key
@@ -286,7 +308,27 @@ def judge(facts: ReplayFacts) -> Judgement:
     moved = _moved(facts, committed)
     if moved is not None:
         return moved
+    verdict = overwritten_verdict(facts.capabilities, facts.overwritten)
+    if verdict is not None:
+        return Judgement(*verdict, committed)
     return _approved(facts, _judge_committed(facts, committed, committed.receipt))
+
+
+def overwritten_verdict(
+    capabilities: Capabilities, overwritten: bool
+) -> tuple[Verdict, OutcomeReason | ReviewReason] | None:
+    """A, B, A where the adapter cannot read the target: as the target is declared.
+
+    ``None``: the rule goes on as if nothing came between (no other effect
+    since, a tracked target, or a collection, whose third is the first again).
+    """
+    if not overwritten or capabilities.tracks_targets:
+        return None
+    if capabilities.targets is Targets.STATE:
+        return Verdict.PROCEED, OutcomeReason.TARGET_MOVED  # the write restores A: a new effect
+    if capabilities.targets is Targets.UNKNOWN:
+        return Verdict.REVIEW, ReviewReason.REPEAT_OR_REVERT
+    return None
 
 
 def _moved(facts: ReplayFacts, known: KnownEffect) -> Judgement | None:
@@ -321,6 +363,9 @@ def _judge_unsettled(facts: ReplayFacts, known: KnownEffect) -> Judgement:
         moved = _moved(facts, known)
         if moved is not None:
             return moved
+        verdict = overwritten_verdict(facts.capabilities, facts.overwritten)
+        if verdict is not None:
+            return Judgement(*verdict, known)  # it landed, and another effect since (A, B, A)
         # Only the result's digest where the kind is sensitive, as the ledger holds it.
         body = receipt.to_json()
         return Judgement(
@@ -557,6 +602,9 @@ _REVIEW_WHY = {
     "no person has reviewed)",
     ReviewReason.RECEIPT_DRIFT: "has a receipt at the adapter that differs from the ledger's copy: the "
     "recorded effect cannot be claimed, and sending it could be a second effect",
+    ReviewReason.REPEAT_OR_REVERT: "is committed, and another effect was committed on the same "
+    "target since: doing it again may restore what the target held (a revert) or make a second "
+    "object (a duplicate), and the target is declared neither a state nor a collection",
     ReviewReason.RECEIPT_MISSING: "is committed in the ledger, but the adapter holds no receipt for its key "
     "(deleted, or forgotten): the effect cannot be claimed, and sending it could be a second "
     "effect",
@@ -580,6 +628,9 @@ def _review(
         "sign landed if you find it happened (with what you found), or abort; to do it again "
         "on purpose, sign a fork (`tether fork`), then replan"
         if why is ReviewReason.REPLAY_OF_UNKNOWN
+        else "to do it again (a revert), sign a fork (`tether fork`), then replan; if it would "
+        "be a duplicate, replan without it, or abort"
+        if why is ReviewReason.REPEAT_OR_REVERT
         else "abort, or replan after a signed fork (`tether fork`) if it must happen again"
     )
     detail = (
@@ -654,109 +705,4 @@ def _replayed(
         blobs=blobs,
         reason=OutcomeReason.EFFECT_REPLAYED,
         message=f"effect {effect} already committed as receipt {facts['receipt_id']}; replayed",
-    )
-
-
-# -- forks ---------------------------------------------------------------------
-
-FORK_FIELDS = (
-    "kind", "signer_id", "task_id", "run_id", "policy_version", "effect_digest", "receipt_id",
-    "receipt_fingerprint", "idempotency_key", "issued_at", "expires_at", "nonce",
-)  # fmt: skip
-
-
-def fork_request(state: RunState, known: KnownEffect) -> dict[str, Any]:
-    """The fields a fork of ``known`` (the effect's current attempt) must carry."""
-    return {
-        "kind": "fork",
-        "task_id": state.binding.task_id,
-        "run_id": state.run_id,
-        "policy_version": state.binding.policy_version,
-        "effect_digest": known.effect_digest,
-        "receipt_id": known.receipt_id,
-        "receipt_fingerprint": known.receipt_fingerprint,
-        "idempotency_key": known.idempotency_key,
-    }
-
-
-def new_fork(
-    state: RunState,
-    known: KnownEffect,
-    signer_id: str,
-    *,
-    issued_at: datetime,
-    expires_at: datetime,
-    nonce: str,
-) -> dict[str, Any]:
-    """The body a reviewer or operator signs to do ``known``'s effect once more."""
-    return {
-        **fork_request(state, known),
-        "signer_id": signer_id,
-        "issued_at": format_time(issued_at),
-        "expires_at": format_time(expires_at),
-        "nonce": nonce,
-    }
-
-
-def check_fork(
-    body: dict[str, Any],
-    signer_id: str,
-    state: RunState,
-    known: Mapping[str, EffectHistory],
-    *,
-    now: datetime,
-    ttl_s: int,
-) -> str:
-    """Refuse a fork that is malformed, mis-bound, expired or replayed; its effect digest."""
-    missing = [f for f in FORK_FIELDS if f not in body]
-    extra = sorted(set(body) - set(FORK_FIELDS))
-    if missing or extra:
-        raise EvidenceSignatureError(
-            f"fork body has missing fields {missing} or unknown fields {extra}"
-        )
-    if body["signer_id"] != signer_id:
-        raise EvidenceBindingError("signer_id", signer_id, body["signer_id"])
-    effect = body["effect_digest"]
-    record = known.get(effect) if isinstance(effect, str) else None
-    current = None if record is None else record.current
-    if current is None:
-        raise EvidenceBindingError("effect_digest", "an effect this run's ledger records", effect)
-    for name, want in fork_request(state, current).items():
-        have = body.get(name)
-        if have != want or type(have) is not type(want):
-            raise EvidenceBindingError(name, want, have)
-    check_lifetime(body, now=now, ttl_s=ttl_s)
-    check_nonce(body, consumed_nonces(state))  # one-time across every kind of document
-    if effect in state.forks:
-        raise NonceReusedError(f"a fork of effect {effect} is already armed and unused")
-    return str(effect)
-
-
-def record_fork(
-    state: RunState, body: dict[str, Any], evidence_digest: str | None, *, cursor: int
-) -> Transition:
-    """A verified fork arms its effect digest for one new execution; its nonce is spent."""
-    effect = str(body["effect_digest"])
-    return Transition(
-        OutcomeKind.RECORDED,
-        state=state.evolve(
-            forks=(*state.forks, effect),
-            fork_nonces=(*state.fork_nonces, str(body["nonce"])),
-            inbox_cursor=max(state.inbox_cursor, cursor),
-        ),
-        events=(
-            (
-                "fork_recorded",
-                {
-                    "signer_id": body["signer_id"],
-                    "effect_digest": effect,
-                    "receipt_id": body["receipt_id"],
-                    "idempotency_key": body["idempotency_key"],
-                    "nonce": body["nonce"],
-                    "expires_at": body["expires_at"],
-                    "evidence_digest": evidence_digest,
-                },
-            ),
-        ),
-        reason=OutcomeReason.FORK_RECORDED,
     )

@@ -83,10 +83,12 @@ the adapter settles "sent, receipt not persisted" by key without a person:
 =============================================  ==========  ================
 receipt                                        adapter     durability
 =============================================  ==========  ================
-of this step's send, no approval, no undoing   idempotent  deferred
+of this step's send, no approval, no undoing   idempotent, deferred
+                                               no retention
 of this step's send, no approval, no undoing   queryable,  deferred
                                                absence
-                                               final
+                                               final, no
+                                               retention
 a look-up's (nothing sent: a recovery's)       any         now
 of a write a person approved                   any         now
 of a compensation (it moves another effect)    any         now
@@ -102,7 +104,10 @@ is sealed on top of it: no effect leaves the process between a deferred
 receipt and that commit (every send waits for its own intent commit), so at
 most one receipt is ever not durable. Not deferred: a blind adapter (nothing
 could settle it), one whose look-up may miss a landed write and cannot
-deduplicate (a lost receipt would freeze a write that landed), a write a
+deduplicate (a lost receipt would freeze a write that landed), one that
+declares a retention (a process that lives on past it before its next
+commit, then dies, would leave a write that landed as unknown, or settle it
+by an absence that no longer proves anything: outside attack a1), a write a
 person approved (a resend after the crash would need the approval in force
 again), and a compensation (its commit also moves the effect it undid).
 
@@ -612,7 +617,10 @@ def receipt_durability(
     settles_by_key = capabilities.idempotent or (
         capabilities.queryable and capabilities.absent_is_final
     )
-    if fresh and settles_by_key and not approved and not undoes:
+    # A declared retention bounds how long the key settles it: the receipt is
+    # written now rather than ride on a commit that may come after it lapsed.
+    forever = capabilities.retention_s is None
+    if fresh and settles_by_key and forever and not approved and not undoes:
         return Durability.DEFERRED
     return Durability.NOW
 

@@ -19,7 +19,8 @@ built: the adapter that owns the kind. Two forms follow:
   exceptions that mean "nothing happened" (``refusals``) or "the key is held
   for another request" (``conflicts``), an optional ``compensate``, and
   ``holds`` for a stateful target (an equal call after the target moved is a
-  new effect: A, B, A); see
+  new effect: A, B, A), or ``targets`` saying what the target is where
+  nothing reads it (``"state"``, ``"collection"``); see
   :mod:`tether.adapters._function`.
 - **An adapter performs it** (``HttpEffect``, ``SmtpEffect``, the workspace):
   the body is never run, and the signature only names the call (a tool's
@@ -88,6 +89,7 @@ def effect(
     compensate: Callable[..., Any] | None = None,
     compensate_idempotent: bool = False,
     holds: Callable[..., bool] | None = None,
+    targets: str | None = None,
     object_id: str | None = None,
     committed_at: str | None = None,
     key_parameter: str = KEY_PARAMETER,
@@ -112,6 +114,7 @@ def effect(
         or bool(conflicts)
         or compensate is not None
         or holds is not None
+        or targets is not None
     )
 
     def wrap(fn: Callable[..., Any]) -> EffectFunction:
@@ -133,6 +136,7 @@ def effect(
                 compensate=compensate,
                 compensate_idempotent=compensate_idempotent,
                 holds=holds,
+                targets=targets,
                 object_id=object_id,
                 committed_at=committed_at,
                 key_parameter=key_parameter,

@@ -53,6 +53,8 @@ class History:
         self._effects: dict[str, replay_rules.EffectHistory | None] = {}
         # This session's entries of effects not resolved yet, oldest first.
         self._fresh: dict[str, list[LedgerEntry]] = {}
+        # Target digest -> the effect committed on it last (None: none recorded), once read.
+        self._targets: dict[str, str | None] = {}
         self._used: set[str] = set()
         self._asked: dict[str, bool] = {}
         # (seq of the rewound event, low, high] stretches it left behind, once read.
@@ -128,12 +130,41 @@ class History:
         ]
         return sorted((e for e in found if chain.check(e)), key=lambda e: e.seq)
 
+    def last_on_target(self, target: str) -> str | None:
+        """The effect digest committed last on ``target`` (a target digest), if any.
+
+        One indexed probe of the store per target per session (rows up to the
+        base's signed length, proven on the chain; a stray is passed over),
+        then this session's own commits, folded from memory.
+        """
+        if target in self._targets:
+            return self._targets[target]
+        found: str | None = None
+        base = self._base
+        below = base.ledger_length + 1
+        while base.ledger_length and found is None:
+            page = self._cp.content.ledger_on_target(base.run_id, target, below=below, limit=8)
+            chain = self._ledger_chain()
+            for entry in page:  # newest first
+                terms = entry.terms
+                if terms is not None and terms.target_key == target and chain.check(entry):
+                    found = terms.effect
+                    break
+            if len(page) < 8:
+                break
+            below = min(entry.seq for entry in page)
+        self._targets[target] = found
+        return found
+
     def committed(self, entries: Sequence[LedgerEntry]) -> None:
         """Fold in entries this session committed (oldest first)."""
         for entry in entries:
             effect = None if entry.terms is None else entry.terms.effect
             if effect is None:
                 continue
+            if entry.status is EffectStatus.COMMITTED and entry.terms is not None:
+                # Newer than anything the store holds below the base: it is the last.
+                self._targets[entry.terms.target_key] = effect
             if effect not in self._effects:
                 self._fresh.setdefault(effect, []).append(entry)
                 continue

@@ -42,8 +42,8 @@ from tether.core import (
 )
 from tether.core import _case_rules as case_rules
 from tether.core import _compensation as compensation_rules
+from tether.core import _forks as fork_rules
 from tether.core import _people as people
-from tether.core import _replay as replay_rules
 from tether.core._actions import needs_approval as core_needs_approval
 from tether.core._actions import risk_of
 from tether.core._case_rules import Undo
@@ -407,7 +407,7 @@ def fork(session: Session, document: Any, *, cursor: int | None = None) -> RunSt
         if state.phase.terminal:
             raise RunFrozenError(f"run {state.run_id} is {state.phase}; nothing to fork")
         body = _verify_fork(_trust(rt, Role.REVIEWER), document)
-        replay_rules.check_fork(
+        fork_rules.check_fork(
             body,
             document["signer"],
             state,
@@ -420,7 +420,7 @@ def fork(session: Session, document: Any, *, cursor: int | None = None) -> RunSt
         raise
     at = state.inbox_cursor if cursor is None else cursor
     _commit(
-        session, replay_rules.record_fork(state, body, people.evidence_digest(document), cursor=at)
+        session, fork_rules.record_fork(state, body, people.evidence_digest(document), cursor=at)
     )
     return session.state
 

@@ -24,7 +24,7 @@ from tether.core import LeaseLostError
 from tether.runtime._checkpointer import Checkpointer
 from tether.runtime._clock import Clock
 from tether.runtime._heartbeat import Heartbeat
-from tether.store import Lease
+from tether.store import Lease, RunHold
 
 
 class LeaseRuntime(Protocol):
@@ -58,6 +58,8 @@ class LeaseHolder:
         # The heartbeat thread and the step share the lease; this orders them.
         self._lease_lock = threading.RLock()
         self._heartbeat = None
+        #: This process's hold on a run opened without a lease (see ``_liveness``).
+        self.liveness: RunHold | None = None
 
     @property
     def run_id(self) -> str:
@@ -79,7 +81,13 @@ class LeaseHolder:
             )
 
     def release(self) -> None:
-        """Give the lease up (a clean shutdown), so another worker may take the run at once."""
+        """Give the lease up (a clean shutdown), so another worker may take the run at once.
+
+        Without a lease: give up this session's share of the process's hold
+        on the run, so another process may open it once no session here has it.
+        """
+        if self.liveness is not None:
+            self.liveness.release()
         if self._heartbeat is not None:
             self._heartbeat.stop()
         with self._lease_lock:
@@ -138,6 +146,8 @@ class LeaseHolder:
             if self._released is not None:
                 # This session gave it up (release()): whoever holds it now acts, not us.
                 raise LeaseLostError(self.run_id, self._released, self._released)
+            if self.liveness is not None:
+                self.liveness.check()  # no lease: this process must still hold the run
             return None
         self.rt.checkpointer.marks.check_lease(self.run_id, lease.lease_version)
         if not wants_fence(self.rt.adapter):

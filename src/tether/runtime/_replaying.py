@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tether.adapters import capabilities_of, target_moved, where_to_look
+from tether.adapters import capabilities_of, namespace_of, target_moved, where_to_look
 from tether.core import (
     ContractViolationError,
     EnvironmentState,
@@ -25,6 +25,7 @@ from tether.core import (
     Phase,
     Proposal,
     RunState,
+    Targets,
 )
 from tether.core import _replay as replay_rules
 from tether.core import _steps as step_rules
@@ -36,6 +37,7 @@ from tether.core._evidence import (
     remember_replay_approval,
     replay_approved,
 )
+from tether.core._ledger import target_digest
 from tether.core._transition import Lookup, Transition
 from tether.runtime._view import Session
 
@@ -68,7 +70,19 @@ def replay_or_fork(
         moved = rt.adapter.derive_post_state(env, intent).state_fingerprint != env.state_fingerprint
     elif caps.target_state and not forked and record is not None:
         moved = target_moved(rt.adapter, intent)  # a function's holds(): asked, not derived
-    key = replay_rules.lookup_key(record, caps, forked=forked, target_moved=moved)
+    overwritten = False
+    if (
+        not forked
+        and not caps.tracks_targets
+        and caps.targets is not Targets.COLLECTION  # the answer would change nothing
+        and record is not None
+    ):
+        # A, B, A where nothing can read the target: did another effect commit on it since?
+        target = target_digest(namespace_of(rt.adapter, intent.kind), intent.kind, intent.target)
+        overwritten = session.history.last_on_target(target) not in {None, effect}
+    key = replay_rules.lookup_key(
+        record, caps, forked=forked, target_moved=moved, overwritten=overwritten
+    )
     answer = None
     if key is not None:
         current = None if record is None else record.current
@@ -94,6 +108,7 @@ def replay_or_fork(
             now=rt.clock.now(),
             forked=forked,
             target_moved=moved,
+            overwritten=overwritten,
             answer=answer,
             needs_approval=needs_approval(rt.policy, kind),
             approved=approved,

@@ -66,7 +66,7 @@ from tether.core._spec import MAX_TIMEOUT_S
 from tether.core._state import GENESIS_HASH, check_run_id
 from tether.core._transition import LedgerNote
 from tether.crypto import Keyring, SecretBox, Signer, TrustRoots
-from tether.runtime import _humans
+from tether.runtime import _humans, _liveness
 from tether.runtime._admit import Admitted, admit, policy_changed, rules_changes
 from tether.runtime._agent import Agent, AgentContext, Withheld
 from tether.runtime._checkpointer import Checkpointer, Restored, check_binding
@@ -247,10 +247,19 @@ class Runtime:
         return effect_digest(namespace_of(self.adapter, kind), kind, target, identity)
 
     def start(self, run_id: str | None = None, context: AgentContext | None = None) -> RunSession:
-        """Begin a new run in the task's expected initial environment."""
+        """Begin a new run in the task's expected initial environment.
+
+        Without a lease the run is held for this process first (another live
+        process that has it open: :class:`~tether.core.RunBusyError`; see
+        :mod:`tether.runtime._liveness`).
+        """
+        run_id = check_run_id(run_id) if run_id is not None else self.ids.new_id("run")
+        with _liveness.opening(self, run_id) as keep:
+            return keep(self._start(run_id, context))
+
+    def _start(self, run_id: str, context: AgentContext | None) -> RunSession:
         env = self.adapter.environment()
         expected = self.task.initial_environment
-        run_id = check_run_id(run_id) if run_id is not None else self.ids.new_id("run")
         if expected is not None and (
             env.namespace != expected.namespace
             or env.state_fingerprint != expected.state_fingerprint
@@ -349,7 +358,14 @@ class Runtime:
         With leases on, the run's lease is taken first (or ``lease``, one the
         caller already claimed, is used), so two recovering workers never both
         advance the run: the loser gets :class:`~tether.core.LeaseHeldError`.
+        Without, the run is held for this process first, so a second live
+        process gets :class:`~tether.core.RunBusyError` (see
+        :mod:`tether.runtime._liveness`).
         """
+        with _liveness.opening(self, run_id, lease) as keep:
+            return keep(self._recover(run_id, lease, admission))
+
+    def _recover(self, run_id: str, lease: Lease | None, admission: Any) -> RunSession:
         taken = None
         if lease is None and self.lease_ttl_s is not None:
             lease = taken = self.checkpointer.marks.acquire_lease(

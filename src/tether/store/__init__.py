@@ -2,7 +2,8 @@
 
 Open one from a URL with :func:`open_store` (or ``Store.from_url``):
 ``sqlite:///relative.sqlite``, ``sqlite:////absolute.sqlite`` or
-``postgresql://...`` (the ``[postgres]`` extra).
+``postgresql://...`` (the ``[postgres]`` extra). Both hold the runs a process
+has open without a lease (:class:`RunHolder`), so a second process is refused.
 """
 
 from tether.core import LedgerEntry
@@ -22,6 +23,7 @@ from tether.store._protocols import (
     Mark,
     MarksPage,
 )
+from tether.store._runlock import RunHold, RunHolder
 from tether.store._schema import LANDMARK_KINDS
 from tether.store._sql import SQLBase
 from tether.store._sqlite import SQLiteStore
@@ -43,6 +45,8 @@ __all__ = [
     "Mark",
     "MarksPage",
     "PostgresStore",
+    "RunHold",
+    "RunHolder",
     "SQLBase",
     "SQLStatements",
     "SQLiteStore",

@@ -23,7 +23,7 @@ from tether.store._schema import LANDMARK_KINDS, kinds_sql
 TRACE_COLUMNS = "hash, prev_hash, seq, kind, at, data, action_id"
 LEDGER_COLUMNS = (
     "hash, prev_hash, seq, idempotency_key, status, action_id, intent_digest, "
-    "receipt, epoch, at, terms, payload, effect"
+    "receipt, epoch, at, terms, payload, effect, target"
 )
 
 
@@ -166,20 +166,51 @@ class HistorySQL(SQLEngine):
         found = [e for e in entries if e.terms is not None and e.terms.effect == effect]
         return sorted(found, key=lambda e: (e.seq, e.hash))
 
+    def ledger_on_target(
+        self, run_id: str, target: str, *, below: int | None = None, limit: int = 8
+    ) -> list[LedgerEntry]:
+        """The run's newest commits on ``target`` (a target digest), newest first; unverified.
+
+        At most ``limit`` rows with seq below ``below`` (``None``: no bound),
+        found by index, strays included.
+        """
+        if limit < 1:
+            raise StoreError(f"a page holds at least one row, not {limit}")
+        bound, params = (
+            ("", (run_id, target))
+            if below is None
+            else (
+                " AND seq < ?",
+                (run_id, target, below),
+            )
+        )
+        rows = self._read(
+            lambda: self._all(
+                f"SELECT {LEDGER_COLUMNS} FROM tether_ledger WHERE run_id = ? AND target = ?"
+                f"{bound} ORDER BY seq DESC LIMIT {int(limit)}",
+                params,
+            )
+        )
+        entries = [ledger_entry_of(run_id, row) for row in rows]
+        return sorted(entries, key=lambda e: (e.seq, e.hash), reverse=True)
+
     def key_age_s(self, run_id: str, effect: str, key: str) -> float | None:
         """Seconds since the store recorded the first ledger row of ``key``, by its own clock.
 
         The store's now and the row's stamp are read in one statement, so
         both are the store's clock (the one leases are judged by), whatever
-        the caller's. ``None`` when no row of ``effect`` under ``key`` carries
-        a stamp (written before the store recorded one). Found by the effect's
+        the caller's. ``None`` when any row of ``effect`` under ``key`` lacks a
+        stamp (written before the store recorded one): the first row may be
+        one of those, so the store cannot say, and the caller's margin applies
+        (a later row's stamp would make the key look younger than it is). Found by the effect's
         index; unverified, and only ever made larger by the caller's own clock
         (``tether.core._retention``), so an edited stamp cannot make a key
         younger than the runtime says it is.
         """
         row = self._read(
             lambda: self._one(
-                f"SELECT {self.clock_sql}, MIN(stored_us) FROM tether_ledger "
+                f"SELECT {self.clock_sql}, CASE WHEN COUNT(*) = COUNT(stored_us) "
+                "THEN MIN(stored_us) END FROM tether_ledger "
                 "WHERE run_id = ? AND effect = ? AND idempotency_key = ?",
                 (run_id, index_key(effect), key),
             )

@@ -21,10 +21,15 @@ serialization failures that this scheme does not expect to see.
 
 Expiry is judged by ``clock_timestamp()`` (the server's real time, not the
 transaction's start), so workers with skewed clocks agree.
+
+A run open without a lease is held for its process by a session-level
+``pg_try_advisory_lock`` on a connection of its own, outside the pool (see
+``_runlock``): it dies with that connection, so with the process.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import select
@@ -41,7 +46,15 @@ from tether.core import (
 )
 from tether.store._engine import value_rows
 from tether.store._protocols import BeforeCommit, Commit, Lease, LeaseRequest
-from tether.store._rows import action_key, effect_key, ledger_columns, listing_values, phase_text
+from tether.store._rows import (
+    action_key,
+    effect_key,
+    ledger_columns,
+    listing_values,
+    phase_text,
+    target_key,
+)
+from tether.store._runlock import HoldsRuns, NoLock, ProcessLock
 from tether.store._schema import ACTION_KINDS, kinds_sql, migrations
 from tether.store._sql import SQLBase
 
@@ -86,12 +99,12 @@ WITH cas AS (
 ), ledger AS (
     INSERT INTO tether_ledger (run_id, hash, prev_hash, seq, idempotency_key, status,
                                action_id, intent_digest, receipt, epoch, at, terms, payload,
-                               effect, stored_us)
+                               effect, stored_us, target)
     SELECT cas.run_id, l.h, l.p, l.s, l.k, l.st, l.ac, l.i, l.r, l.ep, l.a, l.t, l.y, l.x,
-           (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT
+           (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT, l.g
       FROM cas, json_to_recordset(%s::json)
            AS l(h text, p text, s bigint, k text, st text, ac text, i text, r text,
-                ep bigint, a text, t text, y text, x text)
+                ep bigint, a text, t text, y text, x text, g text)
     RETURNING 1
 ), blobs AS (
     INSERT INTO tether_blobs (digest, body)
@@ -158,7 +171,7 @@ def _one_line(exc: BaseException) -> str:
     return text.replace("FATAL: ", "")
 
 
-class PostgresStore(SQLBase):
+class PostgresStore(SQLBase, HoldsRuns):
     """Checkpoint content, marks and leases in PostgreSQL (needs the ``[postgres]`` extra)."""
 
     blob_type = "BYTEA"
@@ -233,6 +246,8 @@ class PostgresStore(SQLBase):
         connect: dict[str, Any] = {"autocommit": True}
         if "connect_timeout" not in _conninfo(dsn) and "PGCONNECT_TIMEOUT" not in os.environ:
             connect["connect_timeout"] = connect_timeout_s
+        # For the run holds' own connection (see _try_hold).
+        self._dsn, self._connect = dsn, connect
         self._first_connection(dsn, connect, must_exist=read_only or not create)
         self._pool: ConnectionPool[Connection[Any]] = ConnectionPool(
             dsn,
@@ -389,6 +404,7 @@ class PostgresStore(SQLBase):
                 "ep": e.epoch,
                 "a": format_time(e.at),
                 "x": effect_key(e),
+                "g": target_key(e),
             }
             for e in commit.ledger
         ]
@@ -430,6 +446,21 @@ class PostgresStore(SQLBase):
     def _lock_run(self, run_id: str) -> None:
         # A hash collision only serializes two runs' appends; it never unlocks one.
         self._execute(f"SELECT pg_advisory_xact_lock({_RUN_LOCK_CLASS}, hashtext(?))", (run_id,))
+
+    def _hold_place(self) -> str:
+        return f"{self._where} (DSN {_place_key(self._dsn)})"
+
+    def _try_hold(self, run_id: str) -> ProcessLock | None:
+        if self.read_only:
+            return NoLock()  # a read-only store commits nothing, so it acts on no run
+        import psycopg
+
+        try:
+            return _AdvisoryLock.take(self._dsn, self._connect, run_id)
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(
+                f"cannot lock run {run_id!r} in PostgreSQL store {self._where}: {_one_line(exc)}"
+            ) from exc
 
     def _insert_ignore(
         self,
@@ -504,3 +535,107 @@ class PostgresStore(SQLBase):
         if isinstance(exc, psycopg.Error):
             return StoreError(f"PostgreSQL store {where} failed: {exc}")
         return None
+
+
+def _place_key(dsn: str) -> str:
+    """A short name for ``dsn`` that says nothing of its password (it names a place in errors)."""
+    return hashlib.sha256(dsn.encode()).hexdigest()[:12]
+
+
+class _HoldingConnection:
+    """The one connection of this process, per DSN, that holds its runs' advisory locks.
+
+    Outside the pool: a pooled connection is reset and handed to others, and
+    one per run would drain the pool. A session-level advisory lock dies with
+    its connection, so the server drops them all when the process dies.
+    """
+
+    def __init__(self, dsn: str, connect: dict[str, Any]) -> None:
+        import psycopg
+
+        self.dsn = dsn
+        self.conn = psycopg.connect(dsn, **connect)
+        row = self.conn.execute("SELECT current_schema()").fetchone()
+        # Advisory locks are per database; the schema tells two stores in one apart.
+        self.schema = "" if row is None or row[0] is None else str(row[0])
+        self.locks = 0
+
+    def alive(self) -> bool:
+        conn = self.conn
+        if conn.closed or conn.broken:
+            return False
+        # Idle in autocommit, the server has nothing to say unasked: a readable
+        # socket means it closed the session (a restart, a terminated backend).
+        poller = select.poll()
+        try:
+            poller.register(conn.pgconn.socket, select.POLLIN | select.POLLERR | select.POLLHUP)
+        except Exception:
+            return False
+        return not poller.poll(0)
+
+
+# DSN -> its holding connection; used only under _runlock's lock.
+_holding: dict[str, _HoldingConnection] = {}
+# Connections inherited by a forked child: never closed there (closing would end
+# the parent's session, and its locks), never used.
+_inherited: list[_HoldingConnection] = []
+
+
+class _AdvisoryLock:
+    """One run's session-level advisory lock on this process's holding connection."""
+
+    def __init__(self, holder: _HoldingConnection, key: int) -> None:
+        self._holder = holder
+        self._key = key
+        self._forgotten = False
+
+    @classmethod
+    def take(cls, dsn: str, connect: dict[str, Any], run_id: str) -> _AdvisoryLock | None:
+        holder = _holding.get(dsn)
+        if holder is not None and not holder.alive():
+            holder = None  # its locks are gone: the runs it held report it at their next check
+        if holder is None:
+            holder = _holding[dsn] = _HoldingConnection(dsn, connect)
+        digest = hashlib.sha256(f"tether-run\0{holder.schema}\0{run_id}".encode()).digest()
+        key = int.from_bytes(digest[:8], "big", signed=True)
+        row = holder.conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+        if row is None or not row[0]:
+            if holder.locks == 0:
+                _drop(holder)
+            return None
+        holder.locks += 1
+        return cls(holder, key)
+
+    def let_go(self) -> None:
+        import psycopg
+
+        if self._forgotten:
+            return  # a forked child's copy: the connection is the parent's
+        holder = self._holder
+        holder.locks -= 1
+        try:
+            if holder.alive():
+                holder.conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
+        except psycopg.Error:
+            pass  # a connection that failed holds nothing any more
+        if holder.locks <= 0:
+            _drop(holder)
+
+    def alive(self) -> bool:
+        if self._forgotten:
+            return False
+        return _holding.get(self._holder.dsn) is self._holder and self._holder.alive()
+
+    def forget(self) -> None:
+        self._forgotten = True
+        holder = self._holder
+        if _holding.get(holder.dsn) is holder:
+            del _holding[holder.dsn]
+            _inherited.append(holder)
+
+
+def _drop(holder: _HoldingConnection) -> None:
+    """Close ``holder`` (it holds no lock), and forget it."""
+    if _holding.get(holder.dsn) is holder:
+        del _holding[holder.dsn]
+    holder.conn.close()

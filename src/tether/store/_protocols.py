@@ -181,6 +181,18 @@ class ContentStore(Protocol):
         """
         ...
 
+    def ledger_on_target(
+        self, run_id: str, target: str, *, below: int | None = None, limit: int = 8
+    ) -> list[LedgerEntry]:
+        """The run's newest committed rows on ``target``, newest first: at most ``limit``.
+
+        ``target`` is a target digest (``EffectTerms.target_key``); rows with
+        seq below ``below`` only (``None``: no bound). Found by index (one
+        probe, whatever the ledger's length); unverified, strays included:
+        the caller proves each on the signed chain before using it.
+        """
+        ...
+
     def ledger_chain(
         self, run_id: str, head: str, limit: int | None = None, *, before: int | None = None
     ) -> list[LedgerEntry]:

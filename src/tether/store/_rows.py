@@ -206,6 +206,18 @@ def effect_key(entry: LedgerEntry) -> str | None:
     return index_key(None if entry.terms is None else entry.terms.effect)
 
 
+def target_key(entry: LedgerEntry) -> str | None:
+    """The ``target`` index column of ``entry``'s row: a commit's target digest, else NULL.
+
+    Only commits are indexed: the replay rule asks which effect was committed
+    on a target last (see migration 15).
+    """
+    terms = entry.terms
+    if terms is None or terms.effect is None or entry.status is not EffectStatus.COMMITTED:
+        return None
+    return terms.target_key
+
+
 def action_key(event: TraceEvent) -> str | None:
     """The ``action_id`` index column of ``event``'s row: the action id it records as taken."""
     return index_key(step_rules.action_id_of(event.kind, event.data))
@@ -218,6 +230,12 @@ def ledger_entry_of(run_id: str, row: Sequence[Any]) -> LedgerEntry:
         raise LedgerIntegrityError(
             f"run {run_id}: ledger row {entry.hash}'s effect index ({str(row[12])[:80]!r}) is "
             "not its terms' effect digest: the column was edited",
+            run_id=run_id,
+        )
+    if len(row) > 13 and row[13] != target_key(entry):
+        raise LedgerIntegrityError(
+            f"run {run_id}: ledger row {entry.hash}'s target index ({str(row[13])[:80]!r}) is "
+            "not its commit's target digest: the column was edited",
             run_id=run_id,
         )
     return entry

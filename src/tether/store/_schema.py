@@ -385,4 +385,20 @@ def migrations(
                 "ALTER TABLE tether_ledger ADD COLUMN stored_us BIGINT",
             ],
         ),
+        (
+            15,
+            [
+                # A, B, A on a target no adapter can read: the replay rule asks
+                # whether another effect was committed on the target since the
+                # one re-proposed. Each committed entry names its target (the
+                # digest of namespace, kind and target, filled by tether from the
+                # row's own terms); the newest on a target is one probe of this
+                # index, whatever the run's length. Rows written before hold NULL
+                # (a digest cannot be computed in SQL): on them the rule sees no
+                # effect in between, as it did when they were written.
+                "ALTER TABLE tether_ledger ADD COLUMN target TEXT",
+                "CREATE INDEX tether_ledger_target ON tether_ledger (run_id, target, seq) "
+                "WHERE target IS NOT NULL",
+            ],
+        ),
     ]

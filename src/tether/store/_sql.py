@@ -57,6 +57,7 @@ from tether.store._rows import (
     mark_of,
     phase_text,
     stored_int,
+    target_key,
     trace_event_of,
     ttl_micros,
 )
@@ -652,6 +653,7 @@ _LEDGER_COLUMNS = (
     "terms",
     "payload",
     "effect",
+    "target",
 )
 
 
@@ -685,6 +687,7 @@ def _ledger_row(entry: LedgerEntry) -> tuple[Any, ...]:
         terms,
         payload,
         effect_key(entry),
+        target_key(entry),
     )
 
 

@@ -9,11 +9,16 @@ timeout, and foreign keys on.
 write transaction (a CAS, a lease grant, a claim scan followed by its
 updates) runs alone: no row locks or retries are needed. The store clock is
 SQLite's own ``julianday('now')``; processes on one machine share it.
+
+A run open without a lease is held for its process by a ``flock`` on a file
+of its own in ``<database>-locks/`` (see ``_runlock``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import sqlite3
 import threading
@@ -31,6 +36,7 @@ from tether.core import (
     WriteOnceError,
 )
 from tether.store._engine import value_rows
+from tether.store._runlock import HoldsRuns, NoLock, ProcessLock
 from tether.store._schema import ACTION_KINDS, kinds_sql, migrations
 from tether.store._sql import SQLBase
 
@@ -39,7 +45,7 @@ _UNDECODABLE = "Could not decode to UTF-8"
 _SQLITE_CORRUPT = 11  # sqlite3.SQLITE_CORRUPT, named in the module only from Python 3.11
 
 
-class SQLiteStore(SQLBase):
+class SQLiteStore(SQLBase, HoldsRuns):
     """Checkpoint content and the generation mark in one SQLite file (or either alone)."""
 
     # Integer microseconds since the epoch; julianday('now') is stable within a statement.
@@ -86,6 +92,10 @@ class SQLiteStore(SQLBase):
             )
         self.path = Path(path)
         self.read_only = read_only
+        # Resolved now (a later chdir must not move the run locks away from the
+        # database), and through symlinks: every name of one file shares its locks.
+        resolved = self.path.resolve()
+        self._locks = resolved.with_name(resolved.name + "-locks")
         if (read_only or not create) and not self.path.is_file():
             # Opening would create (and a migration fill) a database nobody asked for.
             raise StoreUnavailableError(f"no SQLite store at {str(self.path)!r}")
@@ -229,6 +239,21 @@ class SQLiteStore(SQLBase):
             columns, values, rows
         )
 
+    def _hold_place(self) -> str:
+        return str(self._locks)
+
+    def _try_hold(self, run_id: str) -> ProcessLock | None:
+        if self.read_only:
+            return NoLock()  # a read-only store commits nothing, so it acts on no run
+        try:
+            self._locks.mkdir(exist_ok=True)
+            return _FileLock.take(self._locks / hashlib.sha256(run_id.encode()).hexdigest())
+        except OSError as exc:
+            raise StoreUnavailableError(
+                f"cannot lock run {run_id!r} beside SQLite store {str(self.path)!r} "
+                f"(in {str(self._locks)!r}): {exc}"
+            ) from exc
+
     def _translate(self, exc: Exception) -> TetherError | None:
         if isinstance(exc, sqlite3.IntegrityError):
             return WriteOnceError(f"SQLite refused a write-once violation: {exc}")
@@ -254,3 +279,55 @@ def _corrupt(exc: BaseException) -> bool:
         isinstance(exc, sqlite3.DatabaseError)
         and getattr(exc, "sqlite_errorcode", None) == _SQLITE_CORRUPT
     )
+
+
+class _FileLock:
+    """An exclusive ``flock`` on one run's lock file: the kernel drops it when the process dies.
+
+    One file per run (named by the SHA-256 of the run id), not byte ranges of
+    one file: a POSIX record lock (``lockf``) is dropped when the process
+    closes ANY descriptor of that file, and hashed ranges of one file can
+    collide; a ``flock`` belongs to its own descriptor only. The files are
+    empty and never deleted: unlinking one while another process waits to
+    lock it would let two processes hold two different files of one name.
+    """
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self._fd: int | None = fd
+        self._path = path
+        self._inode = os.fstat(fd).st_ino
+
+    @classmethod
+    def take(cls, path: Path) -> _FileLock | None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd, path)
+
+    def let_go(self) -> None:
+        self._close()  # closing the only descriptor drops the flock
+
+    def alive(self) -> bool:
+        # A lock file deleted or replaced under us no longer keeps others out.
+        if self._fd is None:
+            return False
+        try:
+            return os.stat(self._path).st_ino == self._inode
+        except OSError:
+            return False
+
+    def forget(self) -> None:
+        self._close()  # the child's copy of the descriptor only: the parent's lock stays
+
+    def _close(self) -> None:
+        # Once only: the number may name another file after it is closed.
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)

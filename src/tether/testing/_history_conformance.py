@@ -89,6 +89,48 @@ def test_ledger_rows_are_read_by_seq_range_and_by_effect(tether_store: Any) -> N
     expect_eq(tether_store.ledger_for_effect("other", e1), [], "another run")
 
 
+def test_commits_are_read_by_target_newest_first(tether_store: Any) -> None:
+    """ledger_on_target gives a target's commits newest first, below a seq, a page at a time."""
+    e1, e2 = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    rows = _entries(6, [e1, e2])  # targets f0.txt .. f5.txt: one commit each
+    tether_store.commit(make_commit("r", 1, ledger=rows), 0)
+    target = rows[3].terms.target_key if rows[3].terms is not None else ""
+    expect_eq(tether_store.ledger_on_target("r", target), [rows[3]], "f3.txt's one commit")
+    expect_eq(tether_store.ledger_on_target("r", target, below=4), [], "none below seq 4")
+    expect_eq(tether_store.ledger_on_target("other", target), [], "another run")
+    # Many commits on f0.txt (and a row that is not a commit, never indexed).
+    same: list[LedgerEntry] = []
+    after = rows[-1]
+    for i in range(5):
+        (row,) = _entries(1, [e1 if i % 2 else e2], after=after)
+        same.append(row)
+        after = row
+    dispatched = seal_entry(
+        "r",
+        after.seq + 1,
+        after.hash,
+        idempotency_key="k-open",
+        status=EffectStatus.DISPATCHED,
+        action_id="a-open",
+        intent_digest="sha256:" + "1" * 64,
+        receipt=None,
+        epoch=1,
+        at=after.at,
+        terms=after.terms,
+    )
+    tether_store.commit(make_commit("r", 2, ledger=[*same, dispatched]), 1)
+    key = same[0].terms.target_key if same[0].terms is not None else ""
+    newest = [*reversed(same), rows[0]]  # rows[0] names f0.txt too
+    expect_eq(tether_store.ledger_on_target("r", key, limit=2), newest[:2], "the newest two")
+    expect_eq(
+        tether_store.ledger_on_target("r", key, below=newest[1].seq, limit=8),
+        newest[2:],
+        "the page below",
+    )
+    with pytest.raises(StoreError):
+        tether_store.ledger_on_target("r", key, limit=0)
+
+
 def test_the_ledger_and_trace_read_by_page_from_the_head(tether_store: Any) -> None:
     """ledger_chain and trace(before=) give each row of the chain once, newest pages first."""
     rows = _entries(7, ["sha256:" + "a" * 64])
@@ -150,6 +192,7 @@ def test_trace_events_are_found_by_action_id_and_by_landmark_kind(tether_store: 
 
 
 __all__ = [
+    "test_commits_are_read_by_target_newest_first",
     "test_ledger_rows_are_read_by_seq_range_and_by_effect",
     "test_the_ledger_and_trace_read_by_page_from_the_head",
     "test_trace_events_are_found_by_action_id_and_by_landmark_kind",

@@ -16,8 +16,9 @@ name as a read is an effect**, guarded by tether's protocol. The file:
       "tools": {
         "transfer": {"needs_approval": true, "risk": "high"},
         "send_email": {"sensitive": true},
-        "create_issue": {"errors_are_refusals": true},
-        "charge": {"accepts_key": true}
+        "create_issue": {"errors_are_refusals": true, "targets": "collection"},
+        "charge": {"accepts_key": true},
+        "write_file": {"targets": "state"}
       },
       "approval_ttl_s": 900
     }
@@ -31,8 +32,13 @@ the arguments and the result, never their text), ``errors_are_refusals``
 ask again; by default an error answer is recorded like any answer: the
 tool may have acted before failing), ``accepts_key`` (``true``: the
 operator vouches that the tool deduplicates by the key in ``_meta``;
-``false``: ignore the server's own declaration of it). ``authority`` is
-passed to tether's :class:`~tether.core.Policy` as it is.
+``false``: ignore the server's own declaration of it), ``targets`` (what
+a call acts on, for a call equal to an earlier one with another call of
+the tool between them, A, B, A: ``"state"``, each call sets what the tool's
+target holds, so A is sent again; ``"collection"``, each call makes its own
+object, so the third is the first, replayed; not declared, a person
+decides, ``repeat_or_revert``: the server's hints are never read for it).
+``authority`` is passed to tether's :class:`~tether.core.Policy` as it is.
 
 A name the upstream does not offer is refused when the gateway starts: a
 typo must not leave a tool ungated. :func:`run_rules` turns the file and the
@@ -55,7 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether.core import CanonicalJSONError as _JSONError
-from tether.core import EnvironmentState, Policy, Risk, SpecError, TaskSpec, strict_loads
+from tether.core import EnvironmentState, Policy, Risk, SpecError, Targets, TaskSpec, strict_loads
 from tether.core._actions import RUNTIME_KINDS
 from tether.core._fields import Fields
 from tether.core._spec import MAX_APPROVAL_TTL_S, MAX_COUNT, MAX_WALL_TIME_S
@@ -97,6 +103,8 @@ class ToolRule:
     errors_are_refusals: bool = False
     #: ``None``: as the upstream's tool listing declares.
     accepts_key: bool | None = None
+    #: What a call acts on (A, B, A): declared per tool, never by a hint.
+    targets: Targets = Targets.UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,9 +205,20 @@ def _rule(f: Fields, base: ToolRule, *, top: bool) -> ToolRule:
             else base.errors_are_refusals
         ),
         accepts_key=None if top or not f.has("accepts_key") else f.bool("accepts_key"),
+        targets=Targets.UNKNOWN if top or not f.has("targets") else _targets(f),
     )
     f.done()
     return rule
+
+
+def _targets(f: Fields) -> Targets:
+    text = f.str("targets")
+    try:
+        return Targets(text)
+    except ValueError:
+        f.fail(
+            f.name("targets"), f"unknown targets {text!r}; use one of {[t.value for t in Targets]}"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -192,6 +192,7 @@ def forwarding_effect(
         retention_s=retention if accepts_key else None,
         refusals=(ToolRefusedError,),
         committed_at=RECEIVED_AT,
+        targets=rule.targets,
         namespace=NAMESPACE,
         instance=instance,
     )

@@ -20,6 +20,7 @@ _KINDS = {
     "test": "tests.run",
     "write": "file.write",
     "ticket": "ticket.create",
+    "board": "board.set",
 }
 
 
@@ -58,8 +59,8 @@ class SimAgent:
 
     plan: tuple[Item, ...]
     incarnation: int
-    #: The plan kinds it tries again after a replan ("write", "ticket").
-    redo: frozenset[str] = frozenset({"write", "ticket"})
+    #: The plan kinds it tries again after a replan ("write", "ticket", "board").
+    redo: frozenset[str] = frozenset({"write", "ticket", "board"})
     calls: int = 0
     faults: AgentFaults = field(default_factory=AgentFaults)
 
@@ -86,6 +87,8 @@ class SimAgent:
             args: dict[str, Any] = {"content": item.value}
         elif item.kind == "ticket":
             args = {"title": item.value}
+        elif item.kind == "board":
+            args = {"value": item.value}
         else:
             args = {}
         action_id, based_on = self.faults.built_on(action_id, observation.environment.version)

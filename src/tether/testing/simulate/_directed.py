@@ -161,8 +161,28 @@ READS = (
     _TICKET,
     Item("finish"),
 )
+#: A, B, A on the status board (a state nothing reads), then A once more: written
+#: again where the board is declared a state, replayed only the last time.
+BOARD_PLAN = (
+    *(Item("board", "board", v) for v in ("green", "red", "green", "green")),
+    Item("finish"),
+)
+#: Cases played against every mix, numbered from :data:`LATER_FROM` on (so a case added
+#: to CASES, which shifts the second round's numbers, never moves their seeds).
+LATER_CASES: dict[str, tuple[Event, ...]] = {
+    "board_reverted": motif("step step step step step step"),
+    "board_reverted_crash": motif(
+        "step step crash_point:effect_sent step step step step step step"
+    ),
+}
+#: Where LATER_CASES' numbers start (directed seed ``1_000_000 + LATER_FROM + n``).
+LATER_FROM = 5_000
 #: Cases played with plans of their own (instead of PLANS).
-CASE_PLANS: dict[str, tuple[tuple[Item, ...], ...]] = {"stale_actions": (READS,)}
+CASE_PLANS: dict[str, tuple[tuple[Item, ...], ...]] = {
+    "stale_actions": (READS,),
+    "board_reverted": (BOARD_PLAN,),
+    "board_reverted_crash": (BOARD_PLAN,),
+}
 #: Cases whose scenario differs in more than its events (the gated kinds, the clause).
 CASE_FIELDS: dict[str, dict[str, Any]] = {
     "approval_under_old_policy": {"gated": ("file.write",), "policy_change": "new_occurrence"},
@@ -190,10 +210,13 @@ def capability_mixes(remote: bool) -> tuple[Capabilities, ...]:
     """
     base = Capabilities(idempotent=True, queryable=True, conditional_writes=False)
     limit = 120.0 if remote else None  # a remote service may declare an in-flight limit
+    # The file workspace keeps its keys for ever (as FileWorkspace declares): its writes'
+    # receipts ride on the next commit; a remote service's keys are kept 60 s.
+    kept = 60.0 if remote else None
     return tuple(
         replace(c, stateful=not remote)
         for c in (
-            replace(base, retention_s=60.0),
+            replace(base, retention_s=kept),
             replace(base, idempotent=False, absent_is_final=False, in_flight_limit_s=limit),
             replace(base, idempotent=False, queryable=False),
             replace(base, queryable=False, retention_s=60.0, in_flight_limit_s=limit),
@@ -212,7 +235,14 @@ def directed(knobs: frozenset[str] = CI_KNOBS) -> list[Scenario]:
     index = 0
     mixes = len(capability_mixes(False))
     rounds = (range(FIRST_MIXES), range(FIRST_MIXES, mixes))
-    for chosen, (name, events) in itertools.product(rounds, CASES.items()):
+    played = [
+        (name, events, chosen, False)
+        for chosen, (name, events) in itertools.product(rounds, CASES.items())
+    ]
+    played += [(name, events, range(mixes), True) for name, events in LATER_CASES.items()]
+    for name, events, chosen, later in played:
+        if later and index < LATER_FROM:
+            index = LATER_FROM
         for mix, plan in itertools.product(chosen, CASE_PLANS.get(name, PLANS)):
             index += 1
             if not allowed(events, knobs) or not _route_allowed(events, knobs):
@@ -247,7 +277,7 @@ def _route_allowed(events: tuple[Event, ...], knobs: frozenset[str]) -> bool:
 
 def case_of(scenario: Scenario) -> str:
     """The name of the directed case a scenario plays (for reports)."""
-    for name, events in CASES.items():
+    for name, events in {**CASES, **LATER_CASES}.items():
         if events == scenario.events:
             return name
     return "?"

@@ -9,7 +9,9 @@ Numbered as in issue 25:
 2. no effect reaches the world without the approval its policy required at
    the moment it was sent; no gated effect is reported ``replayed`` unapproved;
 3. every write reported ``executed`` or ``replayed`` is what the world holds
-   for that target afterwards, and a replay's receipt is one the adapter holds;
+   for that target afterwards (a file, and the remote status board, a state
+   nothing reads back for the run: A, B, A must leave A), and a replay's
+   receipt is one the adapter holds;
 4. an effect whose outcome is unknown and cannot be settled by an
    authoritative look-up (blind adapter, key forgotten) is never followed by
    another send, nor by the end of the run, before the run reached review;

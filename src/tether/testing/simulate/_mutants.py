@@ -201,6 +201,17 @@ def _reverts_swallowed(real: Any) -> Any:
     return judge
 
 
+def _state_reverts_swallowed(real: Any) -> Any:
+    def overwritten_verdict(capabilities: Any, overwritten: bool) -> Any:
+        from tether.core import Targets
+
+        if capabilities.targets is Targets.STATE:
+            return None  # A, B, A on a declared state answered by A's receipt, as a collection
+        return real(capabilities, overwritten)
+
+    return overwritten_verdict
+
+
 def _foreign_receipt_answers(real: Any) -> Any:
     def judge_unsettled(facts: Any, known: Any) -> Any:
         from dataclasses import replace
@@ -421,6 +432,11 @@ def _mutants() -> dict[str, Mutant]:
                 "replay_swallows_reverts",
                 "a replay answers a write whose target no longer holds what it left (A, B, A)",
                 ((replay_rules, "judge", _reverts_swallowed),),
+            ),
+            Mutant(
+                "replay_swallows_state_reverts",
+                "a replay answers A, B, A on a target declared a state that nothing reads",
+                ((replay_rules, "overwritten_verdict", _state_reverts_swallowed),),
             ),
             Mutant(
                 "replay_foreign_receipt",

@@ -92,15 +92,16 @@ def rules(
         "tests.run": "workspace.read",
         "file.write": "workspace.write",
         "ticket.create": "service.write",
+        "board.set": "service.write",
     }
     if not remote:
-        del perms["ticket.create"]
+        del perms["ticket.create"], perms["board.set"]
     task = TaskSpec.from_json(
         {
             "task_id": "sim",
             "task_version": "1",
             "allowed_kinds": sorted(perms),
-            "allowed_paths": ["src/", "tickets"],
+            "allowed_paths": ["src/", "tickets", "board"],
             "permissions": sorted(set(perms.values())),
             "budgets": {
                 "proposals": scenario.proposals,
@@ -116,7 +117,7 @@ def rules(
     gated = {
         "first": set(scenario.gated),
         "looser": set(),
-        "stricter": {"file.write", "ticket.create"},
+        "stricter": {"file.write", "ticket.create", "board.set"},
     }[variant]
     clause = {"first": scenario.policy_change, "looser": "new_occurrence"}.get(
         variant, scenario.policy_change

@@ -55,15 +55,23 @@ def reported(sim: Simulation, slot: Any, outcome: Any) -> None:
                 f"{action} ({item}) reported {outcome.kind.value}, "
                 f"but {item.target} holds {held!r}",
             )
+    if item.kind == "board":
+        # A state nothing reads for the run: only the ledger can tell A, B, A apart.
+        shows = sim.board.shows.get(item.target)
+        if shows != item.value:
+            sim.judge.fail(
+                3,
+                f"{action} ({item}) reported {outcome.kind.value}, but the board shows {shows!r}",
+            )
     if outcome.kind is OutcomeKind.REPLAYED:
-        kind = "file.write" if item.kind == "write" else "ticket.create"
+        kind = {"write": "file.write", "ticket": "ticket.create"}.get(item.kind, "board.set")
         rule = sim.in_force.kinds.get(kind)
         gated = rule is not None and rule.needs_approval
         replayed = _replay_event(slot, action)
         now = sim.clock.seconds
         if gated and not _replay_approved(sim, action, replayed, now):
             sim.judge.fail(2, f"{action} ({item}) was replayed without an approval")
-        caps = sim.scenario.tickets if item.kind == "ticket" else sim.scenario.workspace
+        caps = sim.scenario.workspace if item.kind == "write" else sim.scenario.tickets
         if replayed is not None and replayed[2] == "review":
             # A person's signed ``landed`` answers for a key the adapter no longer
             # holds (that is why a person was asked): the replay must stand on such a
@@ -79,7 +87,7 @@ def reported(sim: Simulation, slot: Any, outcome: Any) -> None:
             # Where the adapter cannot be asked, the signed ledger holds the only
             # copy of its receipt: the world's content (above) is what is judged.
             key, receipt_id, _ = replayed
-            adapter = sim.tickets if item.kind == "ticket" else sim.workspace
+            adapter = {"ticket": sim.tickets, "board": sim.board}.get(item.kind, sim.workspace)
             held_receipt = adapter.held(key)
             # (The receipt id, not the fingerprint: the composite adapter
             # translates a workspace receipt's post-state into its own identity.)

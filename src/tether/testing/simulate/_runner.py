@@ -53,9 +53,16 @@ from tether.testing.simulate._process import KEYRING, LEASE_TTL_S, SimRuntime, S
 from tether.testing.simulate._reports import reported
 from tether.testing.simulate._scenario import FILES, RUN_ID, Event, Scenario
 from tether.testing.simulate._store import SimStore
-from tether.testing.simulate._world import SimClock, SimIds, SimTickets, SimWorkspace, World
+from tether.testing.simulate._world import (
+    SimBoard,
+    SimClock,
+    SimIds,
+    SimTickets,
+    SimWorkspace,
+    World,
+)
 
-_ITEM_KIND = {"file.write": "write", "ticket.create": "ticket"}
+_ITEM_KIND = {"file.write": "write", "ticket.create": "ticket", "board.set": "board"}
 #: Drain iterations (one scheduler decision each) a healthy run may take to end.
 DRAIN_BOUND = 120
 #: Errors that say tether's own invariants broke (nothing in the simulated world tampers
@@ -112,7 +119,9 @@ class Simulation:
         self.world = World(self.clock, self.ids)
         self.workspace = SimWorkspace(self.world, scenario.workspace, {f: "0" for f in FILES})
         self.tickets = SimTickets(self.world, scenario.tickets)
-        self.adapter = Adapters(self.workspace, self.tickets)
+        # A second remote service, of the tickets' capabilities: a state no adapter reads.
+        self.board = SimBoard(self.world, scenario.tickets)
+        self.adapter = Adapters(self.workspace, self.tickets, self.board)
         env = self.adapter.environment()
         self.task, self.policy = rules(scenario, env.state_fingerprint, env.namespace)
         self._fingerprint, self._namespace = env.state_fingerprint, env.namespace
@@ -164,7 +173,7 @@ class Simulation:
     def _slot(self, index: int, store: SimStore) -> Slot:
         crash = CrashPlan()
         self.incarnations += 1
-        redo = {"write", "ticket"}
+        redo = {"write", "ticket", "board"}
         if "gated_repeats" not in self.scenario.knobs:
             # Trying a gated action again after a replan is a gated repeat.
             redo -= {_ITEM_KIND[k] for k in self.scenario.gated}
@@ -250,7 +259,8 @@ class Simulation:
             ),
             committed=self._committed_now() if self.judge.unknowable else self.committed,
         )
-        caps = self.scenario.tickets if r.namespace == "tickets" else self.scenario.workspace
+        remote = r.namespace in {"tickets", "board"}
+        caps = self.scenario.tickets if remote else self.scenario.workspace
         if caps.blind and r.sent_at == r.at:
             # (A request that lands late from in flight was unknown when it was
             # sent, and judged then: the run had to reach review before going on.)
@@ -510,8 +520,11 @@ class Simulation:
             self._die(slot)
 
     def restored(self) -> None:
-        """The workspace was put back to a snapshot: what last changed a file is gone."""
+        """The workspace was put back to a snapshot: what last changed a file is gone
+        (the board is remote: a rewind leaves what it shows)."""
+        shown = {t: i for t, i in self.judge.last_change.items() if t in self.board.shows}
         self.judge.last_change.clear()
+        self.judge.last_change.update(shown)
 
     def _on_drift(self, event: Event) -> None:
         self._adapter(event).drop_newest(self._committed_now(), tamper=event.num > 0)
@@ -579,6 +592,7 @@ class Simulation:
         """Heal the world, let people answer, and step until the run ends (and its neighbour)."""
         self.workspace.faults = type(self.workspace.faults)()
         self.tickets.heal()
+        self.board.heal()
         self.agent.errors = self.agent.stale = 0
         if self.policy is not self.in_force:
             self._deploy(self.in_force)  # the operator puts back the policy in force

@@ -64,13 +64,17 @@ RUN_ID = "run-sim"
 FILES = ("src/a.txt", "src/b.txt")
 CONTENTS = ("A", "B", "C")
 TITLES = ("printer", "laptop")
+#: What the status board can show (its one target: ``board``).
+SHOWS = ("green", "red")
+#: What a plan sets on the board, in order: A, B, A above all (a state written back).
+BOARD_RUNS = (("green", "red", "green"), ("green", "green"), ("red", "green", "red", "red"))
 
 
 @dataclass(frozen=True, slots=True)
 class Item:
     """One step of the agent's plan: a kind, a target, and the content or title."""
 
-    kind: str  # read, test, write, ticket, finish
+    kind: str  # read, test, write, ticket, board, finish
     target: str = ""
     value: str = ""
 
@@ -183,6 +187,8 @@ def draw(
     if "people" in knobs:
         gated = tuple(k for k in ("file.write", "ticket.create") if rng.random() < 0.3)
     plan = _plan(rng, knobs, gated)
+    # From a stream of its own too (seeds drawn before it keep their plans where it adds none).
+    plan = _board(random.Random(seed * 7919 + 5), plan, knobs)
     # From a stream of its own, so that adding it moved no other seed's draw.
     clause = random.Random(seed * 7919 + 1).choice(("refuse", "new_occurrence"))
     drawn = _events(rng, knobs, events)
@@ -250,6 +256,19 @@ def _plan(rng: random.Random, knobs: frozenset[str], gated: tuple[str, ...]) -> 
                 items.append(Item("ticket", "tickets", title))  # the same ticket again
     items.append(Item("finish"))
     return tuple(items)
+
+
+def _board(rng: random.Random, plan: tuple[Item, ...], knobs: frozenset[str]) -> tuple[Item, ...]:
+    """Now and then, writes to the status board set among the plan's items (before finish)."""
+    if rng.random() >= 0.3:
+        return plan
+    runs = [r for r in BOARD_RUNS if "reverted_writes" in knobs or len(set(r)) == 1]
+    values = rng.choice(runs)
+    items = list(plan[:-1])
+    spots = sorted(rng.randrange(len(items) + 1) for _ in values)
+    for offset, (spot, value) in enumerate(zip(spots, values, strict=True)):
+        items.insert(spot + offset, Item("board", "board", value))
+    return (*items, plan[-1])
 
 
 def _events(rng: random.Random, knobs: frozenset[str], count: int) -> tuple[Event, ...]:

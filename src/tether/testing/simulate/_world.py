@@ -32,6 +32,7 @@ from tether.core import (
     LookupInconclusiveError,
     Receipt,
     TargetKind,
+    Targets,
     canonical_bytes,
     digest,
     format_time,
@@ -40,6 +41,8 @@ from tether.testing._sandbox import Sandbox
 
 EPOCH = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 TICKET = ActionKind("ticket.create", ActionClass.WRITE, TargetKind.PATH, frozenset({"title"}))
+#: A status board: each write sets what its one target shows (a state no adapter reads).
+BOARD = ActionKind("board.set", ActionClass.WRITE, TargetKind.PATH, frozenset({"value"}))
 
 
 class SimClock:
@@ -259,7 +262,8 @@ class SimTickets(RemoteEffect, _Fenced):
     def __init__(self, world: World, caps: Capabilities) -> None:
         self._kind = TICKET
         self._namespace = "tickets"
-        self._capabilities = replace(caps, stateful=False)
+        # Each ticket filed is its own object: declared so (A, B, A replays the first).
+        self._capabilities = replace(caps, stateful=False, targets=Targets.COLLECTION)
         self._caps = self._capabilities
         self.world = world
         self.faults = Faults()
@@ -401,6 +405,71 @@ class SimTickets(RemoteEffect, _Fenced):
             identity=f"{intent.target}:{canonical_bytes(dict(intent.args)).decode()}",
             lease_version=_fence_version(fence),
             changed=True,
+            sent_at=sent_at,
+        )
+        return receipt
+
+
+class SimBoard(SimTickets):
+    """A remote status board: each write replaces what its target shows (declared a state).
+
+    Nothing reads it back for the run (no ``holds``): only the ledger can tell
+    that another value was set since an equal write (A, B, A). :attr:`shows`
+    is the truth the judge reads.
+    """
+
+    def __init__(self, world: World, caps: Capabilities) -> None:
+        super().__init__(world, caps)
+        self._kind = BOARD
+        self._namespace = "board"
+        self._capabilities = replace(caps, stateful=False, targets=Targets.STATE)
+        self._caps = self._capabilities
+        #: Target -> what the board shows now.
+        self.shows: dict[str, str] = {}
+
+    @property
+    def instance_id(self) -> str:
+        return "board-1"
+
+    def normalize(self, kind: str, target: str, args: dict[str, Any]) -> dict[str, Any]:
+        self._check_kind(kind)
+        if set(args) != {"value"} or not isinstance(args["value"], str):
+            raise ContractViolationError("bad_args", "board.set takes a value only")
+        return {"value": args["value"]}
+
+    def _apply(
+        self,
+        key: str,
+        intent: Intent,
+        prestate: EnvironmentState,
+        fence: Fence | None,
+        sent_at: float | None = None,
+    ) -> Receipt:
+        value = str(intent.args.get("value"))
+        before = self.shows.get(intent.target)
+        self.shows[intent.target] = value
+        seq = len(self.world.receptions) + 1
+        receipt = Receipt(
+            namespace=self._namespace,
+            adapter_version=self.ADAPTER_VERSION,
+            receipt_id=f"bd-{seq}",
+            idempotency_key=key,
+            intent_digest=intent.digest,
+            result={"shows": value},
+            business_object_id=intent.target,
+            committed_at=format_time(self.world.clock.now()),
+            post_state=prestate,
+        )
+        self._receipts[key] = (receipt, self.world.clock.seconds)
+        self.world.receive(
+            namespace=self._namespace,
+            key=key,
+            intent_digest=intent.digest,
+            kind=intent.kind,
+            target=intent.target,
+            identity=f"{intent.target}={value}",
+            lease_version=_fence_version(fence),
+            changed=before != value,
             sent_at=sent_at,
         )
         return receipt

@@ -1,0 +1,176 @@
+"""A, B, A on targets tether cannot read: real HTTP on loopback, and a function's own body.
+
+The third write is the first one's effect again. Whether it must be sent
+(a state written back) or answered from the first's receipt (a collection:
+sending it would be a duplicate) is what the target is, as declared: PUT
+is a state by its method's definition, a POST says so only when declared,
+and an undeclared one goes to a person.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tether
+from tether import effects
+from tether.adapters import HttpConfigError, HttpEffect
+from tether.core import NeedsReviewError, Phase, ReviewReason
+
+
+@dataclass
+class Service:
+    """What the loopback service holds: one value per settings path, and every ticket."""
+
+    url: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+    puts: list[tuple[str, Any]] = field(default_factory=list)
+    tickets: list[Any] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@pytest.fixture
+def service() -> Iterator[Service]:
+    held = Service()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _body(self) -> Any:
+            return json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))))
+
+        def _answer(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_PUT(self) -> None:
+            body = self._body()
+            with held.lock:
+                held.settings[self.path] = body
+                held.puts.append((self.path, body))
+            self._answer(200, {"path": self.path, "value": body})
+
+        def do_POST(self) -> None:
+            body = self._body()
+            with held.lock:
+                held.tickets.append(body)
+                number = len(held.tickets)
+            self._answer(201, {"ticket_id": number, **body})
+
+        def log_message(self, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    held.url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield held
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _calls(rt: tether.Runtime, run_id: str, kind: str, target: str, bodies: list[Any]) -> list[str]:
+    """Each body sent in turn to ``target``; the outcome of each (a review case: its reason)."""
+    seen: list[str] = []
+    with effects.run(rt, run_id):
+        for body in bodies:
+            try:
+                seen.append(effects.call(kind, target, {"json": body}).outcome)
+            except NeedsReviewError as exc:
+                seen.append(str(exc.reason))
+                break
+    return seen
+
+
+def test_put_a_b_a_writes_a_again_and_the_service_holds_a(tmp_path: Path, service: Service) -> None:
+    """PUT A, B, A: three requests reach the service and it holds A; A once more is replayed."""
+    with HttpEffect(service.url, method="PUT", timeout_s=5) as put:
+        rt = tether.guard(tmp_path / "runs.sqlite", put)
+        a, b = {"theme": "dark"}, {"theme": "light"}
+        outcomes = _calls(rt, "r1", "http.put", "settings/theme", [a, b, a, a])
+    assert outcomes == ["executed", "executed", "executed", "replayed"]
+    assert [body for _, body in service.puts] == [a, b, a]
+    assert service.settings == {"/settings/theme": a}
+
+
+def test_put_a_b_a_across_a_restart_reads_the_ledger_by_index(
+    tmp_path: Path, service: Service
+) -> None:
+    """A and B in one process, A in the next (a new session over the same file): sent again."""
+    a, b = {"theme": "dark"}, {"theme": "light"}
+    with HttpEffect(service.url, method="PUT", timeout_s=5) as put:
+        rt = tether.guard(tmp_path / "runs.sqlite", put)
+        assert _calls(rt, "r1", "http.put", "settings/theme", [a, b]) == ["executed"] * 2
+    with HttpEffect(service.url, method="PUT", timeout_s=5) as put:
+        rt = tether.guard(tmp_path / "runs.sqlite", put)
+        assert _calls(rt, "r1", "http.put", "settings/theme", [a, a]) == ["executed", "replayed"]
+    assert service.settings == {"/settings/theme": a} and len(service.puts) == 3
+
+
+def test_an_undeclared_post_a_b_a_goes_to_a_person_and_sends_nothing(
+    tmp_path: Path, service: Service
+) -> None:
+    """POST A, B, A with nothing declared: the third is neither sent nor replayed; two tickets."""
+    with HttpEffect(service.url, timeout_s=5) as post:
+        rt = tether.guard(tmp_path / "runs.sqlite", post)
+        printer, laptop = {"title": "printer"}, {"title": "laptop"}
+        outcomes = _calls(rt, "r1", "http.post", "tickets", [printer, laptop, printer])
+        assert outcomes == ["executed", "executed", ReviewReason.REPEAT_OR_REVERT.value]
+        session = rt.recover("r1")
+    assert session.state.phase is Phase.NEEDS_REVIEW
+    case = session.state.review_cases[-1]
+    assert "tether fork" in case.detail and "duplicate" in case.detail
+    assert service.tickets == [printer, laptop]
+
+
+def test_a_post_declared_a_collection_replays_the_third(tmp_path: Path, service: Service) -> None:
+    """POST declared a collection, A, B, A: the third is the first's receipt; two tickets."""
+    with HttpEffect(service.url, targets="collection", timeout_s=5) as post:
+        rt = tether.guard(tmp_path / "runs.sqlite", post)
+        printer, laptop = {"title": "printer"}, {"title": "laptop"}
+        outcomes = _calls(rt, "r1", "http.post", "tickets", [printer, laptop, printer])
+    assert outcomes == ["executed", "executed", "replayed"]
+    assert service.tickets == [printer, laptop]
+
+
+def test_a_put_cannot_be_declared_a_collection() -> None:
+    """What RFC 9110 defines a PUT to be is not the user's to declare otherwise."""
+    with pytest.raises(HttpConfigError, match="RFC 9110"):
+        HttpEffect("http://127.0.0.1:9", method="PUT", targets="collection")
+
+
+def test_a_function_effect_declared_a_state_sets_its_target_back(tmp_path: Path) -> None:
+    """A function effect declared targets="state", A, B, A: the body runs three times."""
+    bodies: list[str] = []
+
+    @tether.effect("topic.set", targets="state")
+    def set_topic(channel: str, topic: str) -> dict[str, str]:
+        bodies.append(topic)
+        return {"topic": topic}
+
+    @tether.effect("note.add")
+    def add_note(channel: str, text: str) -> dict[str, str]:
+        bodies.append(text)
+        return {"text": text}
+
+    rt = tether.guard(tmp_path / "runs.sqlite", set_topic, add_note)
+    with effects.run(rt, "r1"):
+        done = [set_topic("#ops", t) for t in ("A", "B", "A", "A")]
+        assert [d.outcome for d in done] == ["executed", "executed", "executed", "replayed"]
+        add_note("#ops", "hi")
+        add_note("#ops", "bye")
+        with pytest.raises(NeedsReviewError) as caught:
+            add_note("#ops", "hi")  # undeclared: a revert or a duplicate, a person says
+    assert caught.value.reason == ReviewReason.REPEAT_OR_REVERT
+    assert bodies == ["A", "B", "A", "hi", "bye"]
