@@ -607,7 +607,8 @@ class FunctionEffect(RemoteEffect):
             "how": "the body was handed this key (tether.current_key()): look in the system "
             "it called for a request under it (an Idempotency-Key, a client token); found, "
             "sign landed with its id; not there, sign not_landed (the body runs once more "
-            "with the same key)",
+            "with the same key). Where the card warns that a look-up by key proves nothing "
+            "(the service forgot it), look for what the body made by its content instead",
         }
 
     def target_holds(self, intent: Intent) -> bool | None:

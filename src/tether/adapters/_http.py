@@ -497,7 +497,8 @@ class HttpEffect(RemoteEffect):
         hints["how"] = (
             "find the object the request created in the service (its records, logs or UI, "
             "by that key): found, sign landed with its id or URL; not there, sign not_landed "
-            "(it is sent again under the same key)"
+            "(it is sent again under the same key). Where the card warns that a look-up by "
+            "key proves nothing (the service forgot it), look for the object by its content"
         )
         return hints
 

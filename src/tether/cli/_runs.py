@@ -103,7 +103,9 @@ def add_runs(sub: Any, seconds: Any) -> None:
         "ends it. With --app: take the run's lease in this process and end it now "
         "(factory(store, run_id, worker) -> Runtime). Either way a write that never left is "
         "dropped (the ledger says so), one that may have been sent is looked up first: "
-        "committed -> recorded, absent -> dropped, unknowable -> needs_review. A run frozen "
+        "committed -> recorded, in flight or unreachable -> the cancel waits, absent or "
+        "unknowable -> needs_review (a look-up that finds nothing cannot prove a worker that "
+        "lost its lease is not still sending: a reviewer decides). A run frozen "
         "for review is ended by a reviewer's abort instead. A cancelled run can't be resumed.",
     )
     cancel.add_argument("run_id", metavar="RUN")

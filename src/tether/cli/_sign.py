@@ -111,7 +111,8 @@ def add_signing(sub: Any, seconds: Any) -> None:
         "--evidence",
         metavar="TEXT",
         help="what you found: a message id, a receipt id, a URL (landed and compensate need "
-        "it; any decision may carry it as a note). It is signed with the decision.",
+        "it; not_landed needs what you searched where the card warns that a look-up by key "
+        "proves nothing; any decision may carry it as a note). It is signed with the decision.",
     )
     fork = sub.add_parser(
         "fork",

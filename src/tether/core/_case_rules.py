@@ -35,13 +35,28 @@ the adapter, asked by the case's key  the ``not_landed``
 ===================================  =========================================
 holds a receipt (any intent)          refused: it landed (sign ``landed``)
 still in flight                       refused: wait, then decide again
-unreachable                           not consumed: read again once it answers
+unreachable                           refused: decide again once it answers,
+                                      or sign ``abort`` / ``landed`` now
 recorded the request as refused       stands: the adapter agrees
-absent, final, key within retention   stands: the adapter agrees
-absent otherwise, inconclusive        stands on the person's word (unproven)
+absent, final, key within retention,  stands: the adapter agrees
+no takeover since the send
+absent otherwise, inconclusive        stands only with evidence (what the
+                                      person searched, not the key); refused
+                                      without it
 cannot be asked by key                stands on the person's word (unproven);
                                       the case card warns before signing
 ===================================  =========================================
+
+An unreachable adapter refuses the decision rather than leaving it unread:
+an unread decision holds the case (a second one is refused at delivery), so
+a person could not sign ``abort`` or ``landed`` until it expired.
+
+"Absent otherwise": the service may have forgotten the key (past its
+declared retention, :mod:`tether.core._retention`), its absence is not
+declared final, or a worker whose lease lapsed may still be inside the send
+and its adapter's absence does not outlive a takeover (the settle rule's
+``absence_outlives_takeover``). A look-up by key proves nothing then, so
+the person must have looked for the effect itself, and say where.
 """
 
 from __future__ import annotations
@@ -430,20 +445,48 @@ class NotLandedCheck(StrEnum):
     LANDED = "landed"
     #: Refused: the adapter is still carrying a request under the key out.
     IN_FLIGHT = "in_flight"
-    #: Not consumed yet: the adapter could not be reached.
+    #: Refused: the adapter could not be reached (decide again once it answers).
     UNREACHABLE = "unreachable"
+    #: Refused: the adapter's absence proves nothing now and the decision does not say
+    #: what the person searched instead of the key.
+    UNSEARCHED = "unsearched"
+
+
+def absence_doubt(*, absent_is_final: bool, remembered: bool, taken_over: bool) -> str:
+    """Why a look-up by key that finds nothing proves nothing now ('' where it is final).
+
+    ``taken_over``: a worker whose lease lapsed sent the write and its
+    adapter's absence does not outlive that (it may still be inside the send).
+    """
+    if not remembered:
+        return "the service may have forgotten the key (it is older than its declared retention)"
+    if not absent_is_final:
+        return "the service does not declare that a key it does not know was never used"
+    if taken_over:
+        return (
+            "the worker that sent it lost its lease and may still be inside the call, about "
+            "to send it"
+        )
+    return ""
 
 
 def check_not_landed(
-    answer: LookupAnswer | None, *, absent_is_final: bool, remembered: bool
+    answer: LookupAnswer | None,
+    *,
+    absent_is_final: bool,
+    remembered: bool,
+    taken_over: bool = False,
+    evidence: bool = False,
 ) -> NotLandedCheck:
     """What ``answer`` (``None``: the adapter cannot be asked by key) makes of a ``not_landed``.
 
     ``absent_is_final``: the adapter's absence is final under the terms the
     write was sent under and those declared now; ``remembered``: the key is
     within the adapter's retention (``tether.core._retention``, on the
-    store's clock too). Any receipt under the key refuses it, another
-    intent's included: the key is taken, so a resend could not be ours.
+    store's clock too); ``taken_over``: see :func:`absence_doubt`;
+    ``evidence``: the decision says what the person found (searched for the
+    effect itself). Any receipt under the key refuses it, another intent's
+    included: the key is taken, so a resend could not be ours.
     """
     if answer is None:
         return NotLandedCheck.UNPROVEN
@@ -456,17 +499,26 @@ def check_not_landed(
         return NotLandedCheck.UNREACHABLE
     if status is LookupStatus.REFUSED:
         return NotLandedCheck.STANDS
-    if status is LookupStatus.ABSENT and absent_is_final and remembered:
+    doubt = absence_doubt(
+        absent_is_final=absent_is_final, remembered=remembered, taken_over=taken_over
+    )
+    if status is LookupStatus.ABSENT and not doubt:
         return NotLandedCheck.STANDS
-    return NotLandedCheck.UNPROVEN
+    return NotLandedCheck.UNPROVEN if evidence else NotLandedCheck.UNSEARCHED
 
 
 def refuse_not_landed(
-    case: ReviewCase, state: RunState, check: NotLandedCheck, answer: LookupAnswer | None
+    case: ReviewCase,
+    state: RunState,
+    check: NotLandedCheck,
+    answer: LookupAnswer | None,
+    *,
+    doubt: str = "",
 ) -> DecisionRefusedError | None:
     """The refusal a ``not_landed`` gets when the adapter contradicts it, else ``None``.
 
-    The message names what the adapter reported, and what to do instead.
+    The message names what the adapter reported (``doubt``: why its absence
+    proves nothing now, :func:`absence_doubt`), and what to do instead.
     """
     key = case.idempotency_key
     fits = tuple(d.value for d in fitting(case_kind(case, state)))
@@ -507,5 +559,38 @@ def refuse_not_landed(
             decision=ReviewDecision.NOT_LANDED.value,
             fits=fits,
             found="in_flight",
+        )
+    if check is NotLandedCheck.UNREACHABLE:
+        detail = "" if answer is None or not answer.detail else f" ({answer.detail})"
+        message = (
+            f"case {case.case_id}: not_landed refused: the service could not be asked about key "
+            f"{key}{detail}, and a write it may hold cannot be declared never landed unasked; "
+            "decide again when it answers, or sign abort or landed now (the case is free for "
+            "another decision)"
+        )
+        return DecisionRefusedError(
+            message,
+            case_id=case.case_id,
+            reason=case.reason,
+            decision=ReviewDecision.NOT_LANDED.value,
+            fits=fits,
+            found="unreachable",
+        )
+    if check is NotLandedCheck.UNSEARCHED:
+        why = doubt or "the adapter's answer proves nothing"
+        message = (
+            f"case {case.case_id}: not_landed refused: a look-up by key {key} proves nothing "
+            f"now ({why}); look for the effect itself in the system it called (what it made, "
+            "by its content: a ticket by its title, a message by its subject), not for the "
+            "key, and sign not_landed again with evidence saying what you searched (or landed "
+            "with what you found)"
+        )
+        return DecisionRefusedError(
+            message,
+            case_id=case.case_id,
+            reason=case.reason,
+            decision=ReviewDecision.NOT_LANDED.value,
+            fits=fits,
+            found="unsearched",
         )
     return None

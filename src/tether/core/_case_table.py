@@ -33,11 +33,13 @@ which takes a signed fork.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from tether.core._errors import DecisionRefusedError
-from tether.core._model import ReviewCase
+from tether.core._model import ReviewCase, parse_time_text
 from tether.core._phases import EffectStatus, ReviewReason
+from tether.core._retention import UNMEASURED_SKEW_S
 from tether.core._state import RunState
 
 
@@ -204,7 +206,38 @@ def fitting(kind: CaseKind) -> tuple[ReviewDecision, ...]:
     return tuple(d for d in _OFFERED if d in TABLE[kind])
 
 
-def not_landed_warning(kind: CaseKind, protected: bool | None) -> str:
+#: The label of the hint a freeze records where a look-up by key that finds nothing
+#: proves nothing (its text says why); the case card warns on it.
+KEY_LOOKUP_HINT = "key look-up"
+#: The label of the hint a freeze records where the adapter declares a retention: when
+#: the service forgets the key, about (by the runtime's clock at the send).
+KEY_KEPT_HINT = "key kept until"
+
+
+def key_doubt(hints: dict[str, str], now: datetime | None) -> str:
+    """Why a look-up by the case's key may prove nothing when shown at ``now`` ('' if it can).
+
+    From the freeze's hints: :data:`KEY_LOOKUP_HINT` always; :data:`KEY_KEPT_HINT`
+    once ``now`` is within the tolerated skew of it (``None``: the reader has no
+    clock, and is warned). The not_landed check decides on both clocks
+    (``tether.core._retention``); the card errs towards the warning.
+    """
+    told = hints.get(KEY_LOOKUP_HINT, "")
+    if told:
+        return told
+    kept = hints.get(KEY_KEPT_HINT)
+    if kept is None:
+        return ""
+    try:
+        until = parse_time_text(kept)
+    except ValueError:
+        until = None
+    if now is None or until is None or now >= until - timedelta(seconds=UNMEASURED_SKEW_S):
+        return f"the service may have forgotten the key: it keeps keys until about {kept}"
+    return ""
+
+
+def not_landed_warning(kind: CaseKind, protected: bool | None, key_doubt: str = "") -> str:
     """What a person reads before signing ``not_landed`` where tether cannot check it ('' if none).
 
     Before a ``not_landed`` is consumed the runtime asks the adapter by key,
@@ -212,9 +245,22 @@ def not_landed_warning(kind: CaseKind, protected: bool | None) -> str:
     (``tether.core._case_rules.check_not_landed``). ``protected``: that
     check can be made (the adapter can be asked by key), or a resend is
     deduplicated by the callee anyway; ``None``: the ledger read did not
-    say, so the person is warned.
+    say, so the person is warned. ``key_doubt``: the freeze's
+    :data:`KEY_LOOKUP_HINT` (why a look-up by key may prove nothing): the
+    person must look for the effect itself, and say what they searched.
     """
-    if protected or ReviewDecision.NOT_LANDED not in TABLE[kind]:
+    if ReviewDecision.NOT_LANDED not in TABLE[kind]:
+        return ""
+    if key_doubt:
+        return (
+            f"a look-up by this key may prove nothing ({key_doubt}): a service that answers "
+            "'not found' for the key has not shown that the write never landed. Look for the "
+            "effect itself in the system it called (what it made, by its content: a ticket "
+            "by its title, a message by its subject), not for the key; where tether cannot "
+            "confirm the absence, not_landed is refused unless its evidence says what you "
+            "searched (--evidence)"
+        )
+    if protected:
         return ""
     return (
         "tether cannot ask this write's adapter by its key whether it landed or is still in "

@@ -552,8 +552,10 @@ class DecisionRefusedError(EvidenceError):
     ``case_id`` and ``reason`` name the case, ``decision`` what was signed,
     ``fits`` the decisions the case takes. ``found``: what the adapter,
     asked by the case's key, reported that contradicts the decision
-    (``landed``, ``in_flight``; ``""`` where the adapter was not the reason):
-    a ``not_landed`` is refused while the write landed or may still land.
+    (``landed``, ``in_flight``, ``unreachable``, or ``unsearched``: its
+    absence proves nothing now and the decision named no search; ``""``
+    where the adapter was not the reason): a ``not_landed`` is refused while
+    the write landed or may still land, or nobody can say it did not.
     """
 
     def __init__(

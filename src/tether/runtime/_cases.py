@@ -5,7 +5,10 @@ The operator page's case card and ``tether review``'s prompt both show
 arguments, key, when it was sent), where to look for it in the world (the
 adapter's hints, recorded with the freeze), the receipt the adapter holds
 if any, the decisions the case takes, and a warning where a ``not_landed``
-cannot be checked against the adapter (it cannot be asked by key). Nothing is cut: arguments are
+cannot be checked against the adapter (it cannot be asked by key) or where a
+look-up by key may prove nothing (the key past the service's retention,
+absence not final, a takeover since the send: look for the effect itself, not
+the key). Nothing is cut: arguments are
 shown whole (a person must never sign for content they did not see).
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from tether.core import (
@@ -30,6 +34,7 @@ from tether.core._case_table import (
     case_kind,
     earlier_key,
     fitting,
+    key_doubt,
     needs_evidence,
     not_landed_warning,
 )
@@ -67,7 +72,8 @@ class CaseEffect:
     #: ledger recorded it; ``None`` where the entries read did not say.
     compensation: str | None = None
     #: What a person must know before signing ``not_landed`` ('' if nothing): tether
-    #: cannot ask the write's adapter whether it is still in flight (``not_landed_warning``).
+    #: cannot ask the write's adapter whether it is still in flight, or a look-up by key
+    #: may prove nothing now (``not_landed_warning``).
     warning: str = ""
 
     @property
@@ -109,13 +115,18 @@ def pretty(value: Any) -> str:
 
 
 def case_effect(
-    state: RunState, case: ReviewCase, ledger: Iterable[LedgerEntry] = ()
+    state: RunState,
+    case: ReviewCase,
+    ledger: Iterable[LedgerEntry] = (),
+    now: datetime | None = None,
 ) -> CaseEffect:
     """What ``case`` in ``state`` is about, for the person who decides it.
 
     ``ledger``: entries the reader holds (a page of them is enough: the
     freeze's own entry is the newest); where one says the write's kind cannot
-    be undone by the runtime, ``compensate`` is not offered.
+    be undone by the runtime, ``compensate`` is not offered. ``now``: when it
+    is shown, to judge whether the service may have forgotten the key
+    (``None``: the card warns wherever the adapter declares a retention).
     """
     kind = case_kind(case, state)
     key = earlier_key(case) if kind is CaseKind.UNKNOWN_EARLIER else case.idempotency_key
@@ -143,7 +154,7 @@ def case_effect(
         "detail": case.detail,
         "opened_at": format_time(case.opened_at),
         "receipt": case.receipt,
-        "warning": not_landed_warning(kind, protected)
+        "warning": not_landed_warning(kind, protected, key_doubt(_hints(case, key), now))
         if ReviewDecision.NOT_LANDED in offered
         else "",
     }

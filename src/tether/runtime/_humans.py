@@ -13,6 +13,7 @@ from typing import Any
 
 from tether.adapters import (
     UnresolvedWriteError,
+    absence_outlives_takeover,
     capabilities_for,
     look_up,
     offers_compensation,
@@ -51,7 +52,7 @@ from tether.core._compensation import compensated_effect
 from tether.core._evidence import check_approval, check_decision
 from tether.core._retention import remembered
 from tether.core._terms import settling_capabilities
-from tether.core._transition import EffectRef, Lookup, Transition
+from tether.core._transition import EffectRef, Lookup, LookupAnswer, LookupStatus, Transition
 from tether.crypto import Role, TrustRoots
 from tether.runtime import _cancel, _hints
 from tether.runtime._view import Runtime, Session
@@ -229,11 +230,24 @@ def review(session: Session, document: Any, *, cursor: int | None = None) -> Run
             now=rt.clock.now(),
             ttl_s=rt.policy.approval_ttl_s,
         )
-        drift = _reread(rt, state, case, body)
         if decision == ReviewDecision.NOT_LANDED:
             # The adapter's word first: a write it holds, or still carries out, did
             # not "not land" (a refusal names what it found; drift refreshes the case).
-            _check_not_landed(session, state, case, settlement(case, state, decision))
+            # One it cannot be asked now refuses the decision rather than leaving it
+            # unread: unread, it would hold the case against an abort or a landed.
+            try:
+                drift = _reread(rt, state, case, body)
+                _check_not_landed(session, state, case, settlement(case, state, decision), body)
+            except AdapterUnavailableError as exc:
+                unreachable = LookupAnswer(LookupStatus.UNAVAILABLE, detail=str(exc))
+                refused = case_rules.refuse_not_landed(
+                    case, state, case_rules.NotLandedCheck.UNREACHABLE, unreachable
+                )
+                if refused is None:  # the rule refuses every unreachable answer
+                    raise
+                raise refused from exc
+        else:
+            drift = _reread(rt, state, case, body)
         if drift is not None:
             raise ReviewDriftError(drift[0])
         settled = settlement(case, state, decision)
@@ -272,15 +286,20 @@ def review(session: Session, document: Any, *, cursor: int | None = None) -> Run
 
 
 def _check_not_landed(
-    session: Session, state: RunState, case: ReviewCase, settled: Settlement
+    session: Session,
+    state: RunState,
+    case: ReviewCase,
+    settled: Settlement,
+    body: dict[str, Any],
 ) -> None:
     """Ask the adapter by the case's key before a ``not_landed`` is consumed.
 
     Refused (:class:`~tether.core.DecisionRefusedError`, naming what was
-    found) when it holds a receipt or reports the request still in flight;
-    an adapter that cannot be reached raises its own error, so the decision
-    is read again once it answers. Where it cannot be asked, or its answer
-    proves nothing, the person's word stands (the case card warned them).
+    found) when it holds a receipt, reports the request still in flight, or
+    cannot be reached, and when its absence proves nothing now (the key past
+    its retention, absence not final, or a takeover since the send) unless
+    the decision's evidence says what the person searched. Where it cannot be
+    asked at all, the person's word stands (the case card warned them).
     """
     pending = state.pending
     if (
@@ -302,18 +321,24 @@ def _check_not_landed(
         if answer is not None and settling.retention_s is not None
         else None
     )
+    # The settle rule's own: sent by an earlier worker (leases on, so its lease
+    # lapsed or it let go), its absence proves nothing unless the adapter's
+    # absence outlives a takeover (it fences the older worker out).
+    taken_over = session.sent_by_another(pending.idempotency_key) and not absence_outlives_takeover(
+        rt.adapter, pending.intent
+    )
+    kept = remembered(settling.retention_s, rt.clock.now(), pending.proposed_at, age)
     check = case_rules.check_not_landed(
         answer,
         absent_is_final=settling.absent_is_final,
-        remembered=remembered(settling.retention_s, rt.clock.now(), pending.proposed_at, age),
+        remembered=kept,
+        taken_over=taken_over,
+        evidence=bool(str(body.get("evidence") or "").strip()),
     )
-    if check is case_rules.NotLandedCheck.UNREACHABLE and answer is not None:
-        raise AdapterUnavailableError(
-            f"run {state.run_id}: the adapter could not be asked about key "
-            f"{pending.idempotency_key} before a not_landed ({answer.detail}); the decision "
-            "is read again once it answers"
-        )
-    refused = case_rules.refuse_not_landed(case, state, check, answer)
+    doubt = case_rules.absence_doubt(
+        absent_is_final=settling.absent_is_final, remembered=kept, taken_over=taken_over
+    )
+    refused = case_rules.refuse_not_landed(case, state, check, answer, doubt=doubt)
     if refused is not None:
         raise refused
 

@@ -181,7 +181,7 @@ def prepare_review(
     if state.phase is not Phase.NEEDS_REVIEW or case is None:
         raise PolicyError(f"run {state.run_id} has no open review case {case_id!r}")
     _role(signer, Role.REVIEWER, "decide a review")
-    effect = case_effect(state, case, view.ledger)
+    effect = case_effect(state, case, view.ledger, now)
     if decision == ReviewDecision.COMPENSATE.value and is_compensation(effect.action_id):
         raise CompensationRefusedError(
             f"run {state.run_id}: the write {effect.action_id!r} is itself a compensation, "

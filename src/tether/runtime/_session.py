@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 from tether.adapters import (
@@ -42,6 +43,7 @@ from tether.core import (
     Outcome,
     OutcomeKind,
     OutcomeReason,
+    PendingWrite,
     Phase,
     PolicyError,
     Proposal,
@@ -52,14 +54,18 @@ from tether.core import (
     SpecError,
     TetherError,
     TraceEvent,
+    format_time,
 )
 from tether.core import _replay as replay_rules
 from tether.core import _settle as settle_rules
 from tether.core import _steps as step_rules
+from tether.core._case_rules import absence_doubt
+from tether.core._case_table import KEY_KEPT_HINT, KEY_LOOKUP_HINT
 from tether.core._commit import noted_write
 from tether.core._evidence import awaits_approval
 from tether.core._held import AfterSettle, HeldKind, after_settle, held_kind
 from tether.core._retry import step_progressed
+from tether.core._terms import settling_capabilities
 from tether.core._transition import (
     Durability,
     Execute,
@@ -130,6 +136,20 @@ class RunSession(Committing):
             if pending is not None and pending.status is EffectStatus.DISPATCHED
             else None
         )
+        #: The key of a write an earlier session sent and left unsettled (dispatched, or
+        #: frozen with its outcome unknown): with leases on, the worker that sent it may
+        #: have lost its lease inside the call (the not_landed check judges by it).
+        self.sent_before: str | None = (
+            pending.idempotency_key
+            if pending is not None
+            and pending.status in {EffectStatus.DISPATCHED, EffectStatus.OUTCOME_UNKNOWN}
+            else None
+        )
+
+    def sent_by_another(self, key: str) -> bool:
+        """Whether the write under ``key`` was sent by an earlier worker that held a lease
+        (so it may have lost it inside the call and still be about to send)."""
+        return self.lease is not None and self.sent_before == key
 
     @property
     def run_id(self) -> str:
@@ -308,7 +328,39 @@ class RunSession(Committing):
         pending = self.state.pending
         if pending is None or not pending.mutating:
             return None
-        return where_to_look(self.rt.adapter, pending.idempotency_key, pending.intent) or None
+        hints = dict(where_to_look(self.rt.adapter, pending.idempotency_key, pending.intent))
+        hints.update(self._key_hints(pending))
+        return hints or None
+
+    def _key_hints(self, pending: PendingWrite) -> dict[str, str]:
+        """What the case card needs to warn that a look-up by ``pending``'s key may prove nothing.
+
+        Recorded with the freeze: absence not declared final, or a send by a
+        worker whose lease may have lapsed inside the call
+        (:data:`KEY_LOOKUP_HINT`); and, where the adapter declares a retention,
+        when it forgets the key (:data:`KEY_KEPT_HINT`), which the card judges
+        by the time it is shown.
+        """
+        rt = self.rt
+        caps = settling_capabilities(
+            capabilities_for(rt.adapter, pending.intent),
+            self.history.sent_under(pending, rt.effect_digest),
+        )
+        if not caps.queryable:
+            return {}  # the card's own warning covers a write that cannot be asked
+        hints: dict[str, str] = {}
+        if caps.retention_s is not None:
+            forgotten = pending.proposed_at + timedelta(seconds=caps.retention_s)
+            hints[KEY_KEPT_HINT] = format_time(forgotten)
+        taken_over = self.sent_by_another(pending.idempotency_key) and not (
+            absence_outlives_takeover(rt.adapter, pending.intent)
+        )
+        doubt = absence_doubt(
+            absent_is_final=caps.absent_is_final, remembered=True, taken_over=taken_over
+        )
+        if doubt:
+            hints[KEY_LOOKUP_HINT] = doubt
+        return hints
 
     def ask(self, call: Lookup) -> LookupAnswer:
         """Ask the adapter about a write by its key (the lease is checked first)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from tether.core import LedgerEntry, RunState, StoreError, format_time
@@ -96,7 +97,7 @@ def arrange(view: RunView, evidence: list[Evidence]) -> RunPage:
     return RunPage(
         view=view,
         effects=list(reversed(view.effects())),  # the newest effect first
-        cases=cases(view.state, signed, view.ledger),
+        cases=cases(view.state, signed, view.ledger, view.read_at),
         expiries=expiries,
         pending_signed=pending_signed,
     )
@@ -153,12 +154,13 @@ def cases(
     state: RunState,
     signed: list[tuple[Signed, dict[str, Any]]] | None = None,
     ledger: Iterable[LedgerEntry] = (),
+    now: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """Open review cases: the write in question whole, where to look, the adapter's receipt,
     and the decision a person signed for it, if one waits in the inbox."""
     out: list[dict[str, Any]] = []
     for case in state.review_cases:
-        effect = case_effect(state, case, ledger)
+        effect = case_effect(state, case, ledger, now)
         receipt = case.receipt or {}
         out.append(
             {

@@ -149,7 +149,9 @@ def review(sim: Simulation, event: Event) -> None:
         elif kind is CaseKind.UNKNOWN_EARLIER:
             return  # nothing to find: its effect is sent again only by a fork
         else:
-            decision = "not_landed"
+            # What was searched, as a person must say where a key look-up proves nothing
+            # (past retention, absence not final, a takeover): the world itself.
+            decision, evidence = "not_landed", f"no reception under {key} in the world"
     now = sim.clock.now()
     try:
         body = new_decision(
