@@ -336,7 +336,7 @@ def test_a_receipt_whose_commit_lost_the_lease_is_settled_by_the_recovery(
 def test_two_processes_on_one_run_with_leases_the_second_is_refused(
     tmp_path: Path, declared: str
 ) -> None:
-    """Leases on: refused while the first is in the body, then a replay. Off: both run it, one key."""
+    """Leases on: refused while the first is in the body, then a replay. Off: the run is held by the first process, the second refused."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     argv = [sys.executable, "-m", "tests.integration._fnchild", str(tmp_path), f"two:{declared}"]
     (tmp_path / "hold").write_text("")
@@ -378,12 +378,11 @@ def test_two_processes_on_one_run_with_leases_the_second_is_refused(
         assert third.stdout.strip() == "replayed", third.stderr
         assert len(seen(tmp_path, "entered")) == 1 and len(seen(tmp_path, "charge")) == 1
     else:
-        # No lease, no owner: the second recovers the dispatched write and, as the
-        # function declares the callee deduplicates, sends it again under the SAME key;
-        # the first is told its receipt could not be recorded (documented).
-        assert second.stdout.strip() == "executed", second.stderr
-        assert out.strip() == "EffectUnrecordedError", err
-        assert len(seen(tmp_path, "charge")) == 2
+        # No lease: the first process holds the run while it lives (a flock beside the
+        # SQLite file), so the second is refused before it sends anything.
+        assert second.stdout.strip() == "RunBusyError", second.stderr
+        assert out.strip() == "executed", err
+        assert len(seen(tmp_path, "charge")) == 1
     assert len(keys) == 1  # whatever happened, one key: a deduplicating callee acts once
 
 
