@@ -91,16 +91,28 @@ async def timed(calls: int, make: Callable[[int], Awaitable[Any]]) -> list[float
     out = []
     for i in range(calls):
         start = time.perf_counter()
-        await make(i)
+        answer = await make(i)
         out.append((time.perf_counter() - start) * 1000)
+        if getattr(answer, "is_error", False):  # an error answer is fast and measures nothing
+            raise SystemExit(f"bench/mcp.py: a call was answered with an error: {answer}")
     return out
+
+
+def rows(path: Path) -> int:
+    """The notes an upstream's SQLite file holds: the effects that side's upstream received."""
+    with sqlite3.connect(path) as con:
+        return int(con.execute("SELECT COUNT(*) FROM notes").fetchone()[0])
 
 
 async def main(calls: int, rounds: int, where: Path) -> None:
     from tether.crypto import Keyring
 
     Keyring.generate("bench-mcp").write_file(where / "keyring.json")
-    (where / "policy.json").write_text('{"reads": ["count_notes"]}')
+    # add_note makes a note of its own per call: a collection, so the replay of "again"
+    # after other notes is answered from the record (undeclared, it would go to a person).
+    (where / "policy.json").write_text(
+        '{"reads": ["count_notes"], "tools": {"add_note": {"targets": "collection"}}}'
+    )
     upstream = [sys.executable, "-m", "tests.integration._mcp_upstream"]
 
     def started(*args: str) -> StdioServerParameters:
@@ -167,6 +179,13 @@ async def main(calls: int, rounds: int, where: Path) -> None:
                     rounds_of.setdefault((name, kind), []).append(statistics.median(times))
             serial += calls
     commit = bare_commit_ms(where)
+    # Every effect reached each upstream once; the gateway's replays reached it never.
+    sent = rounds * calls + 1
+    files = zip(names, ("direct", "proxy", "gated"), strict=True)
+    received = {n: rows(where / f"{f}.sqlite") for n, f in files}
+    expected = {"direct": sent + rounds * calls, "proxy": sent + rounds * calls, "gateway": sent}
+    if received != expected:
+        raise SystemExit(f"bench/mcp.py: upstream rows {received}, expected {expected}")
 
     def added(side: str, base: str, kind: str) -> float:
         """The median over rounds of the per-round difference of medians."""
