@@ -7,6 +7,7 @@ says so.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -33,7 +34,14 @@ try:
 except RunBusyError:
     print("busy", flush=True)
     sys.exit(0)
-print("held", flush=True)
+helper = 0
+if sys.argv[3:] == ["fork"]:
+    import os, time
+    helper = os.fork()
+    if helper == 0:  # a helper forked without exec that outlives this process
+        time.sleep(60)
+        os._exit(0)
+print("held", helper, flush=True)
 sys.stdin.readline()
 hold.release()
 print("released", flush=True)
@@ -55,9 +63,9 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 class Other:
     """The other process, holding (or trying to hold) one run."""
 
-    def __init__(self, url: str, run_id: str) -> None:
+    def __init__(self, url: str, run_id: str, *extra: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _OTHER, url, run_id],
+            [sys.executable, "-c", _OTHER, url, run_id, *extra],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -98,7 +106,7 @@ def test_a_run_held_by_a_live_process_is_refused_and_free_as_soon_as_it_is_kille
     store = _open(url)
     other = Other(url, "r1")
     try:
-        assert other.said() == "held"
+        assert other.said() == "held 0"
         with pytest.raises(RunBusyError) as refused:
             store.hold_run("r1")
         assert refused.value.run_id == "r1" and "lease_ttl_s" in str(refused.value)
@@ -135,7 +143,7 @@ def test_one_process_shares_its_hold_and_the_last_release_frees_the_run(url: str
     b.release()
     other = Other(url, "r")
     try:
-        assert other.said() == "held"
+        assert other.said() == "held 0"
         other.tell()
         assert other.said() == "released"
         first.hold_run("r").release()  # free again after a clean release, at once
@@ -217,3 +225,31 @@ def test_a_dropped_postgres_connection_loses_the_hold_and_the_next_opener_takes_
             hold.check()  # the lost one stays refused
         hold.release()
         again.release()
+
+
+def test_a_helper_forked_by_a_killed_holder_does_not_keep_its_run_held(url: str) -> None:
+    """A process holding a run forks a helper (no exec) and is killed: the run opens at once while the helper lives."""
+    store = _open(url)
+    other = Other(url, "r1", "fork")
+    said = other.said().split()
+    assert said[0] == "held" and int(said[1]) > 0
+    helper = int(said[1])
+    try:
+        with pytest.raises(RunBusyError):
+            store.hold_run("r1")
+        other.kill()
+        started = time.monotonic()
+        hold: RunHold | None = None
+        while hold is None:
+            try:
+                hold = store.hold_run("r1")
+            except RunBusyError:
+                if time.monotonic() - started > 5:
+                    raise
+                time.sleep(0.01)
+        os.kill(helper, 0)  # the helper still lives: it held nothing
+        hold.release()
+    finally:
+        other.end()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(helper, signal.SIGKILL)

@@ -239,10 +239,11 @@ def test_a_call_made_again_after_another_is_answered_from_the_record_until_a_for
     assert setup.rows() == 3
 
 
-def test_a_call_made_again_after_another_on_an_undeclared_tool_waits_for_a_person(
+def test_a_call_made_again_after_another_on_a_tool_declared_unknown_waits_for_a_person(
     setup: Setup,
 ) -> None:
-    """A, B, A on a tool the policy says nothing of: the third is neither sent nor answered from the first, a person decides (repeat_or_revert)."""
+    """A, B, A on a tool the policy declares unknown: the third is neither sent nor answered from the first, a person decides (repeat_or_revert)."""
+    setup.policy = {"reads": ["count_notes"], "tools": {"add_note": {"targets": "unknown"}}}
 
     async def main() -> None:
         async with connected(setup.gateway()) as client:

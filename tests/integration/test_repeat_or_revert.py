@@ -21,7 +21,7 @@ import pytest
 
 import tether
 from tether import effects
-from tether.adapters import HttpConfigError, HttpEffect
+from tether.adapters import HttpEffect
 from tether.core import NeedsReviewError, Phase, ReviewReason
 
 
@@ -93,9 +93,11 @@ def _calls(rt: tether.Runtime, run_id: str, kind: str, target: str, bodies: list
     return seen
 
 
-def test_put_a_b_a_writes_a_again_and_the_service_holds_a(tmp_path: Path, service: Service) -> None:
-    """PUT A, B, A: three requests reach the service and it holds A; A once more is replayed."""
-    with HttpEffect(service.url, method="PUT", timeout_s=5) as put:
+def test_put_a_b_a_declared_a_state_writes_a_again_and_the_service_holds_a(
+    tmp_path: Path, service: Service
+) -> None:
+    """PUT declared a state, A, B, A: three requests reach the service and it holds A; A once more is replayed."""
+    with HttpEffect(service.url, method="PUT", targets="state", timeout_s=5) as put:
         rt = tether.guard(tmp_path / "runs.sqlite", put)
         a, b = {"theme": "dark"}, {"theme": "light"}
         outcomes = _calls(rt, "r1", "http.put", "settings/theme", [a, b, a, a])
@@ -109,20 +111,46 @@ def test_put_a_b_a_across_a_restart_reads_the_ledger_by_index(
 ) -> None:
     """A and B in one process, A in the next (a new session over the same file): sent again."""
     a, b = {"theme": "dark"}, {"theme": "light"}
-    with HttpEffect(service.url, method="PUT", timeout_s=5) as put:
+    with HttpEffect(service.url, method="PUT", targets="state", timeout_s=5) as put:
         rt = tether.guard(tmp_path / "runs.sqlite", put)
         assert _calls(rt, "r1", "http.put", "settings/theme", [a, b]) == ["executed"] * 2
-    with HttpEffect(service.url, method="PUT", timeout_s=5) as put:
+    with HttpEffect(service.url, method="PUT", targets="state", timeout_s=5) as put:
         rt = tether.guard(tmp_path / "runs.sqlite", put)
         assert _calls(rt, "r1", "http.put", "settings/theme", [a, a]) == ["executed", "replayed"]
     assert service.settings == {"/settings/theme": a} and len(service.puts) == 3
 
 
-def test_an_undeclared_post_a_b_a_goes_to_a_person_and_sends_nothing(
+@pytest.mark.parametrize("method", ["POST", "PUT"])
+def test_a_program_rerun_from_its_top_sends_nothing_it_sent_before(
+    tmp_path: Path, service: Service, method: str
+) -> None:
+    """Undeclared (the default): A, B in one process, the same program rerun from the top asks A, B again: both replayed, nothing sent twice (outside attack b3, b5)."""
+    kind, target = ("http.post", "tickets") if method == "POST" else ("http.put", "site/mode")
+    a, b = {"title": "A", "on": True}, {"title": "B", "on": False}
+    for _ in range(2):
+        with HttpEffect(service.url, method=method, timeout_s=5) as effect:
+            rt = tether.guard(tmp_path / "runs.sqlite", effect)
+            outcomes = _calls(rt, "r1", kind, target, [a, b])
+    assert outcomes == ["replayed", "replayed"]
+    sent = service.tickets if method == "POST" else [body for _, body in service.puts]
+    assert sent == [a, b]
+
+
+def test_an_undeclared_post_a_b_a_replays_the_third(tmp_path: Path, service: Service) -> None:
+    """POST with nothing declared (a collection by default), A, B, A: the third is the first's receipt; two tickets."""
+    with HttpEffect(service.url, timeout_s=5) as post:
+        rt = tether.guard(tmp_path / "runs.sqlite", post)
+        printer, laptop = {"title": "printer"}, {"title": "laptop"}
+        outcomes = _calls(rt, "r1", "http.post", "tickets", [printer, laptop, printer])
+    assert outcomes == ["executed", "executed", "replayed"]
+    assert service.tickets == [printer, laptop]
+
+
+def test_a_post_declared_unknown_a_b_a_goes_to_a_person_and_sends_nothing(
     tmp_path: Path, service: Service
 ) -> None:
-    """POST A, B, A with nothing declared: the third is neither sent nor replayed; two tickets."""
-    with HttpEffect(service.url, timeout_s=5) as post:
+    """POST declared targets="unknown", A, B, A: the third is neither sent nor replayed; two tickets."""
+    with HttpEffect(service.url, targets="unknown", timeout_s=5) as post:
         rt = tether.guard(tmp_path / "runs.sqlite", post)
         printer, laptop = {"title": "printer"}, {"title": "laptop"}
         outcomes = _calls(rt, "r1", "http.post", "tickets", [printer, laptop, printer])
@@ -134,22 +162,6 @@ def test_an_undeclared_post_a_b_a_goes_to_a_person_and_sends_nothing(
     assert service.tickets == [printer, laptop]
 
 
-def test_a_post_declared_a_collection_replays_the_third(tmp_path: Path, service: Service) -> None:
-    """POST declared a collection, A, B, A: the third is the first's receipt; two tickets."""
-    with HttpEffect(service.url, targets="collection", timeout_s=5) as post:
-        rt = tether.guard(tmp_path / "runs.sqlite", post)
-        printer, laptop = {"title": "printer"}, {"title": "laptop"}
-        outcomes = _calls(rt, "r1", "http.post", "tickets", [printer, laptop, printer])
-    assert outcomes == ["executed", "executed", "replayed"]
-    assert service.tickets == [printer, laptop]
-
-
-def test_a_put_cannot_be_declared_a_collection() -> None:
-    """What RFC 9110 defines a PUT to be is not the user's to declare otherwise."""
-    with pytest.raises(HttpConfigError, match="RFC 9110"):
-        HttpEffect("http://127.0.0.1:9", method="PUT", targets="collection")
-
-
 def test_a_function_effect_declared_a_state_sets_its_target_back(tmp_path: Path) -> None:
     """A function effect declared targets="state", A, B, A: the body runs three times."""
     bodies: list[str] = []
@@ -159,7 +171,7 @@ def test_a_function_effect_declared_a_state_sets_its_target_back(tmp_path: Path)
         bodies.append(topic)
         return {"topic": topic}
 
-    @tether.effect("note.add")
+    @tether.effect("note.add", targets="unknown")
     def add_note(channel: str, text: str) -> dict[str, str]:
         bodies.append(text)
         return {"text": text}
@@ -171,6 +183,6 @@ def test_a_function_effect_declared_a_state_sets_its_target_back(tmp_path: Path)
         add_note("#ops", "hi")
         add_note("#ops", "bye")
         with pytest.raises(NeedsReviewError) as caught:
-            add_note("#ops", "hi")  # undeclared: a revert or a duplicate, a person says
+            add_note("#ops", "hi")  # declared unknown: a revert or a duplicate, a person says
     assert caught.value.reason == ReviewReason.REPEAT_OR_REVERT
     assert bodies == ["A", "B", "A", "hi", "bye"]

@@ -295,11 +295,12 @@ def test_declared_proofs_become_the_adapters_capabilities() -> None:
 
 
 def test_what_a_target_is_is_declared_never_guessed() -> None:
-    """Undeclared is unknown; targets= says state or collection; holds= reads a state."""
+    """Undeclared is a collection (an equal call is answered from its record); targets= says state, collection or unknown; holds= reads a state."""
 
     def post(channel: str, text: str) -> None: ...
 
-    assert FunctionEffect(KIND, post).capabilities.targets is Targets.UNKNOWN
+    assert FunctionEffect(KIND, post).capabilities.targets is Targets.COLLECTION
+    assert FunctionEffect(KIND, post, targets="unknown").capabilities.targets is Targets.UNKNOWN
     assert FunctionEffect(KIND, post, targets="state").capabilities.targets is Targets.STATE
     declared = FunctionEffect(KIND, post, targets=Targets.COLLECTION).capabilities
     assert declared.targets is Targets.COLLECTION and not declared.tracks_targets

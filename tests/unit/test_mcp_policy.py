@@ -169,13 +169,13 @@ def test_a_policy_file_is_parsed_strictly() -> None:
 
 
 def test_what_a_tools_target_is_is_declared_per_tool_only() -> None:
-    """targets: state or collection per tool; unknown otherwise; never a default for every tool."""
+    """targets: state, collection or unknown per tool; a collection otherwise; never a default for every tool."""
     policy = GatewayPolicy.from_json(
         {"tools": {"add_note": {"targets": "collection"}, "charge": {"targets": "state"}}}
     )
     assert policy.rule("add_note").targets is Targets.COLLECTION
     assert policy.rule("charge").targets is Targets.STATE
-    assert policy.rule("other").targets is Targets.UNKNOWN
+    assert policy.rule("other").targets is Targets.COLLECTION
     with pytest.raises(SpecError, match="targets"):
         GatewayPolicy.from_json({"tools": {"add_note": {"targets": "maybe"}}})
     with pytest.raises(SpecError):

@@ -67,6 +67,7 @@ TRACKED_BLIND = replace(TRACKED, queryable=False)
 # Untracked targets, as declared: what A, B, A is where nothing can read the target.
 STATE = replace(REMOTE, targets=Targets.STATE)
 COLLECTION = replace(REMOTE, targets=Targets.COLLECTION)
+UNKNOWN = replace(REMOTE, targets=Targets.UNKNOWN)
 STATE_BLIND = replace(STATE, queryable=False)
 COLLECTION_BLIND = replace(COLLECTION, queryable=False)
 TRACKED_COLLECTION = replace(TRACKED, targets=Targets.COLLECTION)
@@ -183,21 +184,23 @@ JUDGE_CASES: list[tuple[str, EffectHistory | None, Capabilities, dict[str, Any],
      _found(), (V.REPLAY, "effect_replayed", "adapter")),
     ("committed, collection blind, overwritten since", DONE, COLLECTION_BLIND,
      {"overwritten": True}, None, (V.REPLAY, "effect_replayed", "ledger")),
-    ("committed, undeclared, overwritten since", DONE, REMOTE, {"overwritten": True}, None,
+    ("committed, unknown, overwritten since", DONE, UNKNOWN, {"overwritten": True}, None,
      (V.REVIEW, "repeat_or_revert", "")),
-    ("committed, undeclared blind, overwritten since", DONE, replace(REMOTE, queryable=False),
+    ("committed, unknown blind, overwritten since", DONE, replace(UNKNOWN, queryable=False),
      {"overwritten": True}, None, (V.REVIEW, "repeat_or_revert", "")),
-    ("committed, undeclared, nothing since", DONE, REMOTE, {}, _found(),
+    ("committed, unknown, nothing since", DONE, UNKNOWN, {}, _found(),
      (V.REPLAY, "effect_replayed", "adapter")),
+    ("committed, undeclared (a collection), overwritten since", DONE, REMOTE,
+     {"overwritten": True}, _found(), (V.REPLAY, "effect_replayed", "adapter")),
     ("committed, state, nothing since", DONE, STATE, {}, _found(),
      (V.REPLAY, "effect_replayed", "adapter")),
     ("committed, tracked, overwritten but the target holds it", DONE, TRACKED_COLLECTION,
      {"overwritten": True}, _found(), (V.REPLAY, "effect_replayed", "adapter")),
     ("committed, stateful, overwritten but the target holds it", DONE, DEDUPS,
      {"overwritten": True}, _found(), (V.REPLAY, "effect_replayed", "adapter")),
-    ("committed, undeclared, overwritten, gated", DONE, REMOTE,
+    ("committed, unknown, overwritten, gated", DONE, UNKNOWN,
      {"overwritten": True, "needs_approval": True}, None, (V.REVIEW, "repeat_or_revert", "")),
-    ("unsettled, undeclared, it landed, overwritten since", OPEN, REMOTE,
+    ("unsettled, unknown, it landed, overwritten since", OPEN, UNKNOWN,
      {"overwritten": True}, _found(), (V.REVIEW, "repeat_or_revert", "")),
     ("unsettled, state, it landed, overwritten since", OPEN, STATE, {"overwritten": True},
      _found(), (V.PROCEED, "target_moved", "")),
@@ -269,7 +272,7 @@ LOOKUP_CASES = [
     (DONE, REMOTE, {"target_moved": None}, "idem-1"),
     (OPEN, TRACKED, {"target_moved": None}, "idem-1"),
     (DONE, STATE, {"overwritten": True}, None),
-    (DONE, REMOTE, {"overwritten": True}, None),
+    (DONE, UNKNOWN, {"overwritten": True}, None),
     (DONE, COLLECTION, {"overwritten": True}, "idem-1"),
     (DONE, STATE, {}, "idem-1"),
     (OPEN, REMOTE, {"overwritten": True}, "idem-1"),

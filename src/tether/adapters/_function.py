@@ -91,8 +91,8 @@ committed is therefore a replay: the recorded receipt, nothing sent, as long
 as no other call committed on that target in between. After one did (A, B,
 A), what the target is decides, as declared with ``targets``: ``"state"``
 (a topic, a record's fields: A is written again), ``"collection"`` (each
-call makes its own object: replayed); undeclared, a person does (review,
-``repeat_or_revert``). To have A, B, A judged by the target itself, declare
+call makes its own object: replayed, the default), ``"unknown"`` (a person
+decides: review, ``repeat_or_revert``). To have A, B, A judged by the target itself, declare
 ``holds=fn``: ``fn`` is called with the call's
 own target and arguments (no key) and answers whether the target holds now
 what the call leaves. ``True``: the earlier effect stands, replayed;
@@ -222,8 +222,9 @@ class FunctionEffect(RemoteEffect):
     leaves (a stateful target: A, B, A is three effects). ``targets``: what
     the target is where nothing reads it (:class:`~tether.core.Targets`):
     ``"state"`` (A, B, A writes A again), ``"collection"`` (each call makes
-    its own object: the third is replayed); undeclared, a call equal to one
-    committed before another call on its target goes to a person.
+    its own object: the third is replayed; the default), ``"unknown"`` (a
+    call equal to one committed before another call on its target goes to a
+    person).
     ``object_id``, ``committed_at``: fields of a returned JSON object naming
     the business object and the callee's commit time (RFC 3339), for the
     receipt. Where a kind needs an approval, a receipt without a commit time
@@ -316,7 +317,7 @@ class FunctionEffect(RemoteEffect):
                 "protocol's step, where nothing is awaited): read the target with a sync client",
             )
         try:
-            declared_targets = Targets.UNKNOWN if targets is None else Targets(targets)
+            declared_targets = Targets.COLLECTION if targets is None else Targets(targets)
         except ValueError:
             raise SpecError(
                 "targets", f"must be one of {[t.value for t in Targets]}, not {targets!r}"

@@ -121,16 +121,18 @@ def reference_fingerprint(method: str, path: str, body: bytes) -> str:
     return "sha256:" + hashed.hexdigest()
 
 
-#: The methods an HttpEffect sends, and what each says of its target (RFC 9110,
-#: section 9.3): PUT, PATCH and DELETE act on the state of the resource the
-#: path names, so A, B, A writes A again; what a POST's target is, only the
-#: service knows (a collection it adds to, or a state it sets): undeclared,
-#: A, B, A goes to a person.
+#: The methods an HttpEffect sends, and what A, B, A does by default for each:
+#: an equal request made before is answered from its record (``collection``)
+#: whatever the method, so a program rerun from its top after a crash (which
+#: re-proposes A, then B) sends nothing it sent before. Declare
+#: ``targets="state"`` (a PUT of a setting a run may revert) to write A again
+#: after B; a rerun from the top then sends such writes again (the target
+#: moved since), as it does on the file workspace.
 METHOD_TARGETS = {
-    "POST": Targets.UNKNOWN,
-    "PUT": Targets.STATE,
-    "PATCH": Targets.STATE,
-    "DELETE": Targets.STATE,
+    "POST": Targets.COLLECTION,
+    "PUT": Targets.COLLECTION,
+    "PATCH": Targets.COLLECTION,
+    "DELETE": Targets.COLLECTION,
 }
 
 
@@ -139,12 +141,12 @@ class HttpEffect(RemoteEffect):
 
     ``method``: the request method (``POST``, ``PUT``, ``PATCH``, ``DELETE``;
     the kind defaults to ``http.`` and the method in lower case).
-    ``targets``: what a path is, where the method does not say
-    (:class:`~tether.core.Targets`; ``"collection"`` for a POST that creates
-    an object each time, ``"state"`` for one that sets the path's state); PUT,
-    PATCH and DELETE are ``state`` by their definition, and a POST declared
-    nothing is ``unknown``: an effect re-proposed after another on its path
-    (A, B, A) then waits for a person.
+    ``targets``: what a path is (:class:`~tether.core.Targets`): by default
+    ``"collection"`` whatever the method (a request equal to one made before
+    is answered from its record, so a program rerun from its top sends
+    nothing twice); ``"state"`` for a path whose state a run may set back (A,
+    B, A sends A again; a rerun from the top then sends such writes again);
+    ``"unknown"`` to have a person decide A, B, A.
 
     ``profile`` declares what the service promises about keys
     (:class:`ServiceProfile`, or a preset: ``IETF_DRAFT``, ``STRIPE_REPLAY``,
@@ -179,11 +181,6 @@ class HttpEffect(RemoteEffect):
                 raise HttpConfigError(
                     f"targets must be one of {[t.value for t in Targets]}, not {targets!r}"
                 ) from None
-            if METHOD_TARGETS[method] is Targets.STATE and declared is not Targets.STATE:
-                raise HttpConfigError(
-                    f"a {method} sets the state of the resource its path names (RFC 9110): its "
-                    f"targets are a state, not {declared.value!r}"
-                )
         if not _KIND_NAME.fullmatch(kind):
             raise HttpConfigError(
                 f"kind {kind!r} must be dotted lower-case words, like 'http.post' or 'stripe.post'"

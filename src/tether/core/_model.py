@@ -66,10 +66,12 @@ class Targets(StrEnum):
     #: The target holds one state that each write replaces (a PUT to a URL, a
     #: record's field): A, B, A writes A again, a new effect.
     STATE = "state"
-    #: Each effect makes its own object (POST /tickets, an email sent): the
-    #: third is the first again, replayed, never a duplicate.
+    #: Each effect makes its own object (POST /tickets, an email sent), or
+    #: nothing was declared (the default): the third is the first again,
+    #: replayed, never a duplicate, and a program rerun from its top sends
+    #: nothing it sent before.
     COLLECTION = "collection"
-    #: Not declared: a person decides whether A, B, A is a revert or a
+    #: Declared so: a person decides whether A, B, A is a revert or a
     #: duplicate (review, ``repeat_or_revert``); nothing is sent meanwhile.
     UNKNOWN = "unknown"
 
@@ -113,9 +115,12 @@ class Capabilities:
     #: the target moved since (A, B, A writes A again), as on a stateful one.
     target_state: bool = False
     #: What a write's target is (:class:`Targets`), where the adapter cannot read
-    #: it: decides A, B, A (see :func:`tether.core._replay.judge`). Promise only
-    #: what the target's semantics prove; ``UNKNOWN`` asks a person.
-    targets: Targets = Targets.UNKNOWN
+    #: it: decides A, B, A (see :func:`tether.core._replay.judge`). The default,
+    #: ``COLLECTION``, answers an equal re-proposal from the record, never sending
+    #: a known effect twice (a program rerun from its top re-proposes its whole
+    #: history: A, B, A there is not a revert); ``STATE`` writes A again, and
+    #: ``UNKNOWN`` asks a person, each only where the user declares it.
+    targets: Targets = Targets.COLLECTION
 
     @property
     def tracks_targets(self) -> bool:

@@ -632,6 +632,28 @@ class _AdvisoryLock:
         if _holding.get(holder.dsn) is holder:
             del _holding[holder.dsn]
             _inherited.append(holder)
+            _disown(holder)
+
+
+def _disown(holder: _HoldingConnection) -> None:
+    """In a forked child: let go of the parent's holding socket without touching the session.
+
+    The child's copy of the socket would keep the server's session (and the
+    parent's locks) alive after the parent died (outside attack h8: a
+    helper forked without exec kept a killed parent's run held). Closing it
+    outright could hand its number to another file the connection object
+    might later write to; /dev/null takes its place instead, and the object
+    stays referenced (``_inherited``) so nothing ever closes it.
+    """
+    try:
+        fd = holder.conn.pgconn.socket
+    except Exception:  # a connection the parent had closed: no socket left to let go of
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 def _drop(holder: _HoldingConnection) -> None:

@@ -103,8 +103,9 @@ class ToolRule:
     errors_are_refusals: bool = False
     #: ``None``: as the upstream's tool listing declares.
     accepts_key: bool | None = None
-    #: What a call acts on (A, B, A): declared per tool, never by a hint.
-    targets: Targets = Targets.UNKNOWN
+    #: What a call acts on (A, B, A): declared per tool, never by a hint; by
+    #: default an equal call made before is answered from its record.
+    targets: Targets = Targets.COLLECTION
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +206,7 @@ def _rule(f: Fields, base: ToolRule, *, top: bool) -> ToolRule:
             else base.errors_are_refusals
         ),
         accepts_key=None if top or not f.has("accepts_key") else f.bool("accepts_key"),
-        targets=Targets.UNKNOWN if top or not f.has("targets") else _targets(f),
+        targets=Targets.COLLECTION if top or not f.has("targets") else _targets(f),
     )
     f.done()
     return rule
