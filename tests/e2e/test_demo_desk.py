@@ -242,7 +242,7 @@ def test_an_empty_workspace_directory_is_used(tmp_path: Path) -> None:
     assert report["phase"] == "completed" and report["one_each"] is True
 
 
-@pytest.mark.parametrize(("point", "hits"), [("before_proposal", 4), ("checkpoint_write", 7)])
+@pytest.mark.parametrize(("point", "hits"), [("before_proposal", 4), ("checkpoint_write", 8)])
 def test_a_crash_hit_the_run_never_reaches_names_the_hits_there_are(
     tmp_path: Path, point: str, hits: int
 ) -> None:

@@ -35,7 +35,7 @@ TOKEN = "t" * 32
 GUARDED = {"file.write": {"risk": "low", "permission": "workspace.write", "needs_approval": True}}
 #: The run waiting for an approval, and the others (each only started).
 WAITING = "team/alpha"
-ODD = ["50% done?#1", "ünï code", "a/prepare", "..", ".", "x/../y", "  padded  "]
+ODD = ["50% done?#1", "ünï code", "a/prepare", "..", ".", "x/../y", "in side  spaces"]
 APPROVER = Signer.generate("amy", "approver")
 
 
