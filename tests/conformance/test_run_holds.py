@@ -253,3 +253,24 @@ def test_a_helper_forked_by_a_killed_holder_does_not_keep_its_run_held(url: str)
         other.end()
         with contextlib.suppress(ProcessLookupError):
             os.kill(helper, signal.SIGKILL)
+
+
+def test_a_share_dropped_by_the_collector_inside_hold_run_never_waits(url: str) -> None:
+    """A finalizer's release_soon while the registry's lock is taken (a collection inside hold_run) returns at once; the next holder gives the share up."""
+    from tether.store import _runlock
+
+    store = _open(url)
+    hold = store.hold_run("r1")
+    with _runlock._registry.lock:  # as during hold_run, when a collection runs a finalizer
+        hold.release_soon()  # a plain release() here deadlocked the suite
+    other = Other(url, "r1")
+    try:
+        assert other.said() == "busy"  # not given up yet: nobody took the lock since
+    finally:
+        other.end()
+    store.hold_run("r2").release()  # the next holder settles the dropped share
+    other = Other(url, "r1")
+    try:
+        assert other.said() == "held 0"
+    finally:
+        other.end()

@@ -53,5 +53,5 @@ def _keep(session: RunSession, hold: RunHold | None) -> RunSession:
     if hold is not None:
         session.liveness = hold
         # A session dropped without release() (``rt.start(id).run()``) lets go with it.
-        weakref.finalize(session, hold.release)
+        weakref.finalize(session, hold.release_soon)  # never waits inside a collection
     return session

@@ -77,6 +77,14 @@ class _Registry:
     def __init__(self) -> None:
         self.held: dict[tuple[str, str], _Held] = {}
         self.lock = threading.Lock()
+        #: Shares a garbage collector let go of while ``lock`` was taken (see
+        #: :meth:`RunHold.release_soon`), given up by the next holder of ``lock``.
+        self.dropped: list[RunHold] = []
+
+    def settle_dropped(self) -> None:
+        """Give up the shares dropped meanwhile (called with ``lock`` held)."""
+        while self.dropped:
+            self.dropped.pop()._give_up()
 
 
 _registry = _Registry()
@@ -88,6 +96,7 @@ def _forget_after_fork() -> None:
     for held in _registry.held.values():
         held.lock.forget()
     _registry.held.clear()
+    _registry.dropped.clear()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -105,15 +114,36 @@ class RunHold:
     def release(self) -> None:
         """Give this share up; the lock goes when the last share of this process does."""
         with _registry.lock:
-            if self._released:
-                return
-            self._released = True
-            held = self._held
-            held.count -= 1
-            if held.count <= 0:
-                if _registry.held.get(self._key) is held:
-                    del _registry.held[self._key]
-                held.lock.let_go()
+            _registry.settle_dropped()
+            self._give_up()
+
+    def release_soon(self) -> None:
+        """:meth:`release` for a garbage collector's finalizer: never waits.
+
+        A collection can run inside :meth:`HoldsRuns.hold_run` itself (a new
+        PostgreSQL connection allocates), with the registry's lock taken by
+        this very thread: waiting for it there deadlocked. The share is then
+        given up by whoever takes the lock next.
+        """
+        if _registry.lock.acquire(blocking=False):
+            try:
+                _registry.settle_dropped()
+                self._give_up()
+            finally:
+                _registry.lock.release()
+        else:
+            _registry.dropped.append(self)
+
+    def _give_up(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        held = self._held
+        held.count -= 1
+        if held.count <= 0:
+            if _registry.held.get(self._key) is held:
+                del _registry.held[self._key]
+            held.lock.let_go()
 
     def check(self) -> None:
         """Before an effect leaves: this process still holds the run, or RunBusyError.
@@ -124,6 +154,7 @@ class RunHold:
         after a later opener of this process took the lock afresh.
         """
         with _registry.lock:  # a PostgreSQL lock's connection is in use under it
+            _registry.settle_dropped()
             held = self._held
             alive = _registry.held.get(self._key) is held and held.lock.alive()
         if not alive:
@@ -148,6 +179,7 @@ class HoldsRuns:
         place = self._hold_place()
         key = (place, run_id)
         with _registry.lock:
+            _registry.settle_dropped()
             held = _registry.held.get(key)
             if held is None or not held.lock.alive():
                 # Not held here, or held and lost: take it afresh.
