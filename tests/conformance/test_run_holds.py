@@ -92,6 +92,22 @@ class Other:
             self.kill()
 
 
+def held_within(store: RunHolder, run_id: str, seconds: float) -> RunHold:
+    """The run's hold, taken as soon as a killed holder's lock is gone (within ``seconds``).
+
+    SQLite's flock is gone with the process; PostgreSQL ends the backend when
+    it reads the closed socket, moments after. Nothing has a ttl.
+    """
+    started = time.monotonic()
+    while True:
+        try:
+            return store.hold_run(run_id)
+        except RunBusyError:
+            if time.monotonic() - started > seconds:
+                raise
+            time.sleep(0.01)
+
+
 def _open(url: str) -> RunHolder:
     store = open_store(url)
     if not isinstance(store, RunHolder):
@@ -112,18 +128,7 @@ def test_a_run_held_by_a_live_process_is_refused_and_free_as_soon_as_it_is_kille
         assert refused.value.run_id == "r1" and "lease_ttl_s" in str(refused.value)
         store.hold_run("r2").release()  # another run is not held
         other.kill()
-        started = time.monotonic()
-        hold: RunHold | None = None
-        while hold is None:
-            # SQLite's flock is gone with the process; PostgreSQL ends the backend
-            # when it reads the closed socket, moments after. Nothing has a ttl.
-            try:
-                hold = store.hold_run("r1")
-            except RunBusyError:
-                if time.monotonic() - started > 5:
-                    raise
-                time.sleep(0.01)
-        hold.release()
+        held_within(store, "r1", 5.0).release()
     finally:
         other.end()
 
@@ -238,15 +243,7 @@ def test_a_helper_forked_by_a_killed_holder_does_not_keep_its_run_held(url: str)
         with pytest.raises(RunBusyError):
             store.hold_run("r1")
         other.kill()
-        started = time.monotonic()
-        hold: RunHold | None = None
-        while hold is None:
-            try:
-                hold = store.hold_run("r1")
-            except RunBusyError:
-                if time.monotonic() - started > 5:
-                    raise
-                time.sleep(0.01)
+        hold = held_within(store, "r1", 5.0)
         os.kill(helper, 0)  # the helper still lives: it held nothing
         hold.release()
     finally:

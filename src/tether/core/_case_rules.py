@@ -522,6 +522,8 @@ def refuse_not_landed(
     """
     key = case.idempotency_key
     fits = tuple(d.value for d in fitting(case_kind(case, state)))
+    detail = "" if answer is None or not answer.detail else f" ({answer.detail})"
+    head = f"case {case.case_id}: not_landed refused: "
     if check is NotLandedCheck.LANDED:
         receipt = None if answer is None else answer.receipt
         found = (
@@ -532,65 +534,51 @@ def refuse_not_landed(
             + (", for another intent" if receipt.intent_digest != case.intent_digest else "")
             + ")"
         )
-        message = (
-            f"case {case.case_id}: not_landed refused: the adapter holds {found} under key "
-            f"{key}, so the write landed; sign landed with what it found (or compensate, where "
-            "the case takes it) instead"
+        # not_landed is no way out here: the write landed.
+        fits = tuple(d for d in fits if d != ReviewDecision.NOT_LANDED.value)
+        said, why = (
+            "landed",
+            (
+                f"the adapter holds {found} under key {key}, so the write landed; sign landed with "
+                "what it found (or compensate, where the case takes it) instead"
+            ),
         )
-        return DecisionRefusedError(
-            message,
-            case_id=case.case_id,
-            reason=case.reason,
-            decision=ReviewDecision.NOT_LANDED.value,
-            fits=tuple(d for d in fits if d != ReviewDecision.NOT_LANDED.value),
-            found="landed",
+    elif check is NotLandedCheck.IN_FLIGHT:
+        said, why = (
+            "in_flight",
+            (
+                f"the adapter reports a request under key {key} still in flight{detail}, so it may "
+                "still land and a resend could be a second effect; wait until the service has "
+                "finished it, then look again and decide again"
+            ),
         )
-    if check is NotLandedCheck.IN_FLIGHT:
-        detail = "" if answer is None or not answer.detail else f" ({answer.detail})"
-        message = (
-            f"case {case.case_id}: not_landed refused: the adapter reports a request under key "
-            f"{key} still in flight{detail}, so it may still land and a resend could be a second "
-            "effect; wait until the service has finished it, then look again and decide again"
+    elif check is NotLandedCheck.UNREACHABLE:
+        said, why = (
+            "unreachable",
+            (
+                f"the service could not be asked about key {key}{detail}, and a write it may hold "
+                "cannot be declared never landed unasked; decide again when it answers, or sign "
+                "abort or landed now (the case is free for another decision)"
+            ),
         )
-        return DecisionRefusedError(
-            message,
-            case_id=case.case_id,
-            reason=case.reason,
-            decision=ReviewDecision.NOT_LANDED.value,
-            fits=fits,
-            found="in_flight",
+    elif check is NotLandedCheck.UNSEARCHED:
+        said, why = (
+            "unsearched",
+            (
+                f"a look-up by key {key} proves nothing now "
+                f"({doubt or 'the answer of the adapter proves nothing'}); look for the effect itself in "
+                "the system it called (what it made, by its content: a ticket by its title, a "
+                "message by its subject), not for the key, and sign not_landed again with evidence "
+                "saying what you searched (or landed with what you found)"
+            ),
         )
-    if check is NotLandedCheck.UNREACHABLE:
-        detail = "" if answer is None or not answer.detail else f" ({answer.detail})"
-        message = (
-            f"case {case.case_id}: not_landed refused: the service could not be asked about key "
-            f"{key}{detail}, and a write it may hold cannot be declared never landed unasked; "
-            "decide again when it answers, or sign abort or landed now (the case is free for "
-            "another decision)"
-        )
-        return DecisionRefusedError(
-            message,
-            case_id=case.case_id,
-            reason=case.reason,
-            decision=ReviewDecision.NOT_LANDED.value,
-            fits=fits,
-            found="unreachable",
-        )
-    if check is NotLandedCheck.UNSEARCHED:
-        why = doubt or "the adapter's answer proves nothing"
-        message = (
-            f"case {case.case_id}: not_landed refused: a look-up by key {key} proves nothing "
-            f"now ({why}); look for the effect itself in the system it called (what it made, "
-            "by its content: a ticket by its title, a message by its subject), not for the "
-            "key, and sign not_landed again with evidence saying what you searched (or landed "
-            "with what you found)"
-        )
-        return DecisionRefusedError(
-            message,
-            case_id=case.case_id,
-            reason=case.reason,
-            decision=ReviewDecision.NOT_LANDED.value,
-            fits=fits,
-            found="unsearched",
-        )
-    return None
+    else:
+        return None
+    return DecisionRefusedError(
+        head + why,
+        case_id=case.case_id,
+        reason=case.reason,
+        decision=ReviewDecision.NOT_LANDED.value,
+        fits=fits,
+        found=said,
+    )
