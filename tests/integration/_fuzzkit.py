@@ -422,6 +422,7 @@ def run_case(base: Path, seed: int, *, full: bool = True) -> Result:
     with tempfile.TemporaryDirectory(dir=SCRATCH) as tmp:
         home = Path(tmp) / "home"
         shutil.copytree(base, home, copy_function=shutil.copyfile)
+        (home / "keyring.json").chmod(0o600)  # copyfile drops the mode; a keyring must be private
         family, text = damage(home, rng)
         result = Result(seed, family, text)
         named = [run for run in RUNS if f" {run}" in text]
