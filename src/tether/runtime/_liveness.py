@@ -27,19 +27,21 @@ from typing import TYPE_CHECKING
 from tether.store import Lease, RunHold, RunHolder
 
 if TYPE_CHECKING:
-    from tether.runtime._runtime import Runtime
     from tether.runtime._session import RunSession
 
 
 @contextmanager
 def opening(
-    runtime: Runtime, run_id: str, lease: Lease | None = None
+    marks: object, lease_ttl_s: float | None, run_id: str, lease: Lease | None = None
 ) -> Iterator[Callable[[RunSession], RunSession]]:
     """Hold ``run_id`` while the block opens a session of it; the block hands the session to
-    the function it is given, which keeps the hold with it. A block that fails lets go."""
+    the function it is given, which keeps the hold with it. A block that fails lets go.
+
+    ``marks``: the runtime's generation store (it holds runs where it can);
+    ``lease_ttl_s``: the runtime's lease, if any (a leased runtime takes no hold).
+    """
     hold = None
-    marks = runtime.checkpointer.marks
-    if lease is None and runtime.lease_ttl_s is None and isinstance(marks, RunHolder):
+    if lease is None and lease_ttl_s is None and isinstance(marks, RunHolder):
         hold = marks.hold_run(run_id)
     try:
         yield lambda session: _keep(session, hold)

@@ -257,7 +257,7 @@ class Runtime:
         :mod:`tether.runtime._liveness`).
         """
         run_id = check_run_id(run_id) if run_id is not None else self.ids.new_id("run")
-        with _liveness.opening(self, run_id) as keep:
+        with _liveness.opening(self.checkpointer.marks, self.lease_ttl_s, run_id) as keep:
             return keep(self._start(run_id, context))
 
     def _start(self, run_id: str, context: AgentContext | None) -> RunSession:
@@ -365,7 +365,7 @@ class Runtime:
         process gets :class:`~tether.core.RunBusyError` (see
         :mod:`tether.runtime._liveness`).
         """
-        with _liveness.opening(self, run_id, lease) as keep:
+        with _liveness.opening(self.checkpointer.marks, self.lease_ttl_s, run_id, lease) as keep:
             return keep(self._recover(run_id, lease, admission))
 
     def _recover(self, run_id: str, lease: Lease | None, admission: Any) -> RunSession:
