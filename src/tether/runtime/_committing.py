@@ -14,6 +14,7 @@ that next commit, in its transaction (see ``_deferred``).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 from tether.adapters import offers_snapshots
@@ -28,8 +29,15 @@ from tether.core import (
     RunState,
 )
 from tether.core import _steps as step_rules
-from tether.core._commit import deferred, rest_point, seal_commit, with_subject_terms
+from tether.core._commit import (
+    Sealed,
+    deferred,
+    rest_point,
+    seal_commit,
+    with_subject_terms,
+)
 from tether.core._listing import listing_of
+from tether.core._rewind import RestPoint
 from tether.core._transition import LedgerNote, Transition
 from tether.runtime import _rewind
 from tether.runtime._agent import AgentContext
@@ -161,17 +169,7 @@ class Committing(LeaseHolder):
             if found is not None:
                 blobs.update(found)
                 snapshotted = root
-        sealed = seal_commit(
-            self.state,
-            state,
-            events,
-            now=self.rt.clock.now(),
-            ledger=ledger,
-            effect=effect,
-            terms=None if effect is None or not ledger else self.rt.effect_terms(effect.intent),
-            resumed_at=self.resumed_at,
-            rest=rest,
-        )
+        sealed = self._seal(state, events, ledger, effect, rest=rest)
         new = sealed.state
         # A deferred commit lands with this one: its rows first, in one transaction.
         events_out = list(sealed.events) if riding is None else [*riding.events, *sealed.events]
@@ -224,24 +222,34 @@ class Committing(LeaseHolder):
         own transaction. Until then the store says what it said before (a write
         still ``dispatched``), which recovery settles by asking the adapter.
         """
-        sealed = deferred(
-            seal_commit(
-                self.state,
-                state,
-                events,
-                now=self.rt.clock.now(),
-                ledger=ledger,
-                effect=effect,
-                terms=None if effect is None or not ledger else self.rt.effect_terms(effect.intent),
-                resumed_at=self.resumed_at,
-            ),
-            self.state,
-        )
+        sealed = deferred(self._seal(state, events, ledger, effect), self.state)
         self._deferred = Deferred.after(self._deferred, self.state, sealed, blobs)
         self.state = sealed.state
         if sealed.entries:
             self.history.committed(sealed.entries)
         return sealed.entries
+
+    def _seal(
+        self,
+        state: RunState,
+        events: Sequence[Event],
+        ledger: tuple[LedgerNote, ...],
+        effect: PendingWrite | None,
+        rest: RestPoint | None = None,
+    ) -> Sealed:
+        """``state`` sealed on top of the session's, with its events, ledger rows and the
+        effect's terms (one place for the commit written now and the one that waits)."""
+        return seal_commit(
+            self.state,
+            state,
+            events,
+            now=self.rt.clock.now(),
+            ledger=ledger,
+            effect=effect,
+            terms=None if effect is None or not ledger else self.rt.effect_terms(effect.intent),
+            resumed_at=self.resumed_at,
+            rest=rest,
+        )
 
     def land_deferred(self) -> None:
         """Write a deferred commit now, as the checkpoint it would have been (if there is one).
