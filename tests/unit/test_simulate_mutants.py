@@ -29,6 +29,7 @@ CAUGHT = {
     "lease_unchecked": 1_000_019,
     "resend_is_progress": 1_000_139,
     "resend_recorded_each_time": 189,
+    "park_forgets_outage": 141457,
     "held_write_not_rejudged": 12,
     "replay_receipts_unchecked": 1_000_037,
     "replay_never_asks": 1_000_031,
@@ -59,7 +60,7 @@ REPLANTED = {
     "hostile_answers": ("replay_foreign_receipt",),
     "receipt_drift": ("replay_never_asks", "replay_receipts_unchecked"),
     "gated_repeats": ("replay_unapproved",),
-    "service_down": ("resend_is_progress", "resend_recorded_each_time"),
+    "service_down": ("resend_is_progress", "resend_recorded_each_time", "park_forgets_outage"),
     "policy_change": ("held_write_not_rejudged", "risk_unchecked"),
     "drawn_neighbours": ("released_run_claimed_first", "claim_ties_by_run_id"),
 }

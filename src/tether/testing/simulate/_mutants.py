@@ -241,6 +241,15 @@ def _always_progress(real: Any) -> Any:
     return lambda kind: True  # a resend or a wait counted as progress: no back-off
 
 
+def _park_forgets_outage(real: Any) -> Any:
+    def after_step(kind: Any, *, frozen: bool, met_outage: bool) -> Any:
+        # The claim met a service that is down, then parked for a person with no floor:
+        # an answer landing a moment later sends the next claim straight back to it.
+        return real(kind, frozen=frozen, met_outage=False)
+
+    return after_step
+
+
 def _resend_always_recorded(real: Any) -> Any:
     return lambda **kw: True  # a checkpoint and a ledger row per resend
 
@@ -349,6 +358,7 @@ def _mutants() -> dict[str, Mutant]:
     from tether.core import _case_rules as case_rules
     from tether.core import _evidence as evidence_rules
     from tether.core import _replay as replay_rules
+    from tether.core import _retry as retry_rules
     from tether.core import _steps as step_rules
     from tether.runtime import _carry, _lease, _replaying, _runtime, _session, _worker
     from tether.store import _leases, _sql
@@ -460,7 +470,13 @@ def _mutants() -> dict[str, Mutant]:
             Mutant(
                 "resend_is_progress",
                 "a worker counts a resend or a wait as progress, so it never backs off",
-                ((_worker, "step_progressed", _always_progress),),
+                ((retry_rules, "step_progressed", _always_progress),),
+            ),
+            Mutant(
+                "park_forgets_outage",
+                "a run parked for a person after its claim met a service that was down keeps "
+                "no back-off: the answer sends the next claim straight back to the service",
+                ((_worker, "after_step", _park_forgets_outage),),
             ),
             Mutant(
                 "resend_recorded_each_time",
