@@ -266,3 +266,24 @@ def test_a_run_parked_after_meeting_an_outage_is_not_claimed_straight_back(seed:
     apart at the least."""
     result = run(seed, knobs=CI_KNOBS)
     assert result.ok, result.violations
+
+
+#: Seeds where a board declared a state was written A, then B with the outcome unknown (a
+#: crash after the send, set aside by a replan), and A proposed again was replayed from
+#: A's receipt while the board showed B: the target index held commits only. An attempt on
+#: the target whose outcome nobody knows now counts as in between; a person decides.
+UNSETTLED_BETWEEN_SEEDS = (143033, 152885, 155695)
+
+
+@pytest.mark.parametrize("seed", UNSETTLED_BETWEEN_SEEDS)
+def test_a_replay_is_never_answered_past_an_unknown_write_on_a_state_target(seed: int) -> None:
+    """The seed keeps every invariant: A, B?, A on a declared state is never replayed silently."""
+    result = run(seed, knobs=CI_KNOBS)
+    assert result.ok, result.violations
+    assert result.events > 0
+
+
+@pytest.mark.parametrize("seed", UNSETTLED_BETWEEN_SEEDS)
+def test_an_unsettled_between_seed_catches_its_defect_planted_again(seed: int) -> None:
+    """With only commits counted as in between again, the seed breaks invariant 3 once more."""
+    assert catches("replay_unsettled_between_ignored", seed)

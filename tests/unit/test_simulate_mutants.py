@@ -36,6 +36,7 @@ CAUGHT = {
     "replay_absence_past_retention": 1_000_001,
     "replay_swallows_reverts": 37,
     "replay_swallows_state_reverts": 1_005_001,
+    "replay_unsettled_between_ignored": 143033,
     "replay_foreign_receipt": 79,
     "replay_unapproved": 57,
     "replay_result_dropped": 1_000_003,
@@ -55,7 +56,11 @@ CAUGHT = {
 #: Each defect the simulator found in the rules as they were (issue 25), and the mutants
 #: that plant it again: the corpus must catch every one of them.
 REPLANTED = {
-    "reverted_writes": ("replay_swallows_reverts", "replay_swallows_state_reverts"),
+    "reverted_writes": (
+        "replay_swallows_reverts",
+        "replay_swallows_state_reverts",
+        "replay_unsettled_between_ignored",
+    ),
     "retention_past": ("replay_absence_past_retention", "retention_ignored"),
     "hostile_answers": ("replay_foreign_receipt",),
     "receipt_drift": ("replay_never_asks", "replay_receipts_unchecked"),

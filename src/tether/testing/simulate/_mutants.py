@@ -216,6 +216,17 @@ def _state_reverts_swallowed(real: Any) -> Any:
     return overwritten_verdict
 
 
+def _unsettled_between_ignored(real: Any) -> Any:
+    def since_on_target(rows: Any, effect: str, seen: set[str]) -> Any:
+        from tether.core import EffectStatus
+
+        open_ = {EffectStatus.DISPATCHED, EffectStatus.OUTCOME_UNKNOWN}
+        # Only commits count as in between (the target index before migration 16).
+        return real(((k, e, s) for k, e, s in rows if s not in open_), effect, seen)
+
+    return since_on_target
+
+
 def _foreign_receipt_answers(real: Any) -> Any:
     def judge_unsettled(facts: Any, known: Any) -> Any:
         from dataclasses import replace
@@ -451,6 +462,11 @@ def _mutants() -> dict[str, Mutant]:
                 "replay_swallows_state_reverts",
                 "a replay answers A, B, A on a target declared a state that nothing reads",
                 ((replay_rules, "overwritten_verdict", _state_reverts_swallowed),),
+            ),
+            Mutant(
+                "replay_unsettled_between_ignored",
+                "a replay answers A, B?, A on a state: B's outcome unknown, and not counted",
+                ((replay_rules, "since_on_target", _unsettled_between_ignored),),
             ),
             Mutant(
                 "replay_foreign_receipt",
