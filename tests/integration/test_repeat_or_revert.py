@@ -10,10 +10,11 @@ and an undeclared one goes to a person.
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import tether
 from tests.conftest import ScriptedAgent, finish, make_policy, make_task, signed_decision, write
 from tether import effects
 from tether.adapters import HttpEffect
-from tether.core import NeedsReviewError, OutcomeKind, Phase, ReviewReason
+from tether.core import NeedsReviewError, OutcomeKind, Phase, ReviewReason, new_decision
 from tether.crypto import Keyring, Signer, TrustRoots
 from tether.runtime import CrashPlan, CrashPoint, Runtime, SimulatedCrash
 from tether.store import SQLiteStore
@@ -243,4 +244,44 @@ def test_put_a_then_b_unknown_then_a_again_goes_to_a_person_and_sends_nothing(
         assert (outcome.kind, outcome.reason) == (OutcomeKind.FROZEN, "repeat_or_revert")
     assert session.state.phase is Phase.NEEDS_REVIEW
     assert [body for _, body in service.puts] == [a, b]
+    assert service.settings == {"/settings/theme": b}
+
+
+def test_b_found_landed_by_a_person_after_c_was_written_is_written_again(
+    tmp_path: Path, service: Service
+) -> None:
+    """PUT declared a state: B killed after its send, replanned, C written, B proposed again, a person signs that B's first send landed: B is sent again, the service holds B (outside attack F1)."""
+    a, b, c = {"theme": "dark"}, {"theme": "light"}, {"theme": "sepia"}
+    steps = [
+        write("settings/theme", "", f"a{i}", kind="http.put", args={"json": body})
+        for i, body in enumerate((a, b, c, b, b))
+    ]
+    with HttpEffect(service.url, method="PUT", targets="state", timeout_s=5) as put:
+        killed = _put_runtime(tmp_path, put, [*steps, finish], CrashPlan(CrashPoint.EFFECT_SENT, 2))
+        session = killed.start("r1")
+        assert session.step().kind is OutcomeKind.EXECUTED
+        with pytest.raises(SimulatedCrash):
+            session.step()  # B reached the service; its reply never reached the ledger
+        session = _put_runtime(tmp_path, put, [*steps, finish], CrashPlan()).recover("r1")
+        session.step()
+        assert session.state.review_cases[-1].reason == ReviewReason.OUTCOME_UNKNOWN
+        session.review(signed_decision(REVIEWER, session.state, datetime.now(UTC)))
+        assert session.step().kind is OutcomeKind.EXECUTED  # C
+        outcome = session.step()  # B again: its first send's outcome is still unknown
+        assert (outcome.kind, outcome.reason) == (OutcomeKind.FROZEN, "replay_of_unknown_effect")
+        now = datetime.now(UTC)
+        landed = new_decision(
+            session.state,
+            session.state.review_cases[-1],
+            REVIEWER.signer_id,
+            "landed",
+            issued_at=now,
+            expires_at=now + timedelta(seconds=300),
+            nonce=secrets.token_hex(16),
+            evidence="the service's log shows B's first PUT",
+        )
+        session.review(REVIEWER.sign(landed))
+        # Proposed again: its first send landed before or after C's, a state is written again.
+        assert session.step().kind is OutcomeKind.EXECUTED
+    assert [body for _, body in service.puts] == [a, b, c, b]
     assert service.settings == {"/settings/theme": b}

@@ -239,33 +239,48 @@ class Overwrite(StrEnum):
 _NEVER_LANDED = frozenset({EffectStatus.REJECTED, EffectStatus.CANCELLED, EffectStatus.INTENDED})
 #: Attempts that landed (a compensation undid one, but it was on the target in between).
 _LANDED = frozenset({EffectStatus.COMMITTED, EffectStatus.COMPENSATED})
+#: A key's rows that mark its send (or, with no send recorded, its intent): before it, nothing landed.
+_SENT_OR_MEANT = frozenset({EffectStatus.DISPATCHED, EffectStatus.INTENDED})
 
 
-def since_on_target(
-    rows: Iterable[tuple[str, str, EffectStatus]], effect: str, seen: set[str]
-) -> Overwrite | None:
-    """What came onto a target since ``effect``'s last attempt that may have landed there.
+def since_on_target(rows: Iterable[tuple[str, str, EffectStatus]], effect: str) -> Overwrite:
+    """What came onto a target since ``effect`` may have landed there.
 
-    ``rows``: the target's ledger rows as (key, effect digest, status), newest
-    first; a key's newest row is its status now, so its older rows are passed
-    over (``seen`` holds the keys met so far, kept across pages). The newest
+    ``rows``: all the target's ledger rows as (key, effect digest, status),
+    newest first (read lazily: usually the first few decide); a key's newest
+    row is its status now, so its older rows are passed over. The newest
     attempt that is not known to have missed decides: ``effect``'s own
     (:attr:`Overwrite.NO`), another effect's commit (:attr:`Overwrite.YES`),
     or another effect's attempt whose outcome nobody knows, dispatched or
     unknown, set aside by a replan or not (:attr:`Overwrite.MAYBE`: it may
-    have landed after ``effect``'s, or may land yet). ``None``: these rows do
-    not decide (older rows may; none left means :attr:`Overwrite.NO`).
+    have landed after ``effect``'s, or may land yet).
+
+    ``effect``'s own commit does not say *when* it landed: somewhere between
+    that key's send and the row that records it. A receipt recorded right
+    after the send leaves nothing between the two; an outcome settled later
+    (a person's signed ``landed``, a look-up after a replan) may have rows of
+    other effects between them, sent while ``effect``'s was unknown, and the
+    order of the two landings is then unknown too. So an own commit opens a
+    window that closes at that key's send: another effect met inside it
+    decides as above.
     """
+    seen: set[str] = set()
+    landed_key: str | None = None  # our commit seen, its send not yet reached
     for key, other, status in rows:
         if key in seen:
+            if key == landed_key and status in _SENT_OR_MEANT:
+                return Overwrite.NO  # back at our send: nothing else in the window
             continue
         seen.add(key)
         if status in _NEVER_LANDED:
             continue
         if other == effect:
+            if status in _LANDED:
+                landed_key = key
+                continue
             return Overwrite.NO
         return Overwrite.YES if status in _LANDED else Overwrite.MAYBE
-    return None
+    return Overwrite.NO
 
 
 class Verdict(StrEnum):
@@ -691,7 +706,9 @@ def _review(
         "on purpose, sign a fork (`tether fork`), then replan"
         if why is ReviewReason.REPLAY_OF_UNKNOWN
         else "to do it again (a revert), sign a fork (`tether fork`), then replan; if it would "
-        "be a duplicate, replan without it, or abort"
+        "be a duplicate, replan where the agent will propose something else (a program that "
+        "makes the same calls from its top proposes it again, and replan brings it back here), "
+        "or abort"
         if why is ReviewReason.REPEAT_OR_REVERT
         else "abort, or replan after a signed fork (`tether fork`) if it must happen again"
     )

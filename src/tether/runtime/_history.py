@@ -21,6 +21,7 @@ page docs/explanation/restore-checks.md, "What recovery checks, and what only ve
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -155,12 +156,9 @@ class History:
         on the chain (a stray is passed over), kept for the session. Usually
         the newest row decides.
         """
-        seen: set[str] = set()
         fresh = self._fresh_targets.get(target, [])
-        decided = replay_rules.since_on_target(reversed(fresh), effect, seen)
-        if decided is None:
-            decided = replay_rules.since_on_target(self._stored_on(target), effect, seen)
-        return replay_rules.Overwrite.NO if decided is None else decided
+        rows = itertools.chain(reversed(fresh), self._stored_on(target))
+        return replay_rules.since_on_target(rows, effect)
 
     def _stored_on(self, target: str) -> Iterator[tuple[str, str, EffectStatus]]:
         """The target's rows up to the base's signed length, newest first, read as needed."""
@@ -199,10 +197,9 @@ class History:
             if effect is None:
                 continue
             if entry.terms is not None and entry.status is not EffectStatus.INTENDED:
+                # Kept whole: a commit settled long after its send (a person's
+                # landed) is judged with the rows between the two (since_on_target).
                 fresh = self._fresh_targets.setdefault(entry.terms.target_key, [])
-                if entry.status is EffectStatus.COMMITTED:
-                    # A landed attempt decides before every older row: those are not needed.
-                    fresh.clear()
                 fresh.append((entry.idempotency_key, effect, entry.status))
             if effect not in self._effects:
                 self._fresh.setdefault(effect, []).append(entry)

@@ -217,12 +217,12 @@ def _state_reverts_swallowed(real: Any) -> Any:
 
 
 def _unsettled_between_ignored(real: Any) -> Any:
-    def since_on_target(rows: Any, effect: str, seen: set[str]) -> Any:
+    def since_on_target(rows: Any, effect: str) -> Any:
         from tether.core import EffectStatus
 
         open_ = {EffectStatus.DISPATCHED, EffectStatus.OUTCOME_UNKNOWN}
         # Only commits count as in between (the target index before migration 16).
-        return real(((k, e, s) for k, e, s in rows if s not in open_), effect, seen)
+        return real(((k, e, s) for k, e, s in rows if s not in open_), effect)
 
     return since_on_target
 
