@@ -11,10 +11,16 @@ session away, as a process that died.
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from tether.core import LedgerEntry
 from tether.runtime import CrashPoint, SimulatedCrash
-from tether.store import SQLiteStore
+from tether.store import Mark, SQLiteStore
+from tether.store._history_sql import LEDGER_COLUMNS
+from tether.store._rows import ledger_entry_of
+
+T = TypeVar("T")
 
 
 class SimStore(SQLiteStore):
@@ -22,12 +28,41 @@ class SimStore(SQLiteStore):
 
     clock_sql = "sim_now_us()"
 
-    def __init__(self, path: str | os.PathLike[str], micros: Any) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], micros: Any, writes: list[int] | None = None
+    ) -> None:
+        #: Write units begun on the database by every store sharing this counter (all of
+        #: one simulation's connections): while it stands still, nothing in it changed.
+        self.writes = writes if writes is not None else [0]
+        #: run id -> (the counter when its mark was read, the mark): see :meth:`read_mark`.
+        self._marks: dict[str, tuple[int, Mark | None]] = {}
         super().__init__(path, synchronous="OFF")
         self._conn.create_function("sim_now_us", 0, micros)
         #: "before" or "after": the next commit dies there; None: it does not.
         self.crash_at: str | None = None
         self.commits = 0
+
+    def _unit(self, body: Callable[[], T], *, write: bool, transaction: bool = True) -> T:
+        if not write:
+            return super()._unit(body, write=write, transaction=transaction)
+        self.writes[0] += 1
+        try:
+            return super()._unit(body, write=write, transaction=transaction)
+        finally:
+            self.writes[0] += 1
+
+    def read_mark(self, run_id: str) -> Mark | None:
+        """``get_mark(run_id)``, read again only if some store of the simulation wrote since.
+
+        Every writer of the simulated database is a store sharing :attr:`writes`, and a
+        mark is only its row: no write since the last read, the same mark.
+        """
+        seen = self._marks.get(run_id)
+        if seen is not None and seen[0] == self.writes[0]:
+            return seen[1]
+        mark = self.get_mark(run_id)
+        self._marks[run_id] = (self.writes[0], mark)
+        return mark
 
     def commit(self, commit: Any, *args: Any, **kwargs: Any) -> Any:
         armed, self.crash_at = self.crash_at, None
@@ -50,3 +85,15 @@ class SimStore(SQLiteStore):
                 (run_id,),
             )
         )
+
+    def ledger_after(self, run_id: str, rowid: int) -> list[LedgerEntry]:
+        """The run's ledger rows inserted after row ``rowid``, read back as ``ledger`` reads
+        every row (the same columns, the same checks), in insertion order."""
+        rows = self._read(
+            lambda: self._all(
+                f"SELECT {LEDGER_COLUMNS} FROM tether_ledger WHERE run_id = ? AND rowid > ? "
+                "ORDER BY rowid",
+                (run_id, rowid),
+            )
+        )
+        return [ledger_entry_of(run_id, row) for row in rows]
