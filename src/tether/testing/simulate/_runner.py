@@ -10,7 +10,6 @@ drain: the world healed, people answering, the run must end within a bound.
 from __future__ import annotations
 
 import random
-import tempfile
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,6 @@ from tether.runtime import (
     SimulatedCrash,
     Worker,
 )
-from tether.store import SQLiteStore
 from tether.testing.simulate import _people
 from tether.testing.simulate._agent import AgentFaults, SimAgent, SimAgentError
 from tether.testing.simulate._contract import Contract
@@ -52,7 +50,7 @@ from tether.testing.simulate._people import TRUST, People
 from tether.testing.simulate._process import KEYRING, LEASE_TTL_S, SimRuntime, SimWorker, rules
 from tether.testing.simulate._reports import reported
 from tether.testing.simulate._scenario import FILES, RUN_ID, Event, Scenario
-from tether.testing.simulate._store import SimStore
+from tether.testing.simulate._store import SimDatabase, SimStore, borrow, give_back
 from tether.testing.simulate._world import (
     SimBoard,
     SimClock,
@@ -112,7 +110,7 @@ class Slot:
 class Simulation:
     """Applies a scenario's events to the real runtime and judges after each one."""
 
-    def __init__(self, scenario: Scenario, directory: Path) -> None:
+    def __init__(self, scenario: Scenario, database: SimDatabase) -> None:
         self.scenario = scenario
         self.clock = SimClock()
         self.ids = SimIds()
@@ -130,11 +128,11 @@ class Simulation:
         self._in_force: list[tuple[float, Policy]] = [(self.clock.seconds, self.policy)]
         self.deployed: dict[str, Policy] = {self.policy.policy_version: self.policy}
         self.adopted_wrongly = False
-        self.db = directory / "sim.sqlite"
-        _copy_template(self.db)
+        #: A database holding only a freshly migrated store's rows, and its connections.
+        self.database = database
         #: Write units on the database, counted by every store of this simulation.
         self.writes = [0]
-        self.observer = SimStore(self.db, self.clock.micros, self.writes)
+        self.observer = database.store(self.clock.micros, self.writes)
         #: The observer's last read of the ledger, and the shape of the rows it was read from.
         self._ledger: tuple[Any, list[LedgerEntry]] | None = None
         #: The shape of the ledger the judge last judged (``ledger()`` may read it for others).
@@ -167,7 +165,7 @@ class Simulation:
         self.builds = 0
         workers = 2 if "two_workers" in scenario.knobs else 1
         self.slots = [
-            self._slot(i, SimStore(self.db, self.clock.micros, self.writes)) for i in range(workers)
+            self._slot(i, database.store(self.clock.micros, self.writes)) for i in range(workers)
         ]
         first = self.slots[0]
         first.session = first.runtime.start(RUN_ID)
@@ -224,13 +222,6 @@ class Simulation:
         """The worker's process died: its session is gone, a new process starts empty."""
         slot.store.crash_at = None
         self.slots[slot.index] = self._slot(slot.index, slot.store)
-
-    def close(self) -> None:
-        for store in {id(s.store): s.store for s in self.slots}.values():
-            store.close()
-        self.observer.close()
-        if self.neighbour_store is not None:
-            self.neighbour_store.close()
 
     # -- the world's hooks ---------------------------------------------------
 
@@ -465,7 +456,7 @@ class Simulation:
 
     def _on_neighbour(self, event: Event) -> None:
         if self.neighbour is None:
-            self.neighbour_store = SimStore(self.db, self.clock.micros, self.writes)
+            self.neighbour_store = self.database.store(self.clock.micros, self.writes)
             self.neighbour = Neighbour(self.scenario, self.clock)
             self.neighbour.arrive(self.neighbour_store, died=event.arg == "died")
 
@@ -684,46 +675,27 @@ def _where(exc: BaseException) -> str:
     return "; ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[-3:])
 
 
-#: An empty store with tether's schema, as bytes: made once per process and written out
-#: for each simulation (migrating a fresh file for every seed cost a tenth of the run).
-_TEMPLATE: list[bytes] = []
-
-
-def _copy_template(path: Path) -> None:
-    if not _TEMPLATE:
-        with tempfile.TemporaryDirectory(prefix="tether-sim-", dir=_tmp_root()) as made:
-            template = Path(made) / "template.sqlite"
-            SQLiteStore(template, synchronous="OFF").close()  # closed: the WAL folded in
-            _TEMPLATE.append(template.read_bytes())
-    path.write_bytes(_TEMPLATE[0])
-
-
 def simulate(scenario: Scenario) -> Result:
     """Run ``scenario`` from scratch; every violation it finds."""
-    with tempfile.TemporaryDirectory(prefix="tether-sim-", dir=_tmp_root()) as directory:
-        sim = Simulation(scenario, Path(directory))
-        try:
-            for event in scenario.events:
-                sim.apply(event)
-            sim.drain()
-            state = sim.state()
-            return Result(
-                scenario,
-                list(sim.judge.violations),
-                sim.event_no,  # every scheduler decision applied, the drain's included
-                sim.judge.checks,
-                len(sim.world.receptions),
-                "?" if state is None else state.phase.value,
-                tuple(
-                    f"{r.namespace} {r.key} {r.identity} @{r.at:g}" for r in sim.world.receptions
-                ),
-                "" if sim.neighbour is None else sim.neighbour.ending,
-            )
-        finally:
-            sim.close()
-
-
-def _tmp_root() -> str | None:
-    """A RAM-backed directory where the machine has one (the database is throwaway)."""
-    shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() else None
+    database = borrow()
+    clean = False
+    try:
+        sim = Simulation(scenario, database)
+        for event in scenario.events:
+            sim.apply(event)
+        sim.drain()
+        state = sim.state()
+        result = Result(
+            scenario,
+            list(sim.judge.violations),
+            sim.event_no,  # every scheduler decision applied, the drain's included
+            sim.judge.checks,
+            len(sim.world.receptions),
+            "?" if state is None else state.phase.value,
+            tuple(f"{r.namespace} {r.key} {r.identity} @{r.at:g}" for r in sim.world.receptions),
+            "" if sim.neighbour is None else sim.neighbour.ending,
+        )
+        clean = True
+        return result
+    finally:
+        give_back(database, clean=clean)
