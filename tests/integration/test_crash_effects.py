@@ -61,7 +61,7 @@ _WINDOWS = {P.INTENT_PERSISTED, P.EFFECT_SENT, P.RECEIPT_DEFERRED, P.RECEIPT_PER
 def trials_for(point: CrashPoint, hit: int) -> int:
     if point in {P.EFFECT_SENT, P.RECEIPT_DEFERRED} or (point in _WINDOWS and hit in {2, 3}):
         return TRIALS
-    return 2
+    return min(2, TRIALS)
 
 
 @dataclass

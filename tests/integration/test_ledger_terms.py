@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 from tests.unit.test_ledger import effect, entry
@@ -36,6 +38,26 @@ class Traced:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
+
+
+def test_migration_16_names_the_target_of_sent_rows_written_before_it(tmp_path: Path) -> None:
+    """Sent rows written without a target (before migration 16) are filled on open and found."""
+    terms = replace(effect(sensitive=False), effect="sha256:" + "e" * 64)
+    intent = entry(1, GENESIS_HASH, EffectStatus.INTENDED, terms=terms)
+    sent = entry(2, intent.hash, EffectStatus.DISPATCHED, terms=terms)
+    unknown = entry(3, sent.hash, EffectStatus.OUTCOME_UNKNOWN, terms=terms)
+    db = tmp_path / "t.sqlite"
+    with SQLiteStore(db) as store:
+        store.put_content(make_commit("run", 1, ledger=[intent, sent, unknown]))
+    with sqlite3.connect(db) as conn:  # as a tether before migration 16 wrote them
+        conn.execute("UPDATE tether_ledger SET target = NULL")
+        conn.execute("DELETE FROM tether_migrations WHERE version = 16")
+    with SQLiteStore(db) as store:
+        assert store.ledger_on_target("run", terms.target_key) == [unknown, sent]
+        assert store.ledger("run") == [intent, sent, unknown]  # the index agrees with each row
+    with sqlite3.connect(db) as conn:
+        targets = conn.execute("SELECT target FROM tether_ledger ORDER BY seq").fetchall()
+    assert targets == [(None,), (terms.target_key,), (terms.target_key,)]
 
 
 def test_each_wrapped_adapter_is_judged_by_what_it_wraps() -> None:

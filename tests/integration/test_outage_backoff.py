@@ -24,9 +24,11 @@ from tests.conformance._pg import fresh_schema, pg_dsn, url_in_schema
 from tests.conftest import ScriptedAgent, make_policy, make_task, write
 from tests.integration._services import EffectsService, effects_service
 from tether.adapters import REFERENCE_PROFILE, HttpEffect
+from tether.core import AdapterUnavailableError
 from tether.crypto import Keyring
 from tether.runtime import Runtime, Worker
 from tether.store import open_store
+from tether.testing import Sandbox
 
 KEYRING = Keyring.generate("k1")
 BACKOFF_S = 0.05
@@ -374,3 +376,90 @@ def test_a_run_whose_agent_asks_for_nothing_is_backed_off_more_each_time(tmp_pat
         assert scheduled(drive_once(w2), 0.02)  # w2 has no streak for it: the base
         assert scheduled(drive_once(w1), 0.02)  # moved on since w1 left it: the base again
     assert w1.stats.waiting == 5 and w1.stats.errors == 0
+
+
+class GoesDown(Sandbox):
+    """The reference sandbox, with an outage switch: while down, every look-up and send
+    raises AdapterUnavailableError (and is counted: it reached a service that was down)."""
+
+    def __init__(self, files: dict[str, str]) -> None:
+        super().__init__(files)
+        self.down = False
+        self.met_down = 0
+
+    def _check_up(self) -> None:
+        if self.down:
+            self.met_down += 1
+            raise AdapterUnavailableError("the workspace service is down")
+
+    def lookup(self, key: str) -> Any:
+        self._check_up()
+        return super().lookup(key)
+
+    def execute(self, key: str, intent: Any, prestate: Any, fence: Any = None) -> Any:
+        self._check_up()
+        return super().execute(key, intent, prestate, fence)
+
+
+def test_a_run_parked_for_a_person_keeps_the_back_off_of_the_outage_its_claim_met(
+    tmp_path: Path,
+) -> None:
+    """A claim that met the service down and then parked the run for an approval backs it off,
+    so the approval landing at once wakes it for no worker's claim until the back-off passed."""
+    # Issue 25, seed 141457: the park set no floor, and two workers' claims reached the
+    # service that was down with no back-off between them.
+    import secrets
+    from datetime import UTC, datetime, timedelta
+
+    from tether.core import OutcomeKind, new_approval
+    from tether.crypto import Signer, TrustRoots
+
+    alice = Signer.generate("alice", "approver")
+    sandbox = GoesDown({"notes.txt": "draft\n"})
+    task = make_task(sandbox.environment().state_fingerprint)
+    gated = {"risk": "low", "permission": "workspace.write", "needs_approval": True}
+
+    def factory(store: Any, run_id: str, worker: str) -> Runtime:
+        return Runtime(
+            store=store,
+            keyring=KEYRING,
+            adapter=sandbox,
+            task=task,
+            policy=make_policy(kinds={"file.write": gated}),
+            agent=ScriptedAgent([write("notes.txt", "done\n"), _finish]),
+            worker=worker,
+            trust=TrustRoots.of(alice.trust_root()),
+        )
+
+    backoff_s = 2.0  # the first wait, at the lowest draw: 1 s
+    with open_store(f"sqlite:///{tmp_path / 'tether.sqlite'}") as store:
+        session = factory(store, "r1", "starter").start("r1")
+        assert session.step().kind is OutcomeKind.WAITING_FOR_APPROVAL  # the intent is durable
+        session.release()
+        sandbox.down = True
+        w1 = Worker(store, factory, "w1", backoff_s=backoff_s, draw=lambda: 0.0)
+        w2 = Worker(store, factory, "w2", backoff_s=backoff_s, draw=lambda: 0.0)
+        (lease,) = store.claim_expired("w1", 30)
+        parked_at = time.time()
+        w1.drive(lease)
+        assert sandbox.met_down == 1  # the recovery's look-up of the intended write's key
+        mark = store.get_mark("r1")
+        assert mark.waiting_after is not None and mark.attempts == 0  # parked, no failure
+        assert mark.retry_at is not None and mark.retry_at.timestamp() >= parked_at + 0.9
+        state = factory(store, "r1", "reader").checkpointer.load("r1").state
+        now = datetime.now(UTC)
+        body = new_approval(
+            state,
+            "alice",
+            issued_at=now,
+            expires_at=now + timedelta(seconds=300),
+            nonce=secrets.token_hex(16),
+        )
+        store.put_evidence("r1", "approval", alice.sign(body))
+        # The approval woke it, but no worker's claim takes it while the back-off runs.
+        assert store.claim_expired("w2", 30) == []
+        assert sandbox.met_down == 1
+        sandbox.down = False
+        w2.drive(claim_when_due(store, "w2"))
+        assert store.get_mark("r1").phase == "completed"
+    assert sandbox.write_count() == 1

@@ -30,7 +30,7 @@ from tether.crypto import Keyring
 
 pytestmark = pytest.mark.slow
 
-# `make optimized` (python -O) sets TETHER_CRASH_TRIALS=2: the first pass already ran 20.
+# `make optimized` (python -O) sets TETHER_CRASH_TRIALS=1: the first pass already ran 20.
 TRIALS = int(os.environ.get("TETHER_CRASH_TRIALS", "20"))
 CONTROL_TRIALS = 3
 

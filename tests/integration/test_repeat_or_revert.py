@@ -13,6 +13,7 @@ import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,13 @@ from typing import Any
 import pytest
 
 import tether
+from tests.conftest import ScriptedAgent, finish, make_policy, make_task, signed_decision, write
 from tether import effects
 from tether.adapters import HttpEffect
-from tether.core import NeedsReviewError, Phase, ReviewReason
+from tether.core import NeedsReviewError, OutcomeKind, Phase, ReviewReason
+from tether.crypto import Keyring, Signer, TrustRoots
+from tether.runtime import CrashPlan, CrashPoint, Runtime, SimulatedCrash
+from tether.store import SQLiteStore
 
 
 @dataclass
@@ -186,3 +191,56 @@ def test_a_function_effect_declared_a_state_sets_its_target_back(tmp_path: Path)
             add_note("#ops", "hi")  # declared unknown: a revert or a duplicate, a person says
     assert caught.value.reason == ReviewReason.REPEAT_OR_REVERT
     assert bodies == ["A", "B", "A", "hi", "bye"]
+
+
+REVIEWER = Signer.generate("rev", "reviewer")
+KEYRING = Keyring.generate("k1")
+
+
+def _put_runtime(tmp_path: Path, put: HttpEffect, steps: list[Any], crash: CrashPlan) -> Runtime:
+    """A runtime whose agent PUTs each of ``steps`` to one settings path, then finishes."""
+    task = make_task(
+        put.environment().state_fingerprint,
+        allowed_kinds=["http.put"],
+        allowed_paths=["settings/theme"],
+        permissions=["service.write"],
+        initial_environment={"namespace": "http"},
+        verifier=None,
+    )
+    rule = {"risk": "low", "permission": "service.write", "needs_approval": False}
+    return Runtime(
+        store=SQLiteStore(tmp_path / "tether.sqlite"),
+        keyring=KEYRING,
+        adapter=put,
+        task=task,
+        policy=make_policy(kinds={"http.put": rule}),
+        agent=ScriptedAgent(steps),
+        crash=crash,
+        trust=TrustRoots.of(REVIEWER.trust_root()),
+    )
+
+
+def test_put_a_then_b_unknown_then_a_again_goes_to_a_person_and_sends_nothing(
+    tmp_path: Path, service: Service
+) -> None:
+    """PUT declared a state: A, then B killed after its send and replanned, then A again: neither replayed nor sent; a person decides."""
+    a, b = {"theme": "dark"}, {"theme": "light"}
+    steps = [
+        write("settings/theme", "", f"a{i}", kind="http.put", args={"json": body})
+        for i, body in enumerate((a, b, a))
+    ]
+    with HttpEffect(service.url, method="PUT", targets="state", timeout_s=5) as put:
+        killed = _put_runtime(tmp_path, put, [*steps, finish], CrashPlan(CrashPoint.EFFECT_SENT, 2))
+        session = killed.start("r1")
+        assert session.step().kind is OutcomeKind.EXECUTED
+        with pytest.raises(SimulatedCrash):
+            session.step()  # B reached the service; its reply never reached the ledger
+        session = _put_runtime(tmp_path, put, [*steps, finish], CrashPlan()).recover("r1")
+        session.step()
+        assert session.state.review_cases[-1].reason == ReviewReason.OUTCOME_UNKNOWN
+        session.review(signed_decision(REVIEWER, session.state, datetime.now(UTC)))
+        outcome = session.step()  # A again: B may have landed (it did), or may land yet
+        assert (outcome.kind, outcome.reason) == (OutcomeKind.FROZEN, "repeat_or_revert")
+    assert session.state.phase is Phase.NEEDS_REVIEW
+    assert [body for _, body in service.puts] == [a, b]
+    assert service.settings == {"/settings/theme": b}

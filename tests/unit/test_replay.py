@@ -86,6 +86,7 @@ def _found(receipt: Receipt = ADAPTER_RECEIPT) -> LookupAnswer:
 DRIFTED = replace(ADAPTER_RECEIPT, result={"ok": False})
 FOREIGN = replace(ADAPTER_RECEIPT, intent_digest=OTHER_INTENT, receipt_id="rcpt-x")
 V = replay_rules.Verdict
+OW = replay_rules.Overwrite
 
 # (what the ledger knows, capabilities, extra facts, look-up answer) -> (verdict, reason, by)
 JUDGE_CASES: list[tuple[str, EffectHistory | None, Capabilities, dict[str, Any], Any, Any]] = [
@@ -176,38 +177,58 @@ JUDGE_CASES: list[tuple[str, EffectHistory | None, Capabilities, dict[str, Any],
     ("unsettled, tracked, absent and final", OPEN, TRACKED, {"target_moved": True},
      LookupAnswer(ST.ABSENT), (V.PROCEED, "never_landed", "")),
     # A, B, A on a target nothing can read: the ledger saw B committed on it since
-    ("committed, state, overwritten since", DONE, STATE, {"overwritten": True}, None,
+    ("committed, state, overwritten since", DONE, STATE, {"overwritten": OW.YES}, None,
      (V.PROCEED, "target_moved", "")),
-    ("committed, state blind, overwritten since", DONE, STATE_BLIND, {"overwritten": True},
+    ("committed, state blind, overwritten since", DONE, STATE_BLIND, {"overwritten": OW.YES},
      None, (V.PROCEED, "target_moved", "")),
-    ("committed, collection, overwritten since", DONE, COLLECTION, {"overwritten": True},
+    ("committed, collection, overwritten since", DONE, COLLECTION, {"overwritten": OW.YES},
      _found(), (V.REPLAY, "effect_replayed", "adapter")),
     ("committed, collection blind, overwritten since", DONE, COLLECTION_BLIND,
-     {"overwritten": True}, None, (V.REPLAY, "effect_replayed", "ledger")),
-    ("committed, unknown, overwritten since", DONE, UNKNOWN, {"overwritten": True}, None,
+     {"overwritten": OW.YES}, None, (V.REPLAY, "effect_replayed", "ledger")),
+    ("committed, unknown, overwritten since", DONE, UNKNOWN, {"overwritten": OW.YES}, None,
      (V.REVIEW, "repeat_or_revert", "")),
     ("committed, unknown blind, overwritten since", DONE, replace(UNKNOWN, queryable=False),
-     {"overwritten": True}, None, (V.REVIEW, "repeat_or_revert", "")),
+     {"overwritten": OW.YES}, None, (V.REVIEW, "repeat_or_revert", "")),
     ("committed, unknown, nothing since", DONE, UNKNOWN, {}, _found(),
      (V.REPLAY, "effect_replayed", "adapter")),
     ("committed, undeclared (a collection), overwritten since", DONE, REMOTE,
-     {"overwritten": True}, _found(), (V.REPLAY, "effect_replayed", "adapter")),
+     {"overwritten": OW.YES}, _found(), (V.REPLAY, "effect_replayed", "adapter")),
     ("committed, state, nothing since", DONE, STATE, {}, _found(),
      (V.REPLAY, "effect_replayed", "adapter")),
     ("committed, tracked, overwritten but the target holds it", DONE, TRACKED_COLLECTION,
-     {"overwritten": True}, _found(), (V.REPLAY, "effect_replayed", "adapter")),
+     {"overwritten": OW.YES}, _found(), (V.REPLAY, "effect_replayed", "adapter")),
     ("committed, stateful, overwritten but the target holds it", DONE, DEDUPS,
-     {"overwritten": True}, _found(), (V.REPLAY, "effect_replayed", "adapter")),
+     {"overwritten": OW.YES}, _found(), (V.REPLAY, "effect_replayed", "adapter")),
     ("committed, unknown, overwritten, gated", DONE, UNKNOWN,
-     {"overwritten": True, "needs_approval": True}, None, (V.REVIEW, "repeat_or_revert", "")),
+     {"overwritten": OW.YES, "needs_approval": True}, None, (V.REVIEW, "repeat_or_revert", "")),
     ("unsettled, unknown, it landed, overwritten since", OPEN, UNKNOWN,
-     {"overwritten": True}, _found(), (V.REVIEW, "repeat_or_revert", "")),
-    ("unsettled, state, it landed, overwritten since", OPEN, STATE, {"overwritten": True},
+     {"overwritten": OW.YES}, _found(), (V.REVIEW, "repeat_or_revert", "")),
+    ("unsettled, state, it landed, overwritten since", OPEN, STATE, {"overwritten": OW.YES},
      _found(), (V.PROCEED, "target_moved", "")),
     ("unsettled, collection, it landed, overwritten since", OPEN, COLLECTION,
-     {"overwritten": True}, _found(), (V.REPLAY, "effect_replayed", "lookup")),
+     {"overwritten": OW.YES}, _found(), (V.REPLAY, "effect_replayed", "lookup")),
     ("unsettled, state, absent, overwritten since", OPEN, replace(STATE, absent_is_final=True),
-     {"overwritten": True}, LookupAnswer(ST.ABSENT), (V.PROCEED, "never_landed", "")),
+     {"overwritten": OW.YES}, LookupAnswer(ST.ABSENT), (V.PROCEED, "never_landed", "")),
+    # A, B?, A: B was sent to the target since, its outcome unknown (it may land yet)
+    ("committed, state, another's outcome unknown since", DONE, STATE, {"overwritten": OW.MAYBE},
+     None, (V.REVIEW, "repeat_or_revert", "")),
+    ("committed, state blind, another's outcome unknown since", DONE, STATE_BLIND,
+     {"overwritten": OW.MAYBE}, None, (V.REVIEW, "repeat_or_revert", "")),
+    ("committed, unknown, another's outcome unknown since", DONE, UNKNOWN,
+     {"overwritten": OW.MAYBE}, None, (V.REVIEW, "repeat_or_revert", "")),
+    ("committed, collection blind, another's outcome unknown since", DONE, COLLECTION_BLIND,
+     {"overwritten": OW.MAYBE}, None, (V.REPLAY, "effect_replayed", "ledger")),
+    ("committed, collection, another's outcome unknown since", DONE, COLLECTION,
+     {"overwritten": OW.MAYBE}, _found(), (V.REPLAY, "effect_replayed", "adapter")),
+    ("committed, tracked, another's outcome unknown but the target holds it", DONE,
+     TRACKED_COLLECTION, {"overwritten": OW.MAYBE}, _found(),
+     (V.REPLAY, "effect_replayed", "adapter")),
+    ("committed, state, gated, another's outcome unknown since", DONE, STATE,
+     {"overwritten": OW.MAYBE, "needs_approval": True}, None, (V.REVIEW, "repeat_or_revert", "")),
+    ("unsettled, state, it landed, another's outcome unknown since", OPEN, STATE,
+     {"overwritten": OW.MAYBE}, _found(), (V.REVIEW, "repeat_or_revert", "")),
+    ("unsettled, state blind, another's outcome unknown since", OPEN, STATE_BLIND,
+     {"overwritten": OW.MAYBE}, None, (V.REVIEW, "replay_of_unknown_effect", "")),
     # a gated kind: a replay waits for its approval
     ("committed, gated", DONE, DEDUPS, {"needs_approval": True}, _found(),
      (V.HOLD, "approval_required", "adapter")),
@@ -271,12 +292,60 @@ LOOKUP_CASES = [
     (DONE, TRACKED, {"target_moved": None}, None),
     (DONE, REMOTE, {"target_moved": None}, "idem-1"),
     (OPEN, TRACKED, {"target_moved": None}, "idem-1"),
-    (DONE, STATE, {"overwritten": True}, None),
-    (DONE, UNKNOWN, {"overwritten": True}, None),
-    (DONE, COLLECTION, {"overwritten": True}, "idem-1"),
+    (DONE, STATE, {"overwritten": OW.YES}, None),
+    (DONE, UNKNOWN, {"overwritten": OW.YES}, None),
+    (DONE, COLLECTION, {"overwritten": OW.YES}, "idem-1"),
     (DONE, STATE, {}, "idem-1"),
-    (OPEN, REMOTE, {"overwritten": True}, "idem-1"),
+    (OPEN, REMOTE, {"overwritten": OW.YES}, "idem-1"),
+    (DONE, STATE, {"overwritten": OW.MAYBE}, None),
+    (DONE, COLLECTION, {"overwritten": OW.MAYBE}, "idem-1"),
+    (OPEN, STATE, {"overwritten": OW.MAYBE}, "idem-1"),
 ]
+
+
+ES = EffectStatus
+B = "sha256:" + "b" * 64
+# (the target's rows newest first as (key, effect, status), keys met before) -> what came since
+SINCE_CASES: list[tuple[str, list[tuple[str, str, EffectStatus]], set[str], Any]] = [
+    ("no rows: older rows decide", [], set(), None),
+    ("ours is the newest", [("k1", EFFECT, ES.COMMITTED)], set(), OW.NO),
+    ("another committed since", [("k2", B, ES.COMMITTED), ("k1", EFFECT, ES.COMMITTED)],
+     set(), OW.YES),
+    ("another compensated since (it was there)", [("k2", B, ES.COMPENSATED)], set(), OW.YES),
+    ("another dispatched since", [("k2", B, ES.DISPATCHED), ("k1", EFFECT, ES.COMMITTED)],
+     set(), OW.MAYBE),
+    ("another's outcome unknown since", [("k2", B, ES.OUTCOME_UNKNOWN),
+     ("k2", B, ES.DISPATCHED), ("k1", EFFECT, ES.COMMITTED)], set(), OW.MAYBE),
+    ("another refused since: it never landed", [("k2", B, ES.REJECTED),
+     ("k2", B, ES.DISPATCHED), ("k1", EFFECT, ES.COMMITTED)], set(), OW.NO),
+    ("another cancelled since: it never landed", [("k2", B, ES.CANCELLED),
+     ("k1", EFFECT, ES.COMMITTED)], set(), OW.NO),
+    ("an intent alone never left", [("k2", B, ES.INTENDED), ("k1", EFFECT, ES.COMMITTED)],
+     set(), OW.NO),
+    ("a key's newest row is its status: settled newer, sent older",
+     [("k2", B, ES.COMMITTED), ("k1", EFFECT, ES.COMMITTED), ("k2", B, ES.DISPATCHED)],
+     set(), OW.YES),
+    ("our own newer attempt refused, another committed before it",
+     [("k3", EFFECT, ES.REJECTED), ("k2", B, ES.COMMITTED), ("k1", EFFECT, ES.COMMITTED)],
+     set(), OW.YES),
+    ("our own attempt unsettled is the newest", [("k3", EFFECT, ES.OUTCOME_UNKNOWN),
+     ("k2", B, ES.COMMITTED)], set(), OW.NO),
+    ("a key met on a newer page is passed over", [("k2", B, ES.DISPATCHED),
+     ("k1", EFFECT, ES.COMMITTED)], {"k2"}, OW.NO),
+    ("only settled misses: older rows decide", [("k2", B, ES.REJECTED)], set(), None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rows", "seen", "expected"),
+    [case[1:] for case in SINCE_CASES],
+    ids=[case[0] for case in SINCE_CASES],
+)
+def test_what_came_onto_a_target_since(
+    rows: list[tuple[str, str, EffectStatus]], seen: set[str], expected: Any
+) -> None:
+    """The newest attempt on a target that may have landed decides: ours, a commit, or an unknown."""
+    assert replay_rules.since_on_target(rows, EFFECT, set(seen)) == expected
 
 
 @pytest.mark.parametrize(("record", "caps", "extra", "key"), LOOKUP_CASES)

@@ -1,4 +1,5 @@
-"""The retry rules, case by case: progress, back-off delay, recording a resend, the stuck margin."""
+"""The retry rules, case by case: progress, a claim's next move, back-off delay, recording a
+resend, the stuck margin."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from hypothesis import strategies as st
 from tether.core import OutcomeKind, RetrySettingsError
 from tether.core._retry import (
     NO_PROGRESS,
+    AfterStep,
+    after_step,
     in_flight_allowance,
     records_resend,
     resend_margin,
@@ -47,6 +50,55 @@ def test_the_progress_table_names_every_outcome() -> None:
 def test_a_resend_or_a_wait_is_not_progress(kind: OutcomeKind, moved: bool) -> None:
     """A step is progress by its outcome: in flight, later, a wait, or nothing asked are not."""
     assert step_progressed(kind) is moved
+
+
+#: What a claim does after a step: (outcome, frozen now, met an outage) -> next.
+AFTER = [
+    (OutcomeKind.EXECUTED, False, False, AfterStep.GO_ON),
+    # The outage is behind it (the step moved on); if the service is still down, the
+    # next step meets it and is deferred.
+    (OutcomeKind.EXECUTED, False, True, AfterStep.GO_ON),
+    (OutcomeKind.OBSERVED, False, True, AfterStep.GO_ON),
+    (OutcomeKind.RETRY_LATER, False, False, AfterStep.DEFER),
+    (OutcomeKind.RETRY_LATER, False, True, AfterStep.DEFER),
+    (OutcomeKind.IN_FLIGHT, False, False, AfterStep.DEFER),
+    (OutcomeKind.WAITED, False, False, AfterStep.DEFER),
+    (OutcomeKind.WAITING_FOR_APPROVAL, False, False, AfterStep.PARK),
+    # Seed 141457: the recovery's look-up met the service down, then the write waited
+    # for its approval; an approval landing at once must not send a claim straight back.
+    (OutcomeKind.WAITING_FOR_APPROVAL, False, True, AfterStep.PARK_BACKED_OFF),
+    (OutcomeKind.FROZEN, True, False, AfterStep.PARK),
+    (OutcomeKind.FROZEN, True, True, AfterStep.PARK_BACKED_OFF),
+    (OutcomeKind.RECOVERED, True, False, AfterStep.PARK),  # still frozen: a person decides
+    (OutcomeKind.REJECTED, True, True, AfterStep.PARK_BACKED_OFF),  # a refused decision
+    (OutcomeKind.FINISHED, False, False, AfterStep.GO_ON),  # the loop sees the run ended
+]
+
+
+@pytest.mark.parametrize(("kind", "frozen", "met_outage", "expected"), AFTER)
+def test_a_claim_goes_on_parks_or_defers_by_the_step_it_took(
+    kind: OutcomeKind, frozen: bool, met_outage: bool, expected: AfterStep
+) -> None:
+    """A person's turn parks the run (backed off if the claim met an outage), progress goes on,
+    and anything else is deferred."""
+    assert after_step(kind, frozen=frozen, met_outage=met_outage) is expected
+
+
+@pytest.mark.parametrize("kind", sorted(PROGRESS))
+def test_every_step_outcome_has_one_next_move_agreeing_with_the_progress_table(
+    kind: OutcomeKind,
+) -> None:
+    """For every outcome, frozen or not, outage or not: parks exactly for a person, backed off
+    exactly after an outage, and otherwise goes on exactly when the step was progress."""
+    for frozen in (False, True):
+        for met_outage in (False, True):
+            got = after_step(kind, frozen=frozen, met_outage=met_outage)
+            person = frozen or kind is OutcomeKind.WAITING_FOR_APPROVAL
+            if person:
+                parked = AfterStep.PARK_BACKED_OFF if met_outage else AfterStep.PARK
+                assert got is parked, (kind, frozen, met_outage)
+            else:
+                assert got is (AfterStep.GO_ON if PROGRESS[kind] else AfterStep.DEFER), kind
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from tether.core import Capabilities
 from tether.testing.simulate import (
     CI_KNOBS,
     KNOWN_DEFECTS,
+    Event,
     Item,
     Result,
     Scenario,
@@ -199,3 +200,90 @@ def test_a_replay_stands_on_a_persons_landed_where_the_adapter_forgot_the_key(se
     result = run(seed, knobs=CI_KNOBS)
     assert result.ok, result.violations
     assert result.events > 0
+
+
+#: Seeds where a reviewer's replan set a key aside whose outcome was unknown (a hostile
+#: look-up froze it), the service then forgot the key past its retention, and the run's
+#: next send was judged as if the key were still waiting for review. A replan writes no
+#: ledger row, so the key still read "dispatched" there: the judge now asks no more of a
+#: key that reached review (quarantined, or the run frozen when it was forgotten); pinned.
+SET_ASIDE_FORGOTTEN_SEEDS = (140033, 145094)
+
+
+@pytest.mark.parametrize("seed", SET_ASIDE_FORGOTTEN_SEEDS)
+def test_a_key_a_replan_set_aside_and_the_service_forgot_holds_no_later_send(seed: int) -> None:
+    """The seed keeps every invariant: a key that reached review is not unknowable again."""
+    result = run(seed, knobs=CI_KNOBS)
+    assert result.ok, result.violations
+
+
+def test_the_judge_lets_a_run_go_on_past_a_replanned_key_the_service_forgot() -> None:
+    """A lost reply frozen by a hostile look-up, replanned, then forgotten past retention,
+    holds no later write: the key reached review before it was forgotten."""
+    caps = Capabilities(
+        idempotent=True,
+        queryable=True,
+        conditional_writes=False,
+        absent_is_final=False,
+        retention_s=60.0,
+    )
+    scenario = replace(
+        draw(1, CI_KNOBS, workspace=caps),
+        gated=(),
+        plan=(Item("write", "src/a.txt", "A"), Item("write", "src/b.txt", "B"), Item("finish")),
+        events=(
+            Event("lost_reply", arg="workspace"),  # A lands, its reply is lost
+            Event("hostile", arg="workspace"),  # the look-up that settles it: another intent's
+            Event("hostile", arg="workspace"),  # ... and the same again when the replan re-reads
+            Event("step"),
+            Event("step"),  # frozen: same key, another intent
+            Event("review", arg="replan"),
+            Event("stale"),  # A proposed again is refused as stale: the agent moves on
+            Event("step"),  # the replan quarantines A's key; the run goes on
+            Event("advance", num=61),
+            Event("forget"),  # the service forgets A's key past its retention
+            Event("step"),  # B is sent
+            Event("step"),
+        ),
+    )
+    result = simulate(scenario)
+    assert result.ok, result.violations
+    assert [line.split()[2] for line in result.world] == ["src/a.txt=A", "src/b.txt=B"]
+    assert result.phase == "completed"
+
+
+#: A seed where a worker's claim met the workspace down (the recovery's look-up of an
+#: intended write's key) and parked the run for its approval with no floor: the approval,
+#: signed at once, woke it for the other worker, whose claim reached the service still
+#: down with no back-off between them. A park now keeps the outage's back-off; pinned,
+#: and caught again with the defect planted (``park_forgets_outage``, test_simulate_mutants).
+PARKED_OUTAGE_SEEDS = (141457,)
+
+
+@pytest.mark.parametrize("seed", PARKED_OUTAGE_SEEDS)
+def test_a_run_parked_after_meeting_an_outage_is_not_claimed_straight_back(seed: int) -> None:
+    """The seed keeps every invariant: the workers' claims reach a service down one back-off
+    apart at the least."""
+    result = run(seed, knobs=CI_KNOBS)
+    assert result.ok, result.violations
+
+
+#: Seeds where a board declared a state was written A, then B with the outcome unknown (a
+#: crash after the send, set aside by a replan), and A proposed again was replayed from
+#: A's receipt while the board showed B: the target index held commits only. An attempt on
+#: the target whose outcome nobody knows now counts as in between; a person decides.
+UNSETTLED_BETWEEN_SEEDS = (143033, 152885, 155695)
+
+
+@pytest.mark.parametrize("seed", UNSETTLED_BETWEEN_SEEDS)
+def test_a_replay_is_never_answered_past_an_unknown_write_on_a_state_target(seed: int) -> None:
+    """The seed keeps every invariant: A, B?, A on a declared state is never replayed silently."""
+    result = run(seed, knobs=CI_KNOBS)
+    assert result.ok, result.violations
+    assert result.events > 0
+
+
+@pytest.mark.parametrize("seed", UNSETTLED_BETWEEN_SEEDS)
+def test_an_unsettled_between_seed_catches_its_defect_planted_again(seed: int) -> None:
+    """With only commits counted as in between again, the seed breaks invariant 3 once more."""
+    assert catches("replay_unsettled_between_ignored", seed)

@@ -29,12 +29,14 @@ CAUGHT = {
     "lease_unchecked": 1_000_019,
     "resend_is_progress": 1_000_139,
     "resend_recorded_each_time": 189,
+    "park_forgets_outage": 141457,
     "held_write_not_rejudged": 12,
     "replay_receipts_unchecked": 1_000_037,
     "replay_never_asks": 1_000_031,
     "replay_absence_past_retention": 1_000_001,
     "replay_swallows_reverts": 37,
     "replay_swallows_state_reverts": 1_005_001,
+    "replay_unsettled_between_ignored": 143033,
     "replay_foreign_receipt": 79,
     "replay_unapproved": 57,
     "replay_result_dropped": 1_000_003,
@@ -54,12 +56,16 @@ CAUGHT = {
 #: Each defect the simulator found in the rules as they were (issue 25), and the mutants
 #: that plant it again: the corpus must catch every one of them.
 REPLANTED = {
-    "reverted_writes": ("replay_swallows_reverts", "replay_swallows_state_reverts"),
+    "reverted_writes": (
+        "replay_swallows_reverts",
+        "replay_swallows_state_reverts",
+        "replay_unsettled_between_ignored",
+    ),
     "retention_past": ("replay_absence_past_retention", "retention_ignored"),
     "hostile_answers": ("replay_foreign_receipt",),
     "receipt_drift": ("replay_never_asks", "replay_receipts_unchecked"),
     "gated_repeats": ("replay_unapproved",),
-    "service_down": ("resend_is_progress", "resend_recorded_each_time"),
+    "service_down": ("resend_is_progress", "resend_recorded_each_time", "park_forgets_outage"),
     "policy_change": ("held_write_not_rejudged", "risk_unchecked"),
     "drawn_neighbours": ("released_run_claimed_first", "claim_ties_by_run_id"),
 }

@@ -178,7 +178,9 @@ class ReviewReason(StrEnum):
     #: A re-proposed effect whose receipt at the adapter differs from the ledger's copy.
     RECEIPT_DRIFT = "receipt_drift"
     #: A re-proposed effect, committed before, whose target another effect wrote since
-    #: (A, B, A), on a target not declared a state or a collection: a revert or a duplicate.
+    #: (A, B, A), on a target not declared a state or a collection: a revert or a duplicate;
+    #: or, on any target but a collection, one another effect was sent to with an outcome
+    #: nobody knows (A, B?, A).
     REPEAT_OR_REVERT = "repeat_or_revert"
     #: The environment changed outside the run while it was down.
     ENVIRONMENT_DRIFT = "environment_drift"

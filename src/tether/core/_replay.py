@@ -43,6 +43,15 @@ another effect committed on it since (A, B, A):
   ``unknown`` (not declared)                       review (``repeat_or_revert``):
                                                    a revert or a duplicate, a
                                                    person says (fork, or abort)
+a commit, on a target the adapter cannot read,     as its declared ``targets``:
+another effect sent to it since, its outcome not
+known (A, B?, A: it may have landed, or land yet):
+  ``state``                                        review (``repeat_or_revert``):
+                                                   a replay may answer for B's
+                                                   value, a send may be
+                                                   overwritten by B landing late
+  ``collection``                                   as below: the first, replayed
+  ``unknown``                                      review (``repeat_or_revert``)
 a commit, the adapter cannot be asked              replay (settled by the
                                                    signed ledger, said so)
 a commit a person found landed (a signed           replay (settled by the
@@ -214,6 +223,51 @@ def known_effects(
     return changed
 
 
+class Overwrite(StrEnum):
+    """What the ledger says came onto a target, from other effects, since an effect's last attempt.
+
+    Read where the adapter cannot read the target (:func:`since_on_target`):
+    the newest attempt on the target that may have landed decides.
+    """
+
+    NO = "no"  # nothing since (or nothing asked: a tracked target, a collection)
+    YES = "yes"  # another effect committed on it since: A, B, A
+    MAYBE = "maybe"  # another effect sent to it since, its outcome unknown: it may land yet
+
+
+#: Attempts the ledger knows never landed: refused, cancelled before the send, never sent.
+_NEVER_LANDED = frozenset({EffectStatus.REJECTED, EffectStatus.CANCELLED, EffectStatus.INTENDED})
+#: Attempts that landed (a compensation undid one, but it was on the target in between).
+_LANDED = frozenset({EffectStatus.COMMITTED, EffectStatus.COMPENSATED})
+
+
+def since_on_target(
+    rows: Iterable[tuple[str, str, EffectStatus]], effect: str, seen: set[str]
+) -> Overwrite | None:
+    """What came onto a target since ``effect``'s last attempt that may have landed there.
+
+    ``rows``: the target's ledger rows as (key, effect digest, status), newest
+    first; a key's newest row is its status now, so its older rows are passed
+    over (``seen`` holds the keys met so far, kept across pages). The newest
+    attempt that is not known to have missed decides: ``effect``'s own
+    (:attr:`Overwrite.NO`), another effect's commit (:attr:`Overwrite.YES`),
+    or another effect's attempt whose outcome nobody knows, dispatched or
+    unknown, set aside by a replan or not (:attr:`Overwrite.MAYBE`: it may
+    have landed after ``effect``'s, or may land yet). ``None``: these rows do
+    not decide (older rows may; none left means :attr:`Overwrite.NO`).
+    """
+    for key, other, status in rows:
+        if key in seen:
+            continue
+        seen.add(key)
+        if status in _NEVER_LANDED:
+            continue
+        if other == effect:
+            return Overwrite.NO
+        return Overwrite.YES if status in _LANDED else Overwrite.MAYBE
+    return None
+
+
 class Verdict(StrEnum):
     """What the replay rule says of a re-proposed effect."""
 
@@ -233,12 +287,13 @@ class ReplayFacts:
     environment, or a declared ``target_state``), carrying the proposal out
     now would change its target (it does not hold what the write leaves);
     ``None``: the adapter was asked and could not tell. ``answer``: the adapter's look-up by :func:`lookup_key`'s key.
-    ``overwritten``: the ledger's newest commit on the same target
-    (namespace, kind, target) is another effect's, read where the adapter
-    cannot read the target (see :attr:`Capabilities.targets`): committed
-    after the known commit, or (an unsettled attempt) after a send that may
-    have landed before or after it, which only a state rewrite or a person
-    can treat as the same.
+    ``overwritten``: what the ledger says came onto the same target
+    (namespace, kind, target) from other effects since this effect's last
+    attempt, read where the adapter cannot read the target (see
+    :attr:`Capabilities.targets` and :func:`since_on_target`): another
+    effect committed (:attr:`Overwrite.YES`), or sent with an outcome nobody
+    knows (:attr:`Overwrite.MAYBE`), after the known commit or (an unsettled
+    attempt) after a send that may have landed before or after it.
     ``approved``: an approval of exactly this replay holds. ``sensitive``: the policy marks the
     kind sensitive.
     """
@@ -248,7 +303,7 @@ class ReplayFacts:
     now: datetime
     forked: bool = False
     target_moved: bool | None = False
-    overwritten: bool = False
+    overwritten: Overwrite = Overwrite.NO
     answer: LookupAnswer | None = None
     needs_approval: bool = False
     approved: bool = False
@@ -278,7 +333,7 @@ def lookup_key(
     *,
     forked: bool = False,
     target_moved: bool | None = False,
-    overwritten: bool = False,
+    overwritten: Overwrite = Overwrite.NO,
 ) -> str | None:
     """The key whose receipt the adapter must be asked for before :func:`judge`, if any."""
     if forked or record is None or not capabilities.queryable:
@@ -317,16 +372,20 @@ def judge(facts: ReplayFacts) -> Judgement:
 
 
 def overwritten_verdict(
-    capabilities: Capabilities, overwritten: bool
+    capabilities: Capabilities, overwritten: Overwrite
 ) -> tuple[Verdict, OutcomeReason | ReviewReason] | None:
     """A, B, A where the adapter cannot read the target: as the target is declared.
 
     ``None``: the rule goes on as if nothing came between (no other effect
     since, a tracked target, or a collection, whose third is the first again).
     """
-    if not overwritten or capabilities.tracks_targets:
+    if overwritten is Overwrite.NO or capabilities.tracks_targets:
         return None
     if capabilities.targets is Targets.STATE:
+        if overwritten is Overwrite.MAYBE:
+            # B's outcome is unknown: a replay may answer for a target that shows B,
+            # and A sent again may be overwritten by B landing late. A person looks.
+            return Verdict.REVIEW, ReviewReason.REPEAT_OR_REVERT
         return Verdict.PROCEED, OutcomeReason.TARGET_MOVED  # the write restores A: a new effect
     if capabilities.targets is Targets.UNKNOWN:
         return Verdict.REVIEW, ReviewReason.REPEAT_OR_REVERT
@@ -605,8 +664,9 @@ _REVIEW_WHY = {
     ReviewReason.RECEIPT_DRIFT: "has a receipt at the adapter that differs from the ledger's copy: the "
     "recorded effect cannot be claimed, and sending it could be a second effect",
     ReviewReason.REPEAT_OR_REVERT: "is committed, and another effect was committed on the same "
-    "target since: doing it again may restore what the target held (a revert) or make a second "
-    "object (a duplicate), and the target is declared neither a state nor a collection",
+    "target since, or sent to it with an outcome nobody knows: doing it again may restore what "
+    "the target held (a revert), make a second object (a duplicate), or be overwritten by the "
+    "other landing late, and a replay may answer for a target that holds the other now",
     ReviewReason.RECEIPT_MISSING: "is committed in the ledger, but the adapter holds no receipt for its key "
     "(deleted, or forgotten): the effect cannot be claimed, and sending it could be a second "
     "effect",

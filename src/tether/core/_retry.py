@@ -12,6 +12,10 @@ was this step progress?            :func:`step_progressed`: not for an
                                    in-flight or retry-later answer, a wait for
                                    a person, or an agent that asked for nothing;
                                    every other outcome moved the run on
+what does the claim do next?       :func:`after_step`: a run waiting for a
+                                   person is parked (backed off all the same
+                                   if the claim met an adapter that was down);
+                                   progress goes on; anything else is deferred
 how long before the next attempt?  :func:`retry_delay`: ``base_s * 2**attempt``
                                    capped at ``cap_s``; half of it fixed, half
                                    scaled by the caller's random draw in [0, 1)
@@ -41,6 +45,7 @@ send, at most a margin later.
 from __future__ import annotations
 
 import math
+from enum import StrEnum
 
 from tether.core._errors import TetherError
 from tether.core._transition import OutcomeKind
@@ -75,6 +80,37 @@ def step_progressed(kind: OutcomeKind) -> bool:
     still did nothing.
     """
     return kind not in NO_PROGRESS
+
+
+class AfterStep(StrEnum):
+    """What a worker's claim does after one step (:func:`after_step`)."""
+
+    #: The step moved the run on: step again within this claim.
+    GO_ON = "go_on"
+    #: A person must act: let the run go until evidence lands, claimable at once then.
+    PARK = "park"
+    #: A person must act, and the claim met an adapter that was down: let the run go
+    #: until evidence lands, and not before the back-off either.
+    PARK_BACKED_OFF = "park_backed_off"
+    #: No progress (later, in flight, nothing asked): let the run go for the back-off.
+    DEFER = "defer"
+
+
+def after_step(kind: OutcomeKind, *, frozen: bool, met_outage: bool) -> AfterStep:
+    """What a claim does after a step with outcome ``kind``.
+
+    ``frozen``: the run is in ``needs_review`` now; ``met_outage``: an adapter
+    could not be asked during this claim (a look-up no outcome reports, the
+    recovery's check for a store put back, included). A park keeps the back-off
+    of an outage the claim met: the back-off is the run's (on its mark), so an
+    answer landing a moment later sends no worker's claim straight back to a
+    service just found down (issue 25, seed 141457).
+    """
+    if kind is OutcomeKind.WAITING_FOR_APPROVAL or frozen:
+        return AfterStep.PARK_BACKED_OFF if met_outage else AfterStep.PARK
+    if step_progressed(kind):
+        return AfterStep.GO_ON
+    return AfterStep.DEFER
 
 
 def retry_delay(attempt: int, *, base_s: float, cap_s: float, jitter: float) -> float:

@@ -22,6 +22,7 @@ page docs/explanation/restore-checks.md, "What recovery checks, and what only ve
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from tether.core import EffectStatus, Intent, LedgerEntry, PendingWrite, RunState, TraceEvent
 from tether.core import _replay as replay_rules
@@ -30,6 +31,18 @@ from tether.core._terms import SentTerms
 from tether.runtime._chains import ProvenChain
 from tether.runtime._checkpointer import Checkpointer
 from tether.store import KeyClock
+
+#: Rows of one target read per probe of the store's index.
+_TARGET_PAGE = 8
+
+
+@dataclass
+class _TargetRows:
+    """One target's rows below a session's base, read so far: (key, effect, status), newest first."""
+
+    below: int  # the next page holds rows with a smaller seq only
+    done: bool  # no row left to read
+    rows: list[tuple[str, str, EffectStatus]] = field(default_factory=list)
 
 
 class History:
@@ -53,8 +66,11 @@ class History:
         self._effects: dict[str, replay_rules.EffectHistory | None] = {}
         # This session's entries of effects not resolved yet, oldest first.
         self._fresh: dict[str, list[LedgerEntry]] = {}
-        # Target digest -> the effect committed on it last (None: none recorded), once read.
-        self._targets: dict[str, str | None] = {}
+        # Target digest -> its rows below the base read so far (proven on the chain).
+        self._targets: dict[str, _TargetRows] = {}
+        # Target digest -> this session's own rows on it, oldest first (from a commit on
+        # it onwards: a landed attempt decides before any older row).
+        self._fresh_targets: dict[str, list[tuple[str, str, EffectStatus]]] = {}
         self._used: set[str] = set()
         self._asked: dict[str, bool] = {}
         # (seq of the rewound event, low, high] stretches it left behind, once read.
@@ -130,31 +146,51 @@ class History:
         ]
         return sorted((e for e in found if chain.check(e)), key=lambda e: e.seq)
 
-    def last_on_target(self, target: str) -> str | None:
-        """The effect digest committed last on ``target`` (a target digest), if any.
+    def on_target(self, target: str, effect: str) -> replay_rules.Overwrite:
+        """What came onto ``target`` (a target digest) from other effects since ``effect``'s attempt.
 
-        One indexed probe of the store per target per session (rows up to the
-        base's signed length, proven on the chain; a stray is passed over),
-        then this session's own commits, folded from memory.
+        The rule is :func:`tether.core.replay_rules.since_on_target`, read over
+        this session's own rows on the target (from memory), then the store's
+        below the base, newest first: pages of one indexed probe each, proven
+        on the chain (a stray is passed over), kept for the session. Usually
+        the newest row decides.
         """
-        if target in self._targets:
-            return self._targets[target]
-        found: str | None = None
-        base = self._base
-        below = base.ledger_length + 1
-        while base.ledger_length and found is None:
-            page = self._cp.content.ledger_on_target(base.run_id, target, below=below, limit=8)
+        seen: set[str] = set()
+        fresh = self._fresh_targets.get(target, [])
+        decided = replay_rules.since_on_target(reversed(fresh), effect, seen)
+        if decided is None:
+            decided = replay_rules.since_on_target(self._stored_on(target), effect, seen)
+        return replay_rules.Overwrite.NO if decided is None else decided
+
+    def _stored_on(self, target: str) -> Iterator[tuple[str, str, EffectStatus]]:
+        """The target's rows up to the base's signed length, newest first, read as needed."""
+        read = self._targets.get(target)
+        if read is None:
+            length = self._base.ledger_length
+            read = self._targets[target] = _TargetRows(below=length + 1, done=not length)
+        index = 0
+        while True:
+            while index < len(read.rows):
+                yield read.rows[index]
+                index += 1
+            if read.done:
+                return
+            page = self._cp.content.ledger_on_target(
+                self._base.run_id, target, below=read.below, limit=_TARGET_PAGE
+            )
             chain = self._ledger_chain()
             for entry in page:  # newest first
                 terms = entry.terms
-                if terms is not None and terms.target_key == target and chain.check(entry):
-                    found = terms.effect
-                    break
-            if len(page) < 8:
-                break
-            below = min(entry.seq for entry in page)
-        self._targets[target] = found
-        return found
+                if (
+                    terms is not None
+                    and terms.effect is not None
+                    and terms.target_key == target
+                    and chain.check(entry)
+                ):
+                    read.rows.append((entry.idempotency_key, terms.effect, entry.status))
+            read.done = len(page) < _TARGET_PAGE
+            if page:
+                read.below = min(entry.seq for entry in page)
 
     def committed(self, entries: Sequence[LedgerEntry]) -> None:
         """Fold in entries this session committed (oldest first)."""
@@ -162,9 +198,12 @@ class History:
             effect = None if entry.terms is None else entry.terms.effect
             if effect is None:
                 continue
-            if entry.status is EffectStatus.COMMITTED and entry.terms is not None:
-                # Newer than anything the store holds below the base: it is the last.
-                self._targets[entry.terms.target_key] = effect
+            if entry.terms is not None and entry.status is not EffectStatus.INTENDED:
+                fresh = self._fresh_targets.setdefault(entry.terms.target_key, [])
+                if entry.status is EffectStatus.COMMITTED:
+                    # A landed attempt decides before every older row: those are not needed.
+                    fresh.clear()
+                fresh.append((entry.idempotency_key, effect, entry.status))
             if effect not in self._effects:
                 self._fresh.setdefault(effect, []).append(entry)
                 continue

@@ -239,6 +239,7 @@ def review(session: Session, document: Any, *, cursor: int | None = None) -> Run
                 drift = _reread(rt, state, case, body)
                 _check_not_landed(session, state, case, settlement(case, state, decision), body)
             except AdapterUnavailableError as exc:
+                session.unreachable = str(exc)  # the run stays frozen: its park backs off
                 unreachable = LookupAnswer(LookupStatus.UNAVAILABLE, detail=str(exc))
                 refused = case_rules.refuse_not_landed(
                     case, state, case_rules.NotLandedCheck.UNREACHABLE, unreachable

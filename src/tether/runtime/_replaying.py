@@ -70,16 +70,17 @@ def replay_or_fork(
         moved = rt.adapter.derive_post_state(env, intent).state_fingerprint != env.state_fingerprint
     elif caps.target_state and not forked and record is not None:
         moved = target_moved(rt.adapter, intent)  # a function's holds(): asked, not derived
-    overwritten = False
+    overwritten = replay_rules.Overwrite.NO
     if (
         not forked
         and not caps.tracks_targets
         and caps.targets is not Targets.COLLECTION  # the answer would change nothing
         and record is not None
     ):
-        # A, B, A where nothing can read the target: did another effect commit on it since?
+        # A, B, A where nothing can read the target: did another effect land on it since,
+        # or may it have (sent, its outcome unknown)?
         target = target_digest(namespace_of(rt.adapter, intent.kind), intent.kind, intent.target)
-        overwritten = session.history.last_on_target(target) not in {None, effect}
+        overwritten = session.history.on_target(target, effect)
     key = replay_rules.lookup_key(
         record, caps, forked=forked, target_moved=moved, overwritten=overwritten
     )

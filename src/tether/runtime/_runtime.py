@@ -28,6 +28,7 @@ from tether.adapters import (
 from tether.core import (
     ActionKind,
     AdapterError,
+    AdapterUnavailableError,
     AdmissionRefusedError,
     Binding,
     BindingMismatchError,
@@ -513,7 +514,7 @@ class Runtime:
             # person signs from here on (an approval, a decision) binds the policy
             # in force, and an approval signed under the old one is no approval.
             session.commit(state, [])
-        behind = self._behind_the_world(restored)
+        behind = self._behind_the_world(restored, session)
         if behind is not None:
             detail, evidence = behind
             session.park(ReviewReason.ENVIRONMENT_AHEAD, detail, evidence=evidence)
@@ -572,7 +573,7 @@ class Runtime:
         return admit(self, state, checkpoint_digest=checkpoint_digest, document=document), seen
 
     def _behind_the_world(
-        self, restored: Restored
+        self, restored: Restored, session: RunSession
     ) -> tuple[str, tuple[dict[str, Any], ...]] | None:
         """Whether the restored history is behind what the adapter shows happened.
 
@@ -595,6 +596,10 @@ class Runtime:
         ):
             try:
                 receipt = look_up(self.adapter, pending.idempotency_key, pending.intent)
+            except AdapterUnavailableError as exc:
+                # Cannot tell now; settling asks again, by the same key. The outage is
+                # the session's to report: the claim met a service that is down.
+                session.unreachable = str(exc)
             except (UnresolvedWriteError, AdapterError):
                 receipt = None  # cannot tell now; settling asks again, by the same key
         if restored.ahead is None and receipt is None:

@@ -74,6 +74,7 @@ from tether.core._transition import (
     Facts,
     Lookup,
     LookupAnswer,
+    LookupStatus,
     ReadEnvironment,
     Transition,
 )
@@ -126,6 +127,11 @@ class RunSession(Committing):
         self._blobs_known: set[str] = set()
         #: Whether this epoch's reader may see the context's secret items (set by the runtime).
         self.release_secrets = False
+        #: Why an adapter could not be asked during this session (it was down), or ``None``.
+        #: A look-up no outcome reports (the recovery's check for a store put back) is
+        #: recorded too: a worker that then parks the run for a person keeps its back-off,
+        #: so a person's quick answer does not send the next claim straight back.
+        self.unreachable: str | None = None
         #: When this session began: its working time counts from here, never the downtime before.
         self.resumed_at = runtime.clock.now()
         # The key of a write an earlier worker dispatched and left unsettled: with
@@ -365,7 +371,10 @@ class RunSession(Committing):
     def ask(self, call: Lookup) -> LookupAnswer:
         """Ask the adapter about a write by its key (the lease is checked first)."""
         self.guard()
-        return calls.ask(self.rt.adapter, call)
+        answer = calls.ask(self.rt.adapter, call)
+        if answer.status is LookupStatus.UNAVAILABLE:
+            self.unreachable = answer.detail or "the adapter could not be asked"
+        return answer
 
     def _execute(self, call: Execute) -> ExecuteAnswer:
         fence = self.guard()  # a worker whose lease moved on sends nothing

@@ -81,6 +81,7 @@ class Session(Protocol):
     release_secrets: bool
     history: History
     admissions_read: dict[int, str]
+    unreachable: str | None
 
     @property
     def run_id(self) -> str: ...

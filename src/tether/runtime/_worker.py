@@ -15,7 +15,9 @@ the run is deferred at once, uncounted, for ``core.retry_delay`` of the
 no-progress attempts in a row this worker has seen (exponential from
 ``backoff_s``, capped at ``max_backoff_s``, jittered by the worker's random
 draw), and the next run gets its turn. An adapter or store outage raised as
-an error is waited out the same way.
+an error is waited out the same way. A run that waits for a person is parked
+until evidence lands, and not before that back-off if the claim met an
+adapter that was down (``core.after_step``).
 
 A run whose drive fails (any exception: tether's, the adapter's, the agent's
 own code) never captures a worker: it is deferred by the same rule, from its
@@ -49,7 +51,7 @@ from tether.core import (
     TetherError,
     TrustRootsRequiredError,
 )
-from tether.core._retry import retry_delay, step_progressed
+from tether.core._retry import AfterStep, after_step, retry_delay
 from tether.crypto import Role
 from tether.runtime import _hints
 from tether.runtime._runtime import Runtime
@@ -214,7 +216,12 @@ class Worker:
                 outcome = session.run(max_steps=1, land=False)
                 held = session.lease.lease_version if session.lease is not None else 0
                 waits = outcome.kind is OutcomeKind.WAITING_FOR_APPROVAL
-                if waits or session.state.phase is Phase.NEEDS_REVIEW:
+                then = after_step(
+                    outcome.kind,
+                    frozen=session.state.phase is Phase.NEEDS_REVIEW,
+                    met_outage=session.unreachable is not None,
+                )
+                if then in {AfterStep.PARK, AfterStep.PARK_BACKED_OFF}:
                     # A person must act: park it (no lease, no checkpoints) until
                     # evidence it has not read arrives in its inbox.
                     cursor = session.state.inbox_cursor
@@ -230,10 +237,15 @@ class Worker:
                             + ")",
                             run_id=lease.run_id,
                         )
-                    self.store.wait_for_evidence(lease.run_id, self.worker_id, held, cursor, 0)
+                    floor = (
+                        self._next_delay(lease.run_id, session.state.generation)
+                        if then is AfterStep.PARK_BACKED_OFF
+                        else 0.0
+                    )
+                    self.store.wait_for_evidence(lease.run_id, self.worker_id, held, cursor, floor)
                     self.stats.waiting += 1
                     return session.state.phase
-                if step_progressed(outcome.kind):
+                if then is AfterStep.GO_ON:
                     progressed = True
                     self._streaks.pop(lease.run_id, None)
                     continue

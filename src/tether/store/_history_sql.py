@@ -169,7 +169,7 @@ class HistorySQL(SQLEngine):
     def ledger_on_target(
         self, run_id: str, target: str, *, below: int | None = None, limit: int = 8
     ) -> list[LedgerEntry]:
-        """The run's newest commits on ``target`` (a target digest), newest first; unverified.
+        """The run's newest sent rows on ``target`` (a target digest), newest first; unverified.
 
         At most ``limit`` rows with seq below ``below`` (``None``: no bound),
         found by index, strays included.

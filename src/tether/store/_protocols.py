@@ -184,7 +184,7 @@ class ContentStore(Protocol):
     def ledger_on_target(
         self, run_id: str, target: str, *, below: int | None = None, limit: int = 8
     ) -> list[LedgerEntry]:
-        """The run's newest committed rows on ``target``, newest first: at most ``limit``.
+        """The run's newest rows on ``target`` past their intent, newest first: at most ``limit``.
 
         ``target`` is a target digest (``EffectTerms.target_key``); rows with
         seq below ``below`` only (``None``: no bound). Found by index (one

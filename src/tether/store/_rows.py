@@ -207,15 +207,34 @@ def effect_key(entry: LedgerEntry) -> str | None:
 
 
 def target_key(entry: LedgerEntry) -> str | None:
-    """The ``target`` index column of ``entry``'s row: a commit's target digest, else NULL.
+    """The ``target`` index column of ``entry``'s row: its target digest once sent, else NULL.
 
-    Only commits are indexed: the replay rule asks which effect was committed
-    on a target last (see migration 15).
+    Every row after the intent is indexed (dispatched, unknown, committed,
+    refused, cancelled, compensated): the replay rule asks which attempt on a
+    target may have landed last, and an attempt's newest row says whether it
+    did (migrations 15 and 16). An intent alone never left the process.
     """
     terms = entry.terms
-    if terms is None or terms.effect is None or entry.status is not EffectStatus.COMMITTED:
+    if terms is None or terms.effect is None or entry.status is EffectStatus.INTENDED:
         return None
     return terms.target_key
+
+
+def stored_target(status: Any, terms: Any) -> str | None:
+    """The ``target`` column of a row written before migration 16, from its raw columns.
+
+    ``None`` where it names none (an intent, no effect digest) or its terms
+    cannot be read: the column stays NULL, and a reader refuses the row as
+    it did before.
+    """
+    try:
+        body = None if terms is None else strict_loads(str(terms))
+        if not isinstance(body, dict) or EffectStatus(str(status)) is EffectStatus.INTENDED:
+            return None
+        parsed = _terms_of(body, lambda problem: LedgerIntegrityError(problem))
+    except (ValueError, CanonicalJSONError, LedgerIntegrityError):
+        return None
+    return None if parsed.effect is None else parsed.target_key
 
 
 def action_key(event: TraceEvent) -> str | None:

@@ -20,6 +20,10 @@ ACTION_KINDS = (
     "effect_replayed",
 )
 
+#: The migration after whose (empty) statement list tether fills the ``target``
+#: column of every row written before it (see migration 16).
+TARGETS_FILLED = 16
+
 #: When a run becomes claimable, by its lease columns (store clock, microseconds):
 #: at once (0) when free, at ``retry_at`` when deferred, when its lease (and any
 #: back-off) runs out when held; NULL when it never will (a lease with no expiry).
@@ -394,11 +398,23 @@ def migrations(
                 # digest of namespace, kind and target, filled by tether from the
                 # row's own terms); the newest on a target is one probe of this
                 # index, whatever the run's length. Rows written before hold NULL
-                # (a digest cannot be computed in SQL): on them the rule sees no
-                # effect in between, as it did when they were written.
+                # (a digest cannot be computed in SQL) until migration 16 fills them.
                 "ALTER TABLE tether_ledger ADD COLUMN target TEXT",
                 "CREATE INDEX tether_ledger_target ON tether_ledger (run_id, target, seq) "
                 "WHERE target IS NOT NULL",
+            ],
+        ),
+        (
+            TARGETS_FILLED,
+            [
+                # An attempt on the target whose outcome nobody knows may have
+                # landed in between too (A, B?, A): every row after the intent
+                # now names its target, not only commits, so the rule finds the
+                # newest attempt that may have landed in the same probe. The
+                # rows written before that lack it (and commits written before
+                # migration 15) are filled by tether itself, from each row's own
+                # terms (``SQLBase._fill_targets``: SQL cannot compute the
+                # digest), in this migration's transaction. No statement here.
             ],
         ),
     ]

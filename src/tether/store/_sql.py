@@ -57,11 +57,12 @@ from tether.store._rows import (
     mark_of,
     phase_text,
     stored_int,
+    stored_target,
     target_key,
     trace_event_of,
     ttl_micros,
 )
-from tether.store._schema import migrations
+from tether.store._schema import TARGETS_FILLED, migrations
 
 log = logging.getLogger("tether.store")
 
@@ -100,11 +101,31 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
                 continue
             for statement in statements:
                 self._execute(statement)
+            if version == TARGETS_FILLED:
+                self._fill_targets()
             self._run(
                 "INSERT INTO tether_migrations (version, applied_at) VALUES (?, ?)",
                 (version, format_time(self._now())),
             )
         return newest
+
+    def _fill_targets(self) -> None:
+        """Migration 16: name the target of every sent row written before it, from its terms.
+
+        A digest SQL cannot compute, so tether computes it, row by row, once,
+        inside the migration's transaction.
+        """
+        rows = self._all(
+            "SELECT run_id, hash, status, terms FROM tether_ledger "
+            "WHERE target IS NULL AND effect IS NOT NULL AND status <> 'intended'"
+        )
+        for run_id, hash_, status, terms in rows:
+            target = stored_target(status, terms)
+            if target is not None:
+                self._run(
+                    "UPDATE tether_ledger SET target = ? WHERE run_id = ? AND hash = ?",
+                    (target, run_id, hash_),
+                )
 
     def schema_version(self) -> int:
         """The newest migration recorded in the database (0: none)."""

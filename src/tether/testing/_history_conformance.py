@@ -89,8 +89,8 @@ def test_ledger_rows_are_read_by_seq_range_and_by_effect(tether_store: Any) -> N
     expect_eq(tether_store.ledger_for_effect("other", e1), [], "another run")
 
 
-def test_commits_are_read_by_target_newest_first(tether_store: Any) -> None:
-    """ledger_on_target gives a target's commits newest first, below a seq, a page at a time."""
+def test_sent_rows_are_read_by_target_newest_first(tether_store: Any) -> None:
+    """ledger_on_target gives a target's rows past their intent newest first, a page at a time."""
     e1, e2 = "sha256:" + "a" * 64, "sha256:" + "b" * 64
     rows = _entries(6, [e1, e2])  # targets f0.txt .. f5.txt: one commit each
     tether_store.commit(make_commit("r", 1, ledger=rows), 0)
@@ -98,7 +98,8 @@ def test_commits_are_read_by_target_newest_first(tether_store: Any) -> None:
     expect_eq(tether_store.ledger_on_target("r", target), [rows[3]], "f3.txt's one commit")
     expect_eq(tether_store.ledger_on_target("r", target, below=4), [], "none below seq 4")
     expect_eq(tether_store.ledger_on_target("other", target), [], "another run")
-    # Many commits on f0.txt (and a row that is not a commit, never indexed).
+    # Many commits on f0.txt, a row sent with its outcome open (indexed: it may have
+    # landed), and an intent (never indexed: nothing left the process).
     same: list[LedgerEntry] = []
     after = rows[-1]
     for i in range(5):
@@ -118,9 +119,22 @@ def test_commits_are_read_by_target_newest_first(tether_store: Any) -> None:
         at=after.at,
         terms=after.terms,
     )
-    tether_store.commit(make_commit("r", 2, ledger=[*same, dispatched]), 1)
+    intended = seal_entry(
+        "r",
+        dispatched.seq + 1,
+        dispatched.hash,
+        idempotency_key="k-next",
+        status=EffectStatus.INTENDED,
+        action_id="a-next",
+        intent_digest="sha256:" + "2" * 64,
+        receipt=None,
+        epoch=1,
+        at=after.at,
+        terms=after.terms,
+    )
+    tether_store.commit(make_commit("r", 2, ledger=[*same, dispatched, intended]), 1)
     key = same[0].terms.target_key if same[0].terms is not None else ""
-    newest = [*reversed(same), rows[0]]  # rows[0] names f0.txt too
+    newest = [dispatched, *reversed(same), rows[0]]  # rows[0] names f0.txt too
     expect_eq(tether_store.ledger_on_target("r", key, limit=2), newest[:2], "the newest two")
     expect_eq(
         tether_store.ledger_on_target("r", key, below=newest[1].seq, limit=8),
@@ -192,8 +206,8 @@ def test_trace_events_are_found_by_action_id_and_by_landmark_kind(tether_store: 
 
 
 __all__ = [
-    "test_commits_are_read_by_target_newest_first",
     "test_ledger_rows_are_read_by_seq_range_and_by_effect",
+    "test_sent_rows_are_read_by_target_newest_first",
     "test_the_ledger_and_trace_read_by_page_from_the_head",
     "test_trace_events_are_found_by_action_id_and_by_landmark_kind",
 ]

@@ -216,6 +216,17 @@ def _state_reverts_swallowed(real: Any) -> Any:
     return overwritten_verdict
 
 
+def _unsettled_between_ignored(real: Any) -> Any:
+    def since_on_target(rows: Any, effect: str, seen: set[str]) -> Any:
+        from tether.core import EffectStatus
+
+        open_ = {EffectStatus.DISPATCHED, EffectStatus.OUTCOME_UNKNOWN}
+        # Only commits count as in between (the target index before migration 16).
+        return real(((k, e, s) for k, e, s in rows if s not in open_), effect, seen)
+
+    return since_on_target
+
+
 def _foreign_receipt_answers(real: Any) -> Any:
     def judge_unsettled(facts: Any, known: Any) -> Any:
         from dataclasses import replace
@@ -239,6 +250,15 @@ def _replay_unapproved(real: Any) -> Any:
 
 def _always_progress(real: Any) -> Any:
     return lambda kind: True  # a resend or a wait counted as progress: no back-off
+
+
+def _park_forgets_outage(real: Any) -> Any:
+    def after_step(kind: Any, *, frozen: bool, met_outage: bool) -> Any:
+        # The claim met a service that is down, then parked for a person with no floor:
+        # an answer landing a moment later sends the next claim straight back to it.
+        return real(kind, frozen=frozen, met_outage=False)
+
+    return after_step
 
 
 def _resend_always_recorded(real: Any) -> Any:
@@ -349,6 +369,7 @@ def _mutants() -> dict[str, Mutant]:
     from tether.core import _case_rules as case_rules
     from tether.core import _evidence as evidence_rules
     from tether.core import _replay as replay_rules
+    from tether.core import _retry as retry_rules
     from tether.core import _steps as step_rules
     from tether.runtime import _carry, _lease, _replaying, _runtime, _session, _worker
     from tether.store import _leases, _sql
@@ -443,6 +464,11 @@ def _mutants() -> dict[str, Mutant]:
                 ((replay_rules, "overwritten_verdict", _state_reverts_swallowed),),
             ),
             Mutant(
+                "replay_unsettled_between_ignored",
+                "a replay answers A, B?, A on a state: B's outcome unknown, and not counted",
+                ((replay_rules, "since_on_target", _unsettled_between_ignored),),
+            ),
+            Mutant(
                 "replay_foreign_receipt",
                 "a receipt under a key answers another intent's replay",
                 ((replay_rules, "_judge_unsettled", _foreign_receipt_answers),),
@@ -460,7 +486,13 @@ def _mutants() -> dict[str, Mutant]:
             Mutant(
                 "resend_is_progress",
                 "a worker counts a resend or a wait as progress, so it never backs off",
-                ((_worker, "step_progressed", _always_progress),),
+                ((retry_rules, "step_progressed", _always_progress),),
+            ),
+            Mutant(
+                "park_forgets_outage",
+                "a run parked for a person after its claim met a service that was down keeps "
+                "no back-off: the answer sends the next claim straight back to the service",
+                ((_worker, "after_step", _park_forgets_outage),),
             ),
             Mutant(
                 "resend_recorded_each_time",

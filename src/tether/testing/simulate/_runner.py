@@ -506,10 +506,18 @@ class Simulation:
             if not forgotten:
                 continue
             latest = {e.idempotency_key: e.status.value for e in self.ledger()}
+            # A key a person already holds (the run is frozen for review now) or set
+            # aside (a replan quarantined it) has reached review: invariant 4 asks no
+            # more of it. A replan writes no ledger row, so its key still reads
+            # "dispatched" there (seeds 140033, 145094).
+            state = self.state()
+            if state is not None and state.phase.value == "needs_review":
+                continue
+            decided = () if state is None else state.quarantined_keys
             for key in forgotten:
                 # Only a write the run still waits on (dispatched, unsettled) is
                 # unknowable now; one settled or decided by a person is not.
-                if latest.get(key) == "dispatched":
+                if latest.get(key) == "dispatched" and key not in decided:
                     self.judge.unknowable.setdefault(key, self.event_no)
 
     def _on_route_404(self, event: Event) -> None:
