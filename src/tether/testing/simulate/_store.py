@@ -11,7 +11,9 @@ session away, as a process that died.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -126,10 +128,12 @@ class SimDatabase:
     """
 
     def __init__(self) -> None:
-        self._directory = tempfile.TemporaryDirectory(prefix="tether-sim-", dir=_tmp_root())
-        self.path = Path(self._directory.name) / "sim.sqlite"
+        directory = tempfile.mkdtemp(prefix="tether-sim-", dir=_tmp_root())
+        self.path = Path(directory) / "sim.sqlite"
         #: The process that opened it (a forked child must not use its connections).
         self.pid = os.getpid()
+        # Removed when dropped or at exit, by this process only (not by a forked child).
+        self._remove = weakref.finalize(self, _remove, directory, self.pid)
         # Migrated here, closed (the WAL folded in): the template every simulation starts from.
         SQLiteStore(self.path, synchronous="OFF").close()
         self._stores: list[SimStore] = []
@@ -176,7 +180,7 @@ class SimDatabase:
     def close(self) -> None:
         for store in self._stores:
             store.close()
-        self._directory.cleanup()
+        self._remove()
 
 
 #: Databases no simulation holds now, by process (see :class:`SimDatabase`).
@@ -205,6 +209,11 @@ def give_back(database: SimDatabase, *, clean: bool) -> None:
         database.close()
         return
     _IDLE.setdefault(database.pid, []).append(database)
+
+
+def _remove(directory: str, pid: int) -> None:
+    if os.getpid() == pid:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _tmp_root() -> str | None:
