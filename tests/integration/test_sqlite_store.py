@@ -130,6 +130,24 @@ def test_separate_mark_store_crash_between_content_and_mark(world: World, tmp_pa
     assert world.sandbox.write_count() == 1
 
 
+def test_a_failing_write_rolls_back_and_leaves_no_transaction_open(tmp_path: Path) -> None:
+    """A write whose body raises lands nothing, and the connection is free for the next one."""
+
+    def fails(q: object) -> None:
+        q.run("INSERT INTO tether_blobs (digest, body) VALUES (?, ?)", ("d", b"x"))  # type: ignore[attr-defined]
+        raise RuntimeError("the body failed")
+
+    with SQLiteStore(tmp_path / "s.sqlite") as store:
+        with pytest.raises(RuntimeError):
+            store.transaction(fails)
+        assert not store._conn.in_transaction
+        assert store.read(lambda q: q.one("SELECT count(*) FROM tether_blobs")) == (0,)
+        store.transaction(
+            lambda q: q.run("INSERT INTO tether_blobs (digest, body) VALUES ('e', x'00')")
+        )
+        assert store.read(lambda q: q.one("SELECT count(*) FROM tether_blobs")) == (1,)
+
+
 def test_driver_errors_are_translated(tmp_path: Path) -> None:
     """A directory or a garbage file as the database raises StoreError subclasses, not sqlite3."""
     with pytest.raises(StoreUnavailableError):

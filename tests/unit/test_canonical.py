@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -41,6 +42,16 @@ def test_doubtful_json_is_refused(text: str) -> None:
     """Duplicate keys, NaN, Infinity, truncation and a BOM are refused."""
     with pytest.raises(CanonicalJSONError):
         strict_loads(text)
+
+
+@pytest.mark.parametrize("text", ['{"a": 1', "\ufeff{}", "[1,]", '"\\x"', "", "[1] 2"])
+def test_a_refusal_of_malformed_json_names_what_the_standard_parser_names(text: str) -> None:
+    """The decoder made once refuses malformed text as json.loads does, at the same place."""
+    with pytest.raises(json.JSONDecodeError) as standard:
+        json.loads(text)
+    with pytest.raises(CanonicalJSONError) as ours:
+        strict_loads(text)
+    assert f"{standard.value.msg} at position {standard.value.pos}" in str(ours.value)
 
 
 def test_integers_beyond_the_json_safe_range_are_refused() -> None:

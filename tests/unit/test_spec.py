@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from tests.conftest import make_policy, make_task
-from tether.core import Policy, SpecError, TaskSpec
+from tether.core import Policy, SpecError, TaskSpec, digest
 
 FP = "sha256:" + "a" * 64
 
@@ -24,6 +25,19 @@ def test_a_valid_task_round_trips_through_json() -> None:
     task = make_task(FP)
     again = TaskSpec.from_json(json.dumps(task.to_json()))
     assert again == task and again.fingerprint == task.fingerprint
+
+
+def test_a_fingerprint_made_once_is_the_digest_of_each_object() -> None:
+    """A policy's and a task's fingerprints are their documents' digests, a replaced copy its own."""
+    policy, task = make_policy(), make_task(FP)
+    assert policy.fingerprint == digest(policy.to_json()) == policy.fingerprint
+    assert task.fingerprint == digest(task.to_json())
+    stricter = replace(policy, approval_ttl_s=policy.approval_ttl_s + 1)
+    assert stricter.fingerprint == digest(stricter.to_json()) != policy.fingerprint
+    assert stricter == replace(policy, approval_ttl_s=policy.approval_ttl_s + 1)
+    other = replace(task, budgets=replace(task.budgets, steps=task.budgets.steps + 1))
+    assert other.fingerprint == digest(other.to_json()) != task.fingerprint
+    assert other.scenario_fingerprint == task.scenario_fingerprint
 
 
 def test_duplicate_keys_are_refused() -> None:

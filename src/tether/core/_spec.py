@@ -121,6 +121,10 @@ class TaskSpec:
     #: The test targets a ``tests.run`` action may name, each a command the
     #: adapter runs (the verifier is what ``finish`` runs, and is not one).
     tests: dict[str, Verifier] = field(default_factory=dict)
+    #: (fingerprint, scenario fingerprint), made at the first ask (see ``fingerprint``).
+    _fingerprints: tuple[str, str] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def to_json(self) -> dict[str, JSONValue]:
         body: dict[str, JSONValue] = {
@@ -164,16 +168,25 @@ class TaskSpec:
 
     @property
     def fingerprint(self) -> str:
-        return digest(self.to_json())
+        return self._digests()[0]
 
     @property
     def scenario_fingerprint(self) -> str:
         """Digest of the fixed scenario: initial environment and verifier."""
-        body = self.to_json()
-        scenario = {
-            name: body[name] for name in ("initial_environment", "verifier") if name in body
-        }
-        return digest(scenario)
+        return self._digests()[1]
+
+    def _digests(self) -> tuple[str, str]:
+        # Made once per task object: it is a frozen value (nothing changes its
+        # tests in place), and every runtime built on it and every commit asks.
+        found = self._fingerprints
+        if found is None:
+            body = self.to_json()
+            scenario = {
+                name: body[name] for name in ("initial_environment", "verifier") if name in body
+            }
+            found = (digest(body), digest(scenario))
+            object.__setattr__(self, "_fingerprints", found)
+        return found
 
     def allows_target(self, target: str) -> bool:
         for allowed in self.allowed_paths:
@@ -347,6 +360,8 @@ class Policy:
     approval_ttl_s: int
     #: Who may recover, rewind and read secrets (defaults when the policy is silent).
     authority: Authority = field(default_factory=Authority)
+    #: The fingerprint, made at the first ask (see ``fingerprint``).
+    _fingerprint: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def to_json(self) -> dict[str, JSONValue]:
         return {
@@ -361,7 +376,13 @@ class Policy:
 
     @property
     def fingerprint(self) -> str:
-        return digest(self.to_json())
+        # Made once per policy object: it is a frozen value (nothing changes its
+        # kinds in place), and every commit's listing asks.
+        found = self._fingerprint
+        if found is None:
+            found = digest(self.to_json())
+            object.__setattr__(self, "_fingerprint", found)
+        return found
 
     @classmethod
     def from_json(cls, data: bytes | str | dict[str, Any]) -> Policy:

@@ -130,7 +130,19 @@ class Checkpointer:
         secrets: SecretBox | None = None,
     ) -> None:
         self.content = content
-        self.marks: GenerationStore = marks if marks is not None else _as_marks(content)
+        # One transaction is possible only when both roles are the same database.
+        # (A CommitStore is a GenerationStore: asked first, one protocol check does
+        # for both in the usual case, and each check walks every member.)
+        self._colocated: CommitStore | None = None
+        if (marks is None or marks is content) and isinstance(content, CommitStore):  # type: ignore[comparison-overlap]
+            self._colocated = content
+        self.marks: GenerationStore
+        if marks is not None:
+            self.marks = marks
+        elif self._colocated is not None:
+            self.marks = self._colocated
+        else:
+            self.marks = _as_marks(content)
         self.keyring = keyring
         if secrets is not None:
             shared = secrets.shares_key_with(keyring)
@@ -144,10 +156,6 @@ class Checkpointer:
         #: Seals the agent context's secret items (and opens them, when released).
         self.secrets = secrets
         self.crash = crash
-        # One transaction is possible only when both roles are the same database.
-        self._colocated: CommitStore | None = None
-        if (marks is None or marks is content) and isinstance(content, CommitStore):  # type: ignore[comparison-overlap]
-            self._colocated = content
         # run id -> (generation, digests of the state parts its checkpoint names).
         self._parts: dict[str, tuple[int, frozenset[str]]] = {}
 

@@ -22,8 +22,7 @@ import hashlib
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -197,24 +196,11 @@ class SQLiteStore(SQLBase, HoldsRuns):
 
     # -- dialect hooks -------------------------------------------------------
 
-    @contextmanager
-    def _connection(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            yield self._conn
+    def _connection(self) -> _Held:
+        return _Held(self._lock, self._conn)
 
-    @contextmanager
-    def _transaction(self, conn: Any) -> Iterator[None]:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            conn.execute("COMMIT")
-        except BaseException:
-            # Also after a failed COMMIT: never leave the shared connection mid-transaction.
-            if conn.in_transaction:
-                # The original error says more than a failed rollback would.
-                with contextlib.suppress(sqlite3.Error):
-                    conn.rollback()
-            raise
+    def _transaction(self, conn: Any) -> _Immediate:
+        return _Immediate(conn)
 
     def _clock_bound(self) -> tuple[str, tuple[Any, ...]]:
         # SQLite starts an index range only from a parameter, not from a call to
@@ -331,3 +317,53 @@ class _FileLock:
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+# Every unit of work enters both of these: plain classes, not generator-based
+# context managers, which cost several times as much to enter and leave.
+class _Held:
+    """The store's connection, held under its lock for one unit of work."""
+
+    __slots__ = ("_conn", "_lock")
+
+    def __init__(self, lock: threading.RLock, conn: sqlite3.Connection) -> None:
+        self._lock = lock
+        self._conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._lock.acquire()
+        return self._conn
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+class _Immediate:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolled back on any error, a failed COMMIT too."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def __enter__(self) -> None:
+        self._conn.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        conn = self._conn
+        if kind is None:
+            try:
+                conn.execute("COMMIT")
+            except BaseException:
+                _roll_back(conn)
+                raise
+            return
+        _roll_back(conn)  # the body's error propagates (None: not suppressed)
+
+
+def _roll_back(conn: Any) -> None:
+    # Also after a failed COMMIT: never leave the shared connection mid-transaction.
+    if conn.in_transaction:
+        # The original error says more than a failed rollback would.
+        with contextlib.suppress(sqlite3.Error):
+            conn.rollback()

@@ -10,7 +10,6 @@ drain: the world healed, people answering, the run must end within a bound.
 from __future__ import annotations
 
 import random
-import tempfile
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,6 @@ from tether.runtime import (
     SimulatedCrash,
     Worker,
 )
-from tether.store import SQLiteStore
 from tether.testing.simulate import _people
 from tether.testing.simulate._agent import AgentFaults, SimAgent, SimAgentError
 from tether.testing.simulate._contract import Contract
@@ -52,7 +50,7 @@ from tether.testing.simulate._people import TRUST, People
 from tether.testing.simulate._process import KEYRING, LEASE_TTL_S, SimRuntime, SimWorker, rules
 from tether.testing.simulate._reports import reported
 from tether.testing.simulate._scenario import FILES, RUN_ID, Event, Scenario
-from tether.testing.simulate._store import SimStore
+from tether.testing.simulate._store import SimDatabase, SimStore, borrow, give_back
 from tether.testing.simulate._world import (
     SimBoard,
     SimClock,
@@ -112,7 +110,7 @@ class Slot:
 class Simulation:
     """Applies a scenario's events to the real runtime and judges after each one."""
 
-    def __init__(self, scenario: Scenario, directory: Path) -> None:
+    def __init__(self, scenario: Scenario, database: SimDatabase) -> None:
         self.scenario = scenario
         self.clock = SimClock()
         self.ids = SimIds()
@@ -130,9 +128,11 @@ class Simulation:
         self._in_force: list[tuple[float, Policy]] = [(self.clock.seconds, self.policy)]
         self.deployed: dict[str, Policy] = {self.policy.policy_version: self.policy}
         self.adopted_wrongly = False
-        self.db = directory / "sim.sqlite"
-        _copy_template(self.db)
-        self.observer = SimStore(self.db, self.clock.micros)
+        #: A database holding only a freshly migrated store's rows, and its connections.
+        self.database = database
+        #: Write units on the database, counted by every store of this simulation.
+        self.writes = [0]
+        self.observer = database.store(self.clock.micros, self.writes)
         #: The observer's last read of the ledger, and the shape of the rows it was read from.
         self._ledger: tuple[Any, list[LedgerEntry]] | None = None
         #: The shape of the ledger the judge last judged (``ledger()`` may read it for others).
@@ -164,7 +164,9 @@ class Simulation:
         self.neighbour_store: SimStore | None = None
         self.builds = 0
         workers = 2 if "two_workers" in scenario.knobs else 1
-        self.slots = [self._slot(i, SimStore(self.db, self.clock.micros)) for i in range(workers)]
+        self.slots = [
+            self._slot(i, database.store(self.clock.micros, self.writes)) for i in range(workers)
+        ]
         first = self.slots[0]
         first.session = first.runtime.start(RUN_ID)
 
@@ -221,13 +223,6 @@ class Simulation:
         slot.store.crash_at = None
         self.slots[slot.index] = self._slot(slot.index, slot.store)
 
-    def close(self) -> None:
-        for store in {id(s.store): s.store for s in self.slots}.values():
-            store.close()
-        self.observer.close()
-        if self.neighbour_store is not None:
-            self.neighbour_store.close()
-
     # -- the world's hooks ---------------------------------------------------
 
     def _received(self, r: Any) -> None:
@@ -273,7 +268,7 @@ class Simulation:
             # once any worker has taken the run's lease, it may send nothing.
             presented = 0 if lease is None else lease.lease_version
         if presented is not None:
-            mark = self.observer.get_mark(RUN_ID)
+            mark = self.observer.read_mark(RUN_ID)
             self.judge.attempted(key, presented, None if mark is None else mark.lease_version)
         if namespace in self.outages:
             count = self.attempts[key] = self.attempts.get(key, 0) + 1
@@ -308,8 +303,28 @@ class Simulation:
         """The run's ledger as the store reads it back (read again only when its rows changed)."""
         shape = self.observer.ledger_shape(RUN_ID)
         if self._ledger is None or self._ledger[0] != shape:
-            self._ledger = (shape, self.observer.ledger(RUN_ID))
+            self._ledger = (shape, self._read_ledger(shape))
         return self._ledger[1]
+
+    def _read_ledger(self, shape: Any) -> list[LedgerEntry]:
+        """Every row, as ``observer.ledger`` reads them; only the rows inserted since the last
+        read are read and parsed when every row read before is still there.
+
+        The shape lists every row's (key, seq, status): the rows read before plus the new
+        ones must be exactly those, as many as it counts; else (a row vanished or changed,
+        invariant 5's business) the whole ledger is read again.
+        """
+        if self._ledger is None or self._ledger[0] is None or shape is None:
+            return self.observer.ledger(RUN_ID)
+        (_, last_rowid, _), before = self._ledger
+        rows = [*before, *self.observer.ledger_after(RUN_ID, last_rowid or 0)]
+        rows.sort(key=lambda e: (e.seq, e.hash))  # observer.ledger's order
+        count, _, listed = shape
+        said = sorted((listed or "").split(",")) if count else []
+        read = ",".join(f"{e.idempotency_key} {e.seq} {e.status.value}" for e in rows)
+        if count != len(rows) or said != sorted(read.split(",") if rows else []):
+            return self.observer.ledger(RUN_ID)
+        return rows
 
     # -- events --------------------------------------------------------------
 
@@ -350,7 +365,7 @@ class Simulation:
             # The store holds the very rows judged last time (invariants 5 and 6 judge
             # what changed): the probe that says so was this event's check.
             self.judge.checks += 2
-        mark = self.observer.get_mark(RUN_ID)
+        mark = self.observer.read_mark(RUN_ID)
         if mark is not None:
             self.judge.phase(mark.phase, self.committed)
             self.contract.after_commit(self, mark.phase)
@@ -402,7 +417,9 @@ class Simulation:
         """One turn of a worker: it claims a run whose lease is free and drives it."""
         slot = self._slot_of(event)
         neighbour = self.neighbour
-        waited = neighbour is not None and neighbour.claimable(self.observer.get_mark(NEIGHBOUR_ID))
+        waited = neighbour is not None and neighbour.claimable(
+            self.observer.read_mark(NEIGHBOUR_ID)
+        )
         self.builds = 0  # runtimes this worker builds in this turn
         try:
             claimed = slot.store.claim_expired(
@@ -428,10 +445,10 @@ class Simulation:
             pass
         finally:
             if neighbour is not None:
-                mark = self.observer.get_mark(NEIGHBOUR_ID)
+                mark = self.observer.read_mark(NEIGHBOUR_ID)
                 neighbour.turn_ended(self.judge, waited, mark)
                 if ended(mark) and not neighbour.ending:
-                    main = self.observer.get_mark(RUN_ID)
+                    main = self.observer.read_mark(RUN_ID)
                     neighbour.ending = (
                         f"{None if mark is None else mark.phase} at event {self.event_no}, "
                         f"{RUN_ID} {None if main is None else main.phase} then"
@@ -439,7 +456,7 @@ class Simulation:
 
     def _on_neighbour(self, event: Event) -> None:
         if self.neighbour is None:
-            self.neighbour_store = SimStore(self.db, self.clock.micros)
+            self.neighbour_store = self.database.store(self.clock.micros, self.writes)
             self.neighbour = Neighbour(self.scenario, self.clock)
             self.neighbour.arrive(self.neighbour_store, died=event.arg == "died")
 
@@ -554,7 +571,7 @@ class Simulation:
         Checkpoint content is write-once per generation: while the mark names
         the same one, the checkpoint read (and verified) last time is still it.
         """
-        mark = self.observer.get_mark(RUN_ID)
+        mark = self.observer.read_mark(RUN_ID)
         if mark is None or (phases and mark.phase not in phases):
             return None
         named = (mark.generation, mark.checkpoint_digest)
@@ -620,16 +637,16 @@ class Simulation:
         self._drain_run()
         if self.neighbour is not None:
             for _ in range(DRAIN_DRIVES):
-                if ended(self.observer.get_mark(NEIGHBOUR_ID)):
+                if ended(self.observer.read_mark(NEIGHBOUR_ID)):
                     break
                 self.apply(Event("drive", 0))
                 self.clock.advance(LEASE_TTL_S + 1)
-            self.neighbour.judge_end(self.judge, self.observer.get_mark(NEIGHBOUR_ID))
+            self.neighbour.judge_end(self.judge, self.observer.read_mark(NEIGHBOUR_ID))
 
     def _drain_run(self) -> None:
         replans = 0
         for _ in range(DRAIN_BOUND):
-            mark = self.observer.get_mark(RUN_ID)
+            mark = self.observer.read_mark(RUN_ID)
             if ended(mark):
                 return
             phase = None if mark is None else mark.phase
@@ -666,46 +683,27 @@ def _where(exc: BaseException) -> str:
     return "; ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[-3:])
 
 
-#: An empty store with tether's schema, as bytes: made once per process and written out
-#: for each simulation (migrating a fresh file for every seed cost a tenth of the run).
-_TEMPLATE: list[bytes] = []
-
-
-def _copy_template(path: Path) -> None:
-    if not _TEMPLATE:
-        with tempfile.TemporaryDirectory(prefix="tether-sim-", dir=_tmp_root()) as made:
-            template = Path(made) / "template.sqlite"
-            SQLiteStore(template, synchronous="OFF").close()  # closed: the WAL folded in
-            _TEMPLATE.append(template.read_bytes())
-    path.write_bytes(_TEMPLATE[0])
-
-
 def simulate(scenario: Scenario) -> Result:
     """Run ``scenario`` from scratch; every violation it finds."""
-    with tempfile.TemporaryDirectory(prefix="tether-sim-", dir=_tmp_root()) as directory:
-        sim = Simulation(scenario, Path(directory))
-        try:
-            for event in scenario.events:
-                sim.apply(event)
-            sim.drain()
-            state = sim.state()
-            return Result(
-                scenario,
-                list(sim.judge.violations),
-                sim.event_no,  # every scheduler decision applied, the drain's included
-                sim.judge.checks,
-                len(sim.world.receptions),
-                "?" if state is None else state.phase.value,
-                tuple(
-                    f"{r.namespace} {r.key} {r.identity} @{r.at:g}" for r in sim.world.receptions
-                ),
-                "" if sim.neighbour is None else sim.neighbour.ending,
-            )
-        finally:
-            sim.close()
-
-
-def _tmp_root() -> str | None:
-    """A RAM-backed directory where the machine has one (the database is throwaway)."""
-    shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() else None
+    database = borrow()
+    clean = False
+    try:
+        sim = Simulation(scenario, database)
+        for event in scenario.events:
+            sim.apply(event)
+        sim.drain()
+        state = sim.state()
+        result = Result(
+            scenario,
+            list(sim.judge.violations),
+            sim.event_no,  # every scheduler decision applied, the drain's included
+            sim.judge.checks,
+            len(sim.world.receptions),
+            "?" if state is None else state.phase.value,
+            tuple(f"{r.namespace} {r.key} {r.identity} @{r.at:g}" for r in sim.world.receptions),
+            "" if sim.neighbour is None else sim.neighbour.ending,
+        )
+        clean = True
+        return result
+    finally:
+        give_back(database, clean=clean)

@@ -50,9 +50,15 @@ class SimClock:
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        # The last answer, by the seconds it was made at: read many times between advances.
+        self._now = (self.seconds, EPOCH)
 
     def now(self) -> datetime:
-        return EPOCH + timedelta(seconds=self.seconds)
+        at, moment = self._now
+        if at != self.seconds:
+            moment = EPOCH + timedelta(seconds=self.seconds)
+            self._now = (self.seconds, moment)
+        return moment
 
     def advance(self, seconds: float) -> None:
         self.seconds += seconds
