@@ -325,7 +325,8 @@ class PostgresStore(SQLBase, HoldsRuns):
         if found < newest and self.read_only:
             raise StoreUnavailableError(
                 f"{self._where} is at schema version {found}, this tether needs {newest}: "
-                "open it once read-write (e.g. `tether worker`) to migrate it"
+                "open it once read-write to migrate it (your program's next run, a `tether worker`, "
+                "or in Python `tether.store.open_store(URL).close()`)"
             )
 
     def __repr__(self) -> str:

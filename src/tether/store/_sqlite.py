@@ -177,7 +177,8 @@ class SQLiteStore(SQLBase, HoldsRuns):
         if found < newest:
             raise StoreUnavailableError(
                 f"{str(self.path)!r} is at schema version {found}, this tether needs {newest}: "
-                "open it once read-write (e.g. `tether worker`) to migrate it"
+                "open it once read-write to migrate it (your program's next run, a `tether worker`, "
+                "or in Python `tether.store.open_store(URL).close()`)"
             )
 
     def _conn_close_quietly(self) -> None:
