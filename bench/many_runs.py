@@ -1,0 +1,199 @@
+"""Many runs, few fsyncs: one worker driving 64 runs on SQLite, beside one run alone.
+
+Side by side in one run, on one disk: a `Worker` (the code `tether worker`
+runs) drives
+
+- one run alone (``concurrency=1``), and
+- 64 runs at once (``concurrency=64``, one thread each), whose commits meet
+  in the store's group commit: one transaction, one fsync, for the commits
+  queued while the previous transaction was being written, each still
+  fenced by its own run's lease and generation.
+
+Each step is one agent proposal that becomes a committed write on an
+in-memory sandbox of the run's own (the workload of ``bench/write_steps.py``:
+gate, pending checkpoint, execute, receipt riding on the next commit), so
+the store's commits are what is measured. Printed for each side: steps
+(checkpoints landed),
+aggregate steps/s, durable commits (write transactions the store committed,
+every one: claims, lease renewals and releases too) per step, the average
+number of commits per transaction, and the duplicate effects (writes the
+sandboxes received minus effects the ledgers
+committed; must be 0). The verdict: at most one durable commit per 4 steps
+in aggregate with 64 runs.
+
+The store runs at ``synchronous=FULL`` (the default): every transaction's
+COMMIT waits for its fsync.
+
+    .venv/bin/python bench/many_runs.py [--runs 64] [--steps 40] [--repeat 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tether import AgentContext, Decision, Keyring, Policy, Proposal, Runtime, TaskSpec
+from tether.runtime import Worker
+from tether.store import SQLiteStore
+from tether.testing import Sandbox
+
+#: The verdict's bound: durable commits per step, in aggregate.
+COMMITS_PER_STEP = 1 / 4
+
+
+class Writer:
+    """Writes ``notes.txt`` again at every step, built on the observed version; then finishes."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def decide(self, context: AgentContext, observation: Any) -> Decision:
+        cursor = context.plan_cursor + 1
+        if cursor > self.steps:
+            return Decision(AgentContext(plan_cursor=cursor), finished=True)
+        proposal = Proposal(
+            action_id=f"w{cursor}-{uuid.uuid4().hex[:8]}",
+            kind="file.write",
+            target="notes.txt",
+            args={"content": f"version {cursor}\n"},
+            based_on_version=observation.environment.version,
+        )
+        return Decision(AgentContext(plan_cursor=cursor), proposal=proposal)
+
+
+def task_and_policy(fingerprint: str, steps: int) -> tuple[TaskSpec, Policy]:
+    task = TaskSpec.from_json(
+        {
+            "task_id": "many",
+            "task_version": "1",
+            "allowed_kinds": ["file.write"],
+            "allowed_paths": ["notes.txt"],
+            "permissions": ["workspace.write"],
+            "budgets": {
+                "proposals": steps + 10,
+                "steps": steps + 10,
+                "wall_time_s": 3600,
+                "cost": 0,
+            },
+            "initial_environment": {"namespace": "sandbox", "state_fingerprint": fingerprint},
+            "verifier": {"argv": ["true"], "timeout_s": 5},
+        }
+    )
+    policy = Policy.from_json(
+        {
+            "policy_id": "many",
+            "policy_version": "1",
+            "kinds": {
+                "file.write": {
+                    "risk": "low",
+                    "permission": "workspace.write",
+                    "needs_approval": False,
+                }
+            },
+            "max_risk": "medium",
+            "approval_ttl_s": 600,
+        }
+    )
+    return task, policy
+
+
+def drive(runs: int, steps: int) -> dict[str, float]:
+    """Seed ``runs`` runs in a fresh SQLite store; one worker drives them all at once."""
+    keyring = Keyring.generate("bench")
+    # One sandbox per run, kept across the runtimes built for it (the service it writes to).
+    sandboxes = {f"run-{i:03d}": Sandbox({"notes.txt": "draft\n"}) for i in range(runs)}
+
+    def factory(store: Any, run_id: str, worker: str) -> Runtime:
+        sandbox = sandboxes[run_id]
+        task, policy = task_and_policy(sandbox.environment().state_fingerprint, steps)
+        return Runtime(
+            store=store,
+            keyring=keyring,
+            adapter=sandbox,
+            task=task,
+            policy=policy,
+            agent=Writer(steps),
+            worker=worker,
+        )
+
+    with tempfile.TemporaryDirectory(prefix="tether-many-") as tmp:
+        with SQLiteStore(Path(tmp) / "tether.sqlite") as store:
+            for run_id in sandboxes:
+                factory(store, run_id, "seeder").start(run_id)  # genesis only, no lease
+            before = sum(mark.generation for mark in store.runs())
+            worker = Worker(
+                store, factory, "bench-worker", lease_ttl_s=60, poll_s=0.01, concurrency=runs
+            )
+            transactions = store.transactions_committed
+            group = store._group
+            batches = 0 if group is None else group.batches
+            grouped = 0 if group is None else group.commits
+            started = time.perf_counter()
+            worker.serve(idle_exit=True)
+            elapsed = time.perf_counter() - started
+            transactions = store.transactions_committed - transactions
+            if group is not None:
+                batches, grouped = group.batches - batches, group.commits - grouped
+            marks = store.runs()
+            landed = sum(mark.generation for mark in marks) - before
+            duplicates = 0
+            for mark in marks:
+                committed = sum(e.status.value == "committed" for e in store.ledger(mark.run_id))
+                duplicates += sandboxes[mark.run_id].write_count() - committed
+        return {
+            "runs": runs,
+            "completed": sum(mark.phase == "completed" for mark in marks),
+            "steps": landed,
+            "seconds": elapsed,
+            "rate": landed / elapsed,
+            "per_step": transactions / landed,
+            "transactions": transactions,
+            "batch": grouped / batches if batches else 0.0,
+            "duplicates": duplicates,
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=40, help="agent steps per run")
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args()
+    print(
+        f"{'side':<14} {'done':>7} {'steps':>6} {'steps/s':>8} {'commits':>8} "
+        f"{'commits/step':>12} {'avg batch':>9} {'dup':>3}"
+    )
+    ratios: list[float] = []
+    per_step: list[float] = []
+    duplicates = 0
+    for _ in range(args.repeat):
+        sides = [
+            ("1 run alone", drive(1, args.steps)),
+            (f"{args.runs} runs", drive(args.runs, args.steps)),
+        ]
+        for name, side in sides:
+            print(
+                f"{name:<14} {side['completed']:>3.0f}/{side['runs']:<3.0f} {side['steps']:>6.0f} "
+                f"{side['rate']:>8.1f} {side['transactions']:>8.0f} {side['per_step']:>12.3f} "
+                f"{side['batch']:>9.1f} {side['duplicates']:>3.0f}"
+            )
+            duplicates += int(side["duplicates"])
+        ratios.append(sides[1][1]["rate"] / sides[0][1]["rate"])
+        per_step.append(sides[1][1]["per_step"])
+    worst = max(per_step)
+    verdict = "met" if worst <= COMMITS_PER_STEP and duplicates == 0 else "NOT met"
+    print(
+        f"aggregate steps/s, {args.runs} runs over 1 run alone: {statistics.median(ratios):.2f}x; "
+        f"durable commits per step with {args.runs} runs: {worst:.3f} (worst of {len(per_step)}); "
+        f"duplicate effects: {duplicates}"
+    )
+    print(f"verdict (<= 1 commit per 4 steps, 0 duplicates): {verdict}")
+
+
+if __name__ == "__main__":
+    main()
