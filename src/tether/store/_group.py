@@ -69,6 +69,8 @@ class GroupCommit:
         #: Transactions written by leaders, and the commits they carried.
         self.batches = 0
         self.commits = 0
+        #: How many commits the transaction being written now carries (0: none).
+        self.writing = 0
 
     def submit(self, body: Callable[[], Any]) -> Any:
         """Run ``body`` (one commit's statements) in a transaction; return once it is durable."""
@@ -90,9 +92,11 @@ class GroupCommit:
         with self._mutex:
             batch = self._queue[: self._max_batch]
             del self._queue[: self._max_batch]
+        self.writing = len(batch)
         try:
             self._write(batch)
         finally:
+            self.writing = 0
             with self._mutex:
                 # The next committer in line leads (it writes its own commit with the
                 # others that queued meanwhile); none: the next to arrive writes at once.
