@@ -3,7 +3,8 @@
 Side by side in one run, on one disk: a `Worker` (the code `tether worker`
 runs) drives
 
-- one run alone (``concurrency=1``), and
+- one run alone (``concurrency=1``), with the store's group commit on and
+  off (off: every commit a transaction of its own, as before it), and
 - 64 runs at once (``concurrency=64``, one thread each), whose commits meet
   in the store's group commit: one transaction, one fsync, for the commits
   queued while the previous transaction was being written, each still
@@ -24,7 +25,7 @@ in aggregate with 64 runs.
 The store runs at ``synchronous=FULL`` (the default): every transaction's
 COMMIT waits for its fsync.
 
-    .venv/bin/python bench/many_runs.py [--runs 64] [--steps 40] [--repeat 1]
+    .venv/bin/python bench/many_runs.py [--runs 64] [--steps 40] [--alone-steps 200] [--repeat 1]
 """
 
 from __future__ import annotations
@@ -102,8 +103,12 @@ def task_and_policy(fingerprint: str, steps: int) -> tuple[TaskSpec, Policy]:
     return task, policy
 
 
-def drive(runs: int, steps: int) -> dict[str, float]:
-    """Seed ``runs`` runs in a fresh SQLite store; one worker drives them all at once."""
+def drive(runs: int, steps: int, *, grouped: bool = True) -> dict[str, float]:
+    """Seed ``runs`` runs in a fresh SQLite store; one worker drives them all at once.
+
+    ``grouped=False``: the store writes every commit in a transaction of its
+    own (as before group commit), for the single run's side by side.
+    """
     keyring = Keyring.generate("bench")
     # One sandbox per run, kept across the runtimes built for it (the service it writes to).
     sandboxes = {f"run-{i:03d}": Sandbox({"notes.txt": "draft\n"}) for i in range(runs)}
@@ -123,6 +128,8 @@ def drive(runs: int, steps: int) -> dict[str, float]:
 
     with tempfile.TemporaryDirectory(prefix="tether-many-") as tmp:
         with SQLiteStore(Path(tmp) / "tether.sqlite") as store:
+            if not grouped:
+                store._group = None
             for run_id in sandboxes:
                 factory(store, run_id, "seeder").start(run_id)  # genesis only, no lease
             before = sum(mark.generation for mark in store.runs())
@@ -162,35 +169,49 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=64)
     parser.add_argument("--steps", type=int, default=40, help="agent steps per run")
+    parser.add_argument(
+        "--alone-steps",
+        type=int,
+        default=200,
+        help="agent steps of the single run (more than --steps: one fsync each is noisy)",
+    )
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
     print(
-        f"{'side':<14} {'done':>7} {'steps':>6} {'steps/s':>8} {'commits':>8} "
+        f"{'side':<16} {'done':>7} {'steps':>6} {'steps/s':>8} {'commits':>8} "
         f"{'commits/step':>12} {'avg batch':>9} {'dup':>3}"
     )
     ratios: list[float] = []
+    alone: list[float] = []
     per_step: list[float] = []
     duplicates = 0
     for _ in range(args.repeat):
         sides = [
-            ("1 run alone", drive(1, args.steps)),
+            ("1 run, ungrouped", drive(1, args.alone_steps, grouped=False)),
+            ("1 run alone", drive(1, args.alone_steps)),
             (f"{args.runs} runs", drive(args.runs, args.steps)),
         ]
         for name, side in sides:
             print(
-                f"{name:<14} {side['completed']:>3.0f}/{side['runs']:<3.0f} {side['steps']:>6.0f} "
+                f"{name:<16} {side['completed']:>3.0f}/{side['runs']:<3.0f} {side['steps']:>6.0f} "
                 f"{side['rate']:>8.1f} {side['transactions']:>8.0f} {side['per_step']:>12.3f} "
                 f"{side['batch']:>9.1f} {side['duplicates']:>3.0f}"
             )
             duplicates += int(side["duplicates"])
-        ratios.append(sides[1][1]["rate"] / sides[0][1]["rate"])
-        per_step.append(sides[1][1]["per_step"])
+        ungrouped, single, many = (side for _, side in sides)
+        alone.append(single["rate"] / ungrouped["rate"])
+        ratios.append(many["rate"] / single["rate"])
+        per_step.append(many["per_step"])
     worst = max(per_step)
     verdict = "met" if worst <= COMMITS_PER_STEP and duplicates == 0 else "NOT met"
     print(
-        f"aggregate steps/s, {args.runs} runs over 1 run alone: {statistics.median(ratios):.2f}x; "
-        f"durable commits per step with {args.runs} runs: {worst:.3f} (worst of {len(per_step)}); "
-        f"duplicate effects: {duplicates}"
+        f"one run alone, group commit on over off: {statistics.median(alone):.2f}x steps/s "
+        f"(median of {len(alone)})"
+    )
+    print(
+        f"aggregate steps/s, {args.runs} runs over 1 run alone: {statistics.median(ratios):.2f}x "
+        f"(median of {len(ratios)}); durable commits per step with {args.runs} runs: "
+        f"{worst:.3f} (worst of {len(per_step)}); duplicate effects: {duplicates}"
     )
     print(f"verdict (<= 1 commit per 4 steps, 0 duplicates): {verdict}")
 
