@@ -31,10 +31,13 @@ COMMIT waits for its fsync.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,11 +106,15 @@ def task_and_policy(fingerprint: str, steps: int) -> tuple[TaskSpec, Policy]:
     return task, policy
 
 
-def drive(runs: int, steps: int, *, grouped: bool = True) -> dict[str, float]:
+def drive(
+    runs: int, steps: int, *, grouped: bool = True, pg: str | None = None
+) -> dict[str, float]:
     """Seed ``runs`` runs in a fresh SQLite store; one worker drives them all at once.
 
     ``grouped=False``: the store writes every commit in a transaction of its
-    own (as before group commit), for the single run's side by side.
+    own (as before group commit), for the single run's side by side. ``pg``:
+    a PostgreSQL DSN instead (a fresh schema; the fsyncs counted are the
+    server's WAL syncs, ``pg_stat_wal.wal_sync``, of the whole cluster).
     """
     keyring = Keyring.generate("bench")
     # One sandbox per run, kept across the runtimes built for it (the service it writes to).
@@ -126,32 +133,38 @@ def drive(runs: int, steps: int, *, grouped: bool = True) -> dict[str, float]:
             worker=worker,
         )
 
-    with tempfile.TemporaryDirectory(prefix="tether-many-") as tmp:
-        with SQLiteStore(Path(tmp) / "tether.sqlite") as store:
-            if not grouped:
-                store._group = None
-            for run_id in sandboxes:
-                factory(store, run_id, "seeder").start(run_id)  # genesis only, no lease
-            before = sum(mark.generation for mark in store.runs())
-            worker = Worker(
-                store, factory, "bench-worker", lease_ttl_s=60, poll_s=0.01, concurrency=runs
-            )
-            transactions = store.transactions_committed
-            group = store._group
-            batches = 0 if group is None else group.batches
-            grouped = 0 if group is None else group.commits
-            started = time.perf_counter()
-            worker.serve(idle_exit=True)
-            elapsed = time.perf_counter() - started
-            transactions = store.transactions_committed - transactions
-            if group is not None:
-                batches, grouped = group.batches - batches, group.commits - grouped
-            marks = store.runs()
-            landed = sum(mark.generation for mark in marks) - before
-            duplicates = 0
-            for mark in marks:
-                committed = sum(e.status.value == "committed" for e in store.ledger(mark.run_id))
-                duplicates += sandboxes[mark.run_id].write_count() - committed
+    with contextlib.ExitStack() as stack:
+        if pg is None:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tether-many-"))
+            store: Any = stack.enter_context(SQLiteStore(Path(tmp) / "tether.sqlite"))
+        else:
+            store = stack.enter_context(_pg_store(pg, runs))
+        if not grouped:
+            store._group = None
+        for run_id in sandboxes:
+            factory(store, run_id, "seeder").start(run_id)  # genesis only, no lease
+        before = sum(mark.generation for mark in store.runs())
+        worker = Worker(
+            store, factory, "bench-worker", lease_ttl_s=60, poll_s=0.01, concurrency=runs
+        )
+        group = store._group
+        batches = 0 if group is None else group.batches
+        carried = 0 if group is None else group.commits
+        syncs = _wal_syncs(pg)
+        transactions = store.transactions_committed
+        started = time.perf_counter()
+        worker.serve(idle_exit=True)
+        elapsed = time.perf_counter() - started
+        transactions = store.transactions_committed - transactions
+        syncs = _wal_syncs(pg) - syncs
+        if group is not None:
+            batches, carried = group.batches - batches, group.commits - carried
+        marks = store.runs()
+        landed = sum(mark.generation for mark in marks) - before
+        duplicates = 0
+        for mark in marks:
+            committed = sum(e.status.value == "committed" for e in store.ledger(mark.run_id))
+            duplicates += sandboxes[mark.run_id].write_count() - committed
         return {
             "runs": runs,
             "completed": sum(mark.phase == "completed" for mark in marks),
@@ -160,9 +173,40 @@ def drive(runs: int, steps: int, *, grouped: bool = True) -> dict[str, float]:
             "rate": landed / elapsed,
             "per_step": transactions / landed,
             "transactions": transactions,
-            "batch": grouped / batches if batches else 0.0,
+            "batch": carried / batches if batches else 0.0,
             "duplicates": duplicates,
+            "syncs": syncs / landed,
         }
+
+
+@contextlib.contextmanager
+def _pg_store(dsn: str, runs: int) -> Iterator[Any]:
+    import psycopg
+
+    from tether.store import PostgresStore
+
+    schema = f"bench_many_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+    try:
+        joiner = "&" if "?" in dsn else "?"
+        url = f"{dsn}{joiner}options=-csearch_path%3D{schema}"
+        with PostgresStore(url, max_connections=min(runs, 16) + 2) as store:
+            yield store
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def _wal_syncs(dsn: str | None) -> int:
+    """The cluster's WAL syncs so far (PostgreSQL 14+), or 0 (SQLite: counted as transactions)."""
+    if dsn is None:
+        return 0
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def main() -> None:
@@ -176,6 +220,13 @@ def main() -> None:
         help="agent steps of the single run (more than --steps: one fsync each is noisy)",
     )
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--pg",
+        nargs="?",
+        const=os.environ.get("TETHER_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test"),
+        help="also drive the runs on PostgreSQL (each commit its own transaction; the server "
+        "groups concurrent commits' WAL flushes): prints WAL syncs per step",
+    )
     args = parser.parse_args()
     print(
         f"{'side':<16} {'done':>7} {'steps':>6} {'steps/s':>8} {'commits':>8} "
@@ -214,6 +265,18 @@ def main() -> None:
         f"{worst:.3f} (worst of {len(per_step)}); duplicate effects: {duplicates}"
     )
     print(f"verdict (<= 1 commit per 4 steps, 0 duplicates): {verdict}")
+    if args.pg:
+        print("PostgreSQL (WAL syncs are the whole cluster's, so an upper bound):")
+        for name, runs, steps in (
+            ("1 run alone", 1, args.alone_steps),
+            (f"{args.runs} runs", args.runs, args.steps),
+        ):
+            side = drive(runs, steps, pg=args.pg)
+            print(
+                f"  {name:<14} {side['completed']:>3.0f}/{side['runs']:<3.0f} "
+                f"{side['rate']:>8.1f} steps/s, {side['per_step']:.3f} transactions and "
+                f"{side['syncs']:.3f} WAL syncs per step, duplicates {side['duplicates']:.0f}"
+            )
 
 
 if __name__ == "__main__":
