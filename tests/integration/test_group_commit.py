@@ -1,4 +1,4 @@
-"""Group commit on a real SQLite file: commits queued together land in one transaction.
+"""Group commit on real SQLite and PostgreSQL: commits queued together land in one transaction.
 
 Each test holds the first committer inside its transaction (its
 ``before_commit`` waits) until the others have queued behind it, so the
@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.conformance._pg import fresh_schema, in_schema, pg_dsn
 from tether.core import (
     GenerationConflictError,
     LeaseLostError,
@@ -23,13 +24,19 @@ from tether.core import (
     WriteOnceError,
 )
 from tether.runtime import CrashPoint, SimulatedCrash
-from tether.store import Commit, SQLiteStore
-from tether.testing.store_conformance import make_commit
+from tether.store import Commit, PostgresStore, SQLiteStore
+from tether.testing.store_conformance import make_commit, make_events
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[SQLiteStore]:
-    with SQLiteStore(tmp_path / "store.sqlite") as opened:
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """Each store tether ships, on a database of its own."""
+    if request.param == "sqlite":
+        with SQLiteStore(tmp_path / "store.sqlite") as opened:
+            yield opened
+        return
+    dsn = pg_dsn()
+    with fresh_schema(dsn) as schema, PostgresStore(in_schema(dsn, schema)) as opened:
         yield opened
 
 
@@ -40,7 +47,7 @@ class Outcomes:
         self.told: dict[str, Any] = {}
         self.threads: list[threading.Thread] = []
 
-    def commit(self, store: SQLiteStore, name: str, *args: Any, **kwargs: Any) -> None:
+    def commit(self, store: Any, name: str, *args: Any, **kwargs: Any) -> None:
         def body() -> None:
             try:
                 self.told[name] = store.commit(*args, **kwargs)
@@ -64,28 +71,28 @@ def _wait_until(condition: Callable[[], bool]) -> None:
         time.sleep(0.001)
 
 
-def _held(store: SQLiteStore, outcomes: Outcomes) -> threading.Event:
+def _held(store: Any, outcomes: Outcomes) -> threading.Event:
     """A first commit (run ``first``) held inside its transaction until the event is set."""
     store.commit(make_commit("first", 1), 0)
     go = threading.Event()
     outcomes.commit(store, "first", make_commit("first", 2), 1, 0, lambda: go.wait(30) and None)
     group = store._group
     if group is None:
-        raise AssertionError("SQLite stores group their commits")
+        raise AssertionError("tether's stores group their commits")
     _wait_until(lambda: group._leading and not group._queue)
     return go
 
 
-def _queue_behind(store: SQLiteStore, outcomes: Outcomes, commits: list[tuple[str, Any]]) -> None:
+def _queue_behind(store: Any, outcomes: Outcomes, commits: list[tuple[str, Any]]) -> None:
     for name, args in commits:
         outcomes.commit(store, name, *args)
     group = store._group
     if group is None:
-        raise AssertionError("SQLite stores group their commits")
+        raise AssertionError("tether's stores group their commits")
     _wait_until(lambda: len(group._queue) == len(commits))
 
 
-def _seed(store: SQLiteStore, run_id: str, leased: bool = False) -> int:
+def _seed(store: Any, run_id: str, leased: bool = False) -> int:
     """Run ``run_id`` at generation 1; leased: its lease version (else 0)."""
     store.commit(make_commit(run_id, 1), 0)
     if not leased:
@@ -93,7 +100,7 @@ def _seed(store: SQLiteStore, run_id: str, leased: bool = False) -> int:
     return store.acquire_lease(run_id, "w", 60).lease_version
 
 
-def test_commits_queued_together_land_in_one_transaction(store: SQLiteStore) -> None:
+def test_commits_queued_together_land_in_one_transaction(store: Any) -> None:
     """Five runs' commits queued behind a transaction are written by the next one, all five."""
     runs = [f"r{i}" for i in range(5)]
     versions = {run_id: _seed(store, run_id, leased=True) for run_id in runs}
@@ -114,7 +121,7 @@ def test_commits_queued_together_land_in_one_transaction(store: SQLiteStore) -> 
         assert mark is not None and mark.generation == 2
 
 
-def test_a_refused_commit_in_a_batch_fails_alone_with_its_own_error(store: SQLiteStore) -> None:
+def test_a_refused_commit_in_a_batch_fails_alone_with_its_own_error(store: Any) -> None:
     """A lost lease and a stale generation refuse only their runs' commits; the rest land."""
     for run_id in ("ok1", "ok2", "stale"):
         _seed(store, run_id)
@@ -145,27 +152,43 @@ def test_a_refused_commit_in_a_batch_fails_alone_with_its_own_error(store: SQLit
     assert store.newest_generation("lost") == 1 and store.newest_generation("stale") == 1
 
 
-def test_a_write_once_violation_in_a_batch_rolls_back_only_its_commit(store: SQLiteStore) -> None:
-    """A commit whose content collides is refused with WriteOnceError and undone to its savepoint."""
-    _seed(store, "ok")
-    _seed(store, "torn")
-    outcomes = Outcomes()
-    go = _held(store, outcomes)
-    sealed = make_commit("torn", 2)
-    forged = Commit(
+def _torn(store: Any, run_id: str) -> Commit:
+    """Generation 2 of ``run_id`` (seeded at 1 with one event) that the store refuses as
+    a write-once violation after its compare-and-set has run.
+
+    SQLite: its digest does not address its envelope (checked as its content
+    is written); PostgreSQL: it carries the stored event again (the database
+    refuses the row, which aborts the transaction until the savepoint is
+    rolled back to).
+    """
+    sealed = make_commit(run_id, 2, events=make_events(run_id, 1))
+    if isinstance(store, PostgresStore):
+        return sealed
+    return Commit(
         sealed.run_id,
         sealed.generation,
-        "sha256:" + "0" * 64,  # does not address the envelope
+        "sha256:" + "0" * 64,
         sealed.envelope,
-        sealed.events,
+        (),
         sealed.blobs,
         sealed.phase,
         sealed.ledger,
     )
+
+
+def test_a_write_once_violation_in_a_batch_rolls_back_only_its_commit(store: Any) -> None:
+    """A commit whose content collides is refused with WriteOnceError and undone to its savepoint."""
+    _seed(store, "ok")
+    store.commit(make_commit("torn", 1, events=make_events("torn", 1)), 0)
+    outcomes = Outcomes()
+    go = _held(store, outcomes)
     _queue_behind(
         store,
         outcomes,
-        [("torn", (forged, 1)), ("ok", (make_commit("ok", 2), 1))],
+        [
+            ("torn", (_torn(store, "torn"), 1)),
+            ("ok", (make_commit("ok", 2), 1)),
+        ],
     )
     go.set()
     outcomes.join()
@@ -173,13 +196,15 @@ def test_a_write_once_violation_in_a_batch_rolls_back_only_its_commit(store: SQL
     assert outcomes.told["ok"] is None
     torn = store.get_mark("torn")
     assert torn is not None and torn.generation == 1  # the CAS it ran first was undone
+    ok = store.get_mark("ok")
+    assert ok is not None and ok.generation == 2
 
 
 def _crash() -> None:
     raise SimulatedCrash(CrashPoint.CHECKPOINT_WRITE)
 
 
-def test_a_crash_inside_a_batch_loses_the_whole_batch(store: SQLiteStore) -> None:
+def test_a_crash_inside_a_batch_loses_the_whole_batch(store: Any) -> None:
     """A simulated death while a batch is written leaves every run of it where it was."""
     runs = ["a", "b", "c"]
     for run_id in runs:
@@ -208,7 +233,7 @@ def test_a_crash_inside_a_batch_loses_the_whole_batch(store: SQLiteStore) -> Non
         assert store.newest_generation(run_id) == 1
 
 
-def test_a_committer_alone_writes_at_once(store: SQLiteStore) -> None:
+def test_a_committer_alone_writes_at_once(store: Any) -> None:
     """With no one queued, each commit is its own transaction, as without grouping."""
     before = store.transactions_committed
     for generation in range(1, 6):
@@ -218,7 +243,7 @@ def test_a_committer_alone_writes_at_once(store: SQLiteStore) -> None:
     assert group is not None and not group._leading and not group._queue
 
 
-def test_a_commit_inside_a_callers_transaction_joins_it(store: SQLiteStore) -> None:
+def test_a_commit_inside_a_callers_transaction_joins_it(store: Any) -> None:
     """A commit made inside ``transaction`` joins that transaction instead of queueing."""
     before = store.transactions_committed
 
@@ -231,7 +256,7 @@ def test_a_commit_inside_a_callers_transaction_joins_it(store: SQLiteStore) -> N
     assert mark is not None and mark.generation == 1
 
 
-def test_no_committer_returns_before_its_batch_is_committed(store: SQLiteStore) -> None:
+def test_no_committer_returns_before_its_batch_is_committed(store: Any) -> None:
     """While a batch's transaction is open, none of its committers has been answered."""
     for run_id in ("a", "b", "c"):
         _seed(store, run_id)

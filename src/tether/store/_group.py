@@ -42,10 +42,11 @@ MAX_BATCH = 256
 class _Request:
     """One committer's commit, and where its outcome is left for it."""
 
-    __slots__ = ("body", "error", "settled", "value", "wake")
+    __slots__ = ("alone", "body", "error", "settled", "value", "wake")
 
-    def __init__(self, body: Callable[[], Any]) -> None:
+    def __init__(self, body: Callable[[], Any], alone: Callable[[], Any] | None) -> None:
         self.body = body
+        self.alone = alone
         self.wake = threading.Event()
         self.settled = False  # written (landed or refused); False when woken to lead
         self.value: Any = None
@@ -72,9 +73,13 @@ class GroupCommit:
         #: How many commits the transaction being written now carries (0: none).
         self.writing = 0
 
-    def submit(self, body: Callable[[], Any]) -> Any:
-        """Run ``body`` (one commit's statements) in a transaction; return once it is durable."""
-        request = _Request(body)
+    def submit(self, body: Callable[[], Any], alone: Callable[[], Any] | None = None) -> Any:
+        """Run ``body`` (one commit's statements) in a transaction; return once it is durable.
+
+        ``alone``: how the commit is written when no other is queued with it
+        (a unit of work of its own; default: ``body`` in a write transaction).
+        """
+        request = _Request(body, alone)
         with self._mutex:
             self._queue.append(request)
             lead = not self._leading
@@ -114,7 +119,7 @@ class GroupCommit:
             # Alone: exactly the single commit's transaction, no savepoint.
             only = batch[0]
             try:
-                only.value = engine._write(only.body)
+                only.value = only.alone() if only.alone is not None else engine._write(only.body)
             except BaseException as exc:
                 only.error = exc
             self.batches += 1

@@ -657,15 +657,23 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
 
         return self._commit_unit(body)
 
-    def _commit_unit(self, body: Callable[[], Lease | None]) -> Lease | None:
+    def _commit_unit(
+        self, body: Callable[[], Lease | None], alone: Callable[[], Lease | None] | None = None
+    ) -> Lease | None:
         """One fenced commit: with others queued meanwhile (group commit), or alone.
 
-        Inside a caller's transaction it joins that one, as any write does.
+        ``body`` runs inside a write transaction (its own, or a batch's under a
+        savepoint); ``alone``, if given, is how the commit is written when it is
+        neither grouped nor inside a caller's transaction (a dialect's faster
+        unit of work). Inside a caller's transaction it joins that one, as any
+        write does.
         """
         group = self._group
-        if group is None or getattr(self._local, "conn", None) is not None:
+        if getattr(self._local, "conn", None) is not None:
             return self._write(body)
-        result: Lease | None = group.submit(body)
+        if group is None:
+            return self._write(body) if alone is None else alone()
+        result: Lease | None = group.submit(body, alone)
         return result
 
 
