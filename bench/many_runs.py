@@ -224,8 +224,9 @@ def main() -> None:
         "--pg",
         nargs="?",
         const=os.environ.get("TETHER_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test"),
-        help="also drive the runs on PostgreSQL (each commit its own transaction; the server "
-        "groups concurrent commits' WAL flushes): prints WAL syncs per step",
+        help="also drive the runs on PostgreSQL, with the store's group commit and without "
+        "(each commit its own transaction, on the pool's connections at once): prints WAL "
+        "syncs per step",
     )
     args = parser.parse_args()
     print(
@@ -267,13 +268,14 @@ def main() -> None:
     print(f"verdict (<= 1 commit per 4 steps, 0 duplicates): {verdict}")
     if args.pg:
         print("PostgreSQL (WAL syncs are the whole cluster's, so an upper bound):")
-        for name, runs, steps in (
-            ("1 run alone", 1, args.alone_steps),
-            (f"{args.runs} runs", args.runs, args.steps),
+        for name, runs, steps, grouped in (
+            ("1 run alone", 1, args.alone_steps, True),
+            (f"{args.runs} runs", args.runs, args.steps, True),
+            (f"{args.runs}, ungrouped", args.runs, args.steps, False),
         ):
-            side = drive(runs, steps, pg=args.pg)
+            side = drive(runs, steps, pg=args.pg, grouped=grouped)
             print(
-                f"  {name:<14} {side['completed']:>3.0f}/{side['runs']:<3.0f} "
+                f"  {name:<16} {side['completed']:>3.0f}/{side['runs']:<3.0f} "
                 f"{side['rate']:>8.1f} steps/s, {side['per_step']:.3f} transactions and "
                 f"{side['syncs']:.3f} WAL syncs per step, duplicates {side['duplicates']:.0f}"
             )

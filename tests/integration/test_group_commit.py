@@ -157,9 +157,10 @@ def _torn(store: Any, run_id: str) -> Commit:
     a write-once violation after its compare-and-set has run.
 
     SQLite: its digest does not address its envelope (checked as its content
-    is written); PostgreSQL: it carries the stored event again (the database
-    refuses the row, which aborts the transaction until the savepoint is
-    rolled back to).
+    is written, after the CAS: undone to its savepoint); PostgreSQL: it
+    carries the stored event again (the database refuses the row, which
+    aborts the whole transaction: the batch is written again one commit at a
+    time).
     """
     sealed = make_commit(run_id, 2, events=make_events(run_id, 1))
     if isinstance(store, PostgresStore):
@@ -177,7 +178,7 @@ def _torn(store: Any, run_id: str) -> Commit:
 
 
 def test_a_write_once_violation_in_a_batch_rolls_back_only_its_commit(store: Any) -> None:
-    """A commit whose content collides is refused with WriteOnceError and undone to its savepoint."""
+    """A commit whose content collides is refused with WriteOnceError alone; the others land."""
     _seed(store, "ok")
     store.commit(make_commit("torn", 1, events=make_events("torn", 1)), 0)
     outcomes = Outcomes()

@@ -42,11 +42,14 @@ MAX_BATCH = 256
 class _Request:
     """One committer's commit, and where its outcome is left for it."""
 
-    __slots__ = ("alone", "body", "error", "settled", "value", "wake")
+    __slots__ = ("alone", "atomic", "body", "error", "settled", "value", "wake")
 
-    def __init__(self, body: Callable[[], Any], alone: Callable[[], Any] | None) -> None:
+    def __init__(
+        self, body: Callable[[], Any], alone: Callable[[], Any] | None, atomic: bool
+    ) -> None:
         self.body = body
         self.alone = alone
+        self.atomic = atomic
         self.wake = threading.Event()
         self.settled = False  # written (landed or refused); False when woken to lead
         self.value: Any = None
@@ -73,13 +76,23 @@ class GroupCommit:
         #: How many commits the transaction being written now carries (0: none).
         self.writing = 0
 
-    def submit(self, body: Callable[[], Any], alone: Callable[[], Any] | None = None) -> Any:
+    def submit(
+        self,
+        body: Callable[[], Any],
+        alone: Callable[[], Any] | None = None,
+        *,
+        atomic: bool = False,
+    ) -> Any:
         """Run ``body`` (one commit's statements) in a transaction; return once it is durable.
 
         ``alone``: how the commit is written when no other is queued with it
         (a unit of work of its own; default: ``body`` in a write transaction).
+        ``atomic``: ``body`` is one statement that writes nothing when it raises
+        tether's error (a refused compare-and-set): it needs no savepoint, and
+        a database error in it (which aborts the transaction) has the batch
+        written again one commit at a time.
         """
-        request = _Request(body, alone)
+        request = _Request(body, alone, atomic)
         with self._mutex:
             self._queue.append(request)
             lead = not self._leading
@@ -128,6 +141,13 @@ class GroupCommit:
         running: list[_Request | None] = [None]
         try:
             outcomes = engine._write(lambda: _together(engine, batch, running))
+        except _OneByOne:
+            # An atomic commit's statement failed in the database, and with it the
+            # transaction (nothing landed): each commit is written alone, so only
+            # the one at fault fails, with the error it raises alone.
+            for request in batch:
+                self._write([request])
+            return
         except BaseException as exc:
             # Nothing of the transaction landed: every commit in it fails alike. A
             # store error is the same error for each (one instance, raised by each
@@ -160,9 +180,20 @@ def _together(
     """
     outcomes: list[tuple[bool, Any]] = []
     for index, request in enumerate(batch):
+        running[0] = request
+        if request.atomic:
+            # One statement: refused, it wrote nothing; failed, the transaction is gone.
+            try:
+                outcomes.append((True, request.body()))
+            except TetherError as exc:
+                outcomes.append((False, exc))
+            except Exception as exc:
+                if engine._retryable(exc) or engine._disconnected(exc):
+                    raise
+                raise _OneByOne from exc
+            continue
         name = f"tether_commit_{index}"
         engine._execute(f"SAVEPOINT {name}")
-        running[0] = request
         try:
             value = request.body()
         except Exception as exc:
@@ -178,6 +209,10 @@ def _together(
         outcomes.append((True, value))
     running[0] = None
     return outcomes
+
+
+class _OneByOne(Exception):
+    """A batch must be written again one commit at a time (see ``_together``)."""
 
 
 def _typed(engine: Any, exc: Exception) -> BaseException:

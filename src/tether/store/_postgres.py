@@ -446,13 +446,15 @@ class PostgresStore(SQLBase, HoldsRuns):
                 self._read(refused)
 
         def grouped() -> None:
-            # Inside a transaction with other runs' commits: explained in it, so the
-            # error undoes (to its savepoint) this commit only.
+            # Inside a transaction with other runs' commits. Refused, the statement
+            # wrote nothing, so the error is explained in it and the rest land.
             row = statement()
             if row is None or int(row[0]) != 1:
                 refused()
 
-        self._commit_unit(grouped, alone)
+        # Atomic: no savepoint (two round trips a commit saved); a database error
+        # has the batch written again one commit at a time.
+        self._commit_unit(grouped, alone, atomic=True)
         return None
 
     def _lock_migrations(self) -> None:

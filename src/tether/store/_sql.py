@@ -658,7 +658,11 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
         return self._commit_unit(body)
 
     def _commit_unit(
-        self, body: Callable[[], Lease | None], alone: Callable[[], Lease | None] | None = None
+        self,
+        body: Callable[[], Lease | None],
+        alone: Callable[[], Lease | None] | None = None,
+        *,
+        atomic: bool = False,
     ) -> Lease | None:
         """One fenced commit: with others queued meanwhile (group commit), or alone.
 
@@ -666,14 +670,14 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
         savepoint); ``alone``, if given, is how the commit is written when it is
         neither grouped nor inside a caller's transaction (a dialect's faster
         unit of work). Inside a caller's transaction it joins that one, as any
-        write does.
+        write does. ``atomic``: see :meth:`GroupCommit.submit`.
         """
         group = self._group
         if getattr(self._local, "conn", None) is not None:
             return self._write(body)
         if group is None:
             return self._write(body) if alone is None else alone()
-        result: Lease | None = group.submit(body, alone)
+        result: Lease | None = group.submit(body, alone, atomic=atomic)
         return result
 
 
