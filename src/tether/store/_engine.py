@@ -240,6 +240,18 @@ class SQLEngine:
     def _run(self, sql: str, params: Sequence[Any] = ()) -> int:
         return int(self._execute(sql, params).rowcount)
 
+    def _statements(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[bool]:
+        """Run one-statement commits in the current transaction; for each, whether it landed.
+
+        A statement landed when its first row's first column is 1. A dialect
+        whose driver can send them all before reading any answer overrides this.
+        """
+        landed = []
+        for sql, params in statements:
+            row = self._one(sql, params)
+            landed.append(row is not None and row[0] == 1)
+        return landed
+
 
 def value_rows(columns: Sequence[str], values: Sequence[str] | None, rows: int) -> str:
     """``(?, ?), (?, ?)``: the VALUES rows of an insert (``values``: each row's SQL expressions)."""

@@ -29,7 +29,8 @@ disk (the driver lets the GIL go), the next batch forms in the queue.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tether.core import StoreUnavailableError, TetherError
@@ -45,7 +46,7 @@ class _Request:
     __slots__ = ("alone", "atomic", "body", "error", "settled", "value", "wake")
 
     def __init__(
-        self, body: Callable[[], Any], alone: Callable[[], Any] | None, atomic: bool
+        self, body: Callable[[], Any], alone: Callable[[], Any] | None, atomic: Statement | None
     ) -> None:
         self.body = body
         self.alone = alone
@@ -81,16 +82,17 @@ class GroupCommit:
         body: Callable[[], Any],
         alone: Callable[[], Any] | None = None,
         *,
-        atomic: bool = False,
+        atomic: Statement | None = None,
     ) -> Any:
         """Run ``body`` (one commit's statements) in a transaction; return once it is durable.
 
         ``alone``: how the commit is written when no other is queued with it
         (a unit of work of its own; default: ``body`` in a write transaction).
-        ``atomic``: ``body`` is one statement that writes nothing when it raises
-        tether's error (a refused compare-and-set): it needs no savepoint, and
-        a database error in it (which aborts the transaction) has the batch
-        written again one commit at a time.
+        ``atomic``: the commit is that one statement, which writes nothing when
+        refused: in a batch it needs no savepoint, the batch's statements are
+        sent together (``engine._statements``), and a database error in one
+        (which aborts the transaction) has the batch written again one commit
+        at a time.
         """
         request = _Request(body, alone, atomic)
         with self._mutex:
@@ -179,19 +181,20 @@ def _together(
     whose statements are being run (``None`` once all have run).
     """
     outcomes: list[tuple[bool, Any]] = []
-    for index, request in enumerate(batch):
-        running[0] = request
-        if request.atomic:
-            # One statement: refused, it wrote nothing; failed, the transaction is gone.
-            try:
-                outcomes.append((True, request.body()))
-            except TetherError as exc:
-                outcomes.append((False, exc))
-            except Exception as exc:
-                if engine._retryable(exc) or engine._disconnected(exc):
-                    raise
-                raise _OneByOne from exc
+    index = 0
+    while index < len(batch):
+        request = batch[index]
+        if request.atomic is not None:
+            # A row of one-statement commits, sent together: refused, a statement
+            # wrote nothing; failed, the transaction is gone.
+            row = [request]
+            while index + len(row) < len(batch) and batch[index + len(row)].atomic is not None:
+                row.append(batch[index + len(row)])
+            outcomes.extend(_statements(engine, row, running))
+            index += len(row)
             continue
+        running[0] = request
+        index += 1
         name = f"tether_commit_{index}"
         engine._execute(f"SAVEPOINT {name}")
         try:
@@ -209,6 +212,54 @@ def _together(
         outcomes.append((True, value))
     running[0] = None
     return outcomes
+
+
+def _statements(
+    engine: Any, row: list[_Request], running: list[_Request | None]
+) -> list[tuple[bool, Any]]:
+    """One-statement commits, their ``before`` hooks first, then every statement at once."""
+    statements: list[Statement] = []
+    for request in row:
+        running[0] = request
+        statement = request.atomic
+        if statement is None:  # the caller sends only one-statement commits here
+            raise StoreUnavailableError("a commit of many statements was sent as one")
+        if statement.before is not None:
+            statement.before()
+        statements.append(statement)
+    try:
+        landed = engine._statements([(s.sql, s.params) for s in statements])
+    except Exception as exc:
+        if engine._retryable(exc) or engine._disconnected(exc):
+            raise
+        raise _OneByOne from exc
+    outcomes: list[tuple[bool, Any]] = []
+    for statement, ok in zip(statements, landed, strict=True):
+        if ok:
+            outcomes.append((True, None))
+            continue
+        try:
+            statement.refused()  # raises the refusal's typed error
+        except TetherError as exc:
+            outcomes.append((False, exc))
+        else:
+            outcomes.append((False, StoreUnavailableError("a refused commit gave no reason")))
+    return outcomes
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """A commit that is ONE statement, landed when it returns a row whose first column is 1.
+
+    ``before`` runs inside the transaction before the statement is sent (the
+    crash point "inside the commit"); ``refused`` raises the typed error that
+    says why a statement that did not land was refused (it may read).
+    """
+
+    sql: str
+    params: Sequence[Any]
+    before: Callable[[], None] | None
+    refused: Callable[[], None]
 
 
 class _OneByOne(Exception):

@@ -45,7 +45,7 @@ from tether.core import (
     format_time,
 )
 from tether.store._engine import value_rows
-from tether.store._group import GroupCommit
+from tether.store._group import GroupCommit, Statement
 from tether.store._protocols import BeforeCommit, Commit, Lease, LeaseRequest
 from tether.store._rows import (
     action_key,
@@ -452,10 +452,26 @@ class PostgresStore(SQLBase, HoldsRuns):
             if row is None or int(row[0]) != 1:
                 refused()
 
-        # Atomic: no savepoint (two round trips a commit saved); a database error
-        # has the batch written again one commit at a time.
-        self._commit_unit(grouped, alone, atomic=True)
+        # In a batch: no savepoint, and sent with the others at once (see _statements);
+        # a database error has the batch written again one commit at a time.
+        self._commit_unit(
+            grouped, alone, atomic=Statement(_COMMIT_STATEMENT, params, before_commit, refused)
+        )
         return None
+
+    def _statements(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[bool]:
+        # Pipelined: every statement is sent before any answer is read, so a batch
+        # costs the leader one wait for the server, not one per commit (each wait
+        # also hands the GIL to the worker's other threads, and getting it back
+        # is slow).
+        conn = self._local.conn
+        with conn.pipeline():
+            cursors = [conn.execute(self._q(sql), tuple(params)) for sql, params in statements]
+        landed = []
+        for cursor in cursors:
+            row = cursor.fetchone()
+            landed.append(row is not None and row[0] == 1)
+        return landed
 
     def _lock_migrations(self) -> None:
         # Taken before CREATE TABLE IF NOT EXISTS, which is itself not safe

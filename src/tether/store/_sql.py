@@ -32,7 +32,7 @@ from tether.core import (
 )
 from tether.core._listing import Listing
 from tether.core._trace import chain_hash
-from tether.store._group import GroupCommit
+from tether.store._group import GroupCommit, Statement
 from tether.store._history_sql import LEDGER_COLUMNS, TRACE_COLUMNS, HistorySQL
 from tether.store._leases import LeaseSQL
 from tether.store._listing import ListingSQL
@@ -662,7 +662,7 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
         body: Callable[[], Lease | None],
         alone: Callable[[], Lease | None] | None = None,
         *,
-        atomic: bool = False,
+        atomic: Statement | None = None,
     ) -> Lease | None:
         """One fenced commit: with others queued meanwhile (group commit), or alone.
 
