@@ -34,7 +34,7 @@ from tether import (
     TaskSpec,
 )
 from tether.runtime import CrashPlan, CrashPoint, Worker
-from tether.store import SQLiteStore
+from tether.store import open_store
 
 VERIFIER = (sys.executable, "-c", "pass")
 
@@ -112,6 +112,12 @@ def runtime(store: Any, home: Path, run_id: str, worker: str, steps: int, crash:
     )
 
 
+def open_store_of(home: Path) -> Any:
+    """The store named in ``HOME/store-url`` (a fresh PostgreSQL schema), else ``HOME/store.sqlite``."""
+    named = home / "store-url"
+    return open_store(named.read_text() if named.exists() else home / "store.sqlite")
+
+
 def run_ids(count: int) -> list[str]:
     return [f"run-{index:02d}" for index in range(count)]
 
@@ -124,7 +130,7 @@ def seed(home: Path, runs: int, steps: int) -> None:
         if index == 0:
             with workspace(home, run_id) as ws:
                 (home / "fingerprint").write_text(ws.environment().state_fingerprint)
-    with SQLiteStore(home / "store.sqlite") as store:
+    with open_store_of(home) as store:
         for run_id in run_ids(runs):
             runtime(store, home, run_id, "seeder", steps, CrashPlan()).start(run_id)
 
@@ -132,11 +138,13 @@ def seed(home: Path, runs: int, steps: int) -> None:
 class _KillInBatch(CrashPlan):
     """SIGKILL at the first checkpoint write, from the nth on, inside a transaction of many commits.
 
-    The hits run one at a time (inside the store's transaction, under its
-    connection), so counting them across runs needs no lock of its own.
+    The hits run one at a time (inside the store's transaction: on SQLite under
+    its one connection, on PostgreSQL in the batch's leader or in a commit
+    alone, which GroupCommit runs one at a time too), so counting them
+    across runs needs no lock of its own.
     """
 
-    def __init__(self, nth: int, store: SQLiteStore, note: Path) -> None:
+    def __init__(self, nth: int, store: Any, note: Path) -> None:
         super().__init__(CrashPoint.CHECKPOINT_WRITE, nth, "kill")
         self._store = store
         self._note = note
@@ -156,7 +164,7 @@ class _KillInBatch(CrashPlan):
 
 
 def work(home: Path, steps: int, concurrency: int, ttl: float, kill_at: int | None) -> None:
-    with SQLiteStore(home / "store.sqlite") as store:
+    with open_store_of(home) as store:
         crash = CrashPlan() if kill_at is None else _KillInBatch(kill_at, store, home / "batch")
 
         def factory(store: Any, run_id: str, worker: str) -> Runtime:
