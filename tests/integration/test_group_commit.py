@@ -8,6 +8,8 @@ was told, and how many transactions the store committed.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -287,3 +289,57 @@ def test_no_committer_returns_before_its_batch_is_committed(store: Any) -> None:
     outcomes.join()
     assert answered == []
     assert [outcomes.told[name] for name in ("a", "b", "c")] == [None, None, None]
+
+
+class _Interrupted(Exception):
+    """Raised by the test's signal handler in the thread waiting for its batch."""
+
+
+def test_a_committer_interrupted_while_queued_drops_its_commit_and_blocks_no_one(
+    store: Any,
+) -> None:
+    """A commit whose waiting committer is interrupted never lands, and later commits still do."""
+    _seed(store, "gone")
+    _seed(store, "after")
+    outcomes = Outcomes()
+    go = _held(store, outcomes)
+    group = store._group
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise _Interrupted
+
+    def fire() -> None:
+        _wait_until(lambda: len(group._queue) == 1)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        threading.Thread(target=fire).start()
+        with pytest.raises(_Interrupted):
+            store.commit(make_commit("gone", 2), 1)  # the main thread waits behind "first"
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert group._queue == []
+    go.set()
+    outcomes.join()
+    store.commit(make_commit("after", 2), 1)  # leads at once: nobody holds the lead
+    gone, after = store.get_mark("gone"), store.get_mark("after")
+    assert gone is not None and gone.generation == 1
+    assert after is not None and after.generation == 2
+
+
+def test_a_committer_chosen_to_lead_that_stops_waiting_hands_the_lead_on(store: Any) -> None:
+    """If the committer woken to lead is gone, the next one in line is woken to lead instead."""
+    from tether.store._group import _Request
+
+    group = store._group
+    gone = _Request(lambda: None, None, None)
+    next_in_line = _Request(lambda: None, None, None)
+    group._queue.extend([gone, next_in_line])
+    group._leading = True
+    gone.wake.set()  # chosen by the leader before it
+    group._abandon(gone)
+    assert group._queue == [next_in_line] and next_in_line.wake.is_set() and group._leading
+    group._queue.clear()
+    group._abandon(next_in_line)  # already taken: nothing to do
+    group._leading = False

@@ -100,12 +100,30 @@ class GroupCommit:
             lead = not self._leading
             self._leading = True
         if not lead:
-            request.wake.wait()
+            try:
+                request.wake.wait()
+            except BaseException:
+                self._abandon(request)  # an interrupt (a signal handler's error) while queued
+                raise
             if request.settled:
                 return _outcome(request)
             # Woken to lead: the leader before this one left this request first in the queue.
         self._lead()
         return _outcome(request)
+
+    def _abandon(self, request: _Request) -> None:
+        """Take back a commit whose committer stopped waiting; hand the lead on if it had it.
+
+        A commit still queued is dropped (it never landed); one a leader took is
+        written as it would have been, and its committer, gone, never hears.
+        """
+        with self._mutex:
+            if not any(queued is request for queued in self._queue):
+                return
+            chosen = self._queue[0] is request and request.wake.is_set()
+            self._queue.remove(request)
+            if chosen:
+                self._hand_on()
 
     def _lead(self) -> None:
         """Write the queue's head (this committer's own commit first) and hand the lead on."""
@@ -117,16 +135,23 @@ class GroupCommit:
             self._write(batch)
         finally:
             self.writing = 0
-            with self._mutex:
-                # The next committer in line leads (it writes its own commit with the
-                # others that queued meanwhile); none: the next to arrive writes at once.
-                following = self._queue[0] if self._queue else None
-                self._leading = following is not None
             for request in batch:
                 request.settled = True
                 request.wake.set()
-            if following is not None:
-                following.wake.set()
+            with self._mutex:
+                self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Wake the next committer in line to lead, or let the next to arrive lead (under the mutex).
+
+        The one woken writes its own commit with the others that queued
+        meanwhile; chosen and woken under the mutex, so a committer that stops
+        waiting (``_abandon``) can tell whether it had been chosen.
+        """
+        following = self._queue[0] if self._queue else None
+        self._leading = following is not None
+        if following is not None:
+            following.wake.set()
 
     def _write(self, batch: list[_Request]) -> None:
         engine = self._engine
