@@ -7,16 +7,19 @@ arrive while a transaction is being written, and the next committer to find
 the store free (the *leader*) takes the whole queue and writes it as ONE
 transaction:
 
-- each commit runs inside a ``SAVEPOINT`` of its own, so its compare-and-set
-  is checked on its own: a lost lease or a stale generation refuses only that
-  run's commit (rolled back to its savepoint) with the same typed error a
-  commit alone raises, and the others land;
+- each commit's compare-and-set is checked on its own: a lost lease or a
+  stale generation refuses only that run's commit, with the same typed error
+  a commit alone raises, and the others land. A commit of many statements
+  (SQLite) runs inside a ``SAVEPOINT`` of its own and is rolled back to it;
+  a commit that is ONE statement (PostgreSQL's) wrote nothing when refused,
+  needs no savepoint, and is sent with the batch's others in one go (a
+  database error in one aborts the transaction: the batch is then written
+  again one commit at a time, so only that one fails);
 - every committer returns only once the transaction holding its commit is
   durable (``COMMIT`` returned): nothing is acknowledged before it is on
   disk, so no run makes an adapter call on a commit that could still vanish;
-- a failure of the transaction itself (the ``COMMIT``, the disk, an error
-  that aborts the transaction rather than one statement) fails every commit
-  in it, each with the same error: none landed;
+- a failure of the transaction itself (the ``COMMIT``, the disk, a lost
+  connection) fails every commit in it with that store error: none landed;
 - a SIGKILL while a batch is written loses the whole batch atomically (it is
   one transaction), so no run sees its step as durable.
 
