@@ -388,6 +388,8 @@ BAD_VALUES: list[tuple[list[str], int]] = [
     (["worker", "--store", "{S}", "--app", "m:f", "--lease-ttl", "0"], 2),
     (["worker", "--store", "{S}", "--app", "m:f", "--poll", "nan"], 2),
     (["worker", "--store", "{S}", "--app", "m:f", "--max-runs", "0"], 2),
+    (["worker", "--store", "{S}", "--app", "m:f", "--concurrency", "0"], 2),
+    (["worker", "--store", "{S}", "--app", "m:f", "--concurrency", "1025"], 2),
     (["keys", "new", "--role", "king", "--id", "a"], 2),
     (["keys", "new", "--role", "approver", "--id", "a", "--out", "{FILE}"], 1),
     (["keyring", "new", "--out", "{EXISTING}"], 1),

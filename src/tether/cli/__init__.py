@@ -182,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--max-runs", type=_count(10**9), help="stop after claiming this many runs")
     worker.add_argument(
+        "--concurrency",
+        type=_count(1024),
+        default=1,
+        help="drive this many runs at once, one thread each; their commits that meet are "
+        "written together (one transaction, one fsync on SQLite), each fenced by its own "
+        "lease (default 1, at most 1024)",
+    )
+    worker.add_argument(
         "--max-attempts",
         type=_count(1000),
         default=5,
@@ -243,6 +251,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             max_attempts=args.max_attempts,
             backoff_s=args.backoff,
             max_backoff_s=args.max_backoff,
+            concurrency=args.concurrency,
         )
         install_signal_handlers(worker)
         stats = worker.serve(max_runs=args.max_runs, idle_exit=args.idle_exit)

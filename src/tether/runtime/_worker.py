@@ -54,6 +54,7 @@ from tether.core import (
 from tether.core._retry import AfterStep, after_step, retry_delay
 from tether.crypto import Role
 from tether.runtime import _hints
+from tether.runtime._many import MAX_CONCURRENCY, serve_many
 from tether.runtime._runtime import Runtime
 from tether.store import Lease
 
@@ -65,6 +66,8 @@ IDLE_EXIT_CLAIM_FAILURES = 3
 #: At most this many runs' no-progress streaks are remembered; past it the
 #: oldest are forgotten (such a run backs off from the base again).
 STREAKS_REMEMBERED = 10_000
+#: The phases a claim takes a run in.
+PHASES_CLAIMED = ("running", "pending", "needs_review")
 
 
 class AppLoadError(TetherError):
@@ -101,7 +104,12 @@ class WorkerStats:
 
 
 class Worker:
-    """Claims and drives runs until stopped; one run at a time."""
+    """Claims and drives runs until stopped; one run at a time, or ``concurrency`` at once.
+
+    With ``concurrency`` above 1, each claimed run is driven on a thread of
+    its own (``_many``), and the store writes the commits that meet there
+    together (one transaction, one fsync, each fenced by its own lease).
+    """
 
     def __init__(
         self,
@@ -115,7 +123,12 @@ class Worker:
         backoff_s: float = 1.0,
         max_backoff_s: float = 300.0,
         draw: Callable[[], float] = random.random,
+        concurrency: int = 1,
     ) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+            raise StoreError(f"concurrency must be a whole number, not {concurrency!r}")
+        if not 1 <= concurrency <= MAX_CONCURRENCY:
+            raise StoreError(f"concurrency must be from 1 to {MAX_CONCURRENCY}, not {concurrency}")
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
             raise StoreError(f"max_attempts must be a whole number, not {max_attempts!r}")
         if not 1 <= max_attempts <= 1000:
@@ -143,6 +156,8 @@ class Worker:
         self.max_backoff_s = max_backoff_s
         #: The jitter's random draw in [0, 1) (a seeded one makes delays repeatable).
         self.draw = draw
+        #: How many runs this worker drives at once (one thread each).
+        self.concurrency = concurrency
         self.stats = WorkerStats()
         self._stop = threading.Event()
         # Claims in a row, per run, that ended without progress (the back-off's
@@ -162,6 +177,8 @@ class Worker:
 
     def serve(self, *, max_runs: int | None = None, idle_exit: bool = False) -> WorkerStats:
         """Claim and drive runs until stopped (or ``max_runs`` claimed, or idle with ``idle_exit``)."""
+        if self.concurrency > 1:
+            return serve_many(self, max_runs=max_runs, idle_exit=idle_exit)
         failures = 0
         while not self.stopping:
             if max_runs is not None and self.stats.claimed >= max_runs:
@@ -171,7 +188,7 @@ class Worker:
                     self.worker_id,
                     self.lease_ttl_s,
                     limit=1,
-                    phases=("running", "pending", "needs_review"),
+                    phases=PHASES_CLAIMED,
                     max_attempts=self.max_attempts,
                 )
             except TetherError as exc:  # the store is down, or a row is damaged: wait, ask again

@@ -46,6 +46,17 @@ class SQLEngine:
 
     def __init__(self) -> None:
         self._local = threading.local()
+        self._committed = 0
+
+    @property
+    def transactions_committed(self) -> int:
+        """Write transactions this store object has committed (each one durable commit).
+
+        Counted for benchmarks and operators: how many times the store paid for
+        durability (an fsync on SQLite), whatever the number of runs' commits
+        each carried.
+        """
+        return self._committed
 
     # -- dialect hooks -------------------------------------------------------
 
@@ -172,10 +183,14 @@ class SQLEngine:
                             # the dialect, so a stale one is retried, never sent.
                             self._probe(conn)
                             sent = True
-                            return body()
+                            value = body()
+                            self._committed += 1
+                            return value
                         with self._transaction(conn):
                             sent = True
-                            return body()
+                            value = body()
+                        self._committed += 1  # still holding the connection
+                        return value
                     finally:
                         self._local.conn = None
                         self._local.unit = None
@@ -224,6 +239,18 @@ class SQLEngine:
 
     def _run(self, sql: str, params: Sequence[Any] = ()) -> int:
         return int(self._execute(sql, params).rowcount)
+
+    def _statements(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[bool]:
+        """Run one-statement commits in the current transaction; for each, whether it landed.
+
+        A statement landed when its first row's first column is 1. A dialect
+        whose driver can send them all before reading any answer overrides this.
+        """
+        landed = []
+        for sql, params in statements:
+            row = self._one(sql, params)
+            landed.append(row is not None and row[0] == 1)
+        return landed
 
 
 def value_rows(columns: Sequence[str], values: Sequence[str] | None, rows: int) -> str:

@@ -45,6 +45,7 @@ from tether.core import (
     format_time,
 )
 from tether.store._engine import value_rows
+from tether.store._group import GroupCommit, Statement
 from tether.store._protocols import BeforeCommit, Commit, Lease, LeaseRequest
 from tether.store._rows import (
     action_key,
@@ -231,6 +232,12 @@ class PostgresStore(SQLBase, HoldsRuns):
         tether's.
         """
         super().__init__()
+        # Commits from many threads (a worker driving many runs) that wait for one
+        # another are written in one transaction: one WAL flush for all. At most 64:
+        # each commit's savepoint that writes takes a subtransaction id, and past
+        # 64 in one transaction PostgreSQL's per-backend cache of them overflows
+        # (every other session's snapshots then look them up on disk).
+        self._group = GroupCommit(self, max_batch=64)
         try:
             import psycopg  # noqa: F401
             from psycopg_pool import ConnectionPool, PoolTimeout
@@ -425,19 +432,47 @@ class PostgresStore(SQLBase, HoldsRuns):
             json.dumps(blobs),
         )
 
-        def body() -> tuple[Any, ...] | None:
+        def statement() -> tuple[Any, ...] | None:
             if before_commit is not None:
                 before_commit()  # "inside the commit": nothing has been sent yet
             return self._one(_COMMIT_STATEMENT, params)
 
-        row = self._statement(body)
-        if row is None or int(row[0]) != 1:
-            self._read(
-                lambda: self._cas_refused(
-                    commit.run_id, expected_generation, expected_lease_version
-                )
-            )
+        def refused() -> None:
+            self._cas_refused(commit.run_id, expected_generation, expected_lease_version)
+
+        def alone() -> None:
+            # The statement is its own transaction; the rare refusal is explained after.
+            row = self._statement(statement)
+            if row is None or int(row[0]) != 1:
+                self._read(refused)
+
+        def grouped() -> None:
+            # Inside a transaction with other runs' commits. Refused, the statement
+            # wrote nothing, so the error is explained in it and the rest land.
+            row = statement()
+            if row is None or int(row[0]) != 1:
+                refused()
+
+        # In a batch: no savepoint, and sent with the others at once (see _statements);
+        # a database error has the batch written again one commit at a time.
+        self._commit_unit(
+            grouped, alone, atomic=Statement(_COMMIT_STATEMENT, params, before_commit, refused)
+        )
         return None
+
+    def _statements(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[bool]:
+        # Pipelined: every statement is sent before any answer is read, so a batch
+        # costs the leader one wait for the server, not one per commit (each wait
+        # also hands the GIL to the worker's other threads, and getting it back
+        # is slow).
+        conn = self._local.conn
+        with conn.pipeline():
+            cursors = [conn.execute(self._q(sql), tuple(params)) for sql, params in statements]
+        landed = []
+        for cursor in cursors:
+            row = cursor.fetchone()
+            landed.append(row is not None and row[0] == 1)
+        return landed
 
     def _lock_migrations(self) -> None:
         # Taken before CREATE TABLE IF NOT EXISTS, which is itself not safe

@@ -32,6 +32,7 @@ from tether.core import (
 )
 from tether.core._listing import Listing
 from tether.core._trace import chain_hash
+from tether.store._group import GroupCommit, Statement
 from tether.store._history_sql import LEDGER_COLUMNS, TRACE_COLUMNS, HistorySQL
 from tether.store._leases import LeaseSQL
 from tether.store._listing import ListingSQL
@@ -75,6 +76,10 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
     (each hands its body a :class:`~tether.store.SQLStatements`), never
     through the underscored helpers the store uses itself.
     """
+
+    #: Where concurrent commits are grouped into one transaction (see ``_group``);
+    #: ``None``: every commit is a transaction of its own.
+    _group: GroupCommit | None = None
 
     # -- migrations ----------------------------------------------------------
 
@@ -609,7 +614,7 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
         worker; the granted lease is returned. ``listing`` is recorded with
         the mark (see the protocol).
         """
-        return self._write(
+        return self._commit_unit(
             lambda: self._cas_mark(
                 run_id,
                 expected_generation,
@@ -650,7 +655,30 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
                 before_commit()
             return lease
 
-        return self._write(body)
+        return self._commit_unit(body)
+
+    def _commit_unit(
+        self,
+        body: Callable[[], Lease | None],
+        alone: Callable[[], Lease | None] | None = None,
+        *,
+        atomic: Statement | None = None,
+    ) -> Lease | None:
+        """One fenced commit: with others queued meanwhile (group commit), or alone.
+
+        ``body`` runs inside a write transaction (its own, or a batch's under a
+        savepoint); ``alone``, if given, is how the commit is written when it is
+        neither grouped nor inside a caller's transaction (a dialect's faster
+        unit of work). Inside a caller's transaction it joins that one, as any
+        write does. ``atomic``: see :meth:`GroupCommit.submit`.
+        """
+        group = self._group
+        if getattr(self._local, "conn", None) is not None:
+            return self._write(body)
+        if group is None:
+            return self._write(body) if alone is None else alone()
+        result: Lease | None = group.submit(body, alone, atomic=atomic)
+        return result
 
 
 #: Every commit records the state's listing with the mark (NULLs when it has none).

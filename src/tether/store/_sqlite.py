@@ -35,6 +35,7 @@ from tether.core import (
     WriteOnceError,
 )
 from tether.store._engine import value_rows
+from tether.store._group import GroupCommit
 from tether.store._runlock import HoldsRuns, NoLock, ProcessLock
 from tether.store._schema import ACTION_KINDS, kinds_sql, migrations
 from tether.store._sql import SQLBase
@@ -84,6 +85,9 @@ class SQLiteStore(SQLBase, HoldsRuns):
         super().__init__()
         # One connection per store object, shared by its threads one unit of work at a time.
         self._lock = threading.RLock()
+        # Commits from many threads (a worker driving many runs) that wait for the
+        # connection meanwhile are written together: one transaction, one fsync.
+        self._group = GroupCommit(self)
         mode = synchronous.upper()
         if mode not in _SYNCHRONOUS:
             raise StoreError(

@@ -1,0 +1,115 @@
+"""``Worker(concurrency=N)`` on a real SQLite file: many runs driven at once, each once.
+
+Each run writes to an in-memory sandbox of its own at every step; the worker
+drives them on threads of its own, and their commits meet in the store's
+group commit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench.many_runs import Writer, task_and_policy
+
+from tether import Keyring, Runtime
+from tether.core import StoreError
+from tether.runtime import Worker
+from tether.store import SQLiteStore
+from tether.testing import Sandbox
+
+STEPS = 5
+
+
+class Runs:
+    """Runs seeded in one store, each with the sandbox it writes to, and a worker factory."""
+
+    def __init__(self, store: SQLiteStore, count: int, steps: int = STEPS) -> None:
+        self.store = store
+        self.steps = steps
+        self.keyring = Keyring.generate("many")
+        self.sandboxes = {f"run-{i:02d}": Sandbox({"notes.txt": "draft\n"}) for i in range(count)}
+        for run_id in self.sandboxes:
+            self.factory(store, run_id, "seeder").start(run_id)
+
+    def factory(self, store: Any, run_id: str, worker: str) -> Runtime:
+        sandbox = self.sandboxes[run_id]
+        task, policy = task_and_policy(sandbox.environment().state_fingerprint, self.steps)
+        return Runtime(
+            store=store,
+            keyring=self.keyring,
+            adapter=sandbox,
+            task=task,
+            policy=policy,
+            agent=Writer(self.steps),
+            worker=worker,
+        )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    with SQLiteStore(tmp_path / "store.sqlite") as opened:
+        yield opened
+
+
+def test_a_worker_drives_many_runs_at_once_to_the_end(store: SQLiteStore) -> None:
+    """Eight runs on eight threads all complete, each write made once and recorded once."""
+    runs = Runs(store, 8)
+    worker = Worker(store, runs.factory, "w", lease_ttl_s=30, poll_s=0.01, concurrency=8)
+    stats = worker.serve(idle_exit=True)
+    assert (stats.claimed, stats.completed, stats.errors, stats.lost) == (8, 8, 0, 0)
+    for run_id, sandbox in runs.sandboxes.items():
+        mark = store.get_mark(run_id)
+        assert mark is not None and mark.phase == "completed" and mark.lease_owner is None
+        committed = sum(e.status.value == "committed" for e in store.ledger(run_id))
+        assert (sandbox.write_count(), committed) == (STEPS, STEPS)
+
+
+def test_more_runs_than_threads_are_all_driven(store: SQLiteStore) -> None:
+    """Seven runs and three threads: runs are claimed as threads come free, until none is left."""
+    runs = Runs(store, 7)
+    stats = Worker(store, runs.factory, "w", poll_s=0.01, concurrency=3).serve(idle_exit=True)
+    assert (stats.claimed, stats.completed) == (7, 7)
+    assert sorted(stats.runs) == sorted(runs.sandboxes)
+
+
+def test_max_runs_bounds_the_claims_of_a_concurrent_worker(store: SQLiteStore) -> None:
+    """With ``max_runs=2`` a worker of four threads claims two runs and returns."""
+    runs = Runs(store, 5)
+    stats = Worker(store, runs.factory, "w", poll_s=0.01, concurrency=4).serve(
+        max_runs=2, idle_exit=True
+    )
+    assert (stats.claimed, stats.completed) == (2, 2)
+    phases = sorted(mark.phase for mark in store.runs())
+    assert phases == ["completed", "completed", "running", "running", "running"]
+
+
+def test_a_stopped_concurrent_worker_lets_every_run_go(store: SQLiteStore) -> None:
+    """``stop()`` ends every thread after its step; each run's lease is released, none is lost."""
+    runs = Runs(store, 4, steps=100_000)
+    worker = Worker(store, runs.factory, "w", lease_ttl_s=30, poll_s=0.01, concurrency=4)
+    serving = threading.Thread(target=worker.serve)
+    serving.start()
+    deadline = time.monotonic() + 60
+    while min(mark.generation for mark in store.runs()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    worker.stop()
+    serving.join(timeout=60)
+    assert not serving.is_alive()
+    assert (worker.stats.claimed, worker.stats.lost, worker.stats.errors) == (4, 0, 0)
+    for run_id, sandbox in runs.sandboxes.items():
+        mark = store.get_mark(run_id)
+        assert mark is not None and mark.phase == "running" and mark.lease_owner is None
+        committed = sum(e.status.value == "committed" for e in store.ledger(run_id))
+        assert sandbox.write_count() == committed  # the last write's receipt landed at release
+
+
+@pytest.mark.parametrize("concurrency", [0, -1, 1025, True, 2.0, "4"])
+def test_a_concurrency_out_of_range_is_refused(store: SQLiteStore, concurrency: Any) -> None:
+    """A concurrency that is not a whole number from 1 to 1024 is refused when the worker is made."""
+    with pytest.raises(StoreError, match="concurrency"):
+        Worker(store, Runs(store, 0).factory, "w", concurrency=concurrency)
