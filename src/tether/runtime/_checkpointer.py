@@ -131,18 +131,12 @@ class Checkpointer:
     ) -> None:
         self.content = content
         # One transaction is possible only when both roles are the same database.
-        # (A CommitStore is a GenerationStore: asked first, one protocol check does
-        # for both in the usual case, and each check walks every member.)
         self._colocated: CommitStore | None = None
         if (marks is None or marks is content) and isinstance(content, CommitStore):  # type: ignore[comparison-overlap]
             self._colocated = content
-        self.marks: GenerationStore
-        if marks is not None:
-            self.marks = marks
-        elif self._colocated is not None:
-            self.marks = self._colocated
-        else:
-            self.marks = _as_marks(content)
+        self.marks: GenerationStore = (
+            marks if marks is not None else _as_marks(content, self._colocated)
+        )
         self.keyring = keyring
         if secrets is not None:
             shared = secrets.shares_key_with(keyring)
@@ -795,7 +789,9 @@ def drift_problem(state: RunState, live: EnvironmentState) -> str | None:
 _PARTS_REMEMBERED = 10_000
 
 
-def _as_marks(content: ContentStore) -> GenerationStore:
+def _as_marks(content: ContentStore, colocated: CommitStore | None) -> GenerationStore:
+    if colocated is not None:
+        return colocated  # a CommitStore is a GenerationStore: no second protocol check
     if isinstance(content, GenerationStore):
         return content
     raise StoreError(
