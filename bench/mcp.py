@@ -18,7 +18,8 @@ file):
 Three kinds of call, each timed per call:
 
 - **read** (``count_notes``, named a read by the policy): one traced step
-  of the run (one checkpoint commit) and the upstream's answer;
+  of the run (its record rides on the run's next commit: no commit of its
+  own) and the upstream's answer;
 - **effect** (``add_note`` with fresh arguments; it takes no key): the
   intent and its key persisted, the dispatch recorded, the call forwarded,
   its answer recorded (three durable commits, as tether's protocol needs for
@@ -213,7 +214,8 @@ async def main(calls: int, rounds: int, where: Path) -> None:
         "= proxy - direct (a second MCP hop, what any proxy costs); tether = gateway - proxy; "
         "added = gateway - direct (each the median over rounds of the round's medians' "
         "difference). An effect with no key makes three durable commits (intent, dispatched, "
-        "receipt), a read one, a replay one; the proxy sends the replay on to the upstream. "
+        "receipt), a read none of its own (its record rides on the next), a replay one; the "
+        "proxy sends the replay on to the upstream. "
         "CPU per call: what the middle process (the proxy, or the gateway) itself spent, all "
         "its threads, from /proc: the measure least disturbed by other load on the machine."
     )
