@@ -38,7 +38,8 @@ durable commit is the floor of a step's added latency, so ``--dir
 
 Run: ``.venv/bin/python bench/mcp.py [--calls 40] [--rounds 6] [--dir PATH]``;
 ``--profile`` instead drives the gateway's own call path in this process
-and shows where its time goes (``bench/_mcp_profile.py``).
+and shows where its time goes (``bench/_mcp_profile.py``); ``--cpu`` the
+same path's CPU per call by thread, without a profiler (``bench/_mcp_cpu.py``).
 """
 
 from __future__ import annotations
@@ -284,6 +285,11 @@ if __name__ == "__main__":
         action="store_true",
         help="instead: where the gateway's time per call goes (bench/_mcp_profile.py)",
     )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="instead: the gateway's CPU per call by thread, no profiler (bench/_mcp_cpu.py)",
+    )
     if sys.argv[1:2] == ["--serve-proxy"]:  # the proxy side's own process
         asyncio.run(serve_proxy(sys.argv[2:]))
         sys.exit(0)
@@ -295,6 +301,11 @@ if __name__ == "__main__":
             from bench._mcp_profile import profile
 
             asyncio.run(profile(home, args.calls))
+        elif args.cpu:
+            sys.path.insert(0, str(ROOT))
+            from bench._mcp_cpu import cpu
+
+            asyncio.run(cpu(home, args.calls))
         else:
             asyncio.run(main(args.calls, args.rounds, home))
     finally:
