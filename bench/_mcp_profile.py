@@ -7,7 +7,7 @@ what tether adds between the agent's request arriving and its answer
 leaving. Per call kind:
 
 - wall time per call, and how much of it was the upstream's round trip
-  (``Upstream.call``), the store's commits (``Checkpointer.advance``, the
+  (``Upstream.answer``), the store's commits (``Checkpointer.advance``, the
   fsync included) and everything else (tether's Python, the hops between
   the event loop and the protocol's worker thread);
 - the CPU the protocol's worker thread spends, by function (cProfile with
@@ -143,7 +143,7 @@ async def profile(where: Path, calls: int) -> None:
     from tether.runtime import _checkpointer
 
     clock = Clock()
-    clock.wrap(upstream_module.Upstream, "call", "upstream round trip")
+    clock.wrap(upstream_module.Upstream, "answer", "upstream round trip")
     clock.wrap(_checkpointer.Checkpointer, "advance", "store commit")
     argv = [sys.executable, "-m", "tests.integration._mcp_upstream", str(where / "up.sqlite")]
     gateway = Gateway(
@@ -166,8 +166,8 @@ async def profile(where: Path, calls: int) -> None:
             async with effects.run_async(runtime, "profile") as run:
                 gateway.run = run
                 kinds: dict[str, Callable[[int], Any]] = {
-                    # The SDK client's own round trip to the upstream, no tether: the floor.
-                    "bare upstream call": lambda i: gateway.upstream.call("count_notes", {}),
+                    # The gateway's own round trip to the upstream (its stdio lane), no tether.
+                    "bare upstream call": lambda i: gateway.upstream.answer("count_notes", {}),
                     # tether's protocol alone, as the gateway asks it (no MCP answer built).
                     "protocol read": lambda i: run.call_async("count_notes", "", {"arguments": {}}),
                     "read": lambda i: gateway.call("count_notes", {}),

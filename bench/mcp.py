@@ -18,7 +18,8 @@ file):
 Three kinds of call, each timed per call:
 
 - **read** (``count_notes``, named a read by the policy): one traced step
-  of the run (one checkpoint commit) and the upstream's answer;
+  of the run (its record rides on the run's next commit: no commit of its
+  own) and the upstream's answer;
 - **effect** (``add_note`` with fresh arguments; it takes no key): the
   intent and its key persisted, the dispatch recorded, the call forwarded,
   its answer recorded (three durable commits, as tether's protocol needs for
@@ -37,7 +38,8 @@ durable commit is the floor of a step's added latency, so ``--dir
 
 Run: ``.venv/bin/python bench/mcp.py [--calls 40] [--rounds 6] [--dir PATH]``;
 ``--profile`` instead drives the gateway's own call path in this process
-and shows where its time goes (``bench/_mcp_profile.py``).
+and shows where its time goes (``bench/_mcp_profile.py``); ``--cpu`` the
+same path's CPU per call by thread, without a profiler (``bench/_mcp_cpu.py``).
 """
 
 from __future__ import annotations
@@ -213,7 +215,8 @@ async def main(calls: int, rounds: int, where: Path) -> None:
         "= proxy - direct (a second MCP hop, what any proxy costs); tether = gateway - proxy; "
         "added = gateway - direct (each the median over rounds of the round's medians' "
         "difference). An effect with no key makes three durable commits (intent, dispatched, "
-        "receipt), a read one, a replay one; the proxy sends the replay on to the upstream. "
+        "receipt), a read none of its own (its record rides on the next), a replay one; the "
+        "proxy sends the replay on to the upstream. "
         "CPU per call: what the middle process (the proxy, or the gateway) itself spent, all "
         "its threads, from /proc: the measure least disturbed by other load on the machine."
     )
@@ -282,6 +285,11 @@ if __name__ == "__main__":
         action="store_true",
         help="instead: where the gateway's time per call goes (bench/_mcp_profile.py)",
     )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="instead: the gateway's CPU per call by thread, no profiler (bench/_mcp_cpu.py)",
+    )
     if sys.argv[1:2] == ["--serve-proxy"]:  # the proxy side's own process
         asyncio.run(serve_proxy(sys.argv[2:]))
         sys.exit(0)
@@ -293,6 +301,11 @@ if __name__ == "__main__":
             from bench._mcp_profile import profile
 
             asyncio.run(profile(home, args.calls))
+        elif args.cpu:
+            sys.path.insert(0, str(ROOT))
+            from bench._mcp_cpu import cpu
+
+            asyncio.run(cpu(home, args.calls))
         else:
             asyncio.run(main(args.calls, args.rounds, home))
     finally:

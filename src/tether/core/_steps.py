@@ -44,7 +44,7 @@ from tether.core._review import open_review
 from tether.core._spec import Budgets
 from tether.core._state import RunState
 from tether.core._taken import ACTION_EVENTS, abandoned_stretch, action_id_of, actions_taken
-from tether.core._transition import Event, LedgerNote, OutcomeKind, Transition
+from tether.core._transition import Durability, Event, LedgerNote, OutcomeKind, Transition
 
 # ``step_rules`` (this module) is the one namespace the session reads the
 # step rules from; the budget, result and trace-bookkeeping rules live in
@@ -283,10 +283,42 @@ def reject(
     )
 
 
+#: At most this many trace events wait for the run's next commit behind deferred reads: past
+#: it a read commits at once (what a crash may drop, and what a session holds, stay bounded).
+MAX_RIDING_EVENTS = 256
+
+
+def observation_durability(*, read: bool, approved: bool, riding: int) -> Durability:
+    """When the commit recording a carried-out read or test run must be durable.
+
+    ``read``: the action is a read (a test run is not: its command may leave
+    files behind); ``approved``: it waited for a person's approval, whose
+    use must be durable once made; ``riding``: the trace events already
+    waiting for the run's next commit.
+
+    A read changes nothing outside the run, so a crash that drops its record
+    repeats no effect and hides none: the run is where it was before the
+    read, and the agent asks again. So its commit rides on the run's next
+    one (the next write's intent, any checkpoint, the lease given up), as a
+    deferred receipt does; the budget it charged is lost with it.
+    """
+    if read and not approved and riding < MAX_RIDING_EVENTS:
+        return Durability.DEFERRED
+    return Durability.NOW
+
+
 def observed(
-    state: RunState, proposal: Proposal, data: dict[str, JSONValue], *, spent_already: bool = False
+    state: RunState,
+    proposal: Proposal,
+    data: dict[str, JSONValue],
+    *,
+    spent_already: bool = False,
+    durability: Durability = Durability.NOW,
 ) -> Transition:
-    """A read or a test run was carried out: its answer becomes the agent's next result."""
+    """A read or a test run was carried out: its answer becomes the agent's next result.
+
+    ``durability``: when its commit must land (:func:`observation_durability`).
+    """
     spent = state.spent if spent_already else charged(state.spent, proposals=1, cost=proposal.cost)
     result = ActionResult(
         action_id=proposal.action_id,
@@ -305,7 +337,9 @@ def observed(
             "results_digest": after.results_digest,
         },
     )
-    return Transition(OutcomeKind.OBSERVED, state=after, events=(event,), blobs=blobs)
+    return Transition(
+        OutcomeKind.OBSERVED, state=after, events=(event,), blobs=blobs, durability=durability
+    )
 
 
 def verified(

@@ -34,8 +34,10 @@ class Durability(StrEnum):
     commit's one transaction. A crash before it leaves the signed state one
     step behind, a write still ``dispatched``, which recovery settles by asking
     the adapter by key: the "effect sent, receipt not persisted" window, no
-    new one. Only a receipt is ever deferred, and only where the adapter can
-    settle that window (``tether.core.settle_rules.receipt_durability``).
+    new one. Only a receipt is deferred this way, and only where the adapter
+    can settle that window (``tether.core.settle_rules.receipt_durability``);
+    and a read's observation, which a crash may drop with nothing to settle
+    (``observation_durability`` in ``_steps``).
     """
 
     NOW = "now"  # durable before anything else happens

@@ -40,8 +40,12 @@ def carry_out(
     events: list[Event],
     *,
     spent_already: bool,
+    approved: bool = False,
 ) -> Outcome:
     """Carry out a read, a test run, a finish or a cancel, and commit what it found.
+
+    ``approved``: the action waited for a person's approval (its commit is
+    never deferred: see ``observation_durability``).
 
     An adapter that refuses the action (a directory named as a file, a
     test command it won't run) is a rejection the agent hears about; one
@@ -62,7 +66,12 @@ def carry_out(
         if kind.action_class is ActionClass.READ:
             args = dict(proposal.args)
             data = rt.adapter.read(kind.name, proposal.target, args, rt.task.allows_target)
-            transition = step_rules.observed(base, proposal, data, spent_already=spent_already)
+            durability = step_rules.observation_durability(
+                read=True, approved=approved, riding=session.riding
+            )
+            transition = step_rules.observed(
+                base, proposal, data, spent_already=spent_already, durability=durability
+            )
         elif kind.action_class is ActionClass.TEST:
             test = rt.task.tests[proposal.target]
             data = rt.adapter.verify(test.argv, test.timeout_s).summary()
@@ -156,4 +165,4 @@ def carry_out_approved(session: Session, pending: PendingWrite) -> Outcome:
     )
     if problem is not None:
         return Outcome(OutcomeKind.WAITING_FOR_APPROVAL, session.state, problem[0], problem[1])
-    return carry_out(session, base, None, proposal, kind, [], spent_already=True)
+    return carry_out(session, base, None, proposal, kind, [], spent_already=True, approved=True)

@@ -229,6 +229,11 @@ class Committing(LeaseHolder):
             self.history.committed(sealed.entries)
         return sealed.entries
 
+    @property
+    def riding(self) -> int:
+        """How many trace events wait for the run's next commit (sealed, not written)."""
+        return 0 if self._deferred is None else len(self._deferred.events)
+
     def _seal(
         self,
         state: RunState,

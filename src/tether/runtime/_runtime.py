@@ -98,7 +98,9 @@ class Runtime:
     ``defer_receipts`` (default ``True``): where the adapter can be asked by
     key or deduplicates, a write's receipt rides on the run's next commit, so
     a write step is one durable commit (a crash before it is settled by asking
-    the adapter); ``False`` commits every receipt at once, on its own.
+    the adapter); ``False`` commits every receipt at once, on its own. The same
+    flag lets a read's record ride on the next commit
+    (``core._steps.observation_durability``), or not.
     """
 
     def __init__(

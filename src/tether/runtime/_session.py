@@ -209,7 +209,8 @@ class RunSession(Committing):
                 transition.durability is Durability.DEFERRED
                 and self.rt.defer_receipts
                 and not prefix
-                and context is None
+                # The caller's own loop hands the context on unchanged: nothing new to seal.
+                and (context is None or context is self.context)
                 and self._opening is None
             )
             if transition.state is not None:
@@ -238,7 +239,7 @@ class RunSession(Committing):
                 if in_hand is not None and self.unrecorded is in_hand:
                     self.unrecorded = None
                 in_hand = None
-                if later:
+                if later and transition.ledger:  # a receipt held (a read's record has none)
                     self.rt.crash.hit(CrashPoint.RECEIPT_DEFERRED)
                 for entry in entries:
                     if entry.status is EffectStatus.COMMITTED:

@@ -86,6 +86,9 @@ class Session(Protocol):
     @property
     def run_id(self) -> str: ...
 
+    @property
+    def riding(self) -> int: ...
+
     def sent_by_another(self, key: str) -> bool: ...
 
     @property

@@ -60,6 +60,7 @@ from tether.integrations.mcp._approve import (
     shown_arguments,
 )
 from tether.integrations.mcp._policy import GatewayPolicy, RunRules, kind_of, run_rules, tool_of
+from tether.integrations.mcp._stdio import AgentChannel
 from tether.integrations.mcp._tools import (
     ARGUMENTS,
     NAMESPACE,
@@ -208,13 +209,13 @@ class Gateway:
 
         effects_by_tool: dict[str, FunctionEffect] = {
             kind_of(tool.name): forwarding_effect(
-                tool, config.policy, self.upstream.call, instance, self._live, keep
+                tool, config.policy, self.upstream.answer, instance, self._live, keep
             )
             for tool in tools
             if not config.policy.is_read(tool.name)
         }
         reader = blocking_reader(
-            self.upstream.call, self._loop, self.upstream.timeout_s, self._live_reads
+            self.upstream.answer, self._loop, self.upstream.timeout_s, self._live_reads
         )
         reads = frozenset(n for n in names if config.policy.is_read(n))
         fingerprint = self._recorded_identity(instance) if config.upstream_moved else None
@@ -369,7 +370,12 @@ class Gateway:
                 "give --trust with the reviewers' public keys so a frozen run can be decided"
             )
         server = self.server()
-        async with stdio_server() as (read_stream, write_stream):
+        channel = AgentChannel(self.lane_answer, server.server_info_stamp)
+        async with contextlib.AsyncExitStack() as streams:
+            try:
+                read_stream, write_stream = await streams.enter_async_context(channel.streams())
+            except ValueError:  # stdin or stdout is a plain file: the SDK's own transport
+                read_stream, write_stream = await streams.enter_async_context(stdio_server())
             await server.run(read_stream, write_stream, server.create_initialization_options())
 
     def server(self) -> Server[Any]:
@@ -383,6 +389,21 @@ class Gateway:
         )
 
     # --- answering ----------------------------------------------------
+
+    async def lane_answer(self, name: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
+        """A tool call the agent's channel read itself (``_stdio``): its result as JSON, or
+        ``None`` where the call is to be put to the person in the client (the SDK's server
+        knows what the client can do, and answers it: see :meth:`_call_tool`)."""
+        answer = await self.call(name, arguments)
+        said = (answer.meta or {}).get(CALL_META, {})
+        if (
+            self.approver is not None
+            and said.get("waits_for") == "approval"
+            and said.get("for_this_call")
+        ):
+            return None
+        doc: dict[str, Any] = answer.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return doc
 
     async def _list_tools(
         self, ctx: Any, params: types.PaginatedRequestParams | None

@@ -67,6 +67,7 @@ from tether.integrations.mcp._upstream import (
     UpstreamRefusedError,
     log,
 )
+from tether.integrations.mcp._wire import answer_document
 
 #: The one argument of every tool's kind: the tool call's arguments object, whole.
 ARGUMENTS = "arguments"
@@ -77,11 +78,10 @@ NAMESPACE = "mcp"
 #: Where a recorded answer keeps the moment the gateway received it (the receipt's commit
 #: time: the upstream committed before it answered, so this bounds it from above).
 RECEIVED_AT = "tether_received_at"
-#: Reserved ``_meta`` keys the SDK stamps per connection: not part of a tool's answer.
-_RESERVED_META = "io.modelcontextprotocol/"
 
-Caller = Callable[..., Coroutine[Any, Any, types.CallToolResult]]
-"""``call(tool, arguments, meta, effect=...)``: the upstream's answer (see ``Upstream.call``)."""
+Caller = Callable[..., Coroutine[Any, Any, dict[str, Any]]]
+"""``call(tool, arguments, meta, effect=...)``: the upstream's answer as JSON (see
+``Upstream.answer``)."""
 
 
 class ToolRefusedError(Exception):
@@ -90,16 +90,7 @@ class ToolRefusedError(Exception):
 
 def result_document(result: types.CallToolResult) -> dict[str, Any]:
     """A tool's answer as JSON, without what the connection stamped on it."""
-    doc: dict[str, Any] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-    doc.pop("resultType", None)
-    meta = doc.get("_meta")
-    if isinstance(meta, dict):
-        kept = {k: v for k, v in meta.items() if not k.startswith(_RESERVED_META)}
-        if kept:
-            doc["_meta"] = kept
-        else:
-            doc.pop("_meta")
-    return doc
+    return answer_document(result.model_dump(by_alias=True, mode="json", exclude_none=True))
 
 
 def text_of(doc: Mapping[str, Any], limit: int = 2000) -> str:
@@ -163,11 +154,10 @@ def forwarding_effect(
         except ContractViolationError as exc:  # nothing was sent
             raise ToolRefusedError(str(exc)) from exc
         try:
-            result = await call(name, exact, meta, effect=True)
+            doc = await call(name, exact, meta, effect=True)
         except (UpstreamRefusedError, UpstreamDownError) as exc:
             raise ToolRefusedError(str(exc)) from exc
-        doc = result_document(result)
-        if result.is_error and rule.errors_are_refusals:
+        if doc.get("isError") is True and rule.errors_are_refusals:
             raise ToolRefusedError(f"{name} answered with an error: {text_of(doc)}")
         live[idempotency_key] = doc
         # An approval is checked against the commit time: the answer's arrival bounds it.
@@ -351,11 +341,10 @@ def blocking_reader(
     def read(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         future = asyncio.run_coroutine_threadsafe(call(name, arguments, None), loop())
         try:
-            result = future.result(timeout_s + 5)
+            doc = future.result(timeout_s + 5)
         except TimeoutError as exc:
             future.cancel()
             raise UpstreamDownError(f"{name}: no answer in {timeout_s:g} s") from exc
-        doc = result_document(result)
         if not has_big_integer(doc):
             return doc
         record, _ = kept_apart(doc)

@@ -35,6 +35,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from tether.core import TetherError
+from tether.integrations.mcp._wire import Lane, answer_document, laned_stdio
 
 #: JSON-RPC errors with which a server refuses a request it did not carry out.
 REFUSING_CODES = frozenset({types.METHOD_NOT_FOUND, types.INVALID_PARAMS})
@@ -126,6 +127,8 @@ class Upstream:
         self.timeout_s = timeout_s
         self._headers = dict(headers or {})
         self._client: Client | None = None
+        # The fast lane of the open connection to a stdio upstream (``_wire``).
+        self._lane: Lane | None = None
         self._closing: anyio.Event | None = None
         self._group: TaskGroup | None = None
         self._lock = anyio.Lock()
@@ -202,9 +205,12 @@ class Upstream:
         """Keep one connection open until it is closed or found broken."""
         closing = anyio.Event()
         held: Client | None = None
+        lanes: list[Lane] = []
         try:
-            async with Client(self._transport(), read_timeout_seconds=self.timeout_s) as client:
+            transport = self._transport(lanes)
+            async with Client(transport, read_timeout_seconds=self.timeout_s) as client:
                 held = client
+                self._lane = lanes[0] if lanes else None
                 self._closing = closing
                 self.server_info = client.server_info
                 self.instructions = client.instructions
@@ -217,11 +223,15 @@ class Upstream:
         finally:
             if held is not None and self._client is held:
                 self._client = None
+                self._lane = None
 
-    def _transport(self) -> Any:
-        """What the SDK's client connects with: the target, or a URL with its headers."""
+    def _transport(self, lanes: list[Lane]) -> Any:
+        """What the SDK's client connects with: a child's pipes with the fast lane spliced in
+        (appended to ``lanes``), the URL, or the URL with its headers."""
         target = self.target
-        if not self._headers or not isinstance(target, str):
+        if not isinstance(target, str):
+            return laned_stdio(target, lanes)
+        if not self._headers:
             return target
         return _http_with_headers(target, self._headers)
 
@@ -293,6 +303,67 @@ class Upstream:
         self._last_answer = anyio.current_time()
         return result
 
+    async def answer(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        meta: dict[str, Any] | None = None,
+        *,
+        effect: bool = False,
+    ) -> dict[str, Any]:
+        """:meth:`call`, its answer as JSON (:func:`~._wire.answer_document`).
+
+        On a stdio upstream the call takes the connection's fast lane
+        (``_wire``): sent and answered as JSON, past the SDK's session. What
+        a failure means is said by the same errors as :meth:`call`.
+        """
+        if effect:
+            client = self._client
+            if client is None:
+                raise UpstreamDownError(
+                    f"{name}: the connection to the upstream was lost before the call was sent; "
+                    "nothing was sent"
+                )
+        else:
+            client = self._client or await self._connect()
+        lane = self._lane if self._client is client else None
+        if lane is None:  # over HTTP: the SDK's session
+            return answer_document(await self._dumped(name, arguments, meta, effect=effect))
+        try:
+            raw = await lane.call(name, arguments, meta, self.timeout_s)
+        except MCPError as exc:
+            if exc.code in REFUSING_CODES:
+                raise UpstreamRefusedError(exc.code, exc.message) from exc
+            self._broken(client)
+            raise UpstreamLostError(
+                f"{name}: the upstream's answer was lost (error {exc.code}: {exc.message}); "
+                "it may have acted"
+            ) from exc
+        except Exception as exc:  # the transport failed with the request in flight
+            self._broken(client)
+            raise UpstreamLostError(
+                f"{name}: the connection failed during the call ({type(exc).__name__}: {exc}); "
+                "the upstream may have acted"
+            ) from exc
+        if not isinstance(raw.get("content"), list) or raw.get("resultType", "complete") != (
+            "complete"
+        ):
+            # What the SDK's session would refuse as a result: the answer is not one.
+            self._broken(client)
+            raise UpstreamLostError(
+                f"{name}: the upstream answered something that is not a tool's result "
+                f"(resultType {raw.get('resultType')!r}); it may have acted"
+            )
+        self._last_answer = anyio.current_time()
+        return answer_document(raw)
+
+    async def _dumped(
+        self, name: str, arguments: dict[str, Any], meta: dict[str, Any] | None, *, effect: bool
+    ) -> dict[str, Any]:
+        result = await self.call(name, arguments, meta, effect=effect)
+        doc: dict[str, Any] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return doc
+
     async def ready(self) -> None:
         """Make sure a live connection is open before an effect enters tether's protocol.
 
@@ -334,6 +405,7 @@ class Upstream:
         """Drop ``client`` so the next call connects again."""
         if self._client is client:
             self._client = None
+            self._lane = None
             if self._closing is not None:
                 self._closing.set()
 
