@@ -26,7 +26,7 @@ import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TextIO
 
 import anyio
 import mcp_types as types
@@ -153,6 +153,19 @@ class Lane:
             self._pending.pop(key, None)
 
 
+def _errlog() -> TextIO:
+    """Where the upstream's stderr goes: the gateway's own stderr, as a file with a descriptor.
+
+    (A test's captured ``sys.stderr`` has none; the process's original one does,
+    which is what the SDK's own ``stdio_client`` binds by default.)
+    """
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return sys.__stderr__ if sys.__stderr__ is not None else sys.stderr
+    return sys.stderr
+
+
 @asynccontextmanager
 async def laned_stdio(
     target: StdioServerParameters, found: list[Lane]
@@ -169,7 +182,7 @@ async def laned_stdio(
         command=command,
         args=target.args,
         env=get_default_environment() | (target.env or {}),
-        errlog=sys.stderr,
+        errlog=_errlog(),
         cwd=target.cwd,
     )
     stdin, stdout = process.stdin, process.stdout
