@@ -66,6 +66,7 @@ from tether.core._payload import (
     READABLE_SCHEMA_VERSIONS,
     encode_valid_state,
     expand_payload,
+    member_digests,
     validate_state,
 )
 from tether.core._state import GENESIS_HASH
@@ -148,8 +149,9 @@ class Checkpointer:
         self._colocated: CommitStore | None = None
         if (marks is None or marks is content) and isinstance(content, CommitStore):  # type: ignore[comparison-overlap]
             self._colocated = content
-        # run id -> (generation, digests of the state parts its checkpoint names).
-        self._parts: dict[str, tuple[int, frozenset[str]]] = {}
+        # run id -> (generation, digests of the state parts its checkpoint names,
+        # {member: digest} of every sub-document its state has, inline or not).
+        self._parts: dict[str, tuple[int, frozenset[str], Mapping[str, str]]] = {}
 
     @property
     def colocated(self) -> bool:
@@ -177,13 +179,17 @@ class Checkpointer:
                 f"state generation {state.generation} does not follow {expected_generation}",
                 run_id=state.run_id,
             )
-        encoded = encode_valid_state(state)  # before anything moves
+        # What the checkpoint this one follows held: sub-documents changed since
+        # are written inline, unchanged ones named as parts (see core._payload).
+        landed = self._parts.get(state.run_id)
+        if landed is not None and landed[0] != expected_generation:
+            landed = None
+        encoded = encode_valid_state(state, None if landed is None else landed[2])
         envelope = seal(encoded.payload, self.keyring)
         checkpoint_digest = envelope_digest(envelope)
         # The state's parts go with it, content-addressed; those the checkpoint
         # this one follows already named are stored (they landed with it).
-        landed = self._parts.get(state.run_id)
-        known = landed[1] if landed is not None and landed[0] == expected_generation else ()
+        known = landed[1] if landed is not None else ()
         parts = {d: data for d, data in encoded.parts.items() if d not in known}
         if parts:
             blobs = {**parts, **(blobs or {})}
@@ -236,14 +242,17 @@ class Checkpointer:
                 generation=state.generation,
                 checkpoint_digest=checkpoint_digest,
             ) from exc
-        self._landed(state.run_id, state.generation, encoded.parts)
+        self._landed(state.run_id, state.generation, encoded.parts, encoded.digests)
         return checkpoint_digest, lease
 
-    def _landed(self, run_id: str, generation: int, parts: Collection[str]) -> None:
-        """Remember the parts the run's checkpoint at ``generation`` names (they are stored)."""
+    def _landed(
+        self, run_id: str, generation: int, parts: Collection[str], digests: Mapping[str, str]
+    ) -> None:
+        """Remember the parts the run's checkpoint at ``generation`` names (they are stored),
+        and the digest of each of its state's sub-documents."""
         if len(self._parts) >= _PARTS_REMEMBERED:
             self._parts.clear()  # a hint only: a part sent again is simply there already
-        self._parts[run_id] = (generation, frozenset(parts))
+        self._parts[run_id] = (generation, frozenset(parts), digests)
 
     def state_of(self, payload: Any, run_id: str) -> RunState:
         """The state a verified payload signs, its parts read back from the content store."""
@@ -274,7 +283,8 @@ class Checkpointer:
             )
         state = self.state_of(payload, run_id)
         if isinstance(payload, dict) and "parts" in payload:
-            self._landed(run_id, state.generation, set(payload["parts"].values()))
+            named = set(payload["parts"].values())
+            self._landed(run_id, state.generation, named, member_digests(state))
         return Restored(state=state, mark=mark, envelope=envelope)
 
     def prove_orphans(
