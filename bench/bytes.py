@@ -13,14 +13,20 @@ after ``--warm`` steps reads the store twice, ``--window`` steps apart:
   parts, the trace and the ledger can be told apart from page overhead.
 
 ``--peers`` adds the DBOS side (its store's bytes per step) in the same run.
+``--base DIR`` also measures the tether of another checkout (its ``src``
+first on the path, in a child process), for a before/after in one run.
 
     .venv/bin/python bench/bytes.py [--warm 100] [--window 200] [--pg DSN] [--peers]
+                                    [--base ../other-checkout]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -31,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _compare_side as side_mod
 
+HERE = Path(__file__).resolve().parent
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 TABLES = ("tether_checkpoints", "tether_blobs", "tether_trace", "tether_ledger", "tether_marks")
 
@@ -161,7 +168,7 @@ def peer_bytes(name: str, args: argparse.Namespace, base: Path) -> float:
 
 
 def report(kind: str, found: dict[str, Any]) -> None:
-    print(f"\n## tether-{kind}: {found['total']:,.0f} bytes per write step (the compare metric)\n")
+    print(f"\n## tether, {kind}: {found['total']:,.0f} bytes per write step (the compare metric)\n")
     print("| object | bytes/step |")
     print("| --- | ---: |")
     for name, value in sorted(found["physical"].items(), key=lambda kv: -kv[1]):
@@ -175,6 +182,18 @@ def report(kind: str, found: dict[str, Any]) -> None:
         print(f"| {table} | {rows:.2f} | {shown} (sum {sum(cols.values()):,.0f}) |")
 
 
+def child(kind: str, args: argparse.Namespace, tree: str) -> dict[str, Any]:
+    """``measure`` in a child process whose ``tether`` is the one under ``tree``/src."""
+    env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve() / "src")}
+    argv = [sys.executable, __file__, "--one", kind, "--warm", str(args.warm)]
+    argv += ["--window", str(args.window), "--state-bytes", str(args.state_bytes), "--pg", args.pg]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"measuring {kind} under {tree} failed:\n{done.stderr[-2000:]}")
+    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--warm", type=int, default=100, help="steps before the window")
@@ -183,16 +202,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pg", default=DEFAULT_PG)
     parser.add_argument("--stores", default="sqlite,pg")
     parser.add_argument("--peers", action="store_true", help="DBOS on the same stores too")
+    parser.add_argument("--base", help="another checkout whose tether to measure beside this one")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # child: one store, JSON out
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tether-bytes-") as tmp:
-        for kind in args.stores.split(","):
-            base = Path(tmp) / kind
+        if args.one:
+            base = Path(tmp) / args.one
             base.mkdir()
-            report(kind, measure(kind, args, base))
+            print(json.dumps(measure(args.one, args, base)))
+            return 0
+        summary: list[tuple[str, str, float]] = []
+        for kind in args.stores.split(","):
+            if args.base:
+                before = child(kind, args, args.base)
+                summary.append((f"tether ({args.base})", kind, before["total"]))
+                report(f"{kind}, {args.base}", before)
+            after = child(kind, args, str(HERE.parent))
+            summary.append(("tether (this tree)", kind, after["total"]))
+            report(f"{kind}, this tree", after)
             if args.peers:
                 peer = Path(tmp) / f"dbos-{kind}"
                 peer.mkdir()
-                print(f"\nDBOS on {kind}: {peer_bytes(f'dbos-{kind}', args, peer):,.0f} bytes/step")
+                summary.append(("DBOS", kind, peer_bytes(f"dbos-{kind}", args, peer)))
+        print(f"\n## bytes per write step, steps {args.warm} to {args.warm + args.window}\n")
+        print("| side | store | bytes/step |")
+        print("| --- | --- | ---: |")
+        for name, kind, value in summary:
+            print(f"| {name} | {kind} | {value:,.0f} |")
     return 0
 
 
