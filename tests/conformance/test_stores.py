@@ -7,6 +7,7 @@ connections on a real server.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sqlite3
 import subprocess
@@ -389,3 +390,84 @@ def test_the_takeover_race_check_fails_a_store_that_ignores_the_lease(tmp_path: 
     finally:
         for store in opened:
             store.close()
+
+
+def test_content_is_kept_deflated_and_plain_rows_of_before_read_back_the_same(
+    backend: Backend,
+) -> None:
+    """Envelopes, blobs, trace data and ledger documents land deflated (migration 17) on both
+    commit paths; the same rows rewritten plain, as written before it, read back unchanged."""
+    from tether.core import EffectStatus
+    from tether.store._codec import inflate, unpack
+    from tether.testing.store_conformance import chained, make_events
+
+    store = backend.connect()
+    label = "a label long enough to be worth deflating " * 4
+    events = make_events("r", 4, label=label)
+    ledger = chained(
+        "idem-1",
+        [EffectStatus.INTENDED, EffectStatus.DISPATCHED, EffectStatus.COMMITTED],
+        run_id="r",
+        receipt={"receipt_id": "rcpt-1", "note": label},
+    )
+    blob = (label * 3).encode()
+    blob_digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+    first = make_commit("r", 1, label.encode(), events=events[:2], ledger=ledger[:1])
+    store.commit(first, 0)
+    second = make_commit(
+        "r", 2, label.encode(), events=events[2:], ledger=ledger[1:], blobs={blob_digest: blob}
+    )
+    store.commit(second, 1)  # on PostgreSQL, the one-statement path
+
+    def read_back() -> None:
+        assert store.get_checkpoint("r", first.checkpoint_digest) == first.envelope
+        assert store.envelopes("r") == [first.envelope, second.envelope]
+        assert store.get_blob(blob_digest) == blob and store.get_blobs([blob_digest]) == {
+            blob_digest: blob
+        }
+        assert store.trace("r", events[-1].hash) == events
+        assert store.ledger("r") == ledger
+
+    read_back()
+
+    def forms(sql: Any) -> list[Any]:
+        return [
+            sql.one("SELECT COUNT(*) FROM tether_checkpoints WHERE codec = 'd1'")[0],
+            sql.one("SELECT COUNT(*) FROM tether_blobs WHERE codec = 'd1'")[0],
+            sql.one("SELECT COUNT(*) FROM tether_trace WHERE packed IS NOT NULL")[0],
+            sql.one("SELECT COUNT(*) FROM tether_ledger WHERE packed IS NOT NULL")[0],
+        ]
+
+    # Ledger rows with no receipt, terms or payload have nothing worth deflating.
+    assert store.transaction(forms) == [2, 1, 4, 1]
+
+    def make_plain(sql: Any) -> None:
+        for digest, envelope, codec in sql.all(
+            "SELECT checkpoint_digest, envelope, codec FROM tether_checkpoints"
+        ):
+            sql.run(
+                "UPDATE tether_checkpoints SET envelope = ?, codec = NULL "
+                "WHERE checkpoint_digest = ?",
+                (unpack(bytes(envelope), codec, "envelope"), digest),
+            )
+        for digest, body, codec in sql.all("SELECT digest, body, codec FROM tether_blobs"):
+            sql.run(
+                "UPDATE tether_blobs SET body = ?, codec = NULL WHERE digest = ?",
+                (unpack(bytes(body), codec, "blob"), digest),
+            )
+        for hash_, packed in sql.all("SELECT hash, packed FROM tether_trace"):
+            sql.run(
+                "UPDATE tether_trace SET data = ?, packed = NULL WHERE hash = ?",
+                (inflate(bytes(packed)).decode(), hash_),
+            )
+        for entry in ledger:
+            receipt, terms, payload = entry.column_texts()
+            sql.run(
+                "UPDATE tether_ledger SET receipt = ?, terms = ?, payload = ?, packed = NULL "
+                "WHERE hash = ?",
+                (receipt, terms, payload, entry.hash),
+            )
+
+    store.transaction(make_plain)
+    assert store.transaction(forms) == [0, 0, 0, 0]
+    read_back()

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests._plain import plain
 from tests.e2e import _webkit
 from tether import _demo
 from tether.crypto import Keyring, Signer, TrustRoots
@@ -148,6 +149,7 @@ def test_a_damaged_checkpoint_is_shown_as_such_and_nothing_of_it(waiting: _demo.
     c = client(waiting, "approver")
     pending_key = re.search(r'id="pending-key">([^<]+)<', c.get("/runs/demo-run").text)
     assert pending_key is not None
+    plain(waiting.db)
     with sqlite3.connect(waiting.db) as db:
         rows = db.execute("SELECT checkpoint_digest, envelope FROM tether_checkpoints").fetchall()
         for digest, envelope in rows:

@@ -13,6 +13,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from tests._plain import plain
 from tether.core import TetherError, canonical_bytes
 from tether.crypto import Keyring, seal
 
@@ -197,6 +198,7 @@ def _cycle(conn: sqlite3.Connection, rng: random.Random) -> str:
 def _reseal(home: Path, conn: sqlite3.Connection, rng: random.Random) -> str:
     """A validly signed checkpoint with a damaged payload, made the mark's newest."""
     run = rng.choice(RUNS)
+    plain(home / "store.sqlite")  # the envelope and blobs as sealed, to parse and re-sign
     (digest, envelope) = conn.execute(
         "SELECT c.checkpoint_digest, c.envelope FROM tether_checkpoints c JOIN tether_marks m "
         "ON m.run_id = c.run_id AND m.checkpoint_digest = c.checkpoint_digest WHERE m.run_id = ?",

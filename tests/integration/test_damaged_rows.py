@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._plain import plain
 from tests.integration import _fuzzkit
 from tether.cli import EXIT_ERROR, EXIT_INTEGRITY, main
 from tether.core import CheckpointCorruptError, MigrationError, TraceIntegrityError
@@ -35,6 +36,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
 
 
 def edit(home: Path, sql: str, params: tuple[object, ...] = ()) -> None:
+    plain(home / "store.sqlite")  # the edit lands on the text as sealed (see tests/_plain.py)
     with sqlite3.connect(home / "store.sqlite", isolation_level=None) as conn:
         conn.execute(sql, params)
     conn.close()

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests._plain import plain
 from tests.conftest import ScriptedAgent, World, make_task, write
 from tether.cli import main as tether_main
 from tether.core import LedgerIntegrityError, Observation, OutcomeKind, TraceIntegrityError
@@ -139,6 +140,7 @@ def test_a_tampered_head_row_is_refused_on_recovery(world: World) -> None:
     long_world(world)
     run(world, "r1", 6)
     ledger_head, trace_head, _ = head_hashes(world, "r1")
+    plain(world.db)
     with sqlite3.connect(world.db) as conn:
         conn.execute(
             "UPDATE tether_ledger SET receipt = replace(receipt, 'x', 'y') WHERE hash = ?",
@@ -146,12 +148,14 @@ def test_a_tampered_head_row_is_refused_on_recovery(world: World) -> None:
         )
     with pytest.raises(LedgerIntegrityError, match="altered"):
         runtime(world, "r1", ScriptedAgent([writer])).recover("r1")
+    plain(world.db)
     with sqlite3.connect(world.db) as conn:
         conn.execute("DELETE FROM tether_ledger WHERE hash = ?", (ledger_head,))
     with pytest.raises(LedgerIntegrityError, match="lacks entry"):
         runtime(world, "r1", ScriptedAgent([writer])).recover("r1")
     run(world, "r2", 3)
     _, trace_head, _ = head_hashes(world, "r2")
+    plain(world.db)
     with sqlite3.connect(world.db) as conn:
         conn.execute(
             "UPDATE tether_trace SET data = replace(data, ':', ': ') WHERE hash = ?",
@@ -174,6 +178,7 @@ def test_verify_finds_a_tampered_middle_row_that_recovery_does_not_read(world: W
     """An edited receipt deep in the ledger: recovery does not read it, tether verify exits 3."""
     long_world(world)
     run(world, "r1", 12)
+    plain(world.db)
     with sqlite3.connect(world.db) as conn:
         changed = conn.execute(
             "UPDATE tether_ledger SET receipt = replace(receipt, 'x', 'y') "
@@ -189,6 +194,7 @@ def test_a_cleared_index_key_hides_nothing_from_verify(world: World) -> None:
     """An old row's effect key set to NULL (its look-up would miss it): tether verify exits 3."""
     long_world(world)
     run(world, "r1", 12)
+    plain(world.db)
     with sqlite3.connect(world.db) as conn:
         changed = conn.execute(
             "UPDATE tether_ledger SET effect = NULL WHERE run_id = 'r1' AND seq = 3"
@@ -202,6 +208,7 @@ def test_a_cleared_target_key_hides_nothing_from_verify(world: World) -> None:
     """An old commit's target key set to NULL (A, B, A would miss it): tether verify exits 3."""
     long_world(world)
     run(world, "r1", 12)
+    plain(world.db)
     with sqlite3.connect(world.db) as conn:
         changed = conn.execute(
             "UPDATE tether_ledger SET target = NULL WHERE run_id = 'r1' AND seq = "
@@ -252,6 +259,7 @@ def test_a_forged_row_a_look_up_finds_fails_closed(world: World) -> None:
         at=real.at,
         terms=real.terms,
     )
+    plain(world.db)
     with sqlite3.connect(world.db) as conn:
         conn.execute(
             "INSERT INTO tether_ledger (run_id, hash, prev_hash, seq, idempotency_key, status, "
@@ -353,6 +361,7 @@ def test_a_store_from_before_the_index_columns_is_migrated_and_read_by_them(worl
     """Migration 10 fills the effect and action id columns of rows written before it."""
     long_world(world)
     run(world, "r1", 6)
+    plain(world.db)
     with sqlite3.connect(world.db) as conn:
         for index in ("tether_ledger_effect", "tether_trace_action", "tether_trace_landmark"):
             conn.execute(f"DROP INDEX {index}")
@@ -362,6 +371,7 @@ def test_a_store_from_before_the_index_columns_is_migrated_and_read_by_them(worl
         conn.execute("ALTER TABLE tether_trace DROP COLUMN action_id")
         conn.execute("DELETE FROM tether_migrations WHERE version = 10")
     world.store().close()  # opening migrates: the columns come back, filled from the rows
+    plain(world.db)
     with sqlite3.connect(world.db) as conn:
         filled = conn.execute(
             "SELECT COUNT(*) FROM tether_ledger WHERE effect IS NOT NULL"

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests._plain import plain
 from tests.conftest import ScriptedAgent, World, finish, make_policy, write
 from tether.core import (
     EffectStatus,
@@ -144,6 +145,7 @@ def test_an_edited_receipt_fails_closed(world: World) -> None:
     """Editing the committed receipt's bytes no longer matches the entry's hash."""
     outcome = world.runtime(agent()).start("r1").run(max_steps=1)
     assert outcome.state.writes_committed == 1
+    plain(world.db)
     with sqlite3.connect(world.db) as conn:
         conn.execute(
             "UPDATE tether_ledger SET receipt = ? WHERE status = 'committed'",

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests._plain import plain
 from tests.conftest import ScriptedAgent, finish, make_policy, make_task, write
 from tests.integration._services import (
     EffectsService,
@@ -188,6 +189,7 @@ def test_a_sensitive_kind_leaves_only_digests_in_the_ledger(desk: Desk) -> None:
     receipt = emails[-1].receipt
     assert receipt is not None and receipt["result"]["redacted"] is True
     assert receipt["result"]["digest"].startswith("sha256:")
+    plain(desk.tmp / "tether.sqlite")  # the text as sealed, not as deflated
     raw = (
         sqlite3.connect(desk.tmp / "tether.sqlite")
         .execute(

@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("mcp", reason="needs the [mcp] extra")
 
+from tests._plain import plain
 from tests.integration._mcp_kit import Setup, connected, document, text
 from tether.cli import main as tether_main
 from tether.crypto import Keyring
@@ -186,6 +187,7 @@ def test_a_sensitive_answer_over_16_kib_is_not_stored_and_its_replay_says_so(set
     assert meta(again)["answer_kept"] is False
     assert "not kept whole" in text(again)
     assert calls(setup, "report") == [{"lines": 400}]
+    plain(setup.base / "tether.sqlite")  # the bytes as sealed, not as deflated
     with sqlite3.connect(setup.base / "tether.sqlite") as con:
         bodies = [bytes(row[0]) for row in con.execute("SELECT body FROM tether_blobs")]
     assert not any(b"line 00001" in body for body in bodies)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests._plain import plain
 from tests.conftest import World
 from tether.cli import main as cli_main
 from tether.core import CheckpointCorruptError, Observation, Proposal
@@ -79,6 +80,7 @@ def test_secrets_round_trip_and_only_ciphertext_reaches_the_file(world: World) -
     session.step()
     assert agent.seen[-1].secrets == {"api_token": TOKEN} and agent.seen[-1].redacted == ()
     assert agent.seen[-1].memory == {"note": "public"}
+    plain(world.db)  # the text as sealed, not as deflated
     with sqlite3.connect(world.db) as conn:
         bodies = [bytes(b) for (b,) in conn.execute("SELECT body FROM tether_blobs")]
     assert any(b"api_token" in body and b"A256GCM" in body for body in bodies)
@@ -99,6 +101,7 @@ def test_a_tampered_context_blob_fails_closed_and_moves_nothing(world: World) ->
     box = SecretBox.generate()
     start(world, box)
     before = mark_and_trace(world)
+    plain(world.db)
     with sqlite3.connect(world.db) as conn:
         rows = conn.execute("SELECT digest, body FROM tether_blobs").fetchall()
         for digest, body in rows:

@@ -8,6 +8,7 @@ import sqlite3
 
 import pytest
 
+from tests._plain import plain
 from tests.conftest import ScriptedAgent, World, finish, write
 from tether.core import CheckpointCorruptError, Phase, RunState, canonical_bytes
 from tether.core._payload import expand_payload
@@ -22,6 +23,7 @@ def agent() -> ScriptedAgent:
 
 
 def newest(world: World) -> tuple[str, dict]:
+    plain(world.db)
     with sqlite3.connect(world.db) as conn:
         found, envelope = conn.execute(
             "SELECT m.checkpoint_digest, c.envelope FROM tether_marks m JOIN tether_checkpoints c "
@@ -33,6 +35,7 @@ def newest(world: World) -> tuple[str, dict]:
 
 
 def blob_bodies(world: World) -> list[bytes]:
+    plain(world.db)
     with sqlite3.connect(world.db) as conn:
         rows = [bytes(row[0]) for row in conn.execute("SELECT body FROM tether_blobs")]
     conn.close()
@@ -98,13 +101,13 @@ def test_a_missing_or_edited_part_fails_recovery_closed(world: World, damage: st
     session = world.runtime(agent()).start("r1")
     session.run(max_steps=2)
     _, payload = newest(world)
-    part = payload["parts"]["last_write"]
+    part = payload["parts"]["binding"]
     with sqlite3.connect(world.db) as conn:
         if damage == "delete":
             conn.execute("DELETE FROM tether_blobs WHERE digest = ?", (part,))
         else:
             conn.execute(
-                "UPDATE tether_blobs SET body = CAST(REPLACE(CAST(body AS TEXT), 'rcpt', 'RCPT') "
+                "UPDATE tether_blobs SET body = CAST(REPLACE(CAST(body AS TEXT), 'policy', 'POLICY') "
                 "AS BLOB) WHERE digest = ?",
                 (part,),
             )
@@ -116,7 +119,7 @@ def test_a_missing_or_edited_part_fails_recovery_closed(world: World, damage: st
 
 
 def test_a_step_stores_the_parts_it_changed_and_no_other(world: World) -> None:
-    """A write step's commit and the one carrying its receipt add only the changed parts' bytes."""
+    """A write step's commit writes what it changed inline and stores no unchanged part again."""
     session = world.runtime(agent()).start("r1")
     session.run(max_steps=1)
     before = set(blob_bodies(world))
@@ -127,4 +130,7 @@ def test_a_step_stores_the_parts_it_changed_and_no_other(world: World) -> None:
     binding = canonical_bytes(state.binding.to_json())
     last_write = canonical_bytes(state.last_write.to_json()) if state.last_write else b""
     assert binding not in added
-    assert last_write in added
+    # Changed at this step, the last write travels inside the signed payload.
+    _, payload = newest(world)
+    assert last_write not in added and "last_write" not in payload["parts"]
+    assert canonical_bytes(payload["last_write"]) == last_write

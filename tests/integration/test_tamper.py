@@ -14,6 +14,7 @@ import sqlite3
 
 import pytest
 
+from tests._plain import plain
 from tests.conftest import ScriptedAgent, World, finish, make_policy, make_task, write
 from tether.core import (
     AdmissionRefusedError,
@@ -52,6 +53,7 @@ def ran(world: World) -> World:
 
 
 def newest_row(world: World) -> tuple[str, bytes]:
+    plain(world.db)
     with sqlite3.connect(world.db) as conn:
         digest, envelope = conn.execute(
             "SELECT m.checkpoint_digest, c.envelope FROM tether_marks m JOIN tether_checkpoints c "
@@ -64,6 +66,7 @@ def newest_row(world: World) -> tuple[str, bytes]:
 def put_back(world: World, envelope: bytes) -> None:
     """Overwrite the checkpoint the mark names, as someone with file access could."""
     digest, _ = newest_row(world)
+    plain(world.db)
     with sqlite3.connect(world.db) as conn:
         conn.execute(
             "UPDATE tether_checkpoints SET envelope = ? WHERE run_id = 'r1' AND checkpoint_digest = ?",
@@ -135,6 +138,7 @@ def test_a_retired_key_is_refused_and_rotation_keeps_old_checkpoints_readable(ra
 
 def test_an_older_validly_signed_checkpoint_put_back_is_a_rollback(ran: World) -> None:
     """Replacing the newest checkpoint with an older one raises StaleCheckpointError."""
+    plain(ran.db)
     with sqlite3.connect(ran.db) as conn:
         (older,) = conn.execute(
             "SELECT envelope FROM tether_checkpoints WHERE run_id = 'r1' AND generation = 3"
@@ -147,6 +151,7 @@ def test_an_older_validly_signed_checkpoint_put_back_is_a_rollback(ran: World) -
 
 def test_a_missing_high_water_mark_is_refused(ran: World) -> None:
     """Deleting the mark makes recovery refuse, even with the content intact."""
+    plain(ran.db)
     with sqlite3.connect(ran.db) as conn:
         conn.execute("DELETE FROM tether_marks WHERE run_id = 'r1'")
     with pytest.raises(MissingHighWaterMarkError):
@@ -247,6 +252,7 @@ def test_no_key_material_appears_in_errors_reprs_or_checkpoints(ran: World) -> N
     secret_b64 = json.loads(ran.keyring.to_json())["keys"][0]["secret"]
     secret_hex = __import__("base64").urlsafe_b64decode(secret_b64).hex()
     texts = [repr(ran.keyring), repr(ran.keyring.active)]
+    plain(ran.db)
     with sqlite3.connect(ran.db) as conn:
         for table in ("tether_checkpoints", "tether_trace", "tether_ledger", "tether_blobs"):
             texts += [repr(row) for row in conn.execute(f"SELECT * FROM {table}")]
@@ -279,6 +285,7 @@ def test_a_respelled_trace_head_fails_recovery(ran: World) -> None:
     from tether.core import TraceIntegrityError
 
     head = ran.runtime(agent()).checkpointer.load("r1").state.trace_head
+    plain(ran.db)
     with sqlite3.connect(ran.db) as conn:
         changed = conn.execute(
             "UPDATE tether_trace SET data = replace(data, ':', ': ') WHERE hash = ?", (head,)
@@ -291,6 +298,8 @@ def test_a_respelled_trace_head_fails_recovery(ran: World) -> None:
 def test_a_respelled_middle_trace_row_is_found_by_verify(ran: World) -> None:
     """A row below what recovery reads (moved to verify: no decision reads it) fails the full walk."""
     from tether.core import TraceIntegrityError
+
+    plain(ran.db)
 
     with sqlite3.connect(ran.db) as conn:
         changed = conn.execute(
@@ -308,6 +317,7 @@ def test_a_trace_row_pointing_at_itself_fails_closed_without_hanging(ran: World)
     from tether.core import TraceIntegrityError
 
     head = ran.runtime(agent()).checkpointer.load("r1").state.trace_head
+    plain(ran.db)
     with sqlite3.connect(ran.db) as conn:
         conn.execute("UPDATE tether_trace SET prev_hash = hash WHERE hash = ?", (head,))
     with pytest.raises(TraceIntegrityError):

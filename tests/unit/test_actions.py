@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests._plain import plain
 from tests.conftest import ScriptedAgent, Step, World, finish, make_policy, make_task, write
 from tether.core import (
     ActionResult,
@@ -439,6 +440,7 @@ def test_an_edited_trace_row_fails_recovery_closed(world: World) -> None:
     """Editing a stored trace event (here: which action it names) is a typed integrity error."""
     session = world.runtime(ScriptedAgent([propose("file.read", "notes.txt", "rd")])).start("r1")
     session.step()
+    plain(world.db)
     with sqlite3.connect(world.db) as db:
         db.execute(
             "UPDATE tether_trace SET data = replace(data, '\"rd\"', '\"other\"') "

@@ -241,6 +241,41 @@ def test_a_new_pending_write_is_the_only_new_part() -> None:
     assert len(set(second.parts) - set(first.parts)) == 1
 
 
+@pytest.mark.parametrize(
+    ("previous", "parts", "inline"),
+    [
+        # Nothing known of the previous generation: every big member is a part.
+        ("none", {"binding", "pending", "last_write"}, set()),
+        # The same state again: every big member is unchanged, so named.
+        ("same", {"binding", "pending", "last_write"}, set()),
+        # A new pending write: it changed, so it travels inline; the rest are named.
+        ("new pending", {"binding", "last_write"}, {"pending"}),
+        # A previous generation without a binding (or another one): inline now.
+        ("no binding", {"pending", "last_write"}, {"binding"}),
+    ],
+)
+def test_a_member_changed_since_the_previous_generation_is_written_inline(
+    previous: str, parts: set[str], inline: set[str]
+) -> None:
+    """Given the previous generation's digests, changed members are inline and unchanged ones parts."""
+    s = state()
+    digests = encode_state(s).digests
+    known = {
+        "none": None,
+        "same": digests,
+        "new pending": encode_state(state(pending=pending({"content": "y"}))).digests,
+        "no binding": {k: v for k, v in digests.items() if k != "binding"},
+    }[previous]
+    encoded = encode_state(s, known)
+    payload = json.loads(encoded.payload)
+    assert set(payload["parts"]) == parts
+    assert {name for name in ("binding", "pending", "last_write") if name in payload} == inline
+    assert set(encoded.parts) == {digests[name] for name in parts}
+    document = expand_payload(payload, dict(encoded.parts).get)
+    assert RunState.from_json(document) == s
+    assert canonical_bytes(document) == whole_payload(s)
+
+
 def test_a_missing_or_altered_part_is_corruption() -> None:
     """A part the store lacks, whose bytes do not hash to the signed digest, or are not JSON, fails closed."""
     encoded = encode_state(state())

@@ -18,6 +18,15 @@ store its unchanged parts again and again. So:
   the payload, and so every part's digest: a part whose bytes do not hash to
   the signed digest is corruption, as an altered payload is. A step that
   changes the pending write stores the pending write, not the binding again.
+- **Inline when it changed.** Given the digests of the previous generation's
+  members (``previous``), a sub-document that changed since then is written
+  into the payload instead: a part costs its digest twice (in the payload and
+  as the blob's key) and a row with its index entry, which buys nothing for
+  bytes that no later generation will share (a write step's pending write,
+  last write and rest point change at every step). Unchanged, it becomes a
+  part (stored once) and later generations name it. Readers take either
+  form for every member (:func:`parts_named`), so this is a writer's choice
+  within schema 4.
 
 :func:`expand_payload` turns a schema-4 payload and its parts back into the
 whole document :meth:`RunState.from_json` reads; a schema-3 payload (every
@@ -28,7 +37,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tether.core._canonical import (
@@ -112,28 +121,39 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 @dataclass(frozen=True, slots=True)
 class EncodedState:
-    """A state's signed payload, and the parts it names: ``{digest: canonical bytes}``."""
+    """A state's signed payload, the parts it names (``{digest: canonical bytes}``),
+    and the digest of every sub-document it has (``{member: digest}``, inline or not)."""
 
     payload: bytes
     parts: Mapping[str, bytes]
+    digests: Mapping[str, str] = field(default_factory=dict)
 
 
-def encode_state(state: RunState) -> EncodedState:
+def encode_state(state: RunState, previous: Mapping[str, str] | None = None) -> EncodedState:
     """The schema-4 payload of ``state`` and its parts (see the module docstring).
 
-    Raises :class:`~tether.core.CanonicalJSONError` for a state that is not JSON.
+    ``previous``: the previous generation's :attr:`EncodedState.digests`; a
+    sub-document whose digest differs from it there is written inline.
+    ``None`` (not known): every sub-document of :data:`PART_MIN` bytes or
+    more is a part. Raises :class:`~tether.core.CanonicalJSONError` for a
+    state that is not JSON.
     """
     members, digests = _members(state)
     parts: dict[str, bytes] = {}
     named: dict[str, bytes] = {}
     for name, found in digests.items():
         data = members[name]
-        if len(data) >= PART_MIN:
+        if len(data) >= PART_MIN and (previous is None or previous.get(name) == found):
             del members[name]
             parts[found] = data
             named[name] = text_bytes(found)
     members["parts"] = _object(named)
-    return EncodedState(_object(members), parts)
+    return EncodedState(_object(members), parts, digests)
+
+
+def member_digests(state: RunState) -> dict[str, str]:
+    """The digest of each of ``state``'s sub-documents (as :attr:`EncodedState.digests`)."""
+    return dict(_members(state)[1])
 
 
 def whole_payload(state: RunState) -> bytes:
@@ -151,7 +171,7 @@ def validate_state(state: RunState) -> bytes:
     return encode_valid_state(state).payload
 
 
-def encode_valid_state(state: RunState) -> EncodedState:
+def encode_valid_state(state: RunState, previous: Mapping[str, str] | None = None) -> EncodedState:
     """:func:`~tether.core.check_state`, then :func:`encode_state`: what a commit signs.
 
     Called before every commit, so invalid state never moves the mark; a
@@ -159,7 +179,7 @@ def encode_valid_state(state: RunState) -> EncodedState:
     """
     check_state(state)
     try:
-        return encode_state(state)
+        return encode_state(state, previous)
     except (CanonicalJSONError, ValueError, TypeError) as exc:
         raise InvariantError(
             f"run {state.run_id}: state is not serializable: {exc}", run_id=state.run_id

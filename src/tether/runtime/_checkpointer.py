@@ -14,15 +14,8 @@ and the entries of the pending write, proven on the chains the checkpoint
 pins; no ledger row past the signed length that a signed checkpoint does not
 account for.
 
-What a restore reads does not grow with the run's history: the checkpoint,
-the two head rows, the pending write's entries and anything past the signed
-length. It proves every row it reads; rows it does not read (the middle of
-a long history) are checked by the walk that reaches them (a step's look-up,
-a rewind) and by :meth:`Checkpointer.verified_trace` and
-:meth:`Checkpointer.verified_ledger`, which ``tether verify`` runs from the
-head to genesis. Every decision uses only rows proven on the chain; what a
-restore cannot see is a row deleted or edited below what it reads (see the
-docs page docs/explanation/restore-checks.md, "What recovery checks, and what only verify checks").
+What a restore reads does not grow with the run's history; what it proves,
+and what only ``tether verify`` does, is docs/explanation/restore-checks.md.
 """
 
 from __future__ import annotations
@@ -66,6 +59,7 @@ from tether.core._payload import (
     READABLE_SCHEMA_VERSIONS,
     encode_valid_state,
     expand_payload,
+    member_digests,
     validate_state,
 )
 from tether.core._state import GENESIS_HASH
@@ -150,8 +144,9 @@ class Checkpointer:
         #: Seals the agent context's secret items (and opens them, when released).
         self.secrets = secrets
         self.crash = crash
-        # run id -> (generation, digests of the state parts its checkpoint names).
-        self._parts: dict[str, tuple[int, frozenset[str]]] = {}
+        # run id -> (generation, digests of the state parts its checkpoint names,
+        # {member: digest} of every sub-document its state has, inline or not).
+        self._parts: dict[str, tuple[int, frozenset[str], Mapping[str, str]]] = {}
 
     @property
     def colocated(self) -> bool:
@@ -179,13 +174,15 @@ class Checkpointer:
                 f"state generation {state.generation} does not follow {expected_generation}",
                 run_id=state.run_id,
             )
-        encoded = encode_valid_state(state)  # before anything moves
+        # Sub-documents changed since the checkpoint this one follows go inline (core._payload).
+        landed = self._parts.get(state.run_id)
+        landed = landed if landed is not None and landed[0] == expected_generation else None
+        encoded = encode_valid_state(state, None if landed is None else landed[2])
         envelope = seal(encoded.payload, self.keyring)
         checkpoint_digest = envelope_digest(envelope)
         # The state's parts go with it, content-addressed; those the checkpoint
         # this one follows already named are stored (they landed with it).
-        landed = self._parts.get(state.run_id)
-        known = landed[1] if landed is not None and landed[0] == expected_generation else ()
+        known = landed[1] if landed is not None else ()
         parts = {d: data for d, data in encoded.parts.items() if d not in known}
         if parts:
             blobs = {**parts, **(blobs or {})}
@@ -238,14 +235,16 @@ class Checkpointer:
                 generation=state.generation,
                 checkpoint_digest=checkpoint_digest,
             ) from exc
-        self._landed(state.run_id, state.generation, encoded.parts)
+        self._landed(state.run_id, state.generation, encoded.parts, encoded.digests)
         return checkpoint_digest, lease
 
-    def _landed(self, run_id: str, generation: int, parts: Collection[str]) -> None:
-        """Remember the parts the run's checkpoint at ``generation`` names (they are stored)."""
+    def _landed(
+        self, run_id: str, generation: int, parts: Collection[str], digests: Mapping[str, str]
+    ) -> None:
+        """Remember the parts the run's checkpoint at ``generation`` names, and its sub-documents'."""
         if len(self._parts) >= _PARTS_REMEMBERED:
             self._parts.clear()  # a hint only: a part sent again is simply there already
-        self._parts[run_id] = (generation, frozenset(parts))
+        self._parts[run_id] = (generation, frozenset(parts), digests)
 
     def state_of(self, payload: Any, run_id: str) -> RunState:
         """The state a verified payload signs, its parts read back from the content store."""
@@ -276,7 +275,8 @@ class Checkpointer:
             )
         state = self.state_of(payload, run_id)
         if isinstance(payload, dict) and "parts" in payload:
-            self._landed(run_id, state.generation, set(payload["parts"].values()))
+            named, digests = set(payload["parts"].values()), member_digests(state)
+            self._landed(run_id, state.generation, named, digests)
         return Restored(state=state, mark=mark, envelope=envelope)
 
     def prove_orphans(

@@ -20,10 +20,10 @@ from tether.store._schema import LANDMARK_KINDS, kinds_sql
 
 #: The columns a trace row and a ledger row are read with: content, then the index key
 #: (which every reader checks against the content).
-TRACE_COLUMNS = "hash, prev_hash, seq, kind, at, data, action_id"
+TRACE_COLUMNS = "hash, prev_hash, seq, kind, at, data, action_id, packed"
 LEDGER_COLUMNS = (
     "hash, prev_hash, seq, idempotency_key, status, action_id, intent_digest, "
-    "receipt, epoch, at, terms, payload, effect, target"
+    "receipt, epoch, at, terms, payload, effect, target, packed"
 )
 
 

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from tether.core import CheckpointCorruptError, StoreError, format_time
+from tether.store._codec import stored_bytes
 from tether.store._engine import SQLEngine
 from tether.store._protocols import ListedRun, MarksPage
 from tether.store._rows import (
@@ -83,6 +84,8 @@ class ListingSQL(SQLEngine):
         envelope = (
             ", (SELECT c.envelope FROM tether_checkpoints c WHERE c.run_id = tether_marks.run_id "
             "AND c.checkpoint_digest = tether_marks.checkpoint_digest)"
+            ", (SELECT c.codec FROM tether_checkpoints c WHERE c.run_id = tether_marks.run_id "
+            "AND c.checkpoint_digest = tether_marks.checkpoint_digest)"
             if envelopes
             else ""
         )
@@ -129,10 +132,7 @@ def _listed(row: Any, envelopes: bool) -> ListedRun:
     listing = listing_of_row(mark.run_id, row[13:18])
     envelope = None
     if envelopes and row[18] is not None:
-        if not isinstance(row[18], bytes | bytearray | memoryview):
-            raise CheckpointCorruptError(
-                f"checkpoint {mark.checkpoint_digest}: stored as {type(row[18]).__name__}",
-                run_id=mark.run_id,
-            )
-        envelope = bytes(row[18])
+        envelope = stored_bytes(
+            row[18], row[19], f"checkpoint {mark.checkpoint_digest}", run_id=mark.run_id
+        )
     return ListedRun(mark, updated_at, listing, envelope)

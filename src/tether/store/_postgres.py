@@ -44,16 +44,18 @@ from tether.core import (
     WriteOnceError,
     format_time,
 )
+from tether.store._codec import blob_rows, pack
 from tether.store._engine import value_rows
 from tether.store._group import GroupCommit, Statement
 from tether.store._protocols import BeforeCommit, Commit, Lease, LeaseRequest
 from tether.store._rows import (
     action_key,
     effect_key,
-    ledger_columns,
+    ledger_packed_columns,
     listing_values,
     phase_text,
     target_key,
+    trace_data_columns,
 )
 from tether.store._runlock import HoldsRuns, NoLock, ProcessLock
 from tether.store._schema import ACTION_KINDS, kinds_sql, migrations
@@ -88,28 +90,29 @@ WITH cas AS (
        AND (lease_version = 0 OR lease_owner IS NOT NULL)
     RETURNING run_id, generation, checkpoint_digest
 ), checkpoint AS (
-    INSERT INTO tether_checkpoints (run_id, checkpoint_digest, generation, envelope)
-    SELECT run_id, checkpoint_digest, generation, %s::bytea FROM cas
+    INSERT INTO tether_checkpoints (run_id, checkpoint_digest, generation, envelope, codec)
+    SELECT run_id, checkpoint_digest, generation, %s::bytea, %s FROM cas
     RETURNING 1
 ), trace AS (
-    INSERT INTO tether_trace (run_id, hash, prev_hash, seq, kind, at, data, action_id)
-    SELECT cas.run_id, e.h, e.p, e.s, e.k, e.a, e.d, e.x
+    INSERT INTO tether_trace (run_id, hash, prev_hash, seq, kind, at, data, action_id, packed)
+    SELECT cas.run_id, e.h, e.p, e.s, e.k, e.a, e.d, e.x, decode(e.z, 'hex')
       FROM cas, json_to_recordset(%s::json)
-           AS e(h text, p text, s bigint, k text, a text, d text, x text)
+           AS e(h text, p text, s bigint, k text, a text, d text, x text, z text)
     RETURNING 1
 ), ledger AS (
     INSERT INTO tether_ledger (run_id, hash, prev_hash, seq, idempotency_key, status,
                                action_id, intent_digest, receipt, epoch, at, terms, payload,
-                               effect, stored_us, target)
+                               effect, stored_us, target, packed)
     SELECT cas.run_id, l.h, l.p, l.s, l.k, l.st, l.ac, l.i, l.r, l.ep, l.a, l.t, l.y, l.x,
-           (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT, l.g
+           (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT, l.g, decode(l.z, 'hex')
       FROM cas, json_to_recordset(%s::json)
            AS l(h text, p text, s bigint, k text, st text, ac text, i text, r text,
-                ep bigint, a text, t text, y text, x text, g text)
+                ep bigint, a text, t text, y text, x text, g text, z text)
     RETURNING 1
 ), blobs AS (
-    INSERT INTO tether_blobs (digest, body)
-    SELECT b.g, decode(b.b, 'hex') FROM cas, json_to_recordset(%s::json) AS b(g text, b text)
+    INSERT INTO tether_blobs (digest, body, codec)
+    SELECT b.g, decode(b.b, 'hex'), b.c
+      FROM cas, json_to_recordset(%s::json) AS b(g text, b text, c text)
     ON CONFLICT DO NOTHING
     RETURNING 1
 )
@@ -125,6 +128,14 @@ _RUN_LOCK_CLASS = 0x74657468  # b"teth"
 # SQLSTATEs that mean the session is gone: connection exceptions (class 08) and
 # operator intervention (the server shut the backend down).
 _GONE_STATES = ("08", "57P01", "57P02", "57P03")
+
+
+def _hexed(names: Sequence[str], values: Sequence[Any]) -> dict[str, Any]:
+    """``values`` by ``names`` for the commit statement's JSON, bytes as hex (bytea in JSON)."""
+    return {
+        name: value.hex() if isinstance(value, bytes) else value
+        for name, value in zip(names, values, strict=True)
+    }
 
 
 def _conninfo(dsn: str) -> dict[str, Any]:
@@ -394,14 +405,14 @@ class PostgresStore(SQLBase, HoldsRuns):
                 "s": e.seq,
                 "k": e.kind,
                 "a": format_time(e.at),
-                "d": e.encoded_data().decode("utf-8"),
+                **_hexed(("d", "z"), trace_data_columns(e)),
                 "x": action_key(e),
             }
             for e in commit.events
         ]
         ledger = [
             {
-                **dict(zip(("r", "t", "y"), ledger_columns(e), strict=True)),
+                **_hexed(("r", "t", "y", "z"), ledger_packed_columns(e)),
                 "h": e.hash,
                 "p": e.prev_hash,
                 "s": e.seq,
@@ -416,7 +427,8 @@ class PostgresStore(SQLBase, HoldsRuns):
             }
             for e in commit.ledger
         ]
-        blobs = [{"g": d, "b": b.hex()} for d, b in sorted((commit.blobs or {}).items())]
+        # Envelope and blobs in their stored form (tether.store._codec).
+        blobs = [{"g": d, "b": b.hex(), "c": c} for d, b, c in blob_rows(commit.blobs or {})]
         params = (
             commit.generation,
             commit.checkpoint_digest,
@@ -426,7 +438,7 @@ class PostgresStore(SQLBase, HoldsRuns):
             commit.run_id,
             expected_generation,
             expected_lease_version,
-            commit.envelope,
+            *pack(commit.envelope),
             json.dumps(trace, ensure_ascii=False),
             json.dumps(ledger, ensure_ascii=False),
             json.dumps(blobs),

@@ -31,6 +31,7 @@ from tether.core import _steps as step_rules
 from tether.core._fields import Fields
 from tether.core._listing import Listing
 from tether.core._model import parse_time_text
+from tether.store._codec import inflate, pack
 from tether.store._protocols import Evidence, Lease, Mark
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -195,6 +196,43 @@ def ledger_columns(entry: LedgerEntry) -> tuple[str | None, str | None, str | No
     return entry.column_texts()
 
 
+def ledger_packed_columns(
+    entry: LedgerEntry,
+) -> tuple[str | None, str | None, str | None, bytes | None]:
+    """What a ledger row stores for ``entry``'s receipt, terms and payload, and ``packed``.
+
+    One JSON array of the three, deflated (``tether.store._codec``, codec d1)
+    into ``packed`` when that is shorter, the three text columns then NULL;
+    otherwise the texts as they are and ``packed`` NULL.
+    """
+    texts = ledger_columns(entry)
+    whole = b"[" + b",".join(b"null" if t is None else t.encode("utf-8") for t in texts) + b"]"
+    stored, codec = pack(whole)
+    if codec is None:
+        return (*texts, None)
+    return None, None, None, stored
+
+
+def trace_data_columns(event: TraceEvent) -> tuple[str, bytes | None]:
+    """What a trace row stores for ``event``'s data: ``(data, packed)``.
+
+    The canonical JSON deflated into ``packed`` (codec d1) when that is
+    shorter, ``data`` then ``''``; otherwise the text as it is and NULL.
+    """
+    data = event.encoded_data()
+    stored, codec = pack(data)
+    if codec is None:
+        return data.decode("utf-8"), None
+    return "", stored
+
+
+def _unpacked(value: Any) -> str:
+    """The text a ``packed`` column deflated (``ValueError`` when damaged)."""
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise ValueError(f"its packed column is {type(value).__name__}, not bytes")
+    return inflate(bytes(value)).decode("utf-8")
+
+
 def index_key(value: str | None) -> str | None:
     """How an index column keeps an id: as it is, with NUL (which PostgreSQL text
     cannot hold) as U+FFFD. A look-up compares the rows it finds exactly."""
@@ -244,7 +282,10 @@ def action_key(event: TraceEvent) -> str | None:
 
 def ledger_entry_of(run_id: str, row: Sequence[Any]) -> LedgerEntry:
     """A ledger row read back; its ``effect`` index column must say what its terms say."""
-    entry = _ledger_entry_of(run_id, row[:12])
+    documents = None
+    if len(row) > 14 and row[14] is not None:
+        documents = _ledger_documents(run_id, row, row[14])
+    entry = _ledger_entry_of(run_id, row[:12], documents)
     if len(row) > 12 and row[12] != effect_key(entry):
         raise LedgerIntegrityError(
             f"run {run_id}: ledger row {entry.hash}'s effect index ({str(row[12])[:80]!r}) is "
@@ -260,7 +301,26 @@ def ledger_entry_of(run_id: str, row: Sequence[Any]) -> LedgerEntry:
     return entry
 
 
-def _ledger_entry_of(run_id: str, row: Sequence[Any]) -> LedgerEntry:
+def _ledger_documents(run_id: str, row: Sequence[Any], packed: Any) -> list[Any]:
+    """The receipt, terms and payload (parsed) of a row that keeps them ``packed``."""
+    try:
+        if any(row[i] is not None for i in (7, 10, 11)):
+            raise ValueError("it holds both packed and plain documents")
+        documents = strict_loads(_unpacked(packed))
+        if not isinstance(documents, list) or len(documents) != 3:
+            raise ValueError("its packed documents are not [receipt, terms, payload]")
+        return documents
+    except (ValueError, UnicodeDecodeError, CanonicalJSONError) as exc:
+        raise LedgerIntegrityError(
+            f"run {run_id}: ledger row {row[0]} is malformed: {exc}", run_id=run_id
+        ) from exc
+
+
+def _ledger_entry_of(
+    run_id: str, row: Sequence[Any], documents: Sequence[Any] | None = None
+) -> LedgerEntry:
+    """A ledger row's content; ``documents``: its receipt, terms and payload, parsed
+    from its packed column (the row's own text columns are then NULL)."""
     hash_, prev, seq, key, status, action_id, intent_digest, receipt, epoch, at, terms, payload = (
         row
     )
@@ -268,11 +328,14 @@ def _ledger_entry_of(run_id: str, row: Sequence[Any]) -> LedgerEntry:
     def broken(problem: str) -> LedgerIntegrityError:
         return LedgerIntegrityError(f"run {run_id}: ledger row {hash_} {problem}", run_id=run_id)
 
-    def document(name: str, value: Any) -> dict[str, Any] | None:
-        try:
-            body = None if value is None else strict_loads(str(value))
-        except CanonicalJSONError as exc:
-            raise broken(f"has {name} that is not JSON: {exc}") from exc
+    def document(name: str, value: Any, index: int) -> dict[str, Any] | None:
+        if documents is not None:
+            body = documents[index]
+        else:
+            try:
+                body = None if value is None else strict_loads(str(value))
+            except CanonicalJSONError as exc:
+                raise broken(f"has {name} that is not JSON: {exc}") from exc
         if body is not None and not isinstance(body, dict):
             raise broken(f"has {name} that is not an object")
         return body
@@ -283,7 +346,7 @@ def _ledger_entry_of(run_id: str, row: Sequence[Any]) -> LedgerEntry:
         number, epoch_number = whole(seq), whole(epoch)
     except (TypeError, ValueError, OverflowError) as exc:
         raise broken(f"is malformed: {exc}") from exc
-    terms_body = document("terms", terms)
+    terms_body = document("terms", terms, 1)
     return LedgerEntry(
         run_id=run_id,
         idempotency_key=str(key),
@@ -291,13 +354,13 @@ def _ledger_entry_of(run_id: str, row: Sequence[Any]) -> LedgerEntry:
         status=effect,
         action_id=str(action_id),
         intent_digest=str(intent_digest),
-        receipt=document("a receipt", receipt),
+        receipt=document("a receipt", receipt, 0),
         epoch=epoch_number,
         at=moment,
         prev_hash=str(prev),
         hash=str(hash_),
         terms=None if terms_body is None else _terms_of(terms_body, broken),
-        payload=document("a payload", payload),
+        payload=document("a payload", payload, 2),
     )
 
 
@@ -324,7 +387,17 @@ def _terms_of(body: dict[str, Any], broken: Callable[[str], LedgerIntegrityError
 
 def trace_event_of(run_id: str, row: Sequence[Any]) -> TraceEvent:
     """A trace row read back; its ``action_id`` index column must say what its data says."""
-    event = _trace_event_of(run_id, row[:6])
+    content = list(row[:6])
+    if len(row) > 7 and row[7] is not None:
+        try:
+            if content[5] != "":
+                raise ValueError("it holds both packed and plain data")
+            content[5] = _unpacked(row[7])
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise TraceIntegrityError(
+                f"run {run_id}: trace row {content[0]} is malformed: {exc}", run_id=run_id
+            ) from exc
+    event = _trace_event_of(run_id, content)
     if len(row) > 6 and row[6] != action_key(event):
         raise TraceIntegrityError(
             f"run {run_id}: trace row {event.hash}'s action index ({str(row[6])[:80]!r}) is "

@@ -417,4 +417,22 @@ def migrations(
                 # digest), in this migration's transaction. No statement here.
             ],
         ),
+        (
+            17,
+            [
+                # How an envelope or a blob is stored (tether.store._codec): NULL as
+                # it is, "d1" deflated with a fixed dictionary. Only the stored form:
+                # digests, signatures and hashes are over the bytes as sealed, and a
+                # reader gets those back. Rows written before hold NULL and read as
+                # they always did.
+                "ALTER TABLE tether_checkpoints ADD COLUMN codec TEXT",
+                "ALTER TABLE tether_blobs ADD COLUMN codec TEXT",
+                # A trace row's data, and a ledger row's receipt, terms and payload
+                # (as one JSON array), deflated in codec d1 when that is shorter;
+                # the text columns then hold '' (data) or NULL. Every hash is over
+                # the text as sealed, which a reader inflates back before checking.
+                f"ALTER TABLE tether_trace ADD COLUMN packed {blob}",
+                f"ALTER TABLE tether_ledger ADD COLUMN packed {blob}",
+            ],
+        ),
     ]

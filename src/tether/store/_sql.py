@@ -32,6 +32,7 @@ from tether.core import (
 )
 from tether.core._listing import Listing
 from tether.core._trace import chain_hash
+from tether.store._codec import blob_rows, pack, stored_bytes
 from tether.store._group import GroupCommit, Statement
 from tether.store._history_sql import LEDGER_COLUMNS, TRACE_COLUMNS, HistorySQL
 from tether.store._leases import LeaseSQL
@@ -52,14 +53,15 @@ from tether.store._rows import (
     effect_key,
     evidence_of,
     lease_of,
-    ledger_columns,
     ledger_entry_of,
+    ledger_packed_columns,
     listing_values,
     mark_of,
     phase_text,
     stored_int,
     stored_target,
     target_key,
+    trace_data_columns,
     trace_event_of,
     ttl_micros,
 )
@@ -164,9 +166,10 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
         self._check_sealed(commit)
         self._run(
             self._insert_ignore(
-                "tether_checkpoints", ("run_id", "checkpoint_digest", "generation", "envelope")
+                "tether_checkpoints",
+                ("run_id", "checkpoint_digest", "generation", "envelope", "codec"),
             ),
-            (commit.run_id, commit.checkpoint_digest, commit.generation, commit.envelope),
+            (commit.run_id, commit.checkpoint_digest, commit.generation, *pack(commit.envelope)),
         )
         events, entries = commit.events, commit.ledger
         self._put_rows(
@@ -185,7 +188,7 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
             values=(*["?"] * len(_LEDGER_COLUMNS), self.clock_sql),
         )
         # Shared by content: a blob already there is the same bytes.
-        self._put_rows("tether_blobs", ("digest", "body"), sorted((commit.blobs or {}).items()))
+        self._put_rows("tether_blobs", _BLOB_COLUMNS, blob_rows(commit.blobs or {}))
 
     def _put_rows(
         self,
@@ -236,17 +239,14 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
         """The sealed envelope stored under ``checkpoint_digest``, or ``None``."""
         row = self._read(
             lambda: self._one(
-                "SELECT envelope FROM tether_checkpoints WHERE run_id = ? AND checkpoint_digest = ?",
+                "SELECT envelope, codec FROM tether_checkpoints "
+                "WHERE run_id = ? AND checkpoint_digest = ?",
                 (run_id, checkpoint_digest),
             )
         )
         if row is None:
             return None
-        if not isinstance(row[0], bytes | bytearray | memoryview):
-            raise CheckpointCorruptError(
-                f"checkpoint {checkpoint_digest}: stored as {type(row[0]).__name__}", run_id=run_id
-            )
-        return bytes(row[0])
+        return stored_bytes(row[0], row[1], f"checkpoint {checkpoint_digest}", run_id=run_id)
 
     def envelopes(self, run_id: str, generation: int | None = None) -> list[bytes]:
         """Every sealed envelope of the run (of one ``generation``), landed or not, in order."""
@@ -260,18 +260,15 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
         )
         rows = self._read(
             lambda: self._all(
-                f"SELECT envelope FROM tether_checkpoints WHERE run_id = ?{where} "
+                f"SELECT envelope, codec FROM tether_checkpoints WHERE run_id = ?{where} "
                 "ORDER BY generation, checkpoint_digest",
                 params,
             )
         )
-        for row in rows:
-            if not isinstance(row[0], bytes | bytearray | memoryview):
-                raise CheckpointCorruptError(
-                    f"run {run_id}: a checkpoint is stored as {type(row[0]).__name__}",
-                    run_id=run_id,
-                )
-        return [bytes(row[0]) for row in rows]
+        return [
+            stored_bytes(row[0], row[1], f"run {run_id}: a checkpoint", run_id=run_id)
+            for row in rows
+        ]
 
     def newest_generation(self, run_id: str) -> int | None:
         """The highest generation of any content written for the run (landed or not)."""
@@ -287,23 +284,23 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
     def get_blob(self, blob_digest: str) -> bytes | None:
         """Content-addressed bytes, or ``None``."""
         row = self._read(
-            lambda: self._one("SELECT body FROM tether_blobs WHERE digest = ?", (blob_digest,))
+            lambda: self._one(
+                "SELECT body, codec FROM tether_blobs WHERE digest = ?", (blob_digest,)
+            )
         )
         if row is None:
             return None
-        if not isinstance(row[0], bytes | bytearray | memoryview):
-            raise CheckpointCorruptError(f"blob {blob_digest}: stored as {type(row[0]).__name__}")
-        return bytes(row[0])
+        return stored_bytes(row[0], row[1], f"blob {blob_digest}")
 
     def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
         """Store content-addressed bytes write-once; a key that is not its bytes' digest refuses all."""
         for blob_digest, data in blobs.items():
             if "sha256:" + hashlib.sha256(data).hexdigest() != blob_digest:
                 raise WriteOnceError(f"blob {blob_digest}: the digest does not address its bytes")
-        rows = sorted(blobs.items())  # one order, so two writers never deadlock on PostgreSQL
+        rows = blob_rows(blobs)
 
         def insert() -> None:
-            self._put_rows("tether_blobs", ("digest", "body"), rows)
+            self._put_rows("tether_blobs", _BLOB_COLUMNS, rows)
 
         if rows:
             self._write(insert)
@@ -343,7 +340,7 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
         for start in range(0, len(wanted), 500):
             chunk = wanted[start : start + 500]
             sql = (
-                "SELECT digest, body FROM tether_blobs WHERE digest IN ("
+                "SELECT digest, body, codec FROM tether_blobs WHERE digest IN ("
                 + ", ".join("?" for _ in chunk)
                 + ")"
             )
@@ -351,10 +348,8 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
             def query(sql: str = sql, chunk: list[str] = chunk) -> list[tuple[Any, ...]]:
                 return self._all(sql, chunk)
 
-            for stored, body in self._read(query):
-                if not isinstance(body, bytes | bytearray | memoryview):
-                    raise CheckpointCorruptError(f"blob {stored}: stored as {type(body).__name__}")
-                found[str(stored)] = bytes(body)
+            for stored, body, codec in self._read(query):
+                found[str(stored)] = stored_bytes(body, codec, f"blob {stored}")
         return found
 
     def trace(
@@ -375,17 +370,19 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
             ]
         rows = self._read(
             lambda: self._all(
-                """WITH RECURSIVE chain(hash, prev_hash, seq, kind, at, data, action_id, depth) AS (
-                       SELECT hash, prev_hash, seq, kind, at, data, action_id, 1 FROM tether_trace
-                        WHERE run_id = ? AND hash = ?
+                """WITH RECURSIVE chain(hash, prev_hash, seq, kind, at, data, action_id, packed,
+                                        depth) AS (
+                       SELECT hash, prev_hash, seq, kind, at, data, action_id, packed, 1
+                         FROM tether_trace WHERE run_id = ? AND hash = ?
                        UNION ALL
                        SELECT t.hash, t.prev_hash, t.seq, t.kind, t.at, t.data, t.action_id,
-                              c.depth + 1
+                              t.packed, c.depth + 1
                          FROM tether_trace t JOIN chain c
                            ON t.run_id = ? AND t.hash = c.prev_hash
                         WHERE (? < 0 OR c.depth < ?) AND t.seq < c.seq
                    )
-                   SELECT hash, prev_hash, seq, kind, at, data, action_id FROM chain ORDER BY seq""",
+                   SELECT hash, prev_hash, seq, kind, at, data, action_id, packed
+                     FROM chain ORDER BY seq""",
                 (run_id, head, run_id, -1 if limit is None else limit, limit or 0),
             )
         )
@@ -686,7 +683,18 @@ _SET_LISTING = ", ".join(f"{column} = ?" for column in LISTING_COLUMNS)
 #: Rows per insert statement: well under every driver's limit on parameters
 #: (SQLite's was 999 before 3.32), whatever the table.
 _ROWS_PER_STATEMENT = 64
-_TRACE_COLUMNS = ("run_id", "hash", "prev_hash", "seq", "kind", "at", "data", "action_id")
+_BLOB_COLUMNS = ("digest", "body", "codec")
+_TRACE_COLUMNS = (
+    "run_id",
+    "hash",
+    "prev_hash",
+    "seq",
+    "kind",
+    "at",
+    "data",
+    "action_id",
+    "packed",
+)
 _LEDGER_COLUMNS = (
     "run_id",
     "hash",
@@ -703,10 +711,12 @@ _LEDGER_COLUMNS = (
     "payload",
     "effect",
     "target",
+    "packed",
 )
 
 
 def _trace_row(event: TraceEvent) -> tuple[Any, ...]:
+    data, packed = trace_data_columns(event)
     return (
         event.run_id,
         event.hash,
@@ -714,13 +724,14 @@ def _trace_row(event: TraceEvent) -> tuple[Any, ...]:
         event.seq,
         event.kind,
         format_time(event.at),
-        event.encoded_data().decode("utf-8"),
+        data,
         action_key(event),
+        packed,
     )
 
 
 def _ledger_row(entry: LedgerEntry) -> tuple[Any, ...]:
-    receipt, terms, payload = ledger_columns(entry)
+    receipt, terms, payload, packed = ledger_packed_columns(entry)
     return (
         entry.run_id,
         entry.hash,
@@ -737,6 +748,7 @@ def _ledger_row(entry: LedgerEntry) -> tuple[Any, ...]:
         payload,
         effect_key(entry),
         target_key(entry),
+        packed,
     )
 
 
