@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from tether.core import canonical_bytes
 from tether.store._codec import inflate, unpack
@@ -55,3 +56,38 @@ def plain(db: Path | str) -> None:
                 )
     finally:
         conn.close()
+
+
+def plain_pg(conn: Any) -> None:
+    """:func:`plain` for a PostgreSQL store: ``conn`` a psycopg connection in its schema."""
+    for table, key, column in (
+        ("tether_checkpoints", "checkpoint_digest", "envelope"),
+        ("tether_blobs", "digest", "body"),
+    ):
+        rows = conn.execute(
+            f"SELECT ctid, {column}, codec FROM {table} WHERE codec IS NOT NULL"
+        ).fetchall()
+        for ctid, stored, codec in rows:
+            conn.execute(
+                f"UPDATE {table} SET {column} = %s, codec = NULL WHERE ctid = %s",
+                (unpack(bytes(stored), codec, f"{table} {key}"), ctid),
+            )
+    for ctid, packed in conn.execute(
+        "SELECT ctid, packed FROM tether_trace WHERE packed IS NOT NULL"
+    ).fetchall():
+        conn.execute(
+            "UPDATE tether_trace SET data = %s, packed = NULL WHERE ctid = %s",
+            (inflate(bytes(packed)).decode("utf-8"), ctid),
+        )
+    for ctid, packed in conn.execute(
+        "SELECT ctid, packed FROM tether_ledger WHERE packed IS NOT NULL"
+    ).fetchall():
+        receipt, terms, payload = (
+            None if doc is None else canonical_bytes(doc).decode("utf-8")
+            for doc in json.loads(inflate(bytes(packed)))
+        )
+        conn.execute(
+            "UPDATE tether_ledger SET receipt = %s, terms = %s, payload = %s, packed = NULL "
+            "WHERE ctid = %s",
+            (receipt, terms, payload, ctid),
+        )

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests._plain import plain
+from tests._plain import plain, plain_pg
 from tests.conftest import ScriptedAgent, World, make_task, write
 from tether.cli import main as tether_main
 from tether.core import LedgerIntegrityError, Observation, OutcomeKind, TraceIntegrityError
@@ -407,6 +407,7 @@ def test_a_postgresql_store_from_before_the_index_columns_is_migrated_too(world:
             assert session.step().kind is OutcomeKind.EXECUTED  # its intent's data holds NUL
             session.land_deferred()  # its receipt too
         with psycopg.connect(in_schema(dsn, schema), autocommit=True) as conn:
+            plain_pg(conn)  # rows as a tether of that time wrote them
             conn.execute("DROP INDEX tether_ledger_effect, tether_trace_action")
             conn.execute("ALTER TABLE tether_ledger DROP COLUMN effect")
             conn.execute("ALTER TABLE tether_trace DROP COLUMN action_id")

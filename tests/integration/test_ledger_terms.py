@@ -6,6 +6,7 @@ import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
+from tests._plain import plain
 from tests.unit.test_ledger import effect, entry
 from tether.adapters import Adapters, look_up
 from tether.core import EffectStatus, Intent
@@ -49,7 +50,8 @@ def test_migration_16_names_the_target_of_sent_rows_written_before_it(tmp_path: 
     db = tmp_path / "t.sqlite"
     with SQLiteStore(db) as store:
         store.put_content(make_commit("run", 1, ledger=[intent, sent, unknown]))
-    with sqlite3.connect(db) as conn:  # as a tether before migration 16 wrote them
+    plain(db)  # rows as a tether before migration 16 (and 17's deflated rows) wrote them
+    with sqlite3.connect(db) as conn:
         conn.execute("UPDATE tether_ledger SET target = NULL")
         conn.execute("DELETE FROM tether_migrations WHERE version = 16")
     with SQLiteStore(db) as store:
