@@ -60,12 +60,15 @@ _WBITS = 12
 _MEM_LEVEL = 6
 _LEVEL = 6
 
+#: A compressor with the dictionary loaded and nothing written: each row starts from a copy.
+_PRIMED = zlib.compressobj(_LEVEL, zlib.DEFLATED, -_WBITS, _MEM_LEVEL, zdict=_DICTIONARY)
+
 
 def pack(data: bytes) -> tuple[bytes, str | None]:
     """``(stored bytes, codec)`` for ``data``: deflated when that is shorter, else as it is."""
     if not PACK_MIN <= len(data) <= PACK_MAX:
         return data, None
-    packer = zlib.compressobj(_LEVEL, zlib.DEFLATED, -_WBITS, _MEM_LEVEL, zdict=_DICTIONARY)
+    packer = _PRIMED.copy()  # the dictionary loaded once, not per row (same bytes out)
     packed = packer.compress(data) + packer.flush()
     if len(packed) >= len(data):
         return data, None
