@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from tether.core import TetherError
 from tether.store import Lease
-
-if TYPE_CHECKING:
-    from tether.runtime._worker import Worker, WorkerStats
 
 log = logging.getLogger("tether.worker")
 
@@ -30,54 +27,63 @@ log = logging.getLogger("tether.worker")
 MAX_CONCURRENCY = 1024
 
 
-def serve_many(worker: Worker, *, max_runs: int | None, idle_exit: bool) -> WorkerStats:
-    """Claim and drive up to ``worker.concurrency`` runs at once, until stopped (see ``serve``)."""
-    from tether.runtime._worker import IDLE_EXIT_CLAIM_FAILURES, PHASES_CLAIMED
+def serve_many(
+    *,
+    concurrency: int,
+    poll_s: float,
+    stopping: Callable[[], bool],
+    claim: Callable[[int], list[Lease]],
+    drive: Callable[[Lease], object],
+    pause: Callable[[float], object],
+    give_up_after: int,
+    max_runs: int | None,
+    idle_exit: bool,
+) -> None:
+    """Claim up to ``concurrency`` runs at once and ``drive`` each on a thread, until ``stopping()``.
 
+    ``claim(limit)`` claims at most ``limit`` runs; ``pause(seconds)`` waits,
+    cut short when the worker is told to stop. ``give_up_after``: claims that
+    fail in a row before an ``idle_exit`` worker raises the last error (see
+    :meth:`Worker.serve`).
+    """
     changed = threading.Condition()
     active: set[threading.Thread] = set()
     started = 0
     failures = 0
 
-    def drive(lease: Lease) -> None:
+    def drive_one(lease: Lease) -> None:
         try:
-            worker.drive(lease)  # drive() keeps every per-run failure to itself
+            drive(lease)  # drive() keeps every per-run failure to itself
         finally:
             with changed:
                 active.discard(threading.current_thread())
                 changed.notify_all()
 
     try:
-        while not worker.stopping:
+        while not stopping():
             with changed:
-                free = worker.concurrency - len(active)
+                free = concurrency - len(active)
                 if max_runs is not None:
                     free = min(free, max_runs - started)
                     if free <= 0 and not active:
                         break
                 if free <= 0:
-                    changed.wait(worker.poll_s or None)
+                    changed.wait(poll_s or None)
                     continue
             try:
-                claimed = worker.store.claim_expired(
-                    worker.worker_id,
-                    worker.lease_ttl_s,
-                    limit=free,
-                    phases=PHASES_CLAIMED,
-                    max_attempts=worker.max_attempts,
-                )
+                claimed = claim(free)
             except TetherError as exc:  # the store is down, or a row is damaged: wait, ask again
                 failures += 1
                 log.error("claiming failed: %s: %s", type(exc).__name__, exc)
-                if idle_exit and failures >= IDLE_EXIT_CLAIM_FAILURES:
+                if idle_exit and failures >= give_up_after:
                     raise
-                worker._stop.wait(worker.poll_s)
+                pause(poll_s)
                 continue
             failures = 0
             with changed:
                 for lease in claimed:
                     thread = threading.Thread(
-                        target=drive, args=(lease,), name=f"tether-run-{lease.run_id}"
+                        target=drive_one, args=(lease,), name=f"tether-run-{lease.run_id}"
                     )
                     active.add(thread)
                     started += 1
@@ -87,10 +93,9 @@ def serve_many(worker: Worker, *, max_runs: int | None, idle_exit: bool) -> Work
                         break
                     # Wait for a thread to come free (its run may be claimable again
                     # after a back-off) or for the poll interval, whichever is first.
-                    changed.wait(worker.poll_s)
+                    changed.wait(poll_s)
     finally:
         with changed:
             waiting = list(active)
         for thread in waiting:
             thread.join()
-    return worker.stats

@@ -178,19 +178,24 @@ class Worker:
     def serve(self, *, max_runs: int | None = None, idle_exit: bool = False) -> WorkerStats:
         """Claim and drive runs until stopped (or ``max_runs`` claimed, or idle with ``idle_exit``)."""
         if self.concurrency > 1:
-            return serve_many(self, max_runs=max_runs, idle_exit=idle_exit)
+            serve_many(
+                concurrency=self.concurrency,
+                poll_s=self.poll_s,
+                stopping=lambda: self.stopping,
+                claim=self._claim,
+                drive=self.drive,
+                pause=self._stop.wait,
+                give_up_after=IDLE_EXIT_CLAIM_FAILURES,
+                max_runs=max_runs,
+                idle_exit=idle_exit,
+            )
+            return self.stats
         failures = 0
         while not self.stopping:
             if max_runs is not None and self.stats.claimed >= max_runs:
                 break
             try:
-                claimed = self.store.claim_expired(
-                    self.worker_id,
-                    self.lease_ttl_s,
-                    limit=1,
-                    phases=PHASES_CLAIMED,
-                    max_attempts=self.max_attempts,
-                )
+                claimed = self._claim(1)
             except TetherError as exc:  # the store is down, or a row is damaged: wait, ask again
                 failures += 1
                 log.error("claiming failed: %s: %s", type(exc).__name__, exc)
@@ -209,6 +214,17 @@ class Worker:
             for lease in claimed:
                 self.drive(lease)
         return self.stats
+
+    def _claim(self, limit: int) -> list[Lease]:
+        """Claim at most ``limit`` runs whose lease expired (or that were never leased)."""
+        claimed: list[Lease] = self.store.claim_expired(
+            self.worker_id,
+            self.lease_ttl_s,
+            limit=limit,
+            phases=PHASES_CLAIMED,
+            max_attempts=self.max_attempts,
+        )
+        return claimed
 
     def drive(self, lease: Lease) -> Phase | None:
         """Recover one claimed run and step it until it ends, freezes, waits, or we stop."""
