@@ -279,6 +279,10 @@ class Worker:
                     self.stats.waiting += 1
                     return session.state.phase
                 if then is AfterStep.GO_ON:
+                    if not progressed:
+                        # A worker killed from here on is not one more failure of a
+                        # run that was stuck: its count restarts at this claim.
+                        self.store.note_progress(lease.run_id, self.worker_id, held)
                     progressed = True
                     self._streaks.pop(lease.run_id, None)
                     continue

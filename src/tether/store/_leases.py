@@ -155,6 +155,25 @@ class LeaseSQL(SQLEngine):
 
         self._write(body)
 
+    def note_progress(self, run_id: str, worker: str, lease_version: int) -> None:
+        """This claim made progress: its count of failed attempts starts again at it.
+
+        A claim counts itself in ``attempts`` before anything runs; a worker
+        that dies later never says how it ended. A claim that got a step done
+        is not one of a run of failures, so the count restarts at this claim
+        (one, itself: it may still die). A lease taken over since is left to
+        its new owner (no error: nothing of this claim's is written).
+        """
+
+        def body() -> None:
+            self._run(
+                "UPDATE tether_marks SET attempts = 1 "
+                "WHERE run_id = ? AND lease_owner = ? AND lease_version = ? AND attempts > 1",
+                (run_id, worker, lease_version),
+            )
+
+        self._write(body)
+
     def defer(
         self,
         run_id: str,

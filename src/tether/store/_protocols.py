@@ -390,6 +390,15 @@ class GenerationStore(Protocol):
         """
         ...
 
+    def note_progress(self, run_id: str, worker: str, lease_version: int) -> None:
+        """Record that ``worker``'s claim at ``lease_version`` got a step done.
+
+        :meth:`claim_expired` counted the claim in ``Mark.attempts`` before
+        anything ran; a claim that made progress ends a run of failures, so
+        the count restarts at it (1). A no-op when the lease was taken over.
+        """
+        ...
+
     def defer(
         self,
         run_id: str,
@@ -406,7 +415,8 @@ class GenerationStore(Protocol):
         :meth:`claim_expired` counts every claim in ``Mark.attempts``; a clean
         :meth:`release_lease` or :meth:`wait_for_evidence` resets it, so it
         counts consecutive claims that ended badly (a worker that died
-        included). ``count=False`` uncounts this one (not a failure: the
+        included), and :meth:`note_progress` restarts it at a claim that got a
+        step done. ``count=False`` uncounts this one (not a failure: the
         adapter said "in flight"); ``progressed`` restarts the count at this
         failure. Keeps ``error``. Raises :class:`~tether.core.LeaseLostError`
         unless ``worker`` holds ``lease_version``.

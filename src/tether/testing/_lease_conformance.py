@@ -506,6 +506,25 @@ def test_attempts_count_consecutive_claims_that_ended_badly(tether_store: Any) -
     expect_eq(tether_store.get_mark("r").attempts, 0, "waiting for a person is no failure")
 
 
+def test_a_claim_that_made_progress_restarts_the_count_even_if_its_worker_dies(
+    tether_store: Any,
+) -> None:
+    """note_progress: claims whose workers died after a step never add up to a parked run."""
+    seeded(tether_store)
+    for _ in range(2):  # two workers died before doing anything
+        tether_store.claim_expired("w1", TTL)
+        time.sleep(PAST_TTL)
+    expect_eq(tether_store.get_mark("r").attempts, 2, "each claim counted")
+    for _ in range(2):  # two workers each got a step done, then died
+        (lease,) = tether_store.claim_expired("w1", TTL, max_attempts=3)
+        tether_store.note_progress("r", "w1", lease.lease_version)
+        expect_eq(tether_store.get_mark("r").attempts, 1, "the count restarts at this claim")
+        time.sleep(PAST_TTL)
+    tether_store.claim_expired("w2", LONG)
+    tether_store.note_progress("r", "w1", lease.lease_version)  # taken over: nothing of w1's
+    expect_eq(tether_store.get_mark("r").attempts, 2, "the new owner's claim counted, untouched")
+
+
 def test_only_the_holder_may_defer(tether_store: Any) -> None:
     """defer by a worker whose lease moved on raises LeaseLostError and changes nothing."""
     seeded(tether_store)
@@ -535,6 +554,7 @@ def test_a_run_waiting_for_a_person_is_claimed_only_when_evidence_arrives(
 
 
 __all__ = [
+    "test_a_claim_that_made_progress_restarts_the_count_even_if_its_worker_dies",
     "test_a_commit_with_a_superseded_lease_version_changes_nothing",
     "test_a_deferred_run_is_not_claimed_until_its_back_off_has_passed",
     "test_a_late_commit_racing_a_takeover_never_lands_after_it",
