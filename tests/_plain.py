@@ -23,71 +23,46 @@ def plain(db: Path | str) -> None:
     conn = sqlite3.connect(db)
     try:
         with conn:
-            for table, key, column in (
-                ("tether_checkpoints", "checkpoint_digest", "envelope"),
-                ("tether_blobs", "digest", "body"),
-            ):
-                rows = conn.execute(
-                    f"SELECT rowid, {column}, codec FROM {table} WHERE codec IS NOT NULL"
-                ).fetchall()
-                for rowid, stored, codec in rows:
-                    conn.execute(
-                        f"UPDATE {table} SET {column} = ?, codec = NULL WHERE rowid = ?",
-                        (unpack(bytes(stored), codec, f"{table} {key}"), rowid),
-                    )
-            for rowid, packed in conn.execute(
-                "SELECT rowid, packed FROM tether_trace WHERE packed IS NOT NULL"
-            ).fetchall():
-                conn.execute(
-                    "UPDATE tether_trace SET data = ?, packed = NULL WHERE rowid = ?",
-                    (inflate(bytes(packed)).decode("utf-8"), rowid),
-                )
-            for rowid, packed in conn.execute(
-                "SELECT rowid, packed FROM tether_ledger WHERE packed IS NOT NULL"
-            ).fetchall():
-                receipt, terms, payload = (
-                    None if doc is None else canonical_bytes(doc).decode("utf-8")
-                    for doc in json.loads(inflate(bytes(packed)))
-                )
-                conn.execute(
-                    "UPDATE tether_ledger SET receipt = ?, terms = ?, payload = ?, packed = NULL "
-                    "WHERE rowid = ?",
-                    (receipt, terms, payload, rowid),
-                )
+            _rewrite(conn, "rowid", "?")
     finally:
         conn.close()
 
 
 def plain_pg(conn: Any) -> None:
     """:func:`plain` for a PostgreSQL store: ``conn`` a psycopg connection in its schema."""
+    _rewrite(conn, "ctid", "%s")
+
+
+def _rewrite(conn: Any, rowid: str, mark: str) -> None:
+    """The rewrite, over either driver: ``rowid`` names a row, ``mark`` is the placeholder."""
     for table, key, column in (
         ("tether_checkpoints", "checkpoint_digest", "envelope"),
         ("tether_blobs", "digest", "body"),
     ):
         rows = conn.execute(
-            f"SELECT ctid, {column}, codec FROM {table} WHERE codec IS NOT NULL"
+            f"SELECT {rowid}, {column}, codec FROM {table} WHERE codec IS NOT NULL"
         ).fetchall()
-        for ctid, stored, codec in rows:
+        for row, stored, codec in rows:
             conn.execute(
-                f"UPDATE {table} SET {column} = %s, codec = NULL WHERE ctid = %s",
-                (unpack(bytes(stored), codec, f"{table} {key}"), ctid),
+                f"UPDATE {table} SET {column} = {mark}, codec = NULL WHERE {rowid} = {mark}",
+                (unpack(bytes(stored), codec, f"{table} {key}"), row),
             )
-    for ctid, packed in conn.execute(
-        "SELECT ctid, packed FROM tether_trace WHERE packed IS NOT NULL"
+    for row, packed in conn.execute(
+        f"SELECT {rowid}, packed FROM tether_trace WHERE packed IS NOT NULL"
     ).fetchall():
         conn.execute(
-            "UPDATE tether_trace SET data = %s, packed = NULL WHERE ctid = %s",
-            (inflate(bytes(packed)).decode("utf-8"), ctid),
+            f"UPDATE tether_trace SET data = {mark}, packed = NULL WHERE {rowid} = {mark}",
+            (inflate(bytes(packed)).decode("utf-8"), row),
         )
-    for ctid, packed in conn.execute(
-        "SELECT ctid, packed FROM tether_ledger WHERE packed IS NOT NULL"
+    for row, packed in conn.execute(
+        f"SELECT {rowid}, packed FROM tether_ledger WHERE packed IS NOT NULL"
     ).fetchall():
         receipt, terms, payload = (
             None if doc is None else canonical_bytes(doc).decode("utf-8")
             for doc in json.loads(inflate(bytes(packed)))
         )
         conn.execute(
-            "UPDATE tether_ledger SET receipt = %s, terms = %s, payload = %s, packed = NULL "
-            "WHERE ctid = %s",
-            (receipt, terms, payload, ctid),
+            f"UPDATE tether_ledger SET receipt = {mark}, terms = {mark}, payload = {mark}, "
+            f"packed = NULL WHERE {rowid} = {mark}",
+            (receipt, terms, payload, row),
         )

@@ -221,6 +221,20 @@ def _put_runtime(tmp_path: Path, put: HttpEffect, steps: list[Any], crash: Crash
     )
 
 
+def _b_killed_and_replanned(tmp_path: Path, put: HttpEffect, steps: list[Any]) -> Any:
+    """A executed, B killed after its send, recovered (outcome unknown) and replanned: the session."""
+    killed = _put_runtime(tmp_path, put, [*steps, finish], CrashPlan(CrashPoint.EFFECT_SENT, 2))
+    session = killed.start("r1")
+    assert session.step().kind is OutcomeKind.EXECUTED
+    with pytest.raises(SimulatedCrash):
+        session.step()  # B reached the service; its reply never reached the ledger
+    session = _put_runtime(tmp_path, put, [*steps, finish], CrashPlan()).recover("r1")
+    session.step()
+    assert session.state.review_cases[-1].reason == ReviewReason.OUTCOME_UNKNOWN
+    session.review(signed_decision(REVIEWER, session.state, datetime.now(UTC)))
+    return session
+
+
 def test_put_a_then_b_unknown_then_a_again_goes_to_a_person_and_sends_nothing(
     tmp_path: Path, service: Service
 ) -> None:
@@ -231,15 +245,7 @@ def test_put_a_then_b_unknown_then_a_again_goes_to_a_person_and_sends_nothing(
         for i, body in enumerate((a, b, a))
     ]
     with HttpEffect(service.url, method="PUT", targets="state", timeout_s=5) as put:
-        killed = _put_runtime(tmp_path, put, [*steps, finish], CrashPlan(CrashPoint.EFFECT_SENT, 2))
-        session = killed.start("r1")
-        assert session.step().kind is OutcomeKind.EXECUTED
-        with pytest.raises(SimulatedCrash):
-            session.step()  # B reached the service; its reply never reached the ledger
-        session = _put_runtime(tmp_path, put, [*steps, finish], CrashPlan()).recover("r1")
-        session.step()
-        assert session.state.review_cases[-1].reason == ReviewReason.OUTCOME_UNKNOWN
-        session.review(signed_decision(REVIEWER, session.state, datetime.now(UTC)))
+        session = _b_killed_and_replanned(tmp_path, put, steps)
         outcome = session.step()  # A again: B may have landed (it did), or may land yet
         assert (outcome.kind, outcome.reason) == (OutcomeKind.FROZEN, "repeat_or_revert")
     assert session.state.phase is Phase.NEEDS_REVIEW
@@ -257,15 +263,7 @@ def test_b_found_landed_by_a_person_after_c_was_written_is_written_again(
         for i, body in enumerate((a, b, c, b, b))
     ]
     with HttpEffect(service.url, method="PUT", targets="state", timeout_s=5) as put:
-        killed = _put_runtime(tmp_path, put, [*steps, finish], CrashPlan(CrashPoint.EFFECT_SENT, 2))
-        session = killed.start("r1")
-        assert session.step().kind is OutcomeKind.EXECUTED
-        with pytest.raises(SimulatedCrash):
-            session.step()  # B reached the service; its reply never reached the ledger
-        session = _put_runtime(tmp_path, put, [*steps, finish], CrashPlan()).recover("r1")
-        session.step()
-        assert session.state.review_cases[-1].reason == ReviewReason.OUTCOME_UNKNOWN
-        session.review(signed_decision(REVIEWER, session.state, datetime.now(UTC)))
+        session = _b_killed_and_replanned(tmp_path, put, steps)
         assert session.step().kind is OutcomeKind.EXECUTED  # C
         outcome = session.step()  # B again: its first send's outcome is still unknown
         assert (outcome.kind, outcome.reason) == (OutcomeKind.FROZEN, "replay_of_unknown_effect")

@@ -252,6 +252,34 @@ class Upstream:
                 return found
         raise UpstreamDownError(f"the upstream's tool listing did not end after {MAX_PAGES} pages")
 
+    async def _client_for(self, name: str, effect: bool) -> Client:
+        """The connection a call goes out on: an effect only on the one already open."""
+        if not effect:
+            # The open connection without the lock (it is taken only to open one).
+            return self._client or await self._connect()
+        if self._client is None:
+            raise UpstreamDownError(
+                f"{name}: the connection to the upstream was lost before the call was sent; "
+                "nothing was sent"
+            )
+        return self._client
+
+    def _failed(self, client: Client, name: str, exc: Exception) -> Exception:
+        """What a call that failed on ``client`` means: refused (nothing done), or lost."""
+        if isinstance(exc, MCPError):
+            if exc.code in REFUSING_CODES:
+                return UpstreamRefusedError(exc.code, exc.message)
+            self._broken(client)
+            return UpstreamLostError(
+                f"{name}: the upstream's answer was lost (error {exc.code}: {exc.message}); "
+                "it may have acted"
+            )
+        self._broken(client)  # the transport failed with the request in flight
+        return UpstreamLostError(
+            f"{name}: the connection failed during the call ({type(exc).__name__}: {exc}); "
+            "the upstream may have acted"
+        )
+
     async def call(
         self,
         name: str,
@@ -269,16 +297,7 @@ class Upstream:
         something never sent. With no connection it is refused
         (:class:`UpstreamDownError`): nothing was sent.
         """
-        if effect:
-            client = self._client
-            if client is None:
-                raise UpstreamDownError(
-                    f"{name}: the connection to the upstream was lost before the call was sent; "
-                    "nothing was sent"
-                )
-        else:
-            # The open connection without the lock (it is taken only to open one).
-            client = self._client or await self._connect()
+        client = await self._client_for(name, effect)
         try:
             result = await client.call_tool(
                 name,
@@ -286,20 +305,8 @@ class Upstream:
                 read_timeout_seconds=self.timeout_s,
                 meta=meta,  # type: ignore[arg-type]  # an open map (RequestParamsMeta)
             )
-        except MCPError as exc:
-            if exc.code in REFUSING_CODES:
-                raise UpstreamRefusedError(exc.code, exc.message) from exc
-            self._broken(client)
-            raise UpstreamLostError(
-                f"{name}: the upstream's answer was lost (error {exc.code}: {exc.message}); "
-                "it may have acted"
-            ) from exc
-        except Exception as exc:  # the transport failed with the request in flight
-            self._broken(client)
-            raise UpstreamLostError(
-                f"{name}: the connection failed during the call ({type(exc).__name__}: {exc}); "
-                "the upstream may have acted"
-            ) from exc
+        except Exception as exc:
+            raise self._failed(client, name, exc) from exc
         self._last_answer = anyio.current_time()
         return result
 
@@ -317,34 +324,14 @@ class Upstream:
         (``_wire``): sent and answered as JSON, past the SDK's session. What
         a failure means is said by the same errors as :meth:`call`.
         """
-        if effect:
-            client = self._client
-            if client is None:
-                raise UpstreamDownError(
-                    f"{name}: the connection to the upstream was lost before the call was sent; "
-                    "nothing was sent"
-                )
-        else:
-            client = self._client or await self._connect()
+        client = await self._client_for(name, effect)
         lane = self._lane if self._client is client else None
         if lane is None:  # over HTTP: the SDK's session
             return answer_document(await self._dumped(name, arguments, meta, effect=effect))
         try:
             raw = await lane.call(name, arguments, meta, self.timeout_s)
-        except MCPError as exc:
-            if exc.code in REFUSING_CODES:
-                raise UpstreamRefusedError(exc.code, exc.message) from exc
-            self._broken(client)
-            raise UpstreamLostError(
-                f"{name}: the upstream's answer was lost (error {exc.code}: {exc.message}); "
-                "it may have acted"
-            ) from exc
-        except Exception as exc:  # the transport failed with the request in flight
-            self._broken(client)
-            raise UpstreamLostError(
-                f"{name}: the connection failed during the call ({type(exc).__name__}: {exc}); "
-                "the upstream may have acted"
-            ) from exc
+        except Exception as exc:
+            raise self._failed(client, name, exc) from exc
         if not isinstance(raw.get("content"), list) or raw.get("resultType", "complete") != (
             "complete"
         ):
