@@ -33,16 +33,23 @@ docs-check: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
 
 # --durations: each pass ends with its slowest tests, where CI's time goes.
+# TEST_JOBS processes share the suite (pytest-xdist); each test file stays whole in
+# one of them (--dist loadfile), so a file's module fixtures and its order are those
+# of a serial run. TEST_JOBS=0 runs it in this process alone.
+TEST_JOBS ?= 2
+XDIST := $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadfile)
+
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q $(XDIST) --durations=15
 
 # The runtime may not depend on `assert`: the whole suite runs again with -O.
 # Every test runs; the crash matrices run each cell once instead of up to 20 times
 # (the first pass already ran 20 per point), and the simulator and the damaged-store
 # fuzz run a smaller corpus, which keeps CI's two passes under 45 minutes on this
-# machine. (Not pytest-xdist: its workers are started without -O.)
+# machine. PYTHONOPTIMIZE=1 is -O for every interpreter the pass starts: the xdist
+# workers and the children the crash tests kill.
 optimized: $(STAMP)
-	TETHER_CRASH_TRIALS=1 $(BIN)/python -O -m pytest -q -p no:cacheprovider --durations=15
+	PYTHONOPTIMIZE=1 TETHER_CRASH_TRIALS=1 $(BIN)/python -O -m pytest -q -p no:cacheprovider $(XDIST) --durations=15
 
 test: lint types docs-check unit optimized
 

@@ -13,6 +13,7 @@ untyped failure (with its traceback) that :func:`replay` reproduces.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import os
@@ -191,7 +192,11 @@ def build_base(home: Path) -> Path:
             store.put_evidence("frozen", "review_decision", reviewer.sign(decision))
         finally:
             store.close()
-    with sqlite3.connect(home / "store.sqlite") as conn:
+    # A connection the runs left in a reference cycle closes when the collector
+    # finds it; the last one to close deletes -wal and -shm, so it must not be in
+    # the middle of a later copy of this home.
+    gc.collect()
+    with contextlib.closing(sqlite3.connect(home / "store.sqlite")) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         phases = dict(conn.execute("SELECT run_id, phase FROM tether_marks").fetchall())
     if phases != {
