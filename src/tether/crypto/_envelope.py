@@ -83,6 +83,43 @@ def open_envelope(blob: bytes, keyring: Keyring, *, run_id: str | None = None) -
     or the checksum fails), :class:`UnknownKeyError`, :class:`RetiredKeyError`,
     :class:`WrongKeyError`, :class:`SignatureError`.
     """
+    doc, payload = _intact(blob, run_id)
+    key_id: str = doc["key_id"]
+    key = keyring.get(key_id)
+    if key is None:
+        raise UnknownKeyError(key_id, run_id=run_id, held=keyring.key_ids, source=keyring.source)
+    if key.status is KeyStatus.RETIRED:
+        raise RetiredKeyError(key_id, run_id=run_id)
+    if not hmac.compare_digest(key.check_value, doc["kcv"]):
+        raise WrongKeyError(key_id, run_id=run_id, held=keyring.key_ids, source=keyring.source)
+    expected = key.mac(_DOMAIN, key_id.encode("utf-8"), payload).hex()
+    if not hmac.compare_digest(expected, doc["mac"]):
+        raise SignatureError(
+            "checkpoint signature does not verify: the payload was altered", run_id=run_id
+        )
+    return doc["payload"]
+
+
+#: Envelopes found intact, by their bytes -> their payload's bytes (see :func:`_intact`).
+#: At most this many, of at most 32 KB each (larger envelopes are checked every time).
+_INTACT: dict[bytes, bytes] = {}
+_INTACT_MAX = 256
+_INTACT_MAX_BYTES = 8 * 2**20
+
+
+def _intact(blob: bytes, run_id: str | None) -> tuple[dict[str, Any], bytes]:
+    """The envelope's fields and its payload's bytes, or :class:`CheckpointCorruptError`.
+
+    Whether bytes are an intact envelope depends on the bytes alone (no key is
+    involved), so bytes found intact once are not encoded again to check they
+    are canonical: a run restored again and again (after each refused step)
+    reads the same envelope each time. They are parsed again, so every caller
+    gets a payload of its own. A cache only: it forgets everything when full.
+    """
+    keep = type(blob) is bytes and len(blob) <= _INTACT_MAX_BYTES // _INTACT_MAX
+    known = _INTACT.get(blob) if keep else None
+    if known is not None:
+        return strict_loads(blob), known
     try:
         doc = strict_loads(blob)
     except CanonicalJSONError as exc:
@@ -112,21 +149,11 @@ def open_envelope(blob: bytes, keyring: Keyring, *, run_id: str | None = None) -
     checksum = _checksum(doc["key_id"], doc["kcv"], doc["mac"], payload)
     if not hmac.compare_digest(checksum, doc["checksum"]):
         raise CheckpointCorruptError("checkpoint checksum does not match: corrupted", run_id=run_id)
-
-    key_id: str = doc["key_id"]
-    key = keyring.get(key_id)
-    if key is None:
-        raise UnknownKeyError(key_id, run_id=run_id, held=keyring.key_ids, source=keyring.source)
-    if key.status is KeyStatus.RETIRED:
-        raise RetiredKeyError(key_id, run_id=run_id)
-    if not hmac.compare_digest(key.check_value, doc["kcv"]):
-        raise WrongKeyError(key_id, run_id=run_id, held=keyring.key_ids, source=keyring.source)
-    expected = key.mac(_DOMAIN, key_id.encode("utf-8"), payload).hex()
-    if not hmac.compare_digest(expected, doc["mac"]):
-        raise SignatureError(
-            "checkpoint signature does not verify: the payload was altered", run_id=run_id
-        )
-    return doc["payload"]
+    if keep:
+        if len(_INTACT) >= _INTACT_MAX:
+            _INTACT.clear()  # cheaper to start again than to track age
+        _INTACT[blob] = payload
+    return doc, payload
 
 
 def _checksum(key_id: str, kcv: str, mac: str, payload: bytes) -> str:

@@ -64,9 +64,12 @@ _LEVEL = 6
 _PRIMED = zlib.compressobj(_LEVEL, zlib.DEFLATED, -_WBITS, _MEM_LEVEL, zdict=_DICTIONARY)
 
 
-def pack(data: bytes) -> tuple[bytes, str | None]:
-    """``(stored bytes, codec)`` for ``data``: deflated when that is shorter, else as it is."""
-    if not PACK_MIN <= len(data) <= PACK_MAX:
+def pack(data: bytes, *, deflate: bool = True) -> tuple[bytes, str | None]:
+    """``(stored bytes, codec)`` for ``data``: deflated when that is shorter, else as it is.
+
+    ``deflate=False``: as it is, always (a store whose rows are thrown away soon).
+    """
+    if not deflate or not PACK_MIN <= len(data) <= PACK_MAX:
         return data, None
     packer = _PRIMED.copy()  # the dictionary loaded once, not per row (same bytes out)
     packed = packer.compress(data) + packer.flush()
@@ -105,10 +108,12 @@ def inflate(stored: bytes) -> bytes:
     return data
 
 
-def blob_rows(blobs: Mapping[str, bytes]) -> list[tuple[str, bytes, str | None]]:
+def blob_rows(
+    blobs: Mapping[str, bytes], *, deflate: bool = True
+) -> list[tuple[str, bytes, str | None]]:
     """``(digest, stored body, codec)`` of each blob, by digest (one order, so two
     writers never deadlock on PostgreSQL)."""
-    return [(found, *pack(data)) for found, data in sorted(blobs.items())]
+    return [(found, *pack(data, deflate=deflate)) for found, data in sorted(blobs.items())]
 
 
 def stored_bytes(value: Any, codec: Any, what: str, *, run_id: str | None = None) -> bytes:

@@ -43,6 +43,11 @@ class SQLEngine:
     turn_counter: ClassVar[tuple[str, ...]] = ()
     #: How many times a transient failure re-runs a unit of work.
     retries: int = 5
+    #: Whether envelopes, blobs, trace data and ledger columns are stored deflated (codec
+    #: d1, ``tether.store._codec``) when that is shorter. Readers take either form, so a
+    #: store whose database is thrown away within seconds (the simulator's) may keep its
+    #: rows plain and save the deflating.
+    deflate: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._local = threading.local()

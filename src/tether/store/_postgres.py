@@ -405,14 +405,14 @@ class PostgresStore(SQLBase, HoldsRuns):
                 "s": e.seq,
                 "k": e.kind,
                 "a": format_time(e.at),
-                **_hexed(("d", "z"), trace_data_columns(e)),
+                **_hexed(("d", "z"), trace_data_columns(e, deflate=self.deflate)),
                 "x": action_key(e),
             }
             for e in commit.events
         ]
         ledger = [
             {
-                **_hexed(("r", "t", "y", "z"), ledger_packed_columns(e)),
+                **_hexed(("r", "t", "y", "z"), ledger_packed_columns(e, deflate=self.deflate)),
                 "h": e.hash,
                 "p": e.prev_hash,
                 "s": e.seq,
@@ -428,7 +428,8 @@ class PostgresStore(SQLBase, HoldsRuns):
             for e in commit.ledger
         ]
         # Envelope and blobs in their stored form (tether.store._codec).
-        blobs = [{"g": d, "b": b.hex(), "c": c} for d, b, c in blob_rows(commit.blobs or {})]
+        stored = blob_rows(commit.blobs or {}, deflate=self.deflate)
+        blobs = [{"g": d, "b": b.hex(), "c": c} for d, b, c in stored]
         params = (
             commit.generation,
             commit.checkpoint_digest,
@@ -438,7 +439,7 @@ class PostgresStore(SQLBase, HoldsRuns):
             commit.run_id,
             expected_generation,
             expected_lease_version,
-            *pack(commit.envelope),
+            *pack(commit.envelope, deflate=self.deflate),
             json.dumps(trace, ensure_ascii=False),
             json.dumps(ledger, ensure_ascii=False),
             json.dumps(blobs),

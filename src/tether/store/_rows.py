@@ -197,7 +197,7 @@ def ledger_columns(entry: LedgerEntry) -> tuple[str | None, str | None, str | No
 
 
 def ledger_packed_columns(
-    entry: LedgerEntry,
+    entry: LedgerEntry, *, deflate: bool = True
 ) -> tuple[str | None, str | None, str | None, bytes | None]:
     """What a ledger row stores for ``entry``'s receipt, terms and payload, and ``packed``.
 
@@ -207,20 +207,20 @@ def ledger_packed_columns(
     """
     texts = ledger_columns(entry)
     whole = b"[" + b",".join(b"null" if t is None else t.encode("utf-8") for t in texts) + b"]"
-    stored, codec = pack(whole)
+    stored, codec = pack(whole, deflate=deflate)
     if codec is None:
         return (*texts, None)
     return None, None, None, stored
 
 
-def trace_data_columns(event: TraceEvent) -> tuple[str, bytes | None]:
+def trace_data_columns(event: TraceEvent, *, deflate: bool = True) -> tuple[str, bytes | None]:
     """What a trace row stores for ``event``'s data: ``(data, packed)``.
 
     The canonical JSON deflated into ``packed`` (codec d1) when that is
     shorter, ``data`` then ``''``; otherwise the text as it is and NULL.
     """
     data = event.encoded_data()
-    stored, codec = pack(data)
+    stored, codec = pack(data, deflate=deflate)
     if codec is None:
         return data.decode("utf-8"), None
     return "", stored

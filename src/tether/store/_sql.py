@@ -169,13 +169,18 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
                 "tether_checkpoints",
                 ("run_id", "checkpoint_digest", "generation", "envelope", "codec"),
             ),
-            (commit.run_id, commit.checkpoint_digest, commit.generation, *pack(commit.envelope)),
+            (
+                commit.run_id,
+                commit.checkpoint_digest,
+                commit.generation,
+                *pack(commit.envelope, deflate=self.deflate),
+            ),
         )
         events, entries = commit.events, commit.ledger
         self._put_rows(
             "tether_trace",
             _TRACE_COLUMNS,
-            [_trace_row(event) for event in events],
+            [_trace_row(event, self.deflate) for event in events],
             lambda index: self._exists_as("tether_trace", events[index], "trace event"),
         )
         # Each ledger row records when the store took it, by the store's clock (the
@@ -183,12 +188,14 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
         self._put_rows(
             "tether_ledger",
             (*_LEDGER_COLUMNS, "stored_us"),
-            [_ledger_row(entry) for entry in entries],
+            [_ledger_row(entry, self.deflate) for entry in entries],
             lambda index: self._exists_as("tether_ledger", entries[index], "ledger entry"),
             values=(*["?"] * len(_LEDGER_COLUMNS), self.clock_sql),
         )
         # Shared by content: a blob already there is the same bytes.
-        self._put_rows("tether_blobs", _BLOB_COLUMNS, blob_rows(commit.blobs or {}))
+        self._put_rows(
+            "tether_blobs", _BLOB_COLUMNS, blob_rows(commit.blobs or {}, deflate=self.deflate)
+        )
 
     def _put_rows(
         self,
@@ -297,7 +304,7 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
         for blob_digest, data in blobs.items():
             if "sha256:" + hashlib.sha256(data).hexdigest() != blob_digest:
                 raise WriteOnceError(f"blob {blob_digest}: the digest does not address its bytes")
-        rows = blob_rows(blobs)
+        rows = blob_rows(blobs, deflate=self.deflate)
 
         def insert() -> None:
             self._put_rows("tether_blobs", _BLOB_COLUMNS, rows)
@@ -715,8 +722,8 @@ _LEDGER_COLUMNS = (
 )
 
 
-def _trace_row(event: TraceEvent) -> tuple[Any, ...]:
-    data, packed = trace_data_columns(event)
+def _trace_row(event: TraceEvent, deflate: bool) -> tuple[Any, ...]:
+    data, packed = trace_data_columns(event, deflate=deflate)
     return (
         event.run_id,
         event.hash,
@@ -730,8 +737,8 @@ def _trace_row(event: TraceEvent) -> tuple[Any, ...]:
     )
 
 
-def _ledger_row(entry: LedgerEntry) -> tuple[Any, ...]:
-    receipt, terms, payload, packed = ledger_packed_columns(entry)
+def _ledger_row(entry: LedgerEntry, deflate: bool) -> tuple[Any, ...]:
+    receipt, terms, payload, packed = ledger_packed_columns(entry, deflate=deflate)
     return (
         entry.run_id,
         entry.hash,

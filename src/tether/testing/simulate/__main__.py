@@ -96,8 +96,10 @@ def _main(args: argparse.Namespace) -> int:
     )
     print(file=sys.stderr)
     rate = found.events / max(1e-9, found.seconds)
+    per_cpu = found.events / max(1e-9, found.cpu)
     print(
-        f"{found.seeds} seeds, {found.events} events ({rate:,.0f} events/s), "
+        f"{found.seeds} seeds, {found.events} events ({rate:,.0f} events/s, "
+        f"{per_cpu:,.0f} per CPU second), "
         f"{found.checks} invariant checks, {len(found.failures or [])} failing seeds"
     )
     for result in found.failures or []:
