@@ -166,6 +166,9 @@ class Worker:
         # run from the base again (still bounded), and a run found at another
         # generation when claimed again moved on elsewhere, so it starts afresh.
         self._streaks: dict[str, tuple[int, int]] = {}
+        # The claims (run, lease version) being driven that have made a step of
+        # progress: a suspect among them no longer needs the worker to itself.
+        self._moved: set[tuple[str, int]] = set()
 
     def stop(self) -> None:
         """Finish the current step, release the lease, and return from :meth:`serve`."""
@@ -184,6 +187,7 @@ class Worker:
                 stopping=lambda: self.stopping,
                 claim=self._claim,
                 drive=self.drive,
+                alone=self._alone,
                 pause=self._stop.wait,
                 give_up_after=IDLE_EXIT_CLAIM_FAILURES,
                 max_runs=max_runs,
@@ -215,19 +219,34 @@ class Worker:
                 self.drive(lease)
         return self.stats
 
-    def _claim(self, limit: int) -> list[Lease]:
-        """Claim at most ``limit`` runs whose lease expired (or that were never leased)."""
+    def _claim(self, limit: int, suspects: bool | None = None) -> list[Lease]:
+        """Claim at most ``limit`` runs whose lease expired (or that were never leased).
+
+        ``suspects``: only runs whose last claim ended uncleanly, only the
+        others, or either (``None``); see ``claim_expired``.
+        """
         claimed: list[Lease] = self.store.claim_expired(
             self.worker_id,
             self.lease_ttl_s,
             limit=limit,
             phases=PHASES_CLAIMED,
             max_attempts=self.max_attempts,
+            suspects=suspects,
         )
         return claimed
 
+    def _alone(self, lease: Lease) -> bool:
+        """Whether the claim ``lease`` has made no step of progress yet (it is driven alone)."""
+        return (lease.run_id, lease.lease_version) not in self._moved
+
     def drive(self, lease: Lease) -> Phase | None:
         """Recover one claimed run and step it until it ends, freezes, waits, or we stop."""
+        try:
+            return self._drive(lease)
+        finally:
+            self._moved.discard((lease.run_id, lease.lease_version))
+
+    def _drive(self, lease: Lease) -> Phase | None:
         self.stats.claimed += 1
         self.stats.runs.append(lease.run_id)
         session = None
@@ -283,6 +302,7 @@ class Worker:
                         # A worker killed from here on is not one more failure of a
                         # run that was stuck: its count restarts at this claim.
                         self.store.note_progress(lease.run_id, self.worker_id, held)
+                        self._moved.add((lease.run_id, lease.lease_version))
                     progressed = True
                     self._streaks.pop(lease.run_id, None)
                     continue

@@ -49,6 +49,11 @@ CLAIM_ORDER = f"{CLAIMABLE_AT}, turn, run_id"
 CLAIM_SCOPE = "phase IN ('needs_review', 'pending', 'running') AND waiting_after IS NULL"
 #: The phases :data:`CLAIM_SCOPE` names.
 CLAIM_PHASES = frozenset({"needs_review", "pending", "running"})
+#: A run whose last claim ended uncleanly: its lease ran out held, after a claim
+#: counted it (its worker died, hung, or was killed with the process it shared).
+#: A worker driving many runs takes such a run alone (``Worker``), so a run that
+#: kills its process kills no neighbour. Judged on a row whose lease is free or expired.
+SUSPECT = "(lease_owner IS NOT NULL AND attempts > 0)"
 
 #: The runs that may be waiting for a person, whatever the time: frozen for
 #: review, a pending write an approval applies to, a run whose claims are
@@ -433,6 +438,17 @@ def migrations(
                 # the text as sealed, which a reader inflates back before checking.
                 f"ALTER TABLE tether_trace ADD COLUMN packed {blob}",
                 f"ALTER TABLE tether_ledger ADD COLUMN packed {blob}",
+            ],
+        ),
+        (
+            18,
+            [
+                # The run's generation when a worker last claimed it. A worker that
+                # dies never says how its claim went; the next claim compares this
+                # with the generation now (core.failed_claims) and does not count a
+                # claim that moved the run on as a failure. NULL on marks written
+                # before, and until a claim: the count stands as it was.
+                "ALTER TABLE tether_marks ADD COLUMN claimed_gen BIGINT",
             ],
         ),
     ]
