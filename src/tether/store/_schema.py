@@ -449,6 +449,10 @@ def migrations(
                 # claim that moved the run on as a failure. NULL on marks written
                 # before, and until a claim: the count stands as it was.
                 "ALTER TABLE tether_marks ADD COLUMN claimed_gen BIGINT",
+                # A worker of many threads asks for a suspect alone (SUSPECT): a
+                # handful of rows, found here without reading the due runs before them.
+                f"CREATE INDEX tether_marks_suspect ON tether_marks ({CLAIM_ORDER}) "
+                f"WHERE {CLAIM_SCOPE} AND {SUSPECT}",
             ],
         ),
     ]
