@@ -15,6 +15,7 @@ from tether.core._retry import (
     RECOVERY_COMMITS,
     AfterStep,
     after_step,
+    claim_progressed,
     failed_claims,
     in_flight_allowance,
     records_resend,
@@ -243,6 +244,8 @@ def test_failed_claims_follows_the_table(
     """failed_claims restarts the count only after an unclean claim that moved the run on."""
     got = failed_claims(attempts, generation=generation, claimed_at=claimed_at, unclean=unclean)
     assert got == failed
+    if claimed_at is not None and unclean and attempts:
+        assert claim_progressed(generation, claimed_at) is (failed == 0)
 
 
 @pytest.mark.parametrize(

@@ -197,9 +197,19 @@ def failed_claims(attempts: int, *, generation: int, claimed_at: int | None, unc
             raise RetrySettingsError(f"{name} must be a whole number >= 0, not {value!r}")
     if claimed_at is not None and (isinstance(claimed_at, bool) or not isinstance(claimed_at, int)):
         raise RetrySettingsError(f"claimed_at must be a generation or None, not {claimed_at!r}")
-    if unclean and claimed_at is not None and generation > claimed_at + RECOVERY_COMMITS:
+    if unclean and claimed_at is not None and claim_progressed(generation, claimed_at):
         return 0
     return attempts
+
+
+def claim_progressed(generation: int, claimed_at: int) -> bool:
+    """Whether a claim that took its run at generation ``claimed_at`` moved it on, at ``generation``.
+
+    More commits than a recovery makes of its own (:data:`RECOVERY_COMMITS`):
+    the claim settled or proposed something. A worker asks it of a claim it
+    drives too: a run it drives alone (a suspect) need not be, once it moved.
+    """
+    return generation > claimed_at + RECOVERY_COMMITS
 
 
 def _number(value: object) -> bool:

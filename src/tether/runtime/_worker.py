@@ -51,7 +51,7 @@ from tether.core import (
     TetherError,
     TrustRootsRequiredError,
 )
-from tether.core._retry import AfterStep, after_step, retry_delay
+from tether.core._retry import AfterStep, after_step, claim_progressed, retry_delay
 from tether.crypto import Role
 from tether.runtime import _hints
 from tether.runtime._many import MAX_CONCURRENCY, serve_many
@@ -167,8 +167,10 @@ class Worker:
         # generation when claimed again moved on elsewhere, so it starts afresh.
         self._streaks: dict[str, tuple[int, int]] = {}
         # The claims (run, lease version) being driven that have made a step of
-        # progress: a suspect among them no longer needs the worker to itself.
+        # progress, and the sessions of those being driven: a suspect that made a
+        # step or moved its run on no longer needs the worker to itself.
         self._moved: set[tuple[str, int]] = set()
+        self._sessions: dict[tuple[str, int], Any] = {}
 
     def stop(self) -> None:
         """Finish the current step, release the lease, and return from :meth:`serve`."""
@@ -236,8 +238,18 @@ class Worker:
         return claimed
 
     def _alone(self, lease: Lease) -> bool:
-        """Whether the claim ``lease`` has made no step of progress yet (it is driven alone)."""
-        return (lease.run_id, lease.lease_version) not in self._moved
+        """Whether the claim ``lease`` has not moved its run on yet (a suspect is driven alone).
+
+        Read from the claiming thread while the run's own thread steps it: a
+        step that commits its way past a recovery's own commits (settled a
+        write, proposed the next) clears it before the step ends, so a slow
+        step (a long model call) does not hold the whole worker.
+        """
+        key = (lease.run_id, lease.lease_version)
+        if key in self._moved:
+            return False
+        session = self._sessions.get(key)
+        return session is None or not claim_progressed(session.state.generation, lease.generation)
 
     def drive(self, lease: Lease) -> Phase | None:
         """Recover one claimed run and step it until it ends, freezes, waits, or we stop."""
@@ -245,6 +257,7 @@ class Worker:
             return self._drive(lease)
         finally:
             self._moved.discard((lease.run_id, lease.lease_version))
+            self._sessions.pop((lease.run_id, lease.lease_version), None)
 
     def _drive(self, lease: Lease) -> Phase | None:
         self.stats.claimed += 1
@@ -259,6 +272,7 @@ class Worker:
             runtime.lease_ttl_s = self.lease_ttl_s
             runtime.worker = self.worker_id
             session = runtime.recover(lease.run_id, lease=lease)
+            self._sessions[(lease.run_id, lease.lease_version)] = session
             while not self.stopping:
                 phase = session.state.phase
                 if phase.terminal:
