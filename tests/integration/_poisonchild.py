@@ -9,6 +9,8 @@ OOM kill would), taking every run the process drives with it: HOW ``decide``
 in its agent, ``send`` in its adapter as its second write is sent (a poison
 effect: every resend of it kills the process again).
 
+``python -m tests.integration._poisonchild list HOME`` prints ``tether runs --json``.
+
 ``python -m tests.integration._poisonchild midstep HOME STEPS LEASE_TTL``
 runs a worker of one thread that SIGKILLs its own process right after the
 first write it sends (the write made, its receipt not yet recorded), as a
@@ -26,6 +28,7 @@ from typing import Any
 
 from tests.integration._groupchild import VERIFIER, Writer, open_store_of, runtime
 from tether import AgentContext, Decision, FileWorkspace, Intent, Receipt, Runtime
+from tether.cli import main as cli_main
 from tether.runtime import CrashPlan, CrashPoint, Worker
 
 #: How long every agent thinks before a step.
@@ -91,6 +94,11 @@ def midstep(home: Path, steps: int, ttl: float) -> None:
 
 def main(argv: list[str]) -> None:
     home = Path(argv[1])
+    if argv[0] == "list":  # `tether runs --json` of HOME's store
+        named = home / "store-url"
+        store = named.read_text() if named.exists() else str(home / "store.sqlite")
+        cli_main(["runs", "--store", store, "--keyring", str(home / "keyring.json"), "--json"])
+        return
     if argv[0] == "poison":
         poison(home, int(argv[2]), int(argv[3]), float(argv[4]), argv[5])
         return

@@ -13,6 +13,7 @@ write the last one left and sent the next, so the run is never parked.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -83,6 +84,11 @@ def _poison_trial(home: Path, how: str, url: str | None) -> list[int]:
         assert mark.attempts == MAX_ATTEMPTS, mark  # parked at the mark: no claim takes it
     with workspace(home, "run-00") as ws:
         assert ws.write_count() == 1  # its poison write was never made
+    if how == "send":  # `tether runs` says who must act on the parked write, and how
+        listed = _child("_poisonchild", "list", home)
+        (row,) = [row for row in json.loads(listed.stdout)["runs"] if row["run_id"] == "run-00"]
+        assert row["needs_person"] and "a worker to settle w2" in row["waiting_for"], row
+        assert "tether resume" in row["waiting_for"], row
     return codes
 
 
