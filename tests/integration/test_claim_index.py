@@ -144,7 +144,7 @@ def test_sqlite_plans_a_claim_of_suspects_on_their_own_index(tmp_path: Path) -> 
         _seed_many(store, 3000)
         # Statistics taken while some runs were suspects (of none, SQLite keeps none).
         store._conn.execute(
-            "UPDATE tether_marks SET lease_owner = 'dead', lease_expires_at = 1, attempts = 1 "
+            "UPDATE tether_marks SET lease_owner = 'dead', lease_expires_at = 1, attempts = 2 "
             "WHERE run_id IN ('run-000010', 'run-000020', 'run-000030')"
         )
         store._conn.commit()

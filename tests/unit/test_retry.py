@@ -11,11 +11,13 @@ from hypothesis import strategies as st
 
 from tether.core import OutcomeKind, RetrySettingsError
 from tether.core._retry import (
+    ALONE_AFTER,
     NO_PROGRESS,
     RECOVERY_COMMITS,
     AfterStep,
     after_step,
     claim_progressed,
+    claimed_alone,
     failed_claims,
     in_flight_allowance,
     records_resend,
@@ -258,3 +260,12 @@ def test_failed_claims_refuses_what_is_not_a_count(
     """A count or generation that is not a whole number >= 0 is refused, not guessed."""
     with pytest.raises(RetrySettingsError):
         failed_claims(attempts, generation=generation, claimed_at=claimed_at, unclean=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("failed", "alone"), [(0, False), (1, False), (ALONE_AFTER, True), (ALONE_AFTER + 3, True)]
+)
+def test_a_run_whose_claims_died_twice_in_a_row_is_driven_alone(failed: int, alone: bool) -> None:
+    """A run killed once beside others is claimed as usual; twice in a row, it is a suspect."""
+    assert claimed_alone(failed) is alone
+    assert ALONE_AFTER < 5  # the default max_attempts: a neighbour is never parked with it

@@ -78,6 +78,13 @@ RESEND_MARGIN_SHARE = 0.1
 #: parked. Settling a write and proposing the next is two: progress.
 RECOVERY_COMMITS = 1
 
+#: Failed claims in a row (claims whose worker died holding the lease without
+#: moving the run) after which a worker of many threads drives the run alone: a
+#: run killed once beside others is claimed as usual (most deaths are a deploy or
+#: a host, not the run), one killed twice is a suspect, so a run that ends its
+#: process kills its neighbours at most twice, below the default ``max_attempts``.
+ALONE_AFTER = 2
+
 # 2**60 seconds is past any cap; larger exponents only risk overflow.
 _MAX_DOUBLINGS = 60
 
@@ -200,6 +207,12 @@ def failed_claims(attempts: int, *, generation: int, claimed_at: int | None, unc
     if unclean and claimed_at is not None and claim_progressed(generation, claimed_at):
         return 0
     return attempts
+
+
+def claimed_alone(failed: int) -> bool:
+    """Whether a run with ``failed`` claims in a row behind it (:func:`failed_claims`)
+    is driven alone by a worker of many threads (a suspect)."""
+    return failed >= ALONE_AFTER
 
 
 def claim_progressed(generation: int, claimed_at: int) -> bool:

@@ -11,8 +11,9 @@ by its own run's lease and generation.
 A thread ends when its run ends, freezes, waits, or the worker stops; a
 stopping worker lets every thread finish its step and release its lease.
 
-A run whose last claim ended uncleanly (a suspect: its worker's process died
-with it, maybe of it) is claimed only by a worker that holds no other run, and
+A run whose claims died twice in a row without moving it (a suspect: its
+worker's process died with it, maybe of it; ``core.claimed_alone``) is
+claimed only by a worker that holds no other run, and
 the worker claims nothing more until that run has made a step of progress (or
 let go): a run whose step kills the process (``os._exit``, an OOM kill, a
 segfault) then kills no neighbour, and the neighbours it killed before each

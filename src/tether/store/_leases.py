@@ -22,7 +22,6 @@ from tether.core import (
     StoreError,
     StoreUnavailableError,
 )
-from tether.core._retry import RECOVERY_COMMITS
 from tether.store._engine import SQLEngine
 from tether.store._protocols import (
     Lease,
@@ -38,13 +37,13 @@ from tether.store._rows import (
     ttl_micros,
     whole,
 )
-from tether.store._schema import CLAIM_ORDER, CLAIM_PHASES, CLAIM_SCOPE, CLAIMABLE_AT, SUSPECT
-
-#: :func:`tether.core._retry.failed_claims` in SQL, of a row a claim may take (its
-#: lease free or expired): the failed claims in a row before the one taking it.
-FAILED_CLAIMS = (
-    "(CASE WHEN lease_owner IS NOT NULL AND claimed_gen IS NOT NULL "
-    f"AND generation > claimed_gen + {RECOVERY_COMMITS} THEN 0 ELSE attempts END)"
+from tether.store._schema import (
+    CLAIM_ORDER,
+    CLAIM_PHASES,
+    CLAIM_SCOPE,
+    CLAIMABLE_AT,
+    FAILED_CLAIMS,
+    SUSPECT,
 )
 
 log = logging.getLogger("tether.store")

@@ -583,19 +583,23 @@ def test_a_dead_claim_counts_unless_it_moved_the_run_past_a_resend(
 
 
 def test_a_suspect_is_claimed_apart_from_the_other_runs(tether_store: Any) -> None:
-    """suspects=True takes only runs whose claimed lease ran out unreleased; False only the rest."""
-    for run_id in ("dead", "deferred", "fresh"):
+    """suspects=True takes only runs whose claims ran out unreleased twice in a row; False the rest."""
+    for run_id in ("dead", "once", "deferred", "fresh"):
         seeded(tether_store, run_id)
-    leases = {x.run_id: x for x in tether_store.claim_expired("w1", TTL, limit=3)}
+    expect_eq(len(tether_store.claim_expired("w0", TTL, limit=1)), 1, "dead's first claim")
+    time.sleep(PAST_TTL)  # its worker died: one failed claim, no suspect yet
+    expect_eq(tether_store.claim_expired("w0", TTL, limit=1, suspects=True), [], "died once")
+    leases = {x.run_id: x for x in tether_store.claim_expired("w1", TTL, limit=4)}
+    expect_eq(sorted(leases), ["dead", "deferred", "fresh", "once"], "claimed together")
     tether_store.defer("deferred", "w1", leases["deferred"].lease_version, 0, "boom")
     tether_store.release_lease("fresh", "w1", leases["fresh"].lease_version)
     time.sleep(PAST_TTL)
-    suspects = tether_store.claim_expired("w2", TTL, limit=3, suspects=True)
-    expect_eq([x.run_id for x in suspects], ["dead"], "only the run whose worker died")
-    others = tether_store.claim_expired("w2", LONG, limit=3, suspects=False)
-    expect_eq(sorted(x.run_id for x in others), ["deferred", "fresh"], "the rest")
+    suspects = tether_store.claim_expired("w2", TTL, limit=4, suspects=True)
+    expect_eq([x.run_id for x in suspects], ["dead"], "only the run whose workers died twice")
+    others = tether_store.claim_expired("w2", LONG, limit=4, suspects=False)
+    expect_eq(sorted(x.run_id for x in others), ["deferred", "fresh", "once"], "the rest")
     time.sleep(PAST_TTL)
-    expect_eq(tether_store.claim_expired("w3", LONG, limit=3, suspects=False), [], "no suspect")
+    expect_eq(tether_store.claim_expired("w3", LONG, limit=4, suspects=False), [], "no suspect")
     expect_eq([x.run_id for x in tether_store.claim_expired("w3", LONG)], ["dead"], "either")
 
 
