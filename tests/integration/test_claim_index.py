@@ -104,7 +104,7 @@ def test_a_claim_of_ended_runs_still_works_without_the_index(connect: Callable[[
         assert only.run_id == "done"
 
 
-def _claim_statement(store: Any) -> tuple[str, tuple[Any, ...]]:
+def _claim_statement(store: Any, suspects: bool | None = None) -> tuple[str, tuple[Any, ...]]:
     """The SQL and parameters of one claim, as the store sends them (the claim still runs)."""
     seen: list[tuple[str, tuple[Any, ...]]] = []
     real = store._all
@@ -115,7 +115,9 @@ def _claim_statement(store: Any) -> tuple[str, tuple[Any, ...]]:
 
     store._all = recording
     try:
-        store.claim_expired("probe", LONG, limit=1, phases=WORKER_PHASES, max_attempts=5)
+        store.claim_expired(
+            "probe", LONG, limit=1, phases=WORKER_PHASES, max_attempts=5, suspects=suspects
+        )
     finally:
         del store._all
     (claim,) = [(sql, params) for sql, params in seen if sql.startswith("UPDATE tether_marks")]
@@ -133,6 +135,44 @@ def test_sqlite_plans_the_claim_on_its_index(tmp_path: Path) -> None:
         plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
     assert any("USING INDEX tether_marks_due" in step and "<expr>" in step for step in plan), plan
     assert not any("TEMP B-TREE" in step for step in plan), plan
+
+
+def test_sqlite_plans_a_claim_of_suspects_on_their_own_index(tmp_path: Path) -> None:
+    """A claim of suspects alone searches tether_marks_suspect, not the due runs before them."""
+    path = tmp_path / "plan.sqlite"
+    with SQLiteStore(path) as store:
+        _seed_many(store, 3000)
+        # Statistics taken while some runs were suspects (of none, SQLite keeps none).
+        store._conn.execute(
+            "UPDATE tether_marks SET lease_owner = 'dead', lease_expires_at = 1, attempts = 2 "
+            "WHERE run_id IN ('run-000010', 'run-000020', 'run-000030')"
+        )
+        store._conn.commit()
+        store._conn.execute("ANALYZE")
+        sql, params = _claim_statement(store, suspects=True)
+    with sqlite3.connect(path) as conn:
+        plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+    assert any("USING INDEX tether_marks_suspect" in step for step in plan), plan
+    assert not any("TEMP B-TREE" in step for step in plan), plan
+
+
+@pytest.mark.postgres
+def test_postgres_plans_a_claim_of_suspects_on_their_own_index() -> None:
+    """After ANALYZE, a claim of suspects alone is an index scan of tether_marks_suspect."""
+    import psycopg
+
+    dsn = pg_dsn()
+    with fresh_schema(dsn) as schema:
+        conninfo = in_schema(dsn, schema)
+        with PostgresStore(conninfo, max_connections=2) as store:
+            _seed_many(store, 3000)
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                conn.execute("ANALYZE tether_marks")
+                sql, params = _claim_statement(store, suspects=True)
+                plan = "\n".join(
+                    str(row[0]) for row in conn.execute("EXPLAIN " + sql.replace("?", "%s"), params)
+                )
+    assert "tether_marks_suspect" in plan and "Sort" not in plan, plan
 
 
 @pytest.mark.postgres

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,8 @@ from bench.many_runs import Writer, task_and_policy
 from tether import Keyring, Runtime
 from tether.core import StoreError
 from tether.runtime import Worker
-from tether.store import SQLiteStore
+from tether.runtime._many import serve_many
+from tether.store import Lease, SQLiteStore
 from tether.testing import Sandbox
 
 STEPS = 5
@@ -113,3 +115,43 @@ def test_a_concurrency_out_of_range_is_refused(store: SQLiteStore, concurrency: 
     """A concurrency that is not a whole number from 1 to 1024 is refused when the worker is made."""
     with pytest.raises(StoreError, match="concurrency"):
         Worker(store, Runs(store, 0).factory, "w", concurrency=concurrency)
+
+
+def _lease(run_id: str) -> Lease:
+    return Lease(run_id, "w", 1, datetime.now(UTC), 1, 1)
+
+
+def test_a_suspect_is_driven_alone_until_it_moves_its_run() -> None:
+    """serve_many takes a suspect only into an empty worker, and nothing beside it until it moved."""
+    suspects, others = [_lease("suspect")], [_lease("a"), _lease("b")]
+    moved = threading.Event()
+    claims: list[tuple[bool | None, bool]] = []  # (asked for suspects, the suspect had moved)
+
+    def claim(limit: int, suspect: bool | None) -> list[Lease]:
+        claims.append((suspect, moved.is_set()))
+        pool = suspects if suspect else others
+        taken = pool[:limit]
+        del pool[:limit]
+        return taken
+
+    def drive(lease: Lease) -> None:
+        if lease.run_id == "suspect":
+            time.sleep(0.2)
+            moved.set()
+            time.sleep(0.2)
+
+    serve_many(
+        concurrency=4,
+        poll_s=0.01,
+        stopping=lambda: False,
+        claim=claim,
+        drive=drive,
+        alone=lambda lease: not moved.is_set(),
+        pause=time.sleep,
+        give_up_after=3,
+        max_runs=None,
+        idle_exit=True,
+    )
+    assert claims[0] == (True, False)
+    assert all(moved_then for asked, moved_then in claims[1:] if asked is False), claims
+    assert not suspects and not others

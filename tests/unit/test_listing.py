@@ -65,6 +65,15 @@ def test_failing(
         ("needs_review", Listing(1, ""), False, False, "decision on the run", True),
         ("pending", PENDING, True, False, "an approval of w1 (file.write a.txt)", True),
         ("pending", PENDING, False, False, "a worker to settle w1", False),
+        (
+            "pending",
+            PENDING,
+            False,
+            True,
+            "a worker to settle w1, after 2 failed attempt(s): boom (from --max-attempts on "
+            "it is parked: `tether resume RUN` once the cause is fixed)",
+            True,
+        ),
         ("running", Listing(1), False, True, "a retry after 2 failed attempt(s): boom", True),
         ("running", Listing(1), False, False, None, False),
         ("completed", Listing(1), False, True, None, False),  # ended: nothing to wait for

@@ -1,5 +1,5 @@
 """The retry rules, case by case: progress, a claim's next move, back-off delay, recording a
-resend, the stuck margin."""
+resend, the stuck margin, the failed claims a new claim counts."""
 
 from __future__ import annotations
 
@@ -11,9 +11,14 @@ from hypothesis import strategies as st
 
 from tether.core import OutcomeKind, RetrySettingsError
 from tether.core._retry import (
+    ALONE_AFTER,
     NO_PROGRESS,
+    RECOVERY_COMMITS,
     AfterStep,
     after_step,
+    claim_progressed,
+    claimed_alone,
+    failed_claims,
     in_flight_allowance,
     records_resend,
     resend_margin,
@@ -211,3 +216,56 @@ def test_a_resent_key_is_judged_stuck_only_past_the_limit_plus_the_margin(
     assert resend_margin(limit) == (None if margin is None else pytest.approx(margin))
     got = in_flight_allowance(limit, resent=resent)
     assert got == (None if allowance is None else pytest.approx(allowance))
+
+
+#: (attempts on the mark, generation now, generation at the last claim, that claim
+#: ended unclean) -> failed claims before the new one.
+FAILED_CLAIMS = [
+    # A worker that died after moving the run past its own commits made progress.
+    (4, 13, 10, True, 0),
+    (4, 10 + RECOVERY_COMMITS + 1, 10, True, 0),
+    # Admission and one resend are a recovery's own: a poison send keeps counting.
+    (4, 10 + RECOVERY_COMMITS, 10, True, 4),
+    (4, 11, 10, True, 4),
+    (4, 10, 10, True, 4),
+    (0, 10, 10, True, 0),
+    # No generation recorded (a mark from before, or never claimed): the count stands.
+    (3, 99, None, True, 3),
+    # A claim that ended cleanly (deferred, released, parked for a person) set the count.
+    (3, 99, 10, False, 3),
+    (0, 99, 10, False, 0),
+]
+
+
+@pytest.mark.parametrize(
+    ("attempts", "generation", "claimed_at", "unclean", "failed"), FAILED_CLAIMS
+)
+def test_failed_claims_follows_the_table(
+    attempts: int, generation: int, claimed_at: int | None, unclean: bool, failed: int
+) -> None:
+    """failed_claims restarts the count only after an unclean claim that moved the run on."""
+    got = failed_claims(attempts, generation=generation, claimed_at=claimed_at, unclean=unclean)
+    assert got == failed
+    if claimed_at is not None and unclean and attempts:
+        assert claim_progressed(generation, claimed_at) is (failed == 0)
+
+
+@pytest.mark.parametrize(
+    ("attempts", "generation", "claimed_at"),
+    [(-1, 1, 1), (1, -1, 1), (True, 1, 1), (1, 1.0, 1), (1, 1, "1"), (1, 1, False)],
+)
+def test_failed_claims_refuses_what_is_not_a_count(
+    attempts: object, generation: object, claimed_at: object
+) -> None:
+    """A count or generation that is not a whole number >= 0 is refused, not guessed."""
+    with pytest.raises(RetrySettingsError):
+        failed_claims(attempts, generation=generation, claimed_at=claimed_at, unclean=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("failed", "alone"), [(0, False), (1, False), (ALONE_AFTER, True), (ALONE_AFTER + 3, True)]
+)
+def test_a_run_whose_claims_died_twice_in_a_row_is_driven_alone(failed: int, alone: bool) -> None:
+    """A run killed once beside others is claimed as usual; twice in a row, it is a suspect."""
+    assert claimed_alone(failed) is alone
+    assert ALONE_AFTER < 5  # the default max_attempts: a neighbour is never parked with it

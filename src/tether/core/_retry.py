@@ -26,6 +26,12 @@ must a resend be recorded again?   :func:`records_resend`: the first resend,
                                    limit allows
 when is a resent key stuck?        :func:`in_flight_allowance`: the adapter's
                                    limit, plus that margin for a resent write
+how many failed claims precede     :func:`failed_claims`: none when the last
+this one?                          claim's worker died after it moved the run
+                                   past what a recovery commits of its own
+                                   (:data:`RECOVERY_COMMITS`); else the count
+                                   on the mark. A claim is taken while that is
+                                   below ``max_attempts``, and counts itself
 =================================  ============================================
 
 The jitter keeps a floor of half the step ("equal jitter"): a run of draws
@@ -63,6 +69,21 @@ NO_PROGRESS = frozenset(
 #: The share of an adapter's in-flight limit within which a repeated resend
 #: records nothing: a resent key is judged stuck at most this much late.
 RESEND_MARGIN_SHARE = 0.1
+
+#: The commits a claim may make of its own before its run moves on: one, the
+#: recorded resend of a write its run holds (the recovery's admission, its
+#: "recovered" event, rides on the session's first commit and is no commit of
+#: its own). A resend is not progress: an effect whose send kills the worker
+#: commits no more than this, so its run still reaches ``max_attempts`` and is
+#: parked. Settling a write and proposing the next is two: progress.
+RECOVERY_COMMITS = 1
+
+#: Failed claims in a row (claims whose worker died holding the lease without
+#: moving the run) after which a worker of many threads drives the run alone: a
+#: run killed once beside others is claimed as usual (most deaths are a deploy or
+#: a host, not the run), one killed twice is a suspect, so a run that ends its
+#: process kills its neighbours at most twice, below the default ``max_attempts``.
+ALONE_AFTER = 2
 
 # 2**60 seconds is past any cap; larger exponents only risk overflow.
 _MAX_DOUBLINGS = 60
@@ -165,6 +186,43 @@ def in_flight_allowance(in_flight_limit_s: float | None, *, resent: bool) -> flo
     if in_flight_limit_s is None or margin is None or not resent:
         return in_flight_limit_s
     return in_flight_limit_s + margin
+
+
+def failed_claims(attempts: int, *, generation: int, claimed_at: int | None, unclean: bool) -> int:
+    """How many claims in a row before this one failed, as a new claim of the run counts them.
+
+    ``attempts``: the count on the mark (each claim counted itself before
+    anything ran); ``generation``: the mark's now; ``claimed_at``: the mark's
+    generation when the last claim took it (``None``: never recorded);
+    ``unclean``: that claim's lease ran out unreleased (its worker died or hung).
+    A worker that dies says nothing of how its claim went, so its commits
+    say it: one that moved the run past a recorded resend made progress, and is no failure (a deploy that kills workers mid-step parks
+    nothing that moves). A claim that ended cleanly set the count itself.
+    """
+    for name, value in (("attempts", attempts), ("generation", generation)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise RetrySettingsError(f"{name} must be a whole number >= 0, not {value!r}")
+    if claimed_at is not None and (isinstance(claimed_at, bool) or not isinstance(claimed_at, int)):
+        raise RetrySettingsError(f"claimed_at must be a generation or None, not {claimed_at!r}")
+    if unclean and claimed_at is not None and claim_progressed(generation, claimed_at):
+        return 0
+    return attempts
+
+
+def claimed_alone(failed: int) -> bool:
+    """Whether a run with ``failed`` claims in a row behind it (:func:`failed_claims`)
+    is driven alone by a worker of many threads (a suspect)."""
+    return failed >= ALONE_AFTER
+
+
+def claim_progressed(generation: int, claimed_at: int) -> bool:
+    """Whether a claim that took its run at generation ``claimed_at`` moved it on, at ``generation``.
+
+    More commits than a recovery makes of its own (:data:`RECOVERY_COMMITS`):
+    the claim settled or proposed something. A worker asks it of a claim it
+    drives too: a run it drives alone (a suspect) need not be, once it moved.
+    """
+    return generation > claimed_at + RECOVERY_COMMITS
 
 
 def _number(value: object) -> bool:

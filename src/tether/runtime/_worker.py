@@ -51,7 +51,7 @@ from tether.core import (
     TetherError,
     TrustRootsRequiredError,
 )
-from tether.core._retry import AfterStep, after_step, retry_delay
+from tether.core._retry import AfterStep, after_step, claim_progressed, retry_delay
 from tether.crypto import Role
 from tether.runtime import _hints
 from tether.runtime._many import MAX_CONCURRENCY, serve_many
@@ -166,6 +166,11 @@ class Worker:
         # run from the base again (still bounded), and a run found at another
         # generation when claimed again moved on elsewhere, so it starts afresh.
         self._streaks: dict[str, tuple[int, int]] = {}
+        # The claims (run, lease version) being driven that have made a step of
+        # progress, and the sessions of those being driven: a suspect that made a
+        # step or moved its run on no longer needs the worker to itself.
+        self._moved: set[tuple[str, int]] = set()
+        self._sessions: dict[tuple[str, int], Any] = {}
 
     def stop(self) -> None:
         """Finish the current step, release the lease, and return from :meth:`serve`."""
@@ -184,6 +189,7 @@ class Worker:
                 stopping=lambda: self.stopping,
                 claim=self._claim,
                 drive=self.drive,
+                alone=self._alone,
                 pause=self._stop.wait,
                 give_up_after=IDLE_EXIT_CLAIM_FAILURES,
                 max_runs=max_runs,
@@ -215,19 +221,45 @@ class Worker:
                 self.drive(lease)
         return self.stats
 
-    def _claim(self, limit: int) -> list[Lease]:
-        """Claim at most ``limit`` runs whose lease expired (or that were never leased)."""
+    def _claim(self, limit: int, suspects: bool | None = None) -> list[Lease]:
+        """Claim at most ``limit`` runs whose lease expired (or that were never leased).
+
+        ``suspects``: only runs whose last claim ended uncleanly, only the
+        others, or either (``None``); see ``claim_expired``.
+        """
         claimed: list[Lease] = self.store.claim_expired(
             self.worker_id,
             self.lease_ttl_s,
             limit=limit,
             phases=PHASES_CLAIMED,
             max_attempts=self.max_attempts,
+            suspects=suspects,
         )
         return claimed
 
+    def _alone(self, lease: Lease) -> bool:
+        """Whether the claim ``lease`` has not moved its run on yet (a suspect is driven alone).
+
+        Read from the claiming thread while the run's own thread steps it: a
+        step that commits its way past a recovery's own commits (settled a
+        write, proposed the next) clears it before the step ends, so a slow
+        step (a long model call) does not hold the whole worker.
+        """
+        key = (lease.run_id, lease.lease_version)
+        if key in self._moved:
+            return False
+        session = self._sessions.get(key)
+        return session is None or not claim_progressed(session.state.generation, lease.generation)
+
     def drive(self, lease: Lease) -> Phase | None:
         """Recover one claimed run and step it until it ends, freezes, waits, or we stop."""
+        try:
+            return self._drive(lease)
+        finally:
+            self._moved.discard((lease.run_id, lease.lease_version))
+            self._sessions.pop((lease.run_id, lease.lease_version), None)
+
+    def _drive(self, lease: Lease) -> Phase | None:
         self.stats.claimed += 1
         self.stats.runs.append(lease.run_id)
         session = None
@@ -240,6 +272,7 @@ class Worker:
             runtime.lease_ttl_s = self.lease_ttl_s
             runtime.worker = self.worker_id
             session = runtime.recover(lease.run_id, lease=lease)
+            self._sessions[(lease.run_id, lease.lease_version)] = session
             while not self.stopping:
                 phase = session.state.phase
                 if phase.terminal:
@@ -283,6 +316,7 @@ class Worker:
                         # A worker killed from here on is not one more failure of a
                         # run that was stuck: its count restarts at this claim.
                         self.store.note_progress(lease.run_id, self.worker_id, held)
+                        self._moved.add((lease.run_id, lease.lease_version))
                     progressed = True
                     self._streaks.pop(lease.run_id, None)
                     continue

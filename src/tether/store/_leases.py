@@ -37,7 +37,14 @@ from tether.store._rows import (
     ttl_micros,
     whole,
 )
-from tether.store._schema import CLAIM_ORDER, CLAIM_PHASES, CLAIM_SCOPE, CLAIMABLE_AT
+from tether.store._schema import (
+    CLAIM_ORDER,
+    CLAIM_PHASES,
+    CLAIM_SCOPE,
+    CLAIMABLE_AT,
+    FAILED_CLAIMS,
+    SUSPECT,
+)
 
 log = logging.getLogger("tether.store")
 
@@ -330,8 +337,15 @@ class LeaseSQL(SQLEngine):
         limit: int = 1,
         phases: Sequence[str] = ("running", "pending"),
         max_attempts: int | None = None,
+        suspects: bool | None = None,
     ) -> list[Lease]:
         """Take up to ``limit`` unowned or expired runs in ``phases``; each gets a new version.
+
+        ``suspects``: ``True`` takes only runs whose last claim ended uncleanly
+        (:data:`~tether.store._schema.SUSPECT`), ``False`` only the others,
+        ``None`` either. Each claim counts itself after the claims that failed
+        before it (:func:`tether.core._retry.failed_claims`), and a run with
+        ``max_attempts`` of those is not taken (parked at the mark).
 
         Served by the ``tether_marks_due`` index in its own order (when the run
         became claimable, then the run taken least recently, then run id: see
@@ -350,10 +364,11 @@ class LeaseSQL(SQLEngine):
         ceiling = 2**62 if max_attempts is None else int(max_attempts)
         # A run parked for a person is woken by the evidence that lands for it
         # (put_evidence clears its wait), so a claim never looks into inboxes.
+        kind = {None: "", True: f" AND {SUSPECT}", False: f" AND NOT {SUSPECT}"}[suspects]
         free = (
             f"(lease_owner IS NULL OR lease_expires_at <= {clock}) "
-            f"AND (retry_at IS NULL OR retry_at <= {clock}) AND attempts < {ceiling} "
-            "AND waiting_after IS NULL"
+            f"AND (retry_at IS NULL OR retry_at <= {clock}) AND {FAILED_CLAIMS} < {ceiling} "
+            f"AND waiting_after IS NULL{kind}"
         )
         # The index's own predicate, spelled as it is, so both planners prove the
         # partial index applies; the caller's phases narrow it further.
@@ -375,9 +390,11 @@ class LeaseSQL(SQLEngine):
             rows = self._all(
                 f"UPDATE tether_marks SET lease_owner = ?, lease_version = lease_version + 1, "
                 f"lease_expires_at = {clock} + ?, waiting_after = NULL, retry_at = NULL, "
-                f"attempts = attempts + 1, turn = {self.turn_sql} WHERE {free} AND run_id IN ("
+                f"attempts = {FAILED_CLAIMS} + 1, claimed_gen = generation, "
+                f"turn = {self.turn_sql} WHERE {free} AND run_id IN ("
                 f"SELECT run_id FROM tether_marks WHERE {scope}phase IN ({phase_list}) "
-                f"AND {CLAIMABLE_AT} <= {now} AND attempts < {ceiling} AND waiting_after IS NULL "
+                f"AND {CLAIMABLE_AT} <= {now} AND {FAILED_CLAIMS} < {ceiling} "
+                f"AND waiting_after IS NULL{kind} "
                 f"ORDER BY {CLAIM_ORDER} LIMIT {count}"
                 f"{self.skip_locked}) RETURNING {mark_columns(self.raw_column)}",
                 (worker, ttl, *now_params),

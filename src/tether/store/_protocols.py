@@ -455,13 +455,18 @@ class GenerationStore(Protocol):
         limit: int = 1,
         phases: Sequence[str] = ("running", "pending"),
         max_attempts: int | None = None,
+        suspects: bool | None = None,
     ) -> list[Lease]:
         """Atomically take up to ``limit`` runs in ``phases`` whose lease is unowned or expired.
 
         Each claim increments the run's lease version. Concurrent claimers never
         get the same run. A deferred run is skipped until its ``retry_at``, and
         one with ``max_attempts`` failed attempts or more is not taken at all
-        (parked); the longest-waiting run comes first.
+        (parked); the longest-waiting run comes first. A claim whose lease ran
+        out unreleased is no failure if the run's generation moved past what a
+        recovery commits of its own since it was taken (``core.failed_claims``).
+        ``suspects``: ``True`` takes only runs whose last claim ended uncleanly
+        (lease run out unreleased, counted), ``False`` only the others.
         """
         ...
 

@@ -9,6 +9,8 @@ rather than written to.
 
 from __future__ import annotations
 
+from tether.core._retry import ALONE_AFTER, RECOVERY_COMMITS
+
 #: Trace events that record an accepted action's id (``tether.core.step_rules.ACTION_EVENTS``,
 #: spelled out here because an index's predicate is fixed SQL).
 ACTION_KINDS = (
@@ -49,6 +51,18 @@ CLAIM_ORDER = f"{CLAIMABLE_AT}, turn, run_id"
 CLAIM_SCOPE = "phase IN ('needs_review', 'pending', 'running') AND waiting_after IS NULL"
 #: The phases :data:`CLAIM_SCOPE` names.
 CLAIM_PHASES = frozenset({"needs_review", "pending", "running"})
+#: :func:`tether.core._retry.failed_claims` in SQL, of a row a claim may take (its
+#: lease free or expired): the failed claims in a row before the one taking it.
+FAILED_CLAIMS = (
+    "(CASE WHEN lease_owner IS NOT NULL AND claimed_gen IS NOT NULL "
+    f"AND generation > claimed_gen + {RECOVERY_COMMITS} THEN 0 ELSE attempts END)"
+)
+#: A run whose last claims ended uncleanly, :data:`~tether.core._retry.ALONE_AFTER`
+#: in a row without moving it: its lease ran out held each time (its worker died,
+#: hung, or was killed with the process it shared) (``core.claimed_alone``).
+#: A worker driving many runs takes such a run alone (``Worker``), so a run that
+#: kills its process kills no neighbour. Judged on a row whose lease is free or expired.
+SUSPECT = f"(lease_owner IS NOT NULL AND {FAILED_CLAIMS} >= {ALONE_AFTER})"
 
 #: The runs that may be waiting for a person, whatever the time: frozen for
 #: review, a pending write an approval applies to, a run whose claims are
@@ -433,6 +447,21 @@ def migrations(
                 # the text as sealed, which a reader inflates back before checking.
                 f"ALTER TABLE tether_trace ADD COLUMN packed {blob}",
                 f"ALTER TABLE tether_ledger ADD COLUMN packed {blob}",
+            ],
+        ),
+        (
+            18,
+            [
+                # The run's generation when a worker last claimed it. A worker that
+                # dies never says how its claim went; the next claim compares this
+                # with the generation now (core.failed_claims) and does not count a
+                # claim that moved the run on as a failure. NULL on marks written
+                # before, and until a claim: the count stands as it was.
+                "ALTER TABLE tether_marks ADD COLUMN claimed_gen BIGINT",
+                # A worker of many threads asks for a suspect alone (SUSPECT): a
+                # handful of rows, found here without reading the due runs before them.
+                f"CREATE INDEX tether_marks_suspect ON tether_marks ({CLAIM_ORDER}) "
+                f"WHERE {CLAIM_SCOPE} AND {SUSPECT}",
             ],
         ),
     ]

@@ -24,6 +24,7 @@ from tether.core import (
     RunNotFoundError,
     StoreError,
 )
+from tether.core._retry import failed_claims
 from tether.testing._store_conformance import (
     StoreFactory,
     chained,
@@ -553,9 +554,59 @@ def test_a_run_waiting_for_a_person_is_claimed_only_when_evidence_arrives(
         tether_store.wait_for_evidence("r", "w1", lease.lease_version, 0, 0)  # stale holder
 
 
+@pytest.mark.parametrize("moved", [0, 1, 2, 3])
+def test_a_dead_claim_counts_unless_it_moved_the_run_past_a_resend(
+    tether_store: Any, moved: int
+) -> None:
+    """A claim whose lease ran out is counted as core.failed_claims says, from the generations moved."""
+    seeded(tether_store)
+    for _ in range(2):  # two workers died before doing anything
+        tether_store.claim_expired("w1", TTL)
+        time.sleep(PAST_TTL)
+    (lease,) = tether_store.claim_expired("w1", TTL)
+    before = tether_store.get_mark("r")
+    for step in range(moved):  # what this claim committed before its worker died
+        generation = lease.generation + step
+        tether_store.commit(make_commit("r", generation + 1), generation, lease.lease_version)
+    time.sleep(PAST_TTL)
+    failed = failed_claims(
+        before.attempts,
+        generation=lease.generation + moved,
+        claimed_at=lease.generation,
+        unclean=True,
+    )
+    expect_eq(failed, 0 if moved > 1 else 3, "the rule's own answer")
+    claimed = tether_store.claim_expired("w2", LONG, max_attempts=3)
+    expect_eq([x.run_id for x in claimed], ["r"] if failed < 3 else [], "parked at the ceiling")
+    expected = failed + 1 if claimed else failed
+    expect_eq(tether_store.get_mark("r").attempts, expected, "the count the claim left")
+
+
+def test_a_suspect_is_claimed_apart_from_the_other_runs(tether_store: Any) -> None:
+    """suspects=True takes only runs whose claims ran out unreleased twice in a row; False the rest."""
+    for run_id in ("dead", "once", "deferred", "fresh"):
+        seeded(tether_store, run_id)
+    expect_eq(len(tether_store.claim_expired("w0", TTL, limit=1)), 1, "dead's first claim")
+    time.sleep(PAST_TTL)  # its worker died: one failed claim, no suspect yet
+    expect_eq(tether_store.claim_expired("w0", TTL, limit=1, suspects=True), [], "died once")
+    leases = {x.run_id: x for x in tether_store.claim_expired("w1", TTL, limit=4)}
+    expect_eq(sorted(leases), ["dead", "deferred", "fresh", "once"], "claimed together")
+    tether_store.defer("deferred", "w1", leases["deferred"].lease_version, 0, "boom")
+    tether_store.release_lease("fresh", "w1", leases["fresh"].lease_version)
+    time.sleep(PAST_TTL)
+    suspects = tether_store.claim_expired("w2", TTL, limit=4, suspects=True)
+    expect_eq([x.run_id for x in suspects], ["dead"], "only the run whose workers died twice")
+    others = tether_store.claim_expired("w2", LONG, limit=4, suspects=False)
+    expect_eq(sorted(x.run_id for x in others), ["deferred", "fresh", "once"], "the rest")
+    time.sleep(PAST_TTL)
+    expect_eq(tether_store.claim_expired("w3", LONG, limit=4, suspects=False), [], "no suspect")
+    expect_eq([x.run_id for x in tether_store.claim_expired("w3", LONG)], ["dead"], "either")
+
+
 __all__ = [
     "test_a_claim_that_made_progress_restarts_the_count_even_if_its_worker_dies",
     "test_a_commit_with_a_superseded_lease_version_changes_nothing",
+    "test_a_dead_claim_counts_unless_it_moved_the_run_past_a_resend",
     "test_a_deferred_run_is_not_claimed_until_its_back_off_has_passed",
     "test_a_late_commit_racing_a_takeover_never_lands_after_it",
     "test_a_live_lease_is_not_taken",
@@ -564,6 +615,7 @@ __all__ = [
     "test_a_run_created_with_its_lease_is_held_from_its_first_statement",
     "test_a_run_waiting_for_a_person_is_claimed_only_when_evidence_arrives",
     "test_a_run_with_too_many_failed_attempts_is_parked",
+    "test_a_suspect_is_claimed_apart_from_the_other_runs",
     "test_a_tie_goes_to_the_run_that_waited_longest_for_its_turn",
     "test_a_ttl_must_be_positive",
     "test_acquire_gives_a_new_owner_a_new_version",
