@@ -287,3 +287,44 @@ def test_a_replay_is_never_answered_past_an_unknown_write_on_a_state_target(seed
 def test_an_unsettled_between_seed_catches_its_defect_planted_again(seed: int) -> None:
     """With only commits counted as in between again, the seed breaks invariant 3 once more."""
     assert catches("replay_unsettled_between_ignored", seed)
+
+
+#: A seed where a blind ticket went in flight, the run rightly froze on its unknown
+#: outcome and a reviewer replanned; when the world healed, the request landed at the
+#: same simulated second it was sent, and the judge took that late landing for a fresh
+#: send of an unknowable key, then failed the run's next, different ticket on it.
+#: A reception now says whether it landed from in flight; pinned.
+LATE_LANDING_SEEDS = (759480180,)
+
+
+@pytest.mark.parametrize("seed", LATE_LANDING_SEEDS)
+def test_a_request_landing_late_at_the_second_it_was_sent_is_no_new_send(seed: int) -> None:
+    """The seed keeps every invariant: a late landing is judged as the send it was."""
+    result = run(seed, knobs=CI_KNOBS)
+    assert result.ok, result.violations
+
+
+def test_a_late_landing_is_told_apart_from_a_send_when_the_clock_did_not_move() -> None:
+    """The shrunk seed: the frozen, replanned ticket lands as the next one is sent, with
+    no time between; both reach the world once, and nothing is judged unknowable."""
+    drawn = draw(LATE_LANDING_SEEDS[0], CI_KNOBS)
+    scenario = replace(
+        drawn,
+        events=(
+            Event("down", arg="workspace", num=60),
+            Event("in_flight", arg="workspace"),  # the next ticket stays in flight
+            Event("lost_reply", arg="workspace"),
+            Event("advance", num=400),
+            Event("step"),
+            Event("step"),
+            Event("step"),
+            Event("step"),  # the ticket in flight past its limit: frozen for review
+            Event("review", arg="replan"),
+            Event("step"),
+        ),
+    )
+    result = simulate(scenario)
+    assert result.ok, result.violations
+    landed = [line.split()[2] for line in result.world]
+    assert landed.count('tickets:{"title":"laptop"}') == 1, result.world
+    assert landed.count('tickets:{"title":"printer"}') == 1, result.world

@@ -256,7 +256,7 @@ class Simulation:
         )
         remote = r.namespace in {"tickets", "board"}
         caps = self.scenario.tickets if remote else self.scenario.workspace
-        if caps.blind and r.sent_at == r.at:
+        if caps.blind and not r.late:
             # (A request that lands late from in flight was unknown when it was
             # sent, and judged then: the run had to reach review before going on.)
             self.judge.unknowable.setdefault(r.key, self.event_no)

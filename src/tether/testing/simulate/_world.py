@@ -96,6 +96,9 @@ class Reception:
     sent_at: float  # when the request left the caller (earlier than ``at`` if it was in flight)
     lease_version: int | None
     changed: bool  # a file write that changed the target (a remote effect: always)
+    #: It landed from in flight, after its send: judged when it was sent, not now
+    #: (``sent_at`` may equal ``at`` all the same, when the clock did not move).
+    late: bool = False
 
 
 @dataclass
@@ -138,6 +141,7 @@ class World:
             seq=len(self.receptions) + 1,
             at=now,
             sent_at=now if sent_at is None else sent_at,
+            late=sent_at is not None,
             **fields,
         )
         self.receptions.append(reception)
