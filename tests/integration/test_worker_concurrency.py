@@ -19,7 +19,7 @@ from bench.many_runs import Writer, task_and_policy
 
 from tether import Keyring, Runtime
 from tether.core import StoreError
-from tether.runtime import Worker
+from tether.runtime import Worker, _many
 from tether.runtime._many import serve_many
 from tether.store import Lease, SQLiteStore
 from tether.testing import Sandbox
@@ -121,8 +121,23 @@ def _lease(run_id: str) -> Lease:
     return Lease(run_id, "w", 1, datetime.now(UTC), 1, 1)
 
 
+def _serve(claim: Any, drive: Any, unmoved: Any, stop: Any = lambda: False) -> None:
+    serve_many(
+        concurrency=4,
+        poll_s=0.01,
+        stopping=stop,
+        claim=claim,
+        drive=drive,
+        unmoved=unmoved,
+        pause=time.sleep,
+        give_up_after=3,
+        max_runs=None,
+        idle_exit=True,
+    )
+
+
 def test_a_suspect_is_driven_alone_until_it_moves_its_run() -> None:
-    """serve_many takes a suspect only into an empty worker, and nothing beside it until it moved."""
+    """serve_many takes a suspect first, into an empty worker, and nothing beside it until it moved."""
     suspects, others = [_lease("suspect")], [_lease("a"), _lease("b")]
     moved = threading.Event()
     claims: list[tuple[bool | None, bool]] = []  # (asked for suspects, the suspect had moved)
@@ -140,18 +155,83 @@ def test_a_suspect_is_driven_alone_until_it_moves_its_run() -> None:
             moved.set()
             time.sleep(0.2)
 
-    serve_many(
-        concurrency=4,
-        poll_s=0.01,
-        stopping=lambda: False,
-        claim=claim,
-        drive=drive,
-        alone=lambda lease: not moved.is_set(),
-        pause=time.sleep,
-        give_up_after=3,
-        max_runs=None,
-        idle_exit=True,
-    )
+    _serve(claim, drive, lambda lease: lease.run_id == "suspect" and not moved.is_set())
     assert claims[0] == (True, False)
     assert all(moved_then for asked, moved_then in claims[1:] if asked is False), claims
     assert not suspects and not others
+
+
+def test_suspects_come_back_one_after_another_as_each_moves_not_as_each_ends() -> None:
+    """A suspect that moved its run lets the next one in beside it: three runs killed twice
+    with their worker are all driven at once after about three moves, not three whole runs."""
+    suspects = [_lease("s1"), _lease("s2"), _lease("s3")]
+    moved: set[str] = set()
+    together: list[set[str]] = []
+    driving: set[str] = set()
+    lock = threading.Lock()
+
+    def claim(limit: int, suspect: bool | None) -> list[Lease]:
+        if not suspect:
+            return []
+        taken = suspects[:1]
+        del suspects[:1]
+        return taken
+
+    def drive(lease: Lease) -> None:
+        with lock:
+            driving.add(lease.run_id)
+        time.sleep(0.1)
+        with lock:
+            moved.add(lease.run_id)
+        time.sleep(1.0)  # the rest of the run, long after its first move
+        with lock:
+            together.append(set(driving))
+            driving.discard(lease.run_id)
+
+    began = time.monotonic()
+    _serve(claim, drive, lambda lease: lease.run_id not in moved)
+    assert together[0] == {"s1", "s2", "s3"}, together
+    assert time.monotonic() - began < 2.5  # one at a time to the end would be 3.3 s
+
+
+def test_a_busy_worker_looks_for_suspects_and_takes_one_beside_runs_that_moved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker that always has runs to claim still takes a suspect within a look's period,
+    only once the runs it holds have moved, and holds nothing unmoved beside it."""
+    monkeypatch.setattr(_many, "LOOK_FOR_SUSPECTS_S", 0.3)
+    counter = iter(range(10_000))
+    suspects: list[Lease] = []
+    moved: set[str] = set()
+    beside: list[set[str]] = []  # the unmoved runs held when the suspect was claimed
+    held: dict[str, bool] = {}
+    lock = threading.Lock()
+    done = threading.Event()
+    threading.Timer(0.5, lambda: suspects.append(_lease("suspect"))).start()
+
+    def claim(limit: int, suspect: bool | None) -> list[Lease]:
+        with lock:
+            if suspect:
+                taken = suspects[:1]
+                del suspects[:1]
+                if taken:
+                    beside.append({r for r in held if r not in moved})
+                return taken
+            return [_lease(f"r{next(counter)}") for _ in range(limit)]
+
+    def drive(lease: Lease) -> None:
+        with lock:
+            held[lease.run_id] = True
+        time.sleep(0.05)
+        with lock:
+            moved.add(lease.run_id)
+        time.sleep(0.15)
+        with lock:
+            del held[lease.run_id]
+        if lease.run_id == "suspect":
+            done.set()
+
+    began = time.monotonic()
+    _serve(claim, drive, lambda lease: lease.run_id not in moved, stop=done.is_set)
+    assert done.is_set() and beside == [set()], beside
+    assert time.monotonic() - began < 3.0

@@ -13,19 +13,25 @@ stopping worker lets every thread finish its step and release its lease.
 
 A run whose claims died twice in a row without moving it (a suspect: its
 worker's process died with it, maybe of it; ``core.claimed_alone``) is
-claimed only by a worker that holds no other run, and
-the worker claims nothing more until that run has made a step of progress (or
-let go): a run whose step kills the process (``os._exit``, an OOM kill, a
-segfault) then kills no neighbour, and the neighbours it killed before each
-get a claim of their own in which they move on, so the store's count of
-failed claims parks the poison run alone (issue 25: one failing run never
-stops a healthy one).
+claimed only beside runs that have already moved in their own claims (a
+claim that moved its run counts as no failure if the process dies under
+it), one suspect at a time, and the worker claims nothing more until that
+suspect has moved its run (a step, or more than a recovery's own commit)
+or let go. A run whose step kills the process (``os._exit``, an OOM kill, a
+segfault) then adds no failure to a neighbour, so the store's count parks
+the poison run alone (issue 25: one failing run never stops a healthy one).
+
+Suspects come first: a worker starts by looking for them, keeps taking them
+one after another while it finds them, and, however busy, looks again every
+:data:`LOOK_FOR_SUSPECTS_S` (it then claims no new run until the runs it
+holds have moved, so a suspect waits about that long plus one step).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from tether.core import TetherError
@@ -35,6 +41,11 @@ log = logging.getLogger("tether.worker")
 
 #: The most runs one worker drives at once.
 MAX_CONCURRENCY = 1024
+#: How often a busy worker looks for suspects (seconds).
+LOOK_FOR_SUSPECTS_S = 10.0
+#: How often a worker waiting for its runs to move looks at them again (seconds):
+#: a run's move is a commit, which wakes nobody.
+MOVE_POLL_S = 0.05
 
 
 def serve_many(
@@ -44,7 +55,7 @@ def serve_many(
     stopping: Callable[[], bool],
     claim: Callable[[int, bool | None], list[Lease]],
     drive: Callable[[Lease], object],
-    alone: Callable[[Lease], bool],
+    unmoved: Callable[[Lease], bool],
     pause: Callable[[float], object],
     give_up_after: int,
     max_runs: int | None,
@@ -53,8 +64,9 @@ def serve_many(
     """Claim up to ``concurrency`` runs at once and ``drive`` each on a thread, until ``stopping()``.
 
     ``claim(limit, suspects)`` claims at most ``limit`` runs (only suspects,
-    only others: see ``claim_expired``); ``alone(lease)``: a suspect being
-    driven still needs the worker to itself (it has made no progress yet);
+    only others: see ``claim_expired``); ``unmoved(lease)``: the claim
+    ``lease`` has not moved its run yet (a death of the process now would
+    count against it);
     ``pause(seconds)`` waits, cut short when the worker is told to stop.
     ``give_up_after``: claims that fail in a row before an ``idle_exit`` worker raises the last error (see
     :meth:`Worker.serve`).
@@ -86,12 +98,17 @@ def serve_many(
         started += 1
         thread.start()
 
+    #: Looking for suspects now: at start (this worker may be one that died), while
+    #: it keeps finding them, and every LOOK_FOR_SUSPECTS_S however busy; a look
+    #: waits for the runs held to move until ``give_up_at``, then is put off.
+    looking = True
+    look_at = give_up_at = time.monotonic() + LOOK_FOR_SUSPECTS_S
     try:
         while not stopping():
             with changed:
-                if any(alone(active[thread]) for thread in suspects):
-                    # A suspect not yet cleared by a step of progress holds the worker alone.
-                    changed.wait(poll_s or None)
+                if any(unmoved(active[thread]) for thread in suspects):
+                    # A suspect that has not moved its run holds the worker alone.
+                    changed.wait(MOVE_POLL_S)
                     continue
                 free = concurrency - len(active)
                 if max_runs is not None:
@@ -101,10 +118,19 @@ def serve_many(
                 if free <= 0:
                     changed.wait(poll_s or None)
                     continue
-                idle = not active
+                now = time.monotonic()
+                if not looking and now >= look_at:
+                    looking, give_up_at = True, now + LOOK_FOR_SUSPECTS_S
+                if looking and any(unmoved(lease) for lease in active.values()):
+                    if now < give_up_at:
+                        # A suspect goes in only beside runs that moved: claim
+                        # nothing new until the runs held have (about one step).
+                        changed.wait(MOVE_POLL_S)
+                        continue
+                    looking = False  # a step slower than that: the look is put off
+                    look_at = now + LOOK_FOR_SUSPECTS_S
             try:
-                # A suspect only into an empty worker; then nothing else beside it.
-                suspect = claim(1, True) if idle else []
+                suspect = claim(1, True) if looking else []
                 claimed = suspect or claim(free, False)
             except TetherError as exc:  # the store is down, or a row is damaged: wait, ask again
                 failures += 1
@@ -115,15 +141,22 @@ def serve_many(
                 continue
             failures = 0
             with changed:
+                searched = looking
+                if looking:
+                    now = time.monotonic()
+                    look_at = now + LOOK_FOR_SUSPECTS_S
+                    # Found one: look for the next as soon as it has moved.
+                    looking, give_up_at = bool(suspect), now + LOOK_FOR_SUSPECTS_S
                 for lease in claimed:
                     start(lease, bool(suspect))
                 if not claimed:
-                    if idle and not active:
+                    if not active:
+                        if not searched:
+                            looking = True  # nothing else: look for suspects before idling
+                            give_up_at = time.monotonic() + LOOK_FOR_SUSPECTS_S
+                            continue
                         if idle_exit:
                             break
-                    elif not active:
-                        # Emptied while it claimed: no suspect was offered, so ask again at once.
-                        continue
                     # Wait for a thread to come free (its run may be claimable again
                     # after a back-off) or for the poll interval, whichever is first.
                     changed.wait(poll_s)

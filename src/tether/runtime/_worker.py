@@ -189,7 +189,7 @@ class Worker:
                 stopping=lambda: self.stopping,
                 claim=self._claim,
                 drive=self.drive,
-                alone=self._alone,
+                unmoved=self._unmoved,
                 pause=self._stop.wait,
                 give_up_after=IDLE_EXIT_CLAIM_FAILURES,
                 max_runs=max_runs,
@@ -237,8 +237,8 @@ class Worker:
         )
         return claimed
 
-    def _alone(self, lease: Lease) -> bool:
-        """Whether the claim ``lease`` has not moved its run on yet (a suspect is driven alone).
+    def _unmoved(self, lease: Lease) -> bool:
+        """Whether the claim ``lease`` has not moved its run on yet (see ``serve_many``).
 
         Read from the claiming thread while the run's own thread steps it: a
         step that commits its way past a recovery's own commits (settled a
