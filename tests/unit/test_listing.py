@@ -74,7 +74,15 @@ def test_failing(
             "it is parked: `tether resume RUN` once the cause is fixed)",
             True,
         ),
-        ("running", Listing(1), False, True, "a retry after 2 failed attempt(s): boom", True),
+        (
+            "running",
+            Listing(1),
+            False,
+            True,
+            "a retry after 2 failed attempt(s): boom (from --max-attempts on it is parked: "
+            "`tether resume RUN` once the cause is fixed)",
+            True,
+        ),
         ("running", Listing(1), False, False, None, False),
         ("completed", Listing(1), False, True, None, False),  # ended: nothing to wait for
     ],

@@ -148,20 +148,19 @@ def waiting_for(
     """Who or what the run waits for, in a few words (``None``: nothing, or it ended)."""
     if phase == Phase.NEEDS_REVIEW.value:
         return f"a reviewer's decision on {listing.subject or 'the run'}"
-    why = last_error or "a worker stopped while holding it"
+    # No claim takes a run with --max-attempts failures (a worker's setting, not the
+    # store's): a person says when to try again.
+    failed = (
+        f"after {attempts} failed attempt(s): {last_error or 'a worker stopped while holding it'}"
+        " (from --max-attempts on it is parked: `tether resume RUN` once the cause is fixed)"
+    )
     if phase == Phase.PENDING.value and listing.pending_action is not None:
         if approval:
             return f"an approval of {listing.pending_action} ({listing.subject})"
         settle = f"a worker to settle {listing.pending_action}"
-        if not failing:
-            return settle
-        # No claim takes a run with --max-attempts failures: a person says when to try again.
-        return (
-            f"{settle}, after {attempts} failed attempt(s): {why} (from --max-attempts on "
-            "it is parked: `tether resume RUN` once the cause is fixed)"
-        )
+        return f"{settle}, {failed}" if failing else settle
     if Phase(phase).terminal:
         return None
     if failing:
-        return f"a retry after {attempts} failed attempt(s): {why}"
+        return f"a retry {failed}"
     return None
