@@ -7,6 +7,7 @@ group commit.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -121,7 +122,9 @@ def _lease(run_id: str) -> Lease:
     return Lease(run_id, "w", 1, datetime.now(UTC), 1, 1)
 
 
-def _serve(claim: Any, drive: Any, unmoved: Any, stop: Any = lambda: False) -> None:
+def _serve(
+    claim: Any, drive: Any, unmoved: Any, stop: Any = lambda: False, waiting: Any = lambda: True
+) -> None:
     serve_many(
         concurrency=4,
         poll_s=0.01,
@@ -129,6 +132,7 @@ def _serve(claim: Any, drive: Any, unmoved: Any, stop: Any = lambda: False) -> N
         claim=claim,
         drive=drive,
         unmoved=unmoved,
+        suspect_waiting=waiting,
         pause=time.sleep,
         give_up_after=3,
         max_runs=None,
@@ -232,6 +236,62 @@ def test_a_busy_worker_looks_for_suspects_and_takes_one_beside_runs_that_moved(
             done.set()
 
     began = time.monotonic()
-    _serve(claim, drive, lambda lease: lease.run_id not in moved, stop=done.is_set)
+    _serve(
+        claim, drive, lambda lease: lease.run_id not in moved, done.is_set, lambda: bool(suspects)
+    )
     assert done.is_set() and beside == [set()], beside
     assert time.monotonic() - began < 3.0
+
+
+def test_a_busy_worker_with_no_suspect_waiting_never_stops_claiming(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A look that finds no suspect due claims on at once: a run whose first step is slow
+    holds up no claim of the others."""
+    monkeypatch.setattr(_many, "LOOK_FOR_SUSPECTS_S", 1.0)
+    counter = iter(range(10_000))
+    claimed_at: list[float] = []
+    began = time.monotonic()
+
+    def claim(limit: int, suspect: bool | None) -> list[Lease]:
+        if suspect:
+            return []
+        claimed_at.append(time.monotonic() - began)
+        return [_lease(f"r{next(counter)}") for _ in range(limit)]
+
+    def drive(lease: Lease) -> None:
+        time.sleep(2.0 if lease.run_id == "r0" else 0.05)  # r0: a slow first step, unmoved
+
+    _serve(
+        claim,
+        drive,
+        lambda lease: True,  # nothing ever moves
+        lambda: time.monotonic() - began > 3.5,
+        lambda: False,
+    )
+    gaps = [b - a for a, b in itertools.pairwise(claimed_at)]
+    assert max(gaps) < 0.5, gaps
+
+
+def test_a_suspect_that_does_not_move_lets_the_others_in_after_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A suspect whose first step hangs holds the worker alone for a look's period, not for ever."""
+    monkeypatch.setattr(_many, "LOOK_FOR_SUSPECTS_S", 0.3)
+    suspects, others = [_lease("suspect")], [_lease("a"), _lease("b")]
+    began = time.monotonic()
+    others_at: list[float] = []
+
+    def claim(limit: int, suspect: bool | None) -> list[Lease]:
+        pool = suspects if suspect else others
+        taken = pool[:limit]
+        del pool[:limit]
+        if taken and not suspect:
+            others_at.append(time.monotonic() - began)
+        return taken
+
+    def drive(lease: Lease) -> None:
+        time.sleep(2.0 if lease.run_id == "suspect" else 0.01)
+
+    _serve(claim, drive, lambda lease: lease.run_id == "suspect", waiting=lambda: bool(suspects))
+    assert others_at and 0.25 < others_at[0] < 1.5, others_at

@@ -56,6 +56,7 @@ def serve_many(
     claim: Callable[[int, bool | None], list[Lease]],
     drive: Callable[[Lease], object],
     unmoved: Callable[[Lease], bool],
+    suspect_waiting: Callable[[], bool] = lambda: True,
     pause: Callable[[float], object],
     give_up_after: int,
     max_runs: int | None,
@@ -66,15 +67,16 @@ def serve_many(
     ``claim(limit, suspects)`` claims at most ``limit`` runs (only suspects,
     only others: see ``claim_expired``); ``unmoved(lease)``: the claim
     ``lease`` has not moved its run yet (a death of the process now would
-    count against it);
+    count against it); ``suspect_waiting()``: a suspect is due now (read, not
+    claimed; a busy worker makes room only for one that is);
     ``pause(seconds)`` waits, cut short when the worker is told to stop.
     ``give_up_after``: claims that fail in a row before an ``idle_exit`` worker raises the last error (see
     :meth:`Worker.serve`).
     """
     changed = threading.Condition()
     active: dict[threading.Thread, Lease] = {}
-    #: The threads driving a suspect.
-    suspects: set[threading.Thread] = set()
+    #: The threads driving a suspect, and when each was claimed.
+    suspects: dict[threading.Thread, float] = {}
     started = 0
     failures = 0
 
@@ -84,7 +86,7 @@ def serve_many(
         finally:
             with changed:
                 active.pop(threading.current_thread(), None)
-                suspects.discard(threading.current_thread())
+                suspects.pop(threading.current_thread(), None)
                 changed.notify_all()
 
     def start(lease: Lease, suspect: bool) -> None:
@@ -94,7 +96,7 @@ def serve_many(
         )
         active[thread] = lease
         if suspect:
-            suspects.add(thread)
+            suspects[thread] = time.monotonic()
         started += 1
         thread.start()
 
@@ -106,8 +108,14 @@ def serve_many(
     try:
         while not stopping():
             with changed:
-                if any(unmoved(active[thread]) for thread in suspects):
-                    # A suspect that has not moved its run holds the worker alone.
+                now = time.monotonic()
+                if any(
+                    unmoved(active[thread]) and now < since + LOOK_FOR_SUSPECTS_S
+                    for thread, since in suspects.items()
+                ):
+                    # A suspect that has not moved its run holds the worker alone (a
+                    # first step slower than LOOK_FOR_SUSPECTS_S lets the others in:
+                    # they are no suspects, so one death adds at most one failure).
                     changed.wait(MOVE_POLL_S)
                     continue
                 free = concurrency - len(active)
@@ -118,9 +126,16 @@ def serve_many(
                 if free <= 0:
                     changed.wait(poll_s or None)
                     continue
-                now = time.monotonic()
-                if not looking and now >= look_at:
-                    looking, give_up_at = True, now + LOOK_FOR_SUSPECTS_S
+                due = not looking and now >= look_at
+            if due:
+                # Every LOOK_FOR_SUSPECTS_S: make room only for a suspect that is due.
+                look_at = now + LOOK_FOR_SUSPECTS_S
+                try:
+                    looking, give_up_at = suspect_waiting(), now + LOOK_FOR_SUSPECTS_S
+                except TetherError as exc:
+                    log.error("looking for suspects failed: %s: %s", type(exc).__name__, exc)
+                continue
+            with changed:
                 if looking and any(unmoved(lease) for lease in active.values()):
                     if now < give_up_at:
                         # A suspect goes in only beside runs that moved: claim

@@ -190,6 +190,7 @@ class Worker:
                 claim=self._claim,
                 drive=self.drive,
                 unmoved=self._unmoved,
+                suspect_waiting=self._suspect_waiting,
                 pause=self._stop.wait,
                 give_up_after=IDLE_EXIT_CLAIM_FAILURES,
                 max_runs=max_runs,
@@ -236,6 +237,14 @@ class Worker:
             suspects=suspects,
         )
         return claimed
+
+    def _suspect_waiting(self) -> bool:
+        """Whether a suspect this worker would claim is due (a store without the read:
+        assume one may be)."""
+        probe = getattr(self.store, "suspect_waiting", None)
+        if probe is None:
+            return True
+        return bool(probe(PHASES_CLAIMED, self.max_attempts))
 
     def _unmoved(self, lease: Lease) -> bool:
         """Whether the claim ``lease`` has not moved its run on yet (see ``serve_many``).

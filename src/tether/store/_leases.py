@@ -330,6 +330,36 @@ class LeaseSQL(SQLEngine):
         a claim that found nothing writes nothing.
         """
 
+    def suspect_waiting(
+        self, phases: Sequence[str] = ("running", "pending"), max_attempts: int | None = None
+    ) -> bool:
+        """Whether a suspect (:data:`~tether.store._schema.SUSPECT`) in ``phases`` is due now:
+        what ``claim_expired(..., suspects=True)`` would take, read without taking it.
+
+        A busy worker asks it before it stops claiming to make room for one
+        (``runtime._many``); one indexed read of a handful of rows.
+        """
+        wanted = sorted({phase_text(p) for p in phases})
+        if not wanted:
+            return False
+        clock = self.clock_sql
+        ceiling = 2**62 if max_attempts is None else int(max_attempts)
+        scope = f"{CLAIM_SCOPE} AND " if CLAIM_PHASES.issuperset(wanted) else ""
+        phase_list = ", ".join(f"'{phase}'" for phase in wanted)
+
+        def body() -> bool:
+            now, now_params = self._clock_bound()
+            row = self._one(
+                f"SELECT 1 FROM tether_marks WHERE {scope}phase IN ({phase_list}) "
+                f"AND {SUSPECT} AND {CLAIMABLE_AT} <= {now} AND {FAILED_CLAIMS} < {ceiling} "
+                f"AND (lease_owner IS NULL OR lease_expires_at <= {clock}) "
+                f"AND (retry_at IS NULL OR retry_at <= {clock}) LIMIT 1",
+                now_params,
+            )
+            return row is not None
+
+        return self._read(body)
+
     def claim_expired(
         self,
         worker: str,

@@ -589,12 +589,16 @@ def test_a_suspect_is_claimed_apart_from_the_other_runs(tether_store: Any) -> No
     expect_eq(len(tether_store.claim_expired("w0", TTL, limit=1)), 1, "dead's first claim")
     time.sleep(PAST_TTL)  # its worker died: one failed claim, no suspect yet
     expect_eq(tether_store.claim_expired("w0", TTL, limit=1, suspects=True), [], "died once")
+    expect_eq(tether_store.suspect_waiting(), False, "no suspect waits yet")
     leases = {x.run_id: x for x in tether_store.claim_expired("w1", TTL, limit=4)}
     expect_eq(sorted(leases), ["dead", "deferred", "fresh", "once"], "claimed together")
     tether_store.defer("deferred", "w1", leases["deferred"].lease_version, 0, "boom")
     tether_store.release_lease("fresh", "w1", leases["fresh"].lease_version)
     time.sleep(PAST_TTL)
+    expect_eq(tether_store.suspect_waiting(), True, "a suspect is due, read without taking it")
+    expect_eq(tether_store.suspect_waiting(("needs_review",)), False, "not in those phases")
     suspects = tether_store.claim_expired("w2", TTL, limit=4, suspects=True)
+    expect_eq(tether_store.suspect_waiting(), False, "taken: none waits")
     expect_eq([x.run_id for x in suspects], ["dead"], "only the run whose workers died twice")
     others = tether_store.claim_expired("w2", LONG, limit=4, suspects=False)
     expect_eq(sorted(x.run_id for x in others), ["deferred", "fresh", "once"], "the rest")
