@@ -126,11 +126,18 @@ def crash(paths: _demo.DemoPaths, point: CrashPoint, hit: int, mode: Mode) -> De
     plan = CrashPlan(point, nth=hit, mode="raise")
     with _demo.workspace(paths) as ws:
         rt = _demo.runtime(paths, ws, plan)
+        session = None
         try:
-            rt.start(RUN_ID).run()
+            session = rt.start(RUN_ID)
+            session.run()
         except SimulatedCrash as exc:
             return Death(None, "", exc.point, plan.hits)
         finally:
+            # A process that died holds nothing: its hold on the run goes with it
+            # now, not when the collector finds the dropped session.
+            hold = None if session is None else session.liveness
+            if hold is not None:
+                hold.release()
             close_stores(rt)
     return Death(None, "", None, plan.hits)
 
