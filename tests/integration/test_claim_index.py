@@ -156,9 +156,8 @@ def test_sqlite_plans_a_claim_of_suspects_on_their_own_index(tmp_path: Path) -> 
     assert not any("TEMP B-TREE" in step for step in plan), plan
 
 
-@pytest.mark.postgres
-def test_postgres_plans_a_claim_of_suspects_on_their_own_index() -> None:
-    """After ANALYZE, a claim of suspects alone is an index scan of tether_marks_suspect."""
+def _postgres_plan(suspects: bool | None = None) -> str:
+    """EXPLAIN of the claim on 3,000 runs in a fresh schema, after ANALYZE."""
     import psycopg
 
     dsn = pg_dsn()
@@ -168,29 +167,23 @@ def test_postgres_plans_a_claim_of_suspects_on_their_own_index() -> None:
             _seed_many(store, 3000)
             with psycopg.connect(conninfo, autocommit=True) as conn:
                 conn.execute("ANALYZE tether_marks")
-                sql, params = _claim_statement(store, suspects=True)
-                plan = "\n".join(
+                sql, params = _claim_statement(store, suspects=suspects)
+                return "\n".join(
                     str(row[0]) for row in conn.execute("EXPLAIN " + sql.replace("?", "%s"), params)
                 )
+
+
+@pytest.mark.postgres
+def test_postgres_plans_a_claim_of_suspects_on_their_own_index() -> None:
+    """After ANALYZE, a claim of suspects alone is an index scan of tether_marks_suspect."""
+    plan = _postgres_plan(suspects=True)
     assert "tether_marks_suspect" in plan and "Sort" not in plan, plan
 
 
 @pytest.mark.postgres
 def test_postgres_plans_the_claim_on_its_index_with_statistics() -> None:
     """After ANALYZE, EXPLAIN of the claim is an index scan of tether_marks_due bounded by the clock."""
-    import psycopg
-
-    dsn = pg_dsn()
-    with fresh_schema(dsn) as schema:
-        conninfo = in_schema(dsn, schema)
-        with PostgresStore(conninfo, max_connections=2) as store:
-            _seed_many(store, 3000)
-            with psycopg.connect(conninfo, autocommit=True) as conn:
-                conn.execute("ANALYZE tether_marks")
-                sql, params = _claim_statement(store)
-                plan = "\n".join(
-                    str(row[0]) for row in conn.execute("EXPLAIN " + sql.replace("?", "%s"), params)
-                )
+    plan = _postgres_plan()
     assert "Index Scan using tether_marks_due" in plan, plan
     assert "Index Cond" in plan and "Sort" not in plan, plan
 
