@@ -379,12 +379,17 @@ def test_a_reclaim_that_changes_nothing_writes_nothing(tmp_path: Path) -> None:
     with SQLiteStore(tmp_path / "tether.sqlite") as store:
         factory(store, "r1", "starter").start("r1")
         before = store.get_mark("r1")
+        # Leases long enough that a loaded machine never lets one run out mid-drive:
+        # each "later" releases the run itself, deferred by the back-off.
         worker = Worker(
-            store, factory, "w1", lease_ttl_s=0.05, poll_s=0.01, backoff_s=0.01, max_backoff_s=0.04
+            store, factory, "w1", lease_ttl_s=5.0, poll_s=0.01, backoff_s=0.01, max_backoff_s=0.04
         )
         for _ in range(5):
-            time.sleep(0.06)  # each "later" defers the run by its back-off, capped below this
-            claimed = store.claim_expired("w1", 0.05, phases=("running",))
+            claimed = []
+            deadline = time.monotonic() + 5.0
+            while not claimed and time.monotonic() < deadline:
+                time.sleep(0.02)  # the back-off is capped at 0.04 s
+                claimed = store.claim_expired("w1", 5.0, phases=("running",))
             assert [lease.run_id for lease in claimed] == ["r1"]
             worker.drive(claimed[0])
         after = store.get_mark("r1")
