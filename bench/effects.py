@@ -30,7 +30,8 @@ denominator); ``--repeat`` does the whole measurement again on a fresh run
 and prints each, and the verdict takes the median of the repeats. Beside wall
 time it prints CPU per effect: this process's (the client side) and the
 service process's (read from ``/proc``), so a cost moved to the server
-still shows. Target: tether <= 1.5x the bare request.
+still shows. Target (issue 26): tether adds at most 1 ms to the bare request
+(the median paired difference); the ratio is printed beside it.
 
 Run: ``.venv/bin/python bench/effects.py [--effects 400] [--rounds 20]
 [--repeat 3] [--pg DSN] [--dir PATH] [--identity-get]``; ``--profile``
@@ -69,7 +70,7 @@ from tether.runtime import AgentContext, Decision, RunSession, Runtime
 from tether.store import SQLiteStore
 
 REPO = Path(__file__).resolve().parent.parent
-TARGET = 1.5
+TARGET_MS = 1.0  # what tether may add to one effect (issue 26)
 WARMUP = 20
 TICKS = os.sysconf("SC_CLK_TCK")
 POLICY = {
@@ -403,11 +404,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         stores = ["sqlite"] + (["postgres"] if args.pg else [])
         ratios: dict[str, list[float]] = {name: [] for name in stores}
+        added: dict[str, list[float]] = {name: [] for name in stores}
         sent = 0
         for _ in range(args.repeat):
             for name in stores:
                 result = one_repeat(base, svc, name, args, keyring)
                 ratios[name].append(result.ratio)
+                added[name].append(result.added_ms)
                 sent += result.sent
                 print(result.line(name), flush=True)
         held = svc.tickets()
@@ -416,11 +419,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  the service holds {held} tickets for {sent} effects sent: none lost, none twice")
     # A missed target is printed, as the other benches do, so `make bench` runs them all;
     # only a wrong count of tickets (above) fails the run.
-    for name, found in ratios.items():
+    for name, found in added.items():
         median = statistics.median(found)
         print(
-            f"verdict {name}: tether/bare = {median:.2f}x (median of {len(found)} repeats), "
-            f"target <= {TARGET}x: {'met' if median <= TARGET else 'MISSED'}"
+            f"verdict {name}: tether adds {median:.2f} ms to the bare POST, "
+            f"{statistics.median(ratios[name]):.2f}x (medians of {len(found)} repeats), "
+            f"target <= {TARGET_MS:.1f} ms: {'met' if median <= TARGET_MS else 'MISSED'}"
         )
     return 0
 
