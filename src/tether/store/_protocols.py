@@ -44,10 +44,11 @@ class Mark:
     phase: str = "running"
     #: Consecutive failed attempts to drive the run (reset by a clean release),
     #: when it may be claimed again, and the last failure's text. A free run's
-    #: ``retry_at`` is when it became claimable: its creation or release (not a
-    #: back-off: ``attempts`` says whether it failed), or a deferred run's due
-    #: time. ``None`` (a claim clears it): once free, claimable "since ever", as
-    #: after ``retry_now`` or on a row written before creation set it.
+    #: ``retry_at`` is when it becomes claimable: the instant it was created free
+    #: or let go, or the end of a back-off (``defer``; a wait's floor); a time
+    #: in the past is not by itself a failure (``attempts`` counts those).
+    #: ``None`` (a claim clears it): once free, claimable "since ever", as after
+    #: ``retry_now`` or on a row written before creation set it.
     attempts: int = 0
     retry_at: datetime | None = None
     last_error: str | None = None
