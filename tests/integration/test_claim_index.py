@@ -198,15 +198,17 @@ def test_postgres_plans_the_claim_on_its_index_with_statistics() -> None:
 def _seed_many(store: Any, count: int) -> None:
     """``count`` runs, nine in ten completed, written the way commits write marks (fast, in SQL)."""
     store.commit(make_commit("seed", 1), 0)
+    # Each created free a microsecond after the one before (claimable from then).
     clone = (
         "INSERT INTO tether_marks (run_id, generation, checkpoint_digest, state_version, "
-        "lease_version, phase, updated_at, attempts) SELECT ?, generation, checkpoint_digest, "
-        "state_version, lease_version, ?, updated_at, 0 FROM tether_marks WHERE run_id = 'seed'"
+        "lease_version, phase, updated_at, attempts, retry_at) SELECT ?, generation, "
+        "checkpoint_digest, state_version, lease_version, ?, updated_at, 0, retry_at + ? "
+        "FROM tether_marks WHERE run_id = 'seed'"
     )
 
     def body(sql: Any) -> None:
         for i in range(count):
-            sql.run(clone, (f"run-{i:06d}", "running" if i % 10 == 0 else "completed"))
+            sql.run(clone, (f"run-{i:06d}", "running" if i % 10 == 0 else "completed", i + 1))
 
     store.transaction(body)
 
