@@ -1,7 +1,8 @@
 """A worker's claim is served by an index in its own order, on SQLite and PostgreSQL.
 
-The order is what it always was (a free run first, then the run claimable
-longest), then, on a tie, the run taken least recently, then run id; finished runs and runs parked for a person are not
+The order is the run claimable longest first (a run created free is claimable
+from its creation, by the store's clock), then, on a tie, the run taken least
+recently, then run id; finished runs and runs parked for a person are not
 in the index at all; evidence wakes a parked run as it lands; and a
 database written before the index existed upgrades to it.
 """
@@ -41,12 +42,16 @@ def _claim_one(store: Any, worker: str = "w") -> str | None:
     return got[0].run_id if got else None
 
 
-def test_the_claim_order_is_free_runs_first_then_the_longest_claimable(
+def test_the_claim_order_is_the_run_claimable_longest_first(
     connect: Callable[[], Any],
 ) -> None:
-    """Free runs by run id, then deferred and expired runs by when they became claimable; nothing early."""
+    """Runs by when they became claimable (created, deferred, lease run out), whatever their ids; nothing early."""
     with connect() as store:
-        for run_id in ("b-free", "a-free", "c-deferred", "d-expired", "e-later", "f-done"):
+        # b created before a: claimable longer, though a's id sorts first.
+        for run_id in ("b-created", "a-created"):
+            store.commit(make_commit(run_id, 1), 0)
+            time.sleep(0.02)
+        for run_id in ("c-deferred", "d-expired", "e-later", "f-done"):
             phase = "completed" if run_id == "f-done" else "running"
             store.commit(make_commit(run_id, 1, phase=phase), 0)
         deferred = store.acquire_lease("c-deferred", "old", LONG)
@@ -56,8 +61,10 @@ def test_the_claim_order_is_free_runs_first_then_the_longest_claimable(
         later = store.acquire_lease("e-later", "old", LONG)
         store.defer("e-later", "old", later.lease_version, LONG, "not yet")
         time.sleep(0.1)
-        order = [_claim_one(store, f"w{i}") for i in range(5)]
-    assert order == ["a-free", "b-free", "c-deferred", "d-expired", None]
+        # Created after d's lease ran out: behind d, though its id sorts first.
+        store.commit(make_commit("0-created-last", 1), 0)
+        order = [_claim_one(store, f"w{i}") for i in range(6)]
+    assert order == ["b-created", "a-created", "c-deferred", "d-expired", "0-created-last", None]
 
 
 def test_a_run_released_after_work_waits_behind_runs_claimable_longer(
@@ -191,15 +198,17 @@ def test_postgres_plans_the_claim_on_its_index_with_statistics() -> None:
 def _seed_many(store: Any, count: int) -> None:
     """``count`` runs, nine in ten completed, written the way commits write marks (fast, in SQL)."""
     store.commit(make_commit("seed", 1), 0)
+    # Each created free a microsecond after the one before (claimable from then).
     clone = (
         "INSERT INTO tether_marks (run_id, generation, checkpoint_digest, state_version, "
-        "lease_version, phase, updated_at, attempts) SELECT ?, generation, checkpoint_digest, "
-        "state_version, lease_version, ?, updated_at, 0 FROM tether_marks WHERE run_id = 'seed'"
+        "lease_version, phase, updated_at, attempts, retry_at) SELECT ?, generation, "
+        "checkpoint_digest, state_version, lease_version, ?, updated_at, 0, retry_at + ? "
+        "FROM tether_marks WHERE run_id = 'seed'"
     )
 
     def body(sql: Any) -> None:
         for i in range(count):
-            sql.run(clone, (f"run-{i:06d}", "running" if i % 10 == 0 else "completed"))
+            sql.run(clone, (f"run-{i:06d}", "running" if i % 10 == 0 else "completed", i + 1))
 
     store.transaction(body)
 

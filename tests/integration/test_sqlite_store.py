@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import ScriptedAgent, World, finish, write
 from tether.core import (
+    CheckpointCorruptError,
     GenerationConflictError,
     MigrationError,
     StoreError,
@@ -158,6 +159,22 @@ def test_driver_errors_are_translated(tmp_path: Path) -> None:
         SQLiteStore(garbage)
     assert not isinstance(caught.value, sqlite3.Error)
     assert isinstance(caught.value.__cause__, sqlite3.Error)
+
+
+@pytest.mark.parametrize(
+    ("code", "damaged"),
+    [(11, True), (267, True), (523, True), (779, True), (26, False), (5, False), (None, False)],
+)
+def test_every_corrupt_code_sqlite_reports_is_damage(
+    tmp_path: Path, code: int | None, damaged: bool
+) -> None:
+    """SQLITE_CORRUPT and its extended codes (_VTAB, _SEQUENCE, _INDEX) are CheckpointCorruptError."""
+    error = sqlite3.DatabaseError("database disk image is malformed")
+    if code is not None:
+        error.sqlite_errorcode = code  # what the sqlite3 module sets on what SQLite raised
+    with SQLiteStore(tmp_path / "store.sqlite") as store:
+        typed = store._translate(error)
+    assert isinstance(typed, CheckpointCorruptError) is damaged, typed
 
 
 def test_a_bad_synchronous_mode_is_refused(tmp_path: Path) -> None:

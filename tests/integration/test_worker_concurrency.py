@@ -295,3 +295,58 @@ def test_a_suspect_that_does_not_move_lets_the_others_in_after_a_while(
 
     _serve(claim, drive, lambda lease: lease.run_id == "suspect", waiting=lambda: bool(suspects))
     assert others_at and 0.25 < others_at[0] < 1.5, others_at
+
+
+def test_a_dead_workers_run_is_taken_again_while_new_runs_keep_arriving(
+    store: SQLiteStore,
+) -> None:
+    """A run whose worker died is claimed again within seconds however fast new runs arrive,
+    and no run created after its lease ran out is claimed before it."""
+    runs = Runs(store, 0, steps=2)
+
+    def create(run_id: str) -> None:
+        runs.sandboxes[run_id] = Sandbox({"notes.txt": "draft\n"})
+        runs.factory(store, run_id, "launcher").start(run_id)
+
+    create("dead")
+    (dead,) = store.claim_expired("crashed", 0.3)  # the worker that took it dies holding it
+    after_expiry: list[str] = []  # runs begun once that lease had run out
+    arriving = threading.Event()
+
+    def arrive() -> None:
+        # A new run every few milliseconds: a claim nearly always finds new runs waiting
+        # (when a run created free was claimable "since ever", the dead one never came up).
+        for i in itertools.count():
+            if arriving.is_set():
+                return
+            begun = datetime.now(UTC)
+            create(f"new-{i:04d}")
+            if begun > dead.expires_at:
+                after_expiry.append(f"new-{i:04d}")
+            time.sleep(0.005)
+
+    worker = Worker(store, runs.factory, "w", lease_ttl_s=30, poll_s=0.01, concurrency=2)
+    threads = [threading.Thread(target=arrive), threading.Thread(target=worker.serve)]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            mark = store.get_mark("dead")
+            taken = mark is not None and mark.lease_version > dead.lease_version
+            late = [store.get_mark(r) for r in list(after_expiry)]
+            if taken and any(m is not None and m.lease_version > 0 for m in late):
+                break
+            time.sleep(0.02)
+    finally:
+        arriving.set()
+        worker.stop()
+        for thread in threads:
+            thread.join(timeout=30)
+    mark = store.get_mark("dead")
+    assert mark is not None and mark.lease_version == dead.lease_version + 1, mark
+    # The grant order is the turn each claim drew: none of the late runs drew one before it.
+    turns = dict(store._conn.execute("SELECT run_id, turn FROM tether_marks").fetchall())
+    taken_before = [r for r in after_expiry if turns[r] and turns[r] < turns["dead"]]
+    taken_after = [r for r in after_expiry if turns[r] > turns["dead"]]
+    assert taken_before == [] and taken_after, (taken_before, len(after_expiry))

@@ -263,6 +263,10 @@ class LeaseSQL(SQLEngine):
         For a run parked at the mark (it failed ``max_attempts`` times before it
         could even be restored) once its cause is fixed. A run someone holds
         a live lease on is left alone (:class:`LeaseHeldError`).
+
+        The run becomes claimable "since ever" (no ``retry_at``): ahead of every
+        run waiting its turn, as a person asked. One run per deliberate act
+        starves nothing; a run created or let go waits its turn instead.
         """
         clock = self.clock_sql
 

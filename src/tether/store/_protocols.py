@@ -43,7 +43,12 @@ class Mark:
     lease_expires_at: datetime | None
     phase: str = "running"
     #: Consecutive failed attempts to drive the run (reset by a clean release),
-    #: when it may be claimed again, and the last failure's text.
+    #: when it may be claimed again, and the last failure's text. A free run's
+    #: ``retry_at`` is when it becomes claimable: the instant it was created free
+    #: or let go, or the end of a back-off (``defer``; a wait's floor); a time
+    #: in the past is not by itself a failure (``attempts`` counts those).
+    #: ``None`` (a claim clears it): once free, claimable "since ever", as after
+    #: ``retry_now`` or on a row written before creation set it.
     attempts: int = 0
     retry_at: datetime | None = None
     last_error: str | None = None
@@ -462,7 +467,8 @@ class GenerationStore(Protocol):
         Each claim increments the run's lease version. Concurrent claimers never
         get the same run. A deferred run is skipped until its ``retry_at``, and
         one with ``max_attempts`` failed attempts or more is not taken at all
-        (parked); the longest-waiting run comes first. A claim whose lease ran
+        (parked); the run claimable longest comes first (a run created free is
+        claimable from its creation, by the store's clock). A claim whose lease ran
         out unreleased is no failure if the run's generation moved past what a
         recovery commits of its own since it was taken (``core.failed_claims``).
         ``suspects``: ``True`` takes only runs whose last claim ended uncleanly

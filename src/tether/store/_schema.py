@@ -27,8 +27,11 @@ ACTION_KINDS = (
 TARGETS_FILLED = 16
 
 #: When a run becomes claimable, by its lease columns (store clock, microseconds):
-#: at once (0) when free, at ``retry_at`` when deferred, when its lease (and any
-#: back-off) runs out when held; NULL when it never will (a lease with no expiry).
+#: at ``retry_at`` when free (the instant it was created free or let go, or a
+#: deferred run's back-off), when its lease (and any back-off) runs out when
+#: held; NULL when it never will (a lease with no expiry). A free run with no
+#: ``retry_at`` (an operator's ``retry_now``, a row written before tether set
+#: one at creation) is claimable "since ever" (0), ahead of every other.
 #: Migration 12 indexes exactly this text (in :data:`CLAIM_ORDER`) and the claim
 #: orders by exactly it: an index on an expression serves only a query that
 #: spells it the same, so a change here is a new migration, never an edit.
@@ -39,8 +42,8 @@ CLAIMABLE_AT = (
 )
 #: The order a claim takes runs in, and the key of the ``tether_marks_due`` index:
 #: the run claimable longest first; among runs claimable at the same instant
-#: (a store clock that did not move between two releases, or both free since
-#: ever), the one whose lease was taken least recently (``turn``: drawn from
+#: (a store clock that did not move between two creations or releases, or both
+#: free since ever), the one whose lease was taken least recently (``turn``: drawn from
 #: one counter at every grant of a lease); then run id. Without ``turn``, a run
 #: let go at the instant another became claimable went first whenever its id
 #: sorted first, claim after claim.

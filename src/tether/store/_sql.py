@@ -536,7 +536,14 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
                     *listing_values(listing),
                 ]
                 if lease_to is None:
-                    inserted = self._run(self._insert_ignore("tether_marks", columns), params)
+                    # Created free: claimable from now by the store's clock (as a
+                    # release is), so it queues behind runs claimable longer, a dead
+                    # worker's runs among them; not "since ever", ahead of them all.
+                    values = ["?"] * len(columns) + [self.clock_sql]
+                    columns.append("retry_at")
+                    inserted = self._run(
+                        self._insert_ignore("tether_marks", columns, values), params
+                    )
                     if inserted == 1:
                         return None
                 else:

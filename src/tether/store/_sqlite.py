@@ -265,10 +265,16 @@ class SQLiteStore(SQLBase, HoldsRuns):
 
 
 def _corrupt(exc: BaseException) -> bool:
-    """Whether SQLite said its file is damaged (errors raised while converting a value carry no code)."""
+    """Whether SQLite said its file is damaged (errors raised while converting a value carry no code).
+
+    The code is the extended one: SQLITE_CORRUPT_INDEX (779), _SEQUENCE, _VTAB
+    are damage too, and only their low byte is SQLITE_CORRUPT.
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
     return (
         isinstance(exc, sqlite3.DatabaseError)
-        and getattr(exc, "sqlite_errorcode", None) == _SQLITE_CORRUPT
+        and isinstance(code, int)
+        and code & 0xFF == _SQLITE_CORRUPT
     )
 
 

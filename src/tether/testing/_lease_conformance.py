@@ -441,7 +441,7 @@ def test_a_released_run_waits_its_turn_behind_runs_claimable_longer(tether_store
     for run_id in ("a", "b"):
         tether_store.commit(make_commit(run_id, 1), 0)
     first = tether_store.claim_expired("w1", LONG)
-    expect_eq([x.run_id for x in first], ["a"], "the smaller run id first, on a tie")
+    expect_eq([x.run_id for x in first], ["a"], "created first (at the same instant: smaller id)")
     tether_store.release_lease("a", "w1", first[0].lease_version)
     expect_eq([x.run_id for x in tether_store.claim_expired("w2", LONG)], ["b"], "b waited longer")
     expect_eq([x.run_id for x in tether_store.claim_expired("w2", LONG)], ["a"], "then a")
@@ -457,12 +457,15 @@ def test_a_tie_goes_to_the_run_that_waited_longest_for_its_turn(tether_store: An
 
     def let_go(*run_ids: str) -> None:
         # Released, and the operator's "try again" (what `tether resume` calls):
-        # claimable since ever, so runs let go this way tie whatever the clock says.
+        # claimable since ever, so runs let go this way tie whatever the clock says
+        # (runs created free, or released, are claimable from an instant each).
         for run_id in run_ids:
             mark = tether_store.get_mark(run_id)
-            tether_store.release_lease(run_id, mark.lease_owner, mark.lease_version)
+            if mark.lease_owner is not None:
+                tether_store.release_lease(run_id, mark.lease_owner, mark.lease_version)
             tether_store.retry_now(run_id)
 
+    let_go("a", "b")
     expect_eq(claims(1), ["a"], "never taken, either of them: the smaller run id")
     let_go("a")
     expect_eq(claims(2), ["b", "a"], "b was never taken: its turn before a's second")
@@ -471,6 +474,25 @@ def test_a_tie_goes_to_the_run_that_waited_longest_for_its_turn(tether_store: An
         tether_store.acquire_lease(run_id, "w1", LONG)
     let_go("a", "b")
     expect_eq(claims(2), ["b", "a"], "b was taken before a (an acquire is a turn too)")
+
+
+def test_a_run_whose_worker_died_goes_before_runs_created_after_its_lease_ran_out(
+    tether_store: Any,
+) -> None:
+    """A run is claimable from its creation: runs created after a dead worker's lease ran out
+    queue behind that run, and a run created while the lease was live goes before it."""
+    tether_store.commit(make_commit("z-dead", 1), 0)
+    (dead,) = tether_store.claim_expired("w1", TTL)  # its worker dies holding it
+    tether_store.commit(make_commit("y-early", 1), 0)  # created while that lease is live
+    time.sleep(PAST_TTL)
+    for run_id in ("a-new", "b-new"):  # created once it ran out
+        tether_store.commit(make_commit(run_id, 1), 0)
+    fresh = tether_store.get_mark("a-new")
+    expect_eq((fresh.attempts, fresh.last_error), (0, None), "a new run has failed nothing")
+    expect(fresh.retry_at is not None, "a new run is claimable from its creation")
+    expect(fresh.retry_at > dead.expires_at, "created after the dead worker's lease ran out")
+    claimed = [x.run_id for _ in range(5) for x in tether_store.claim_expired("w2", LONG)]
+    expect_eq(claimed, ["y-early", "z-dead", "a-new", "b-new"], "in the order each became due")
 
 
 def test_a_run_with_too_many_failed_attempts_is_parked(tether_store: Any) -> None:
@@ -618,6 +640,7 @@ __all__ = [
     "test_a_released_run_waits_its_turn_behind_runs_claimable_longer",
     "test_a_run_created_with_its_lease_is_held_from_its_first_statement",
     "test_a_run_waiting_for_a_person_is_claimed_only_when_evidence_arrives",
+    "test_a_run_whose_worker_died_goes_before_runs_created_after_its_lease_ran_out",
     "test_a_run_with_too_many_failed_attempts_is_parked",
     "test_a_suspect_is_claimed_apart_from_the_other_runs",
     "test_a_tie_goes_to_the_run_that_waited_longest_for_its_turn",
