@@ -42,7 +42,7 @@ BLOB_COLUMNS = ("thread_id", "checkpoint_ns", "digest", "kind", "body")
 CHECKPOINT_COLUMNS = ("thread_id", "checkpoint_ns", "checkpoint_id", "seq", "envelope")
 
 #: Rows per multi-row insert: far below SQLite's bound on parameters per statement.
-_BATCH = 200
+BATCH = 200
 
 _SELECT_MARK = (
     "SELECT checkpoint_id, envelope_digest, seq, lineage, writes FROM tether_lg_marks "
@@ -121,7 +121,7 @@ class SaverRows:
         cas = (checkpoint_id, digest, seq, writes, thread_id, ns, mark.checkpoint_id, mark.seq)
         row = (thread_id, ns, checkpoint_id, seq, checkpoint)
         blob_rows = [(thread_id, ns, d, kind, body) for d, kind, body in blobs]
-        if self.fused and len(blob_rows) <= _BATCH:
+        if self.fused and len(blob_rows) <= BATCH:
             # The mark's row is held: the writes counted here are every one stored
             # before this transaction, and the CAS cannot lose (a rollback undoes
             # the inserts if it did).
@@ -177,9 +177,33 @@ class SaverRows:
             )
         return moved
 
+    def hold_and_insert(
+        self, tx: SQLStatements, rows: Sequence[tuple[Any, ...]]
+    ) -> tuple[Mark | None, int]:
+        """PostgreSQL: hold the mark of the rows' thread and insert the rows, in one statement.
+
+        Returns (the mark as held, rows inserted). The insert may run before
+        the lock is granted; that is safe because nothing reads a checkpoint's
+        writes as settled but a manifest, and the manifest is written only
+        under the held mark, which a put moving the mark waits for. Rows whose
+        key is taken are skipped, for the caller to settle.
+        """
+        thread_id, ns = rows[0][0], rows[0][1]
+        sql = (
+            f"WITH m AS ({_SELECT_MARK} FOR UPDATE), "
+            f"ins AS ({_insert('tether_lg_writes', WRITE_COLUMNS, len(rows))} RETURNING 1) "
+            "SELECT m.checkpoint_id, m.envelope_digest, m.seq, m.lineage, m.writes, "
+            "(SELECT count(*) FROM ins) FROM (SELECT 1) AS one LEFT JOIN m ON true"
+        )
+        got = tx.one(sql, [thread_id, ns, *(v for r in rows for v in r)])
+        if got is None:
+            raise CheckpointCorruptError(f"thread {thread_id!r}: the writes' insert said nothing")
+        return mark_of(None if got[0] is None else got[:5], thread_id), int(got[5])
+
     def insert_writes(
         self,
         tx: SQLStatements,
+        ids: tuple[str, str, str],
         rows: Sequence[tuple[Any, ...]],
         manifest: tuple[bytes, int] | None,
     ) -> tuple[int, bool]:
@@ -190,28 +214,10 @@ class SaverRows:
         whether the manifest was put); a manifest not put is the caller's to
         record once it has settled the skipped rows.
         """
-        if not rows:
-            return 0, False
-        thread_id, ns, checkpoint_id = rows[0][:3]
-        if self.fused and manifest is not None and len(rows) <= _BATCH:
-            sql = (
-                f"WITH ins AS ({_insert('tether_lg_writes', WRITE_COLUMNS, len(rows))} "
-                "RETURNING 1), "
-                f"mf AS ({_SET_MANIFEST} AND (SELECT count(*) FROM ins) = ? RETURNING 1) "
-                "SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM mf)"
-            )
-            params = [v for r in rows for v in r]
-            params += [manifest[0], thread_id, ns, checkpoint_id, manifest[1], len(rows)]
-            got = tx.one(sql, params)
-            if got is None:
-                raise CheckpointCorruptError(
-                    f"thread {thread_id!r}: the writes' insert said nothing"
-                )
-            return int(got[0]), int(got[1]) == 1
         inserted = insert_many(tx, "tether_lg_writes", WRITE_COLUMNS, rows)
         if manifest is None or inserted != len(rows):
             return inserted, False
-        self.set_manifest(tx, (thread_id, ns, checkpoint_id), manifest)
+        self.set_manifest(tx, ids, manifest)
         return inserted, True
 
     def set_manifest(
@@ -238,8 +244,8 @@ def insert_many(
 ) -> int:
     """Insert ``rows``, skipping any whose key is stored, in as few statements as fit; rows inserted."""
     inserted = 0
-    for start in range(0, len(rows), _BATCH):
-        batch = rows[start : start + _BATCH]
+    for start in range(0, len(rows), BATCH):
+        batch = rows[start : start + BATCH]
         inserted += tx.run(_insert(table, columns, len(batch)), [v for row in batch for v in row])
     return inserted
 

@@ -60,7 +60,7 @@ from tether.integrations.langgraph._errors import (
     PendingWriteConflictError,
     ThreadConflictError,
 )
-from tether.integrations.langgraph._rows import Mark, SaverRows, text
+from tether.integrations.langgraph._rows import BATCH, Mark, SaverRows, text
 from tether.integrations.langgraph._seal import (
     CheckpointSeal,
     Typed,
@@ -103,6 +103,8 @@ class TetherSaver(BaseCheckpointSaver[int]):
         self.strict_parent = strict_parent
         self._owns_store = False
         self._rows = SaverRows(store)
+        #: The last manifest this saver sealed: (keyring, envelope, manifest).
+        self._memo: tuple[Keyring, bytes, manifests.WritesManifest] | None = None
 
     @classmethod
     def from_url(cls, url: str, keyring: Keyring, **kwargs: Any) -> TetherSaver:
@@ -198,13 +200,13 @@ class TetherSaver(BaseCheckpointSaver[int]):
             rows = [(d, kind, raw) for d, (kind, raw) in blobs.items()]
             if mark is None:
                 early = self._rows.early_writes(tx, ids)
-                writes = known.with_rows(manifests.listed(early, thread_id)).seal(self.keyring)
+                writes = self._seal_manifest(known.with_rows(manifests.listed(early, thread_id)))
                 moved = self._rows.first_mark(
                     tx, ids, (digest, seq, lineage, writes), envelope, rows
                 )
                 stored = 0
             else:
-                writes = known.seal(self.keyring)
+                writes = self._seal_manifest(known)
                 moved, stored = self._rows.move_mark(
                     tx, ids, mark, (digest, seq, writes), envelope, rows
                 )
@@ -218,7 +220,7 @@ class TetherSaver(BaseCheckpointSaver[int]):
                 )
             if stored:
                 early = self._rows.early_writes(tx, ids)
-                adopted = known.with_rows(manifests.listed(early, thread_id)).seal(self.keyring)
+                adopted = self._seal_manifest(known.with_rows(manifests.listed(early, thread_id)))
                 if self._rows.set_manifest(tx, ids, (adopted, seq)) != 1:
                     raise StoreError(f"thread {thread_id!r}: its mark moved while it was held")
 
@@ -271,21 +273,29 @@ class TetherSaver(BaseCheckpointSaver[int]):
         rows = [(*ids, task_id, s.idx, kind, raw, env) for s, kind, raw, env in prepared]
 
         def body(tx: SQLStatements) -> None:
-            # The mark's row first: concurrent writes of one checkpoint's tasks then
-            # update its manifest one after another (held on PostgreSQL).
-            mark = self._rows.hold_mark(tx, thread_id, ns)
-            # The latest checkpoint's writes are what a resume reads: they go in its
-            # manifest. An older one's (the thread moved on) are no longer, left out.
-            latest = mark is not None and mark.checkpoint_id == checkpoint_id
-            opened = None
-            planned = None
+            # The mark's row is held: concurrent writes of one checkpoint's tasks then
+            # update its manifest one after another.
             stored = [(task_id, s.idx, envelope_digest(env)) for s, _, _, env in prepared]
-            if mark is not None and latest and mark.writes is not None:
-                opened = self._open_manifest(mark.writes, ids)
-                # Sealed before the insert, for the case that is nearly every case:
-                # every row new, so the manifest goes in the same statement.
-                planned = (opened.with_rows(stored).seal(self.keyring), mark.seq)
-            inserted, recorded = self._rows.insert_writes(tx, rows, planned)
+            opened = None
+            recorded = False
+            if self._rows.fused and 0 < len(rows) <= BATCH:
+                # One round trip for the hold and the rows; the manifest, when this
+                # is the latest checkpoint, in a second.
+                mark, inserted = self._rows.hold_and_insert(tx, rows)
+                latest = mark is not None and mark.checkpoint_id == checkpoint_id
+                if mark is not None and latest and mark.writes is not None:
+                    opened = self._open_manifest(mark.writes, ids)
+            else:
+                mark = self._rows.hold_mark(tx, thread_id, ns)
+                # The latest checkpoint's writes are what a resume reads: they go in
+                # its manifest. An older one's (the thread moved on) are no longer.
+                latest = mark is not None and mark.checkpoint_id == checkpoint_id
+                planned = None
+                if mark is not None and latest and mark.writes is not None:
+                    opened = self._open_manifest(mark.writes, ids)
+                    # Sealed before the insert, for nearly every case: every row new.
+                    planned = (self._seal_manifest(opened.with_rows(stored)), mark.seq)
+                inserted, recorded = self._rows.insert_writes(tx, ids, rows, planned)
             if inserted != len(rows):
                 stored = self._settle_writes(tx, ids, task_id, prepared)
             if mark is None or not latest or recorded:
@@ -293,7 +303,7 @@ class TetherSaver(BaseCheckpointSaver[int]):
             if opened is None:  # a mark from before manifests: adopt what is stored
                 manifests.record(tx, self.keyring, ids, mark.seq, None, stored)
                 return
-            sealed = opened.with_rows(stored).seal(self.keyring)
+            sealed = self._seal_manifest(opened.with_rows(stored))
             if self._rows.set_manifest(tx, ids, (sealed, mark.seq)) != 1:
                 # This transaction holds the row: a store that lost it.
                 raise StoreError(f"thread {thread_id!r}: its mark moved while writes were stored")
@@ -353,7 +363,24 @@ class TetherSaver(BaseCheckpointSaver[int]):
             )
         return stored
 
+    def _seal_manifest(self, manifest: manifests.WritesManifest) -> bytes:
+        sealed = manifest.seal(self.keyring)
+        self._memo = (self.keyring, sealed, manifest)
+        return sealed
+
     def _open_manifest(self, sealed: bytes, ids: tuple[str, str, str]) -> manifests.WritesManifest:
+        """Verify the manifest on the mark naming ``ids``, unless it is the one this saver just sealed.
+
+        Bytes equal to those this saver sealed under this keyring are
+        authentic by construction: the mark is usually the one the last put or
+        put_writes left, so the next put_writes skips the verify (one HMAC and
+        one strict JSON parse).
+        """
+        memo = self._memo
+        if memo is not None and memo[0] is self.keyring and memo[1] == sealed:
+            known = memo[2]
+            if (known.thread_id, known.checkpoint_ns, known.checkpoint_id) == ids:
+                return known
         thread_id, ns, checkpoint_id = ids
         return manifests.open_manifest(
             sealed, self.keyring, thread_id=thread_id, checkpoint_ns=ns, checkpoint_id=checkpoint_id
