@@ -2,12 +2,14 @@
 
 On PostgreSQL every statement is a round trip to the server, and a
 super-step with ``durability="sync"`` writes a task's pending writes and
-then a checkpoint, each in one transaction. So each transaction here is
-three statements beside BEGIN and COMMIT at most: read the mark holding its
-row, then the writes (a data-modifying CTE on PostgreSQL, which runs the
-compare-and-set of the mark and the inserts as one statement). SQLite runs
-the same steps as separate statements in-process, under the write lock its
-``BEGIN IMMEDIATE`` already holds.
+then a checkpoint, each in one transaction. So, beside BEGIN and COMMIT, a
+put is two statements (read the mark holding its row; then one
+data-modifying CTE that runs the compare-and-set of the mark and the
+inserts) and a put_writes one or two (hold the mark and insert the rows;
+then the manifest, when the writes are the latest checkpoint's). Rare cases
+(writes stored before their checkpoint, a key already taken) add one or
+two. SQLite runs the same steps as separate statements in-process, under
+the write lock its ``BEGIN IMMEDIATE`` already holds.
 """
 
 from __future__ import annotations
