@@ -332,6 +332,55 @@ def test_a_latest_pending_write_deleted_or_swapped_is_refused(
     assert saver.get_tuple(older) is not None  # an older checkpoint's writes are not checked
 
 
+def test_concurrent_tasks_writes_all_land_in_the_manifest(
+    open_store: Callable[[], SQLBase],
+) -> None:
+    """Eight tasks writing to the latest checkpoint at once each stay guarded: any one deleted is refused."""
+    [config] = _chain(TetherSaver(open_store(), KEYRING), "t", 1, msg="hi")
+    savers = [TetherSaver(open_store(), KEYRING) for _ in range(8)]
+    barrier = threading.Barrier(len(savers))
+
+    def write(n: int) -> None:
+        barrier.wait()
+        savers[n].put_writes(config, [("a", n), ("b", -n)], f"task{n}")
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(len(savers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    saver = savers[0]
+    found = saver.get_tuple(config)
+    assert found is not None and len(found.pending_writes) == 16
+    head = config["configurable"]["checkpoint_id"]
+    _sql(
+        saver.store,
+        "DELETE FROM tether_lg_writes WHERE thread_id = 't' AND checkpoint_id = ? "
+        "AND task_id = 'task5' AND idx = 1",
+        (head,),
+    )
+    with pytest.raises(PendingWriteMissingError) as caught:
+        saver.get_tuple(config)
+    assert caught.value.task_id == "task5" and caught.value.idx == 1
+
+
+def test_writes_stored_before_their_checkpoint_are_adopted_by_its_put(
+    open_store: Callable[[], SQLBase],
+) -> None:
+    """A task's writes stored before the put of their checkpoint are guarded once it is put."""
+    saver = TetherSaver(open_store(), KEYRING)
+    [parent] = _chain(saver, "t", 1, msg="hi")
+    cp = generate_checkpoint(channel_values={"msg": "next"}, channel_versions={"msg": 2})
+    early = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": cp["id"]}}
+    saver.put_writes(early, [("a", 1)], "task")  # LangGraph's background puts can do this
+    config = saver.put(parent, cp, generate_metadata(step=1), {"msg": 2})
+    found = saver.get_tuple(config)
+    assert found is not None and found.pending_writes == [("task", "a", 1)]
+    _sql(saver.store, "DELETE FROM tether_lg_writes WHERE thread_id = 't' AND task_id = 'task'")
+    with pytest.raises(PendingWriteMissingError):
+        saver.get_tuple(config)
+
+
 def test_strict_parent_refuses_a_parentless_put_on_a_started_thread(
     open_store: Callable[[], SQLBase],
 ) -> None:

@@ -36,7 +36,6 @@ import builtins
 import functools
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -61,6 +60,7 @@ from tether.integrations.langgraph._errors import (
     PendingWriteConflictError,
     ThreadConflictError,
 )
+from tether.integrations.langgraph._rows import BATCH, Mark, SaverRows, text
 from tether.integrations.langgraph._seal import (
     CheckpointSeal,
     Typed,
@@ -73,37 +73,6 @@ from tether.integrations.langgraph._seal import (
     value_digest,
 )
 from tether.store import SQLBase, SQLStatements, open_store
-
-_MARK_COLUMNS = (
-    "thread_id",
-    "checkpoint_ns",
-    "checkpoint_id",
-    "envelope_digest",
-    "seq",
-    "lineage",
-    "writes",
-)
-_WRITE_COLUMNS = (
-    "thread_id",
-    "checkpoint_ns",
-    "checkpoint_id",
-    "task_id",
-    "idx",
-    "kind",
-    "body",
-    "envelope",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class _Mark:
-    checkpoint_id: str
-    envelope_digest: str
-    seq: int
-    lineage: str
-    #: The sealed manifest of this checkpoint's pending writes (``None``: a mark
-    #: from before manifests were kept).
-    writes: bytes | None = None
 
 
 class TetherSaver(BaseCheckpointSaver[int]):
@@ -133,6 +102,9 @@ class TetherSaver(BaseCheckpointSaver[int]):
         self.keyring = keyring
         self.strict_parent = strict_parent
         self._owns_store = False
+        self._rows = SaverRows(store)
+        #: The last manifest this saver sealed: (keyring, envelope, manifest).
+        self._memo: tuple[Keyring, bytes, manifests.WritesManifest] | None = None
 
     @classmethod
     def from_url(cls, url: str, keyring: Keyring, **kwargs: Any) -> TetherSaver:
@@ -178,13 +150,9 @@ class TetherSaver(BaseCheckpointSaver[int]):
         checkpoint_id = str(checkpoint["id"])
 
         def body(tx: SQLStatements) -> None:
-            # The mark's row first (a row lock on PostgreSQL), as put_writes takes it:
-            # the writes adopted below are then all that were stored before.
-            tx.run(
-                "UPDATE tether_lg_marks SET seq = seq WHERE thread_id = ? AND checkpoint_ns = ?",
-                (thread_id, ns),
-            )
-            mark = self._mark(tx, thread_id, ns)
+            # The mark's row first (held on PostgreSQL), as put_writes takes it: the
+            # writes adopted below are then all that were stored before.
+            mark = self._rows.hold_mark(tx, thread_id, ns)
             if mark is None:
                 if parent is not None:
                     raise ThreadConflictError(
@@ -224,54 +192,37 @@ class TetherSaver(BaseCheckpointSaver[int]):
                 self.keyring,
             )
             digest = envelope_digest(envelope)
+            ids = (thread_id, ns, checkpoint_id)
             # Writes LangGraph stored for this checkpoint before it (its background
             # puts run side by side) are adopted: from now on, each must stay.
-            early = tx.all(
-                "SELECT task_id, idx, envelope FROM tether_lg_writes WHERE thread_id = ? AND "
-                "checkpoint_ns = ? AND checkpoint_id = ?",
-                (thread_id, ns, checkpoint_id),
-            )
-            known = manifests.empty(thread_id, ns, checkpoint_id)
-            writes = known.with_rows(manifests.listed(early, thread_id)).seal(self.keyring)
+            # Mostly there are none, so the mark first gets the empty manifest.
+            known = manifests.empty(*ids)
+            rows = [(d, kind, raw) for d, (kind, raw) in blobs.items()]
             if mark is None:
-                moved = tx.run(
-                    tx.insert_ignore("tether_lg_marks", _MARK_COLUMNS),
-                    (thread_id, ns, checkpoint_id, digest, seq, lineage, writes),
+                early = self._rows.early_writes(tx, ids)
+                writes = self._seal_manifest(known.with_rows(manifests.listed(early, thread_id)))
+                moved = self._rows.first_mark(
+                    tx, ids, (digest, seq, lineage, writes), envelope, rows
                 )
+                stored = 0
             else:
-                moved = tx.run(
-                    "UPDATE tether_lg_marks SET checkpoint_id = ?, envelope_digest = ?, seq = ?, "
-                    "writes = ? WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? "
-                    "AND seq = ?",
-                    (
-                        checkpoint_id,
-                        digest,
-                        seq,
-                        writes,
-                        thread_id,
-                        ns,
-                        mark.checkpoint_id,
-                        mark.seq,
-                    ),
+                writes = self._seal_manifest(known)
+                moved, stored = self._rows.move_mark(
+                    tx, ids, mark, (digest, seq, writes), envelope, rows
                 )
             if moved != 1:
-                now = self._mark(tx, thread_id, ns)
+                now = self._rows.mark(tx, thread_id, ns)
                 raise ThreadConflictError(
                     thread_id=thread_id,
                     checkpoint_ns=ns,
                     expected=parent,
                     actual=None if now is None else now.checkpoint_id,
                 )
-            tx.run(
-                "INSERT INTO tether_lg_checkpoints "
-                "(thread_id, checkpoint_ns, checkpoint_id, seq, envelope) VALUES (?, ?, ?, ?, ?)",
-                (thread_id, ns, checkpoint_id, seq, envelope),
-            )
-            insert_blob = tx.insert_ignore(
-                "tether_lg_blobs", ("thread_id", "checkpoint_ns", "digest", "kind", "body")
-            )
-            for digest_, (kind, raw) in blobs.items():
-                tx.run(insert_blob, (thread_id, ns, digest_, kind, raw))
+            if stored:
+                early = self._rows.early_writes(tx, ids)
+                adopted = self._seal_manifest(known.with_rows(manifests.listed(early, thread_id)))
+                if self._rows.set_manifest(tx, ids, (adopted, seq)) != 1:
+                    raise StoreError(f"thread {thread_id!r}: its mark moved while it was held")
 
         self.store.transaction(body)
         return {
@@ -318,62 +269,122 @@ class TetherSaver(BaseCheckpointSaver[int]):
             )
             prepared.append((sealed, kind, raw, seal_write(sealed, self.keyring)))
 
+        ids = (thread_id, ns, checkpoint_id)
+        rows = [(*ids, task_id, s.idx, kind, raw, env) for s, kind, raw, env in prepared]
+
         def body(tx: SQLStatements) -> None:
-            # The mark's row first: concurrent writes of one checkpoint's tasks then
-            # update its manifest one after another (a row lock on PostgreSQL).
-            tx.run(
-                "UPDATE tether_lg_marks SET seq = seq WHERE thread_id = ? AND checkpoint_ns = ?",
-                (thread_id, ns),
-            )
-            insert = tx.insert_ignore("tether_lg_writes", _WRITE_COLUMNS)
-            stored: list[tuple[str, int, str]] = []  # (task_id, idx, envelope digest) now
-            for sealed, kind, raw, envelope in prepared:
-                keys = (thread_id, ns, checkpoint_id, task_id, sealed.idx)
-                stored.append((task_id, sealed.idx, envelope_digest(envelope)))
-                if tx.run(insert, (*keys, kind, raw, envelope)) == 1:
-                    continue
-                row = tx.one(
-                    "SELECT envelope FROM tether_lg_writes WHERE thread_id = ? AND "
-                    "checkpoint_ns = ? AND checkpoint_id = ? AND task_id = ? AND idx = ?",
-                    keys,
-                )
-                if row is None:  # deleted between the two statements: refuse, never guess
-                    raise StoreError(f"thread {thread_id!r}: a pending write vanished mid-write")
-                kept = open_write(
-                    row[0],
-                    self.keyring,
-                    thread_id=thread_id,
-                    checkpoint_ns=ns,
-                    checkpoint_id=checkpoint_id,
-                    task_id=task_id,
-                    idx=sealed.idx,
-                )
-                if kept.channel == sealed.channel and kept.value == sealed.value:
-                    stored[-1] = (task_id, sealed.idx, envelope_digest(bytes(row[0])))
-                    continue
-                if sealed.channel in WRITES_IDX_MAP and kept.channel == sealed.channel:
-                    tx.run(
-                        "UPDATE tether_lg_writes SET kind = ?, body = ?, envelope = ? "
-                        "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? "
-                        "AND task_id = ? AND idx = ?",
-                        (kind, raw, envelope, *keys),
-                    )
-                    continue
-                raise PendingWriteConflictError(
-                    thread_id=thread_id,
-                    checkpoint_id=checkpoint_id,
-                    task_id=task_id,
-                    idx=sealed.idx,
-                )
-            mark = self._mark(tx, thread_id, ns)
-            if mark is not None and mark.checkpoint_id == checkpoint_id:
-                # The latest checkpoint's writes: what a resume reads. An older one's
-                # (the thread moved on) are no longer, and are left out.
-                manifests.record(
-                    tx, self.keyring, (thread_id, ns, checkpoint_id), mark.seq, mark.writes, stored
-                )
+            # The mark's row is held: concurrent writes of one checkpoint's tasks then
+            # update its manifest one after another.
+            stored = [(task_id, s.idx, envelope_digest(env)) for s, _, _, env in prepared]
+            opened = None
+            recorded = False
+            if self._rows.fused and 0 < len(rows) <= BATCH:
+                # One round trip for the hold and the rows; the manifest, when this
+                # is the latest checkpoint, in a second.
+                mark, inserted = self._rows.hold_and_insert(tx, rows)
+                latest = mark is not None and mark.checkpoint_id == checkpoint_id
+                if mark is not None and latest and mark.writes is not None:
+                    opened = self._open_manifest(mark.writes, ids)
+            else:
+                mark = self._rows.hold_mark(tx, thread_id, ns)
+                # The latest checkpoint's writes are what a resume reads: they go in
+                # its manifest. An older one's (the thread moved on) are no longer.
+                latest = mark is not None and mark.checkpoint_id == checkpoint_id
+                planned = None
+                if mark is not None and latest and mark.writes is not None:
+                    opened = self._open_manifest(mark.writes, ids)
+                    # Sealed before the insert, for nearly every case: every row new.
+                    planned = (self._seal_manifest(opened.with_rows(stored)), mark.seq)
+                inserted, recorded = self._rows.insert_writes(tx, ids, rows, planned)
+            if inserted != len(rows):
+                stored = self._settle_writes(tx, ids, task_id, prepared)
+            if mark is None or not latest or recorded:
+                return
+            if opened is None:  # a mark from before manifests: adopt what is stored
+                manifests.record(tx, self.keyring, ids, mark.seq, None, stored)
+                return
+            sealed = self._seal_manifest(opened.with_rows(stored))
+            if self._rows.set_manifest(tx, ids, (sealed, mark.seq)) != 1:
+                # This transaction holds the row: a store that lost it.
+                raise StoreError(f"thread {thread_id!r}: its mark moved while writes were stored")
 
         self.store.transaction(body)
+
+    def _settle_writes(
+        self,
+        tx: SQLStatements,
+        ids: tuple[str, str, str],
+        task_id: str,
+        prepared: Sequence[tuple[WriteSeal, str, bytes, bytes]],
+    ) -> builtins.list[tuple[str, int, str]]:
+        """Settle writes whose key was taken; ``(task_id, idx, envelope digest)`` as now stored.
+
+        The same value again is a no-op; a special channel's new value replaces
+        the old; any other value is a :class:`PendingWriteConflictError`.
+        """
+        thread_id, ns, checkpoint_id = ids
+        current = self._rows.stored_writes(tx, ids, task_id, sorted({s.idx for s, *_ in prepared}))
+        stored = []
+        for sealed, kind, raw, envelope in prepared:
+            row = current.get(sealed.idx)
+            if row is None:  # deleted between the two statements: refuse, never guess
+                raise StoreError(f"thread {thread_id!r}: a pending write vanished mid-write")
+            kept_bytes = bytes(row) if isinstance(row, bytes | bytearray | memoryview) else row
+            if kept_bytes == envelope:  # this row, inserted just now (or sealed alike before)
+                stored.append((task_id, sealed.idx, envelope_digest(envelope)))
+                continue
+            kept = open_write(
+                kept_bytes,
+                self.keyring,
+                thread_id=thread_id,
+                checkpoint_ns=ns,
+                checkpoint_id=checkpoint_id,
+                task_id=task_id,
+                idx=sealed.idx,
+            )
+            if kept.channel == sealed.channel and kept.value == sealed.value:
+                stored.append((task_id, sealed.idx, envelope_digest(kept_bytes)))
+                continue
+            if sealed.channel in WRITES_IDX_MAP and kept.channel == sealed.channel:
+                tx.run(
+                    "UPDATE tether_lg_writes SET kind = ?, body = ?, envelope = ? "
+                    "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? "
+                    "AND task_id = ? AND idx = ?",
+                    (kind, raw, envelope, *ids, task_id, sealed.idx),
+                )
+                current[sealed.idx] = envelope
+                stored.append((task_id, sealed.idx, envelope_digest(envelope)))
+                continue
+            raise PendingWriteConflictError(
+                thread_id=thread_id,
+                checkpoint_id=checkpoint_id,
+                task_id=task_id,
+                idx=sealed.idx,
+            )
+        return stored
+
+    def _seal_manifest(self, manifest: manifests.WritesManifest) -> bytes:
+        sealed = manifest.seal(self.keyring)
+        self._memo = (self.keyring, sealed, manifest)
+        return sealed
+
+    def _open_manifest(self, sealed: bytes, ids: tuple[str, str, str]) -> manifests.WritesManifest:
+        """Verify the manifest on the mark naming ``ids``, unless it is the one this saver just sealed.
+
+        Bytes equal to those this saver sealed under this keyring are
+        authentic by construction: the mark is usually the one the last put or
+        put_writes left, so the next put_writes skips the verify (one HMAC and
+        one strict JSON parse).
+        """
+        memo = self._memo
+        if memo is not None and memo[0] is self.keyring and memo[1] == sealed:
+            known = memo[2]
+            if (known.thread_id, known.checkpoint_ns, known.checkpoint_id) == ids:
+                return known
+        thread_id, ns, checkpoint_id = ids
+        return manifests.open_manifest(
+            sealed, self.keyring, thread_id=thread_id, checkpoint_ns=ns, checkpoint_id=checkpoint_id
+        )
 
     # -- reads ---------------------------------------------------------------
 
@@ -419,12 +430,12 @@ class TetherSaver(BaseCheckpointSaver[int]):
         for thread_id, ns, checkpoint_id in keys:
             if limit is not None and yielded >= limit:
                 return
-            key = (_str(thread_id, "thread_id"), _str(ns, "checkpoint_ns"))
+            key = (text(thread_id, "thread_id"), text(ns, "checkpoint_ns"))
             if key not in heads:
                 # A history whose newest entry was deleted is a rollback too.
                 self.store.read(functools.partial(self._check_head, thread_id=key[0], ns=key[1]))
                 heads.add(key)
-            found = self._load_one(*key, _str(checkpoint_id, "checkpoint_id"))
+            found = self._load_one(*key, text(checkpoint_id, "checkpoint_id"))
             if found is None:
                 continue  # deleted since the scan
             if filter and not all(found.metadata.get(k) == v for k, v in filter.items()):
@@ -494,34 +505,10 @@ class TetherSaver(BaseCheckpointSaver[int]):
 
     # -- inside a unit of work ----------------------------------------------
 
-    def _mark(self, tx: SQLStatements, thread_id: str, ns: str) -> _Mark | None:
-        row = tx.one(
-            "SELECT checkpoint_id, envelope_digest, seq, lineage, writes FROM tether_lg_marks "
-            "WHERE thread_id = ? AND checkpoint_ns = ?",
-            (thread_id, ns),
-        )
-        if row is None:
-            return None
-        seq = row[2]
-        if isinstance(seq, bool) or not isinstance(seq, int):
-            raise CheckpointCorruptError(
-                f"thread {thread_id!r}: mark seq is damaged", run_id=thread_id
-            )
-        writes = row[4]
-        if writes is not None and not isinstance(writes, bytes | bytearray | memoryview):
-            raise CheckpointCorruptError(f"thread {thread_id!r}: mark writes are not bytes")
-        return _Mark(
-            _str(row[0], "mark checkpoint_id"),
-            _str(row[1], "mark envelope_digest"),
-            seq,
-            _str(row[3], "mark lineage"),
-            None if writes is None else bytes(writes),
-        )
-
     def _load(
         self, tx: SQLStatements, thread_id: str, ns: str, checkpoint_id: str | None
     ) -> CheckpointTuple | None:
-        mark = self._mark(tx, thread_id, ns)
+        mark = self._rows.mark(tx, thread_id, ns)
         if mark is None:
             if tx.one(
                 "SELECT checkpoint_id FROM tether_lg_checkpoints "
@@ -577,7 +564,7 @@ class TetherSaver(BaseCheckpointSaver[int]):
                     thread_id=thread_id,
                     checkpoint_ns=ns,
                     expected=mark.checkpoint_id,
-                    actual=_str(beyond[0], "checkpoint_id"),
+                    actual=text(beyond[0], "checkpoint_id"),
                 )
         values = self._channel_values(tx, thread_id, ns, sealed)
         manifest = None
@@ -618,7 +605,7 @@ class TetherSaver(BaseCheckpointSaver[int]):
 
     def _check_head(self, tx: SQLStatements, thread_id: str, ns: str) -> None:
         """Refuse a thread whose mark is gone or names a row that is not there, as stored."""
-        mark = self._mark(tx, thread_id, ns)
+        mark = self._rows.mark(tx, thread_id, ns)
         row = None
         if mark is not None:
             row = tx.one(
@@ -641,7 +628,7 @@ class TetherSaver(BaseCheckpointSaver[int]):
                 actual=None,
             )
 
-    def _check_chain(self, sealed: CheckpointSeal, digest: str, mark: _Mark) -> None:
+    def _check_chain(self, sealed: CheckpointSeal, digest: str, mark: Mark) -> None:
         """Refuse a checkpoint that is not on the thread's chain at or below the mark."""
         on_chain = sealed.lineage == mark.lineage and (
             sealed.seq < mark.seq
@@ -714,7 +701,7 @@ class TetherSaver(BaseCheckpointSaver[int]):
                 thread_id=thread_id,
                 checkpoint_ns=ns,
                 checkpoint_id=checkpoint_id,
-                task_id=_str(task_id, "task_id"),
+                task_id=text(task_id, "task_id"),
                 idx=idx,
             )
             typed = check_value(kind, raw, sealed.value, thread_id=thread_id, what="pending write")
@@ -754,9 +741,3 @@ def _ids(config: RunnableConfig) -> tuple[str, str, str | None]:
         str(conf.get("checkpoint_ns") or ""),
         None if checkpoint_id is None else str(checkpoint_id),
     )
-
-
-def _str(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise CheckpointCorruptError(f"stored {what} is not text")
-    return value
