@@ -266,13 +266,17 @@ class LeaseSQL(SQLEngine):
 
         The run becomes claimable "since ever" (no ``retry_at``): ahead of every
         run waiting its turn, as a person asked. One run per deliberate act
-        starves nothing; a run created or let go waits its turn instead.
+        starves nothing; a run created or let go waits its turn instead. A
+        lease that ran out (its worker died) is let go with it, or the run
+        would keep its place at that lease's expiry; its version stays, so the
+        dead worker's late commits are still refused.
         """
         clock = self.clock_sql
 
         def body() -> Mark:
             rows = self._all(
-                "UPDATE tether_marks SET attempts = 0, retry_at = NULL "
+                "UPDATE tether_marks SET attempts = 0, retry_at = NULL, "
+                "lease_owner = NULL, lease_expires_at = NULL "
                 f"WHERE run_id = ? AND (lease_owner IS NULL OR lease_expires_at <= {clock}) "
                 f"RETURNING {MARK_COLUMNS}",
                 (run_id,),

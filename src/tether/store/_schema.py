@@ -467,4 +467,16 @@ def migrations(
                 f"WHERE {CLAIM_SCOPE} AND {SUSPECT}",
             ],
         ),
+        (
+            19,
+            [
+                # First come, first served: a run created free now records its
+                # creation (store clock) in retry_at, and queues behind a dead
+                # worker's run whose lease ran out before it. No table changes; the
+                # version is recorded so that an older tether, which creates runs
+                # claimable "since ever" and so lets new runs starve a dead worker's,
+                # refuses this database ("newer than this tether") instead of
+                # writing beside a newer one during a rolling upgrade.
+            ],
+        ),
     ]

@@ -482,9 +482,12 @@ def test_a_run_whose_worker_died_goes_before_runs_created_after_its_lease_ran_ou
     """A run is claimable from its creation: runs created after a dead worker's lease ran out
     queue behind that run, and a run created while the lease was live goes before it."""
     tether_store.commit(make_commit("z-dead", 1), 0)
-    (dead,) = tether_store.claim_expired("w1", TTL)  # its worker dies holding it
+    # A lease of a second: room for a store whose commit takes a while to create
+    # the next run while it is still live.
+    (dead,) = tether_store.claim_expired("w1", 1.0)  # its worker dies holding it
     tether_store.commit(make_commit("y-early", 1), 0)  # created while that lease is live
-    time.sleep(PAST_TTL)
+    expect(tether_store.get_mark("y-early").retry_at < dead.expires_at, "created while live")
+    time.sleep(1.0 + PAST_TTL - TTL)
     for run_id in ("a-new", "b-new"):  # created once it ran out
         tether_store.commit(make_commit(run_id, 1), 0)
     fresh = tether_store.get_mark("a-new")
@@ -493,6 +496,21 @@ def test_a_run_whose_worker_died_goes_before_runs_created_after_its_lease_ran_ou
     expect(fresh.retry_at > dead.expires_at, "created after the dead worker's lease ran out")
     claimed = [x.run_id for _ in range(5) for x in tether_store.claim_expired("w2", LONG)]
     expect_eq(claimed, ["y-early", "z-dead", "a-new", "b-new"], "in the order each became due")
+
+
+def test_resume_puts_a_dead_workers_run_before_runs_created_while_its_lease_was_live(
+    tether_store: Any,
+) -> None:
+    """retry_now lets go of a lease that ran out, so the run is claimable since ever, first."""
+    tether_store.commit(make_commit("z-dead", 1), 0)
+    (dead,) = tether_store.claim_expired("w1", TTL)  # its worker dies holding it
+    tether_store.commit(make_commit("a-early", 1), 0)  # created while that lease is live
+    time.sleep(PAST_TTL)
+    mark = tether_store.retry_now("z-dead")
+    expect_eq((mark.lease_owner, mark.retry_at), (None, None), "its dead lease let go")
+    expect_eq(mark.lease_version, dead.lease_version, "its version kept: the fence stands")
+    claimed = [x.run_id for _ in range(3) for x in tether_store.claim_expired("w2", LONG)]
+    expect_eq(claimed, ["z-dead", "a-early"], "the resumed run first")
 
 
 def test_a_run_with_too_many_failed_attempts_is_parked(tether_store: Any) -> None:
@@ -658,6 +676,7 @@ __all__ = [
     "test_racing_commits_land_one_ledger",
     "test_release_frees_the_run_and_repeats_harmlessly",
     "test_renew_extends_only_the_current_lease",
+    "test_resume_puts_a_dead_workers_run_before_runs_created_while_its_lease_was_live",
     "test_runs_that_were_never_leased_commit_with_version_zero",
     "test_two_connections_racing_for_one_generation_exactly_one_wins",
 ]
