@@ -353,26 +353,32 @@ def snapshot_blobs(
 
     ``known`` holds digests this session saw committed: asked first, so an
     unchanged file beside a changed one costs no store round trip.
-    ``since_known``: ``known`` holds every digest of a tree this session
-    snapshotted, and the workspace moved on from it by the run's own steps;
-    then a handful of digests it lacks (what a step changed) are taken as new
-    without asking the store. A blob taken as new that the store did hold is
-    sent with the commit and ignored there (blobs are shared by content):
-    bytes sent twice, never a wrong answer.
+    ``since_known``: ``known`` holds what the session's last snapshot was
+    made of, and the workspace moved on from it by the run's own steps; then
+    the adapter's FIRST question (a flat tree's every digest, or a walked
+    tree's root), if it names at most a handful of digests ``known`` lacks
+    (what a step changed), is answered "new" without asking the store. Later
+    questions (a walk's lower levels, whose unchanged subtrees this session
+    may never have looked into) ask the store as before. A blob taken as new
+    that the store did hold is sent with the commit and ignored there (blobs
+    are shared by content): a few blobs sent twice, never a wrong answer.
     """
     store = rt.store
+    first = [since_known]
 
     def trusted(unknown: list[str]) -> bool:
-        return since_known and len(unknown) <= _NEW_WITHOUT_ASKING
+        trust, first[0] = first[0] and len(unknown) <= _NEW_WITHOUT_ASKING, False
+        return trust
 
     def have(blob_digest: str) -> bool:
-        if blob_digest in known:
-            return True
-        return not trusted([blob_digest]) and store.has_blob(blob_digest)
+        held = blob_digest in known
+        trust = trusted([] if held else [blob_digest])
+        return held or (not trust and store.has_blob(blob_digest))
 
     def have_many(digests: list[str]) -> set[str]:
         unknown = [d for d in digests if d not in known]
-        found = store.stored_blobs(unknown) if unknown and not trusted(unknown) else set()
+        trust = trusted(unknown)
+        found = store.stored_blobs(unknown) if unknown and not trust else set()
         known.update(found)  # a hint for the next snapshot of this session
         return {d for d in digests if d in known} | found
 
