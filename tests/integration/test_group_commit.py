@@ -335,6 +335,8 @@ def test_a_committer_chosen_to_lead_that_stops_waiting_hands_the_lead_on(store: 
     group = store._group
     gone = _Request(lambda: None, None, None)
     next_in_line = _Request(lambda: None, None, None)
+    # Queued behind a leader, as submit queues them: each waits on an event of its own.
+    gone.wake, next_in_line.wake = threading.Event(), threading.Event()
     group._queue.extend([gone, next_in_line])
     group._leading = True
     gone.wake.set()  # chosen by the leader before it

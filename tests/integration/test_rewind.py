@@ -327,3 +327,29 @@ def test_a_rewind_delivered_through_the_inbox_is_read_once(world: World) -> None
     started = next(e for e in again.trace() if e.kind == "rewind_started").data
     assert rt.store.has_blob(started["recovered"]["admission"])
     assert again.state.inbox_cursor == 1
+
+
+def test_a_session_asks_the_store_about_blobs_once_then_takes_a_steps_new_ones_as_new(
+    world: World,
+) -> None:
+    """A recovered session's first snapshot asks the store; its later write steps read nothing first."""
+    _, session, _ = three_writes(world)
+    session.release()
+    again = world.runtime(agent())
+    asked: list[int] = []
+    stored_blobs = again.store.stored_blobs
+
+    def counting(digests: Any) -> set[str]:
+        asked.append(len(list(digests)))
+        return stored_blobs(digests)
+
+    again.store.stored_blobs = counting  # type: ignore[method-assign]
+    resumed = again.recover("run-r")
+    resumed.step()
+    resumed.step()  # its commit records the first write's rest point: a snapshot
+    first = len(asked)
+    assert first >= 1
+    resumed.step()
+    resumed.step()
+    assert len(asked) == first
+    assert world.sandbox.files["notes.txt"] == "v7\n"

@@ -259,3 +259,23 @@ def test_a_restore_under_a_superseded_lease_is_refused(
     with pytest.raises(FenceRejectedError):
         ws.restore_snapshot(root, store.get_blob, Fence("run-1", 1))
     assert ws.environment() == env
+
+
+def test_a_session_that_knows_only_the_root_still_sends_only_what_changed(
+    ws: FileWorkspace, store: SQLiteStore
+) -> None:
+    """Taking a step's first question as new never makes the walk resend subtrees the session never looked into."""
+    from types import SimpleNamespace
+
+    from tether.runtime._rewind import snapshot_blobs
+
+    old_root, _ = take_snapshot(ws, store)
+    rt = SimpleNamespace(store=store, adapter=ws)
+    known = {old_root}  # a session that found the whole tree stored at its root
+    (ws.root / "src" / "pkg" / "m.py").write_bytes(b"print(3)\n")
+    root = ws.environment().state_fingerprint
+    sent = snapshot_blobs(rt, root, known, since_known=True)
+    assert sent is not None
+    trees = [b for b in sent.values() if b.startswith(b"{")]
+    assert set(sent) - {digest_bytes(t) for t in trees} == {digest_bytes(b"print(3)\n")}
+    assert len(trees) == 3  # src/pkg, src and the root: keep/, docs/, bin/ are not resent

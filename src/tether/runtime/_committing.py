@@ -165,7 +165,9 @@ class Committing(LeaseHolder):
             # The workspace this checkpoint's rewind point records, stored by content
             # with it: a later rewind to this generation restores exactly this.
             # Only a rewind point pays (a checkpoint at rest, or its rest point).
-            found = _rewind.snapshot_blobs(self.rt, root, self._blobs_known)
+            found = _rewind.snapshot_blobs(
+                self.rt, root, self._blobs_known, since_known=snapshotted is not None
+            )
             if found is not None:
                 blobs.update(found)
                 snapshotted = root
@@ -194,7 +196,7 @@ class Committing(LeaseHolder):
         self._deferred = None
         self._snapshotted = snapshotted
         if len(self._blobs_known) > _BLOBS_REMEMBERED:
-            self._blobs_known.clear()  # a hint only: the store answers what it forgets
+            self.forget_snapshot()  # a hint only: the store answers what it forgets
         self._blobs_known.update(blobs_out)
         if sealed.entries:
             self.history.committed(sealed.entries)
@@ -228,6 +230,16 @@ class Committing(LeaseHolder):
         if sealed.entries:
             self.history.committed(sealed.entries)
         return sealed.entries
+
+    def forget_snapshot(self) -> None:
+        """Forget which blobs this session saw stored: its next snapshot asks the store.
+
+        Called when the workspace becomes a tree this session did not
+        snapshot (a rewind's restore), and when the remembered digests grow
+        too many.
+        """
+        self._snapshotted = None
+        self._blobs_known.clear()
 
     @property
     def riding(self) -> int:

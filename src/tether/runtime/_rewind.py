@@ -294,6 +294,9 @@ def finish(session: Session) -> Outcome:
         "failed_suffix": {"trace_head": plan.suffix_head, "trace_length": plan.suffix_length},
         "prefix_length": plan.prefix_length,
     }
+    # The workspace is now a tree this session did not snapshot: its next
+    # snapshot asks the store what it holds.
+    session.forget_snapshot()
     session.commit(rewound, [("rewound", event)], context=context, ledger=notes)
     session.reopen(session.state)  # ids of the suffix left behind are free again
     return Outcome(
@@ -343,20 +346,39 @@ def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
-def snapshot_blobs(rt: Any, root: str, known: set[str]) -> dict[str, bytes] | None:
+def snapshot_blobs(
+    rt: Any, root: str, known: set[str], *, since_known: bool = False
+) -> dict[str, bytes] | None:
     """The snapshot blobs of the workspace at ``root`` the store lacks (``None``: it moved on).
 
     ``known`` holds digests this session saw committed: asked first, so an
     unchanged file beside a changed one costs no store round trip.
+    ``since_known``: ``known`` holds what the session's last snapshot was
+    made of, and the workspace moved on from it by the run's own steps; then
+    the adapter's FIRST question (a flat tree's every digest, or a walked
+    tree's root), if it names at most a handful of digests ``known`` lacks
+    (what a step changed), is answered "new" without asking the store. Later
+    questions (a walk's lower levels, whose unchanged subtrees this session
+    may never have looked into) ask the store as before. A blob taken as new
+    that the store did hold is sent with the commit and ignored there (blobs
+    are shared by content): a few blobs sent twice, never a wrong answer.
     """
     store = rt.store
+    first = [since_known]
+
+    def trusted(unknown: list[str]) -> bool:
+        trust, first[0] = first[0] and len(unknown) <= _NEW_WITHOUT_ASKING, False
+        return trust
 
     def have(blob_digest: str) -> bool:
-        return blob_digest in known or store.has_blob(blob_digest)
+        held = blob_digest in known
+        trust = trusted([] if held else [blob_digest])
+        return held or (not trust and store.has_blob(blob_digest))
 
     def have_many(digests: list[str]) -> set[str]:
         unknown = [d for d in digests if d not in known]
-        found = store.stored_blobs(unknown) if unknown else set()
+        trust = trusted(unknown)
+        found = store.stored_blobs(unknown) if unknown and not trust else set()
         known.update(found)  # a hint for the next snapshot of this session
         return {d for d in digests if d in known} | found
 
@@ -368,6 +390,12 @@ def snapshot_blobs(rt: Any, root: str, known: set[str]) -> dict[str, bytes] | No
         return dict(method(root, have))
     except EnvironmentDriftError:
         return None  # the tree is no longer at root; a rewind here will say "no snapshot"
+
+
+#: At most this many digests a session has not seen are taken as new without asking
+#: the store (see ``snapshot_blobs``): a step's write changes a file and the trees
+#: above it; more than this (a checkout, a restore) is asked about.
+_NEW_WITHOUT_ASKING = 8
 
 
 def _refuse_unless_running(state: Any) -> None:

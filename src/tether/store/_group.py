@@ -54,7 +54,9 @@ class _Request:
         self.body = body
         self.alone = alone
         self.atomic = atomic
-        self.wake = threading.Event()
+        # Made only for a committer that waits (under the queue's mutex, before it
+        # is queued): one that leads at once, the common case, never needs it.
+        self.wake: threading.Event | None = None
         self.settled = False  # written (landed or refused); False when woken to lead
         self.value: Any = None
         self.error: BaseException | None = None
@@ -102,9 +104,11 @@ class GroupCommit:
             self._queue.append(request)
             lead = not self._leading
             self._leading = True
+            if not lead:
+                wake = request.wake = threading.Event()
         if not lead:
             try:
-                request.wake.wait()
+                wake.wait()
             except BaseException:
                 self._abandon(request)  # an interrupt (a signal handler's error) while queued
                 raise
@@ -123,7 +127,7 @@ class GroupCommit:
         with self._mutex:
             if not any(queued is request for queued in self._queue):
                 return
-            chosen = self._queue[0] is request and request.wake.is_set()
+            chosen = self._queue[0] is request and _woken(request)
             self._queue.remove(request)
             if chosen:
                 self._hand_on()
@@ -140,7 +144,7 @@ class GroupCommit:
             self.writing = 0
             for request in batch:
                 request.settled = True
-                request.wake.set()
+                _wake(request)
             with self._mutex:
                 self._hand_on()
 
@@ -154,7 +158,7 @@ class GroupCommit:
         following = self._queue[0] if self._queue else None
         self._leading = following is not None
         if following is not None:
-            following.wake.set()
+            _wake(following)
 
     def _write(self, batch: list[_Request]) -> None:
         engine = self._engine
@@ -312,6 +316,16 @@ def _not_written(exc: BaseException) -> StoreUnavailableError:
     )
     error.__cause__ = exc
     return error
+
+
+def _wake(request: _Request) -> None:
+    """Wake a committer waiting on ``request`` (one that led from the start waits on nothing)."""
+    if request.wake is not None:
+        request.wake.set()
+
+
+def _woken(request: _Request) -> bool:
+    return request.wake is not None and request.wake.is_set()
 
 
 def _outcome(request: _Request) -> Any:
