@@ -8,7 +8,9 @@ run that outlives the agent:
 - an **effect** (every other tool) goes through tether's protocol: the
   gate, a key minted and the intent persisted, then the upstream's
   ``tools/call`` (with the key in ``_meta`` where the tool accepts one),
-  and its answer recorded as the receipt. A call equal to one the run
+  and its answer recorded as the receipt (the agent is answered as soon as
+  the upstream answered, the receipt committed meanwhile:
+  :meth:`Gateway.call`). A call equal to one the run
   already committed (same tool, same canonical arguments) gets the
   recorded answer back and reaches nothing.
 
@@ -155,6 +157,18 @@ def _untrusted(gated: list[str]) -> SpecError:
     )
 
 
+def _arguments_key(arguments: dict[str, Any]) -> str:
+    """A call's arguments as one string, to know the call a forwarded send belongs to."""
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _with_meta(doc: dict[str, Any], meta: dict[str, Any]) -> types.CallToolResult:
+    """The upstream's answer ``doc`` as the agent gets it, ``meta`` in its tether meta."""
+    answer = {k: v for k, v in doc.items() if k != RECEIVED_AT}
+    answer["_meta"] = dict(answer.get("_meta") or {}) | {CALL_META: meta}
+    return types.CallToolResult.model_validate(answer)
+
+
 def _error(text: str, meta: dict[str, Any]) -> types.CallToolResult:
     return types.CallToolResult.model_validate(
         {"content": [{"type": "text", "text": text}], "isError": True, "_meta": {CALL_META: meta}}
@@ -189,6 +203,10 @@ class Gateway:
         self._live_reads: dict[str, dict[str, Any]] = {}
         #: The loop the upstream's connection lives on (set when it is started).
         self.loop: asyncio.AbstractEventLoop | None = None
+        # Calls answered before their receipt was committed, still recording it (_early).
+        self._recording: set[asyncio.Future[Any]] = set()
+        # Each call that may be answered early, by (tool, arguments): where its answer goes.
+        self._awaiting: dict[tuple[str, str], asyncio.Future[types.CallToolResult]] = {}
 
     # --- setting up ---------------------------------------------------
 
@@ -209,7 +227,13 @@ class Gateway:
 
         effects_by_tool: dict[str, FunctionEffect] = {
             kind_of(tool.name): forwarding_effect(
-                tool, config.policy, self.upstream.answer, instance, self._live, keep
+                tool,
+                config.policy,
+                self.upstream.answer,
+                instance,
+                self._live,
+                keep,
+                answered=self._answered,
             )
             for tool in tools
             if not config.policy.is_read(tool.name)
@@ -359,6 +383,9 @@ class Gateway:
         if callable(close):
             stack.callback(close)
         await self.open_run(runtime, stack)
+        # Left before the run is let go (the stack unwinds in reverse): every call
+        # answered early has its receipt committed first.
+        stack.push_async_callback(self.recorded)
         phase = "?" if self.run is None else self.run.phase.value
         log(
             f"run {self.config.run_id} ({phase}): {len(tools)} tools of "
@@ -376,6 +403,10 @@ class Gateway:
                 read_stream, write_stream = await streams.enter_async_context(channel.streams())
             except ValueError:  # stdin or stdout is a plain file: the SDK's own transport
                 read_stream, write_stream = await streams.enter_async_context(stdio_server())
+            else:
+                # SIGTERM ends it as EOF does: the calls under way answered, every
+                # receipt committed and the run let go, then the gateway exits.
+                streams.enter_context(channel.ended_by_sigterm())
             await server.run(read_stream, write_stream, server.create_initialization_options())
 
     def server(self) -> Server[Any]:
@@ -476,7 +507,95 @@ class Gateway:
         return _noted(done, "", {"approved_in_client": approver.signer_id})
 
     async def call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        """One tool call through the run: its answer, or what stops it, as the agent reads it."""
+        """One tool call through the run: its answer, or what stops it, as the agent reads it.
+
+        An effect that needs no approval is answered as soon as the upstream
+        answered, while the protocol commits its receipt (:meth:`_early`); the
+        next call starts once that commit is done.
+        """
+        await self.recorded()
+        return await self._call(name, arguments)
+
+    async def recorded(self) -> None:
+        """Wait until every call answered early has committed its receipt (or failed to).
+
+        What its protocol raised besides a refusal (a crash the harness fired) is raised here.
+        """
+        while self._recording:
+            await asyncio.gather(*self._recording)
+
+    def _answered(
+        self, name: str, arguments: dict[str, Any], key: str, doc: dict[str, Any]
+    ) -> None:
+        """The upstream answered a forwarded call (on the loop, its protocol waiting for the
+        body): hand the answer to the call waiting for it, if it may be answered early."""
+        waiting = self._awaiting.get((name, _arguments_key(arguments)))
+        run = self.run
+        pending = None if run is None else run.session.state.pending
+        if waiting is None or waiting.done() or run is None or pending is None:
+            return
+        if pending.idempotency_key != key:  # another call's send (a write settled first)
+            return
+        meta = {
+            "run_id": self.config.run_id,
+            "tool": name,
+            "action_id": pending.action_id,
+            "outcome": "executed",
+            "effect": run.session.rt.effect_digest(pending.intent),
+        }
+        self._live.pop(key, None)
+        waiting.set_result(_with_meta(doc, meta))
+
+    async def _early(
+        self, run: effects.GuardedRun, name: str, arguments: dict[str, Any]
+    ) -> effects.CallResult | types.CallToolResult:
+        """The call through the protocol, answered with the upstream's answer as soon as it came.
+
+        The upstream's answer to this call's own send is what the protocol
+        records as the receipt, the commit that records it starting at once
+        (for a write that needs no approval, that answer always advances the
+        run as ``executed``: see ``settle_rules.reconcile``). So the window
+        "effect sent, receipt not persisted" is the one it always was; only
+        the agent's answer leaves before it closes. A crash inside it leaves the
+        write ``dispatched``: settled by the tool's key, else by a person;
+        never sent again.
+        """
+        slot = (name, _arguments_key(arguments))
+        answer: asyncio.Future[types.CallToolResult] = asyncio.get_running_loop().create_future()
+        self._awaiting[slot] = answer
+        protocol = asyncio.ensure_future(
+            run.call_async(kind_of(name), "", {ARGUMENTS: carried(arguments)})
+        )
+        try:
+            either: list[asyncio.Future[Any]] = [protocol, answer]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled: the protocol still goes to its end, and is waited for
+            self._track(protocol, name)
+            raise
+        finally:
+            if self._awaiting.get(slot) is answer:
+                del self._awaiting[slot]
+        if protocol.done() or not answer.done():
+            return await protocol  # answered by the protocol, as any call
+        self._track(protocol, name)
+        return answer.result()
+
+    def _track(self, protocol: asyncio.Future[effects.CallResult], name: str) -> None:
+        recording = asyncio.ensure_future(self._record(protocol, name))
+        self._recording.add(recording)
+        recording.add_done_callback(self._recording.discard)
+
+    async def _record(self, protocol: asyncio.Future[effects.CallResult], name: str) -> None:
+        """The protocol of a call answered early, to its end (a refusal said in the log)."""
+        try:
+            done = await protocol
+        except (TetherError, UpstreamError) as exc:
+            log(f"{name}: answered, its receipt not recorded ({type(exc).__name__}: {exc})")
+            return
+        if done.outcome != "executed":
+            log(f"{name}: answered, then recorded as {done.outcome} ({done.action_id})")
+
+    async def _call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         run = self.run
         meta: dict[str, Any] = {"run_id": self.config.run_id, "tool": name}
         if run is None or self.adapter is None:
@@ -501,8 +620,14 @@ class Gateway:
         if held is not None and run.waits_for(kind, "", {ARGUMENTS: carried(arguments)}):
             held = None
         notes: list[str] = []
+        rule = self.rules.policy.kinds.get(kind) if self.rules is not None else None
+        # Answered as the upstream answers: a write no person gates, with nothing to settle first.
+        early = held is None and rule is not None and not rule.needs_approval
+        early = early and self.adapter.effect_of(kind) is not None
         for _ in range(_SETTLE_RETRIES):
-            got = await self._attempt(run, name, arguments)
+            got = await self._attempt(run, name, arguments, early=early)
+            if isinstance(got, types.CallToolResult):
+                return got  # answered early: the protocol records it meanwhile
             now = run.session.state.pending
             if held is not None and (now is None or now.action_id != held.action_id):
                 # Say what became of it: the agent may believe nothing was ever sent.
@@ -526,10 +651,13 @@ class Gateway:
         )
 
     async def _attempt(
-        self, run: effects.GuardedRun, name: str, arguments: dict[str, Any]
-    ) -> effects.CallResult | tuple[str, dict[str, Any]] | None:
-        """One try of a call: its result, what stops it (text, meta), or ``None`` (try again)."""
+        self, run: effects.GuardedRun, name: str, arguments: dict[str, Any], *, early: bool
+    ) -> effects.CallResult | types.CallToolResult | tuple[str, dict[str, Any]] | None:
+        """One try of a call: its result (or its answer, ``early``: :meth:`_early`), what stops
+        it (text, meta), or ``None`` (try again)."""
         try:
+            if early:
+                return await self._early(run, name, arguments)
             return await run.call_async(kind_of(name), "", {ARGUMENTS: carried(arguments)})
         except EffectNotSettledError as exc:
             if exc.reason == "settled_earlier_work":
