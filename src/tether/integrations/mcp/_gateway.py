@@ -53,7 +53,7 @@ from tether.core import (
     TetherError,
 )
 from tether.crypto import Keyring, Signer, TrustRoots
-from tether.integrations.mcp._answers import KEPT_APART, carried, read_back, sent
+from tether.integrations.mcp._answers import CALL_META, KEPT_APART, carried, read_back, sent
 from tether.integrations.mcp._approve import (
     ClientApprover,
     can_ask_now,
@@ -61,6 +61,7 @@ from tether.integrations.mcp._approve import (
     said_yes,
     shown_arguments,
 )
+from tether.integrations.mcp._early import EarlyAnswers
 from tether.integrations.mcp._policy import GatewayPolicy, RunRules, kind_of, run_rules, tool_of
 from tether.integrations.mcp._stdio import AgentChannel
 from tether.integrations.mcp._tools import (
@@ -76,8 +77,6 @@ from tether.integrations.mcp._upstream import Upstream, UpstreamError, log
 from tether.runtime import NO_CRASH, CrashPlan, Runtime, open_run
 from tether.store import ContentStore, open_store
 
-#: Where each answer says what tether did with the call.
-CALL_META = "tether/call"
 #: How many times a call is made again when the run first settled earlier work.
 _SETTLE_RETRIES = 3
 
@@ -157,18 +156,6 @@ def _untrusted(gated: list[str]) -> SpecError:
     )
 
 
-def _arguments_key(arguments: dict[str, Any]) -> str:
-    """A call's arguments as one string, to know the call a forwarded send belongs to."""
-    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def _with_meta(doc: dict[str, Any], meta: dict[str, Any]) -> types.CallToolResult:
-    """The upstream's answer ``doc`` as the agent gets it, ``meta`` in its tether meta."""
-    answer = {k: v for k, v in doc.items() if k != RECEIVED_AT}
-    answer["_meta"] = dict(answer.get("_meta") or {}) | {CALL_META: meta}
-    return types.CallToolResult.model_validate(answer)
-
-
 def _error(text: str, meta: dict[str, Any]) -> types.CallToolResult:
     return types.CallToolResult.model_validate(
         {"content": [{"type": "text", "text": text}], "isError": True, "_meta": {CALL_META: meta}}
@@ -203,10 +190,8 @@ class Gateway:
         self._live_reads: dict[str, dict[str, Any]] = {}
         #: The loop the upstream's connection lives on (set when it is started).
         self.loop: asyncio.AbstractEventLoop | None = None
-        # Calls answered before their receipt was committed, still recording it (_early).
-        self._recording: set[asyncio.Future[Any]] = set()
-        # Each call that may be answered early, by (tool, arguments): where its answer goes.
-        self._awaiting: dict[tuple[str, str], asyncio.Future[types.CallToolResult]] = {}
+        #: Effects answered as the upstream answers, while their receipts are committed.
+        self.early = EarlyAnswers(config.run_id, self._live)
 
     # --- setting up ---------------------------------------------------
 
@@ -510,7 +495,7 @@ class Gateway:
         """One tool call through the run: its answer, or what stops it, as the agent reads it.
 
         An effect that needs no approval is answered as soon as the upstream
-        answered, while the protocol commits its receipt (:meth:`_early`); the
+        answered, while the protocol commits its receipt (:mod:`._early`); the
         next call starts once that commit is done.
         """
         await self.recorded()
@@ -521,79 +506,12 @@ class Gateway:
 
         What its protocol raised besides a refusal (a crash the harness fired) is raised here.
         """
-        while self._recording:
-            await asyncio.gather(*self._recording)
+        await self.early.recorded()
 
     def _answered(
         self, name: str, arguments: dict[str, Any], key: str, doc: dict[str, Any]
     ) -> None:
-        """The upstream answered a forwarded call (on the loop, its protocol waiting for the
-        body): hand the answer to the call waiting for it, if it may be answered early."""
-        waiting = self._awaiting.get((name, _arguments_key(arguments)))
-        run = self.run
-        pending = None if run is None else run.session.state.pending
-        if waiting is None or waiting.done() or run is None or pending is None:
-            return
-        if pending.idempotency_key != key:  # another call's send (a write settled first)
-            return
-        meta = {
-            "run_id": self.config.run_id,
-            "tool": name,
-            "action_id": pending.action_id,
-            "outcome": "executed",
-            "effect": run.session.rt.effect_digest(pending.intent),
-        }
-        self._live.pop(key, None)
-        waiting.set_result(_with_meta(doc, meta))
-
-    async def _early(
-        self, run: effects.GuardedRun, name: str, arguments: dict[str, Any]
-    ) -> effects.CallResult | types.CallToolResult:
-        """The call through the protocol, answered with the upstream's answer as soon as it came.
-
-        The upstream's answer to this call's own send is what the protocol
-        records as the receipt, the commit that records it starting at once
-        (for a write that needs no approval, that answer always advances the
-        run as ``executed``: see ``settle_rules.reconcile``). So the window
-        "effect sent, receipt not persisted" is the one it always was; only
-        the agent's answer leaves before it closes. A crash inside it leaves the
-        write ``dispatched``: settled by the tool's key, else by a person;
-        never sent again.
-        """
-        slot = (name, _arguments_key(arguments))
-        answer: asyncio.Future[types.CallToolResult] = asyncio.get_running_loop().create_future()
-        self._awaiting[slot] = answer
-        protocol = asyncio.ensure_future(
-            run.call_async(kind_of(name), "", {ARGUMENTS: carried(arguments)})
-        )
-        try:
-            either: list[asyncio.Future[Any]] = [protocol, answer]
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # cancelled: the protocol still goes to its end, and is waited for
-            self._track(protocol, name)
-            raise
-        finally:
-            if self._awaiting.get(slot) is answer:
-                del self._awaiting[slot]
-        if protocol.done() or not answer.done():
-            return await protocol  # answered by the protocol, as any call
-        self._track(protocol, name)
-        return answer.result()
-
-    def _track(self, protocol: asyncio.Future[effects.CallResult], name: str) -> None:
-        recording = asyncio.ensure_future(self._record(protocol, name))
-        self._recording.add(recording)
-        recording.add_done_callback(self._recording.discard)
-
-    async def _record(self, protocol: asyncio.Future[effects.CallResult], name: str) -> None:
-        """The protocol of a call answered early, to its end (a refusal said in the log)."""
-        try:
-            done = await protocol
-        except (TetherError, UpstreamError) as exc:
-            log(f"{name}: answered, its receipt not recorded ({type(exc).__name__}: {exc})")
-            return
-        if done.outcome != "executed":
-            log(f"{name}: answered, then recorded as {done.outcome} ({done.action_id})")
+        self.early.answered(self.run, name, arguments, key, doc)
 
     async def _call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         run = self.run
@@ -653,11 +571,11 @@ class Gateway:
     async def _attempt(
         self, run: effects.GuardedRun, name: str, arguments: dict[str, Any], *, early: bool
     ) -> effects.CallResult | types.CallToolResult | tuple[str, dict[str, Any]] | None:
-        """One try of a call: its result (or its answer, ``early``: :meth:`_early`), what stops
+        """One try of a call: its result (or its answer, ``early``: :mod:`._early`), what stops
         it (text, meta), or ``None`` (try again)."""
         try:
             if early:
-                return await self._early(run, name, arguments)
+                return await self.early.call(run, name, arguments)
             return await run.call_async(kind_of(name), "", {ARGUMENTS: carried(arguments)})
         except EffectNotSettledError as exc:
             if exc.reason == "settled_earlier_work":
