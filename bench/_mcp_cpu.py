@@ -4,8 +4,9 @@ The gateway's own call path (``Gateway.call``) driven in this process
 against the test upstream (a real child over stdio), as ``--profile`` does,
 but timed with each thread's own CPU clock only, so the figures are not
 inflated by a profiler: per kind of call, the protocol's worker thread (and
-of it, the store's commits: ``Checkpointer.advance``) and the event loop's
-thread (the upstream's lane, the hand-offs to and from the worker), beside
+of it, the store's commits: ``Checkpointer.advance``; an effect's receipt,
+committed while the agent is answered, counted) and the event loop's thread
+until the answer (the upstream's lane, the hand-offs to and from the worker), beside
 the upstream's lane alone (``Upstream.answer``, no tether). What the
 agent's side of the gateway adds (its stdio channel) is not in it: the
 whole process's CPU per call is in ``bench/mcp.py``'s own table.
@@ -104,6 +105,8 @@ async def cpu(where: Path, calls: int) -> None:
                             if getattr(answer, "is_error", False):
                                 raise RuntimeError(f"{kind}: {answer.content}")
                             spent["loop"] = time.thread_time() - start
+                            # An effect is answered before its receipt's commit: its end too.
+                            await gateway.recorded()
                             for label in ("worker", "commits", "loop"):
                                 seen[kind].setdefault(label, []).append(spent.get(label, 0.0))
             print(f"CPU per call by thread, median of {calls} (ms; no profiler):")

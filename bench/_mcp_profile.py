@@ -193,6 +193,7 @@ async def profile(where: Path, calls: int) -> None:
                             answer = await make(i)
                             loops[kind].disable()
                             walls[kind].append(time.perf_counter() - start)
+                            await gateway.recorded()  # the receipt, after the answer
                             if getattr(answer, "is_error", False):
                                 raise RuntimeError(f"{kind}: {answer.content}")
                             took, many = clock.take()

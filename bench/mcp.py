@@ -23,7 +23,13 @@ Three kinds of call, each timed per call:
 - **effect** (``add_note`` with fresh arguments; it takes no key): the
   intent and its key persisted, the dispatch recorded, the call forwarded,
   its answer recorded (three durable commits, as tether's protocol needs for
-  a tool that cannot be asked by key; a tool that accepts a key takes two);
+  a tool that cannot be asked by key; the agent is answered as the upstream
+  answers, after the first two, while the receipt's is made);
+- **keyed** (``charge`` with fresh arguments; its listing declares it takes
+  a key, kept ``retentionSeconds``): the intent, its key and the dispatch
+  persisted in one commit, the call forwarded with the key, the receipt
+  committed while the agent is answered (two commits; direct and proxy: the
+  same call, no key);
 - **replay** (``add_note`` with arguments already committed): the recorded
   answer, the upstream not reached (direct and proxy: the same call, sent).
 
@@ -36,7 +42,12 @@ disk's bare cost of one ``synchronous=FULL`` SQLite commit in ``--dir``: a
 durable commit is the floor of a step's added latency, so ``--dir
 /dev/shm`` shows what the gateway adds with the disk taken out.
 
-Run: ``.venv/bin/python bench/mcp.py [--calls 40] [--rounds 6] [--dir PATH]``;
+Run: ``.venv/bin/python bench/mcp.py [--calls 40] [--rounds 6] [--dir PATH]
+[--baseline CHECKOUT] [--gap-ms MS]`` (``--baseline``: another checkout's
+gateway, e.g. a worktree of main, as a fourth side of every round: before
+and after paired; ``--gap-ms``: an agent's own time between two calls, not
+timed: back to back, the gateway's work after an answer is paid by the next
+call);
 ``--profile`` instead drives the gateway's own call path in this process
 and shows where its time goes (``bench/_mcp_profile.py``); ``--cpu`` the
 same path's CPU per call by thread, without a profiler (``bench/_mcp_cpu.py``).
@@ -46,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -67,8 +79,8 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 ROOT = _HERE.parent
 
 
-def child_env() -> dict[str, str]:
-    paths = [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+def child_env(src: Path | None = None) -> dict[str, str]:
+    paths = [str(src or ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
 
 
@@ -89,24 +101,30 @@ def bare_commit_ms(where: Path, n: int = 100) -> float:
     return statistics.median(times) * 1000
 
 
-async def timed(calls: int, make: Callable[[int], Awaitable[Any]]) -> list[float]:
+async def timed(
+    calls: int, make: Callable[[int], Awaitable[Any]], gap_s: float = 0.0
+) -> list[float]:
     out = []
     for i in range(calls):
         start = time.perf_counter()
         answer = await make(i)
         out.append((time.perf_counter() - start) * 1000)
+        if gap_s:  # an agent's own time between two calls (its model's), not timed
+            await asyncio.sleep(gap_s)
         if getattr(answer, "is_error", False):  # an error answer is fast and measures nothing
             raise SystemExit(f"bench/mcp.py: a call was answered with an error: {answer}")
     return out
 
 
-def rows(path: Path) -> int:
-    """The notes an upstream's SQLite file holds: the effects that side's upstream received."""
+def rows(path: Path, table: str = "notes") -> int:
+    """The rows an upstream's SQLite file holds: the effects that side's upstream received."""
     with sqlite3.connect(path) as con:
-        return int(con.execute("SELECT COUNT(*) FROM notes").fetchone()[0])
+        return int(con.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
 
 
-async def main(calls: int, rounds: int, where: Path) -> None:
+async def main(
+    calls: int, rounds: int, where: Path, baseline: Path | None = None, gap_ms: float = 0.0
+) -> None:
     from tether.crypto import Keyring
 
     Keyring.generate("bench-mcp").write_file(where / "keyring.json")
@@ -117,47 +135,61 @@ async def main(calls: int, rounds: int, where: Path) -> None:
     )
     upstream = [sys.executable, "-m", "tests.integration._mcp_upstream"]
 
-    def started(*args: str) -> StdioServerParameters:
+    def started(*args: str, src: Path | None = None) -> StdioServerParameters:
         return StdioServerParameters(
-            command=sys.executable, args=list(args), env=child_env(), cwd=str(ROOT)
+            command=sys.executable, args=list(args), env=child_env(src), cwd=str(ROOT)
+        )
+
+    def tether_mcp(name: str, src: Path | None = None) -> StdioServerParameters:
+        return started(
+            "-m",
+            "tether.cli",
+            "mcp",
+            "--store",
+            f"sqlite:///{where / f'{name}.tether.sqlite'}",
+            "--run",
+            "bench",
+            "--policy",
+            str(where / "policy.json"),
+            "--keyring",
+            str(where / "keyring.json"),
+            "--",
+            *upstream,
+            str(where / f"{name}.sqlite"),
+            src=src,
         )
 
     direct = started(*upstream[1:], str(where / "direct.sqlite"))
     proxy = started(str(_HERE / "mcp.py"), "--serve-proxy", *upstream, str(where / "proxy.sqlite"))
-    gateway = started(
-        "-m",
-        "tether.cli",
-        "mcp",
-        "--store",
-        f"sqlite:///{where / 'tether.sqlite'}",
-        "--run",
-        "bench",
-        "--policy",
-        str(where / "policy.json"),
-        "--keyring",
-        str(where / "keyring.json"),
-        "--",
-        *upstream,
-        str(where / "gated.sqlite"),
-    )
-    names = ("direct", "proxy", "gateway")
-    kinds = ("read", "effect", "replay")
+    gateway = tether_mcp("gated")
+    # --baseline: the same gateway from another checkout (its src/), as a fourth side.
+    earlier = tether_mcp("before", baseline / "src") if baseline is not None else None
+    names: tuple[str, ...] = ("direct", "proxy", "gateway", *(("before",) if earlier else ()))
+    kinds = ("read", "effect", "keyed", "replay")
     results: dict[tuple[str, str], list[float]] = {}
     rounds_of: dict[tuple[str, str], list[float]] = {}
     cpu: dict[tuple[str, str], float] = {}  # CPU seconds the middle process spent, by side, kind
-    async with Client(direct) as plain, Client(proxy) as proxied, Client(gateway) as guarded:
-        sides = {"direct": plain, "proxy": proxied, "gateway": guarded}
+    async with contextlib.AsyncExitStack() as stack:
+        servers = {"direct": direct, "proxy": proxy, "gateway": gateway, "before": earlier}
+        sides = {
+            name: await stack.enter_async_context(Client(servers[name]))
+            for name in names
+            if servers[name] is not None
+        }
         middle = {
             "proxy": _pid_of(b"--serve-proxy", str(where).encode()),
-            "gateway": _pid_of(b"tether.cli", str(where / "tether.sqlite").encode()),
+            "gateway": _pid_of(b"tether.cli", str(where / "gated.tether.sqlite").encode()),
+            "before": _pid_of(b"tether.cli", str(where / "before.tether.sqlite").encode()),
         }
         for side in sides.values():  # warm all: imports, first commits, the replayed call
             await side.call_tool("count_notes", {})
             await side.call_tool("add_note", {"text": "again"})
+            await side.call_tool("charge", {"account": "warm", "cents": 1})
         serial = 0
         for round_no in range(rounds):
             # Each side first, middle and last in turn.
-            order = names[round_no % 3 :] + names[: round_no % 3]
+            turn = round_no % len(names)
+            order = names[turn:] + names[:turn]
             for name in order:
                 client = sides[name]
                 base = serial
@@ -168,12 +200,15 @@ async def main(calls: int, rounds: int, where: Path) -> None:
                 async def effect(i: int, c: Client = client, b: int = base) -> Any:
                     return await c.call_tool("add_note", {"text": f"note {b + i}"})
 
+                async def keyed(i: int, c: Client = client, b: int = base) -> Any:
+                    return await c.call_tool("charge", {"account": f"a{b + i}", "cents": 1})
+
                 async def replay(i: int, c: Client = client) -> Any:
                     return await c.call_tool("add_note", {"text": "again"})
 
-                for kind, make in zip(kinds, (read, effect, replay), strict=True):
+                for kind, make in zip(kinds, (read, effect, keyed, replay), strict=True):
                     before = _cpu_s(middle.get(name))
-                    times = await timed(calls, make)
+                    times = await timed(calls, make, gap_ms / 1000)
                     cpu[(name, kind)] = (
                         cpu.get((name, kind), 0.0) + _cpu_s(middle.get(name)) - before
                     )
@@ -183,11 +218,15 @@ async def main(calls: int, rounds: int, where: Path) -> None:
     commit = bare_commit_ms(where)
     # Every effect reached each upstream once; the gateway's replays reached it never.
     sent = rounds * calls + 1
-    files = zip(names, ("direct", "proxy", "gated"), strict=True)
+    files = zip(names, ("direct", "proxy", "gated", "before"), strict=False)
     received = {n: rows(where / f"{f}.sqlite") for n, f in files}
-    expected = {"direct": sent + rounds * calls, "proxy": sent + rounds * calls, "gateway": sent}
+    expected = {n: sent if n in {"gateway", "before"} else sent + rounds * calls for n in names}
     if received != expected:
         raise SystemExit(f"bench/mcp.py: upstream rows {received}, expected {expected}")
+    files = zip(names, ("direct", "proxy", "gated", "before"), strict=False)
+    charged = {n: rows(where / f"{f}.sqlite", "charges") for n, f in files}
+    if charged != dict.fromkeys(names, sent):
+        raise SystemExit(f"bench/mcp.py: upstream charges {charged}, expected {sent} each")
 
     def added(side: str, base: str, kind: str) -> float:
         """The median over rounds of the per-round difference of medians."""
@@ -195,6 +234,8 @@ async def main(calls: int, rounds: int, where: Path) -> None:
         return statistics.median(a - b for a, b in pairs)
 
     print(f"MCP over stdio, {rounds} rounds x {calls} calls per kind and side, files in {where}")
+    if gap_ms:
+        print(f"  {gap_ms:g} ms between two calls (an agent's own time), not timed")
     print(f"  one bare synchronous=FULL SQLite commit here: {commit:.2f} ms; load: {_load()}")
     print(
         f"  {'call':<7} {'direct':>7} {'proxy':>7} {'gateway':>8} {'SDK floor':>10} "
@@ -202,20 +243,34 @@ async def main(calls: int, rounds: int, where: Path) -> None:
     )
     total = rounds * calls
     for kind in kinds:
-        d, x, g = (statistics.median(results[(n, kind)]) for n in names)
+        d, x, g = (statistics.median(results[(n, kind)]) for n in names[:3])
         print(
             f"  {kind:<7} {d:>7.2f} {x:>7.2f} {g:>8.2f} {added('proxy', 'direct', kind):>10.2f} "
             f"{added('gateway', 'proxy', kind):>7.2f} {added('gateway', 'direct', kind):>7.2f}  |"
             f"{'':>14}{cpu[('proxy', kind)] / total * 1000:>6.2f} "
             f"{cpu[('gateway', kind)] / total * 1000:>8.2f}"
         )
+    if "before" in names:
+        print(f"  --baseline {baseline}: the gateway of that checkout, a fourth side in each round")
+        print(
+            f"  {'call':<7} {'before':>7} {'added before':>13} {'now - before':>13}  | CPU before"
+        )
+        for kind in kinds:
+            print(
+                f"  {kind:<7} {statistics.median(results[('before', kind)]):>7.2f} "
+                f"{added('before', 'direct', kind):>13.2f} "
+                f"{added('gateway', 'before', kind):>13.2f}  |"
+                f"{cpu[('before', kind)] / total * 1000:>11.2f}"
+            )
     print(
         "  direct: the client straight to the upstream; proxy: through a bare MCP proxy written "
         "with the SDK (its server and client, no tether); gateway: through tether mcp. SDK floor "
         "= proxy - direct (a second MCP hop, what any proxy costs); tether = gateway - proxy; "
         "added = gateway - direct (each the median over rounds of the round's medians' "
         "difference). An effect with no key makes three durable commits (intent, dispatched, "
-        "receipt), a read none of its own (its record rides on the next), a replay one; the "
+        "receipt), a keyed one two (intent and dispatch in one, receipt); the agent is answered "
+        "as the upstream answers, while the receipt's is made. A read makes none of its own (its record rides "
+        "on the next), a replay one; the "
         "proxy sends the replay on to the upstream. "
         "CPU per call: what the middle process (the proxy, or the gateway) itself spent, all "
         "its threads, from /proc: the measure least disturbed by other load on the machine."
@@ -281,6 +336,17 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--dir", type=Path, help="where the store and the upstreams' files go")
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (e.g. a worktree of main): its gateway measured as a fourth side",
+    )
+    parser.add_argument(
+        "--gap-ms",
+        type=float,
+        default=0.0,
+        help="ms between two calls, not timed (an agent's own time; default: back to back)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="instead: where the gateway's time per call goes (bench/_mcp_profile.py)",
@@ -307,6 +373,6 @@ if __name__ == "__main__":
 
             asyncio.run(cpu(home, args.calls))
         else:
-            asyncio.run(main(args.calls, args.rounds, home))
+            asyncio.run(main(args.calls, args.rounds, home, args.baseline, args.gap_ms))
     finally:
         shutil.rmtree(home, ignore_errors=True)

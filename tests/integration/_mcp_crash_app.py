@@ -133,6 +133,7 @@ class GatewayApp:
                         return
                     for name, arguments in CALLS:
                         await self._ask(gateway, name, arguments)
+                    await gateway.recorded()  # as the gateway does before it lets the run go
                     try:
                         await run.finish_async("the agent is done")
                     except TetherError:

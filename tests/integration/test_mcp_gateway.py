@@ -168,6 +168,38 @@ def test_a_client_killed_after_the_tool_returned_gets_the_recorded_answer(setup:
     assert run_view(setup).state.epoch >= 2  # the same run, continued in a new epoch
 
 
+def test_a_gateway_sent_sigterm_after_answering_records_the_receipt_and_lets_the_run_go(
+    setup: Setup,
+) -> None:
+    """SIGTERM right after an effect was answered: the gateway commits its receipt and gives the lease up before it exits."""
+    setup.lease_ttl = "60"  # a lease not given up would still hold the run below
+
+    async def main() -> None:
+        try:
+            async with connected(setup.gateway()) as client:
+                first = await client.call_tool("add_note", {"text": "water the plants"})
+                assert not first.is_error, text(first)
+                (gateway,) = setup.gateway_pids()
+                os.kill(gateway, signal.SIGTERM)
+                for _ in range(200):
+                    if not setup.gateway_pids():
+                        break
+                    await anyio.sleep(0.05)
+        except BaseExceptionGroup:  # the connection closed under the client: expected
+            pass
+
+    anyio.run(main)
+    assert not setup.gateway_pids()
+    view = run_view(setup)
+    assert view.state.phase.value == "running"
+    assert [e.status.value for e in view.ledger][-1] == "committed"
+    store = open_store(setup.store)
+    try:
+        store.acquire_lease(setup.run_id, "probe", 5.0)  # given up: free at once
+    finally:
+        store.close()
+
+
 def test_the_unguarded_control_repeats_the_effect(setup: Setup) -> None:
     """The same client straight to the upstream, killed and asking again, makes the effect twice."""
     answer = setup.base / "answer.json"

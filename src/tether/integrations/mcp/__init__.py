@@ -12,7 +12,8 @@ file, and :mod:`tether.integrations.mcp._tools` for how an upstream
 declares that a tool accepts an idempotency key.
 """
 
-from tether.integrations.mcp._gateway import CALL_META, Gateway, GatewayConfig, shown_store
+from tether.integrations.mcp._answers import CALL_META
+from tether.integrations.mcp._gateway import Gateway, GatewayConfig, shown_store
 from tether.integrations.mcp._policy import (
     GatewayPolicy,
     RunRules,

@@ -32,6 +32,8 @@ from typing import Any
 
 from tether.core import CanonicalJSONError, ContractViolationError, canonical_bytes
 
+#: Where each answer says what tether did with the call.
+CALL_META = "tether/call"
 #: The largest integer canonical JSON writes exactly (RFC 8785: IEEE 754 doubles).
 SAFE_INTEGER = 2**53 - 1
 #: The most a function effect's receipt keeps of a result whole (tether.adapters).

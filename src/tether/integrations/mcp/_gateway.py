@@ -8,7 +8,9 @@ run that outlives the agent:
 - an **effect** (every other tool) goes through tether's protocol: the
   gate, a key minted and the intent persisted, then the upstream's
   ``tools/call`` (with the key in ``_meta`` where the tool accepts one),
-  and its answer recorded as the receipt. A call equal to one the run
+  and its answer recorded as the receipt (the agent is answered as soon as
+  the upstream answered, the receipt committed meanwhile:
+  :meth:`Gateway.call`). A call equal to one the run
   already committed (same tool, same canonical arguments) gets the
   recorded answer back and reaches nothing.
 
@@ -51,7 +53,7 @@ from tether.core import (
     TetherError,
 )
 from tether.crypto import Keyring, Signer, TrustRoots
-from tether.integrations.mcp._answers import KEPT_APART, carried, read_back, sent
+from tether.integrations.mcp._answers import CALL_META, KEPT_APART, carried, read_back, sent
 from tether.integrations.mcp._approve import (
     ClientApprover,
     can_ask_now,
@@ -59,6 +61,7 @@ from tether.integrations.mcp._approve import (
     said_yes,
     shown_arguments,
 )
+from tether.integrations.mcp._early import EarlyAnswers
 from tether.integrations.mcp._policy import GatewayPolicy, RunRules, kind_of, run_rules, tool_of
 from tether.integrations.mcp._stdio import AgentChannel
 from tether.integrations.mcp._tools import (
@@ -74,8 +77,6 @@ from tether.integrations.mcp._upstream import Upstream, UpstreamError, log
 from tether.runtime import NO_CRASH, CrashPlan, Runtime, open_run
 from tether.store import ContentStore, open_store
 
-#: Where each answer says what tether did with the call.
-CALL_META = "tether/call"
 #: How many times a call is made again when the run first settled earlier work.
 _SETTLE_RETRIES = 3
 
@@ -189,6 +190,8 @@ class Gateway:
         self._live_reads: dict[str, dict[str, Any]] = {}
         #: The loop the upstream's connection lives on (set when it is started).
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: Effects answered as the upstream answers, while their receipts are committed.
+        self.early = EarlyAnswers(config.run_id, self._live)
 
     # --- setting up ---------------------------------------------------
 
@@ -209,7 +212,13 @@ class Gateway:
 
         effects_by_tool: dict[str, FunctionEffect] = {
             kind_of(tool.name): forwarding_effect(
-                tool, config.policy, self.upstream.answer, instance, self._live, keep
+                tool,
+                config.policy,
+                self.upstream.answer,
+                instance,
+                self._live,
+                keep,
+                answered=self._answered,
             )
             for tool in tools
             if not config.policy.is_read(tool.name)
@@ -359,6 +368,9 @@ class Gateway:
         if callable(close):
             stack.callback(close)
         await self.open_run(runtime, stack)
+        # Left before the run is let go (the stack unwinds in reverse): every call
+        # answered early has its receipt committed first.
+        stack.push_async_callback(self.recorded)
         phase = "?" if self.run is None else self.run.phase.value
         log(
             f"run {self.config.run_id} ({phase}): {len(tools)} tools of "
@@ -376,6 +388,10 @@ class Gateway:
                 read_stream, write_stream = await streams.enter_async_context(channel.streams())
             except ValueError:  # stdin or stdout is a plain file: the SDK's own transport
                 read_stream, write_stream = await streams.enter_async_context(stdio_server())
+            else:
+                # SIGTERM ends it as EOF does: the calls under way answered, every
+                # receipt committed and the run let go, then the gateway exits.
+                streams.enter_context(channel.ended_by_sigterm())
             await server.run(read_stream, write_stream, server.create_initialization_options())
 
     def server(self) -> Server[Any]:
@@ -476,7 +492,28 @@ class Gateway:
         return _noted(done, "", {"approved_in_client": approver.signer_id})
 
     async def call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        """One tool call through the run: its answer, or what stops it, as the agent reads it."""
+        """One tool call through the run: its answer, or what stops it, as the agent reads it.
+
+        An effect that needs no approval is answered as soon as the upstream
+        answered, while the protocol commits its receipt (:mod:`._early`); the
+        next call starts once that commit is done.
+        """
+        await self.recorded()
+        return await self._call(name, arguments)
+
+    async def recorded(self) -> None:
+        """Wait until every call answered early has committed its receipt (or failed to).
+
+        What its protocol raised besides a refusal (a crash the harness fired) is raised here.
+        """
+        await self.early.recorded()
+
+    def _answered(
+        self, name: str, arguments: dict[str, Any], key: str, doc: dict[str, Any]
+    ) -> None:
+        self.early.answered(self.run, name, arguments, key, doc)
+
+    async def _call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         run = self.run
         meta: dict[str, Any] = {"run_id": self.config.run_id, "tool": name}
         if run is None or self.adapter is None:
@@ -501,8 +538,14 @@ class Gateway:
         if held is not None and run.waits_for(kind, "", {ARGUMENTS: carried(arguments)}):
             held = None
         notes: list[str] = []
+        rule = self.rules.policy.kinds.get(kind) if self.rules is not None else None
+        # Answered as the upstream answers: a write no person gates, with nothing to settle first.
+        early = held is None and rule is not None and not rule.needs_approval
+        early = early and self.adapter.effect_of(kind) is not None
         for _ in range(_SETTLE_RETRIES):
-            got = await self._attempt(run, name, arguments)
+            got = await self._attempt(run, name, arguments, early=early)
+            if isinstance(got, types.CallToolResult):
+                return got  # answered early: the protocol records it meanwhile
             now = run.session.state.pending
             if held is not None and (now is None or now.action_id != held.action_id):
                 # Say what became of it: the agent may believe nothing was ever sent.
@@ -526,10 +569,13 @@ class Gateway:
         )
 
     async def _attempt(
-        self, run: effects.GuardedRun, name: str, arguments: dict[str, Any]
-    ) -> effects.CallResult | tuple[str, dict[str, Any]] | None:
-        """One try of a call: its result, what stops it (text, meta), or ``None`` (try again)."""
+        self, run: effects.GuardedRun, name: str, arguments: dict[str, Any], *, early: bool
+    ) -> effects.CallResult | types.CallToolResult | tuple[str, dict[str, Any]] | None:
+        """One try of a call: its result (or its answer, ``early``: :mod:`._early`), what stops
+        it (text, meta), or ``None`` (try again)."""
         try:
+            if early:
+                return await self.early.call(run, name, arguments)
             return await run.call_async(kind_of(name), "", {ARGUMENTS: carried(arguments)})
         except EffectNotSettledError as exc:
             if exc.reason == "settled_earlier_work":

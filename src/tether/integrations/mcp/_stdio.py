@@ -22,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any
 
 import anyio
@@ -101,6 +102,30 @@ class AgentChannel:
         self._server_info = server_info
         self._initialized = False
         self._out: asyncio.StreamWriter | None = None
+        self._in: asyncio.StreamReader | None = None
+        self._reading: asyncio.ReadTransport | None = None
+
+    @contextmanager
+    def ended_by_sigterm(self) -> Iterator[None]:
+        """While inside, SIGTERM ends the agent's side as its EOF does (:meth:`end`); where
+        the loop takes no signal handler, SIGTERM ends the process as before."""
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGTERM, self.end)
+        except (NotImplementedError, RuntimeError, ValueError):
+            yield
+            return
+        try:
+            yield
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    def end(self) -> None:
+        """End the agent's side as its EOF would (the calls under way are still answered)."""
+        if self._in is not None and not self._in.at_eof():
+            if self._reading is not None:
+                self._reading.pause_reading()  # nothing more is fed after the end
+            self._in.feed_eof()
 
     @asynccontextmanager
     async def streams(self) -> AsyncIterator[tuple[Any, Any]]:
@@ -118,11 +143,14 @@ class AgentChannel:
         in_file = os.fdopen(private_in, "rb", buffering=0)
         out_file = os.fdopen(private_out, "wb", buffering=0)
         try:
-            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), in_file)
+            self._reading, _ = await loop.connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader), in_file
+            )
             transport, protocol = await loop.connect_write_pipe(
                 asyncio.streams.FlowControlMixin, out_file
             )
             self._out = asyncio.StreamWriter(transport, protocol, None, loop)
+            self._in = reader
             to_server, server_in = create_context_streams[SessionMessage | Exception](0)
             server_out, from_server = create_context_streams[SessionMessage](0)
             async with anyio.create_task_group() as group:
@@ -133,7 +161,7 @@ class AgentChannel:
                 finally:
                     group.cancel_scope.cancel()
         finally:
-            self._out = None
+            self._out = self._in = self._reading = None
             with suppress(OSError):
                 os.dup2(private_in, 0)
             with suppress(OSError):

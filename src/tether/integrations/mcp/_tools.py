@@ -84,6 +84,11 @@ Caller = Callable[..., Coroutine[Any, Any, dict[str, Any]]]
 ``Upstream.answer``)."""
 
 
+Answered = Callable[[str, dict[str, Any], str, dict[str, Any]], None]
+"""``answered(tool, arguments, key, answer)``: the upstream answered a forwarded call (on the
+loop, the protocol waiting for the body's return)."""
+
+
 class ToolRefusedError(Exception):
     """Nothing happened: the upstream refused the call, or was never reached."""
 
@@ -134,11 +139,14 @@ def forwarding_effect(
     instance: str,
     live: dict[str, dict[str, Any]],
     keep: Keep | None = None,
+    *,
+    answered: Answered | None = None,
 ) -> FunctionEffect:
     """The function effect that forwards ``tool``'s calls to the upstream (module docstring).
 
     ``live`` receives each answer under its key as it arrives, whole: the
-    agent gets all of it. An answer the receipt cannot keep whole is kept
+    agent gets all of it; ``answered(tool, arguments, key, answer)`` is told
+    of it at once, before the receipt is made of it. An answer the receipt cannot keep whole is kept
     apart with ``keep`` before the body returns, so before its receipt is
     committed (see :mod:`._answers`); a sensitive tool's never is.
     """
@@ -160,6 +168,11 @@ def forwarding_effect(
         if doc.get("isError") is True and rule.errors_are_refusals:
             raise ToolRefusedError(f"{name} answered with an error: {text_of(doc)}")
         live[idempotency_key] = doc
+        if answered is not None:
+            try:
+                answered(name, exact, idempotency_key, doc)
+            except Exception as exc:  # the effect happened: its receipt is recorded regardless
+                log(f"{name}: its answer could not be passed on early ({exc})")
         # An approval is checked against the commit time: the answer's arrival bounds it.
         received = {RECEIVED_AT: format_time(datetime.now(UTC))}
         record = doc | received
