@@ -15,6 +15,12 @@ envelope than the one recorded, is refused (:class:`PendingWriteMissingError`).
 A mark written before the manifest existed holds none (``NULL``): its
 writes are read as before, and the first write the saver stores for it
 adopts the rows then present.
+
+What it does not prove: the manifest binds no counter of its own, so an
+older manifest of the SAME checkpoint, sealed before a later write was
+listed and put back on the mark by someone with write access to the
+database, hides a deletion of that later write. (Putting back an older
+mark, naming an older checkpoint, is refused: the thread's rows betray it.)
 """
 
 from __future__ import annotations

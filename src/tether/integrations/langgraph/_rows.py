@@ -8,7 +8,8 @@ data-modifying CTE that runs the compare-and-set of the mark and the
 inserts) and a put_writes one or two (hold the mark and insert the rows;
 then the manifest, when the writes are the latest checkpoint's). Rare cases
 (writes stored before their checkpoint, a key already taken) add one or
-two. SQLite runs the same steps as separate statements in-process, under
+two, and so does a thread's first checkpoint (no mark row to hold yet: an
+advisory lock on the thread, and the mark read again). SQLite runs the same steps as separate statements in-process, under
 the write lock its ``BEGIN IMMEDIATE`` already holds.
 """
 
@@ -91,11 +92,32 @@ class SaverRows:
         return mark_of(tx.one(_SELECT_MARK, (thread_id, ns)), thread_id)
 
     def hold_mark(self, tx: SQLStatements, thread_id: str, ns: str) -> Mark | None:
-        """The thread's mark, its row held until the transaction ends (one statement).
+        """The thread's mark, its row held until the transaction ends.
 
         A writer of the same thread waits here, then reads the mark it left:
-        puts and pending writes of one thread go one after another.
+        puts and pending writes of one thread go one after another. One
+        statement while the thread has a mark; a thread with none yet has no
+        row to hold, so on PostgreSQL its writers take :meth:`hold_thread`.
         """
+        mark = mark_of(tx.one(_SELECT_MARK + self._lock, (thread_id, ns)), thread_id)
+        if mark is None and self.fused:
+            return self.hold_thread(tx, thread_id, ns)
+        return mark
+
+    def hold_thread(self, tx: SQLStatements, thread_id: str, ns: str) -> Mark | None:
+        """PostgreSQL, a thread with no mark: hold the thread itself, then read its mark again.
+
+        A transaction-scoped advisory lock on (thread, namespace) stands in for
+        the row that is not there yet, so a first put and the pending writes
+        racing it go one after another: whichever comes second sees what the
+        first committed (the early writes a first put adopts, or the mark a
+        put_writes then lists its rows on). The mark is read in a statement of
+        its own, after the lock: a statement reads what was committed when it
+        began. SQLite needs none of this: BEGIN IMMEDIATE holds the database.
+        """
+        tx.one(
+            "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (_thread_key(thread_id, ns),)
+        )
         return mark_of(tx.one(_SELECT_MARK + self._lock, (thread_id, ns)), thread_id)
 
     def early_writes(self, tx: SQLStatements, ids: tuple[str, str, str]) -> list[tuple[Any, ...]]:
@@ -200,7 +222,10 @@ class SaverRows:
         got = tx.one(sql, [thread_id, ns, *(v for r in rows for v in r)])
         if got is None:
             raise CheckpointCorruptError(f"thread {thread_id!r}: the writes' insert said nothing")
-        return mark_of(None if got[0] is None else got[:5], thread_id), int(got[5])
+        mark = mark_of(None if got[0] is None else got[:5], thread_id)
+        if mark is None:  # no row held: a first put may be racing these writes
+            mark = self.hold_thread(tx, thread_id, ns)
+        return mark, int(got[5])
 
     def insert_writes(
         self,
@@ -239,6 +264,12 @@ class SaverRows:
             (*ids, task_id, *idxs),
         )
         return {row[0]: row[1] for row in found}
+
+
+def _thread_key(thread_id: str, ns: str) -> str:
+    # Unambiguous for any two strings (the length first), and free of NUL, which
+    # PostgreSQL's text cannot hold.
+    return f"{len(thread_id)}:{thread_id}{ns}"
 
 
 def insert_many(
