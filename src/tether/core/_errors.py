@@ -712,7 +712,8 @@ class LeaseLostError(LeaseError):
         self.actual = actual
         self.owner = owner
         if actual == expected:
-            why = "was released"
+            # Let go by its worker, or by an operator's `tether resume` once it expired.
+            why = "was let go (released, or resumed by an operator after it expired)"
         else:
             holder = f" held by {owner!r}" if owner is not None else ""
             why = f"was superseded by version {actual}{holder}"
