@@ -172,7 +172,7 @@ class Setup:
         return found
 
     def arm(self, who: str) -> None:
-        """Make the upstream's next effect kill ``parent`` (the gateway) or ``self``."""
+        """Make the upstream's next effect kill ``parent`` (the gateway) or ``self``, or ``hang``."""
         self.kill_marker.write_text(who)
 
 

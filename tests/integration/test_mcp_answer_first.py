@@ -28,17 +28,20 @@ from tether.integrations.mcp import (
     Upstream,
     stdio_target,
 )
-from tether.runtime import CrashPlan, CrashPoint, SimulatedCrash
+from tether.runtime import CrashPlan, CrashPoint, SimulatedCrash, open_run
+from tether.store import open_store
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def gateway(where: Path, keyring: Keyring, crash: CrashPlan | None = None) -> Gateway:
+def gateway(
+    where: Path, keyring: Keyring, crash: CrashPlan | None = None, store_query: str = ""
+) -> Gateway:
     argv = [sys.executable, "-m", "tests.integration._mcp_upstream", str(where / "up.sqlite")]
     config = GatewayConfig(
-        store=f"sqlite:///{where / 'tether.sqlite'}",
+        store=f"sqlite:///{where / 'tether.sqlite'}{store_query}",
         run_id="first",
         keyring=keyring,
         policy=GatewayPolicy.from_json({"reads": ["count_notes"]}),
@@ -117,3 +120,60 @@ def _died(error: BaseException) -> Any:
     if not isinstance(error, _Died):
         raise error
     return error.answer
+
+
+def test_the_same_call_asked_twice_at_once_is_executed_once_each_answer_its_own(
+    tmp_path: Path,
+) -> None:
+    """Two equal add_note calls at once: one answered as executed, the other replayed under its own action id; one row."""
+
+    async def twice(found: Gateway, run: Any) -> Any:
+        answers: list[Any] = []
+
+        async def ask() -> None:
+            answers.append(await found.call("add_note", {"text": "feed the cat"}))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(ask)
+            group.start_soon(ask)
+        await found.recorded()
+        return answers
+
+    answers = anyio.run(session, gateway(tmp_path, Keyring.generate("k1")), twice)
+    metas = [(answer.meta or {})[CALL_META] for answer in answers]
+    assert sorted(meta["outcome"] for meta in metas) == ["executed", "replayed"]
+    assert len({meta["action_id"] for meta in metas}) == 2
+    assert all(answer.structured_content["text"] == "feed the cat" for answer in answers)
+    assert notes(tmp_path) == 1
+
+
+def test_a_receipt_the_busy_store_refused_after_the_answer_is_recorded_at_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store busy past its timeout as add_note's receipt is committed: answered all the same, and recorded as the gateway exits."""
+    marker = tmp_path / "kill"
+    marker.write_text(f"lock {tmp_path / 'tether.sqlite'}")
+    monkeypatch.setenv("NOTES_TEST_KILL", str(marker))
+    keyring = Keyring.generate("k1")
+
+    async def busy(found: Gateway, run: Any) -> Any:
+        answer = await found.call("add_note", {"text": "pay the rent"})
+        await found.recorded()  # its commit refused: the store was held past its timeout
+        await anyio.sleep(2.5)  # the store free again before the gateway exits
+        return answer, run.session.state.pending is not None
+
+    async def until_exit(found: Gateway, run: Any) -> Any:
+        try:
+            return await busy(found, run)
+        finally:
+            await found.early.record_again()  # what the gateway's exit does
+
+    answer, unrecorded = anyio.run(
+        session, gateway(tmp_path, keyring, store_query="?busy_timeout_ms=200"), until_exit
+    )
+    assert (answer.meta or {})[CALL_META]["outcome"] == "executed"
+    assert unrecorded, "the receipt was not committed while the store was held"
+    view = open_run(open_store(f"sqlite:///{tmp_path / 'tether.sqlite'}"), "first", keyring=keyring)
+    assert view.state.phase.value == "running" and view.state.pending is None
+    assert [e.status.value for e in view.ledger][-1] == "committed"
+    assert notes(tmp_path) == 1

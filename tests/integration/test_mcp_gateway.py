@@ -10,6 +10,7 @@ any process believes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -198,6 +199,48 @@ def test_a_gateway_sent_sigterm_after_answering_records_the_receipt_and_lets_the
         store.acquire_lease(setup.run_id, "probe", 5.0)  # given up: free at once
     finally:
         store.close()
+
+
+def test_a_second_sigterm_ends_a_gateway_whose_upstream_call_hangs(setup: Setup) -> None:
+    """SIGTERM waits for the call under way; when the upstream hangs, a second SIGTERM ends the gateway at once."""
+    setup.arm("hang")
+    seen: dict[str, bool] = {}
+
+    async def main() -> None:
+        async def call(client: Any) -> None:
+            with contextlib.suppress(Exception):
+                await client.call_tool("add_note", {"text": "hangs upstream"})
+
+        try:
+            async with connected(setup.gateway()) as client, anyio.create_task_group() as group:
+                group.start_soon(call, client)
+                for _ in range(200):  # the row is in: the upstream now hangs
+                    if setup.rows() == 1:
+                        break
+                    await anyio.sleep(0.05)
+                (gateway,) = setup.gateway_pids()
+                os.kill(gateway, signal.SIGTERM)
+                await anyio.sleep(1.0)
+                seen["alive after the first"] = setup.gateway_pids() == [gateway]
+                os.kill(gateway, signal.SIGTERM)
+                for _ in range(100):
+                    if not setup.gateway_pids():
+                        break
+                    await anyio.sleep(0.05)
+                seen["gone after the second"] = not setup.gateway_pids()
+                group.cancel_scope.cancel()
+        except BaseExceptionGroup:  # the connection closed under the client: expected
+            pass
+
+    try:
+        anyio.run(main)
+        # Both read before the client let go (its exit would end the gateway anyway).
+        assert seen == {"alive after the first": True, "gone after the second": True}
+        assert setup.rows() == 1
+    finally:
+        for pid in setup.upstream_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_the_unguarded_control_repeats_the_effect(setup: Setup) -> None:

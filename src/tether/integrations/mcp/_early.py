@@ -25,7 +25,7 @@ from typing import Any
 import mcp_types as types
 
 from tether import effects
-from tether.core import TetherError
+from tether.core import StoreError, TetherError
 from tether.integrations.mcp._answers import CALL_META, carried
 from tether.integrations.mcp._policy import kind_of
 from tether.integrations.mcp._tools import ARGUMENTS, RECEIVED_AT
@@ -58,6 +58,8 @@ class EarlyAnswers:
         self._awaiting: dict[tuple[str, str], asyncio.Future[types.CallToolResult]] = {}
         # Calls answered before their receipt was committed, still recording it.
         self._recording: set[asyncio.Future[Any]] = set()
+        # Calls answered whose receipt's commit the store refused: asked again at exit.
+        self._unrecorded: list[tuple[effects.GuardedRun, str, dict[str, Any]]] = []
 
     async def recorded(self) -> None:
         """Wait until every call answered early has committed its receipt (or failed to).
@@ -66,6 +68,24 @@ class EarlyAnswers:
         """
         while self._recording:
             await asyncio.gather(*self._recording)
+
+    async def record_again(self) -> None:
+        """At exit: ask the protocol again for each call answered whose receipt's commit failed.
+
+        The receipt is still held in this process; asked again, the protocol
+        records it and sends nothing (the write is dispatched under its key).
+        Left unrecorded, the next gateway would find the write's outcome
+        unknown and freeze the run for a person, over an answer this one had.
+        """
+        await self.recorded()
+        unrecorded, self._unrecorded = self._unrecorded, []
+        for run, name, arguments in unrecorded:
+            try:
+                done = await run.call_async(kind_of(name), "", {ARGUMENTS: carried(arguments)})
+            except (TetherError, UpstreamError) as exc:
+                log(f"{name}: its receipt still not recorded ({type(exc).__name__}: {exc})")
+                continue
+            log(f"{name}: its receipt recorded at exit, as {done.outcome} ({done.action_id})")
 
     def answered(
         self,
@@ -98,36 +118,54 @@ class EarlyAnswers:
         """The call through the protocol: the upstream's answer as soon as it came, or (nothing
         sent for it, or refused) the protocol's result as for any call."""
         slot = (name, arguments_key(arguments))
-        answer: asyncio.Future[types.CallToolResult] = asyncio.get_running_loop().create_future()
-        self._awaiting[slot] = answer
         protocol = asyncio.ensure_future(
             run.call_async(kind_of(name), "", {ARGUMENTS: carried(arguments)})
         )
+        if slot in self._awaiting:
+            # The same call already waits for its answer: this one is answered by its
+            # own protocol (a replay of that one), never handed the other's send.
+            return await protocol
+        answer: asyncio.Future[types.CallToolResult] = asyncio.get_running_loop().create_future()
+        self._awaiting[slot] = answer
         try:
             either: list[asyncio.Future[Any]] = [protocol, answer]
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:  # cancelled: the protocol still goes to its end, and is waited for
-            self._track(protocol, name)
+            self._track(protocol, run, name, arguments)
             raise
         finally:
             if self._awaiting.get(slot) is answer:
                 del self._awaiting[slot]
         if protocol.done() or not answer.done():
             return await protocol  # answered by the protocol, as any call
-        self._track(protocol, name)
+        self._track(protocol, run, name, arguments)
         return answer.result()
 
-    def _track(self, protocol: asyncio.Future[effects.CallResult], name: str) -> None:
-        recording = asyncio.ensure_future(self._record(protocol, name))
+    def _track(
+        self,
+        protocol: asyncio.Future[effects.CallResult],
+        run: effects.GuardedRun,
+        name: str,
+        arguments: dict[str, Any],
+    ) -> None:
+        recording = asyncio.ensure_future(self._record(protocol, run, name, arguments))
         self._recording.add(recording)
         recording.add_done_callback(self._recording.discard)
 
-    async def _record(self, protocol: asyncio.Future[effects.CallResult], name: str) -> None:
+    async def _record(
+        self,
+        protocol: asyncio.Future[effects.CallResult],
+        run: effects.GuardedRun,
+        name: str,
+        arguments: dict[str, Any],
+    ) -> None:
         """The protocol of a call answered early, to its end (a refusal said in the log)."""
         try:
             done = await protocol
         except (TetherError, UpstreamError) as exc:
             log(f"{name}: answered, its receipt not recorded ({type(exc).__name__}: {exc})")
+            if isinstance(exc, StoreError):
+                self._unrecorded.append((run, name, arguments))
             return
         if done.outcome != "executed":
             log(f"{name}: answered, then recorded as {done.outcome} ({done.action_id})")

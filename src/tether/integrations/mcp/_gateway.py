@@ -369,8 +369,9 @@ class Gateway:
             stack.callback(close)
         await self.open_run(runtime, stack)
         # Left before the run is let go (the stack unwinds in reverse): every call
-        # answered early has its receipt committed first.
-        stack.push_async_callback(self.recorded)
+        # answered early has its receipt committed first (asked again if the store
+        # refused it).
+        stack.push_async_callback(self.early.record_again)
         phase = "?" if self.run is None else self.run.phase.value
         log(
             f"run {self.config.run_id} ({phase}): {len(tools)} tools of "

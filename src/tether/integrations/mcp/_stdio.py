@@ -104,6 +104,7 @@ class AgentChannel:
         self._out: asyncio.StreamWriter | None = None
         self._in: asyncio.StreamReader | None = None
         self._reading: asyncio.ReadTransport | None = None
+        self._ending = False  # a SIGTERM came
 
     @contextmanager
     def ended_by_sigterm(self) -> Iterator[None]:
@@ -111,7 +112,7 @@ class AgentChannel:
         the loop takes no signal handler, SIGTERM ends the process as before."""
         loop = asyncio.get_running_loop()
         try:
-            loop.add_signal_handler(signal.SIGTERM, self.end)
+            loop.add_signal_handler(signal.SIGTERM, self._terminated, loop)
         except (NotImplementedError, RuntimeError, ValueError):
             yield
             return
@@ -119,6 +120,21 @@ class AgentChannel:
             yield
         finally:
             loop.remove_signal_handler(signal.SIGTERM)
+
+    def _terminated(self, loop: asyncio.AbstractEventLoop) -> None:
+        """SIGTERM: the first ends the agent's side (:meth:`end`); a second ends the process.
+
+        The calls under way may not end (an upstream that hangs, up to the
+        call timeout): a second SIGTERM then does what SIGTERM did before, at
+        once. A write sent and not recorded is left dispatched, for its key or
+        a person to settle, as any crash leaves it.
+        """
+        if self._ending:
+            loop.remove_signal_handler(signal.SIGTERM)  # the default action again
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        self._ending = True
+        self.end()
 
     def end(self) -> None:
         """End the agent's side as its EOF would (the calls under way are still answered)."""
