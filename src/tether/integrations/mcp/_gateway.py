@@ -644,7 +644,7 @@ class Gateway:
         )
 
     def _settled_note(self, run: effects.GuardedRun, held: Any) -> str:
-        """What the run did with ``held`` (a person's approved call) before this call's turn."""
+        """What the run did with ``held`` (a call settled first) before this call's turn."""
         intent = held.intent
         kind = tool_of(intent.kind)  # the tool's name, as the agent knows it
         if self.config.policy.rule(kind).sensitive:
@@ -652,12 +652,18 @@ class Gateway:
         else:
             shown = json.dumps(sent(intent.args.get(ARGUMENTS, {})), sort_keys=True)[:500]
         what = f"{kind} with arguments {shown} (action {held.action_id})"
+        # A call the policy gates (sent only once a person approved it), or an earlier
+        # call still to settle (in flight beside this one, or left by a gateway that
+        # died): say which.
+        rule = None if self.rules is None else self.rules.policy.kinds.get(intent.kind)
+        gated = held.approvals or (rule is not None and rule.needs_approval)
+        which = "the call a person approved earlier" if gated else "an earlier call"
         record = run.session.effects.get(run.session.rt.effect_digest(intent))
         known = None if record is None else record.committed
         if known is None or known.action_id != held.action_id or known.receipt is None:
             return (
-                f"tether: before this call, the run settled the call a person approved "
-                f"earlier, {what}; see it with: tether inspect {self.config.run_id}."
+                f"tether: before this call, the run settled {which}, {what}; "
+                f"see it with: tether inspect {self.config.run_id}."
             )
         key = known.receipt.get("idempotency_key")
         doc = self._live.get(key) if isinstance(key, str) else None
@@ -665,7 +671,7 @@ class Gateway:
             doc = self._recorded_answer(known.receipt.get("result"))
         answer = text_of(doc, 500) if doc is not None else "(not kept whole)"
         return (
-            f"tether: before this call, the run carried out the call a person approved earlier: "
+            f"tether: before this call, the run carried out {which}: "
             f"{what}; the upstream answered: {answer}. Calling {kind} again with those "
             "arguments gets that answer back; nothing is sent again."
         )
