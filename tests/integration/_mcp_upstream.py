@@ -19,7 +19,7 @@ process is SIGKILLed before the answer is written: ``parent`` kills the
 gateway that started this server (the gateway killed after forwarding),
 ``self`` kills this server (the upstream killed mid-call); ``hang`` makes
 this call sleep two minutes instead (an upstream that hangs); ``lock PATH``
-makes it hold the SQLite file PATH's write lock for two seconds from its
+makes it hold the SQLite file PATH's write lock for four seconds from its
 answer (a store busy when the gateway commits the receipt).
 
 ``NOTES_TEST_SLOW_START`` (a file path): when it exists as the server
@@ -85,12 +85,12 @@ def build(db: str) -> MCPServer:
         if who == "hang":  # the row is in; the answer never comes (within a test)
             time.sleep(120)
             return
-        if who.startswith("lock "):  # "lock PATH": hold that SQLite file's write lock 2 s
+        if who.startswith("lock "):  # "lock PATH": hold that SQLite file's write lock 4 s
             held = sqlite3.connect(
                 who.removeprefix("lock "), isolation_level=None, check_same_thread=False
             )
             held.execute("BEGIN IMMEDIATE")
-            threading.Timer(2.0, held.close).start()  # past the answer: its commit waits
+            threading.Timer(4.0, held.close).start()  # past the answer: its commit waits
             return
         os.kill(os.getppid() if who == "parent" else os.getpid(), signal.SIGKILL)
         os._exit(0)  # never answer: the gateway is gone, and this server goes with it

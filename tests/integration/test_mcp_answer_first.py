@@ -159,7 +159,7 @@ def test_a_receipt_the_busy_store_refused_after_the_answer_is_recorded_at_exit(
     async def busy(found: Gateway, run: Any) -> Any:
         answer = await found.call("add_note", {"text": "pay the rent"})
         await found.recorded()  # its commit refused: the store was held past its timeout
-        await anyio.sleep(2.5)  # the store free again before the gateway exits
+        await anyio.sleep(4.5)  # the store free again before the gateway exits
         return answer, run.session.state.pending is not None
 
     async def until_exit(found: Gateway, run: Any) -> Any:
