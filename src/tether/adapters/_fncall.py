@@ -10,16 +10,19 @@ work to a worker thread), or on a fresh loop where there is none.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
+import sys
 from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether.adapters._base import Fence
 from tether.adapters._errors import HiddenCoroutineError
 from tether.core import AdapterUnavailableError, NotInRunError, SpecError
+
+if TYPE_CHECKING:  # imported by the first async call: `import tether` does not load asyncio
+    import asyncio
 
 #: The parameter a body (or a compensation) may declare to be handed its key.
 KEY_PARAMETER = "idempotency_key"
@@ -167,11 +170,7 @@ def awaits(fn: Callable[..., Any]) -> bool:
 
 def loop_running_here() -> bool:
     """Whether this thread runs an event loop now (a blocking wait here would stall it)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
+    return _running_loop() is not None
 
 
 def call_with_key(
@@ -193,6 +192,7 @@ def call_with_key(
         return value
     if not awaits(fn):
         _refuse_hidden(fn, value)
+    import asyncio  # a coroutine to run: loaded now, not by `import tether`
 
     async def keyed() -> Any:
         # The coroutine runs in its task's own context.
@@ -216,10 +216,15 @@ def call_with_key(
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """This thread's running loop, or ``None``; no loop runs where asyncio was never imported."""
+    loaded = sys.modules.get("asyncio")
+    if loaded is None:
+        return None
     try:
-        return asyncio.get_running_loop()
+        running: asyncio.AbstractEventLoop = loaded.get_running_loop()
     except RuntimeError:
         return None
+    return running
 
 
 def _close(value: object) -> None:

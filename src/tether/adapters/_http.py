@@ -51,9 +51,7 @@ import re
 import time
 from dataclasses import replace
 from types import TracebackType
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from tether.adapters._base import Fence
 from tether.adapters._errors import (
@@ -100,6 +98,9 @@ from tether.core._http_lookup import LookupReply, read_lookup
 from tether.core._spec import check_canonical_path
 from tether.core._transition import LookupStatus
 
+if TYPE_CHECKING:  # imported where a client is made: `import tether` does not pay for httpx
+    import httpx
+
 ADAPTER_VERSION = "1"
 # What a POST created, a person can withdraw (close the ticket, refund the
 # charge); the draft gives no generic way for an adapter to undo it.
@@ -110,6 +111,7 @@ HTTP_POST = ActionKind(
     frozenset({"json"}),
     compensation=Compensation.HUMAN,
 )
+
 _KIND_NAME = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+")
 #: The part of a response body kept in a receipt (the ledger stores receipts).
 MAX_RECEIPT_BODY = 16_384
@@ -203,6 +205,8 @@ class HttpEffect(RemoteEffect):
         # compensate path); otherwise by a person, as before.
         undo = Compensation.ADAPTER if profile.compensate is not None else Compensation.HUMAN
         self._kind = replace(HTTP_POST, name=kind, compensation=undo)
+        import httpx
+
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s)
         self._reported: str | None = None  # the instance id the service named, asked once
         # What the profile declares, and nothing more: a same-key resend only where
@@ -393,6 +397,8 @@ class HttpEffect(RemoteEffect):
         method: str,
     ) -> Receipt:
         """Send ``intent``'s request under ``key``; a 409 is asked again with the same key."""
+        import httpx  # bound by __init__; here for its error types
+
         path, body = self._request(intent)
         headers = self._same_service()
         headers |= {IDEMPOTENCY_KEY: sf_string(key), "content-type": "application/json"}
@@ -509,6 +515,8 @@ class HttpEffect(RemoteEffect):
 
     def _look_up(self, key: str, intent: Intent | None) -> Receipt | None:
         """Ask the declared route; its answer is read by :func:`tether.core.read_lookup`."""
+        import httpx  # bound by __init__; here for its error types
+
         template = self.profile.lookup
         if template is None:
             raise NotQueryableError(f"{self.base_url} declares no look-up by key")
@@ -555,6 +563,8 @@ class HttpEffect(RemoteEffect):
 
     def _get_json(self, path: str, what: str) -> Any:
         """GET ``path`` as JSON (the identity path)."""
+        import httpx  # bound by __init__; here for its error types
+
         try:
             response = self._client.get("/" + path.lstrip("/"))
         except httpx.HTTPError as exc:

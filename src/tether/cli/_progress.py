@@ -10,9 +10,6 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 #: ``update(done, total, what)``: how far a long command has come.
 Update = Callable[[int, int, str], None]
 
@@ -28,6 +25,11 @@ def bar(title: str, *, enabled: bool) -> Iterator[Update | None]:
     if not enabled:
         yield None
         return
+    # Imported only for a bar that shows: every other command (and every command a
+    # script runs) starts without loading rich.
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),

@@ -14,7 +14,6 @@ calls queue for a worker and never block one already running.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import functools
 import threading
@@ -42,6 +41,8 @@ def _executor() -> ThreadPoolExecutor:
 
 async def off_loop(fn: Callable[..., T], /, *args: Any) -> T:
     """``fn(*args)`` in a worker thread, in a copy of this context, bodies awaited on this loop."""
+    import asyncio  # a caller that awaits this has loaded it; `import tether` does not
+
     loop = asyncio.get_running_loop()
     context = contextvars.copy_context()
     context.run(bodies_await_on, loop)
