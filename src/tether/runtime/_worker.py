@@ -141,10 +141,13 @@ class Worker:
             ("max_backoff_s", max_backoff_s, 0.0, 366 * 24 * 3600.0),
         ):
             number = isinstance(value, int | float) and not isinstance(value, bool)
-            if not (number and low <= value <= high) or (name == "lease_ttl_s" and value == 0):
+            # A lease of 0 is gone when granted; a poll of 0 claims in a busy loop, a
+            # write transaction each time, while there is no work (the CLI refuses both).
+            positive = name in ("lease_ttl_s", "poll_s")
+            if not (number and low <= value <= high) or (positive and value == 0):
                 raise StoreError(
                     f"{name} must be a number of seconds in [{low:g}, {high:g}]"
-                    f" (lease_ttl_s above 0), not {value!r}"
+                    f" (lease_ttl_s and poll_s above 0), not {value!r}"
                 )
         self.store = store
         self.factory = factory
