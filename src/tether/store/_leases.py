@@ -43,7 +43,9 @@ from tether.store._schema import (
     CLAIM_SCOPE,
     CLAIMABLE_AT,
     FAILED_CLAIMS,
+    PARKED,
     SUSPECT,
+    UNPARKED,
 )
 
 log = logging.getLogger("tether.store")
@@ -345,7 +347,8 @@ class LeaseSQL(SQLEngine):
         what ``claim_expired(..., suspects=True)`` would take, read without taking it.
 
         A busy worker asks it before it stops claiming to make room for one
-        (``runtime._many``); one indexed read of a handful of rows.
+        (``runtime._many``); one indexed read of a handful of rows, and one probe
+        of the parked runs (none under the ceiling that parked them).
         """
         wanted = sorted({phase_text(p) for p in phases})
         if not wanted:
@@ -357,14 +360,24 @@ class LeaseSQL(SQLEngine):
 
         def body() -> bool:
             now, now_params = self._clock_bound()
+
+            def due(split: str, index: str) -> str:
+                hint = self.index_hint.format(index) if scope else ""
+                return (
+                    f"EXISTS (SELECT 1 FROM tether_marks{hint} WHERE {scope}{split} AND "
+                    f"phase IN ({phase_list}) AND {SUSPECT} AND {CLAIMABLE_AT} <= {now} "
+                    f"AND {FAILED_CLAIMS} < {ceiling} "
+                    f"AND (lease_owner IS NULL OR lease_expires_at <= {clock}) "
+                    f"AND (retry_at IS NULL OR retry_at <= {clock}))"
+                )
+
             row = self._one(
-                f"SELECT 1 FROM tether_marks WHERE {scope}phase IN ({phase_list}) "
-                f"AND {SUSPECT} AND {CLAIMABLE_AT} <= {now} AND {FAILED_CLAIMS} < {ceiling} "
-                f"AND (lease_owner IS NULL OR lease_expires_at <= {clock}) "
-                f"AND (retry_at IS NULL OR retry_at <= {clock}) LIMIT 1",
-                now_params,
+                "SELECT CASE WHEN "
+                f"{due(UNPARKED, 'tether_marks_suspect')} OR {due(PARKED, 'tether_marks_parked')} "
+                "THEN 1 ELSE 0 END",
+                now_params * 2,
             )
-            return row is not None
+            return row is not None and bool(row[0])
 
         return self._read(body)
 
@@ -383,13 +396,18 @@ class LeaseSQL(SQLEngine):
         (:data:`~tether.store._schema.SUSPECT`), ``False`` only the others,
         ``None`` either. Each claim counts itself after the claims that failed
         before it (:func:`tether.core._retry.failed_claims`), and a run with
-        ``max_attempts`` of those is not taken (parked at the mark).
+        ``max_attempts`` of those is not taken (parked at the mark). Each claim
+        records ``max_attempts`` on the run it takes (``parks_at``), so a run
+        that fails that often leaves the index of due runs for the parked ones.
 
         Served by the ``tether_marks_due`` index in its own order (when the run
         became claimable, then the run taken least recently, then run id: see
         :data:`~tether.store._schema.CLAIM_ORDER`): the claim reads the due rows
-        at the front of the index, never the runs that ended or wait for a person.
-        Phases outside the index's (a claim of ended runs) are read without it.
+        at the front of the index, never the runs that ended or wait for a person,
+        nor those parked at the mark (:data:`~tether.store._schema.PARKED`): of
+        those it reads only the ones under its own ``max_attempts``, which it may
+        take, and merges the two fronts in the same order. Phases outside the
+        indexes' (a claim of ended runs) are read without them.
         """
         ttl = ttl_micros(ttl_s)
         wanted = sorted({phase_text(p) for p in phases})
@@ -403,6 +421,7 @@ class LeaseSQL(SQLEngine):
         # A run parked for a person is woken by the evidence that lands for it
         # (put_evidence clears its wait), so a claim never looks into inboxes.
         kind = {None: "", True: f" AND {SUSPECT}", False: f" AND NOT {SUSPECT}"}[suspects]
+        unparked = "tether_marks_suspect" if suspects else "tether_marks_due"
         free = (
             f"(lease_owner IS NULL OR lease_expires_at <= {clock}) "
             f"AND (retry_at IS NULL OR retry_at <= {clock}) AND {FAILED_CLAIMS} < {ceiling} "
@@ -421,21 +440,33 @@ class LeaseSQL(SQLEngine):
 
         def body() -> list[Lease]:
             now, now_params = self._clock_bound()
+
+            # The first ``count`` due runs of one half of the scope, in claim order.
             # The scan locks what it picks and skips rows other claimers (or
             # committers) hold, so concurrent claimers never take the same run.
+            def front(split: str, name: str, index: str) -> str:
+                hint = self.index_hint.format(index) if scope else ""
+                return (
+                    f"SELECT run_id, claimable, turn FROM (SELECT run_id, "
+                    f"{CLAIMABLE_AT} AS claimable, turn FROM tether_marks{hint} "
+                    f"WHERE {scope}{split} "
+                    f"AND phase IN ({phase_list}) AND {CLAIMABLE_AT} <= {now} "
+                    f"AND {FAILED_CLAIMS} < {ceiling} AND waiting_after IS NULL{kind} "
+                    f"ORDER BY {CLAIM_ORDER} LIMIT {count}{self.skip_locked}) AS {name}"
+                )
+
             # The outer WHERE judges each picked row again by the clock (on
             # PostgreSQL against the row as it is once its lock is granted).
             rows = self._all(
                 f"UPDATE tether_marks SET lease_owner = ?, lease_version = lease_version + 1, "
                 f"lease_expires_at = {clock} + ?, waiting_after = NULL, retry_at = NULL, "
                 f"attempts = {FAILED_CLAIMS} + 1, claimed_gen = generation, "
-                f"turn = {self.turn_sql} WHERE {free} AND run_id IN ("
-                f"SELECT run_id FROM tether_marks WHERE {scope}phase IN ({phase_list}) "
-                f"AND {CLAIMABLE_AT} <= {now} AND {FAILED_CLAIMS} < {ceiling} "
-                f"AND waiting_after IS NULL{kind} "
-                f"ORDER BY {CLAIM_ORDER} LIMIT {count}"
-                f"{self.skip_locked}) RETURNING {mark_columns(self.raw_column)}",
-                (worker, ttl, *now_params),
+                f"parks_at = {ceiling}, turn = {self.turn_sql} WHERE {free} AND run_id IN ("
+                f"SELECT run_id FROM ({front(UNPARKED, 'due', unparked)} UNION ALL "
+                f"{front(PARKED, 'parked', 'tether_marks_parked')}) AS fronts "
+                f"ORDER BY claimable, turn, run_id LIMIT {count}) "
+                f"RETURNING {mark_columns(self.raw_column)}",
+                (worker, ttl, *now_params, *now_params),
             )
             if rows:
                 self._turn_taken()

@@ -66,6 +66,20 @@ FAILED_CLAIMS = (
 #: A worker driving many runs takes such a run alone (``Worker``), so a run that
 #: kills its process kills no neighbour. Judged on a row whose lease is free or expired.
 SUSPECT = f"(lease_owner IS NOT NULL AND {FAILED_CLAIMS} >= {ALONE_AFTER})"
+#: A run parked at the mark for the worker that claimed it last: its failed claims
+#: reached that worker's ``max_attempts``, which every claim records in ``parks_at``
+#: (1 on a run never claimed since migration 20). Such runs stay unfinished for a
+#: person to resume, long claimable by the clock, so in one index with the due runs
+#: they would sit at its front and every claim would read past all of them. They
+#: have an index of their own instead, keyed by :data:`FAILED_CLAIMS`, where a
+#: worker with a higher ``max_attempts`` still finds the ones it may take in one
+#: range, and a worker at the same ceiling finds none without reading any.
+#: ``tether resume`` (``retry_now``) zeroes the count, which moves the run back.
+#: The two predicates split :data:`CLAIM_SCOPE` whole (neither column is ever NULL),
+#: so the union of the two indexes' fronts is exactly the runs a claim may take.
+PARKED = f"{FAILED_CLAIMS} >= parks_at"
+#: The rest of :data:`CLAIM_SCOPE`: the rows of ``tether_marks_due`` and ``tether_marks_suspect``.
+UNPARKED = f"{FAILED_CLAIMS} < parks_at"
 
 #: The runs that may be waiting for a person, whatever the time: frozen for
 #: review, a pending write an approval applies to, a run whose claims are
@@ -477,6 +491,30 @@ def migrations(
                 # claimable "since ever" and so lets new runs starve a dead worker's,
                 # refuses this database ("newer than this tether") instead of
                 # writing beside a newer one during a rolling upgrade.
+            ],
+        ),
+        (
+            20,
+            [
+                # Runs parked at the mark leave the claim's indexes (outside attack:
+                # 40,000 of them, claimable since long ago, sat at the front of
+                # tether_marks_due and made every claim read past them: 26 ms a claim
+                # instead of 4). Each claim records its worker's ceiling (max_attempts); a run
+                # whose failed claims reach it is PARKED, in an index of its own.
+                # Runs written before hold 1: one failed claim or more puts them
+                # there, where every worker still takes those under its ceiling
+                # (and records its own ceiling as it does).
+                "ALTER TABLE tether_marks ADD COLUMN parks_at BIGINT NOT NULL DEFAULT 1",
+                "DROP INDEX tether_marks_due",
+                f"CREATE INDEX tether_marks_due ON tether_marks ({CLAIM_ORDER}) "
+                f"WHERE {CLAIM_SCOPE} AND {UNPARKED}",
+                "DROP INDEX tether_marks_suspect",
+                f"CREATE INDEX tether_marks_suspect ON tether_marks ({CLAIM_ORDER}) "
+                f"WHERE {CLAIM_SCOPE} AND {UNPARKED} AND {SUSPECT}",
+                # Keyed by the count, so "fewer than my ceiling" is one range: empty,
+                # and read in one probe, for a worker at the ceiling that parked them.
+                f"CREATE INDEX tether_marks_parked ON tether_marks ({FAILED_CLAIMS}) "
+                f"WHERE {CLAIM_SCOPE} AND {PARKED}",
             ],
         ),
     ]
