@@ -441,18 +441,13 @@ def idle(store: SQLBase) -> Iterator[None]:
 
 def picks(store: SQLBase, count: int) -> float:
     """Median seconds of the claim's pick alone: its SELECT, read-only (no commit, no fsync)."""
-    from tether.store._schema import CLAIM_ORDER, CLAIM_SCOPE, CLAIMABLE_AT
-
-    sql = (
-        f"SELECT run_id FROM tether_marks WHERE {CLAIM_SCOPE} AND phase IN ('needs_review', "
-        f"'pending', 'running') AND {CLAIMABLE_AT} <= ? AND attempts < 5 AND waiting_after IS NULL "
-        f"ORDER BY {CLAIM_ORDER} LIMIT 1"
-    )
+    # As the claim spells it, bar the lock of the rows picked (a read takes none).
+    sql = store._claim_pick(sorted(WORKER_PHASES), 1, CEILING, None, "?", lock=False)
     times = []
     for _ in range(count):
         now = int(time.time() * 1_000_000)
         started = time.perf_counter()
-        store.read(lambda stmts, now=now: stmts.all(sql, (now,)))
+        store.read(lambda stmts, now=now: stmts.all(sql, (now, now)))
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 
@@ -471,15 +466,15 @@ def idle_claims(store: SQLBase, count: int) -> float:
 def plans(deployment: Deployment) -> dict[str, str]:
     """Which index the claim and each kind of page use (EXPLAIN with statistics)."""
     from tether.store._listing import NEEDS_PERSON
-    from tether.store._schema import ATTENTION, CLAIM_ORDER, CLAIM_SCOPE, CLAIMABLE_AT
+    from tether.store._schema import ATTENTION
 
     bound = "?" if deployment.store == "sqlite" else "%s"
+    now = int(time.time() * 1e6)
+    store = deployment.open()
     queries = {
         "claim": (
-            f"SELECT run_id FROM tether_marks WHERE {CLAIM_SCOPE} AND phase IN ('running', 'pending', "
-            f"'needs_review') AND {CLAIMABLE_AT} <= {bound} AND attempts < 5 "
-            f"ORDER BY {CLAIM_ORDER} LIMIT 1",
-            (int(time.time() * 1e6),),
+            store._claim_pick(sorted(WORKER_PHASES), 1, CEILING, None, bound, lock=False),
+            (now, now),
         ),
         "page": ("SELECT run_id FROM tether_marks ORDER BY run_id LIMIT 50", ()),
         "needs-me page": (
@@ -489,7 +484,6 @@ def plans(deployment: Deployment) -> dict[str, str]:
         ),
     }
     found = {}
-    store = deployment.open()
     try:
         for name, (sql, params) in queries.items():
 
