@@ -439,10 +439,10 @@ def idle(store: SQLBase) -> Iterator[None]:
             store.release_lease(lease.run_id, "hog", lease.lease_version)
 
 
-def picks(store: SQLBase, count: int) -> float:
+def picks(store: SQLBase, count: int, suspects: bool | None = None) -> float:
     """Median seconds of the claim's pick alone: its SELECT, read-only (no commit, no fsync)."""
     # As the claim spells it, bar the lock of the rows picked (a read takes none).
-    sql = store._claim_pick(sorted(WORKER_PHASES), 1, CEILING, None, "?", lock=False)
+    sql = store._claim_pick(sorted(WORKER_PHASES), 1, CEILING, suspects, "?", lock=False)
     times = []
     for _ in range(count):
         now = int(time.time() * 1_000_000)
@@ -704,6 +704,10 @@ def measure_parked(clear: Deployment, parked: Deployment, count: int, rounds: in
         "claim, work waiting, no suspect (suspects=False)": lambda s: sorting_claims(s, 30),
         "claim of suspects, none due (suspects=True)": lambda s: suspect_claims(s, 30),
         "suspect_waiting, none due": lambda s: waiting_reads(s, 60),
+        # The part the parked runs could slow, without the commit's fsync around it.
+        "claim's pick alone (its SELECT), suspects=None": lambda s: picks(s, 60),
+        "claim's pick alone (its SELECT), suspects=False": lambda s: picks(s, 60, False),
+        "claim's pick alone (its SELECT), suspects=True": lambda s: picks(s, 60, True),
     }
     try:
         for r in progress_rounds(range(rounds + 1), f"{clear.store}: parked rounds", rounds + 1):
