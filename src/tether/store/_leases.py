@@ -387,6 +387,7 @@ class LeaseSQL(SQLEngine):
             )
 
         unparked = "tether_marks_suspect" if suspects else "tether_marks_due"
+        # The merge sorts at most twice the limit, by CLAIM_ORDER over the fronts' columns.
         return (
             f"SELECT run_id FROM ({front(UNPARKED, 'due', unparked)} UNION ALL "
             f"{front(PARKED, 'parked', 'tether_marks_parked')}) AS fronts "
