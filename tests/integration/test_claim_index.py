@@ -369,9 +369,8 @@ def _park_many(store: Any, count: int) -> None:
     every other run: they sit at the front of the claim's order."""
 
     def body(sql: Any) -> None:
-        columns = [
-            d[0] for d in store._local.conn.execute("SELECT * FROM tether_marks").description
-        ]
+        described = store._local.conn.execute("SELECT * FROM tether_marks WHERE 1 = 0")
+        columns = [d[0] for d in described.description]
         listed = ", ".join(columns)
         for i in range(count):
             template = "parked-deferred" if i % 2 else "parked-died"
