@@ -460,8 +460,9 @@ class LeaseSQL(SQLEngine):
         at the front of the index, never the runs that ended or wait for a person,
         nor those parked at the mark (:data:`~tether.store._schema.PARKED`): of
         those it reads only the ones under its own ``max_attempts``, which it may
-        take, and merges the two fronts in the same order. Phases outside the
-        indexes' (a claim of ended runs) are read without them.
+        take, and merges the two fronts in the same order (with no
+        ``max_attempts`` it may take every parked run, so it reads them all). Phases
+        outside the indexes' (a claim of ended runs) are read without them.
         """
         ttl = ttl_micros(ttl_s)
         wanted = sorted({phase_text(p) for p in phases})
