@@ -11,7 +11,13 @@ small and a large deployment:
   time and bytes of the first page, and of its 3-second refresh when nothing
   changed (``If-None-Match``: a 304);
 - one worker's claim (``claim_expired`` as ``tether worker`` calls it, then a
-  release), with work waiting and idle (nothing due), after ``ANALYZE``.
+  release), with work waiting and idle (nothing due), after ``ANALYZE``;
+- ``--parts parked``: the same claim (of any run, of no suspect, of suspects
+  alone) and ``suspect_waiting``, at the small size with no run parked at the
+  mark and with ``--parked`` (40,000) of them: runs a worker's ``max_attempts``
+  (5) stopped claiming, half deferred that often, half suspects whose worker
+  died each time. They stay unfinished for a person to resume, so nothing a
+  worker waits for may grow with them: the verdict is the ratio, at most 2x.
 
 Each figure is the median over rounds that alternate the two sizes (and
 swap which goes first), and the verdict is the large/small ratio against
@@ -36,7 +42,7 @@ returns figures of one run at 10 and at 10,000 steps, as :class:`Figure` or
 dicts with the same fields); the run says it was not measured otherwise.
 
 Run: ``.venv/bin/python bench/scale.py [--sizes 1000,100000] [--stores sqlite,postgres]
-[--rounds 9] [--parts pages,claims] [--dir PATH] [--save FILE]``; PostgreSQL needs ``TETHER_TEST_PG_DSN``
+[--rounds 9] [--parts pages,claims,parked] [--parked 40000] [--dir PATH] [--save FILE]``; PostgreSQL needs ``TETHER_TEST_PG_DSN``
 (each size gets a schema of its own, dropped afterwards).
 """
 
@@ -67,6 +73,7 @@ from tether.crypto import Keyring
 from tether.runtime import AgentContext, Decision, Runtime, Worker
 from tether.store import PostgresStore, SQLBase, SQLiteStore
 from tether.testing import Sandbox
+from tether.testing.store_conformance import make_commit
 
 TARGET = 2.0
 #: The --needs-me page measured: 3 in 100 runs need a person, so at 1,000 runs a
@@ -76,8 +83,13 @@ WORKER_PHASES = ("running", "pending", "needs_review")
 #: Per 100 run ids: which template each copies (the rest are completed runs).
 MIX = {"approval": range(0, 2), "failing": range(2, 3), "held": range(3, 5), "free": range(5, 7)}
 KINDS = ("done", "approval", "failing", "held", "free")
-#: What a run may measure (``--parts``): the lists people read, a worker's claim.
-PARTS = ("pages", "claims")
+#: What a run may measure (``--parts``): the lists people read, a worker's claim,
+#: and that claim beside many runs parked at the mark.
+PARTS = ("pages", "claims", "parked")
+#: Runs parked at the mark seeded beside the small deployment (``--parked``).
+PARKED = 40_000
+#: The worker's ceiling (``Worker``'s default ``max_attempts``) the parked runs reached.
+CEILING = 5
 
 
 # -- the templates, driven by the real runtime ----------------------------------------
@@ -173,7 +185,9 @@ def make_templates(store: SQLBase) -> dict[str, str]:
     finally:
         quiet.setLevel(level)
     runtime(store, ids["held"]).start(ids["held"])
-    (held,) = store.claim_expired("busy-worker", 3600.0, limit=1, phases=WORKER_PHASES)
+    (held,) = store.claim_expired(
+        "busy-worker", 3600.0, limit=1, phases=WORKER_PHASES, max_attempts=CEILING
+    )
     if held.run_id != ids["held"]:
         raise RuntimeError(f"the claim took {held.run_id}, not the held template")
     runtime(store, ids["free"]).start(ids["free"])
@@ -185,6 +199,50 @@ def make_templates(store: SQLBase) -> dict[str, str]:
     if marks[ids["approval"]].waiting_after is None or marks[ids["failing"]].last_error is None:
         raise RuntimeError("the worker did not park or back off the templates")
     return ids
+
+
+def make_parked_templates(store: SQLBase) -> dict[str, str]:
+    """Two runs parked at the mark by the store's own statements, as workers leave them.
+
+    One whose step failed :data:`CEILING` times (each claim deferred it,
+    counted), and one whose worker died holding it each time (its lease ran
+    out unreleased: a suspect). No claim of a worker with that ceiling takes
+    either. Made in a store holding nothing else, so each claim takes its own.
+    """
+    ids = {"deferred": "parked-deferred-template", "died": "parked-died-template"}
+    store.commit(make_commit(ids["deferred"], 1), 0)
+    for _ in range(CEILING):
+        (lease,) = store.claim_expired("seed", 60.0, 1, WORKER_PHASES, CEILING)
+        store.defer(lease.run_id, "seed", lease.lease_version, 0.0, "RuntimeError: it failed")
+    store.commit(make_commit(ids["died"], 1), 0)
+    for _ in range(CEILING):
+        (lease,) = store.claim_expired("seed", 0.001, 1, WORKER_PHASES, CEILING)
+        time.sleep(0.005)  # the worker dies: its lease runs out held
+    if store.claim_expired("seed", 60.0, 5, WORKER_PHASES, CEILING):
+        raise RuntimeError("a parked template is still claimable")
+    return ids
+
+
+def clone_parked(store: SQLBase, templates: Mapping[str, str], count: int, dialect: str) -> None:
+    """``count`` copies of the parked templates (half each), marks and checkpoints, in SQL."""
+    pad = "substr('0000000' || n.i, -7)" if dialect == "sqlite" else "lpad(n.i::text, 7, '0')"
+    odd = "n.i % 2" if dialect == "sqlite" else "mod(n.i, 2)"
+    numbers = "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?) "
+
+    def body(sql: Any) -> None:
+        for half, template in enumerate((templates["deferred"], templates["died"])):
+            for table in ("tether_marks", "tether_checkpoints"):
+                columns = _columns(store, table)
+                chosen = ", ".join(
+                    f"'parked-' || {pad}" if c == "run_id" else f"t.{c}" for c in columns
+                )
+                sql.run(
+                    f"{numbers}INSERT INTO {table} ({', '.join(columns)}) "
+                    f"SELECT {chosen} FROM n, {table} t WHERE t.run_id = ? AND {odd} = {half}",
+                    (count, template),
+                )
+
+    store.transaction(body)
 
 
 def clone(store: SQLBase, templates: Mapping[str, str], count: int, dialect: str) -> None:
@@ -252,11 +310,14 @@ class Deployment:
     drop: Callable[[], None]
 
 
-def sqlite_deployment(directory: Path, runs: int) -> Deployment:
-    path = directory / f"scale-{runs}.sqlite"
+def sqlite_deployment(directory: Path, runs: int, parked: int = 0) -> Deployment:
+    path = directory / f"scale-{runs}-{parked}.sqlite"
     store = SQLiteStore(path, synchronous="OFF")
     try:
+        stuck = make_parked_templates(store) if parked else {}
         clone(store, make_templates(store), runs, "sqlite")
+        if parked:
+            clone_parked(store, stuck, parked, "sqlite")
         store._conn.execute("DELETE FROM tether_marks WHERE run_id LIKE ?", ("%-template",))
         store._conn.execute("ANALYZE")
     finally:
@@ -271,7 +332,7 @@ def sqlite_deployment(directory: Path, runs: int) -> Deployment:
     )
 
 
-def postgres_deployment(dsn: str, runs: int) -> Deployment:
+def postgres_deployment(dsn: str, runs: int, parked: int = 0) -> Deployment:
     import psycopg
     from psycopg.conninfo import make_conninfo
 
@@ -282,7 +343,10 @@ def postgres_deployment(dsn: str, runs: int) -> Deployment:
     joiner = "&" if "?" in dsn else "?"
     url = f"{dsn}{joiner}options=-csearch_path%3D{schema}"
     with PostgresStore(conninfo) as store:
+        stuck = make_parked_templates(store) if parked else {}
         clone(store, make_templates(store), runs, "postgres")
+        if parked:
+            clone_parked(store, stuck, parked, "postgres")
         store.transaction(
             lambda sql: sql.run("DELETE FROM tether_marks WHERE run_id LIKE ?", ("%-template",))
         )
@@ -375,20 +439,15 @@ def idle(store: SQLBase) -> Iterator[None]:
             store.release_lease(lease.run_id, "hog", lease.lease_version)
 
 
-def picks(store: SQLBase, count: int) -> float:
+def picks(store: SQLBase, count: int, suspects: bool | None = None) -> float:
     """Median seconds of the claim's pick alone: its SELECT, read-only (no commit, no fsync)."""
-    from tether.store._schema import CLAIM_ORDER, CLAIM_SCOPE, CLAIMABLE_AT
-
-    sql = (
-        f"SELECT run_id FROM tether_marks WHERE {CLAIM_SCOPE} AND phase IN ('needs_review', "
-        f"'pending', 'running') AND {CLAIMABLE_AT} <= ? AND attempts < 5 AND waiting_after IS NULL "
-        f"ORDER BY {CLAIM_ORDER} LIMIT 1"
-    )
+    # As the claim spells it, bar the lock of the rows picked (a read takes none).
+    sql = store._claim_pick(sorted(WORKER_PHASES), 1, CEILING, suspects, "?", lock=False)
     times = []
     for _ in range(count):
         now = int(time.time() * 1_000_000)
         started = time.perf_counter()
-        store.read(lambda stmts, now=now: stmts.all(sql, (now,)))
+        store.read(lambda stmts, now=now: stmts.all(sql, (now, now)))
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 
@@ -407,15 +466,15 @@ def idle_claims(store: SQLBase, count: int) -> float:
 def plans(deployment: Deployment) -> dict[str, str]:
     """Which index the claim and each kind of page use (EXPLAIN with statistics)."""
     from tether.store._listing import NEEDS_PERSON
-    from tether.store._schema import ATTENTION, CLAIM_ORDER, CLAIM_SCOPE, CLAIMABLE_AT
+    from tether.store._schema import ATTENTION
 
     bound = "?" if deployment.store == "sqlite" else "%s"
+    now = int(time.time() * 1e6)
+    store = deployment.open()
     queries = {
         "claim": (
-            f"SELECT run_id FROM tether_marks WHERE {CLAIM_SCOPE} AND phase IN ('running', 'pending', "
-            f"'needs_review') AND {CLAIMABLE_AT} <= {bound} AND attempts < 5 "
-            f"ORDER BY {CLAIM_ORDER} LIMIT 1",
-            (int(time.time() * 1e6),),
+            store._claim_pick(sorted(WORKER_PHASES), 1, CEILING, None, bound, lock=False),
+            (now, now),
         ),
         "page": ("SELECT run_id FROM tether_marks ORDER BY run_id LIMIT 50", ()),
         "needs-me page": (
@@ -425,7 +484,6 @@ def plans(deployment: Deployment) -> dict[str, str]:
         ),
     }
     found = {}
-    store = deployment.open()
     try:
         for name, (sql, params) in queries.items():
 
@@ -552,6 +610,132 @@ def measure_claims(store: SQLBase, runs: int, note: Callable[[str, int, float], 
         note("claim, idle (nothing due)", runs, idle_claims(store, 100) * 1000)
 
 
+def suspect_claims(store: SQLBase, count: int) -> float:
+    """Median seconds of a claim of suspects alone that finds none due (a busy worker's ask)."""
+    times = []
+    for _ in range(count):
+        started = time.perf_counter()
+        got = store.claim_expired(
+            "bench", 30.0, limit=1, phases=WORKER_PHASES, max_attempts=CEILING, suspects=True
+        )
+        times.append(time.perf_counter() - started)
+        if got:
+            raise RuntimeError(f"a claim of suspects took {got[0].run_id}: none is due")
+    return statistics.median(times)
+
+
+def waiting_reads(store: SQLBase, count: int) -> float:
+    """Median seconds of ``suspect_waiting`` (none is due: the parked suspects are not)."""
+    times = []
+    for _ in range(count):
+        started = time.perf_counter()
+        found = store.suspect_waiting(WORKER_PHASES, CEILING)
+        times.append(time.perf_counter() - started)
+        if found:
+            raise RuntimeError("suspect_waiting found a suspect due: none is")
+    return statistics.median(times)
+
+
+def sorting_claims(store: SQLBase, count: int) -> float:
+    """Median seconds of a claim of no suspect (work waiting), each released again untimed."""
+    times = []
+    for _ in range(count):
+        started = time.perf_counter()
+        got = store.claim_expired(
+            "bench", 30.0, limit=1, phases=WORKER_PHASES, max_attempts=CEILING, suspects=False
+        )
+        times.append(time.perf_counter() - started)
+        if len(got) != 1:
+            raise RuntimeError("no run was claimable")
+        store.release_lease(got[0].run_id, "bench", got[0].lease_version)
+    return statistics.median(times)
+
+
+def claim_plans(deployment: Deployment) -> dict[str, str]:
+    """EXPLAIN of the claims as the store sends them (each recorded from a real claim, released)."""
+    found = {}
+    store = deployment.open()
+    try:
+        for suspects in (None, False, True):
+            seen: list[tuple[str, tuple[Any, ...]]] = []
+            real = store._all
+
+            def recording(
+                sql: str, params: Any = (), seen: list[Any] = seen, real: Any = real
+            ) -> Any:
+                seen.append((sql, tuple(params)))
+                return real(sql, params)
+
+            store._all = recording  # type: ignore[method-assign]
+            try:
+                got = store.claim_expired(
+                    "plan", 30.0, 1, WORKER_PHASES, CEILING, suspects=suspects
+                )
+            finally:
+                del store._all
+            for lease in got:
+                store.release_lease(lease.run_id, "plan", lease.lease_version)
+            sql, params = next(x for x in seen if x[0].startswith("UPDATE tether_marks"))
+            sqlite = deployment.store == "sqlite"
+
+            def explain(_: Any, sql: str = sql, params: Any = params, sqlite: bool = sqlite) -> Any:
+                prefix = "EXPLAIN QUERY PLAN " if sqlite else "EXPLAIN "
+                text = sql if sqlite else sql.replace("?", "%s")
+                return store._local.conn.execute(prefix + text, params).fetchall()
+
+            lines = [str(r[-1] if sqlite else r[0]).strip() for r in store.read(explain)]
+            # PostgreSQL's nodes only (its filters repeat the whole statement).
+            found[f"claim (suspects={suspects})"] = " | ".join(
+                line.split("  (cost=")[0]
+                for line in lines
+                if sqlite or "Cond" in line or "(cost=" in line
+            )
+    finally:
+        store.close()
+    return found
+
+
+def measure_parked(clear: Deployment, parked: Deployment, count: int, rounds: int) -> list[Figure]:
+    """A worker's claims beside no parked run and beside ``count``, rounds alternating the two."""
+    values: dict[str, dict[str, list[float]]] = {}
+    stores = {"clear": clear.open(), "parked": parked.open()}
+    measures: dict[str, Callable[[SQLBase], float]] = {
+        "claim, work waiting, any run (suspects=None)": lambda s: claims(s, 30),
+        "claim, work waiting, no suspect (suspects=False)": lambda s: sorting_claims(s, 30),
+        "claim of suspects, none due (suspects=True)": lambda s: suspect_claims(s, 30),
+        "suspect_waiting, none due": lambda s: waiting_reads(s, 60),
+        # The part the parked runs could slow, without the commit's fsync around it.
+        "claim's pick alone (its SELECT), suspects=None": lambda s: picks(s, 60),
+        "claim's pick alone (its SELECT), suspects=False": lambda s: picks(s, 60, False),
+        "claim's pick alone (its SELECT), suspects=True": lambda s: picks(s, 60, True),
+    }
+    try:
+        for r in progress_rounds(range(rounds + 1), f"{clear.store}: parked rounds", rounds + 1):
+            order = ("clear", "parked") if r % 2 == 0 else ("parked", "clear")
+            for which in order:
+                for name, measure_one in measures.items():
+                    seconds = measure_one(stores[which])
+                    if r > 0:  # the first round warms caches and connections
+                        values.setdefault(name, {}).setdefault(which, []).append(seconds * 1000)
+    finally:
+        for store in stores.values():
+            store.close()
+    return [
+        Figure(
+            name,
+            clear.store,
+            statistics.median(by["clear"]),
+            statistics.median(by["parked"]),
+            small_label=f"{clear.runs:,} runs, none parked",
+            large_label=f"{count:,} parked beside",
+            paired=statistics.median(
+                b / a for a, b in zip(by["clear"], by["parked"], strict=True) if a > 0
+            ),
+        )
+        for name, by in values.items()
+    ]
+
+
 def history_figures(places: Mapping[str, str]) -> list[Figure]:
     """Figures of one run's history (10 vs 10,000 steps) from bench/_history.py, if it exists.
 
@@ -598,12 +782,16 @@ def main() -> int:
     parser.add_argument("--sizes", default="1000,100000", help="small,large run counts")
     parser.add_argument("--stores", default="sqlite,postgres", help="which stores to measure")
     parser.add_argument("--rounds", type=int, default=9, help="rounds alternating the sizes")
+    parser.add_argument(
+        "--parked", type=int, default=PARKED, help="runs parked at the mark (--parts parked)"
+    )
     parser.add_argument("--dir", type=Path, help="where the SQLite files go (default: a temp dir)")
     parser.add_argument("--save", type=Path, help="write the raw figures as JSON here")
     parser.add_argument(
         "--parts",
         default=",".join(PARTS),
-        help="what to measure: pages (the lists), claims (a worker's claim), or both",
+        help="what to measure: pages (the lists), claims (a worker's claim), parked (that "
+        "claim beside runs parked at the mark); any of them, comma-separated",
     )
     args = parser.parse_args()
     small_n, large_n = (int(x) for x in args.sizes.split(","))
@@ -626,6 +814,27 @@ def main() -> int:
             if store == "postgres" and not dsn:
                 print("postgres: skipped (set TETHER_TEST_PG_DSN)")
                 continue
+            if "parked" in parts:
+                started = time.perf_counter()
+                both = []
+                for parked in (0, args.parked):
+                    d = (
+                        sqlite_deployment(directory, small_n, parked)
+                        if store == "sqlite"
+                        else postgres_deployment(dsn, small_n, parked)
+                    )
+                    made.append(d)
+                    d.analyze()
+                    both.append(d)
+                print(
+                    f"{store}: seeded {small_n:,} runs alone and beside {args.parked:,} parked "
+                    f"in {time.perf_counter() - started:.1f} s"
+                )
+                for name, plan in claim_plans(both[1]).items():
+                    print(f"  plan of the {name} beside {args.parked:,} parked: {plan}")
+                figures += measure_parked(both[0], both[1], args.parked, args.rounds)
+            if not parts & {"pages", "claims"}:
+                continue
             started = time.perf_counter()
             pair = []
             for n in (small_n, large_n):
@@ -640,7 +849,7 @@ def main() -> int:
             print(f"{store}: seeded both sizes in {time.perf_counter() - started:.1f} s")
             for name, plan in plans(pair[1]).items():
                 print(f"  plan of the {name} at {large_n:,} runs: {plan}")
-            figures += measure(pair[0], pair[1], args.rounds, parts)
+            figures += measure(pair[0], pair[1], args.rounds, parts - {"parked"})
         places = {"sqlite": str(directory)} if "sqlite" in wanted else {}
         if "postgres" in wanted and dsn:
             places["postgres"] = dsn

@@ -88,13 +88,27 @@ def test_rows_written_before_migration_17_still_load_and_the_run_finishes(world:
     before = session.state
     plain(world.db)
     with sqlite3.connect(world.db) as conn:
-        conn.execute("DROP INDEX tether_marks_suspect")  # migration 18's, on claimed_gen
+        # The claim's indexes as migration 12 left them: migrations 18 and 20 index
+        # claimed_gen and parked, which a store of schema 16 lacks.
+        for index in ("tether_marks_suspect", "tether_marks_parked", "tether_marks_due"):
+            conn.execute(f"DROP INDEX {index}")
+        conn.execute(
+            next(
+                sql
+                for version, statements in migrations("BLOB")
+                if version == 12
+                for sql in statements
+                if sql.startswith("CREATE INDEX tether_marks_due")
+            )
+        )
         for table, column in (
             ("tether_checkpoints", "codec"),
             ("tether_blobs", "codec"),
             ("tether_trace", "packed"),
             ("tether_ledger", "packed"),
             ("tether_marks", "claimed_gen"),  # migration 18's
+            ("tether_marks", "parks_at"),  # migration 20's
+            ("tether_marks", "parked"),
         ):
             conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         conn.execute("DELETE FROM tether_migrations WHERE version >= 17")

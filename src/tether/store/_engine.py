@@ -37,6 +37,9 @@ class SQLEngine:
     clock_sql: ClassVar[str] = ""
     #: Appended to the claim scan: lock the rows it picks and skip rows others hold.
     skip_locked: ClassVar[str] = ""
+    #: Written after ``tether_marks`` in a claim's scans, ``{}`` the index the scan must
+    #: read: a dialect whose planner may pass the index over says so here.
+    index_hint: ClassVar[str] = ""
     #: Statements that fill migration 10's index columns for rows written before it.
     index_backfill: ClassVar[tuple[str, ...]] = ()
     #: Statements that create migration 12's turn counter (see ``LeaseSQL._next_turn``).

@@ -43,7 +43,10 @@ from tether.store._schema import (
     CLAIM_SCOPE,
     CLAIMABLE_AT,
     FAILED_CLAIMS,
+    PARKED,
     SUSPECT,
+    UNPARKED,
+    parked_after,
 )
 
 log = logging.getLogger("tether.store")
@@ -146,7 +149,7 @@ class LeaseSQL(SQLEngine):
             # have moved since, and run ids must not decide).
             moved = self._run(
                 "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
-                f"attempts = 0, retry_at = {self.clock_sql}, last_error = NULL, "
+                f"attempts = 0, parked = 0, retry_at = {self.clock_sql}, last_error = NULL, "
                 "waiting_after = NULL "
                 "WHERE run_id = ? AND lease_owner = ? AND lease_version = ?",
                 (run_id, worker, lease_version),
@@ -174,7 +177,7 @@ class LeaseSQL(SQLEngine):
 
         def body() -> None:
             self._run(
-                "UPDATE tether_marks SET attempts = 1 "
+                f"UPDATE tether_marks SET attempts = 1, parked = {parked_after('1')} "
                 "WHERE run_id = ? AND lease_owner = ? AND lease_version = ? AND attempts > 1",
                 (run_id, worker, lease_version),
             )
@@ -211,7 +214,8 @@ class LeaseSQL(SQLEngine):
         def body() -> Mark:
             rows = self._all(
                 "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
-                f"retry_at = {self.clock_sql} + ?, attempts = {attempts}, last_error = ? "
+                f"retry_at = {self.clock_sql} + ?, attempts = {attempts}, "
+                f"parked = {parked_after(attempts)}, last_error = ? "
                 f"WHERE run_id = ? AND lease_owner = ? AND lease_version = ? RETURNING {MARK_COLUMNS}",
                 (delay, text, run_id, worker, lease_version),
             )
@@ -244,7 +248,7 @@ class LeaseSQL(SQLEngine):
                 "UPDATE tether_marks SET lease_owner = NULL, lease_expires_at = NULL, "
                 "waiting_after = CASE WHEN EXISTS (SELECT 1 FROM tether_inbox i "
                 "WHERE i.run_id = tether_marks.run_id AND i.seq > ?) THEN NULL ELSE ? END, "
-                f"retry_at = {self.clock_sql} + ?, attempts = 0 "
+                f"retry_at = {self.clock_sql} + ?, attempts = 0, parked = 0 "
                 "WHERE run_id = ? AND lease_owner = ? AND lease_version = ?",
                 (seen, seen, floor, run_id, worker, lease_version),
             )
@@ -275,7 +279,7 @@ class LeaseSQL(SQLEngine):
 
         def body() -> Mark:
             rows = self._all(
-                "UPDATE tether_marks SET attempts = 0, retry_at = NULL, "
+                "UPDATE tether_marks SET attempts = 0, parked = 0, retry_at = NULL, "
                 "lease_owner = NULL, lease_expires_at = NULL "
                 f"WHERE run_id = ? AND (lease_owner IS NULL OR lease_expires_at <= {clock}) "
                 f"RETURNING {MARK_COLUMNS}",
@@ -338,6 +342,58 @@ class LeaseSQL(SQLEngine):
         a claim that found nothing writes nothing.
         """
 
+    def _claim_pick(
+        self,
+        phases: Sequence[str],
+        limit: int,
+        ceiling: int,
+        suspects: bool | None,
+        now: str,
+        *,
+        lock: bool = True,
+    ) -> str:
+        """The SELECT of the run ids a claim takes, in claim order (:meth:`claim_expired`).
+
+        ``phases`` are checked phase names; ``now`` is the store's clock as an
+        index bound (:meth:`_clock_bound`), written twice. The first ``limit``
+        runs of each half of the claim's scope, each read from the front of its
+        own index, merged: the due runs, and the runs parked at the mark that are
+        under ``ceiling`` (none, for a worker at the ceiling that parked them).
+        The scans lock what they pick and skip rows other claimers (or
+        committers) hold, so concurrent claimers never take the same run
+        (``lock=False``: a read of what a claim would pick, as a benchmark times it).
+        """
+        kind = {None: "", True: f" AND {SUSPECT}", False: f" AND NOT {SUSPECT}"}[suspects]
+        # The indexes' own predicates, spelled as they are, so both planners prove
+        # the partial indexes apply; the caller's phases narrow them further.
+        scope = f"{CLAIM_SCOPE} AND " if CLAIM_PHASES.issuperset(phases) else ""
+        # Phases (checked names) and the limit are written into the statement, not
+        # bound: PostgreSQL caches one plan per statement, and a plan made for an
+        # unknown LIMIT expects to read a tenth of the index, so it would plan
+        # every claim anew; with them written in, the cached plan is the index's.
+        phase_list = ", ".join(f"'{phase}'" for phase in phases)
+        count = int(limit)
+        locked = self.skip_locked if lock else ""
+
+        def front(split: str, name: str, index: str) -> str:
+            hint = self.index_hint.format(index) if scope else ""
+            return (
+                f"SELECT run_id, claimable, turn FROM (SELECT run_id, "
+                f"{CLAIMABLE_AT} AS claimable, turn FROM tether_marks{hint} "
+                f"WHERE {scope}{split} AND phase IN ({phase_list}) "
+                f"AND {CLAIMABLE_AT} <= {now} AND {FAILED_CLAIMS} < {ceiling} "
+                f"AND waiting_after IS NULL{kind} "
+                f"ORDER BY {CLAIM_ORDER} LIMIT {count}{locked}) AS {name}"
+            )
+
+        unparked = "tether_marks_suspect" if suspects else "tether_marks_due"
+        # The merge sorts at most twice the limit, by CLAIM_ORDER over the fronts' columns.
+        return (
+            f"SELECT run_id FROM ({front(UNPARKED, 'due', unparked)} UNION ALL "
+            f"{front(PARKED, 'parked', 'tether_marks_parked')}) AS fronts "
+            f"ORDER BY claimable, turn, run_id LIMIT {count}"
+        )
+
     def suspect_waiting(
         self, phases: Sequence[str] = ("running", "pending"), max_attempts: int | None = None
     ) -> bool:
@@ -345,7 +401,8 @@ class LeaseSQL(SQLEngine):
         what ``claim_expired(..., suspects=True)`` would take, read without taking it.
 
         A busy worker asks it before it stops claiming to make room for one
-        (``runtime._many``); one indexed read of a handful of rows.
+        (``runtime._many``); one indexed read of a handful of rows, and one probe
+        of the parked runs (none under the ceiling that parked them).
         """
         wanted = sorted({phase_text(p) for p in phases})
         if not wanted:
@@ -357,14 +414,24 @@ class LeaseSQL(SQLEngine):
 
         def body() -> bool:
             now, now_params = self._clock_bound()
+
+            def due(split: str, index: str) -> str:
+                hint = self.index_hint.format(index) if scope else ""
+                return (
+                    f"EXISTS (SELECT 1 FROM tether_marks{hint} WHERE {scope}{split} AND "
+                    f"phase IN ({phase_list}) AND {SUSPECT} AND {CLAIMABLE_AT} <= {now} "
+                    f"AND {FAILED_CLAIMS} < {ceiling} "
+                    f"AND (lease_owner IS NULL OR lease_expires_at <= {clock}) "
+                    f"AND (retry_at IS NULL OR retry_at <= {clock}))"
+                )
+
             row = self._one(
-                f"SELECT 1 FROM tether_marks WHERE {scope}phase IN ({phase_list}) "
-                f"AND {SUSPECT} AND {CLAIMABLE_AT} <= {now} AND {FAILED_CLAIMS} < {ceiling} "
-                f"AND (lease_owner IS NULL OR lease_expires_at <= {clock}) "
-                f"AND (retry_at IS NULL OR retry_at <= {clock}) LIMIT 1",
-                now_params,
+                "SELECT CASE WHEN "
+                f"{due(UNPARKED, 'tether_marks_suspect')} OR {due(PARKED, 'tether_marks_parked')} "
+                "THEN 1 ELSE 0 END",
+                now_params * 2,
             )
-            return row is not None
+            return row is not None and bool(row[0])
 
         return self._read(body)
 
@@ -383,13 +450,19 @@ class LeaseSQL(SQLEngine):
         (:data:`~tether.store._schema.SUSPECT`), ``False`` only the others,
         ``None`` either. Each claim counts itself after the claims that failed
         before it (:func:`tether.core._retry.failed_claims`), and a run with
-        ``max_attempts`` of those is not taken (parked at the mark).
+        ``max_attempts`` of those is not taken (parked at the mark). Each claim
+        records ``max_attempts`` on the run it takes (``parks_at``), so a run
+        that fails that often leaves the index of due runs for the parked ones.
 
         Served by the ``tether_marks_due`` index in its own order (when the run
         became claimable, then the run taken least recently, then run id: see
         :data:`~tether.store._schema.CLAIM_ORDER`): the claim reads the due rows
-        at the front of the index, never the runs that ended or wait for a person.
-        Phases outside the index's (a claim of ended runs) are read without it.
+        at the front of the index, never the runs that ended or wait for a person,
+        nor those parked at the mark (:data:`~tether.store._schema.PARKED`): of
+        those it reads only the ones under its own ``max_attempts``, which it may
+        take, and merges the two fronts in the same order (with no
+        ``max_attempts`` it may take every parked run, so it reads them all). Phases
+        outside the indexes' (a claim of ended runs) are read without them.
         """
         ttl = ttl_micros(ttl_s)
         wanted = sorted({phase_text(p) for p in phases})
@@ -408,34 +481,22 @@ class LeaseSQL(SQLEngine):
             f"AND (retry_at IS NULL OR retry_at <= {clock}) AND {FAILED_CLAIMS} < {ceiling} "
             f"AND waiting_after IS NULL{kind}"
         )
-        # The index's own predicate, spelled as it is, so both planners prove the
-        # partial index applies; the caller's phases narrow it further.
-        scope = f"{CLAIM_SCOPE} AND " if CLAIM_PHASES.issuperset(wanted) else ""
-
-        # Phases (checked names) and the limit are written into the statement, not
-        # bound: PostgreSQL caches one plan per statement, and a plan made for an
-        # unknown LIMIT expects to read a tenth of the index, so it would plan
-        # every claim anew; with them written in, the cached plan is the index's.
-        phase_list = ", ".join(f"'{phase}'" for phase in wanted)
-        count = int(limit)
 
         def body() -> list[Lease]:
             now, now_params = self._clock_bound()
-            # The scan locks what it picks and skips rows other claimers (or
-            # committers) hold, so concurrent claimers never take the same run.
             # The outer WHERE judges each picked row again by the clock (on
-            # PostgreSQL against the row as it is once its lock is granted).
+            # PostgreSQL against the row as it is once its lock is granted). The
+            # claim records its worker's ceiling: should it fail too, the count
+            # it leaves decides which index the run then waits in (PARKED).
             rows = self._all(
                 f"UPDATE tether_marks SET lease_owner = ?, lease_version = lease_version + 1, "
                 f"lease_expires_at = {clock} + ?, waiting_after = NULL, retry_at = NULL, "
-                f"attempts = {FAILED_CLAIMS} + 1, claimed_gen = generation, "
+                f"attempts = {FAILED_CLAIMS} + 1, claimed_gen = generation, parks_at = {ceiling}, "
+                f"parked = {parked_after(f'{FAILED_CLAIMS} + 1', str(ceiling))}, "
                 f"turn = {self.turn_sql} WHERE {free} AND run_id IN ("
-                f"SELECT run_id FROM tether_marks WHERE {scope}phase IN ({phase_list}) "
-                f"AND {CLAIMABLE_AT} <= {now} AND {FAILED_CLAIMS} < {ceiling} "
-                f"AND waiting_after IS NULL{kind} "
-                f"ORDER BY {CLAIM_ORDER} LIMIT {count}"
-                f"{self.skip_locked}) RETURNING {mark_columns(self.raw_column)}",
-                (worker, ttl, *now_params),
+                f"{self._claim_pick(wanted, limit, ceiling, suspects, now)}) "
+                f"RETURNING {mark_columns(self.raw_column)}",
+                (worker, ttl, *now_params, *now_params),
             )
             if rows:
                 self._turn_taken()

@@ -66,6 +66,37 @@ FAILED_CLAIMS = (
 #: A worker driving many runs takes such a run alone (``Worker``), so a run that
 #: kills its process kills no neighbour. Judged on a row whose lease is free or expired.
 SUSPECT = f"(lease_owner IS NOT NULL AND {FAILED_CLAIMS} >= {ALONE_AFTER})"
+#: A run parked at the mark: its count of failed claims reached the ``max_attempts``
+#: of the worker that claimed it last, so if no other worker allows more, only a
+#: person's ``tether resume`` (``retry_now``) brings it back. Such runs stay
+#: unfinished, long claimable by the clock: in one index with the due runs they
+#: would sit at its front and every claim would read past all of them. They have
+#: an index of their own instead (``tether_marks_parked``), keyed by
+#: :data:`FAILED_CLAIMS`, where a worker that allows more finds the ones it may
+#: take in one range, and a worker at the ceiling that parked them finds none
+#: without reading any. The flag is a column (``parked``), not this comparison
+#: written out, so a planner can count the rows it selects: PostgreSQL guesses a
+#: third of the table for a comparison of two columns, and then prefers reading
+#: every unfinished run to a probe of an empty index.
+PARKED = "parked = 1"
+#: The rest of :data:`CLAIM_SCOPE`: the rows of ``tether_marks_due`` and
+#: ``tether_marks_suspect``. ``parked`` is 0 or 1 and never NULL, so the two split
+#: the scope whole: whichever index a run waits in, a claim that may take it finds it.
+UNPARKED = "parked = 0"
+
+
+def parked_after(attempts: str, ceiling: str = "parks_at") -> str:
+    """``parked`` for a row a statement leaves with ``attempts`` (SQL) failed claims.
+
+    Every statement that sets ``attempts`` sets ``parked`` with it, from the
+    ceiling of the worker that claimed the run last (``parks_at``, which each
+    claim records; 1 on a run no claim took since migration 20). A commit that
+    moves a held run on (:data:`FAILED_CLAIMS` then counts none) leaves the flag
+    as it was: the run may wait in the parked index while any worker may take
+    it, which costs a claim one row, never a run it should have taken.
+    """
+    return f"CASE WHEN {attempts} >= {ceiling} THEN 1 ELSE 0 END"
+
 
 #: The runs that may be waiting for a person, whatever the time: frozen for
 #: review, a pending write an approval applies to, a run whose claims are
@@ -477,6 +508,33 @@ def migrations(
                 # claimable "since ever" and so lets new runs starve a dead worker's,
                 # refuses this database ("newer than this tether") instead of
                 # writing beside a newer one during a rolling upgrade.
+            ],
+        ),
+        (
+            20,
+            [
+                # Runs parked at the mark leave the claim's indexes (outside attack:
+                # 40,000 of them, claimable since long ago, sat at the front of
+                # tether_marks_due and made every claim read past them: 26 ms a claim
+                # instead of 4). Each claim records its worker's ceiling
+                # (max_attempts) in parks_at; a run whose count reaches it is
+                # flagged PARKED and waits in an index of its own. Runs written
+                # before hold ceiling 1: those with a failed claim or more start
+                # there, where every worker still takes the ones under its own
+                # ceiling (and records that ceiling as it does).
+                "ALTER TABLE tether_marks ADD COLUMN parks_at BIGINT NOT NULL DEFAULT 1",
+                "ALTER TABLE tether_marks ADD COLUMN parked SMALLINT NOT NULL DEFAULT 0",
+                f"UPDATE tether_marks SET parked = {parked_after('attempts')} WHERE attempts > 0",
+                "DROP INDEX tether_marks_due",
+                f"CREATE INDEX tether_marks_due ON tether_marks ({CLAIM_ORDER}) "
+                f"WHERE {CLAIM_SCOPE} AND {UNPARKED}",
+                "DROP INDEX tether_marks_suspect",
+                f"CREATE INDEX tether_marks_suspect ON tether_marks ({CLAIM_ORDER}) "
+                f"WHERE {CLAIM_SCOPE} AND {UNPARKED} AND {SUSPECT}",
+                # Keyed by the count, so "fewer than my ceiling" is one range: empty,
+                # and read in one probe, for a worker at the ceiling that parked them.
+                f"CREATE INDEX tether_marks_parked ON tether_marks ({FAILED_CLAIMS}) "
+                f"WHERE {CLAIM_SCOPE} AND {PARKED}",
             ],
         ),
     ]

@@ -64,6 +64,13 @@ class SQLiteStore(SQLBase, HoldsRuns):
         "THEN json_type(data, '$.action_id') = 'text' ELSE 0 END",
     )
 
+    # A claim names its index. tether never runs ANALYZE on a SQLite file, and without
+    # statistics SQLite reads a claim by tether_marks_phase and sorts every unfinished
+    # run, parked ones too; with them, a claim of suspects went by tether_marks_due.
+    # INDEXED BY is SQLite's own way of saying "this query uses this index": the
+    # statement fails ("no query solution") rather than quietly reading otherwise.
+    index_hint = " INDEXED BY {}"
+
     # No sequences: migration 12's turn counter is a table of one row. A grant reads
     # the next value and moves the counter on only once it granted something
     # (an idle claim must write nothing); writers are serialized by BEGIN IMMEDIATE.

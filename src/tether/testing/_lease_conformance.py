@@ -528,6 +528,40 @@ def test_a_run_with_too_many_failed_attempts_is_parked(tether_store: Any) -> Non
     expect_eq([x.run_id for x in claimed], ["r"], "below the ceiling it is claimable")
 
 
+def test_a_run_parked_at_one_workers_ceiling_is_taken_in_its_turn_by_a_higher_one(
+    tether_store: Any,
+) -> None:
+    """max_attempts is the claiming worker's: a run another worker's ceiling parked is still
+    taken, first come first served, by a worker that allows more; and resumed, by anyone."""
+    seeded(tether_store, "deferred")
+    for _ in range(2):  # a worker of max_attempts 2 defers it after each claim
+        (lease,) = tether_store.claim_expired("w1", LONG, max_attempts=2)
+        tether_store.defer("deferred", "w1", lease.lease_version, 0, "boom")
+    seeded(tether_store, "died")
+    for _ in range(2):  # that worker dies holding it, twice: a suspect
+        tether_store.claim_expired("w1", TTL, max_attempts=2)
+        time.sleep(PAST_TTL)
+    seeded(tether_store, "later")  # claimable after both
+    expect_eq(tether_store.suspect_waiting(max_attempts=2), False, "parked at 2: none due")
+    expect_eq(tether_store.claim_expired("w1", LONG, 5, max_attempts=2, suspects=True), [], "")
+    claimed = tether_store.claim_expired("w1", LONG, limit=5, max_attempts=2)
+    expect_eq([x.run_id for x in claimed], ["later"], "both parked at that worker's ceiling")
+    tether_store.release_lease("later", "w1", claimed[0].lease_version)
+    expect_eq(tether_store.suspect_waiting(max_attempts=3), True, "under a ceiling of 3")
+    order = [
+        x.run_id
+        for _ in range(4)
+        for x in tether_store.claim_expired("w3", LONG, 1, max_attempts=3)
+    ]
+    expect_eq(order, ["deferred", "died", "later"], "in the order they became claimable")
+    for run_id in ("deferred", "died"):  # their third claims fail too
+        tether_store.defer(run_id, "w3", tether_store.get_mark(run_id).lease_version, 0, "boom")
+    expect_eq(tether_store.claim_expired("w3", LONG, 5, max_attempts=3), [], "parked at 3 now")
+    tether_store.retry_now("died")  # a person resumes it
+    claimed = tether_store.claim_expired("w1", LONG, limit=5, max_attempts=2)
+    expect_eq([x.run_id for x in claimed], ["died"], "claimable again, at any ceiling")
+
+
 def test_attempts_count_consecutive_claims_that_ended_badly(tether_store: Any) -> None:
     """A claim counts; a clean release or a wait resets; progress restarts; uncounted undoes."""
     seeded(tether_store)
@@ -657,6 +691,7 @@ __all__ = [
     "test_a_released_lease_does_not_commit",
     "test_a_released_run_waits_its_turn_behind_runs_claimable_longer",
     "test_a_run_created_with_its_lease_is_held_from_its_first_statement",
+    "test_a_run_parked_at_one_workers_ceiling_is_taken_in_its_turn_by_a_higher_one",
     "test_a_run_waiting_for_a_person_is_claimed_only_when_evidence_arrives",
     "test_a_run_whose_worker_died_goes_before_runs_created_after_its_lease_ran_out",
     "test_a_run_with_too_many_failed_attempts_is_parked",
