@@ -45,7 +45,7 @@ XDIST := $(if $(filter 0,$(TEST_JOBS)),-p no:xdist,-n $(TEST_JOBS) --dist loadfi
 # 0.3 s of each child's 0.7 s start, most of the suite's time. Compiled here once,
 # for both passes (-o 1 is the -O pass's); a file edited later is compiled as usual.
 bytecode: $(STAMP)
-	$(BIN)/python -m compileall -q -j 0 -o 0 -o 1 src examples tests >/dev/null
+	$(BIN)/python -m compileall -q -j 0 -o 0 -o 1 src examples tests
 
 unit: $(STAMP) bytecode
 	$(BIN)/python -m pytest -q $(XDIST) --durations=15

@@ -387,6 +387,7 @@ BAD_VALUES: list[tuple[list[str], int]] = [
     (["worker", "--store", "{S}", "--app", "..:x"], 1),
     (["worker", "--store", "{S}", "--app", "m:f", "--lease-ttl", "0"], 2),
     (["worker", "--store", "{S}", "--app", "m:f", "--poll", "nan"], 2),
+    (["worker", "--store", "{S}", "--app", "m:f", "--poll", "1e-9"], 2),
     (["worker", "--store", "{S}", "--app", "m:f", "--max-runs", "0"], 2),
     (["worker", "--store", "{S}", "--app", "m:f", "--concurrency", "0"], 2),
     (["worker", "--store", "{S}", "--app", "m:f", "--concurrency", "1025"], 2),

@@ -595,3 +595,32 @@ def test_a_postgres_database_at_schema_19_upgrades_to_the_parked_index() -> None
                 )
             }
     assert {"tether_marks_due", "tether_marks_suspect", "tether_marks_parked"} <= indexes
+
+
+def _parked_flag(store: Any, run_id: str) -> int:
+    """The run's ``parked`` column as the store holds it."""
+    row = store.read(
+        lambda sql: sql.one("SELECT parked FROM tether_marks WHERE run_id = ?", (run_id,))
+    )
+    return int(row[0])
+
+
+def test_a_run_held_at_its_last_attempt_leaves_the_parked_index_once_it_moves_on(
+    connect: Callable[[], Any],
+) -> None:
+    """A worker of max_attempts 1 flags each run it takes as parked (were the claim to fail);
+    the commit that moves the run past the claim's own recovery clears the flag, so runs in
+    flight do not wait in the parked index, where every claim that may take parked runs reads."""
+    with connect() as store:
+        store.commit(make_commit("held", 1), 0)
+        (lease,) = store.claim_expired("w", LONG, 1, WORKER_PHASES, 1)
+        assert _parked_flag(store, "held") == 1
+        store.commit(make_commit("held", 2), 1, lease.lease_version)  # the recovery's own commit
+        assert _parked_flag(store, "held") == 1
+        store.commit(make_commit("held", 3), 2, lease.lease_version)  # moved on
+        assert _parked_flag(store, "held") == 0
+        # A neighbour's claim neither takes the held run nor is kept from the free one.
+        store.commit(make_commit("free", 1), 0)
+        assert [lease.run_id for lease in store.claim_expired("w2", LONG, 2, WORKER_PHASES, 1)] == [
+            "free"
+        ]

@@ -485,6 +485,7 @@ def test_an_outage_during_recovery_is_waited_out_not_counted(tmp_path: Path) -> 
         {"lease_ttl_s": 0},
         {"poll_s": -1},
         {"poll_s": 0},
+        {"poll_s": 1e-9},
         {"poll_s": float("inf")},
         {"max_attempts": 0},
         {"max_attempts": True},

@@ -31,7 +31,7 @@ from tether.cli._serve import add_serve
 from tether.cli._sign import add_signing
 from tether.cli._start import add_start
 from tether.core._spec import MAX_APPROVAL_TTL_S
-from tether.runtime import CrashPoint
+from tether.runtime import CrashPoint, Worker
 
 EXIT_ERROR = _guard.EXIT_ERROR
 EXIT_USAGE = _guard.EXIT_USAGE
@@ -176,9 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument(
         "--poll",
-        type=_seconds(3600, real=True),
+        type=_seconds(3600, real=True, minimum=Worker.MIN_POLL_S),
         default=0.5,
-        help="seconds between claims when idle (at most an hour)",
+        help=f"seconds between claims when idle (at least {Worker.MIN_POLL_S:g}, at most an hour)",
     )
     worker.add_argument("--max-runs", type=_count(10**9), help="stop after claiming this many runs")
     worker.add_argument(
@@ -273,16 +273,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _seconds(maximum: int, *, real: bool = False) -> Any:
-    """An argparse type: a positive number of seconds up to ``maximum`` (else a usage error)."""
+def _seconds(maximum: int, *, real: bool = False, minimum: float = 0.0) -> Any:
+    """An argparse type: a number of seconds above 0 (and at least ``minimum``) up to
+    ``maximum`` (else a usage error)."""
 
     def parse(text: str) -> float | int:
         try:
             value: float | int = float(text) if real else int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-        if not 0 < value <= maximum:  # also refuses nan
-            raise argparse.ArgumentTypeError(f"must be more than 0 and at most {maximum} seconds")
+        if not (0 < value <= maximum and value >= minimum):  # also refuses nan
+            least = f"at least {minimum:g}" if minimum else "more than 0"
+            raise argparse.ArgumentTypeError(f"must be {least} and at most {maximum} seconds")
         return value
 
     return parse

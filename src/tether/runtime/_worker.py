@@ -38,7 +38,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, ClassVar
 
 from tether.core import (
     AdapterUnavailableError,
@@ -111,6 +111,11 @@ class Worker:
     together (one transaction, one fsync, each fenced by its own lease).
     """
 
+    #: The shortest pause between two claims of an idle worker (seconds): each claim
+    #: is a write transaction (on SQLite it takes the write lock), so a poll much
+    #: shorter is a busy loop against the store while there is no work.
+    MIN_POLL_S: ClassVar[float] = 0.01
+
     def __init__(
         self,
         store: Any,
@@ -136,18 +141,16 @@ class Worker:
         # NaN fails every comparison, so each bound is written to refuse it.
         for name, value, low, high in (
             ("lease_ttl_s", lease_ttl_s, 0.0, 24 * 3600.0),
-            ("poll_s", poll_s, 0.0, 3600.0),
+            ("poll_s", poll_s, self.MIN_POLL_S, 3600.0),
             ("backoff_s", backoff_s, 0.0, 366 * 24 * 3600.0),
             ("max_backoff_s", max_backoff_s, 0.0, 366 * 24 * 3600.0),
         ):
             number = isinstance(value, int | float) and not isinstance(value, bool)
-            # A lease of 0 is gone when granted; a poll of 0 claims in a busy loop, a
-            # write transaction each time, while there is no work (the CLI refuses both).
-            positive = name in ("lease_ttl_s", "poll_s")
-            if not (number and low <= value <= high) or (positive and value == 0):
+            # A lease of 0 is gone when granted (the CLI refuses it too).
+            if not (number and low <= value <= high) or (name == "lease_ttl_s" and value == 0):
                 raise StoreError(
                     f"{name} must be a number of seconds in [{low:g}, {high:g}]"
-                    f" (lease_ttl_s and poll_s above 0), not {value!r}"
+                    f" (lease_ttl_s above 0), not {value!r}"
                 )
         self.store = store
         self.factory = factory

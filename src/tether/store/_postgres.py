@@ -58,7 +58,7 @@ from tether.store._rows import (
     trace_data_columns,
 )
 from tether.store._runlock import HoldsRuns, NoLock, ProcessLock
-from tether.store._schema import ACTION_KINDS, kinds_sql, migrations
+from tether.store._schema import ACTION_KINDS, MOVED_ON_UNPARKS, kinds_sql, migrations
 from tether.store._sql import SQLBase
 
 if TYPE_CHECKING:
@@ -85,7 +85,8 @@ _COMMIT_STATEMENT = """
 WITH cas AS (
     UPDATE tether_marks SET generation = %s, checkpoint_digest = %s,
            state_version = state_version + 1, phase = %s, updated_at = %s,
-           epoch = %s, subject = %s, pending_action = %s, gate = %s, approved_until = %s
+           epoch = %s, subject = %s, pending_action = %s, gate = %s, approved_until = %s,
+           {moved_on_unparks}
      WHERE run_id = %s AND generation = %s AND lease_version = %s
        AND (lease_version = 0 OR lease_owner IS NOT NULL)
     RETURNING run_id, generation, checkpoint_digest
@@ -118,7 +119,7 @@ WITH cas AS (
 )
 SELECT (SELECT count(*) FROM cas), (SELECT count(*) FROM checkpoint),
        (SELECT count(*) FROM trace), (SELECT count(*) FROM ledger), (SELECT count(*) FROM blobs)
-"""
+""".replace("{moved_on_unparks}", MOVED_ON_UNPARKS)
 
 # Advisory lock keys. The two-key form (class, run hash) and the one-key form
 # are separate key spaces in PostgreSQL, so run locks never meet the migrator's.

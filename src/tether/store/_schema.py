@@ -90,12 +90,27 @@ def parked_after(attempts: str, ceiling: str = "parks_at") -> str:
 
     Every statement that sets ``attempts`` sets ``parked`` with it, from the
     ceiling of the worker that claimed the run last (``parks_at``, which each
-    claim records; 1 on a run no claim took since migration 20). A commit that
-    moves a held run on (:data:`FAILED_CLAIMS` then counts none) leaves the flag
-    as it was: the run may wait in the parked index while any worker may take
-    it, which costs a claim one row, never a run it should have taken.
+    claim records; 1 on a run no claim took since migration 20). A claim sets it
+    for the run as it will be if that claim fails too, so a run held by a worker
+    at its last allowed attempt (every run a worker of ``max_attempts`` 1 holds)
+    is flagged while held; the commit that moves it on clears it
+    (:data:`MOVED_ON_UNPARKS`).
     """
     return f"CASE WHEN {attempts} >= {ceiling} THEN 1 ELSE 0 END"
+
+
+#: What a checkpoint commit sets ``parked`` to (its mark's compare-and-set, in
+#: both stores): 0 once the commit moves the held run past the claim's own
+#: recovery (:data:`FAILED_CLAIMS` then counts no failure, so the run is parked
+#: at no ceiling), else as it was. Without it, a run a worker holds at its last
+#: allowed attempt stayed in the parked index while it moved on, where every
+#: claim that may take parked runs read past it (outside attack: with
+#: ``max_attempts`` 1, every run in flight, 16 ms a claim at 20,000 on
+#: PostgreSQL). ``generation`` is the row's before the update: the commit's is one more.
+MOVED_ON_UNPARKS = (
+    "parked = CASE WHEN claimed_gen IS NOT NULL "
+    f"AND generation + 1 > claimed_gen + {RECOVERY_COMMITS} THEN 0 ELSE parked END"
+)
 
 
 #: The runs that may be waiting for a person, whatever the time: frozen for

@@ -65,7 +65,7 @@ from tether.store._rows import (
     trace_event_of,
     ttl_micros,
 )
-from tether.store._schema import TARGETS_FILLED, migrations
+from tether.store._schema import MOVED_ON_UNPARKS, TARGETS_FILLED, migrations
 
 log = logging.getLogger("tether.store")
 
@@ -571,7 +571,8 @@ class SQLBase(HistorySQL, ListingSQL, LeaseSQL):
         # lock, and a waiting writer re-checks the WHERE against the winner's row.
         moved = self._run(
             "UPDATE tether_marks SET generation = ?, checkpoint_digest = ?, "
-            f"state_version = state_version + 1, phase = ?, updated_at = ?, {_SET_LISTING} "
+            f"state_version = state_version + 1, phase = ?, updated_at = ?, {_SET_LISTING}, "
+            f"{MOVED_ON_UNPARKS} "
             "WHERE run_id = ? AND generation = ? AND lease_version = ? "
             "AND (lease_version = 0 OR lease_owner IS NOT NULL)",
             (
