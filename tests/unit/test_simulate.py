@@ -202,6 +202,23 @@ def test_a_replay_stands_on_a_persons_landed_where_the_adapter_forgot_the_key(se
     assert result.events > 0
 
 
+#: A seed where a person approved replaying a board write (p0.i5.r1) that a worker's
+#: drive then carried out, and the same write proposed again while that approval lived
+#: was replayed on it, as the replay rule allows. The judge learned of approved replays
+#: only from steps reported one by one, so it called the second replay unapproved; it
+#: now reads the run's trace for the replays a person approved.
+APPROVED_REPLAY_IN_A_DRIVE_SEEDS = (1501306,)
+
+
+@pytest.mark.parametrize("seed", APPROVED_REPLAY_IN_A_DRIVE_SEEDS)
+def test_a_replay_approved_for_a_workers_drive_answers_the_same_write_again(seed: int) -> None:
+    """The seed keeps every invariant: a replay stands on a person's approval of an earlier
+    replay of it that a worker's drive made."""
+    result = run(seed, knobs=CI_KNOBS)
+    assert result.ok, result.violations
+    assert result.receptions > 0
+
+
 #: Seeds where a reviewer's replan set a key aside whose outcome was unknown (a hostile
 #: look-up froze it), the service then forgot the key past its retention, and the run's
 #: next send was judged as if the key were still waiting for review. A replan writes no

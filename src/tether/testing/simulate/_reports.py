@@ -69,7 +69,7 @@ def reported(sim: Simulation, slot: Any, outcome: Any) -> None:
         gated = rule is not None and rule.needs_approval
         replayed = _replay_event(slot, action)
         now = sim.clock.seconds
-        if gated and not _replay_approved(sim, action, replayed, now):
+        if gated and not _replay_approved(sim, slot, action, replayed, now):
             sim.judge.fail(2, f"{action} ({item}) was replayed without an approval")
         caps = sim.scenario.workspace if item.kind == "write" else sim.scenario.tickets
         if replayed is not None and replayed[2] == "review":
@@ -105,7 +105,11 @@ def reported(sim: Simulation, slot: Any, outcome: Any) -> None:
 
 
 def _replay_approved(
-    sim: Simulation, action: str, replayed: tuple[str, str, str] | None, now: float
+    sim: Simulation,
+    slot: Any,
+    action: str,
+    replayed: tuple[str, str, str] | None,
+    now: float,
 ) -> bool:
     """Whether a replay of a gated effect stands on an approval alive now: one a person
     signed for this very replay, or the one the effect was sent under, or one a person
@@ -124,7 +128,29 @@ def _replay_approved(
         (signed.get(version, -1.0) for (k, _), signed in people.approvals.items() if k == key),
         default=-1.0,
     )
-    return now < max(sent_under, people.replays_approved.get(key, -1.0))
+    if now < max(sent_under, people.replays_approved.get(key, -1.0)):
+        return True
+    # An approved replay a worker's drive made is reported to nobody step by step
+    # (exploration seed 1501306: a person approved replaying p0.i5.r1, a worker
+    # replayed it, and the same board write proposed again later was judged to have
+    # no approval): the run's trace names what each approved replay answered.
+    return now < _approved_replays_of(people, slot, key)
+
+
+def _approved_replays_of(people: People, slot: Any, key: str) -> float:
+    """Until when an approval a person signed for a replay that answered under ``key``
+    lives (the latest; -1 when there is none), read from the run's whole trace."""
+    if slot.session is None:
+        return -1.0
+    until = -1.0
+    for event in slot.session.trace():
+        data = event.data
+        if event.kind != "effect_replayed" or str(data.get("idempotency_key")) != key:
+            continue
+        answered = str(data.get("action_id"))
+        if answered in people.approved_actions:
+            until = max(until, people.approved_until.get(answered, -1.0))
+    return until
 
 
 def _replayed_result(slot: Any, action: str) -> Any:
