@@ -134,22 +134,30 @@ def _replay_approved(
     # (exploration seed 1501306: a person approved replaying p0.i5.r1, a worker
     # replayed it, and the same board write proposed again later was judged to have
     # no approval): the run's trace names what each approved replay answered.
-    return now < _approved_replays_of(people, slot, key)
+    return now < _approved_replays_of(people, slot, key, version)
 
 
-def _approved_replays_of(people: People, slot: Any, key: str) -> float:
-    """Until when an approval a person signed for a replay that answered under ``key``
-    lives (the latest; -1 when there is none), read from the run's whole trace."""
+def _approved_replays_of(people: People, slot: Any, key: str, version: str) -> float:
+    """Until when an approval signed under policy ``version`` for a replay that answered
+    under ``key`` lives (the latest; -1 when there is none), read from the run's whole
+    trace: each replay names its answer's key, and the approval it waited for was asked
+    under a key of its own (``approval_requested``)."""
     if slot.session is None:
         return -1.0
+    events = slot.session.trace()
+    asked = {
+        str(e.data.get("action_id")): str(e.data.get("idempotency_key"))
+        for e in events
+        if e.kind == "approval_requested"
+    }
     until = -1.0
-    for event in slot.session.trace():
-        data = event.data
-        if event.kind != "effect_replayed" or str(data.get("idempotency_key")) != key:
+    for event in events:
+        if event.kind != "effect_replayed" or str(event.data.get("idempotency_key")) != key:
             continue
-        answered = str(data.get("action_id"))
-        if answered in people.approved_actions:
-            until = max(until, people.approved_until.get(answered, -1.0))
+        approval_key = asked.get(str(event.data.get("action_id")))
+        for (signed_key, _), signed in people.approvals.items():
+            if signed_key == approval_key:
+                until = max(until, signed.get(version, -1.0))
     return until
 
 
