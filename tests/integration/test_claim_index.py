@@ -113,22 +113,18 @@ def test_a_claim_of_ended_runs_still_works_without_the_index(connect: Callable[[
 
 def _claim_statement(store: Any, suspects: bool | None = None) -> tuple[str, tuple[Any, ...]]:
     """The SQL and parameters of one claim, as the store sends them (the claim still runs)."""
-    seen: list[tuple[str, tuple[Any, ...]]] = []
-    real = store._all
 
-    def recording(sql: str, params: Any = ()) -> Any:
-        seen.append((sql, tuple(params)))
-        return real(sql, params)
-
-    store._all = recording
-    try:
+    def claim() -> None:
         store.claim_expired(
             "probe", LONG, limit=1, phases=WORKER_PHASES, max_attempts=5, suspects=suspects
         )
-    finally:
-        del store._all
-    (claim,) = [(sql, params) for sql, params in seen if sql.startswith("UPDATE tether_marks")]
-    return claim
+
+    (found,) = [
+        (sql, params)
+        for sql, params in _recorded(store, claim)
+        if sql.startswith("UPDATE tether_marks")
+    ]
+    return found
 
 
 def _sqlite_plan(path: Path, sql: str, params: tuple[Any, ...]) -> dict[str, list[str]]:
